@@ -1,0 +1,64 @@
+"""Session fixtures: the tiny model and ONE real vLLM server (CPU) shared by every vllm test.
+
+The server is started once per session (about 45 s on two cores) with every hook the tests
+need declared up front, including a malformed entry that must not break start-up.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO
+from verifier.testing.server import VllmServer
+
+V2_STEP = "vllm.v1.worker.gpu.model_runner:GPUModelRunner.execute_model"
+V1_STEP = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.execute_model"
+V1_SAMPLE = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.sample_tokens"
+SERVER_HOOKS = {
+    "v2_step": V2_STEP,
+    "v1_step": V1_STEP,
+    "v1_sample": V1_SAMPLE,
+    "v1_module": "vllm.v1.worker.gpu_model_runner",
+    "user_step": "verifier_user_hook:on_step",
+    "missing_attr": "vllm.v1.worker.gpu_model_runner:NoSuchRunner.execute_model",
+}
+MALFORMED_ENTRY = "this entry has no equals sign"
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    """The tiny random-weight Llama (built on first use; `make model` builds it too)."""
+    path = Path(os.environ.get("VERIFIER_TINY_MODEL", REPO / ".cache" / "tiny-llama"))
+    from verifier.testing import tiny_model as tm
+
+    if not tm.is_built(path, "float32"):
+        # In a subprocess: torch and transformers stay out of the test process.
+        subprocess.run([sys.executable, "-m", "verifier.testing.tiny_model", str(path)], check=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model: Path) -> Iterator[VllmServer]:
+    hooks = ",".join(f"{k}={v}" for k, v in SERVER_HOOKS.items()) + "," + MALFORMED_ENTRY
+    user_hooks = REPO / "tests" / "data" / "user_hooks"
+    env = {
+        "VERIFIER_HOOKS": hooks,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(user_hooks), os.environ.get("PYTHONPATH")])),
+    }
+    server = VllmServer(
+        tiny_model,
+        env=env,
+        extra_args=("--no-enable-prefix-caching",),
+        scratch_parent=REPO / ".scratch",
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,8 @@
+"""A user's own hook module that vLLM never imports: its hook must be reported not loaded."""
+
+from verifier.probe import hook
+
+
+@hook("user_patched")
+def on_step() -> None:
+    """Would count a step if anything ever called it."""

@@ -1,0 +1,3 @@
+from verifier._cli.main import main
+
+raise SystemExit(main())

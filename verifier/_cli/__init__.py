@@ -1,0 +1,1 @@
+"""The ``verifier`` command line: one module per subcommand, one ``except Error`` in main."""

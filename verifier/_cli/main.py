@@ -1,0 +1,55 @@
+"""Entry point of the ``verifier`` console script."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from verifier import __version__
+from verifier._cli import inspect_cmd
+from verifier.errors import Error
+
+EXIT_CODES = """\
+exit codes:
+  0  success
+  1  a check ran and failed
+  2  usage: bad arguments, or a pid that is not a Python process
+  3  start-up or configuration error
+  4  unavailable: no such process, permission denied, service unreachable
+  5  timeout
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="verifier",
+        description="Provenance and liveness evidence for live vLLM serving processes.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"verifier {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    inspect_cmd.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)  # exits 2 with a usage line on bad arguments
+    from verifier import _logging
+
+    _logging.configure(args.verbose)
+    try:
+        code: int = args.handler(args)
+    except Error as e:
+        print(f"verifier: error: {e.explain()}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Evidence about live processes, read from outside them (``/proc`` and probe state)."""

@@ -1,0 +1,238 @@
+"""Read a probe's state directory (journal + shared counters) without its cooperation."""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from verifier.manifest import merkle_root
+from verifier.probe import _layout as L
+
+ROLE_RANK = {"worker": 3, "engine_core": 2, "api_server": 1}
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    path: str
+    sha256: str | None
+    size: int
+    kind: str  # source | bytecode | extension | data
+    module: str | None
+    at: str  # load | snapshot | late
+    inherited: bool = False
+
+
+@dataclass(frozen=True)
+class HookRecord:
+    name: str
+    target: str
+    source: str  # env | api
+    module_loaded: bool
+    wrapped: bool
+    owner: str | None  # the wrapped class (for methods) or function target
+    how: str | None  # method | function | decorator | None (module-only hook)
+    unresolved: str | None
+    instantiated_class: str | None
+    fired: int
+    fired_productive: int  # fires while the process's latest step was productive
+    first_step: int | None
+    last_step: int | None
+
+
+@dataclass(frozen=True)
+class Steps:
+    total: int
+    productive: int
+    empty: int
+    tokens_scheduled: int
+    requests_scheduled: int
+    requests_max: int
+    first_step_unix_ns: int
+    last_step_unix_ns: int
+
+
+@dataclass(frozen=True)
+class Runner:
+    cls: str
+    file: str | None
+    sha256: str | None
+    worker: str | None
+    methods: dict[str, Any]
+    mro: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ProbeState:
+    """Everything one probe has recorded about its process."""
+
+    directory: str
+    pid: int
+    start_ticks: int
+    mode: str
+    shared: bool
+    roles: list[dict[str, Any]]
+    runner: Runner | None
+    steps: Steps
+    hooks: list[HookRecord]
+    files: list[FileRecord]
+    errors: list[dict[str, Any]]
+    error_count: int
+    manifest_digest: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def role(self) -> tuple[str | None, int | None]:
+        """Most specific role recorded (worker > engine_core > api_server) and its rank."""
+        if not self.roles:
+            return None, None
+        best = max(self.roles, key=lambda r: ROLE_RANK.get(str(r.get("role")), 0))
+        rank = best.get("rank")
+        return str(best.get("role")), rank if isinstance(rank, int) else None
+
+
+def read_counters(path: Path) -> list[int] | None:
+    """The counter slots, or None if the file is missing or not (yet) a probe's."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    n = len(data) // L.SLOT_BYTES
+    if n < L.HOOK_BASE:
+        return None
+    slots = list(struct.unpack(f"={n}Q", data[: n * L.SLOT_BYTES]))
+    if slots[L.H_MAGIC] != L.MAGIC or slots[L.H_VERSION] != L.LAYOUT_VERSION:
+        return None
+    return slots
+
+
+def read_journal(path: Path) -> list[dict[str, Any]]:
+    """Complete JSON records of a journal; a partial or garbled line is skipped."""
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return []
+    out: list[dict[str, Any]] = []
+    for line in raw.split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def _hooks(records: list[dict[str, Any]], slots: list[int]) -> list[HookRecord]:
+    by_name: dict[str, dict[str, Any]] = {}
+    for rec in records:
+        k, name = rec.get("k"), rec.get("name")
+        if not isinstance(name, str):
+            continue
+        if k == "hook":
+            by_name.setdefault(name, {"target": rec.get("target", ""), "source": rec.get("source", "")})
+            by_name[name]["slot"] = rec.get("slot")
+        elif name in by_name:
+            h = by_name[name]
+            if k == "hook_loaded":
+                h["loaded"] = True
+            elif k == "hook_wrapped":
+                h["owner"], h["how"] = rec.get("owner"), rec.get("how")
+            elif k == "hook_unresolved":
+                h["unresolved"] = rec.get("msg")
+            elif k == "hook_instantiated":
+                h.setdefault("instantiated", rec.get("class"))
+    out = []
+    for name, h in by_name.items():
+        slot = h.get("slot")
+        fired = first = last = productive = 0
+        if isinstance(slot, int) and 0 <= slot and slot + L.HOOK_STRIDE <= len(slots):
+            fired = slots[slot + L.HK_FIRES]
+            first, last = slots[slot + L.HK_FIRST_STEP], slots[slot + L.HK_LAST_STEP]
+            productive = slots[slot + L.HK_FIRES_PRODUCTIVE]
+        out.append(
+            HookRecord(
+                name=name,
+                target=str(h.get("target") or ""),
+                source=str(h.get("source") or ""),
+                module_loaded=bool(h.get("loaded")) or h.get("source") == "api",
+                wrapped=h.get("how") is not None,
+                owner=h.get("owner"),
+                how=h.get("how"),
+                unresolved=h.get("unresolved"),
+                instantiated_class=h.get("instantiated"),
+                fired=fired,
+                fired_productive=productive,
+                first_step=first if fired else None,
+                last_step=last if fired else None,
+            )
+        )
+    return out
+
+
+def _files(records: list[dict[str, Any]]) -> list[FileRecord]:
+    latest: dict[str, FileRecord] = {}
+    for rec in records:
+        if rec.get("k") != "file" or not isinstance(rec.get("path"), str):
+            continue
+        sha = rec.get("sha256")
+        size = rec.get("size")
+        latest[rec["path"]] = FileRecord(
+            path=rec["path"],
+            sha256=sha if isinstance(sha, str) else None,
+            size=size if isinstance(size, int) else -1,
+            kind=str(rec.get("kind", "")),
+            module=rec.get("module") if isinstance(rec.get("module"), str) else None,
+            at=str(rec.get("at", "")),
+            inherited=bool(rec.get("inherited")),
+        )
+    return sorted(latest.values(), key=lambda f: f.path)
+
+
+def read_probe_dir(directory: Path) -> ProbeState | None:
+    """Parse one probe directory; None when it holds no probe state."""
+    records = read_journal(directory / L.JOURNAL_FILE)
+    start = next((r for r in records if r.get("k") == "start"), None)
+    if start is None:
+        return None
+    slots = read_counters(directory / L.COUNTERS_FILE) or [0] * L.N_SLOTS
+    runner_rec = next((r for r in reversed(records) if r.get("k") == "runner"), None)
+    runner = None
+    if runner_rec is not None:
+        runner = Runner(
+            cls=str(runner_rec.get("class")),
+            file=runner_rec.get("file"),
+            sha256=runner_rec.get("sha256"),
+            worker=runner_rec.get("worker"),
+            methods=runner_rec.get("methods") or {},
+            mro=tuple(str(c) for c in runner_rec.get("mro") or ()),
+        )
+    files = _files(records)
+    return ProbeState(
+        directory=str(directory),
+        pid=int(start.get("pid", 0)),
+        start_ticks=int(start.get("start_ticks", 0)),
+        mode=str(start.get("mode", "")),
+        shared=bool(start.get("shared")),
+        roles=[r for r in records if r.get("k") == "role"],
+        runner=runner,
+        steps=Steps(
+            total=slots[L.S_STEPS_TOTAL],
+            productive=slots[L.S_STEPS_PRODUCTIVE],
+            empty=slots[L.S_STEPS_EMPTY],
+            tokens_scheduled=slots[L.S_TOKENS_SCHEDULED],
+            requests_scheduled=slots[L.S_REQUESTS_SCHEDULED],
+            requests_max=slots[L.S_REQUESTS_MAX],
+            first_step_unix_ns=slots[L.S_FIRST_STEP_UNIX_NS],
+            last_step_unix_ns=slots[L.S_LAST_STEP_UNIX_NS],
+        ),
+        hooks=_hooks(records, slots),
+        files=files,
+        errors=[r for r in records if r.get("k") == "error"],
+        error_count=slots[L.S_PROBE_ERRORS],
+        manifest_digest=merkle_root((f.path, f.sha256) for f in files if f.sha256),
+    )

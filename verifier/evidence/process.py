@@ -1,0 +1,224 @@
+"""One process's evidence: what ``/proc`` shows, plus its probe's state when present."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from verifier.errors import NotPythonProcess, UnavailableError
+from verifier.evidence.probe_reader import HookRecord, ProbeState, read_probe_dir
+from verifier.evidence.procfs import ProcessIdentity, ProcFS
+from verifier.probe import _layout as L
+
+_TITLE = re.compile(r"^VLLM::(?P<name>[A-Za-z]+)(?:_.*?TP(?P<tp>\d+))?")
+
+# Hook status, from most to least severe; "firing" and "idle" are not failures by themselves.
+NOT_LOADED = "not_loaded"
+UNRESOLVED = "unresolved"
+NOT_INSTANTIATED = "not_instantiated"
+NOT_FIRING = "not_firing"
+FIRING = "firing"
+IDLE = "idle"  # no fires and no steps in this process: nothing to conclude here
+
+
+@dataclass(frozen=True)
+class HookView:
+    """A hook as judged in one process, with that process's step counts beside the fire count."""
+
+    record: HookRecord
+    steps: int
+    productive: int
+    status: str
+    why: str
+    live_runner_is_instance: bool | None
+
+    def as_dict(self) -> dict[str, Any]:
+        r = self.record
+        return {
+            "name": r.name,
+            "target": r.target,
+            "source": r.source,
+            "module_loaded": r.module_loaded,
+            "wrapped": r.wrapped,
+            "owner": r.owner,
+            "instantiated": None if r.how != "method" else r.instantiated_class is not None,
+            "instantiated_class": r.instantiated_class,
+            "live_runner_is_instance": self.live_runner_is_instance,
+            "fired": r.fired,
+            "fired_on_productive_steps": r.fired_productive,
+            "first_step": r.first_step,
+            "last_step": r.last_step,
+            "steps": self.steps,
+            "productive_steps": self.productive,
+            "status": self.status,
+            "why": self.why,
+        }
+
+
+def judge_hook(rec: HookRecord, probe: ProbeState) -> HookView:
+    """Classify one hook in one process; an empty count always says why it is empty."""
+    steps, productive = probe.steps.total, probe.steps.productive
+    live_is = None
+    if rec.how == "method" and rec.owner and probe.runner is not None:
+        live_is = rec.owner in probe.runner.mro
+    module = rec.target.partition(":")[0]
+    live = probe.runner.cls if probe.runner else "none recorded"
+    if not rec.module_loaded:
+        status, why = NOT_LOADED, f"module {module} was never imported in this process"
+    elif rec.unresolved:
+        status, why = UNRESOLVED, f"module imported but target not found: {rec.unresolved}"
+    elif rec.how == "method" and rec.instantiated_class is None and rec.fired == 0:
+        status = NOT_INSTANTIATED
+        why = f"module imported but class {rec.owner} never instantiated (live runner: {live})"
+    elif rec.fired > 0:
+        status = FIRING
+        why = (
+            f"fired {rec.fired} times over {steps} steps; {rec.fired_productive} of them on "
+            f"{productive} productive steps"
+        )
+    elif steps > 0:
+        status, why = NOT_FIRING, f"loaded but fired 0 times while {steps} steps ran"
+    else:
+        status, why = IDLE, "no fires and no engine steps in this process"
+    return HookView(rec, steps, productive, status, why, live_is)
+
+
+@dataclass(frozen=True)
+class ProcessEvidence:
+    identity: ProcessIdentity
+    role: str
+    rank: int | None
+    probe: ProbeState | None
+    probe_dir: str
+    note: str | None = None
+
+    @property
+    def hooks(self) -> list[HookView]:
+        return [judge_hook(h, self.probe) for h in self.probe.hooks] if self.probe else []
+
+    def as_dict(self) -> dict[str, Any]:
+        ident, p = self.identity, self.probe
+        runner = p.runner if p else None
+        return {
+            "pid": ident.pid,
+            "ns_pid": ident.ns_pid,
+            "ppid": ident.ppid,
+            "start_time": ident.start_time,
+            "start_ticks": ident.start_ticks,
+            "boot_id": ident.boot_id,
+            "cmdline": list(ident.cmdline),
+            "exe": ident.exe,
+            "role": self.role,
+            "rank": self.rank,
+            "probe": {
+                "present": p is not None,
+                "dir": self.probe_dir,
+                "mode": p.mode if p else None,
+                "shared_memory": p.shared if p else None,
+                "errors": [{"where": e.get("where"), "msg": e.get("msg")} for e in p.errors]
+                if p
+                else [],
+                "note": self.note,
+            },
+            "runner": {
+                "class": runner.cls if runner else None,
+                "file": runner.file if runner else None,
+                "sha256": runner.sha256 if runner else None,
+                "worker": runner.worker if runner else None,
+                "methods": runner.methods if runner else {},
+            },
+            "steps": {
+                "total": p.steps.total if p else None,
+                "productive": p.steps.productive if p else None,
+                "empty": p.steps.empty if p else None,
+                "tokens_scheduled": p.steps.tokens_scheduled if p else None,
+                "requests_scheduled": p.steps.requests_scheduled if p else None,
+                "requests_max": p.steps.requests_max if p else None,
+                "last_step_unix_ns": p.steps.last_step_unix_ns if p else None,
+            },
+            "hooks": [h.as_dict() for h in self.hooks],
+            "manifest": {
+                "digest": p.manifest_digest if p else None,
+                "files": len(p.files) if p else None,
+                "by_origin": _count(p, "at") if p else {},
+                "by_kind": _count(p, "kind") if p else {},
+            },
+        }
+
+
+def _count(p: ProbeState, attr: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for f in p.files:
+        key = str(getattr(f, attr))
+        out[key] = out.get(key, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def _role_from_title(ident: ProcessIdentity) -> tuple[str, int | None]:
+    title = " ".join(ident.cmdline)
+    m = _TITLE.match(title)
+    if m:
+        name = m.group("name")
+        tp = m.group("tp")
+        if name == "Worker":
+            return "worker", int(tp) if tp else None
+        if name == "EngineCore":
+            return "engine_core", None
+        if name == "APIServer":
+            return "api_server", None
+    if any(a.startswith("vllm.entrypoints") for a in ident.cmdline) or (
+        len(ident.cmdline) > 1 and ident.cmdline[1] == "serve"
+    ):
+        return "api_server", None
+    if any("multiprocessing.resource_tracker" in a for a in ident.cmdline):
+        return "helper", None
+    return "unknown", None
+
+
+def probe_dir_of(procfs: ProcFS, pid: int) -> str:
+    """The probe directory configured in the process's environment (or the default)."""
+    try:
+        env = procfs.environ(pid)
+    except OSError:
+        env = {}
+    return env.get(L.ENV_PROBE_DIR) or L.DEFAULT_PROBE_DIR
+
+
+def read_process(procfs: ProcFS, pid: int) -> ProcessEvidence:
+    """Evidence for PID. Raises NoSuchProcess / NotPythonProcess / ProcessAccessDenied."""
+    ident = procfs.identity(pid)
+    if not procfs.is_python(pid):
+        raise NotPythonProcess(pid, ident.exe)
+    pdir = probe_dir_of(procfs, pid)
+    name = L.process_dir_name(ident.ns_pid, ident.start_ticks)
+    probe = None
+    for candidate in (procfs.in_root(pid, pdir) / name, Path(pdir) / name):
+        try:
+            probe = read_probe_dir(candidate)
+        except PermissionError:
+            probe = None
+        if probe is not None:
+            break
+    role, rank = probe.role if probe else (None, None)
+    if role is None:
+        role, rank = _role_from_title(ident)
+    note = None
+    if probe is None:
+        note = (
+            f"probe absent: no state for this process under {pdir} (is the package installed in "
+            "its environment, and was it started by vLLM's plugin loader or VERIFIER_PROBE_EARLY?)"
+        )
+    return ProcessEvidence(ident, role, rank, probe, pdir, note)
+
+
+def read_tree(procfs: ProcFS, pid: int) -> list[ProcessEvidence]:
+    """Evidence for PID and every Python process under it (non-Python children are skipped)."""
+    out = [read_process(procfs, pid)]
+    for child in procfs.descendants(pid)[1:]:
+        try:
+            out.append(read_process(procfs, child))
+        except (NotPythonProcess, UnavailableError, OSError):
+            continue  # not Python, or exited mid-scan: not part of the evidence
+    return out

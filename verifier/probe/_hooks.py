@@ -1,0 +1,251 @@
+"""Hooks: named did-it-fire counters.
+
+Two ways to get one:
+
+* the public API, for code patched into vLLM or a user's module::
+
+      from verifier.probe import hook
+      hook.fire("my_hook")          # count one fire
+
+      @hook("my_step")              # count every call
+      def step(...): ...
+
+* a declaration by target, without editing code::
+
+      VERIFIER_HOOKS="name=module:qualname,other=module"
+
+  ``module:qualname`` wraps the target when (and only if) the module is imported; a class
+  method is wrapped on the class, and the class's ``__init__`` records the first instance.
+  ``name=module`` only tracks whether the module is imported; the code in it fires the hook
+  through the API. Malformed entries are reported by the probe (journal ``error`` records),
+  never raised: vLLM start-up must not depend on a typo.
+
+One fire is a few memoryview operations on the shared counters: fires, the process's step
+count at the first and at the latest fire.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, TypeVar
+
+from verifier.probe import _core, _postimport
+from verifier.probe import _layout as L
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
+_DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_CO_COROUTINE = 0x80
+
+_bases: dict[str, int] = {}
+_env_applied = False
+
+
+@dataclass(frozen=True)
+class HookDecl:
+    """One declared hook: NAME fires when MODULE:QUALNAME runs (or via the API in MODULE)."""
+
+    name: str
+    module: str
+    qualname: str | None
+
+    @property
+    def target(self) -> str:
+        return f"{self.module}:{self.qualname}" if self.qualname else self.module
+
+
+def parse_hooks(text: str) -> tuple[list[HookDecl], list[str]]:
+    """Parse ``name=module:qualname,...``; return the valid declarations and one message per bad entry."""
+    decls: list[HookDecl] = []
+    errors: list[str] = []
+    seen: set[str] = set()
+    for raw in text.split(","):
+        entry = raw.strip()
+        if not entry:
+            continue
+        name, eq, target = entry.partition("=")
+        name, target = name.strip(), target.strip()
+        if not eq or not name or not target:
+            errors.append(f"entry {entry!r}: expected name=module:qualname or name=module")
+            continue
+        if not _NAME.match(name):
+            errors.append(f"entry {entry!r}: hook name may use letters, digits, '_', '.', '-'")
+            continue
+        module, colon, qualname = target.partition(":")
+        if not _DOTTED.match(module) or (colon and not _DOTTED.match(qualname)):
+            errors.append(f"entry {entry!r}: target must be a dotted module, optionally ':qualname'")
+            continue
+        if name in seen:
+            errors.append(f"entry {entry!r}: hook {name!r} declared twice; keeping the first")
+            continue
+        seen.add(name)
+        decls.append(HookDecl(name, module, qualname if colon else None))
+    return decls, errors
+
+
+def declare(name: str, target: str, source: str) -> int:
+    """Slot base for hook NAME (allocated on first use)."""
+    base = _bases.get(name)
+    if base is None:
+        base = _core.state().hook_index(name, target, source)
+        _bases[name] = base
+    return base
+
+
+def _fire(base: int) -> None:
+    c = _core.COUNTERS
+    n = c[base] + 1
+    c[base] = n
+    s = c[L.S_STEPS_TOTAL]
+    c[base + L.HK_LAST_STEP] = s
+    if n == 1:
+        c[base + L.HK_FIRST_STEP] = s
+    if c[L.S_CURRENT_PRODUCTIVE]:
+        c[base + L.HK_FIRES_PRODUCTIVE] += 1
+
+
+def counting(fn: F, base: int) -> F:
+    """FN wrapped so that each call fires the hook at BASE first."""
+    code = getattr(fn, "__code__", None)
+    if code is not None and code.co_flags & _CO_COROUTINE:
+
+        async def awrapper(*args: Any, **kwargs: Any) -> Any:
+            _fire(base)
+            return await fn(*args, **kwargs)
+
+        wrapper: Callable[..., Any] = awrapper
+    else:
+
+        def swrapper(*args: Any, **kwargs: Any) -> Any:
+            _fire(base)
+            return fn(*args, **kwargs)
+
+        wrapper = swrapper
+    functools.update_wrapper(wrapper, fn)
+    wrapper.__verifier_probe__ = True  # type: ignore[attr-defined]
+    return wrapper  # type: ignore[return-value]
+
+
+class HookAPI:
+    """``hook.fire(name)`` and ``@hook(name)``."""
+
+    def fire(self, name: str) -> None:
+        """Count one fire of hook NAME. Never raises."""
+        try:
+            base = _bases.get(name)
+            if base is None:
+                base = declare(name, "", "api")
+            _fire(base)
+        except Exception as e:  # noqa: BLE001 - a probe never raises into its caller
+            _core.report_error("hook.fire", f"{name!r}: {type(e).__name__}: {e}")
+
+    def __call__(self, name: str) -> Callable[[F], F]:
+        """Decorator: every call of the function fires hook NAME."""
+
+        def decorate(fn: F) -> F:
+            try:
+                target = f"{fn.__module__}:{fn.__qualname__}"
+                base = declare(name, target, "api")
+                st = _core.state()
+                st.remember({"k": "hook_loaded", "name": name, "module": fn.__module__})
+                st.remember({"k": "hook_wrapped", "name": name, "owner": target, "how": "decorator"})
+                return counting(fn, base)
+            except Exception as e:  # noqa: BLE001 - never break the decorated module's import
+                _core.report_error("hook.decorate", f"{name!r}: {type(e).__name__}: {e}")
+                return fn
+
+        return decorate
+
+
+hook = HookAPI()
+
+
+def _qualified(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _track_instances(owner: type, name: str) -> None:
+    """Wrap OWNER.__init__ so the first instance (of it or a subclass) is journaled."""
+    orig = owner.__init__
+    seen = False
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        nonlocal seen
+        if not seen:
+            seen = True
+            try:
+                _core.state().remember(
+                    {"k": "hook_instantiated", "name": name, "class": _qualified(type(self))}
+                )
+            except Exception:  # noqa: BLE001, S110 - a probe never raises into a constructor
+                pass
+        if orig is object.__init__:
+            orig(self)
+        else:
+            orig(self, *args, **kwargs)
+
+    functools.update_wrapper(__init__, orig)
+    owner.__init__ = __init__  # type: ignore[misc]
+
+
+def _apply(decl: HookDecl, base: int, module: ModuleType) -> None:
+    st = _core.state()
+    st.remember({"k": "hook_loaded", "name": decl.name, "module": decl.module})
+    if decl.qualname is None:
+        return
+    parts = decl.qualname.split(".")
+    owner: Any = module
+    try:
+        for part in parts[:-1]:
+            if not hasattr(owner, part):
+                raise AttributeError(f"{decl.module}: no attribute {part!r} on {owner!r}")
+            owner = getattr(owner, part)
+        attr = parts[-1]
+        if not isinstance(owner, type) and not hasattr(owner, attr):
+            raise AttributeError(f"{decl.module}: no attribute {attr!r} on {owner!r}")
+        if isinstance(owner, type):
+            raw = next((k.__dict__[attr] for k in owner.__mro__ if attr in k.__dict__), None)
+            if raw is None:
+                raise AttributeError(f"{owner.__qualname__} has no attribute {attr!r}")
+            if isinstance(raw, staticmethod):
+                wrapped: Any = staticmethod(counting(raw.__func__, base))
+            elif isinstance(raw, classmethod):
+                wrapped = classmethod(counting(raw.__func__, base))
+            elif callable(raw):
+                wrapped = counting(raw, base)
+            else:
+                raise TypeError(f"{decl.qualname} is not callable")
+            setattr(owner, attr, wrapped)
+            _track_instances(owner, decl.name)
+            how, where = "method", _qualified(owner)
+        else:
+            fn = getattr(owner, attr)
+            if not callable(fn):
+                raise TypeError(f"{decl.qualname} is not callable")
+            setattr(owner, attr, counting(fn, base))
+            how, where = "function", decl.target
+    except (AttributeError, TypeError) as e:
+        st.remember({"k": "hook_unresolved", "name": decl.name, "msg": str(e)})
+        st.error("VERIFIER_HOOKS", f"hook {decl.name!r}: cannot wrap {decl.target}: {e}")
+        return
+    st.remember({"k": "hook_wrapped", "name": decl.name, "owner": where, "how": how})
+
+
+def apply_env(text: str) -> None:
+    """Declare the hooks of a VERIFIER_HOOKS value and arm their import watches (once per process)."""
+    global _env_applied
+    if _env_applied:
+        return
+    _env_applied = True
+    decls, errors = parse_hooks(text)
+    st = _core.state()
+    for msg in errors:
+        st.error("VERIFIER_HOOKS", msg)
+    for decl in decls:
+        base = declare(decl.name, decl.target, "env")
+        _postimport.when_imported(decl.module, functools.partial(_apply, decl, base))

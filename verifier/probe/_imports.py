@@ -1,0 +1,198 @@
+"""What the interpreter loaded: the exact bytes the import system read, hashed.
+
+* ``FileLoader.get_data`` is wrapped at class level, so every source (``.py``) and bytecode
+  (``.pyc``) file an import reads is hashed from the very bytes that get compiled or
+  unmarshalled (``at: "load"``).
+* Extension modules are recorded when they are executed (device, inode, size and mtime at
+  load) and hashed by the background sweeper, off the import path.
+* Modules already imported when the probe started are hashed after the fact from their files
+  on disk (``at: "snapshot"``); modules that appear later without passing through a wrapped
+  loader are hashed by the sweeper (``at: "late"``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import threading
+import time
+from importlib.machinery import ExtensionFileLoader, SourceFileLoader
+from typing import Any
+
+from verifier.probe import _core, _postimport
+
+SWEEP_INTERVAL_S = 1.0
+
+_recorded: set[str] = set()
+_names_done: set[str] = set()
+_pending_ext: list[tuple[str, str, tuple[int, int, int, int]]] = []
+_guard = threading.local()
+_installed = False
+_sweeper_pid = 0
+_last_len = -1
+_at_start: set[str] = set()
+
+
+def _kind(path: str) -> str:
+    if path.endswith(".pyc"):
+        return "bytecode"
+    if path.endswith(".py"):
+        return "source"
+    return "data"
+
+
+def _on_read(name: str | None, origin: Any, path: Any, data: bytes) -> None:
+    if getattr(_guard, "busy", False):
+        return
+    _guard.busy = True
+    try:
+        p = os.fspath(path)
+        st = _core.state()
+        st.remember(
+            {
+                "k": "file",
+                "path": p,
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "size": len(data),
+                "kind": _kind(p),
+                "module": name,
+                "at": "load",
+            }
+        )
+        _recorded.add(p)
+        if isinstance(origin, str):
+            # The module (origin: its source path) is described by this read; the sweeper
+            # must not hash its source again as if it had been loaded from there.
+            _recorded.add(origin)
+    finally:
+        _guard.busy = False
+
+
+def _identity(path: str) -> tuple[int, int, int, int]:
+    try:
+        s = os.stat(path)
+        return (s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns)
+    except OSError:
+        return (0, 0, -1, 0)
+
+
+def install() -> None:
+    """Wrap the loaders (idempotent; class-level, so it survives fork)."""
+    global _installed
+    if _installed:
+        return
+    owner = next(k for k in SourceFileLoader.__mro__ if "get_data" in k.__dict__)
+    orig_get_data = owner.__dict__["get_data"]
+
+    def get_data(self: Any, path: Any) -> bytes:
+        data: bytes = orig_get_data(self, path)
+        try:
+            _on_read(getattr(self, "name", None), getattr(self, "path", None), path, data)
+        except Exception as e:  # noqa: BLE001 - a probe never raises into an import
+            _core.report_error("imports", f"get_data({path!r}): {type(e).__name__}: {e}")
+        return data
+
+    get_data.__verifier_probe__ = True  # type: ignore[attr-defined]
+    get_data.__wrapped__ = orig_get_data  # type: ignore[attr-defined]
+    if not getattr(orig_get_data, "__verifier_probe__", False):
+        owner.get_data = get_data  # type: ignore[attr-defined]
+
+    orig_exec = ExtensionFileLoader.exec_module
+
+    def exec_module(self: Any, module: Any) -> None:
+        orig_exec(self, module)
+        try:
+            path = os.fspath(self.path)
+            _pending_ext.append((path, self.name, _identity(path)))
+            _recorded.add(path)
+        except Exception as e:  # noqa: BLE001
+            _core.report_error("imports", f"extension {self!r}: {type(e).__name__}: {e}")
+
+    exec_module.__verifier_probe__ = True  # type: ignore[attr-defined]
+    if not getattr(orig_exec, "__verifier_probe__", False):
+        ExtensionFileLoader.exec_module = exec_module  # type: ignore[method-assign]
+    _installed = True
+
+
+def _hash_file(path: str) -> tuple[str, int] | None:
+    h = hashlib.sha256()
+    size = 0
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+                size += len(chunk)
+    except OSError:
+        return None
+    return h.hexdigest(), size
+
+
+def _module_file(mod: Any) -> str | None:
+    spec = getattr(mod, "__spec__", None)
+    if spec is not None:
+        if not getattr(spec, "has_location", False):
+            return None
+        origin = spec.origin
+    else:
+        origin = getattr(mod, "__file__", None)
+    return origin if isinstance(origin, str) else None
+
+
+def sweep() -> None:
+    """One pass: pending post-import callbacks, extension hashes, unseen modules."""
+    global _last_len
+    _postimport.flush()
+    st = _core.state()
+    while _pending_ext:
+        path, name, ident = _pending_ext.pop(0)
+        got = _hash_file(path)
+        rec: dict[str, Any] = {"k": "file", "path": path, "kind": "extension", "module": name}
+        rec.update({"at": "load", "dev": ident[0], "ino": ident[1], "mtime_ns": ident[3]})
+        if got is None:
+            rec.update({"sha256": None, "size": ident[2], "error": "unreadable"})
+        else:
+            rec.update({"sha256": got[0], "size": got[1]})
+        st.remember(rec)
+    n = len(sys.modules)
+    if n == _last_len:
+        return
+    _last_len = n
+    for name, mod in list(sys.modules.items()):
+        if name in _names_done:
+            continue
+        _names_done.add(name)
+        path = _module_file(mod)
+        if path is None or path in _recorded:
+            continue
+        _recorded.add(path)
+        got = _hash_file(path)
+        kind = "extension" if not path.endswith((".py", ".pyc")) else _kind(path)
+        rec = {"k": "file", "path": path, "kind": kind, "module": name}
+        rec["at"] = "snapshot" if name in _at_start else "late"
+        if got is None:
+            rec.update({"sha256": None, "size": -1, "error": "unreadable"})
+        else:
+            rec.update({"sha256": got[0], "size": got[1]})
+        st.remember(rec)
+
+
+def _loop() -> None:
+    while True:
+        try:
+            sweep()
+        except Exception as e:  # noqa: BLE001 - the sweeper must keep going
+            _core.report_error("sweeper", f"{type(e).__name__}: {e}")
+        time.sleep(SWEEP_INTERVAL_S)
+
+
+def start_sweeper() -> None:
+    """Start the background sweeper for this pid (idempotent; restarted after fork)."""
+    global _sweeper_pid
+    if _sweeper_pid == os.getpid():
+        return
+    _sweeper_pid = os.getpid()
+    if not _at_start:
+        _at_start.update(sys.modules)
+    t = threading.Thread(target=_loop, name="verifier-probe-sweeper", daemon=True)
+    t.start()

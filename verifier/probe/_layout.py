@@ -1,0 +1,80 @@
+"""The on-disk contract between the probe (writer) and its readers.
+
+Each probed process owns one directory, ``<probe dir>/<pid>-<start ticks>/``, holding:
+
+* ``counters``: a fixed-size file mapped into memory by the probe (shared memory when the
+  probe dir is on ``/dev/shm``, the default). Native-endian unsigned 64-bit slots. A reader
+  maps or reads it at any time without the probe's cooperation.
+* ``journal.jsonl``: an append-only log of JSON records (one per line): process start,
+  every file the import system read with its hash, hook declarations and state changes,
+  role, live runner, probe errors. A reader tolerates a partial last line.
+
+The pid in the name is the pid in the probe's own PID namespace; the start time (clock ticks
+since boot, field 22 of ``/proc/<pid>/stat``) disambiguates pid reuse.
+
+Stdlib only, no side effects at import: both the probe and the readers import this module.
+"""
+
+from __future__ import annotations
+
+ENV_PROBE_DIR = "VERIFIER_PROBE_DIR"
+ENV_HOOKS = "VERIFIER_HOOKS"
+ENV_PROBE_DISABLE = "VERIFIER_PROBE_DISABLE"
+ENV_EARLY = "VERIFIER_PROBE_EARLY"
+DEFAULT_PROBE_DIR = "/dev/shm/verifier-probe"
+
+COUNTERS_FILE = "counters"
+JOURNAL_FILE = "journal.jsonl"
+
+MAGIC = 0x5646595052424531  # "VFYPRBE1"
+LAYOUT_VERSION = 1
+SLOT_BYTES = 8
+N_SLOTS = 4096
+
+# Header slots.
+H_MAGIC = 0
+H_VERSION = 1
+H_PID = 2
+H_NSLOTS = 3
+H_HOOKS_USED = 4
+
+# Step slots (in the process that runs the model; zero elsewhere).
+S_STEPS_TOTAL = 8
+S_STEPS_PRODUCTIVE = 9
+S_STEPS_EMPTY = 10
+S_TOKENS_SCHEDULED = 11
+S_REQUESTS_SCHEDULED = 12
+S_REQUESTS_MAX = 13
+S_LAST_STEP_UNIX_NS = 14
+S_FIRST_STEP_UNIX_NS = 15
+S_PROBE_ERRORS = 16
+S_CURRENT_PRODUCTIVE = 17  # 1 while the latest step scheduled tokens (until the next step)
+
+# Hook slots: HOOK_BASE + HOOK_STRIDE * index.
+HOOK_BASE = 64
+HOOK_STRIDE = 4
+HK_FIRES = 0
+HK_FIRST_STEP = 1  # the process's steps_total at the first fire (meaningful when fires > 0)
+HK_LAST_STEP = 2  # the process's steps_total at the latest fire
+HK_FIRES_PRODUCTIVE = 3  # fires while the latest step was productive (its sample phase included)
+MAX_HOOKS = (N_SLOTS - HOOK_BASE) // HOOK_STRIDE
+
+
+def hook_slot(index: int) -> int:
+    """First slot of hook number INDEX."""
+    return HOOK_BASE + HOOK_STRIDE * index
+
+
+def process_dir_name(pid: int, start_ticks: int) -> str:
+    """Directory name of one process's probe state."""
+    return f"{pid}-{start_ticks}"
+
+
+def stat_fields(stat: bytes) -> list[bytes]:
+    """Fields 3.. of a ``/proc/<pid>/stat`` line (the command name may hold spaces and ')')."""
+    return stat[stat.rindex(b")") + 2 :].split()
+
+
+def start_ticks(stat: bytes) -> int:
+    """Start time in clock ticks since boot (field 22) from a ``/proc/<pid>/stat`` line."""
+    return int(stat_fields(stat)[19])

@@ -1,0 +1,146 @@
+"""Per-process probe state: the shared counters and the append-only journal.
+
+One ``ProbeState`` exists per process (``current()``); after ``fork`` the child gets a fresh
+one for its own pid (registered with ``os.register_at_fork``). Nothing here raises into the
+caller: a failure to create the shared files degrades to private in-memory counters and is
+recorded as an error record (and in the ``S_PROBE_ERRORS`` slot).
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import mmap
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+from verifier.probe import _layout as L
+
+PROBE_VERSION = "0.1.0"
+
+
+def _self_start_ticks() -> int:
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            data = f.read()
+        return L.start_ticks(data)
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+class ProbeState:
+    """Counters (``counters``, a memoryview of unsigned 64-bit slots) and the journal."""
+
+    def __init__(self, probe_dir: str, mode: str) -> None:
+        self.pid = os.getpid()
+        self.start_ticks = _self_start_ticks()
+        self.mode = mode
+        self.lock = threading.Lock()
+        self.hook_names: dict[str, int] = {}
+        self.declared: list[tuple[str, str, str]] = []
+        self.replay: list[dict[str, Any]] = []  # records a forked child inherits
+        self.errors = 0
+        self.dir = os.path.join(probe_dir, L.process_dir_name(self.pid, self.start_ticks))
+        self._fd = -1
+        self._mmap: mmap.mmap | None = None
+        self.shared = False
+        self.counters: memoryview = memoryview(array.array("Q", bytes(L.SLOT_BYTES * L.N_SLOTS))).cast(
+            "B"
+        ).cast("Q")
+        try:
+            os.makedirs(self.dir, mode=0o755, exist_ok=True)
+            self._fd = os.open(
+                os.path.join(self.dir, L.JOURNAL_FILE),
+                os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
+                0o644,
+            )
+            cpath = os.path.join(self.dir, L.COUNTERS_FILE)
+            cfd = os.open(cpath, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                os.ftruncate(cfd, L.SLOT_BYTES * L.N_SLOTS)
+                self._mmap = mmap.mmap(cfd, L.SLOT_BYTES * L.N_SLOTS, mmap.MAP_SHARED)
+            finally:
+                os.close(cfd)
+            self.counters = memoryview(self._mmap).cast("Q")
+            self.shared = True
+        except OSError as e:
+            self.error("state", f"cannot create shared state in {self.dir}: {e}")
+        c = self.counters
+        c[L.H_VERSION] = L.LAYOUT_VERSION
+        c[L.H_PID] = self.pid
+        c[L.H_NSLOTS] = L.N_SLOTS
+        c[L.H_MAGIC] = L.MAGIC  # written last: a reader trusts the header once magic is set
+        self.emit(
+            {
+                "k": "start",
+                "pid": self.pid,
+                "start_ticks": self.start_ticks,
+                "boot_id": _boot_id(),
+                "argv": list(sys.argv),
+                "executable": sys.executable,
+                "python": sys.version.split()[0],
+                "probe": PROBE_VERSION,
+                "mode": mode,
+                "shared": self.shared,
+            }
+        )
+
+    def emit(self, record: dict[str, Any]) -> None:
+        """Append one record to the journal (one ``write``; never raises)."""
+        if self._fd < 0:
+            return
+        record.setdefault("t", time.time())
+        try:
+            os.write(self._fd, (json.dumps(record, separators=(",", ":")) + "\n").encode())
+        except (OSError, TypeError, ValueError):
+            self.errors += 1
+
+    def remember(self, record: dict[str, Any]) -> None:
+        """Journal a record that a forked child must inherit (files, hook status)."""
+        self.emit(record)
+        self.replay.append(record)
+
+    def error(self, where: str, msg: str) -> None:
+        """Record a probe error: counted in shared memory and journaled."""
+        self.errors += 1
+        try:
+            self.counters[L.S_PROBE_ERRORS] += 1
+        except (IndexError, TypeError):
+            pass
+        self.emit({"k": "error", "where": where, "msg": msg})
+
+    def hook_index(self, name: str, target: str, source: str) -> int:
+        """Slot base for hook NAME, allocating it (and journaling it) on first use."""
+        with self.lock:
+            base = self.hook_names.get(name)
+            if base is not None:
+                return base
+            index = len(self.hook_names)
+            if index >= L.MAX_HOOKS:
+                self.error("hooks", f"too many hooks; {name!r} shares the overflow slot")
+                index = L.MAX_HOOKS - 1
+            base = L.hook_slot(index)
+            self.hook_names[name] = base
+            self.declared.append((name, target, source))
+            self.counters[L.H_HOOKS_USED] = len(self.hook_names)
+            self.emit({"k": "hook", "name": name, "target": target, "source": source, "slot": base})
+            return base
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = -1

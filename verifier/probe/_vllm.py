@@ -1,0 +1,219 @@
+"""vLLM integration: process role, the live model runner, and engine-step counting.
+
+Everything is installed through post-import watches, so nothing here imports vLLM itself:
+
+* ``vllm.v1.engine.core``: ``EngineCore.__init__`` marks the process ``engine_core``.
+* ``vllm.v1.worker.worker_base``: ``WorkerBase.__init__`` marks the process ``worker`` with its
+  rank, and wraps the concrete worker class's ``execute_model`` (the per-step call, whatever
+  runner is live; warm-up and dummy runs do not go through it) to count steps, and its
+  ``init_device``/``load_model`` to record the live runner object once it exists.
+
+The live runner is reported as the object the worker holds (``type(worker.model_runner)``),
+not as whatever runner module happens to be imported, with the file that defines its
+``execute_model`` and that file's hash.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import sys
+import time
+from typing import Any
+
+from verifier.probe import _core, _postimport
+from verifier.probe import _layout as L
+
+STEP_METHODS = ("execute_model", "sample_tokens")
+_roles_done: set[str] = set()
+_runner_seen: set[type] = set()
+
+
+def _qualified(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def set_role(role: str, **extra: Any) -> None:
+    key = f"{role}:{sorted(extra.items())}"
+    if key in _roles_done:
+        return
+    _roles_done.add(key)
+    _core.state().remember({"k": "role", "role": role, **extra})
+
+
+def _defining_file(cls: type, method: str) -> dict[str, Any] | None:
+    owner = next((k for k in cls.__mro__ if method in k.__dict__), None)
+    if owner is None:
+        return None
+    mod = sys.modules.get(owner.__module__)
+    path = getattr(mod, "__file__", None)
+    info: dict[str, Any] = {"class": _qualified(owner), "file": path, "sha256": None}
+    if isinstance(path, str):
+        try:
+            with open(path, "rb") as f:
+                info["sha256"] = hashlib.sha256(f.read()).hexdigest()
+        except OSError as e:
+            info["error"] = str(e)
+    return info
+
+
+def record_runner(worker: Any) -> None:
+    """Journal the live runner of WORKER once per runner class."""
+    runner = getattr(worker, "model_runner", None)
+    if runner is None:
+        return
+    cls = type(runner)
+    if cls in _runner_seen:
+        return
+    _runner_seen.add(cls)
+    methods = {m: _defining_file(cls, m) for m in STEP_METHODS}
+    step = methods.get("execute_model") or {}
+    _core.state().remember(
+        {
+            "k": "runner",
+            "class": _qualified(cls),
+            "file": step.get("file"),
+            "sha256": step.get("sha256"),
+            "methods": methods,
+            "worker": _qualified(type(worker)),
+            "mro": [_qualified(k) for k in cls.__mro__],
+        }
+    )
+
+
+def _count_step(scheduler_output: Any) -> None:
+    c = _core.COUNTERS
+    c[L.S_STEPS_TOTAL] += 1
+    n = getattr(scheduler_output, "total_num_scheduled_tokens", 0) or 0
+    now = time.time_ns()
+    c[L.S_CURRENT_PRODUCTIVE] = 1 if n > 0 else 0
+    if n > 0:
+        c[L.S_STEPS_PRODUCTIVE] += 1
+        c[L.S_TOKENS_SCHEDULED] += n
+        reqs = len(getattr(scheduler_output, "num_scheduled_tokens", ()) or ())
+        c[L.S_REQUESTS_SCHEDULED] += reqs
+        if reqs > c[L.S_REQUESTS_MAX]:
+            c[L.S_REQUESTS_MAX] = reqs
+    else:
+        c[L.S_STEPS_EMPTY] += 1
+    if not c[L.S_FIRST_STEP_UNIX_NS]:
+        c[L.S_FIRST_STEP_UNIX_NS] = now
+    c[L.S_LAST_STEP_UNIX_NS] = now
+
+
+def _wrap_worker_class(cls: type) -> None:
+    """Wrap the step and set-up methods of a concrete worker class (once per class)."""
+    if cls.__dict__.get("__verifier_probe_wrapped__"):
+        return
+    orig_exec = getattr(cls, "execute_model", None)
+    if orig_exec is not None and not getattr(orig_exec, "__verifier_probe__", False):
+        recorded = False
+
+        def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+            nonlocal recorded
+            try:
+                _count_step(scheduler_output)
+                if not recorded:
+                    recorded = True
+                    record_runner(self)
+            except Exception as e:  # noqa: BLE001 - a probe never raises into a step
+                _core.report_error("steps", f"{type(e).__name__}: {e}")
+            return orig_exec(self, scheduler_output, *args, **kwargs)
+
+        functools.update_wrapper(execute_model, orig_exec)
+        execute_model.__verifier_probe__ = True  # type: ignore[attr-defined]
+        cls.execute_model = execute_model  # type: ignore[attr-defined]
+
+    for name in ("init_device", "load_model"):
+        orig = getattr(cls, name, None)
+        if orig is None or getattr(orig, "__verifier_probe__", False):
+            continue
+
+        def make(orig: Any) -> Any:
+            def setup(self: Any, *args: Any, **kwargs: Any) -> Any:
+                result = orig(self, *args, **kwargs)
+                try:
+                    record_runner(self)
+                except Exception as e:  # noqa: BLE001
+                    _core.report_error("runner", f"{type(e).__name__}: {e}")
+                return result
+
+            functools.update_wrapper(setup, orig)
+            setup.__verifier_probe__ = True  # type: ignore[attr-defined]
+            return setup
+
+        setattr(cls, name, make(orig))
+    cls.__verifier_probe_wrapped__ = True  # type: ignore[attr-defined]
+
+
+def _on_worker_base(module: Any) -> None:
+    base = module.WorkerBase
+    orig = base.__init__
+    if getattr(orig, "__verifier_probe__", False):
+        return
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        orig(self, *args, **kwargs)
+        try:
+            set_role("worker", rank=getattr(self, "rank", None), local_rank=getattr(self, "local_rank", None))
+            _wrap_worker_class(type(self))
+        except Exception as e:  # noqa: BLE001
+            _core.report_error("worker", f"{type(e).__name__}: {e}")
+
+    functools.update_wrapper(__init__, orig)
+    __init__.__verifier_probe__ = True  # type: ignore[attr-defined]
+    base.__init__ = __init__
+
+
+def _on_engine_core(module: Any) -> None:
+    cls = module.EngineCore
+    orig = cls.__init__
+    if getattr(orig, "__verifier_probe__", False):
+        return
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            set_role("engine_core")
+        except Exception as e:  # noqa: BLE001
+            _core.report_error("engine_core", f"{type(e).__name__}: {e}")
+        orig(self, *args, **kwargs)
+
+    functools.update_wrapper(__init__, orig)
+    __init__.__verifier_probe__ = True  # type: ignore[attr-defined]
+    cls.__init__ = __init__
+
+
+def _role_from_process() -> None:
+    """Role from multiprocessing's process name (vLLM names its children) or the main module.
+
+    vLLM loads plugins inside ``EngineCore.__init__``, too late for the ``__init__`` watch to
+    see that process's engine, so the process name is the first witness there.
+    """
+    mp = sys.modules.get("multiprocessing")
+    if mp is None:
+        return
+    name = str(mp.current_process().name)
+    if name.startswith("EngineCore"):
+        dp = name.partition("_DP")[2]
+        set_role("engine_core", **({"dp_rank": int(dp)} if dp.isdigit() else {}))
+        return
+    if mp.parent_process() is not None:
+        return  # a spawned child re-imports the parent's main module as __mp_main__
+    main = sys.modules.get("__main__")
+    main_name = getattr(getattr(main, "__spec__", None), "name", "") or ""
+    if main_name.startswith("vllm.entrypoints"):
+        set_role("api_server")
+
+
+_installed = False
+
+
+def install() -> None:
+    """Arm the vLLM watches and note the process's role where already known (idempotent)."""
+    global _installed
+    _role_from_process()
+    if _installed:
+        return
+    _installed = True
+    _postimport.when_imported("vllm.v1.worker.worker_base", _on_worker_base)
+    _postimport.when_imported("vllm.v1.engine.core", _on_engine_core)
