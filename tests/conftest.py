@@ -49,7 +49,9 @@ def vllm_server(tiny_model: Path) -> Iterator[VllmServer]:
     user_hooks = REPO / "tests" / "data" / "user_hooks"
     env = {
         "VERIFIER_HOOKS": hooks,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(user_hooks), os.environ.get("PYTHONPATH")])),
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(user_hooks), os.environ.get("PYTHONPATH")])
+        ),
     }
     server = VllmServer(
         tiny_model,

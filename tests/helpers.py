@@ -24,12 +24,12 @@ def inspect_json(pid: int, tree: bool = False) -> list[dict[str, Any]]:
     args = ["inspect", "--pid", str(pid), "--json"] + (["--tree"] if tree else [])
     out = verifier_cli(*args)
     assert out.returncode == 0, out.stderr
-    procs: list[dict[str, Any]] = json.loads(out.stdout)["processes"]
-    return procs
+    data: dict[str, list[dict[str, Any]]] = json.loads(out.stdout)
+    return data["processes"]
 
 
 def hook_by_name(proc: dict[str, Any], name: str) -> dict[str, Any]:
-    matches = [h for h in proc["hooks"] if h["name"] == name]
+    matches: list[dict[str, Any]] = [h for h in proc["hooks"] if h["name"] == name]
     assert len(matches) == 1, f"hook {name!r} in {[h['name'] for h in proc['hooks']]}"
     return matches[0]
 

@@ -55,7 +55,10 @@ def test_live_runner_is_the_v1_cpu_runner_with_hash_of_its_step_file(
     assert runner["class"] == "vllm.v1.worker.cpu_model_runner.CPUModelRunner"
     assert Path(runner["file"]).name == "gpu_model_runner.py"
     assert runner["sha256"] == hashlib.sha256(Path(runner["file"]).read_bytes()).hexdigest()
-    assert runner["methods"]["execute_model"]["class"] == "vllm.v1.worker.gpu_model_runner.GPUModelRunner"
+    assert (
+        runner["methods"]["execute_model"]["class"]
+        == "vllm.v1.worker.gpu_model_runner.GPUModelRunner"
+    )
 
 
 def test_only_the_worker_holds_a_runner(served: list[dict[str, Any]]) -> None:
@@ -80,7 +83,11 @@ def test_v1_hook_fires_once_per_productive_step(served: list[dict[str, Any]]) ->
     steps = worker["steps"]
     assert h["target"] == V1_STEP
     assert h["status"] == "firing"
-    assert (h["module_loaded"], h["instantiated"], h["live_runner_is_instance"]) == (True, True, True)
+    assert (h["module_loaded"], h["instantiated"], h["live_runner_is_instance"]) == (
+        True,
+        True,
+        True,
+    )
     assert steps["productive"] > 0
     assert h["fired_on_productive_steps"] == steps["productive"]
     # The runner's execute_model also runs (and returns at once) on empty steps.
@@ -90,7 +97,8 @@ def test_v1_hook_fires_once_per_productive_step(served: list[dict[str, Any]]) ->
 def test_steps_and_hooks_advance_together_with_new_requests(vllm_server: VllmServer) -> None:
     before = _only(_tree(vllm_server), "worker")
     usage = [
-        vllm_server.complete(f"alpha beta {i} gamma", max_tokens=MAX_TOKENS)["usage"] for i in range(4)
+        vllm_server.complete(f"alpha beta {i} gamma", max_tokens=MAX_TOKENS)["usage"]
+        for i in range(4)
     ]
     after = _only(_tree(vllm_server), "worker")
     d_prod = after["steps"]["productive"] - before["steps"]["productive"]
@@ -109,11 +117,19 @@ def test_user_module_hook_is_not_loaded_anywhere(served: list[dict[str, Any]]) -
         if not proc["probe"]["present"]:
             continue
         h = hook_by_name(proc, "user_step")
-        assert (h["module_loaded"], h["fired"], h["status"]) == (False, 0, "not_loaded"), proc["role"]
+        assert (h["module_loaded"], h["fired"], h["status"]) == (False, 0, "not_loaded"), proc[
+            "role"
+        ]
 
 
-def test_module_only_hook_sees_the_v1_module_only_in_the_worker(served: list[dict[str, Any]]) -> None:
-    loaded = {p["role"]: hook_by_name(p, "v1_module")["module_loaded"] for p in served if p["probe"]["present"]}
+def test_module_only_hook_sees_the_v1_module_only_in_the_worker(
+    served: list[dict[str, Any]],
+) -> None:
+    loaded = {
+        p["role"]: hook_by_name(p, "v1_module")["module_loaded"]
+        for p in served
+        if p["probe"]["present"]
+    }
     assert loaded["worker"] is True
 
 

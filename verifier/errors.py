@@ -40,7 +40,7 @@ class UnavailableError(Error):
     exit_code = 4
 
 
-class TimeoutError_(Error):  # noqa: N801 - the builtin TimeoutError is a different thing
+class TimeoutError_(Error):
     exit_code = 5
 
 

@@ -82,13 +82,22 @@ def render(evidence: list[ProcessEvidence]) -> str:
             f"tokens {s['tokens_scheduled']}  max batch {s['requests_max']}"
         )
         m = d["manifest"]
-        lines.append(f"  files    {m['files']} loaded  manifest {_short(m['digest'])}  {m['by_origin']}")
+        lines.append(
+            f"  files    {m['files']} loaded  manifest {_short(m['digest'])}  {m['by_origin']}"
+        )
         for err in d["probe"]["errors"]:
             lines.append(f"  probe error [{err['where']}] {err['msg']}")
         if d["hooks"]:
             header = (
-                "hook", "target", "loaded", "instantiated", "fired", "steps",
-                "on productive", "productive steps", "status",
+                "hook",
+                "target",
+                "loaded",
+                "instantiated",
+                "fired",
+                "steps",
+                "on productive",
+                "productive steps",
+                "status",
             )
             rows = [header] + [
                 (

@@ -134,7 +134,9 @@ def _hooks(records: list[dict[str, Any]], slots: list[int]) -> list[HookRecord]:
         if not isinstance(name, str):
             continue
         if k == "hook":
-            by_name.setdefault(name, {"target": rec.get("target", ""), "source": rec.get("source", "")})
+            by_name.setdefault(
+                name, {"target": rec.get("target", ""), "source": rec.get("source", "")}
+            )
             by_name[name]["slot"] = rec.get("slot")
         elif name in by_name:
             h = by_name[name]
@@ -150,7 +152,7 @@ def _hooks(records: list[dict[str, Any]], slots: list[int]) -> list[HookRecord]:
     for name, h in by_name.items():
         slot = h.get("slot")
         fired = first = last = productive = 0
-        if isinstance(slot, int) and 0 <= slot and slot + L.HOOK_STRIDE <= len(slots):
+        if isinstance(slot, int) and slot >= 0 and slot + L.HOOK_STRIDE <= len(slots):
             fired = slots[slot + L.HK_FIRES]
             first, last = slots[slot + L.HK_FIRST_STEP], slots[slot + L.HK_LAST_STEP]
             productive = slots[slot + L.HK_FIRES_PRODUCTIVE]

@@ -12,7 +12,7 @@ import atexit
 import os
 import shutil
 import threading
-from typing import Any
+from collections.abc import Callable
 
 from verifier.probe import _layout as L
 from verifier.probe import _postimport
@@ -20,10 +20,12 @@ from verifier.probe._state import ProbeState
 
 STATE: ProbeState | None = None
 # Private counters until the probe starts, so a hook fired early never fails.
-COUNTERS: memoryview = memoryview(array.array("Q", bytes(L.SLOT_BYTES * L.N_SLOTS))).cast("B").cast("Q")
+COUNTERS: memoryview = (
+    memoryview(array.array("Q", bytes(L.SLOT_BYTES * L.N_SLOTS))).cast("B").cast("Q")
+)
 _start_lock = threading.Lock()
 _fork_registered = False
-_starters: list[Any] = []  # callables run after a (re)start: installers that must re-emit state
+_after_fork_starters: list[Callable[[], None]] = []  # e.g. restart the sweeper thread
 
 
 def probe_dir() -> str:
@@ -76,8 +78,16 @@ def _after_fork() -> None:
     st.lock = threading.Lock()
     try:
         state("fork")
-    except Exception:  # noqa: BLE001 - a probe never raises
-        pass
+        for starter in _after_fork_starters:
+            starter()
+    except Exception as e:  # noqa: BLE001 - a probe never raises
+        report_error("fork", f"{type(e).__name__}: {e}")
+
+
+def on_fork(starter: Callable[[], None]) -> None:
+    """Run STARTER in a forked child once its state exists (threads do not survive fork)."""
+    if starter not in _after_fork_starters:
+        _after_fork_starters.append(starter)
 
 
 def _cleanup() -> None:

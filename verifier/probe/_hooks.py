@@ -60,7 +60,7 @@ class HookDecl:
 
 
 def parse_hooks(text: str) -> tuple[list[HookDecl], list[str]]:
-    """Parse ``name=module:qualname,...``; return the valid declarations and one message per bad entry."""
+    """Parse ``name=module:qualname,...`` into valid declarations and one message per bad entry."""
     decls: list[HookDecl] = []
     errors: list[str] = []
     seen: set[str] = set()
@@ -78,7 +78,9 @@ def parse_hooks(text: str) -> tuple[list[HookDecl], list[str]]:
             continue
         module, colon, qualname = target.partition(":")
         if not _DOTTED.match(module) or (colon and not _DOTTED.match(qualname)):
-            errors.append(f"entry {entry!r}: target must be a dotted module, optionally ':qualname'")
+            errors.append(
+                f"entry {entry!r}: target must be a dotted module, optionally ':qualname'"
+            )
             continue
         if name in seen:
             errors.append(f"entry {entry!r}: hook {name!r} declared twice; keeping the first")
@@ -153,7 +155,9 @@ class HookAPI:
                 base = declare(name, target, "api")
                 st = _core.state()
                 st.remember({"k": "hook_loaded", "name": name, "module": fn.__module__})
-                st.remember({"k": "hook_wrapped", "name": name, "owner": target, "how": "decorator"})
+                st.remember(
+                    {"k": "hook_wrapped", "name": name, "owner": target, "how": "decorator"}
+                )
                 return counting(fn, base)
             except Exception as e:  # noqa: BLE001 - never break the decorated module's import
                 _core.report_error("hook.decorate", f"{name!r}: {type(e).__name__}: {e}")
@@ -171,7 +175,7 @@ def _qualified(cls: type) -> str:
 
 def _track_instances(owner: type, name: str) -> None:
     """Wrap OWNER.__init__ so the first instance (of it or a subclass) is journaled."""
-    orig = owner.__init__
+    orig = next(k.__dict__["__init__"] for k in owner.__mro__ if "__init__" in k.__dict__)
     seen = False
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -182,7 +186,7 @@ def _track_instances(owner: type, name: str) -> None:
                 _core.state().remember(
                     {"k": "hook_instantiated", "name": name, "class": _qualified(type(self))}
                 )
-            except Exception:  # noqa: BLE001, S110 - a probe never raises into a constructor
+            except Exception:  # noqa: BLE001 - a probe never raises into a constructor
                 pass
         if orig is object.__init__:
             orig(self)
@@ -193,41 +197,49 @@ def _track_instances(owner: type, name: str) -> None:
     owner.__init__ = __init__  # type: ignore[misc]
 
 
+def _wrap_method(owner: type, attr: str, base: int) -> None:
+    """Wrap OWNER.ATTR at class level, keeping static/class method descriptors."""
+    raw = next((k.__dict__[attr] for k in owner.__mro__ if attr in k.__dict__), None)
+    if raw is None:
+        raise AttributeError(f"{owner.__qualname__} has no attribute {attr!r}")
+    if isinstance(raw, staticmethod):
+        wrapped: Any = staticmethod(counting(raw.__func__, base))
+    elif isinstance(raw, classmethod):
+        wrapped = classmethod(counting(raw.__func__, base))
+    elif callable(raw):
+        wrapped = counting(raw, base)
+    else:
+        raise TypeError(f"{owner.__qualname__}.{attr} is not callable")
+    setattr(owner, attr, wrapped)
+
+
+def _resolve_owner(decl: HookDecl, module: ModuleType) -> tuple[Any, str]:
+    """The object holding the target attribute, and the attribute's name."""
+    parts = (decl.qualname or "").split(".")
+    owner: Any = module
+    for part in parts[:-1]:
+        if not hasattr(owner, part):
+            raise AttributeError(f"{decl.module}: no attribute {part!r} on {owner!r}")
+        owner = getattr(owner, part)
+    attr = parts[-1]
+    if not isinstance(owner, type) and not callable(getattr(owner, attr, None)):
+        raise AttributeError(f"{decl.module}: no callable {attr!r} on {owner!r}")
+    return owner, attr
+
+
 def _apply(decl: HookDecl, base: int, module: ModuleType) -> None:
     st = _core.state()
     st.remember({"k": "hook_loaded", "name": decl.name, "module": decl.module})
     if decl.qualname is None:
         return
-    parts = decl.qualname.split(".")
-    owner: Any = module
     try:
-        for part in parts[:-1]:
-            if not hasattr(owner, part):
-                raise AttributeError(f"{decl.module}: no attribute {part!r} on {owner!r}")
-            owner = getattr(owner, part)
-        attr = parts[-1]
-        if not isinstance(owner, type) and not hasattr(owner, attr):
-            raise AttributeError(f"{decl.module}: no attribute {attr!r} on {owner!r}")
+        owner, attr = _resolve_owner(decl, module)
         if isinstance(owner, type):
-            raw = next((k.__dict__[attr] for k in owner.__mro__ if attr in k.__dict__), None)
-            if raw is None:
-                raise AttributeError(f"{owner.__qualname__} has no attribute {attr!r}")
-            if isinstance(raw, staticmethod):
-                wrapped: Any = staticmethod(counting(raw.__func__, base))
-            elif isinstance(raw, classmethod):
-                wrapped = classmethod(counting(raw.__func__, base))
-            elif callable(raw):
-                wrapped = counting(raw, base)
-            else:
-                raise TypeError(f"{decl.qualname} is not callable")
-            setattr(owner, attr, wrapped)
+            _wrap_method(owner, attr, base)
             _track_instances(owner, decl.name)
             how, where = "method", _qualified(owner)
         else:
-            fn = getattr(owner, attr)
-            if not callable(fn):
-                raise TypeError(f"{decl.qualname} is not callable")
-            setattr(owner, attr, counting(fn, base))
+            setattr(owner, attr, counting(getattr(owner, attr), base))
             how, where = "function", decl.target
     except (AttributeError, TypeError) as e:
         st.remember({"k": "hook_unresolved", "name": decl.name, "msg": str(e)})
@@ -237,7 +249,7 @@ def _apply(decl: HookDecl, base: int, module: ModuleType) -> None:
 
 
 def apply_env(text: str) -> None:
-    """Declare the hooks of a VERIFIER_HOOKS value and arm their import watches (once per process)."""
+    """Declare the hooks of a VERIFIER_HOOKS value; watch for their modules (once per process)."""
     global _env_applied
     if _env_applied:
         return

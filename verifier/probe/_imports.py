@@ -162,13 +162,13 @@ def sweep() -> None:
         if name in _names_done:
             continue
         _names_done.add(name)
-        path = _module_file(mod)
-        if path is None or path in _recorded:
+        origin = _module_file(mod)
+        if origin is None or origin in _recorded:
             continue
-        _recorded.add(path)
-        got = _hash_file(path)
-        kind = "extension" if not path.endswith((".py", ".pyc")) else _kind(path)
-        rec = {"k": "file", "path": path, "kind": kind, "module": name}
+        _recorded.add(origin)
+        got = _hash_file(origin)
+        kind = "extension" if not origin.endswith((".py", ".pyc")) else _kind(origin)
+        rec = {"k": "file", "path": origin, "kind": kind, "module": name}
         rec["at"] = "snapshot" if name in _at_start else "late"
         if got is None:
             rec.update({"sha256": None, "size": -1, "error": "unreadable"})

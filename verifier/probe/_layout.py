@@ -21,7 +21,7 @@ ENV_PROBE_DIR = "VERIFIER_PROBE_DIR"
 ENV_HOOKS = "VERIFIER_HOOKS"
 ENV_PROBE_DISABLE = "VERIFIER_PROBE_DISABLE"
 ENV_EARLY = "VERIFIER_PROBE_EARLY"
-DEFAULT_PROBE_DIR = "/dev/shm/verifier-probe"
+DEFAULT_PROBE_DIR = "/dev/shm/verifier-probe"  # noqa: S108 - shared memory is the point
 
 COUNTERS_FILE = "counters"
 JOURNAL_FILE = "journal.jsonl"

@@ -28,13 +28,14 @@ def start(mode: str = "api") -> bool:
         _core.state(mode)
         _imports.install()
         _imports.start_sweeper()
+        _core.on_fork(_imports.start_sweeper)
         _vllm.install()
         _hooks.apply_env(os.environ.get(L.ENV_HOOKS, ""))
         return True
     except Exception as e:  # noqa: BLE001 - must never break the host process
         try:
             _core.report_error("start", f"{type(e).__name__}: {e}")
-        except Exception:  # noqa: BLE001, S110
+        except Exception:  # noqa: BLE001
             pass
         return False
 

@@ -52,7 +52,7 @@ class _Finder:
             return None
         _in_find.add(fullname)
         try:
-            spec = None
+            spec: ModuleSpec | None = None
             for finder in list(sys.meta_path):
                 if finder is self:
                     continue
@@ -94,13 +94,16 @@ def install(error_sink: ErrorSink) -> None:
     if error_sink not in _error_sink:
         _error_sink.append(error_sink)
     if _finder not in sys.meta_path:
-        sys.meta_path.insert(0, _finder)  # type: ignore[arg-type]
+        sys.meta_path.insert(0, _finder)
 
 
 def when_imported(name: str, callback: Callback) -> None:
     """Call CALLBACK(module) once NAME is imported (now, if it already is)."""
     module = sys.modules.get(name)
-    if module is not None and getattr(getattr(module, "__spec__", None), "_initializing", False) is False:
+    if (
+        module is not None
+        and getattr(getattr(module, "__spec__", None), "_initializing", False) is False
+    ):
         try:
             callback(module)
         except Exception as e:  # noqa: BLE001 - a probe never raises
@@ -121,7 +124,8 @@ def flush() -> None:
             name
             for name in _callbacks
             if name in sys.modules
-            and getattr(getattr(sys.modules[name], "__spec__", None), "_initializing", False) is False
+            and getattr(getattr(sys.modules[name], "__spec__", None), "_initializing", False)
+            is False
         ]
     for name in ready:
         _run(name, sys.modules[name])

@@ -55,9 +55,9 @@ class ProbeState:
         self._fd = -1
         self._mmap: mmap.mmap | None = None
         self.shared = False
-        self.counters: memoryview = memoryview(array.array("Q", bytes(L.SLOT_BYTES * L.N_SLOTS))).cast(
-            "B"
-        ).cast("Q")
+        self.counters: memoryview = (
+            memoryview(array.array("Q", bytes(L.SLOT_BYTES * L.N_SLOTS))).cast("B").cast("Q")
+        )
         try:
             os.makedirs(self.dir, mode=0o755, exist_ok=True)
             self._fd = os.open(

@@ -92,8 +92,7 @@ def _count_step(scheduler_output: Any) -> None:
         c[L.S_TOKENS_SCHEDULED] += n
         reqs = len(getattr(scheduler_output, "num_scheduled_tokens", ()) or ())
         c[L.S_REQUESTS_SCHEDULED] += reqs
-        if reqs > c[L.S_REQUESTS_MAX]:
-            c[L.S_REQUESTS_MAX] = reqs
+        c[L.S_REQUESTS_MAX] = max(c[L.S_REQUESTS_MAX], reqs)
     else:
         c[L.S_STEPS_EMPTY] += 1
     if not c[L.S_FIRST_STEP_UNIX_NS]:
@@ -155,7 +154,11 @@ def _on_worker_base(module: Any) -> None:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         orig(self, *args, **kwargs)
         try:
-            set_role("worker", rank=getattr(self, "rank", None), local_rank=getattr(self, "local_rank", None))
+            set_role(
+                "worker",
+                rank=getattr(self, "rank", None),
+                local_rank=getattr(self, "local_rank", None),
+            )
             _wrap_worker_class(type(self))
         except Exception as e:  # noqa: BLE001
             _core.report_error("worker", f"{type(e).__name__}: {e}")

@@ -6,6 +6,7 @@ directory that ``stop()`` removes; the whole process group is terminated, then k
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -61,15 +62,25 @@ class VllmServer:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def _scratch(self) -> Path:
+        if self.scratch is None:
+            raise ServerError("server not started")
+        return self.scratch
+
     @property
     def probe_dir(self) -> Path:
-        assert self.scratch is not None
-        return self.scratch / "probe"
+        return self._scratch() / "probe"
 
     @property
     def log_path(self) -> Path:
-        assert self.scratch is not None
-        return self.scratch / "server.log"
+        return self._scratch() / "server.log"
+
+    @property
+    def pid(self) -> int:
+        """Pid of the API server (the root of the vLLM process tree)."""
+        if self.proc is None:
+            raise ServerError("server not started")
+        return self.proc.pid
 
     def start(self) -> VllmServer:
         if self.scratch_parent is not None:
@@ -88,7 +99,11 @@ class VllmServer:
         cmd += [*DEFAULT_ARGS, "--port", str(self.port), "--host", "127.0.0.1", *self.extra_args]
         log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
-            cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            cmd,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
             cwd=self.scratch,
         )
         log.close()
@@ -100,13 +115,15 @@ class VllmServer:
         return self
 
     def _wait_ready(self) -> None:
-        assert self.proc is not None
+        if self.proc is None:
+            raise ServerError("server not started")
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise ServerError(f"vLLM exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
-                with urllib.request.urlopen(self.base_url + "/health", timeout=2) as r:
+                # Our own http://127.0.0.1 URL, never a user-supplied scheme.
+                with urllib.request.urlopen(self.base_url + "/health", timeout=2) as r:  # noqa: S310
                     if r.status == 200:
                         return
             except (urllib.error.URLError, OSError):
@@ -122,14 +139,20 @@ class VllmServer:
 
     def complete(self, prompt: str, max_tokens: int = 8, **extra: Any) -> dict[str, Any]:
         """One greedy /v1/completions request; returns the decoded JSON body."""
-        body = {"model": str(self.model), "prompt": prompt, "max_tokens": max_tokens,
-                "temperature": 0.0, "ignore_eos": True, **extra}
-        req = urllib.request.Request(
+        body = {
+            "model": str(self.model),
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            **extra,
+        }
+        req = urllib.request.Request(  # noqa: S310 - our own http URL
             self.base_url + "/v1/completions",
             data=json.dumps(body).encode(),
             headers={"Content-Type": "application/json"},
         )
-        with urllib.request.urlopen(req, timeout=120) as r:
+        with urllib.request.urlopen(req, timeout=120) as r:  # noqa: S310 - our own http URL
             out: dict[str, Any] = json.loads(r.read())
         return out
 
@@ -137,22 +160,16 @@ class VllmServer:
         """Terminate the process group, kill what is left, remove the scratch directory."""
         if self.proc is not None:
             pgid = self.proc.pid
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                pass
             # Children (engine core, workers) may outlive the API server briefly.
             deadline = time.monotonic() + grace_s
             while time.monotonic() < deadline and _group_alive(pgid):
                 time.sleep(0.2)
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             if self.proc.poll() is None:
                 self.proc.wait(timeout=10)
             self.proc = None

