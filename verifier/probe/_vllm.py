@@ -19,6 +19,7 @@ import functools
 import hashlib
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from verifier.probe import _core, _postimport
@@ -124,66 +125,56 @@ def _wrap_worker_class(cls: type) -> None:
         cls.execute_model = execute_model  # type: ignore[attr-defined]
 
     for name in ("init_device", "load_model"):
-        orig = getattr(cls, name, None)
-        if orig is None or getattr(orig, "__verifier_probe__", False):
-            continue
-
-        def make(orig: Any) -> Any:
-            def setup(self: Any, *args: Any, **kwargs: Any) -> Any:
-                result = orig(self, *args, **kwargs)
-                try:
-                    record_runner(self)
-                except Exception as e:  # noqa: BLE001
-                    _core.report_error("runner", f"{type(e).__name__}: {e}")
-                return result
-
-            functools.update_wrapper(setup, orig)
-            setup.__verifier_probe__ = True  # type: ignore[attr-defined]
-            return setup
-
-        setattr(cls, name, make(orig))
+        _observe(cls, name, after=record_runner)
     cls.__verifier_probe_wrapped__ = True  # type: ignore[attr-defined]
 
 
-def _on_worker_base(module: Any) -> None:
-    base = module.WorkerBase
-    orig = base.__init__
-    if getattr(orig, "__verifier_probe__", False):
+def _observe(
+    cls: type,
+    name: str,
+    before: Callable[[Any], None] | None = None,
+    after: Callable[[Any], None] | None = None,
+) -> None:
+    """Wrap CLS.NAME at class level to call BEFORE(self) / AFTER(self) around it (once).
+
+    The observers' failures are journaled, never raised; the wrapped method's own behaviour,
+    arguments, result and exceptions are untouched.
+    """
+    orig = getattr(cls, name, None)
+    if orig is None or getattr(orig, "__verifier_probe__", False):
         return
 
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        orig(self, *args, **kwargs)
+    def observe(fn: Callable[[Any], None] | None, obj: Any) -> None:
+        if fn is None:
+            return
         try:
-            set_role(
-                "worker",
-                rank=getattr(self, "rank", None),
-                local_rank=getattr(self, "local_rank", None),
-            )
-            _wrap_worker_class(type(self))
-        except Exception as e:  # noqa: BLE001
-            _core.report_error("worker", f"{type(e).__name__}: {e}")
+            fn(obj)
+        except Exception as e:  # noqa: BLE001 - a probe never raises into vLLM
+            _core.report_error(f"{cls.__qualname__}.{name}", f"{type(e).__name__}: {e}")
 
-    functools.update_wrapper(__init__, orig)
-    __init__.__verifier_probe__ = True  # type: ignore[attr-defined]
-    base.__init__ = __init__
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        observe(before, self)
+        result = orig(self, *args, **kwargs)
+        observe(after, self)
+        return result
+
+    functools.update_wrapper(wrapper, orig)
+    wrapper.__verifier_probe__ = True  # type: ignore[attr-defined]
+    setattr(cls, name, wrapper)
+
+
+def _worker_initialised(worker: Any) -> None:
+    rank, local_rank = getattr(worker, "rank", None), getattr(worker, "local_rank", None)
+    set_role("worker", rank=rank, local_rank=local_rank)
+    _wrap_worker_class(type(worker))
+
+
+def _on_worker_base(module: Any) -> None:
+    _observe(module.WorkerBase, "__init__", after=_worker_initialised)
 
 
 def _on_engine_core(module: Any) -> None:
-    cls = module.EngineCore
-    orig = cls.__init__
-    if getattr(orig, "__verifier_probe__", False):
-        return
-
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        try:
-            set_role("engine_core")
-        except Exception as e:  # noqa: BLE001
-            _core.report_error("engine_core", f"{type(e).__name__}: {e}")
-        orig(self, *args, **kwargs)
-
-    functools.update_wrapper(__init__, orig)
-    __init__.__verifier_probe__ = True  # type: ignore[attr-defined]
-    cls.__init__ = __init__
+    _observe(module.EngineCore, "__init__", before=lambda _: set_role("engine_core"))
 
 
 def _role_from_process() -> None:

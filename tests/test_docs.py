@@ -1,0 +1,36 @@
+"""The README and ``--help`` say the same things, and every make target it names exists."""
+
+from __future__ import annotations
+
+import re
+
+from tests.helpers import REPO, verifier_cli
+
+README = (REPO / "README.md").read_text()
+
+
+def test_readme_inspect_synopsis_matches_help() -> None:
+    out = verifier_cli("inspect", "--help")
+    assert out.returncode == 0
+    assert "usage: verifier inspect [-h] --pid PID [--tree] [--json]" in out.stdout
+    assert "verifier inspect --pid N [--tree] [--json]" in README
+
+
+def test_readme_exit_codes_match_the_cli_epilog() -> None:
+    epilog = verifier_cli("--help").stdout
+    for code, meaning in re.findall(r"^\| (\d) \| ([^|]+?) \|$", README, flags=re.M):
+        first_word = meaning.split(":")[0].split()[0]
+        assert re.search(rf"^\s+{code}\s+{first_word}", epilog, flags=re.M), (code, meaning)
+
+
+def test_every_make_target_in_the_readme_exists() -> None:
+    makefile = (REPO / "Makefile").read_text()
+    targets = set(re.findall(r"^([a-z]+):", makefile, flags=re.M))
+    named = set(re.findall(r"`make ([a-z]+)`", README))
+    assert named, "README names no make targets"
+    assert named <= targets, named - targets
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    assert "make test" in README
+    assert (REPO / ".ci" / "run").read_text().strip().endswith("make test")
