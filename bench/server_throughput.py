@@ -30,7 +30,7 @@ from verifier.testing.server import VllmServer
 
 REPO = Path(__file__).resolve().parents[1]
 V1_STEP = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.execute_model"
-MAX_TOKENS = 32
+MAX_TOKENS = 128
 CONCURRENCY = 4
 
 

@@ -1,0 +1,163 @@
+"""Domain types shared by the agent, the verifier, the policy engine and the CLI.
+
+Frozen dataclasses, stdlib only. Generated protobuf never appears here: ``verifier/wire.py``
+is the only place that maps these to and from ``verifier.api.v1`` messages.
+
+Vocabulary (see ``../shared/DESIGN.md``): a *target* is one serving container or host process
+group, identified by the name an agent reports it under; a *process* is one live process of a
+target, identified by (boot id, pid, start ticks); a *report* is one agent's snapshot of one
+target; a *verdict* is PASS, FAIL, PENDING or STALE with *findings* that say why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class Verdict(StrEnum):
+    PASS = "PASS"
+    FAIL = "FAIL"
+    PENDING = "PENDING"  # not enough evidence yet (no report, no steps, probe absent, ...)
+    STALE = "STALE"  # evidence older than the policy's freshness limit
+
+
+class Severity(StrEnum):
+    ERROR = "error"  # makes the verdict FAIL
+    PENDING = "pending"  # makes the verdict PENDING unless something FAILs
+    WARNING = "warning"  # reported, does not change the verdict
+    INFO = "info"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One fact the policy engine concluded. ``id`` is stable (``liveness.hook.not_firing``)."""
+
+    id: str
+    severity: Severity
+    message: str  # one sentence saying what is wrong (or what was seen)
+    target: str = ""
+    context: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ProcessKey:
+    """Identity of a process across reports: pid reuse changes start_ticks."""
+
+    boot_id: str
+    pid: int
+    start_ticks: int
+
+
+@dataclass(frozen=True)
+class RunnerEvidence:
+    cls: str  # qualified class name of the live runner object
+    file: str | None  # file defining its execute_model
+    sha256: str | None  # of that file, hashed when the runner was recorded
+    mro: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class StepEvidence:
+    total: int
+    productive: int
+    empty: int
+    tokens_scheduled: int
+    requests_scheduled: int
+    requests_max: int
+    last_step_unix_ns: int
+
+
+@dataclass(frozen=True)
+class HookEvidence:
+    name: str
+    target: str  # "module:qualname", "module", or "" for an API-only hook
+    module_loaded: bool
+    wrapped: bool
+    owner: str | None  # wrapped class (method hooks) or function target
+    how: str | None  # "method" | "function" | "decorator" | None (module-only hook)
+    unresolved: str | None
+    instantiated_class: str | None
+    fired: int
+    fired_productive: int  # fires while the process's latest step was productive
+    first_step: int | None
+    last_step: int | None
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    path: str
+    sha256: str | None
+    size: int
+    kind: str  # source | bytecode | extension | data
+    module: str | None
+    at: str  # load | snapshot | late
+
+
+@dataclass(frozen=True)
+class ProcessReport:
+    """What the agent saw of one process (probe state plus its own /proc evidence)."""
+
+    key: ProcessKey
+    ns_pid: int
+    ppid: int
+    start_time: float
+    role: str  # api_server | engine_core | worker | helper | unknown
+    rank: int | None
+    container_id: str | None
+    cmdline: tuple[str, ...]
+    exe: str
+    probe_present: bool
+    probe_errors: tuple[str, ...] = ()
+    runner: RunnerEvidence | None = None
+    steps: StepEvidence | None = None
+    hooks: tuple[HookEvidence, ...] = ()
+    manifest_digest: str | None = None
+    # None: the agent sent the digest only (the verifier already has this manifest).
+    files: tuple[FileEntry, ...] | None = None
+    native_mappings: tuple[str, ...] = ()  # file-backed executable mappings (paths)
+
+
+@dataclass(frozen=True)
+class TargetReport:
+    """One agent's snapshot of one target."""
+
+    agent_id: str
+    target: str
+    seq: int  # per agent, strictly increasing; the verifier acknowledges each
+    nonce: str  # the verifier's current nonce, echoed
+    sent_unix: float
+    processes: tuple[ProcessReport, ...]
+    gone: tuple[ProcessKey, ...] = ()  # processes seen before that have exited
+
+
+@dataclass(frozen=True)
+class TargetVerdict:
+    target: str
+    verdict: Verdict
+    findings: tuple[Finding, ...]
+    evaluated_unix: float
+    report_unix: float | None  # when the evidence it rests on was received
+
+
+@dataclass(frozen=True)
+class RunVerdict:
+    run: str
+    policy_digest: str
+    verdict: Verdict
+    targets: tuple[TargetVerdict, ...]
+    findings: tuple[Finding, ...]  # run-level findings (e.g. no target reported yet)
+    evaluated_unix: float
+
+
+def combine(verdicts: list[Verdict]) -> Verdict:
+    """Run verdict from target verdicts: any FAIL fails; then STALE; then PENDING; PASS needs
+    at least one target and all of them PASS (absence of evidence is never PASS)."""
+    if not verdicts:
+        return Verdict.PENDING
+    for v in (Verdict.FAIL, Verdict.STALE, Verdict.PENDING):
+        if v in verdicts:
+            return v
+    return Verdict.PASS
