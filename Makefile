@@ -16,10 +16,17 @@ test: setup lint  ## the whole suite, real vLLM tests included (pytest exit 5 fa
 unit: setup       ## only the tests that need no vLLM server
 	$(PY) -m pytest -m "not vllm"
 
-lint: setup       ## ruff (lint + format check) and mypy --strict
+lint: setup proto-check  ## ruff (lint + format check) and mypy --strict
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
+
+.PHONY: proto proto-check
+proto:            ## regenerate verifier/api/v1 from proto/ (grpcio-tools pinned in requirements/proto.txt)
+	scripts/gen_proto.sh
+
+proto-check:      ## regenerate into a temp dir; fail with a diff if the checked-in code differs
+	scripts/gen_proto.sh --check
 
 bench: setup      ## benchmarks; results belong in BENCHMARKS.md
 	$(PY) bench/hook_fire.py

@@ -64,3 +64,8 @@ def vllm_server(tiny_model: Path) -> Iterator[VllmServer]:
         yield server
     finally:
         server.stop()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The gate tests first: they need the shared vLLM server before any request reached it."""
+    items.sort(key=lambda item: 0 if item.path.name == "test_gate_e2e.py" else 1)

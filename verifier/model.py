@@ -18,7 +18,7 @@ from typing import Any
 
 
 class Verdict(StrEnum):
-    PASS = "PASS"
+    PASS = "PASS"  # noqa: S105 - a verdict, not a password
     FAIL = "FAIL"
     PENDING = "PENDING"  # not enough evidence yet (no report, no steps, probe absent, ...)
     STALE = "STALE"  # evidence older than the policy's freshness limit
@@ -134,12 +134,27 @@ class TargetReport:
 
 
 @dataclass(frozen=True)
+class HookCount:
+    """A declared hook's fire count next to the step counts of the process it was judged in."""
+
+    name: str
+    pid: int
+    role: str
+    rank: int | None
+    fired: int
+    fired_productive: int
+    productive_steps: int
+    total_steps: int
+
+
+@dataclass(frozen=True)
 class TargetVerdict:
     target: str
     verdict: Verdict
     findings: tuple[Finding, ...]
     evaluated_unix: float
     report_unix: float | None  # when the evidence it rests on was received
+    hooks: tuple[HookCount, ...] = ()  # every policy hook in every process it was judged in
 
 
 @dataclass(frozen=True)

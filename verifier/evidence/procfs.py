@@ -92,6 +92,18 @@ class ProcFS:
     def maps(self, pid: int) -> str:
         return self._read(pid, "maps").decode(errors="replace")
 
+    def cgroup(self, pid: int) -> str:
+        return self._read(pid, "cgroup").decode(errors="replace")
+
+    def executable_mappings(self, pid: int) -> list[str]:
+        """Distinct file-backed executable mappings (paths, in first-seen order)."""
+        seen: dict[str, None] = {}
+        for line in self.maps(pid).splitlines():
+            parts = line.split(maxsplit=5)
+            if len(parts) == 6 and "x" in parts[1] and parts[5].startswith("/"):
+                seen.setdefault(parts[5], None)
+        return list(seen)
+
     def environ(self, pid: int) -> dict[str, str]:
         env: dict[str, str] = {}
         for item in self._read(pid, "environ").split(b"\0"):

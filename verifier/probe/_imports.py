@@ -5,6 +5,8 @@
   unmarshalled (``at: "load"``).
 * Extension modules are recorded when they are executed (device, inode, size and mtime at
   load) and hashed by the background sweeper, off the import path.
+* For a module executed from bytecode, its source file is hashed by the sweeper too
+  (``at: "deferred"``), so the manifest holds source hashes comparable with published ones.
 * Modules already imported when the probe started are hashed after the fact from their files
   on disk (``at: "snapshot"``); modules that appear later without passing through a wrapped
   loader are hashed by the sweeper (``at: "late"``).
@@ -27,6 +29,7 @@ SWEEP_INTERVAL_S = 1.0
 _recorded: set[str] = set()
 _names_done: set[str] = set()
 _pending_ext: list[tuple[str, str, tuple[int, int, int, int]]] = []
+_pending_src: list[tuple[str, str | None]] = []  # sources of modules executed from bytecode
 _guard = threading.local()
 _installed = False
 _sweeper_pid = 0
@@ -61,10 +64,14 @@ def _on_read(name: str | None, origin: Any, path: Any, data: bytes) -> None:
             }
         )
         _recorded.add(p)
-        if isinstance(origin, str):
+        if isinstance(origin, str) and origin not in _recorded:
             # The module (origin: its source path) is described by this read; the sweeper
-            # must not hash its source again as if it had been loaded from there.
+            # must not hash its source again as if it had been loaded from there. When the
+            # interpreter ran bytecode, the source is still hashed (off the import path) so
+            # the manifest can be compared with published source hashes.
             _recorded.add(origin)
+            if p.endswith(".pyc") and origin != p:
+                _pending_src.append((origin, name))
     finally:
         _guard.busy = False
 
@@ -154,6 +161,21 @@ def sweep() -> None:
         else:
             rec.update({"sha256": got[0], "size": got[1]})
         st.remember(rec)
+    while _pending_src:
+        src, src_module = _pending_src.pop(0)
+        got = _hash_file(src)
+        if got is not None:
+            st.remember(
+                {
+                    "k": "file",
+                    "path": src,
+                    "kind": "source",
+                    "module": src_module,
+                    "at": "deferred",
+                    "sha256": got[0],
+                    "size": got[1],
+                }
+            )
     n = len(sys.modules)
     if n == _last_len:
         return

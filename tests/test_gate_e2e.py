@@ -1,0 +1,238 @@
+"""The gate end to end: a real verifier, a real agent and the real vLLM server (CPU).
+
+These tests run first in the session (conftest orders them) so that the shared server has
+served no request yet: the run must be PENDING then, never PASS.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import inspect_json, verifier_cli
+from verifier.testing.server import VllmServer
+
+pytestmark = pytest.mark.vllm
+
+CLI = [str(Path(sys.executable).parent / "verifier")]
+
+
+def policy(hooks: str = "", extra: str = "", freshness: float = 30.0, target: str = "cpu-0") -> str:
+    return (
+        f'version = 1\n[targets]\nnames = ["{target}"]\n'
+        f"[evidence]\nfreshness_s = {freshness}\nmin_steps = 1\n"
+        '[runner]\nexpect_class = "vllm.v1.worker.cpu_model_runner.CPUModelRunner"\n'
+        f"{hooks}{extra}"
+    )
+
+
+def hook(name: str) -> str:
+    return f'[[hooks]]\nname = "{name}"\nrole = "worker"\nmin_fires_per_productive_step = 1.0\n'
+
+
+class Daemon:
+    def __init__(self, args: list[str], log: Path) -> None:
+        self.args, self.log = args, log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Daemon:
+        with self.log.open("ab") as f:
+            self.proc = subprocess.Popen([*CLI, *self.args], stdout=f, stderr=subprocess.STDOUT)
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        code = self.proc.wait(timeout=30)
+        self.proc = None
+        return code
+
+
+@pytest.fixture(scope="module")
+def address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, Daemon]]:
+    d = tmp_path_factory.mktemp("verifier")
+    addr = f"unix:{d}/verifier.sock"
+    server = Daemon(
+        ["serve", "--listen", addr, "--db", str(d / "db.sqlite3"), "--report-interval", "0.5"],
+        d / "serve.log",
+    ).start()
+    deadline = time.monotonic() + 30
+    while not (d / "verifier.sock").exists():
+        assert time.monotonic() < deadline, (d / "serve.log").read_text()
+        time.sleep(0.1)
+    try:
+        yield addr, d, server
+    finally:
+        if server.proc is not None:
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def agent(address: tuple[str, Path, Daemon], vllm_server: VllmServer) -> Iterator[Daemon]:
+    addr, d, _ = address
+    a = Daemon(
+        [
+            "agent",
+            "--verifier",
+            addr,
+            "--target",
+            "cpu-0",
+            "--pid",
+            str(vllm_server.pid),
+            "--interval",
+            "0.5",
+            "--spool",
+            str(d / "spool"),
+        ],
+        d / "agent.log",
+    ).start()
+    try:
+        yield a
+    finally:
+        if a.proc is not None:
+            a.stop()
+
+
+def cli(addr: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return verifier_cli(*args, "--verifier", addr)
+
+
+def register(addr: str, d: Path, name: str, text: str) -> None:
+    path = d / f"{name}.toml"
+    path.write_text(text)
+    out = cli(addr, "run", "register", name, "--policy", str(path))
+    assert out.returncode == 0, out.stderr
+
+
+def test_pending_before_any_request_then_pass_when_the_live_hook_fires(
+    address: tuple[str, Path, Daemon], agent: Daemon, vllm_server: VllmServer
+) -> None:
+    addr, d, _ = address
+    worker = next(p for p in inspect_json(vllm_server.pid, tree=True) if p["role"] == "worker")
+    assert worker["steps"]["productive"] == 0, "must run before any request reaches the server"
+    register(addr, d, "live", policy(hook("v1_step")))
+    register(addr, d, "dead", policy(hook("v2_step")))
+    pending = cli(addr, "wait", "live", "--timeout", "3")
+    assert pending.returncode == 5, pending.stderr
+    assert "still PENDING" in pending.stderr
+    status = cli(addr, "status", "dead")
+    assert "PENDING" in status.stdout and "FAIL" not in status.stdout  # no steps: no verdict yet
+    for i in range(3):
+        vllm_server.complete(f"gate request {i}", max_tokens=4)
+    passed = cli(addr, "wait", "live", "--timeout", "60")
+    assert passed.returncode == 0, passed.stderr
+    assert "run live: PASS" in passed.stdout
+
+
+def test_dead_hook_on_the_runner_that_is_not_live_fails_with_its_finding(
+    address: tuple[str, Path, Daemon], agent: Daemon
+) -> None:
+    addr, _, _ = address
+    out = cli(addr, "wait", "dead", "--timeout", "60")
+    assert out.returncode == 1, out.stderr
+    assert "liveness.hook.not_instantiated" in out.stderr
+
+
+def test_wrong_expected_hash_fails_and_the_right_one_passes(
+    address: tuple[str, Path, Daemon], agent: Daemon, vllm_server: VllmServer
+) -> None:
+    addr, d, _ = address
+    worker = next(p for p in inspect_json(vllm_server.pid, tree=True) if p["role"] == "worker")
+    real = hashlib.sha256(Path(worker["runner"]["file"]).read_bytes()).hexdigest()
+    files = (
+        '[[files]]\npath = "vllm/v1/worker/gpu_model_runner.py"\nrole = "worker"\nsha256 = "{}"\n'
+    )
+    register(addr, d, "badhash", policy(hook("v1_step"), files.format("0" * 64)))
+    register(addr, d, "goodhash", policy(hook("v1_step"), files.format(real)))
+    bad = cli(addr, "wait", "badhash", "--timeout", "60")
+    assert bad.returncode == 1 and "provenance.file.hash_mismatch" in bad.stderr, bad.stderr
+    good = cli(addr, "wait", "goodhash", "--timeout", "60")
+    assert good.returncode == 0, good.stderr
+
+
+def test_stopped_agent_makes_its_target_stale(
+    address: tuple[str, Path, Daemon], vllm_server: VllmServer
+) -> None:
+    addr, d, _ = address
+    register(addr, d, "stale", policy(hook("v1_step"), freshness=2.0, target="cpu-stale"))
+    a = Daemon(
+        [
+            "agent",
+            "--verifier",
+            addr,
+            "--target",
+            "cpu-stale",
+            "--pid",
+            str(vllm_server.pid),
+            "--interval",
+            "0.5",
+            "--spool",
+            str(d / "spool-stale"),
+        ],
+        d / "agent-stale.log",
+    ).start()
+    try:
+        assert cli(addr, "wait", "stale", "--timeout", "60").returncode == 0
+    finally:
+        assert a.stop() == 0  # SIGTERM: graceful exit
+    time.sleep(3.0)
+    out = cli(addr, "status", "stale", "--json")
+    assert out.returncode == 0, out.stderr
+    import json
+
+    run = json.loads(out.stdout)["runs"][0]
+    assert run["verdict"] == "STALE"
+    assert "evidence.stale" in [f["id"] for f in run["targets"][0]["findings"]]
+
+
+def test_verifier_restart_loses_no_run_policy_or_history(
+    address: tuple[str, Path, Daemon], agent: Daemon
+) -> None:
+    addr, _, server = address
+    before = cli(addr, "run", "list").stdout
+    assert server.stop() == 0
+    server.start()
+    deadline = time.monotonic() + 30
+    while cli(addr, "run", "list").returncode != 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    after = cli(addr, "run", "list").stdout
+
+    def names(text: str) -> list[tuple[str, ...]]:
+        return sorted((ln.split()[0], ln.split()[2]) for ln in text.splitlines())
+
+    assert names(after) == names(before)
+    # The agent reconnects by itself (new nonce) and the gate passes again.
+    assert cli(addr, "wait", "live", "--timeout", "60").returncode == 0
+
+
+def test_unknown_run_and_unreachable_verifier_have_their_exit_codes(
+    address: tuple[str, Path, Daemon], tmp_path: Path
+) -> None:
+    addr, _, _ = address
+    unknown = cli(addr, "status", "no-such-run")
+    assert unknown.returncode == 2
+    assert unknown.stderr.strip() == "verifier: error: no run named 'no-such-run'"
+    gone = verifier_cli(
+        "wait", "live", "--timeout", "2", "--verifier", f"unix:{tmp_path}/none.sock"
+    )
+    assert gone.returncode == 4
+    assert "unreachable" in gone.stderr and "Traceback" not in gone.stderr
+
+
+def test_malformed_policy_is_refused_with_file_and_line(
+    address: tuple[str, Path, Daemon], tmp_path: Path
+) -> None:
+    addr, _, _ = address
+    bad = tmp_path / "bad.toml"
+    bad.write_text(policy(hook("v1_step")) + "colour = 'blue'\n")
+    out = cli(addr, "run", "register", "bad", "--policy", str(bad))
+    assert out.returncode == 3
+    assert f"{bad}:" in out.stderr and "colour" in out.stderr

@@ -1,0 +1,644 @@
+"""verifier.wire: every domain value survives domain -> message -> bytes -> message -> domain,
+and a message that cannot describe a valid value is rejected with the field and the reason."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from verifier import wire
+from verifier.api.v1 import verifier_pb2 as pb
+from verifier.errors import UsageError
+from verifier.model import (
+    FileEntry,
+    Finding,
+    HookCount,
+    HookEvidence,
+    ProcessKey,
+    ProcessReport,
+    RunnerEvidence,
+    RunVerdict,
+    Severity,
+    StepEvidence,
+    TargetReport,
+    TargetVerdict,
+    Verdict,
+)
+
+SHA_A = "a" * 64
+SHA_B = "0123456789abcdef" * 4
+DIGEST = "sha256:" + "c" * 64
+
+
+def _via_bytes(msg: Any) -> Any:
+    """The message as the peer sees it: serialized and parsed into a fresh instance."""
+    out = type(msg)()
+    out.ParseFromString(msg.SerializeToString())
+    return out
+
+
+def full_process() -> ProcessReport:
+    """Every field set, every optional present (and some optionals set to falsy values)."""
+    return ProcessReport(
+        key=ProcessKey("boot-1", 4242, 987654321),
+        ns_pid=7,
+        ppid=1,
+        start_time=1764400000.25,
+        role="worker",
+        rank=0,  # present and zero: not the same as None
+        container_id="",  # present and empty: not the same as None
+        cmdline=("python", "-m", "vllm.entrypoints.openai.api_server"),
+        exe="/usr/bin/python3.11",
+        probe_present=True,
+        probe_errors=("[imports] one", "[hooks] two"),
+        runner=RunnerEvidence(
+            cls="vllm.v1.worker.cpu_model_runner.CPUModelRunner",
+            file="/site/vllm/v1/worker/gpu_model_runner.py",
+            sha256=SHA_A,
+            mro=("CPUModelRunner", "GPUModelRunner", "object"),
+        ),
+        steps=StepEvidence(54, 48, 6, 132, 50, 1, 1764400001000000000),
+        hooks=(
+            HookEvidence(
+                name="v1_step",
+                target="vllm.v1.worker.gpu_model_runner:GPUModelRunner.execute_model",
+                module_loaded=True,
+                wrapped=True,
+                owner="vllm.v1.worker.gpu_model_runner.GPUModelRunner",
+                how="method",
+                unresolved=None,
+                instantiated_class="vllm.v1.worker.cpu_model_runner.CPUModelRunner",
+                fired=54,
+                fired_productive=48,
+                first_step=0,  # present and zero
+                last_step=53,
+            ),
+            HookEvidence(
+                name="api_only",
+                target="",
+                module_loaded=False,
+                wrapped=False,
+                owner=None,
+                how=None,
+                unresolved="no attribute NoSuchRunner",
+                instantiated_class=None,
+                fired=0,
+                fired_productive=0,
+                first_step=None,
+                last_step=None,
+            ),
+        ),
+        manifest_digest=DIGEST,
+        files=(
+            FileEntry("/site/vllm/__init__.py", SHA_A, 1234, "source", "vllm", "load"),
+            FileEntry("/site/x.so", None, -1, "extension", None, "late"),
+            FileEntry("/site/data.bin", SHA_B, 0, "data", "", "snapshot"),
+        ),
+        native_mappings=("/usr/lib/libc.so.6", "/site/torch/lib/libtorch_cpu.so"),
+    )
+
+
+def bare_process(pid: int = 5000, files: tuple[FileEntry, ...] | None = None) -> ProcessReport:
+    """Every optional absent, every collection empty: the defaults of the domain type."""
+    return ProcessReport(
+        key=ProcessKey("boot-1", pid, 1),
+        ns_pid=pid,
+        ppid=1,
+        start_time=0.0,
+        role="unknown",
+        rank=None,
+        container_id=None,
+        cmdline=(),
+        exe="",
+        probe_present=False,
+        files=files,
+    )
+
+
+def full_report() -> TargetReport:
+    return TargetReport(
+        agent_id="agent-7",
+        target="vllm-0",
+        seq=12,
+        nonce="f" * 32,
+        sent_unix=1764400002.5,
+        processes=(full_process(), bare_process(), bare_process(5001, files=())),
+        gone=(ProcessKey("boot-1", 4000, 11), ProcessKey("", 4001, 0)),
+    )
+
+
+def finding(context: dict[str, Any] | None = None, severity: Severity = Severity.ERROR) -> Finding:
+    return Finding(
+        id="liveness.hook.not_firing",
+        severity=severity,
+        message="hook v2_step never fired while 54 steps ran",
+        target="vllm-0",
+        context=context if context is not None else {},
+    )
+
+
+def run_verdict() -> RunVerdict:
+    ctx = {
+        "hook": "v2_step",
+        "steps": 54,
+        "ratio": 0.5,
+        "ok": False,
+        "none": None,
+        "nested": {"list": [1, "two", [3.0]], "empty": {}},
+        "unicode": "naïve ✓",
+    }
+    return RunVerdict(
+        run="bench-42",
+        policy_digest="sha256:" + "d" * 64,
+        verdict=Verdict.FAIL,
+        targets=(
+            TargetVerdict(
+                "vllm-0",
+                Verdict.FAIL,
+                (finding(ctx), finding()),
+                1764400003.0,
+                17.5,
+                hooks=(
+                    HookCount("v1_step", 4242, "worker", 0, 54, 48, 48, 54),
+                    HookCount("v2_step", 4243, "engine_core", None, 0, 0, 0, 0),
+                ),
+            ),
+            TargetVerdict("vllm-1", Verdict.PENDING, (), 1764400003.0, None),
+            TargetVerdict("vllm-2", Verdict.PASS, (), 0.0, 0.0),
+        ),
+        findings=(dataclasses.replace(finding(), target="", severity=Severity.INFO),),
+        evaluated_unix=1764400003.0,
+    )
+
+
+# Round trips ---------------------------------------------------------------------------------
+
+
+def test_full_report_round_trips_through_bytes() -> None:
+    report = full_report()
+    assert report == wire.report_from_pb(_via_bytes(wire.report_to_pb(report)))
+    assert report == wire.report_from_bytes(wire.report_to_bytes(report))
+    assert report == wire.report_request_from_pb(_via_bytes(wire.report_request_to_pb(report)))
+
+
+def test_report_without_processes_round_trips() -> None:
+    report = TargetReport("a", "t", 0, "", 0.0, ())
+    assert report == wire.report_from_pb(_via_bytes(wire.report_to_pb(report)))
+
+
+def test_digest_only_is_distinct_from_an_empty_manifest() -> None:
+    """files=None (digest only) and files=() (the manifest is empty) survive as themselves."""
+    digest_only = dataclasses.replace(bare_process(), manifest_digest=DIGEST, files=None)
+    empty = dataclasses.replace(bare_process(), manifest_digest=DIGEST, files=())
+    report = TargetReport(
+        "a", "t", 1, "n", 1.0, (digest_only, dataclasses.replace(empty, key=ProcessKey("b", 2, 3)))
+    )
+    back = wire.report_from_pb(_via_bytes(wire.report_to_pb(report)))
+    assert (back.processes[0].files, back.processes[1].files) == (None, ())
+    assert [p.files_included for p in wire.report_to_pb(report).processes] == [False, True]
+
+
+def test_absent_optionals_are_distinct_from_zero_and_empty() -> None:
+    full, bare = full_process(), bare_process()
+    report = TargetReport("a", "t", 1, "n", 1.0, (full, bare))
+    back = wire.report_from_pb(_via_bytes(wire.report_to_pb(report))).processes
+    assert (back[0].rank, back[0].container_id, back[0].hooks[0].first_step) == (0, "", 0)
+    assert (
+        back[1].rank,
+        back[1].container_id,
+        back[1].runner,
+        back[1].steps,
+    ) == (None, None, None, None)
+    assert (back[0].hooks[1].owner, back[0].hooks[1].first_step) == (None, None)
+    assert (back[0].files[1].sha256, back[0].files[1].module) == (None, None)  # type: ignore[index]
+    assert back[0].files[2].module == ""  # type: ignore[index]
+
+
+def test_runner_without_file_round_trips() -> None:
+    runner = RunnerEvidence("pkg.Runner", None, None)
+    process = dataclasses.replace(bare_process(), runner=runner)
+    report = TargetReport("a", "t", 1, "n", 1.0, (process,))
+    assert runner == wire.report_from_pb(_via_bytes(wire.report_to_pb(report))).processes[0].runner
+
+
+def test_run_verdict_round_trips_with_json_contexts() -> None:
+    rv = run_verdict()
+    assert rv == wire.run_verdict_from_pb(_via_bytes(wire.run_verdict_to_pb(rv)))
+    got = wire.get_run_status_response_from_pb(_via_bytes(wire.get_run_status_response_to_pb(rv)))
+    assert rv == got
+
+
+def test_target_verdict_and_finding_round_trip() -> None:
+    tv = run_verdict().targets[0]
+    assert tv == wire.target_verdict_from_pb(_via_bytes(wire.target_verdict_to_pb(tv)))
+    f = tv.findings[0]
+    assert f == wire.finding_from_pb(_via_bytes(wire.finding_to_pb(f)))
+
+
+def test_empty_context_travels_as_empty_string() -> None:
+    assert wire.finding_to_pb(finding()).context_json == ""
+    assert wire.finding_from_pb(pb.Finding(id="x", severity=pb.SEVERITY_INFO)).context == {}
+
+
+@pytest.mark.parametrize("verdict", list(Verdict))
+def test_every_verdict_round_trips(verdict: Verdict) -> None:
+    assert verdict == wire.verdict_from_pb(wire.verdict_to_pb(verdict))
+
+
+@pytest.mark.parametrize("severity", list(Severity))
+def test_every_severity_round_trips(severity: Severity) -> None:
+    assert severity == wire.severity_from_pb(wire.severity_to_pb(severity))
+
+
+def test_every_wire_enum_value_but_unspecified_has_a_domain_value() -> None:
+    verdicts = {v.number for v in pb.Verdict.DESCRIPTOR.values} - {pb.VERDICT_UNSPECIFIED}
+    severities = {v.number for v in pb.Severity.DESCRIPTOR.values} - {pb.SEVERITY_UNSPECIFIED}
+    assert verdicts == {int(wire.verdict_to_pb(v)) for v in Verdict}
+    assert severities == {int(wire.severity_to_pb(s)) for s in Severity}
+
+
+def test_envelopes_round_trip() -> None:
+    hello = wire.AgentHello("agent-7", ("vllm-0", "vllm-1"))
+    assert hello == wire.hello_request_from_pb(_via_bytes(wire.hello_request_to_pb(hello)))
+    reply = wire.HelloReply("n" * 32, 0.5)
+    assert reply == wire.hello_response_from_pb(_via_bytes(wire.hello_response_to_pb(reply)))
+    for ack in (
+        wire.ReportAck(True, 12, "next"),
+        wire.ReportAck(False, 13, "next", (DIGEST, "sha256:" + "e" * 64)),
+    ):
+        assert ack == wire.report_response_from_pb(_via_bytes(wire.report_response_to_pb(ack)))
+    reg = wire.RunRegistration("bench-42", '[hooks]\nstep = "m:f"\n', "policy.toml")
+    got = wire.register_run_request_from_pb(_via_bytes(wire.register_run_request_to_pb(reg)))
+    assert reg == got
+    run = wire.RegisteredRun("bench-42", DIGEST, 1764400000.5)
+    assert run == wire.register_run_response_from_pb(
+        _via_bytes(wire.register_run_response_to_pb(run))
+    )
+    assert (
+        wire.get_run_status_request_from_pb(
+            _via_bytes(wire.get_run_status_request_to_pb("bench-42"))
+        )
+        == "bench-42"
+    )
+    runs = (
+        wire.RunSummary("a", DIGEST, 1.0, Verdict.PENDING),
+        wire.RunSummary("b", DIGEST, 2.0, Verdict.PASS),
+    )
+    assert runs == wire.list_runs_response_from_pb(_via_bytes(wire.list_runs_response_to_pb(runs)))
+    assert wire.list_runs_response_from_pb(wire.list_runs_response_to_pb([])) == ()
+
+
+def test_every_domain_field_has_a_wire_field() -> None:
+    """A field added to verifier.model without a wire field fails here, not in production."""
+    renamed = {"files": {"files", "files_included"}, "context": {"context_json"}}
+    pairs: list[tuple[type, Any]] = [
+        (ProcessKey, pb.ProcessKey),
+        (RunnerEvidence, pb.RunnerEvidence),
+        (StepEvidence, pb.StepEvidence),
+        (HookEvidence, pb.HookEvidence),
+        (FileEntry, pb.FileEntry),
+        (ProcessReport, pb.ProcessReport),
+        (TargetReport, pb.TargetReport),
+        (Finding, pb.Finding),
+        (TargetVerdict, pb.TargetVerdict),
+        (HookCount, pb.HookCount),
+        (RunVerdict, pb.RunVerdict),
+        (wire.RunSummary, pb.RunSummary),
+        (wire.AgentHello, pb.HelloRequest),
+        (wire.HelloReply, pb.HelloResponse),
+        (wire.ReportAck, pb.ReportResponse),
+        (wire.RunRegistration, pb.RegisterRunRequest),
+        (wire.RegisteredRun, pb.RegisterRunResponse),
+    ]
+    for domain, message in pairs:
+        expected = set()
+        for f in dataclasses.fields(domain):
+            expected |= renamed.get(f.name, {f.name})
+        assert (domain.__name__, expected) == (
+            domain.__name__,
+            set(message.DESCRIPTOR.fields_by_name),
+        )
+
+
+def test_max_message_bytes_is_64_mib_and_applied_both_ways() -> None:
+    assert wire.MAX_MESSAGE_BYTES == 64 * 1024 * 1024
+    assert dict(wire.GRPC_OPTIONS) == {
+        "grpc.max_send_message_length": wire.MAX_MESSAGE_BYTES,
+        "grpc.max_receive_message_length": wire.MAX_MESSAGE_BYTES,
+    }
+
+
+# Malformed messages --------------------------------------------------------------------------
+
+
+def _valid_report_pb() -> Any:
+    return wire.report_to_pb(full_report())
+
+
+def _owner(msg: Any, path: str) -> tuple[Any, str]:
+    """The message holding the field at PATH ("processes[0].key.pid") and the field's name."""
+    *parents, last = path.split(".")
+    for part in parents:
+        name, _, index = part.partition("[")
+        msg = getattr(msg, name)
+        if index:
+            msg = msg[int(index.rstrip("]"))]
+    return msg, last
+
+
+def _set(path: str, value: Any) -> Callable[[Any], None]:
+    def mutate(msg: Any) -> None:
+        owner, name = _owner(msg, path)
+        setattr(owner, name, value)
+
+    return mutate
+
+
+def _clear(path: str) -> Callable[[Any], None]:
+    def mutate(msg: Any) -> None:
+        owner, name = _owner(msg, path)
+        owner.ClearField(name)
+
+    return mutate
+
+
+def _duplicate_process(msg: Any) -> None:
+    msg.processes[1].key.CopyFrom(msg.processes[0].key)
+
+
+def _files_without_flag(msg: Any) -> None:
+    msg.processes[0].files_included = False
+
+
+MALFORMED_REPORTS = [
+    ("empty agent_id", _set("agent_id", ""), "report.agent_id", "required"),
+    ("empty target", _set("target", ""), "report.target", "required"),
+    ("negative seq", _set("seq", -1), "report.seq", "must be >= 0, got -1"),
+    ("nan sent_unix", _set("sent_unix", float("nan")), "report.sent_unix", "finite"),
+    ("missing key", _clear("processes[0].key"), "report.processes[0].key", "absent"),
+    ("pid 0", _set("processes[0].key.pid", 0), "report.processes[0].key.pid", ">= 1"),
+    (
+        "negative start_ticks",
+        _set("processes[1].key.start_ticks", -5),
+        "report.processes[1].key.start_ticks",
+        "got -5",
+    ),
+    ("empty role", _set("processes[0].role", ""), "report.processes[0].role", "required"),
+    ("negative rank", _set("processes[0].rank", -1), "report.processes[0].rank", "got -1"),
+    (
+        "uppercase file sha256",
+        _set("processes[0].files[0].sha256", "A" * 64),
+        "report.processes[0].files[0].sha256",
+        "not a lowercase hex sha256",
+    ),
+    (
+        "short file sha256",
+        _set("processes[0].files[2].sha256", "abc"),
+        "report.processes[0].files[2].sha256",
+        "not a lowercase hex sha256: 'abc'",
+    ),
+    (
+        "prefixed file sha256",
+        _set("processes[0].files[0].sha256", DIGEST),
+        "report.processes[0].files[0].sha256",
+        "not a lowercase hex sha256",
+    ),
+    (
+        "file size below -1",
+        _set("processes[0].files[0].size", -2),
+        "report.processes[0].files[0].size",
+        "must be >= -1",
+    ),
+    (
+        "empty path",
+        _set("processes[0].files[1].path", ""),
+        "report.processes[0].files[1].path",
+        "required",
+    ),
+    (
+        "bare hex manifest digest",
+        _set("processes[0].manifest_digest", SHA_A),
+        "report.processes[0].manifest_digest",
+        "not a manifest digest",
+    ),
+    (
+        "files sent as digest only",
+        _files_without_flag,
+        "report.processes[0].files",
+        "3 entries sent with files_included false",
+    ),
+    (
+        "bad runner sha256",
+        _set("processes[0].runner.sha256", "xyz"),
+        "report.processes[0].runner.sha256",
+        "not a lowercase hex sha256",
+    ),
+    (
+        "empty runner class",
+        _set("processes[0].runner.cls", ""),
+        "report.processes[0].runner.cls",
+        "required",
+    ),
+    (
+        "negative steps",
+        _set("processes[0].steps.productive", -3),
+        "report.processes[0].steps.productive",
+        "got -3",
+    ),
+    (
+        "hook without name",
+        _set("processes[0].hooks[1].name", ""),
+        "report.processes[0].hooks[1].name",
+        "required",
+    ),
+    (
+        "negative fired",
+        _set("processes[0].hooks[0].fired", -1),
+        "report.processes[0].hooks[0].fired",
+        "got -1",
+    ),
+    (
+        "negative first_step",
+        _set("processes[0].hooks[0].first_step", -1),
+        "report.processes[0].hooks[0].first_step",
+        "got -1",
+    ),
+    ("duplicate process", _duplicate_process, "report.processes[1].key", "duplicate process"),
+    ("gone pid 0", _set("gone[0].pid", 0), "report.gone[0].pid", ">= 1"),
+]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field", "reason"),
+    [m[1:] for m in MALFORMED_REPORTS],
+    ids=[m[0] for m in MALFORMED_REPORTS],
+)
+def test_malformed_report_is_rejected_with_field_and_reason(
+    mutate: Callable[[Any], None], field: str, reason: str
+) -> None:
+    msg = _valid_report_pb()
+    mutate(msg)
+    with pytest.raises(wire.WireError) as e:
+        wire.report_from_pb(_via_bytes(msg))
+    assert field == e.value.field
+    assert reason in e.value.reason
+    assert f"invalid {field}: " in str(e.value)
+
+
+def test_wire_error_is_a_usage_error() -> None:
+    assert issubclass(wire.WireError, UsageError)
+    assert wire.WireError("x", "y").exit_code == 2
+
+
+def test_report_request_without_report_is_rejected() -> None:
+    with pytest.raises(wire.WireError, match="invalid report: required, but absent"):
+        wire.report_request_from_pb(pb.ReportRequest())
+
+
+def test_garbage_bytes_are_not_a_report() -> None:
+    with pytest.raises(wire.WireError, match="not a TargetReport message"):
+        wire.report_from_bytes(b"\xff\xff\xff\xff")
+
+
+@pytest.mark.parametrize(
+    ("severity", "reason"),
+    [(0, "SEVERITY_UNSPECIFIED is not a severity"), (99, "unknown Severity value 99")],
+)
+def test_finding_with_unspecified_or_unknown_severity_is_rejected(
+    severity: int, reason: str
+) -> None:
+    msg = wire.finding_to_pb(finding())
+    msg.severity = severity  # type: ignore[assignment]
+    with pytest.raises(wire.WireError) as e:
+        wire.finding_from_pb(_via_bytes(msg))
+    assert ("finding.severity", reason) == (e.value.field, e.value.reason)
+
+
+@pytest.mark.parametrize(
+    ("verdict", "reason"),
+    [(0, "VERDICT_UNSPECIFIED is not a verdict"), (17, "unknown Verdict value 17")],
+)
+def test_verdicts_with_unspecified_or_unknown_values_are_rejected(
+    verdict: int, reason: str
+) -> None:
+    msg = wire.run_verdict_to_pb(run_verdict())
+    msg.targets[1].verdict = verdict  # type: ignore[assignment]  # an out-of-range value on purpose
+    with pytest.raises(wire.WireError) as e:
+        wire.run_verdict_from_pb(_via_bytes(msg))
+    assert ("run_verdict.targets[1].verdict", reason) == (e.value.field, e.value.reason)
+    summary = pb.RunSummary(name="a", policy_digest=DIGEST, created_unix=1.0, verdict=verdict)  # type: ignore[arg-type]
+    with pytest.raises(wire.WireError) as e:
+        wire.list_runs_response_from_pb(pb.ListRunsResponse(runs=[summary]))
+    assert ("list_runs_response.runs[0].verdict", reason) == (e.value.field, e.value.reason)
+
+
+@pytest.mark.parametrize(
+    ("context_json", "reason"),
+    [
+        ("{not json", "not JSON"),
+        ("[1, 2]", "not a JSON object"),
+        ('"text"', "not a JSON object"),
+        ('{"x": NaN}', "not JSON"),
+    ],
+)
+def test_finding_with_bad_context_json_is_rejected(context_json: str, reason: str) -> None:
+    msg = pb.Finding(id="x", severity=pb.SEVERITY_ERROR, context_json=context_json)
+    with pytest.raises(wire.WireError) as e:
+        wire.finding_from_pb(msg)
+    assert e.value.field == "finding.context_json"
+    assert reason in e.value.reason
+
+
+@pytest.mark.parametrize("bad", [{"x": object()}, {"x": float("inf")}, {1: {(1, 2): 3}}])
+def test_finding_whose_context_is_not_json_cannot_be_sent(bad: dict[Any, Any]) -> None:
+    with pytest.raises(wire.WireError, match="context"):
+        wire.finding_to_pb(finding(bad))
+
+
+def test_finding_without_id_is_rejected() -> None:
+    with pytest.raises(wire.WireError, match=r"invalid finding\.id: required"):
+        wire.finding_from_pb(pb.Finding(severity=pb.SEVERITY_ERROR))
+
+
+def test_run_verdict_without_run_or_policy_is_rejected() -> None:
+    for field in ("run", "policy_digest"):
+        msg = wire.run_verdict_to_pb(run_verdict())
+        msg.ClearField(field)
+        with pytest.raises(wire.WireError) as e:
+            wire.run_verdict_from_pb(msg)
+        assert f"run_verdict.{field}" == e.value.field
+
+
+def test_hook_count_with_bad_pid_or_count_is_rejected() -> None:
+    for field, value in (("pid", 0), ("fired", -1), ("rank", -1)):
+        msg = wire.run_verdict_to_pb(run_verdict())
+        setattr(msg.targets[0].hooks[1], field, value)
+        with pytest.raises(wire.WireError) as e:
+            wire.run_verdict_from_pb(msg)
+        assert e.value.field == f"run_verdict.targets[0].hooks[1].{field}"
+
+
+def test_status_response_without_verdict_is_rejected() -> None:
+    with pytest.raises(wire.WireError, match=r"get_run_status_response\.verdict: required"):
+        wire.get_run_status_response_from_pb(pb.GetRunStatusResponse())
+
+
+@pytest.mark.parametrize(
+    ("parse", "msg", "field"),
+    [
+        (wire.hello_request_from_pb, pb.HelloRequest(targets=["t"]), "hello.agent_id"),
+        (
+            wire.hello_request_from_pb,
+            pb.HelloRequest(agent_id="a", targets=["t", ""]),
+            "hello.targets[1]",
+        ),
+        (
+            wire.hello_response_from_pb,
+            pb.HelloResponse(report_interval_s=1.0),
+            "hello_response.nonce",
+        ),
+        (
+            wire.hello_response_from_pb,
+            pb.HelloResponse(nonce="n"),
+            "hello_response.report_interval_s",
+        ),
+        (
+            wire.report_response_from_pb,
+            pb.ReportResponse(seq=1, nonce="n", need_manifests=[SHA_A]),
+            "report_response.need_manifests[0]",
+        ),
+        (wire.report_response_from_pb, pb.ReportResponse(seq=-1, nonce="n"), "report_response.seq"),
+        (
+            wire.register_run_request_from_pb,
+            pb.RegisterRunRequest(policy_toml="x"),
+            "register_run.name",
+        ),
+        (
+            wire.register_run_request_from_pb,
+            pb.RegisterRunRequest(name="r"),
+            "register_run.policy_toml",
+        ),
+        (
+            wire.register_run_response_from_pb,
+            pb.RegisterRunResponse(name="r", created_unix=1.0),
+            "register_run_response.policy_digest",
+        ),
+        (wire.get_run_status_request_from_pb, pb.GetRunStatusRequest(), "get_run_status.name"),
+        (
+            wire.list_runs_response_from_pb,
+            pb.ListRunsResponse(
+                runs=[pb.RunSummary(policy_digest=DIGEST, verdict=pb.VERDICT_PASS)]
+            ),
+            "list_runs_response.runs[0].name",
+        ),
+    ],
+)
+def test_malformed_envelopes_are_rejected(
+    parse: Callable[[Any], Any], msg: Any, field: str
+) -> None:
+    with pytest.raises(wire.WireError) as e:
+        parse(msg)
+    assert field == e.value.field

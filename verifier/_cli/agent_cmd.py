@@ -1,0 +1,51 @@
+"""``verifier agent``: the sidecar that reports this target's vLLM processes."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from pathlib import Path
+from typing import Any
+
+from verifier._cli.common import add_verifier_option
+from verifier.server.address import resolve
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "agent",
+        help="run the sidecar agent: find vLLM processes, report their evidence",
+        description="Find the vLLM processes visible here (same PID namespace), read their "
+        "probes and /proc, and report them to the verifier every interval. Keeps a bounded "
+        "on-disk spool while the verifier is unreachable. Stops on SIGTERM/SIGINT.",
+    )
+    add_verifier_option(p)
+    p.add_argument("--target", default=socket.gethostname(), help="target name (default: hostname)")
+    p.add_argument("--agent-id", help="agent identity (default: HOSTNAME/TARGET)")
+    p.add_argument("--pid", type=int, help="only report this process and its descendants")
+    p.add_argument(
+        "--interval", type=float, help="seconds between reports (default: the verifier's)"
+    )
+    p.add_argument(
+        "--spool", type=Path, default=Path(".verifier-agent-spool"), help="spool directory"
+    )
+    p.add_argument("--spool-max-bytes", type=int, default=64 * 1024 * 1024)
+    p.add_argument("--health", metavar="ADDRESS", help="serve gRPC health checks here")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from verifier.agent.runner import Agent, AgentConfig, default_agent_id
+
+    config = AgentConfig(
+        verifier=resolve(args.verifier),
+        target=args.target,
+        agent_id=args.agent_id or default_agent_id(args.target),
+        spool_dir=args.spool,
+        spool_max_bytes=args.spool_max_bytes,
+        interval_s=args.interval,
+        root_pid=args.pid,
+        health_listen=args.health,
+    )
+    Agent(config).serve_forever()
+    return 0

@@ -1,0 +1,60 @@
+"""Options shared by the client subcommands."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from verifier.server.address import DEFAULT_ADDRESS, ENV_ADDRESS
+
+
+def add_verifier_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--verifier",
+        metavar="ADDRESS",
+        help=f"verifier address HOST:PORT, unix:PATH or a socket path "
+        f"(default: ${ENV_ADDRESS}, else {DEFAULT_ADDRESS})",
+    )
+
+
+def verdict_json(v: Any) -> dict[str, Any]:
+    """JSON form of a RunVerdict (verdicts, findings, hook fires next to productive steps)."""
+    return {
+        "run": v.run,
+        "policy_digest": v.policy_digest,
+        "verdict": v.verdict.value,
+        "evaluated_unix": v.evaluated_unix,
+        "findings": [_finding(f) for f in v.findings],
+        "targets": [
+            {
+                "target": t.target,
+                "verdict": t.verdict.value,
+                "report_unix": t.report_unix,
+                "findings": [_finding(f) for f in t.findings],
+                "hooks": [
+                    {
+                        "name": h.name,
+                        "pid": h.pid,
+                        "role": h.role,
+                        "rank": h.rank,
+                        "fired": h.fired,
+                        "fired_on_productive_steps": h.fired_productive,
+                        "productive_steps": h.productive_steps,
+                        "total_steps": h.total_steps,
+                    }
+                    for h in t.hooks
+                ],
+            }
+            for t in v.targets
+        ],
+    }
+
+
+def _finding(f: Any) -> dict[str, Any]:
+    return {
+        "id": f.id,
+        "severity": f.severity.value,
+        "message": f.message,
+        "target": f.target,
+        "context": dict(f.context),
+    }

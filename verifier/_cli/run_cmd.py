@@ -1,0 +1,56 @@
+"""``verifier run register NAME --policy FILE`` and ``verifier run list``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from verifier._cli.common import add_verifier_option
+from verifier.errors import ConfigError
+from verifier.server.address import resolve
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("run", help="pre-register runs and list them")
+    runs = p.add_subparsers(dest="run_command", metavar="ACTION", required=True)
+    reg = runs.add_parser(
+        "register",
+        help="pre-register a run with its policy",
+        description="Store NAME with the policy file and its digest. The same policy again is a "
+        "no-op; a different policy under an existing name is refused (use a new name).",
+    )
+    reg.add_argument("name")
+    reg.add_argument("--policy", type=Path, required=True, help="policy file (TOML)")
+    add_verifier_option(reg)
+    reg.set_defaults(handler=register)
+    ls = runs.add_parser("list", help="list registered runs with their current verdict")
+    add_verifier_option(ls)
+    ls.set_defaults(handler=list_runs)
+
+
+def register(args: argparse.Namespace) -> int:
+    from verifier.client import VerifierClient
+    from verifier.policy import load_policy
+
+    try:
+        text = args.policy.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read policy {args.policy}: {e.strerror}") from e
+    load_policy(text, str(args.policy))  # fail fast, with file and line, before any RPC
+    with VerifierClient(resolve(args.verifier)) as client:
+        name, digest = client.register_run(args.name, text, str(args.policy))
+    print(f"registered run {name} with policy {digest}")
+    return 0
+
+
+def list_runs(args: argparse.Namespace) -> int:
+    from verifier.client import VerifierClient
+
+    with VerifierClient(resolve(args.verifier)) as client:
+        for name, digest, created, verdict in client.list_runs():
+            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created))
+            sys.stdout.write(f"{name}  {verdict.value}  {digest[:19]}  registered {when}\n")
+    return 0

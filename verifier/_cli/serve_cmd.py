@@ -1,0 +1,34 @@
+"""``verifier serve``: run the central verifier."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from verifier.server.address import DEFAULT_ADDRESS, normalize
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="run the central verifier (gRPC): runs, reports, verdicts",
+        description="Run the central verifier: agents report to it, clients register runs and "
+        "ask for status. Stops gracefully on SIGTERM/SIGINT.",
+    )
+    p.add_argument(
+        "--listen", default=DEFAULT_ADDRESS, help="HOST:PORT, unix:PATH or a socket path"
+    )
+    p.add_argument("--db", type=Path, default=Path("verifier.sqlite3"), help="SQLite database file")
+    p.add_argument(
+        "--report-interval", type=float, default=1.0, help="seconds between agent reports"
+    )
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from verifier.server.app import ServeConfig, VerifierServer
+
+    config = ServeConfig(normalize(args.listen), args.db, args.report_interval)
+    VerifierServer(config).serve_forever()
+    return 0

@@ -1,0 +1,90 @@
+"""``verifier status [RUN]`` and ``verifier wait RUN --timeout S``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from verifier._cli.common import add_verifier_option, verdict_json
+from verifier.model import RunVerdict
+
+
+def add_parser(sub: Any) -> None:
+    st = sub.add_parser(
+        "status",
+        help="show a run's verdict, per target, with findings",
+        description="One line per target and finding; with --json the verdicts, findings and, "
+        "for every hook, its fired count next to the productive steps. Without RUN, every run. "
+        "Exit code: 0 PASS, 1 FAIL, 0 for PENDING/STALE too (status reports; wait gates).",
+    )
+    st.add_argument("run", nargs="?")
+    st.add_argument("--json", action="store_true")
+    add_verifier_option(st)
+    st.set_defaults(handler=status)
+    w = sub.add_parser(
+        "wait",
+        help="block until a run PASSes (0) or FAILs (1); 5 on timeout, 4 if unreachable",
+        description="The measurement gate: poll RUN until it is PASS (exit 0) or FAIL (exit 1). "
+        "Exit 5 when --timeout passes first, 4 when the verifier cannot be reached.",
+    )
+    w.add_argument("run")
+    w.add_argument("--timeout", type=float, required=True, help="seconds")
+    add_verifier_option(w)
+    w.set_defaults(handler=wait)
+
+
+def render(v: RunVerdict) -> str:
+    lines = [f"run {v.run}: {v.verdict.value}  (policy {v.policy_digest[:19]})"]
+    for f in v.findings:
+        lines.append(f"  {f.severity.value:<7} {f.id}: {f.message}")
+    for t in v.targets:
+        lines.append(f"  target {t.target}: {t.verdict.value}")
+        for h in t.hooks:
+            rank = f" rank {h.rank}" if h.rank is not None else ""
+            lines.append(
+                f"    hook {h.name} ({h.role}{rank}, pid {h.pid}): fired {h.fired_productive} on "
+                f"{h.productive_steps} productive steps ({h.fired} of {h.total_steps} steps)"
+            )
+        for f in t.findings:
+            lines.append(f"    {f.severity.value:<7} {f.id}: {f.message}")
+    return "\n".join(lines) + "\n"
+
+
+def status(args: argparse.Namespace) -> int:
+    from verifier.client import VerifierClient
+    from verifier.server.address import resolve
+
+    with VerifierClient(resolve(args.verifier)) as client:
+        names = [args.run] if args.run else [r[0] for r in client.list_runs()]
+        verdicts = [client.status(n) for n in names]
+    if args.json:
+        json.dump({"runs": [verdict_json(v) for v in verdicts]}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write("".join(render(v) for v in verdicts) or "no runs registered\n")
+    return 1 if any(v.verdict.value == "FAIL" for v in verdicts) else 0
+
+
+def wait(args: argparse.Namespace) -> int:
+    from verifier.client import VerifierClient
+    from verifier.gate import wait_for
+    from verifier.server.address import resolve
+
+    tty = sys.stderr.isatty()
+    last: list[str] = []
+
+    def progress(v: RunVerdict) -> None:
+        line = f"{v.run}: {v.verdict.value}"
+        if tty and line not in last:
+            sys.stderr.write(f"\r{line}   ")
+            sys.stderr.flush()
+            last[:] = [line]
+
+    with VerifierClient(resolve(args.verifier)) as client:
+        verdict = wait_for(client, args.run, args.timeout, on_progress=progress)
+    if tty:
+        sys.stderr.write("\n")
+    sys.stdout.write(render(verdict))
+    return 0

@@ -1,0 +1,118 @@
+"""Turn what ``/proc`` and the probes show into ``verifier.model`` process reports."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from verifier.errors import NotPythonProcess, UnavailableError
+from verifier.evidence.container import container_id_from_cgroup
+from verifier.evidence.probe_reader import ProbeState
+from verifier.evidence.process import ProcessEvidence, read_process
+from verifier.evidence.procfs import ProcFS
+from verifier.model import (
+    FileEntry,
+    HookEvidence,
+    ProcessKey,
+    ProcessReport,
+    RunnerEvidence,
+    StepEvidence,
+)
+
+
+def is_vllm_candidate(ev: ProcessEvidence) -> bool:
+    """A process the agent reports: it has a probe, or its command line names vLLM."""
+    if ev.probe is not None:
+        return True
+    return any("vllm" in a.lower() for a in ev.identity.cmdline)
+
+
+def discover(procfs: ProcFS, root_pid: int | None = None) -> list[ProcessEvidence]:
+    """Every vLLM process visible (under ROOT_PID if given), the agent itself excluded."""
+    pids = procfs.descendants(root_pid) if root_pid else sorted(procfs.parents())
+    out = []
+    for pid in pids:
+        if pid == os.getpid():
+            continue
+        try:
+            ev = read_process(procfs, pid)
+        except (NotPythonProcess, UnavailableError, OSError, ValueError):
+            continue
+        if is_vllm_candidate(ev):
+            out.append(ev)
+    return out
+
+
+def _probe_parts(
+    p: ProbeState,
+) -> tuple[RunnerEvidence | None, StepEvidence, tuple[HookEvidence, ...], tuple[FileEntry, ...]]:
+    runner = None
+    if p.runner is not None:
+        runner = RunnerEvidence(p.runner.cls, p.runner.file, p.runner.sha256, p.runner.mro)
+    s = p.steps
+    steps = StepEvidence(
+        s.total,
+        s.productive,
+        s.empty,
+        s.tokens_scheduled,
+        s.requests_scheduled,
+        s.requests_max,
+        s.last_step_unix_ns,
+    )
+    hooks = tuple(
+        HookEvidence(
+            name=h.name,
+            target=h.target,
+            module_loaded=h.module_loaded,
+            wrapped=h.wrapped,
+            owner=h.owner,
+            how=h.how,
+            unresolved=h.unresolved,
+            instantiated_class=h.instantiated_class,
+            fired=h.fired,
+            fired_productive=h.fired_productive,
+            first_step=h.first_step,
+            last_step=h.last_step,
+        )
+        for h in p.hooks
+    )
+    files = tuple(FileEntry(f.path, f.sha256, f.size, f.kind, f.module, f.at) for f in p.files)
+    return runner, steps, hooks, files
+
+
+def to_report(procfs: ProcFS, ev: ProcessEvidence) -> ProcessReport:
+    """One process's report with the agent's own /proc evidence added."""
+    ident = ev.identity
+    try:
+        container = container_id_from_cgroup(procfs.cgroup(ident.pid))
+    except (UnavailableError, OSError):
+        container = None
+    try:
+        mappings = tuple(procfs.executable_mappings(ident.pid))
+    except (UnavailableError, OSError):
+        mappings = ()
+    base = ProcessReport(
+        key=ProcessKey(ident.boot_id, ident.pid, ident.start_ticks),
+        ns_pid=ident.ns_pid,
+        ppid=ident.ppid,
+        start_time=ident.start_time,
+        role=ev.role,
+        rank=ev.rank,
+        container_id=container,
+        cmdline=ident.cmdline,
+        exe=ident.exe,
+        probe_present=ev.probe is not None,
+        native_mappings=mappings,
+    )
+    if ev.probe is None:
+        return base
+    runner, steps, hooks, files = _probe_parts(ev.probe)
+    return dataclasses.replace(
+        base,
+        probe_errors=tuple(f"[{e.get('where')}] {e.get('msg')}" for e in ev.probe.errors),
+        runner=runner,
+        steps=steps,
+        hooks=hooks,
+        manifest_digest=ev.probe.manifest_digest,
+        files=files,
+    )

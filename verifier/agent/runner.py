@@ -1,0 +1,207 @@
+"""``verifier agent``: the sidecar loop (collect -> report, spool when the verifier is away).
+
+The agent never exits because a target process went away: it reports it gone. It reconnects
+with exponential backoff, keeps unacknowledged reports in a bounded on-disk spool and sends
+them in order, each exactly once per sequence number (the verifier deduplicates by seq).
+Unchanged manifests are sent as digests only; the verifier asks for any it lacks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import socket
+import threading
+import time
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+import grpc
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from verifier import wire
+from verifier.agent.collect import discover, to_report
+from verifier.agent.spool import Spool
+from verifier.api.v1 import verifier_pb2 as pb
+from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
+from verifier.evidence.procfs import ProcFS
+from verifier.model import ProcessKey, ProcessReport, TargetReport
+
+log = structlog.get_logger("verifier.agent")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    verifier: str  # gRPC target
+    target: str  # the name this target is reported under
+    agent_id: str
+    spool_dir: Path
+    spool_max_bytes: int = 64 * 1024 * 1024
+    interval_s: float | None = None  # None: what the verifier asks for
+    root_pid: int | None = None
+    proc_root: str = "/proc"
+    health_listen: str | None = None
+    max_backoff_s: float = 30.0
+
+
+class Agent:
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.procfs = ProcFS(config.proc_root)
+        self.spool = Spool(config.spool_dir, config.spool_max_bytes)
+        self.seq = self.spool.last_seq()
+        self.nonce: str | None = None
+        self.interval = config.interval_s or 1.0
+        self.sent_digests: set[str] = set()
+        self.seen: dict[ProcessKey, ProcessReport] = {}
+        self.stop_event = threading.Event()
+        opts = [
+            ("grpc.max_send_message_length", wire.MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", wire.MAX_MESSAGE_BYTES),
+        ]
+        self.channel = grpc.insecure_channel(config.verifier, options=opts)
+        self.stub = pb_grpc.VerifierServiceStub(self.channel)
+        self.health = health.HealthServicer()
+        self.health_server: grpc.Server | None = None
+
+    # collection ------------------------------------------------------------------------
+    def collect(self) -> TargetReport:
+        procs = [to_report(self.procfs, ev) for ev in discover(self.procfs, self.config.root_pid)]
+        keys = {p.key for p in procs}
+        gone = tuple(k for k in self.seen if k not in keys)
+        for k in gone:
+            log.info("process_gone", pid=k.pid)
+            del self.seen[k]
+        for p in procs:
+            self.seen[p.key] = p
+        # Digest only for manifests the verifier has already acknowledged.
+        slim = tuple(
+            dataclasses.replace(p, files=None)
+            if p.manifest_digest and p.manifest_digest in self.sent_digests
+            else p
+            for p in procs
+        )
+        self.seq += 1
+        return TargetReport(
+            self.config.agent_id,
+            self.config.target,
+            self.seq,
+            self.nonce or "",
+            time.time(),
+            slim,
+            gone,
+        )
+
+    def _full(self, report: TargetReport, need: set[str]) -> TargetReport:
+        procs = []
+        for p in report.processes:
+            current = self.seen.get(p.key)
+            full = (
+                p.files is None
+                and p.manifest_digest in need
+                and current is not None
+                and current.manifest_digest == p.manifest_digest
+            )
+            procs.append(current if full and current is not None else p)
+        return dataclasses.replace(report, processes=tuple(procs))
+
+    # transport -------------------------------------------------------------------------
+    def hello(self) -> None:
+        resp = self.stub.Hello(
+            pb.HelloRequest(agent_id=self.config.agent_id, targets=[self.config.target]), timeout=5
+        )
+        self.nonce = resp.nonce
+        if self.config.interval_s is None and resp.report_interval_s > 0:
+            self.interval = resp.report_interval_s
+        log.info("connected", verifier=self.config.verifier, interval_s=self.interval)
+
+    def send(self, report: TargetReport) -> bool:
+        """Deliver REPORT (re-Hello on a nonce mismatch); True when acknowledged."""
+        for _ in range(3):
+            if self.nonce is None:
+                self.hello()
+            report = dataclasses.replace(report, nonce=self.nonce or "")
+            try:
+                resp = self.stub.Report(
+                    pb.ReportRequest(report=wire.report_to_pb(report)), timeout=10
+                )
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    self.nonce = None
+                    continue
+                if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                    log.error("report_rejected", seq=report.seq, reason=e.details())
+                    return True  # never deliverable: drop it rather than block the spool
+                raise
+            self.nonce = resp.nonce
+            if resp.accepted:
+                for p in report.processes:
+                    if p.files is not None and p.manifest_digest:
+                        self.sent_digests.add(p.manifest_digest)
+                return True
+            need = set(resp.need_manifests)
+            self.sent_digests -= need
+            report = self._full(report, need)
+        return False
+
+    def drain(self) -> None:
+        for seq, data in self.spool.pending():
+            if not self.send(wire.report_from_bytes(data)):
+                return
+            self.spool.ack(seq)
+
+    def step(self) -> None:
+        report = self.collect()
+        self.spool.put(report.seq, wire.report_to_bytes(report))
+        if self.spool.dropped:
+            log.warning(
+                "spool_dropped", dropped=self.spool.dropped, max_bytes=self.config.spool_max_bytes
+            )
+        self.drain()
+
+    # lifecycle -------------------------------------------------------------------------
+    def run(self) -> None:
+        if self.config.health_listen:
+            self.health_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_server)
+            self.health_server.add_insecure_port(self.config.health_listen)
+            self.health_server.start()
+        self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        backoff = 0.5
+        while not self.stop_event.is_set():
+            try:
+                self.step()
+                backoff = 0.5
+                wait = self.interval
+            except grpc.RpcError as e:
+                self.nonce = None
+                log.warning(
+                    "verifier_unreachable",
+                    code=str(e.code()),
+                    spooled=len(self.spool),
+                    retry_in_s=backoff,
+                )
+                wait = backoff
+                backoff = min(backoff * 2, self.config.max_backoff_s)
+            self.stop_event.wait(wait)
+        if self.health_server is not None:
+            self.health_server.stop(1).wait()
+        self.channel.close()
+
+    def serve_forever(self) -> None:
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            self.stop_event.set()
+
+        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.run()
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+
+def default_agent_id(target: str) -> str:
+    return f"{socket.gethostname()}/{target}"

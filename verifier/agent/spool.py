@@ -1,0 +1,48 @@
+"""A bounded on-disk spool of reports the verifier has not acknowledged yet.
+
+One file per sequence number (``<seq>.pb``, written atomically). When the spool would exceed
+its byte budget the oldest reports are dropped and counted, so the agent can say what it lost.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+class Spool:
+    def __init__(self, directory: Path, max_bytes: int) -> None:
+        self.dir = directory
+        self.max_bytes = max_bytes
+        self.dropped = 0
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def _files(self) -> list[Path]:
+        return sorted(
+            (p for p in self.dir.glob("*.pb") if p.stem.isdigit()), key=lambda p: int(p.stem)
+        )
+
+    def put(self, seq: int, data: bytes) -> None:
+        tmp = self.dir / f".{seq}.tmp"
+        tmp.write_bytes(data)
+        os.replace(tmp, self.dir / f"{seq}.pb")
+        files = self._files()
+        total = sum(p.stat().st_size for p in files)
+        while files and total > self.max_bytes:
+            oldest = files.pop(0)
+            total -= oldest.stat().st_size
+            oldest.unlink()
+            self.dropped += 1
+
+    def pending(self) -> list[tuple[int, bytes]]:
+        return [(int(p.stem), p.read_bytes()) for p in self._files()]
+
+    def ack(self, seq: int) -> None:
+        (self.dir / f"{seq}.pb").unlink(missing_ok=True)
+
+    def last_seq(self) -> int:
+        files = self._files()
+        return int(files[-1].stem) if files else 0
+
+    def __len__(self) -> int:
+        return len(self._files())

@@ -1,0 +1,330 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Verdict(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    VERDICT_UNSPECIFIED: _ClassVar[Verdict]
+    VERDICT_PASS: _ClassVar[Verdict]
+    VERDICT_FAIL: _ClassVar[Verdict]
+    VERDICT_PENDING: _ClassVar[Verdict]
+    VERDICT_STALE: _ClassVar[Verdict]
+
+class Severity(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SEVERITY_UNSPECIFIED: _ClassVar[Severity]
+    SEVERITY_ERROR: _ClassVar[Severity]
+    SEVERITY_PENDING: _ClassVar[Severity]
+    SEVERITY_WARNING: _ClassVar[Severity]
+    SEVERITY_INFO: _ClassVar[Severity]
+VERDICT_UNSPECIFIED: Verdict
+VERDICT_PASS: Verdict
+VERDICT_FAIL: Verdict
+VERDICT_PENDING: Verdict
+VERDICT_STALE: Verdict
+SEVERITY_UNSPECIFIED: Severity
+SEVERITY_ERROR: Severity
+SEVERITY_PENDING: Severity
+SEVERITY_WARNING: Severity
+SEVERITY_INFO: Severity
+
+class ProcessKey(_message.Message):
+    __slots__ = ("boot_id", "pid", "start_ticks")
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    START_TICKS_FIELD_NUMBER: _ClassVar[int]
+    boot_id: str
+    pid: int
+    start_ticks: int
+    def __init__(self, boot_id: _Optional[str] = ..., pid: _Optional[int] = ..., start_ticks: _Optional[int] = ...) -> None: ...
+
+class RunnerEvidence(_message.Message):
+    __slots__ = ("cls", "file", "sha256", "mro")
+    CLS_FIELD_NUMBER: _ClassVar[int]
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    MRO_FIELD_NUMBER: _ClassVar[int]
+    cls: str
+    file: str
+    sha256: str
+    mro: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, cls: _Optional[str] = ..., file: _Optional[str] = ..., sha256: _Optional[str] = ..., mro: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class StepEvidence(_message.Message):
+    __slots__ = ("total", "productive", "empty", "tokens_scheduled", "requests_scheduled", "requests_max", "last_step_unix_ns")
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    PRODUCTIVE_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_SCHEDULED_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_SCHEDULED_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_MAX_FIELD_NUMBER: _ClassVar[int]
+    LAST_STEP_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    total: int
+    productive: int
+    empty: int
+    tokens_scheduled: int
+    requests_scheduled: int
+    requests_max: int
+    last_step_unix_ns: int
+    def __init__(self, total: _Optional[int] = ..., productive: _Optional[int] = ..., empty: _Optional[int] = ..., tokens_scheduled: _Optional[int] = ..., requests_scheduled: _Optional[int] = ..., requests_max: _Optional[int] = ..., last_step_unix_ns: _Optional[int] = ...) -> None: ...
+
+class HookEvidence(_message.Message):
+    __slots__ = ("name", "target", "module_loaded", "wrapped", "owner", "how", "unresolved", "instantiated_class", "fired", "fired_productive", "first_step", "last_step")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    MODULE_LOADED_FIELD_NUMBER: _ClassVar[int]
+    WRAPPED_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    HOW_FIELD_NUMBER: _ClassVar[int]
+    UNRESOLVED_FIELD_NUMBER: _ClassVar[int]
+    INSTANTIATED_CLASS_FIELD_NUMBER: _ClassVar[int]
+    FIRED_FIELD_NUMBER: _ClassVar[int]
+    FIRED_PRODUCTIVE_FIELD_NUMBER: _ClassVar[int]
+    FIRST_STEP_FIELD_NUMBER: _ClassVar[int]
+    LAST_STEP_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    target: str
+    module_loaded: bool
+    wrapped: bool
+    owner: str
+    how: str
+    unresolved: str
+    instantiated_class: str
+    fired: int
+    fired_productive: int
+    first_step: int
+    last_step: int
+    def __init__(self, name: _Optional[str] = ..., target: _Optional[str] = ..., module_loaded: _Optional[bool] = ..., wrapped: _Optional[bool] = ..., owner: _Optional[str] = ..., how: _Optional[str] = ..., unresolved: _Optional[str] = ..., instantiated_class: _Optional[str] = ..., fired: _Optional[int] = ..., fired_productive: _Optional[int] = ..., first_step: _Optional[int] = ..., last_step: _Optional[int] = ...) -> None: ...
+
+class FileEntry(_message.Message):
+    __slots__ = ("path", "sha256", "size", "kind", "module", "at")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MODULE_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    sha256: str
+    size: int
+    kind: str
+    module: str
+    at: str
+    def __init__(self, path: _Optional[str] = ..., sha256: _Optional[str] = ..., size: _Optional[int] = ..., kind: _Optional[str] = ..., module: _Optional[str] = ..., at: _Optional[str] = ...) -> None: ...
+
+class ProcessReport(_message.Message):
+    __slots__ = ("key", "ns_pid", "ppid", "start_time", "role", "rank", "container_id", "cmdline", "exe", "probe_present", "probe_errors", "runner", "steps", "hooks", "manifest_digest", "files_included", "files", "native_mappings")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    NS_PID_FIELD_NUMBER: _ClassVar[int]
+    PPID_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
+    CMDLINE_FIELD_NUMBER: _ClassVar[int]
+    EXE_FIELD_NUMBER: _ClassVar[int]
+    PROBE_PRESENT_FIELD_NUMBER: _ClassVar[int]
+    PROBE_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    RUNNER_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    HOOKS_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    FILES_INCLUDED_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_MAPPINGS_FIELD_NUMBER: _ClassVar[int]
+    key: ProcessKey
+    ns_pid: int
+    ppid: int
+    start_time: float
+    role: str
+    rank: int
+    container_id: str
+    cmdline: _containers.RepeatedScalarFieldContainer[str]
+    exe: str
+    probe_present: bool
+    probe_errors: _containers.RepeatedScalarFieldContainer[str]
+    runner: RunnerEvidence
+    steps: StepEvidence
+    hooks: _containers.RepeatedCompositeFieldContainer[HookEvidence]
+    manifest_digest: str
+    files_included: bool
+    files: _containers.RepeatedCompositeFieldContainer[FileEntry]
+    native_mappings: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, key: _Optional[_Union[ProcessKey, _Mapping]] = ..., ns_pid: _Optional[int] = ..., ppid: _Optional[int] = ..., start_time: _Optional[float] = ..., role: _Optional[str] = ..., rank: _Optional[int] = ..., container_id: _Optional[str] = ..., cmdline: _Optional[_Iterable[str]] = ..., exe: _Optional[str] = ..., probe_present: _Optional[bool] = ..., probe_errors: _Optional[_Iterable[str]] = ..., runner: _Optional[_Union[RunnerEvidence, _Mapping]] = ..., steps: _Optional[_Union[StepEvidence, _Mapping]] = ..., hooks: _Optional[_Iterable[_Union[HookEvidence, _Mapping]]] = ..., manifest_digest: _Optional[str] = ..., files_included: _Optional[bool] = ..., files: _Optional[_Iterable[_Union[FileEntry, _Mapping]]] = ..., native_mappings: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class TargetReport(_message.Message):
+    __slots__ = ("agent_id", "target", "seq", "nonce", "sent_unix", "processes", "gone")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    SENT_UNIX_FIELD_NUMBER: _ClassVar[int]
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    GONE_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    target: str
+    seq: int
+    nonce: str
+    sent_unix: float
+    processes: _containers.RepeatedCompositeFieldContainer[ProcessReport]
+    gone: _containers.RepeatedCompositeFieldContainer[ProcessKey]
+    def __init__(self, agent_id: _Optional[str] = ..., target: _Optional[str] = ..., seq: _Optional[int] = ..., nonce: _Optional[str] = ..., sent_unix: _Optional[float] = ..., processes: _Optional[_Iterable[_Union[ProcessReport, _Mapping]]] = ..., gone: _Optional[_Iterable[_Union[ProcessKey, _Mapping]]] = ...) -> None: ...
+
+class Finding(_message.Message):
+    __slots__ = ("id", "severity", "message", "target", "context_json")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SEVERITY_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_JSON_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    severity: Severity
+    message: str
+    target: str
+    context_json: str
+    def __init__(self, id: _Optional[str] = ..., severity: _Optional[_Union[Severity, str]] = ..., message: _Optional[str] = ..., target: _Optional[str] = ..., context_json: _Optional[str] = ...) -> None: ...
+
+class HookCount(_message.Message):
+    __slots__ = ("name", "pid", "role", "rank", "fired", "fired_productive", "productive_steps", "total_steps")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    FIRED_FIELD_NUMBER: _ClassVar[int]
+    FIRED_PRODUCTIVE_FIELD_NUMBER: _ClassVar[int]
+    PRODUCTIVE_STEPS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    pid: int
+    role: str
+    rank: int
+    fired: int
+    fired_productive: int
+    productive_steps: int
+    total_steps: int
+    def __init__(self, name: _Optional[str] = ..., pid: _Optional[int] = ..., role: _Optional[str] = ..., rank: _Optional[int] = ..., fired: _Optional[int] = ..., fired_productive: _Optional[int] = ..., productive_steps: _Optional[int] = ..., total_steps: _Optional[int] = ...) -> None: ...
+
+class TargetVerdict(_message.Message):
+    __slots__ = ("target", "verdict", "findings", "evaluated_unix", "report_unix", "hooks")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    FINDINGS_FIELD_NUMBER: _ClassVar[int]
+    EVALUATED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    REPORT_UNIX_FIELD_NUMBER: _ClassVar[int]
+    HOOKS_FIELD_NUMBER: _ClassVar[int]
+    target: str
+    verdict: Verdict
+    findings: _containers.RepeatedCompositeFieldContainer[Finding]
+    evaluated_unix: float
+    report_unix: float
+    hooks: _containers.RepeatedCompositeFieldContainer[HookCount]
+    def __init__(self, target: _Optional[str] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., findings: _Optional[_Iterable[_Union[Finding, _Mapping]]] = ..., evaluated_unix: _Optional[float] = ..., report_unix: _Optional[float] = ..., hooks: _Optional[_Iterable[_Union[HookCount, _Mapping]]] = ...) -> None: ...
+
+class RunVerdict(_message.Message):
+    __slots__ = ("run", "policy_digest", "verdict", "targets", "findings", "evaluated_unix")
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    POLICY_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    FINDINGS_FIELD_NUMBER: _ClassVar[int]
+    EVALUATED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    run: str
+    policy_digest: str
+    verdict: Verdict
+    targets: _containers.RepeatedCompositeFieldContainer[TargetVerdict]
+    findings: _containers.RepeatedCompositeFieldContainer[Finding]
+    evaluated_unix: float
+    def __init__(self, run: _Optional[str] = ..., policy_digest: _Optional[str] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., targets: _Optional[_Iterable[_Union[TargetVerdict, _Mapping]]] = ..., findings: _Optional[_Iterable[_Union[Finding, _Mapping]]] = ..., evaluated_unix: _Optional[float] = ...) -> None: ...
+
+class RunSummary(_message.Message):
+    __slots__ = ("name", "policy_digest", "created_unix", "verdict")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    POLICY_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    policy_digest: str
+    created_unix: float
+    verdict: Verdict
+    def __init__(self, name: _Optional[str] = ..., policy_digest: _Optional[str] = ..., created_unix: _Optional[float] = ..., verdict: _Optional[_Union[Verdict, str]] = ...) -> None: ...
+
+class HelloRequest(_message.Message):
+    __slots__ = ("agent_id", "targets")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    targets: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, agent_id: _Optional[str] = ..., targets: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class HelloResponse(_message.Message):
+    __slots__ = ("nonce", "report_interval_s")
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    REPORT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    nonce: str
+    report_interval_s: float
+    def __init__(self, nonce: _Optional[str] = ..., report_interval_s: _Optional[float] = ...) -> None: ...
+
+class ReportRequest(_message.Message):
+    __slots__ = ("report",)
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    report: TargetReport
+    def __init__(self, report: _Optional[_Union[TargetReport, _Mapping]] = ...) -> None: ...
+
+class ReportResponse(_message.Message):
+    __slots__ = ("accepted", "seq", "nonce", "need_manifests")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    NEED_MANIFESTS_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    seq: int
+    nonce: str
+    need_manifests: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, accepted: _Optional[bool] = ..., seq: _Optional[int] = ..., nonce: _Optional[str] = ..., need_manifests: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RegisterRunRequest(_message.Message):
+    __slots__ = ("name", "policy_toml", "source")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    POLICY_TOML_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    policy_toml: str
+    source: str
+    def __init__(self, name: _Optional[str] = ..., policy_toml: _Optional[str] = ..., source: _Optional[str] = ...) -> None: ...
+
+class RegisterRunResponse(_message.Message):
+    __slots__ = ("name", "policy_digest", "created_unix")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    POLICY_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    policy_digest: str
+    created_unix: float
+    def __init__(self, name: _Optional[str] = ..., policy_digest: _Optional[str] = ..., created_unix: _Optional[float] = ...) -> None: ...
+
+class GetRunStatusRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class GetRunStatusResponse(_message.Message):
+    __slots__ = ("verdict",)
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    verdict: RunVerdict
+    def __init__(self, verdict: _Optional[_Union[RunVerdict, _Mapping]] = ...) -> None: ...
+
+class ListRunsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListRunsResponse(_message.Message):
+    __slots__ = ("runs",)
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    runs: _containers.RepeatedCompositeFieldContainer[RunSummary]
+    def __init__(self, runs: _Optional[_Iterable[_Union[RunSummary, _Mapping]]] = ...) -> None: ...

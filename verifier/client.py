@@ -1,0 +1,72 @@
+"""Client side of the verifier API for the CLI and harnesses (translates gRPC errors)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from verifier import wire
+from verifier.api.v1 import verifier_pb2 as pb
+from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
+from verifier.errors import ConfigError, Error, UnavailableError, UsageError
+from verifier.model import RunVerdict, Verdict
+
+T = TypeVar("T")
+
+
+def _translate(address: str, e: grpc.RpcError) -> Error:
+    code, details = e.code(), e.details() or ""
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return UnavailableError(f"verifier at {address} unreachable: {details or code.name}")
+    if code == grpc.StatusCode.INVALID_ARGUMENT and "policy" in details.lower():
+        return ConfigError(details)
+    if code in (
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.ALREADY_EXISTS,
+    ):
+        return UsageError(details)
+    return Error(f"verifier error {code.name}: {details}")
+
+
+class VerifierClient:
+    def __init__(self, address: str, timeout_s: float = 10.0) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        opts = [("grpc.max_receive_message_length", wire.MAX_MESSAGE_BYTES)]
+        self.channel = grpc.insecure_channel(address, options=opts)
+        self.stub = pb_grpc.VerifierServiceStub(self.channel)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> VerifierClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, fn: Callable[..., T], request: Any) -> T:
+        try:
+            return fn(request, timeout=self.timeout_s)
+        except grpc.RpcError as e:
+            raise _translate(self.address, e) from None
+
+    def register_run(self, name: str, policy_toml: str, source: str) -> tuple[str, str]:
+        """Register NAME with a policy; returns (name, policy digest)."""
+        req = pb.RegisterRunRequest(name=name, policy_toml=policy_toml, source=source)
+        resp = self._call(self.stub.RegisterRun, req)
+        return resp.name, resp.policy_digest
+
+    def status(self, run: str) -> RunVerdict:
+        resp = self._call(self.stub.GetRunStatus, pb.GetRunStatusRequest(name=run))
+        return wire.run_verdict_from_pb(resp.verdict)
+
+    def list_runs(self) -> list[tuple[str, str, float, Verdict]]:
+        resp = self._call(self.stub.ListRuns, pb.ListRunsRequest())
+        return [
+            (r.name, r.policy_digest, r.created_unix, wire.verdict_from_pb(r.verdict))
+            for r in resp.runs
+        ]

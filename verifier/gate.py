@@ -1,0 +1,134 @@
+"""The measurement gate, for harnesses: block until PASS, then check liveness held.
+
+    from verifier.gate import measurement
+
+    with measurement("my-run", address="127.0.0.1:50551", timeout_s=120) as m:
+        results = run_benchmark()
+    write_json("evidence.json", m.summary)   # verdicts, hook fires next to productive steps
+
+``wait_for`` raises ``GateFailed`` (exit 1) on FAIL and ``TimeoutError_`` (exit 5) on timeout;
+an unreachable verifier raises ``UnavailableError`` (exit 4). On leaving the block the run is
+checked again: it must still PASS, and every hook must have fired on every productive step
+that ran during the block (fires kept pace with steps), or ``GateFailed`` is raised.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from verifier.client import VerifierClient
+from verifier.errors import Error, TimeoutError_
+from verifier.model import RunVerdict, Severity, Verdict
+from verifier.server.address import resolve
+
+
+class GateFailed(Error):
+    exit_code = 1
+
+    def __init__(self, message: str, verdict: RunVerdict | None = None) -> None:
+        super().__init__(message)
+        self.verdict = verdict
+
+
+def wait_for(
+    client: VerifierClient,
+    run: str,
+    timeout_s: float,
+    poll_s: float = 0.2,
+    on_progress: Callable[[RunVerdict], None] | None = None,
+) -> RunVerdict:
+    """Poll RUN until PASS (returned) or FAIL (GateFailed); TimeoutError_ after TIMEOUT_S."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        verdict = client.status(run)
+        if on_progress is not None:
+            on_progress(verdict)
+        if verdict.verdict == Verdict.PASS:
+            return verdict
+        if verdict.verdict == Verdict.FAIL:
+            raise GateFailed(f"run {run} FAILED: {first_reason(verdict)}", verdict)
+        if time.monotonic() >= deadline:
+            state = verdict.verdict.value
+            reason = first_reason(verdict)
+            raise TimeoutError_(f"run {run} still {state} after {timeout_s:g} s: {reason}")
+        time.sleep(poll_s)
+
+
+_RANK = {Severity.ERROR: 0, Severity.PENDING: 1, Severity.WARNING: 2, Severity.INFO: 3}
+
+
+def first_reason(verdict: RunVerdict) -> str:
+    """The most severe finding (one line), and how many more of at least that severity."""
+    found = list(verdict.findings) + [f for t in verdict.targets for f in t.findings]
+    found = [f for f in found if f.severity != Severity.INFO]
+    if not found:
+        return "no findings"
+    found.sort(key=lambda f: _RANK[f.severity])
+    top = found[0]
+    more = sum(1 for f in found[1:] if f.severity == top.severity)
+    return f"{top.id}: {top.message}" + (f" (+{more} more)" if more else "")
+
+
+def hook_counts(verdict: RunVerdict) -> dict[str, dict[str, int]]:
+    """Per target/process/hook: fired on productive steps and productive steps (from findings'
+    hook summaries)."""
+    out: dict[str, dict[str, int]] = {}
+    for t in verdict.targets:
+        for h in t.hooks:
+            key = f"{t.target}/pid {h.pid}/{h.name}"
+            out[key] = {
+                "fired_productive": h.fired_productive,
+                "productive_steps": h.productive_steps,
+                "fired": h.fired,
+                "total_steps": h.total_steps,
+            }
+    return out
+
+
+@dataclass
+class Measurement:
+    run: str
+    before: RunVerdict
+    after: RunVerdict | None = None
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+@contextmanager
+def measurement(
+    run: str, address: str | None = None, timeout_s: float = 120.0
+) -> Iterator[Measurement]:
+    with VerifierClient(resolve(address)) as client:
+        before = wait_for(client, run, timeout_s)
+        m = Measurement(run, before)
+        t0 = time.time()
+        yield m
+        after = client.status(run)
+        m.after = after
+        c0, c1 = hook_counts(before), hook_counts(after)
+        pace = {}
+        for key, now in c1.items():
+            then = c0.get(key, {"fired_productive": 0, "productive_steps": 0})
+            steps = now["productive_steps"] - then["productive_steps"]
+            fires = now["fired_productive"] - then["fired_productive"]
+            pace[key] = {"productive_steps": steps, "fired_productive": fires}
+        m.summary = {
+            "run": run,
+            "policy_digest": after.policy_digest,
+            "window_unix": [t0, time.time()],
+            "verdict_before": before.verdict.value,
+            "verdict_after": after.verdict.value,
+            "hooks_during_block": pace,
+        }
+        if after.verdict != Verdict.PASS:
+            raise GateFailed(
+                f"run {run} is {after.verdict.value} after the block: {first_reason(after)}", after
+            )
+        lagging = [k for k, v in pace.items() if v["fired_productive"] < v["productive_steps"]]
+        if lagging:
+            raise GateFailed(
+                f"liveness did not hold during the block for {', '.join(lagging)}", after
+            )

@@ -1,0 +1,183 @@
+"""The engine: run a policy's rules over each target's latest evidence and turn the findings
+into verdicts. It knows nothing about rule kinds; ``loader.py`` builds the rules."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+from verifier.model import (
+    Finding,
+    HookCount,
+    RunVerdict,
+    Severity,
+    TargetVerdict,
+    Verdict,
+    combine,
+)
+from verifier.policy import interface as I
+
+
+def policy_digest(text: str) -> str:
+    """``sha256:<hex>`` of the policy text's UTF-8 bytes, exactly as given (no normalising:
+    the digest pins the text a run was registered with)."""
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def target_verdict(findings: list[Finding] | tuple[Finding, ...], stale: bool) -> Verdict:
+    """STALE wins at target level; then any ERROR fails; then any PENDING; else PASS."""
+    if stale:
+        return Verdict.STALE
+    severities = {f.severity for f in findings}
+    if Severity.ERROR in severities:
+        return Verdict.FAIL
+    if Severity.PENDING in severities:
+        return Verdict.PENDING
+    return Verdict.PASS
+
+
+def _dedup(findings: list[Finding]) -> list[Finding]:
+    """Drop repeats (several rules report the same process's step shortage), keeping order."""
+    seen: set[tuple[str, str, str, str]] = set()
+    out: list[Finding] = []
+    for f in findings:
+        key = (f.id, f.target, f.message, json.dumps(f.context, sort_keys=True, default=str))
+        if key not in seen:
+            seen.add(key)
+            out.append(f)
+    return out
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A loaded policy: which targets it covers, how much evidence it needs, and its rules.
+    Fails closed: a policy without rules cannot be built."""
+
+    rules: tuple[I.Rule, ...]
+    evidence: I.EvidenceSettings = field(default_factory=I.EvidenceSettings)
+    selection: I.TargetSelection = field(default_factory=I.TargetSelection)
+    source: str = "<policy>"
+
+    def __post_init__(self) -> None:
+        if not self.rules:
+            raise I.PolicyError(self.source, None, None, "a policy needs at least one rule")
+
+    @property
+    def freshness_s(self) -> float:
+        return self.evidence.freshness_s
+
+    @property
+    def context(self) -> I.EvalContext:
+        return I.EvalContext(self.evidence.min_steps, self.evidence.require_probe)
+
+    def selects(self, target: str, container_ids: tuple[str, ...]) -> bool:
+        """Whether the run covers TARGET: its name is listed (when names are given) and one of
+        its processes runs in a listed container (when container ids are given)."""
+        sel = self.selection
+        if sel.names and target not in sel.names:
+            return False
+        return not sel.container_ids or any(
+            cid.startswith(prefix) for cid in container_ids for prefix in sel.container_ids
+        )
+
+    def evaluate_target(self, snap: I.TargetSnapshot, now: float) -> TargetVerdict:
+        findings: list[Finding] = []
+        age = now - snap.received_unix
+        stale = age > self.evidence.freshness_s
+        if stale:
+            findings.append(
+                Finding(
+                    I.EVIDENCE_STALE,
+                    Severity.PENDING,
+                    f"the latest report of target {snap.target} is {age:.1f} s old, older than "
+                    f"the policy's freshness_s {self.evidence.freshness_s:g}",
+                    snap.target,
+                    {
+                        "age_s": age,
+                        "freshness_s": self.evidence.freshness_s,
+                        "received_unix": snap.received_unix,
+                    },
+                )
+            )
+        counts: list[HookCount] = []
+        if not snap.processes:
+            findings.append(
+                Finding(
+                    I.EVIDENCE_NO_PROCESSES,
+                    Severity.PENDING,
+                    f"target {snap.target} reported no processes",
+                    snap.target,
+                    {"received_unix": snap.received_unix},
+                )
+            )
+        else:
+            ctx = self.context
+            for rule in self.rules:
+                findings.extend(rule.evaluate(snap, ctx))
+                if isinstance(rule, I.CountsHooks):
+                    counts.extend(rule.hook_counts(snap, ctx))
+        findings = _dedup(findings)
+        return TargetVerdict(
+            target=snap.target,
+            verdict=target_verdict(findings, stale),
+            findings=tuple(findings),
+            evaluated_unix=now,
+            report_unix=snap.received_unix,
+            # a hook named for its role and by default may judge a process twice: once each
+            hooks=tuple({(c.name, c.pid): c for c in counts}.values()),
+        )
+
+
+def _container_ids(snap: I.TargetSnapshot) -> tuple[str, ...]:
+    seen = dict.fromkeys(snap.container_ids)
+    seen.update(dict.fromkeys(p.container_id for p in snap.processes if p.container_id))
+    return tuple(seen)
+
+
+def evaluate_run(
+    run: str, policy: Policy, digest: str, snapshots: list[I.TargetSnapshot], now: float
+) -> RunVerdict:
+    """The run's verdict over the targets the policy selects (others are ignored): ``combine``
+    of their verdicts, PENDING (``evidence.no_report``) while fewer than ``min_targets`` of them
+    have reported or a target named in ``[targets] names`` has not."""
+    latest: dict[str, I.TargetSnapshot] = {}
+    for snap in snapshots:
+        if not policy.selects(snap.target, _container_ids(snap)):
+            continue
+        prev = latest.get(snap.target)
+        if prev is None or snap.received_unix >= prev.received_unix:
+            latest[snap.target] = snap
+    targets = tuple(policy.evaluate_target(latest[t], now) for t in sorted(latest))
+    sel = policy.selection
+    missing = [n for n in sel.names if n not in latest]
+    findings: list[Finding] = []
+    if len(latest) < sel.min_targets or missing:
+        need = max(sel.min_targets, len(sel.names))
+        what = f"; not reported: {', '.join(missing)}" if missing else ""
+        findings.append(
+            Finding(
+                I.EVIDENCE_NO_REPORT,
+                Severity.PENDING,
+                f"{len(latest)} selected target(s) of run {run} reported, fewer than the "
+                f"{need} it needs{what}",
+                "",
+                {
+                    "reported": sorted(latest),
+                    "missing": missing,
+                    "min_targets": sel.min_targets,
+                    "names": list(sel.names),
+                },
+            )
+        )
+    verdicts = [t.verdict for t in targets]
+    if findings:
+        verdicts.append(Verdict.PENDING)
+    return RunVerdict(
+        run=run,
+        policy_digest=digest,
+        verdict=combine(verdicts),
+        targets=targets,
+        findings=tuple(findings),
+        evaluated_unix=now,
+    )

@@ -1,0 +1,200 @@
+"""The policy seam: value types, the rule protocol, the finding ids and the one error type.
+
+A policy is a tuple of small rule objects (``rules.py``) that the engine (``engine.py``) runs
+against the latest evidence of each target. Every rule fails closed: evidence it needs and does
+not have gives a ``PENDING`` finding, never silence, so absence of evidence is never ``PASS``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from verifier.errors import ConfigError
+from verifier.model import Finding, HookCount, ProcessReport, Severity
+
+# Roles a process can have (``ProcessReport.role``). Helpers and unknown processes are ignored
+# unless a rule names their role.
+ROLES = ("api_server", "engine_core", "worker", "helper", "unknown")
+IGNORED_ROLES = frozenset({"helper", "unknown"})
+# Roles whose processes run engine steps (hooks are judged against their own step counts).
+STEP_ROLES = ("engine_core", "worker")
+DEFAULT_REQUIRE_PROBE = ("api_server", "engine_core", "worker")
+DEFAULT_FRESHNESS_S = 10.0
+DEFAULT_MIN_STEPS = 1
+DEFAULT_MIN_TARGETS = 1
+DEFAULT_MIN_FIRES_PER_PRODUCTIVE_STEP = 1.0
+
+# Finding ids. Stable: tools and people match on them.
+EVIDENCE_STALE = "evidence.stale"
+EVIDENCE_NO_REPORT = "evidence.no_report"
+EVIDENCE_NO_PROCESSES = "evidence.no_processes"
+EVIDENCE_PROBE_ABSENT = "evidence.probe_absent"
+EVIDENCE_PROBE_ERRORS = "evidence.probe_errors"
+EVIDENCE_UNPROBED = "evidence.unprobed"
+EVIDENCE_MANIFEST_UNRESOLVED = "evidence.manifest_unresolved"
+EVIDENCE_ROLE_MISSING = "evidence.role_missing"
+STEPS_INSUFFICIENT = "liveness.steps.insufficient"
+HOOK_NOT_DECLARED = "liveness.hook.not_declared"
+HOOK_NOT_LOADED = "liveness.hook.not_loaded"
+HOOK_UNRESOLVED = "liveness.hook.unresolved"
+HOOK_NOT_INSTANTIATED = "liveness.hook.not_instantiated"
+HOOK_NOT_FIRING = "liveness.hook.not_firing"
+HOOK_FIRE_RATIO_LOW = "liveness.hook.fire_ratio_low"
+HOOK_FIRING = "liveness.hook.firing"
+RUNNER_UNKNOWN = "liveness.runner.unknown"
+RUNNER_UNEXPECTED = "liveness.runner.unexpected"
+FILE_NOT_LOADED = "provenance.file.not_loaded"
+FILE_HASH_MISMATCH = "provenance.file.hash_mismatch"
+FILE_UNVERIFIABLE = "provenance.file.unverifiable"
+FILE_FORBIDDEN = "provenance.file.forbidden"
+
+
+@dataclass(frozen=True)
+class FindingKind:
+    severity: Severity  # once enough evidence is in (see ``pending_before``)
+    pending_before: str  # "" or what must happen first; until then the finding is PENDING
+    meaning: str
+
+
+# Every id the engine can produce; docs/policy.md carries the same table (a test checks it).
+FINDINGS: dict[str, FindingKind] = {
+    EVIDENCE_STALE: FindingKind(
+        Severity.PENDING, "", "the target's latest report is older than freshness_s (STALE)"
+    ),
+    EVIDENCE_NO_REPORT: FindingKind(
+        Severity.PENDING, "", "fewer selected targets reported than the run needs (run level)"
+    ),
+    EVIDENCE_NO_PROCESSES: FindingKind(Severity.PENDING, "", "the target reported no processes"),
+    EVIDENCE_PROBE_ABSENT: FindingKind(
+        Severity.ERROR, "", "a process whose role is in require_probe has no probe"
+    ),
+    EVIDENCE_PROBE_ERRORS: FindingKind(
+        Severity.WARNING, "", "the probe in a process recorded errors of its own"
+    ),
+    EVIDENCE_UNPROBED: FindingKind(
+        Severity.PENDING,
+        "",
+        "a rule needs a process whose role is not in require_probe and that has no probe",
+    ),
+    EVIDENCE_MANIFEST_UNRESOLVED: FindingKind(
+        Severity.PENDING, "", "a process's file list was not resolved (digest only)"
+    ),
+    EVIDENCE_ROLE_MISSING: FindingKind(
+        Severity.PENDING, "", "a rule needs a role and no process of that role reported"
+    ),
+    STEPS_INSUFFICIENT: FindingKind(
+        Severity.PENDING, "", "a judged process has run fewer productive steps than min_steps"
+    ),
+    HOOK_NOT_DECLARED: FindingKind(
+        Severity.ERROR, "min_steps", "the probe in the process was not told about the hook"
+    ),
+    HOOK_NOT_LOADED: FindingKind(
+        Severity.ERROR, "min_steps", "the hook's module was never imported in the process"
+    ),
+    HOOK_UNRESOLVED: FindingKind(
+        Severity.ERROR, "min_steps", "the hook's module was imported but its target is missing"
+    ),
+    HOOK_NOT_INSTANTIATED: FindingKind(
+        Severity.ERROR, "min_steps", "the hook's class never had an instance and never fired"
+    ),
+    HOOK_NOT_FIRING: FindingKind(
+        Severity.ERROR, "", "the hook is loaded but fired 0 times while min_steps steps ran"
+    ),
+    HOOK_FIRE_RATIO_LOW: FindingKind(
+        Severity.ERROR,
+        "",
+        "fired_productive / productive steps is below min_fires_per_productive_step",
+    ),
+    HOOK_FIRING: FindingKind(
+        Severity.INFO, "", "the hook fired often enough (its counts, for the record)"
+    ),
+    RUNNER_UNKNOWN: FindingKind(
+        Severity.PENDING, "", "no live runner is recorded in a process that runs steps"
+    ),
+    RUNNER_UNEXPECTED: FindingKind(
+        Severity.ERROR, "min_steps", "the live runner's class is not expect_class"
+    ),
+    FILE_NOT_LOADED: FindingKind(
+        Severity.ERROR, "min_steps (any process)", "no loaded file matches a [[files]] entry"
+    ),
+    FILE_HASH_MISMATCH: FindingKind(
+        Severity.ERROR, "", "a matching loaded file's sha256 is not the expected one"
+    ),
+    FILE_UNVERIFIABLE: FindingKind(
+        Severity.PENDING, "", "matching files exist but none of a kind whose hash can be compared"
+    ),
+    FILE_FORBIDDEN: FindingKind(Severity.ERROR, "", "a loaded file matches a [[forbid]] entry"),
+}
+
+
+class PolicyError(ConfigError):
+    """A policy that cannot be loaded: ``<source>:<line>: <key>: <what is wrong>``.
+
+    ``line`` is None only when no line can be named (a required key that is missing from the
+    top level, an empty policy); ``key`` is None for TOML syntax errors and whole-file problems.
+    Keys are dotted paths; ``hooks[2].nmae`` is key ``nmae`` of the second ``[[hooks]]`` entry
+    (entries are counted from 1, as a reader counts them in the file).
+    """
+
+    def __init__(self, source: str, line: int | None, key: str | None, what: str) -> None:
+        where = source if line is None else f"{source}:{line}"
+        super().__init__(f"{where}: {what}" if key is None else f"{where}: {key}: {what}")
+        self.source = source
+        self.line = line
+        self.key = key
+        self.what = what
+
+
+@dataclass(frozen=True)
+class TargetSnapshot:
+    """The latest evidence for one target."""
+
+    target: str  # target name as the agent reports it
+    processes: tuple[ProcessReport, ...]  # ``files`` already resolved (never None here)
+    received_unix: float  # when the verifier received the report
+    container_ids: tuple[str, ...] = ()  # distinct ProcessReport.container_id values
+
+
+@dataclass(frozen=True)
+class TargetSelection:
+    """``[targets]``: which reporting targets a run covers."""
+
+    names: tuple[str, ...] = ()  # empty: every target that reports
+    container_ids: tuple[str, ...] = ()  # prefixes (>= 12 characters); empty: any container
+    min_targets: int = DEFAULT_MIN_TARGETS
+
+
+@dataclass(frozen=True)
+class EvidenceSettings:
+    """``[evidence]``: how fresh and how much evidence a verdict needs."""
+
+    freshness_s: float = DEFAULT_FRESHNESS_S
+    min_steps: int = DEFAULT_MIN_STEPS
+    require_probe: tuple[str, ...] = DEFAULT_REQUIRE_PROBE
+
+
+@dataclass(frozen=True)
+class EvalContext:
+    """What every rule may read besides the snapshot."""
+
+    min_steps: int = DEFAULT_MIN_STEPS
+    require_probe: tuple[str, ...] = DEFAULT_REQUIRE_PROBE
+
+
+class Rule(Protocol):
+    """One policy rule. ``evaluate`` never raises on odd evidence: it says so in findings."""
+
+    def describe(self) -> str:
+        """How the rule reads in a message, e.g. ``[[hooks]] v1_step``."""
+        ...
+
+    def evaluate(self, snapshot: TargetSnapshot, ctx: EvalContext) -> list[Finding]: ...
+
+
+@runtime_checkable
+class CountsHooks(Protocol):
+    """A rule that also reports the fire counts it judged (``TargetVerdict.hooks``): one per
+    process it judged a hook in, fires next to that process's steps, even when zero."""
+
+    def hook_counts(self, snapshot: TargetSnapshot, ctx: EvalContext) -> list[HookCount]: ...

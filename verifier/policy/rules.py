@@ -1,0 +1,424 @@
+"""One class per rule kind. Each reads a snapshot and returns findings; none decides a verdict.
+
+Rules judge only what they can see: a process without the probe, a role that has not reported,
+or too few engine steps give PENDING findings (``_evidence``), never a pass and never a guess.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from verifier.model import FileEntry, Finding, HookCount, HookEvidence, ProcessReport, Severity
+from verifier.policy import _evidence as E
+from verifier.policy import interface as I
+
+_SOURCE_KINDS = frozenset({"source", "extension"})
+
+
+@dataclass(frozen=True)
+class ProbeRequired:
+    """``evidence.probe_absent`` for each process of a required role that has no probe;
+    ``evidence.probe_errors`` (a warning) for each probe that recorded errors of its own."""
+
+    roles: tuple[str, ...] = I.DEFAULT_REQUIRE_PROBE
+
+    def describe(self) -> str:
+        return "[evidence] require_probe"
+
+    def evaluate(self, snapshot: I.TargetSnapshot, ctx: I.EvalContext) -> list[Finding]:
+        out: list[Finding] = []
+        for p in E.ordered(snapshot.processes):
+            if p.role in self.roles and not p.probe_present:
+                out.append(
+                    E.finding(
+                        I.EVIDENCE_PROBE_ABSENT,
+                        Severity.ERROR,
+                        f"{E.name(p)} has no probe, so what it loaded, its runner and its "
+                        "hooks are unknown",
+                        snapshot,
+                        **E.base(p),
+                        require_probe=list(self.roles),
+                    )
+                )
+            elif p.probe_present and p.probe_errors and p.role not in I.IGNORED_ROLES:
+                out.append(
+                    E.finding(
+                        I.EVIDENCE_PROBE_ERRORS,
+                        Severity.WARNING,
+                        f"the probe in {E.name(p)} recorded {len(p.probe_errors)} error(s), "
+                        f"the first: {p.probe_errors[0]}",
+                        snapshot,
+                        **E.base(p),
+                        errors=list(p.probe_errors[: E.SHOWN]),
+                        error_count=len(p.probe_errors),
+                    )
+                )
+        return out
+
+
+@dataclass(frozen=True)
+class ExpectRunner:
+    """``[runner] expect_class``: the live runner object in every process that runs steps."""
+
+    expect_class: str
+
+    def describe(self) -> str:
+        return f"[runner] expect_class {self.expect_class}"
+
+    def evaluate(self, snapshot: I.TargetSnapshot, ctx: I.EvalContext) -> list[Finding]:
+        procs, out = E.steppers(snapshot, ctx, self.describe())
+        for p in E.probed(procs):
+            enough = E.productive(p) >= ctx.min_steps
+            context: dict[str, Any] = {
+                **E.base(p),
+                "expected": self.expect_class,
+                "productive_steps": E.productive(p),
+                "total_steps": E.total(p),
+                "min_steps": ctx.min_steps,
+            }
+            if p.runner is None:
+                out.append(
+                    E.finding(
+                        I.RUNNER_UNKNOWN,
+                        Severity.PENDING,
+                        f"{E.name(p)} has no live runner recorded yet, so it cannot be checked "
+                        f"against the expected {self.expect_class}",
+                        snapshot,
+                        **context,
+                    )
+                )
+            elif p.runner.cls != self.expect_class:
+                out.append(
+                    E.finding(
+                        I.RUNNER_UNEXPECTED,
+                        Severity.ERROR if enough else Severity.PENDING,
+                        f"the live runner in {E.name(p)} is {p.runner.cls}, not the expected "
+                        f"{self.expect_class}",
+                        snapshot,
+                        **context,
+                        actual=p.runner.cls,
+                        mro=list(p.runner.mro),
+                        file=p.runner.file,
+                    )
+                )
+            if not enough:
+                out.append(E.insufficient(p, snapshot, ctx))
+        return out
+
+
+def _hook_owner(h: HookEvidence) -> str:
+    if h.owner:
+        return h.owner
+    module, _, qualname = h.target.partition(":")
+    cls = qualname.rpartition(".")[0]
+    return f"{module}.{cls}" if cls else h.target
+
+
+@dataclass(frozen=True)
+class HookFires:
+    """``[[hooks]]``: the hook fires on (a share of) the productive steps of every process of
+    its role, each process (each tensor-parallel rank) judged against its own step count."""
+
+    name: str
+    role: str | None = None  # None: the processes that run steps
+    min_fires_per_productive_step: float = I.DEFAULT_MIN_FIRES_PER_PRODUCTIVE_STEP
+
+    def describe(self) -> str:
+        return f"[[hooks]] {self.name}"
+
+    def _scope(
+        self, snapshot: I.TargetSnapshot, ctx: I.EvalContext
+    ) -> tuple[list[ProcessReport], list[Finding]]:
+        if self.role is None:
+            return E.steppers(snapshot, ctx, self.describe())
+        return E.of_role(snapshot, ctx, self.role, self.describe())
+
+    def evaluate(self, snapshot: I.TargetSnapshot, ctx: I.EvalContext) -> list[Finding]:
+        procs, out = self._scope(snapshot, ctx)
+        for p in E.probed(procs):
+            out.extend(self._judge(p, snapshot, ctx))
+        return out
+
+    def hook_counts(self, snapshot: I.TargetSnapshot, ctx: I.EvalContext) -> list[HookCount]:
+        out = []
+        for p in E.probed(self._scope(snapshot, ctx)[0]):
+            h = next((h for h in p.hooks if h.name == self.name), None)
+            out.append(
+                HookCount(
+                    name=self.name,
+                    pid=p.key.pid,
+                    role=p.role,
+                    rank=p.rank,
+                    fired=h.fired if h else 0,
+                    fired_productive=h.fired_productive if h else 0,
+                    productive_steps=E.productive(p),
+                    total_steps=E.total(p),
+                )
+            )
+        return out
+
+    def _judge(self, p: ProcessReport, snap: I.TargetSnapshot, ctx: I.EvalContext) -> list[Finding]:
+        s = E.productive(p)
+        enough = s >= ctx.min_steps
+        h = next((h for h in p.hooks if h.name == self.name), None)
+        live = p.runner.cls if p.runner is not None else None
+        context: dict[str, Any] = {
+            **E.base(p),
+            "hook": self.name,
+            "target": h.target if h else None,
+            "fired": h.fired if h else 0,
+            "fired_productive": h.fired_productive if h else 0,
+            "productive_steps": s,
+            "total_steps": E.total(p),
+            "min_steps": ctx.min_steps,
+            "min_fires_per_productive_step": self.min_fires_per_productive_step,
+            "live_runner": live,
+        }
+        where = E.name(p)
+        decided = self._decided(h, where, live)
+        if decided is not None:
+            severity = Severity.ERROR if enough else Severity.PENDING
+            found = [E.finding(decided[0], severity, decided[1], snap, **context)]
+            return found if enough else [*found, E.insufficient(p, snap, ctx)]
+        if h is None or not enough:  # h is never None here: _decided took that case
+            return [E.insufficient(p, snap, ctx)]
+        if h.fired == 0:
+            return [
+                E.finding(
+                    I.HOOK_NOT_FIRING,
+                    Severity.ERROR,
+                    f"hook {self.name} never fired in {where} although it ran {s} productive "
+                    f"steps ({E.total(p)} in all)",
+                    snap,
+                    **context,
+                )
+            ]
+        ratio = h.fired_productive / s
+        context["ratio"] = ratio
+        if ratio < self.min_fires_per_productive_step:
+            return [
+                E.finding(
+                    I.HOOK_FIRE_RATIO_LOW,
+                    Severity.ERROR,
+                    f"hook {self.name} fired on {h.fired_productive} of {s} productive steps in "
+                    f"{where} ({ratio:.2f} per step; the policy needs "
+                    f"{self.min_fires_per_productive_step:g})",
+                    snap,
+                    **context,
+                )
+            ]
+        return [
+            E.finding(
+                I.HOOK_FIRING,
+                Severity.INFO,
+                f"hook {self.name} fired {h.fired} times in {where}, {h.fired_productive} of them "
+                f"on its {s} productive steps",
+                snap,
+                **context,
+            )
+        ]
+
+    def _decided(
+        self, h: HookEvidence | None, where: str, live: str | None
+    ) -> tuple[str, str] | None:
+        """The statuses that need no steps to decide: PENDING until min_steps, ERROR after."""
+        if h is None:
+            return (
+                I.HOOK_NOT_DECLARED,
+                f"hook {self.name} is not declared in {where}: the probe there was not told "
+                "about it (VERIFIER_HOOKS or hook.fire)",
+            )
+        if not h.module_loaded:
+            module = h.target.partition(":")[0] or "(none)"
+            return (
+                I.HOOK_NOT_LOADED,
+                f"hook {self.name} never fired in {where}: its module {module} was never "
+                "imported there",
+            )
+        if h.unresolved is not None:
+            return (
+                I.HOOK_UNRESOLVED,
+                f"hook {self.name} never fired in {where}: its module was imported but its "
+                f"target was not found ({h.unresolved})",
+            )
+        if h.how == "method" and h.instantiated_class is None and h.fired == 0:
+            runner = f"the live runner is {live}" if live else "no live runner is recorded"
+            return (
+                I.HOOK_NOT_INSTANTIATED,
+                f"hook {self.name} never fired in {where}: its class {_hook_owner(h)} was never "
+                f"instantiated; {runner}",
+            )
+        return None
+
+
+@dataclass(frozen=True)
+class FileSpec:
+    """Which loaded files an entry means: a path suffix (at a ``/`` boundary) or a module."""
+
+    path: str | None = None
+    module: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.path is None) == (self.module is None):
+            raise ValueError("a FileSpec needs exactly one of path and module")
+
+    def describe(self) -> str:
+        return f"path {self.path}" if self.path is not None else f"module {self.module}"
+
+    def matches(self, entry: FileEntry) -> bool:
+        if self.path is not None:
+            return entry.path == self.path or entry.path.endswith("/" + self.path)
+        return entry.module == self.module
+
+    def comparable_kinds(self) -> frozenset[str]:
+        """Kinds whose hash is the hash of what the policy names (bytecode only if it names
+        a .pyc: the bytecode of a source file has another hash)."""
+        if self.path is not None and self.path.endswith(".pyc"):
+            return _SOURCE_KINDS | {"bytecode"}
+        return _SOURCE_KINDS
+
+
+@dataclass(frozen=True)
+class RequireFile:
+    """``[[files]]``: a matching file is loaded (in every process of ``role``, or without a role
+    in at least one process of the target), with the expected sha256 if one is given."""
+
+    spec: FileSpec
+    role: str | None = None
+    sha256: str | None = None
+
+    def describe(self) -> str:
+        return f"[[files]] {self.spec.describe()}"
+
+    def evaluate(self, snapshot: I.TargetSnapshot, ctx: I.EvalContext) -> list[Finding]:
+        if self.role is None:
+            procs, out = E.any_main(snapshot, ctx, self.describe())
+        else:
+            procs, out = E.of_role(snapshot, ctx, self.role, self.describe())
+        known, pending = E.with_files(procs, snapshot, self.describe())
+        out.extend(pending)
+        if self.role is not None:
+            groups = [[p] for p in known]
+        elif known and len(known) == len(procs):
+            groups = [known]  # a file missing from the union is missing only if all are known
+        else:
+            groups = []
+        for group in groups:
+            out.extend(self._judge(group, snapshot, ctx))
+        return out
+
+    def _judge(
+        self, group: list[ProcessReport], snap: I.TargetSnapshot, ctx: I.EvalContext
+    ) -> list[Finding]:
+        matches = [(p, e) for p in group for e in p.files or () if self.spec.matches(e)]
+        if not matches:
+            if len(group) == 1:
+                where, context = E.name(group[0]), E.base(group[0])
+            else:
+                where = f"any api_server, engine_core or worker process of target {snap.target}"
+                context = {"pids": [p.key.pid for p in group], "role": None, "rank": None}
+            return [
+                E.finding(
+                    I.FILE_NOT_LOADED,
+                    Severity.ERROR if E.serving(snap, ctx) else Severity.PENDING,
+                    f"no loaded file matches {self.spec.describe()} in {where}",
+                    snap,
+                    **context,
+                    path=self.spec.path,
+                    module=self.spec.module,
+                    serving=E.serving(snap, ctx),
+                    min_steps=ctx.min_steps,
+                )
+            ]
+        if self.sha256 is None:
+            return []
+        kinds = self.spec.comparable_kinds()
+        out: list[Finding] = []
+        for p in group:
+            mine = [e for proc, e in matches if proc is p]
+            comparable = [e for e in mine if e.kind in kinds]
+            unhashed = [e for e in comparable if E.norm_sha(e.sha256) is None]
+            if mine and (not comparable or unhashed):
+                out.append(self._unverifiable(p, mine, comparable, snap))
+            for e in comparable:
+                actual = E.norm_sha(e.sha256)
+                if actual is not None and actual != self.sha256:
+                    out.append(
+                        E.finding(
+                            I.FILE_HASH_MISMATCH,
+                            Severity.ERROR,
+                            f"{e.path} loaded in {E.name(p)} has sha256 {E.short_sha(actual)}..., "
+                            f"not the expected {E.short_sha(self.sha256)}...",
+                            snap,
+                            **E.base(p),
+                            path=e.path,
+                            kind=e.kind,
+                            module=e.module,
+                            expected=self.sha256,
+                            actual=actual,
+                        )
+                    )
+        return out
+
+    def _unverifiable(
+        self,
+        p: ProcessReport,
+        mine: list[FileEntry],
+        comparable: list[FileEntry],
+        snap: I.TargetSnapshot,
+    ) -> Finding:
+        if comparable:
+            why = "some of them were recorded without a hash"
+        else:
+            why = f"only as {', '.join(sorted({e.kind for e in mine}))}, not as source"
+        return E.finding(
+            I.FILE_UNVERIFIABLE,
+            Severity.PENDING,
+            f"files matching {self.spec.describe()} are loaded in {E.name(p)} but {why}, so "
+            "the expected sha256 cannot be checked",
+            snap,
+            **E.base(p),
+            paths=E.paths(mine),
+            kinds=sorted({e.kind for e in mine}),
+            comparable_kinds=sorted(self.spec.comparable_kinds()),
+            expected=self.sha256,
+        )
+
+
+@dataclass(frozen=True)
+class ForbidFile:
+    """``[[forbid]]``: no matching file is loaded in any process of ``role`` (or of the target).
+    A process that cannot be seen could hold it, so it gives PENDING, not a pass."""
+
+    spec: FileSpec
+    role: str | None = None
+
+    def describe(self) -> str:
+        return f"[[forbid]] {self.spec.describe()}"
+
+    def evaluate(self, snapshot: I.TargetSnapshot, ctx: I.EvalContext) -> list[Finding]:
+        if self.role is None:
+            procs, out = E.any_main(snapshot, ctx, self.describe())
+        else:
+            procs, out = E.of_role(snapshot, ctx, self.role, self.describe())
+        known, pending = E.with_files(procs, snapshot, self.describe())
+        out.extend(pending)
+        for p in known:
+            hits = [e for e in p.files or () if self.spec.matches(e)]
+            if hits:
+                out.append(
+                    E.finding(
+                        I.FILE_FORBIDDEN,
+                        Severity.ERROR,
+                        f"{E.name(p)} loaded {hits[0].path}, which matches the forbidden "
+                        f"{self.spec.describe()}",
+                        snapshot,
+                        **E.base(p),
+                        path=self.spec.path,
+                        module=self.spec.module,
+                        paths=E.paths(hits),
+                        count=len(hits),
+                    )
+                )
+        return out

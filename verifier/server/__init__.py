@@ -1,0 +1,1 @@
+"""The central verifier: run registry, report ingest, verdicts (``verifier serve``)."""

@@ -1,0 +1,109 @@
+"""``verifier serve``: lifecycle of the central verifier (Config -> Server -> serve).
+
+SIGTERM/SIGINT stop it gracefully (in-flight RPCs get a grace period); a failure to start
+(bad database, address in use) raises ConfigError (exit 3). A background thread keeps the
+verdict history current after new evidence arrives, so ingest never waits for evaluation.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+import grpc
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from verifier import wire
+from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
+from verifier.errors import ConfigError
+from verifier.server.service import VerifierService
+from verifier.server.store import Store
+
+log = structlog.get_logger("verifier.serve")
+SERVICE_NAME = "verifier.api.v1.VerifierService"
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    listen: str  # gRPC address: HOST:PORT or unix:PATH
+    db: Path
+    report_interval_s: float = 1.0
+    grace_s: float = 5.0
+    workers: int = 8
+
+
+class VerifierServer:
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self.store = Store(config.db)
+        self.service = VerifierService(self.store, config.report_interval_s)
+        self.health = health.HealthServicer()
+        opts = [
+            ("grpc.max_receive_message_length", wire.MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", wire.MAX_MESSAGE_BYTES),
+        ]
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=config.workers), options=opts
+        )
+        pb_grpc.add_VerifierServiceServicer_to_server(self.service, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.port = 0
+        self._stop = threading.Event()
+        self._keeper = threading.Thread(
+            target=self._keep_history, name="verdict-history", daemon=True
+        )
+
+    def start(self) -> None:
+        try:
+            self.port = self.server.add_insecure_port(self.config.listen)
+        except RuntimeError as e:
+            raise ConfigError(f"cannot listen on {self.config.listen}: {e}") from e
+        if self.port == 0 and not self.config.listen.startswith("unix:"):
+            raise ConfigError(f"cannot listen on {self.config.listen}")
+        self.server.start()
+        for name in ("", SERVICE_NAME):
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self._keeper.start()
+        log.info("serving", listen=self.config.listen, port=self.port, db=str(self.config.db))
+
+    def _keep_history(self) -> None:
+        while not self._stop.is_set():
+            self.service.dirty.wait(timeout=1.0)  # also re-evaluates on time (STALE)
+            self.service.dirty.clear()
+            try:
+                self.service.refresh_verdicts()
+            except Exception as e:  # noqa: BLE001 - the keeper logs and keeps going
+                log.error("history_failed", error=f"{type(e).__name__}: {e}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for name in ("", SERVICE_NAME):
+            self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.server.stop(self.config.grace_s).wait()
+        self.store.close()
+        log.info("stopped")
+
+    def serve_forever(self) -> None:
+        """Start, block until SIGTERM/SIGINT, stop gracefully; previous handlers restored."""
+        stop = threading.Event()
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            log.info("signal", signum=signum)
+            stop.set()
+
+        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.start()
+            print(f"verifier listening on {self.config.listen} (port {self.port})", flush=True)
+            stop.wait()
+        finally:
+            self.stop()
+            for s, h in previous.items():
+                signal.signal(s, h)

@@ -1,0 +1,189 @@
+"""The gRPC servicer: agents say Hello and Report; clients register runs and ask for status.
+
+Every request is validated at this edge: malformed or inconsistent reports are rejected with a
+gRPC status and a reason, never stored and never able to produce a PASS.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import threading
+import time
+from typing import Any
+
+import grpc
+import structlog
+
+from verifier import wire
+from verifier.api.v1 import verifier_pb2 as pb
+from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
+from verifier.errors import Error
+from verifier.manifest import merkle_root
+from verifier.model import RunVerdict, TargetReport
+from verifier.policy import PolicyError, load_policy, policy_digest
+from verifier.server.evaluate import Evaluator, files_to_rows
+from verifier.server.store import RunExists, Store, StoredReport, UnknownRun
+
+log = structlog.get_logger("verifier.serve")
+REPORT_INTERVAL_S = 1.0
+
+
+def verdict_detail(v: RunVerdict) -> dict[str, Any]:
+    """What the verdict history keeps: verdicts and finding ids per target (no timestamps)."""
+    return {
+        "policy_digest": v.policy_digest,
+        "run": [f.id for f in v.findings],
+        "targets": {
+            t.target: [t.verdict.value, sorted(f.id for f in t.findings)] for t in v.targets
+        },
+    }
+
+
+class VerifierService(pb_grpc.VerifierServiceServicer):
+    def __init__(self, store: Store, report_interval_s: float = REPORT_INTERVAL_S) -> None:
+        self.store = store
+        self.evaluator = Evaluator(store)
+        self.report_interval_s = report_interval_s
+        self._nonces: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self.dirty = threading.Event()  # new evidence: the history keeper re-evaluates
+
+    # agents ----------------------------------------------------------------------------
+    def Hello(self, request: pb.HelloRequest, context: grpc.ServicerContext) -> pb.HelloResponse:
+        if not request.agent_id:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "agent_id is required")
+        nonce = secrets.token_hex(16)
+        with self._lock:
+            self._nonces[request.agent_id] = nonce
+        log.info("hello", agent=request.agent_id, targets=list(request.targets))
+        return pb.HelloResponse(nonce=nonce, report_interval_s=self.report_interval_s)
+
+    def Report(self, request: pb.ReportRequest, context: grpc.ServicerContext) -> pb.ReportResponse:
+        try:
+            report = wire.report_from_pb(request.report)
+        except wire.WireError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed report: {e}")
+        with self._lock:
+            expected = self._nonces.get(report.agent_id)
+            if expected is None or not secrets.compare_digest(expected, report.nonce):
+                context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    "nonce mismatch: say Hello and report again with the nonce it returns",
+                )
+            if report.seq <= self.store.last_seq(report.agent_id):
+                return pb.ReportResponse(accepted=True, seq=report.seq, nonce=expected)
+            manifests, need = self._manifests(report, context)
+            if need:
+                return pb.ReportResponse(
+                    accepted=False, seq=report.seq, nonce=expected, need_manifests=need
+                )
+            stripped = dataclasses.replace(
+                report,
+                processes=tuple(dataclasses.replace(p, files=None) for p in report.processes),
+            )
+            stored = StoredReport(
+                report.agent_id,
+                report.seq,
+                report.target,
+                time.time(),
+                wire.report_to_bytes(stripped),
+            )
+            self.store.save_report(stored, manifests)
+            nonce = secrets.token_hex(16)
+            self._nonces[report.agent_id] = nonce
+        self.dirty.set()
+        return pb.ReportResponse(accepted=True, seq=report.seq, nonce=nonce)
+
+    def _manifests(
+        self, report: TargetReport, context: grpc.ServicerContext
+    ) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
+        manifests: dict[str, list[dict[str, Any]]] = {}
+        need: list[str] = []
+        for p in report.processes:
+            if p.manifest_digest is None:
+                continue
+            if p.files is not None:
+                actual = merkle_root((f.path, f.sha256) for f in p.files if f.sha256)
+                if actual != p.manifest_digest:
+                    context.abort(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"pid {p.key.pid}: manifest digest {p.manifest_digest} does not match "
+                        f"its files ({actual})",
+                    )
+                manifests[p.manifest_digest] = files_to_rows(p.files)
+            elif p.manifest_digest not in manifests and not self.store.has_manifest(
+                p.manifest_digest
+            ):
+                need.append(p.manifest_digest)
+        return manifests, need
+
+    # clients ---------------------------------------------------------------------------
+    def RegisterRun(
+        self, request: pb.RegisterRunRequest, context: grpc.ServicerContext
+    ) -> pb.RegisterRunResponse:
+        if not request.name:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "run name is required")
+        try:
+            load_policy(request.policy_toml, request.source or "<policy>")
+            rec = self.store.register_run(
+                request.name,
+                request.policy_toml,
+                policy_digest(request.policy_toml),
+                request.source,
+            )
+        except PolicyError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, e.explain())
+        except RunExists as e:
+            context.abort(grpc.StatusCode.ALREADY_EXISTS, e.explain())
+        log.info("run_registered", run=rec.name, policy=rec.policy_digest)
+        self.dirty.set()
+        return pb.RegisterRunResponse(
+            name=rec.name, policy_digest=rec.policy_digest, created_unix=rec.created_unix
+        )
+
+    def GetRunStatus(
+        self, request: pb.GetRunStatusRequest, context: grpc.ServicerContext
+    ) -> pb.GetRunStatusResponse:
+        try:
+            run = self.store.get_run(request.name)
+            if run is None:  # get_run raises UnknownRun; this only narrows the type
+                raise UnknownRun(f"no run named {request.name!r}")
+            verdict = self.evaluator.run_verdict(run, time.time())
+        except UnknownRun as e:
+            context.abort(grpc.StatusCode.NOT_FOUND, e.explain())
+        except Error as e:
+            context.abort(grpc.StatusCode.INTERNAL, e.explain())
+        self.store.record_verdict(run.name, verdict.verdict.value, verdict_detail(verdict))
+        return pb.GetRunStatusResponse(verdict=wire.run_verdict_to_pb(verdict))
+
+    def ListRuns(
+        self, request: pb.ListRunsRequest, context: grpc.ServicerContext
+    ) -> pb.ListRunsResponse:
+        now = time.time()
+        snaps = self.evaluator.snapshots()
+        out = []
+        for run in self.store.list_runs():
+            verdict = self.evaluator.run_verdict(run, now, snaps)
+            out.append(
+                pb.RunSummary(
+                    name=run.name,
+                    policy_digest=run.policy_digest,
+                    created_unix=run.created_unix,
+                    verdict=wire.verdict_to_pb(verdict.verdict),
+                )
+            )
+        return pb.ListRunsResponse(runs=out)
+
+    def refresh_verdicts(self) -> None:
+        """Re-evaluate every run after new evidence; history records each change."""
+        now = time.time()
+        snaps = self.evaluator.snapshots()
+        for run in self.store.list_runs():
+            try:
+                verdict = self.evaluator.run_verdict(run, now, snaps)
+            except Error as e:
+                log.error("evaluate_failed", run=run.name, error=e.explain())
+                continue
+            if self.store.record_verdict(run.name, verdict.verdict.value, verdict_detail(verdict)):
+                log.info("verdict", run=run.name, verdict=verdict.verdict.value)

@@ -1,0 +1,232 @@
+"""SQLite storage of runs, reports, manifests and verdict history (one file; nothing to install).
+
+Durability: WAL journal with ``synchronous=FULL``; a report is acknowledged only after its
+transaction commits, so a verifier killed after acknowledging loses nothing. Manifests are
+content-addressed by their Merkle digest: a thousand processes loading the same files store
+the list once.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from verifier.errors import ConfigError, UsageError
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    name TEXT PRIMARY KEY,
+    policy_toml TEXT NOT NULL,
+    policy_digest TEXT NOT NULL,
+    source TEXT NOT NULL,
+    created_unix REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS manifests (
+    digest TEXT PRIMARY KEY,
+    files_json TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS reports (
+    agent_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    target TEXT NOT NULL,
+    received_unix REAL NOT NULL,
+    report BLOB NOT NULL,
+    PRIMARY KEY (agent_id, seq)
+);
+CREATE INDEX IF NOT EXISTS reports_by_target ON reports (target, received_unix);
+CREATE TABLE IF NOT EXISTS verdicts (
+    run TEXT NOT NULL,
+    at_unix REAL NOT NULL,
+    verdict TEXT NOT NULL,
+    detail_json TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS verdicts_by_run ON verdicts (run, at_unix);
+"""
+
+
+class RunExists(UsageError):
+    pass
+
+
+class UnknownRun(UsageError):
+    pass
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    name: str
+    policy_toml: str
+    policy_digest: str
+    source: str
+    created_unix: float
+
+
+@dataclass(frozen=True)
+class StoredReport:
+    agent_id: str
+    seq: int
+    target: str
+    received_unix: float
+    report: bytes
+
+
+class Store:
+    """Thread-safe SQLite store (one connection guarded by a lock)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        try:
+            if self.path != ":memory:":
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(SCHEMA)
+            integrity = self._db.execute("PRAGMA quick_check").fetchone()[0]
+        except (sqlite3.Error, OSError) as e:
+            raise ConfigError(f"cannot open the verifier database {self.path}: {e}") from e
+        if integrity != "ok":
+            raise ConfigError(f"verifier database {self.path} is corrupt: {integrity}")
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _tx(self, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                for sql, args in statements:
+                    self._db.execute(sql, args)
+                self._db.execute("COMMIT")
+            except sqlite3.Error:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
+
+    def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return list(self._db.execute(sql, args).fetchall())
+
+    # runs ------------------------------------------------------------------------------
+    def register_run(self, name: str, policy_toml: str, digest: str, source: str) -> RunRecord:
+        """Pre-register NAME; the same policy again is a no-op, a different one an error."""
+        existing = self.get_run(name, missing_ok=True)
+        if existing is not None:
+            if existing.policy_digest != digest:
+                raise RunExists(
+                    f"run {name!r} is already registered with policy {existing.policy_digest}; "
+                    "a changed policy needs a new run name"
+                )
+            return existing
+        rec = RunRecord(name, policy_toml, digest, source, time.time())
+        self._tx(
+            [
+                (
+                    "INSERT INTO runs VALUES (?, ?, ?, ?, ?)",
+                    (rec.name, rec.policy_toml, rec.policy_digest, rec.source, rec.created_unix),
+                )
+            ]
+        )
+        return rec
+
+    def get_run(self, name: str, missing_ok: bool = False) -> RunRecord | None:
+        rows = self._query("SELECT * FROM runs WHERE name = ?", (name,))
+        if not rows:
+            if missing_ok:
+                return None
+            raise UnknownRun(f"no run named {name!r}")
+        return RunRecord(*rows[0])
+
+    def list_runs(self) -> list[RunRecord]:
+        return [RunRecord(*r) for r in self._query("SELECT * FROM runs ORDER BY created_unix")]
+
+    # manifests -------------------------------------------------------------------------
+    def has_manifest(self, digest: str) -> bool:
+        return bool(self._query("SELECT 1 FROM manifests WHERE digest = ?", (digest,)))
+
+    def get_manifest(self, digest: str) -> list[dict[str, Any]] | None:
+        rows = self._query("SELECT files_json FROM manifests WHERE digest = ?", (digest,))
+        if not rows:
+            return None
+        files: list[dict[str, Any]] = json.loads(rows[0][0])
+        return files
+
+    # reports ---------------------------------------------------------------------------
+    def last_seq(self, agent_id: str) -> int:
+        rows = self._query("SELECT MAX(seq) FROM reports WHERE agent_id = ?", (agent_id,))
+        return int(rows[0][0]) if rows and rows[0][0] is not None else 0
+
+    def save_report(
+        self,
+        rep: StoredReport,
+        manifests: dict[str, list[dict[str, Any]]],
+    ) -> bool:
+        """Store one report and its new manifests atomically; False if the seq was seen."""
+        with self._lock:
+            seen = self._db.execute(
+                "SELECT 1 FROM reports WHERE agent_id = ? AND seq = ?", (rep.agent_id, rep.seq)
+            ).fetchone()
+        if seen:
+            return False
+        stmts: list[tuple[str, tuple[Any, ...]]] = [
+            ("INSERT OR IGNORE INTO manifests VALUES (?, ?)", (d, json.dumps(f)))
+            for d, f in manifests.items()
+        ]
+        stmts.append(
+            (
+                "INSERT INTO reports VALUES (?, ?, ?, ?, ?)",
+                (rep.agent_id, rep.seq, rep.target, rep.received_unix, rep.report),
+            )
+        )
+        self._tx(stmts)
+        return True
+
+    def latest_reports(self) -> list[StoredReport]:
+        """The most recent report of every target."""
+        rows = self._query(
+            "SELECT r.agent_id, r.seq, r.target, r.received_unix, r.report FROM reports r "
+            "JOIN (SELECT target, MAX(received_unix) AS t FROM reports GROUP BY target) m "
+            "ON r.target = m.target AND r.received_unix = m.t"
+        )
+        latest: dict[str, StoredReport] = {}
+        for row in rows:
+            rep = StoredReport(row[0], int(row[1]), row[2], float(row[3]), bytes(row[4]))
+            if rep.target not in latest or rep.seq > latest[rep.target].seq:
+                latest[rep.target] = rep
+        return sorted(latest.values(), key=lambda r: r.target)
+
+    def count_reports(self) -> int:
+        return int(self._query("SELECT COUNT(*) FROM reports")[0][0])
+
+    # verdict history -------------------------------------------------------------------
+    def last_verdict(self, run: str) -> tuple[str, str] | None:
+        rows = self._query(
+            "SELECT verdict, detail_json FROM verdicts WHERE run = ? ORDER BY rowid DESC LIMIT 1",
+            (run,),
+        )
+        return (rows[0][0], rows[0][1]) if rows else None
+
+    def record_verdict(self, run: str, verdict: str, detail: dict[str, Any]) -> bool:
+        """Append to the run's history when the verdict or its findings changed."""
+        detail_json = json.dumps(detail, sort_keys=True)
+        last = self.last_verdict(run)
+        if last is not None and last == (verdict, detail_json):
+            return False
+        self._tx(
+            [("INSERT INTO verdicts VALUES (?, ?, ?, ?)", (run, time.time(), verdict, detail_json))]
+        )
+        return True
+
+    def verdict_history(self, run: str) -> list[tuple[float, str, dict[str, Any]]]:
+        rows = self._query(
+            "SELECT at_unix, verdict, detail_json FROM verdicts WHERE run = ? ORDER BY rowid",
+            (run,),
+        )
+        return [(float(t), v, json.loads(d)) for t, v, d in rows]
