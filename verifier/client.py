@@ -35,8 +35,7 @@ class VerifierClient:
     def __init__(self, address: str, timeout_s: float = 10.0) -> None:
         self.address = address
         self.timeout_s = timeout_s
-        opts = [("grpc.max_receive_message_length", wire.MAX_MESSAGE_BYTES)]
-        self.channel = grpc.insecure_channel(address, options=opts)
+        self.channel = grpc.insecure_channel(address, options=list(wire.GRPC_OPTIONS))
         self.stub = pb_grpc.VerifierServiceStub(self.channel)
 
     def close(self) -> None:

@@ -59,8 +59,9 @@ class Agent:
         self.seen: dict[ProcessKey, ProcessReport] = {}
         self.stop_event = threading.Event()
         opts = [
-            ("grpc.max_send_message_length", wire.MAX_MESSAGE_BYTES),
-            ("grpc.max_receive_message_length", wire.MAX_MESSAGE_BYTES),
+            *wire.GRPC_OPTIONS,
+            ("grpc.initial_reconnect_backoff_ms", 200),
+            ("grpc.max_reconnect_backoff_ms", int(config.max_backoff_s * 1000)),
         ]
         self.channel = grpc.insecure_channel(config.verifier, options=opts)
         self.stub = pb_grpc.VerifierServiceStub(self.channel)

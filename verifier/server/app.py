@@ -44,10 +44,7 @@ class VerifierServer:
         self.store = Store(config.db)
         self.service = VerifierService(self.store, config.report_interval_s)
         self.health = health.HealthServicer()
-        opts = [
-            ("grpc.max_receive_message_length", wire.MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", wire.MAX_MESSAGE_BYTES),
-        ]
+        opts = list(wire.GRPC_OPTIONS)
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=config.workers), options=opts
         )

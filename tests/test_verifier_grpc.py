@@ -1,0 +1,226 @@
+"""The verifier over real gRPC (a unix socket in tmp_path), fed by hand-made and real agents.
+
+Hostile or broken input gets a gRPC status with a reason and is never stored; nothing here can
+produce a PASS without evidence.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tests.helpers import probe_env
+from verifier import wire
+from verifier.agent.runner import Agent, AgentConfig
+from verifier.api.v1 import verifier_pb2 as pb
+from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
+from verifier.client import VerifierClient
+from verifier.errors import UnavailableError, UsageError
+from verifier.manifest import merkle_root
+from verifier.model import FileEntry, ProcessKey, ProcessReport, TargetReport, Verdict
+from verifier.server.app import ServeConfig, VerifierServer
+
+SHA = "ab" * 32
+POLICY = 'version = 1\n[[hooks]]\nname = "h"\nrole = "worker"\n'
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[VerifierServer, str]]:
+    addr = f"unix:{tmp_path}/v.sock"
+    server = VerifierServer(ServeConfig(addr, tmp_path / "db.sqlite3", report_interval_s=0.2))
+    server.start()
+    try:
+        yield server, addr
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def stub(served: tuple[VerifierServer, str]) -> Iterator[pb_grpc.VerifierServiceStub]:
+    with grpc.insecure_channel(served[1], options=list(wire.GRPC_OPTIONS)) as ch:
+        yield pb_grpc.VerifierServiceStub(ch)
+
+
+def process(files: tuple[FileEntry, ...] | None, digest: str | None = None) -> ProcessReport:
+    entries = files or ()
+    return ProcessReport(
+        key=ProcessKey("boot", 10, 20), ns_pid=10, ppid=1, start_time=1.0, role="worker",
+        rank=0, container_id=None, cmdline=("python",), exe="/usr/bin/python3",
+        probe_present=True,
+        manifest_digest=digest or merkle_root((f.path, f.sha256) for f in entries if f.sha256),
+        files=files,
+    )  # fmt: skip
+
+
+def report(nonce: str, seq: int = 1, proc: ProcessReport | None = None) -> pb.ReportRequest:
+    files = (FileEntry("/a.py", SHA, 3, "source", "a", "load"),)
+    rep = TargetReport("agent-1", "t", seq, nonce, time.time(), (proc or process(files),))
+    return pb.ReportRequest(report=wire.report_to_pb(rep))
+
+
+def hello(stub: pb_grpc.VerifierServiceStub) -> str:
+    return str(stub.Hello(pb.HelloRequest(agent_id="agent-1", targets=["t"])).nonce)
+
+
+def code_of(call: object) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.RpcError) as e:
+        call()  # type: ignore[operator]
+    return e.value.code(), e.value.details() or ""
+
+
+def test_health_service_says_serving(served: tuple[VerifierServer, str]) -> None:
+    with grpc.insecure_channel(served[1]) as ch:
+        check = health_pb2_grpc.HealthStub(ch).Check  # type: ignore[attr-defined]  # stub lacks it
+        resp = check(health_pb2.HealthCheckRequest(service=""))
+    assert resp.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_report_without_hello_or_with_a_wrong_nonce_is_refused(
+    stub: pb_grpc.VerifierServiceStub,
+) -> None:
+    assert code_of(lambda: stub.Report(report("guess")))[0] == grpc.StatusCode.FAILED_PRECONDITION
+    hello(stub)
+    code, why = code_of(lambda: stub.Report(report("0" * 32)))
+    assert (code, "nonce mismatch" in why) == (grpc.StatusCode.FAILED_PRECONDITION, True)
+
+
+def test_malformed_report_is_rejected_with_the_field_named(
+    stub: pb_grpc.VerifierServiceStub,
+) -> None:
+    nonce = hello(stub)
+    req = report(nonce)
+    req.report.target = ""
+    code, why = code_of(lambda: stub.Report(req))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "target" in why
+
+
+def test_manifest_whose_digest_does_not_match_its_files_is_rejected(
+    stub: pb_grpc.VerifierServiceStub,
+) -> None:
+    nonce = hello(stub)
+    files = (FileEntry("/a.py", SHA, 3, "source", "a", "load"),)
+    forged = process(files, digest="sha256:" + "1" * 64)
+    code, why = code_of(lambda: stub.Report(report(nonce, proc=forged)))
+    assert (code, "does not match its files" in why) == (grpc.StatusCode.INVALID_ARGUMENT, True)
+
+
+def test_oversized_message_is_refused_by_the_transport(stub: pb_grpc.VerifierServiceStub) -> None:
+    nonce = hello(stub)
+    req = report(nonce)
+    req.report.processes[0].cmdline.append("x" * (wire.MAX_MESSAGE_BYTES + 1))
+    assert code_of(lambda: stub.Report(req))[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_each_sequence_number_is_stored_once(
+    served: tuple[VerifierServer, str], stub: pb_grpc.VerifierServiceStub
+) -> None:
+    nonce = hello(stub)
+    first = stub.Report(report(nonce, seq=1))
+    again = stub.Report(report(first.nonce, seq=1))
+    assert (first.accepted, again.accepted) == (True, True)
+    assert served[0].store.count_reports() == 1
+
+
+def test_digest_only_manifest_the_verifier_lacks_is_asked_for(
+    stub: pb_grpc.VerifierServiceStub,
+) -> None:
+    nonce = hello(stub)
+    unknown = process(None, digest="sha256:" + "2" * 64)
+    resp = stub.Report(report(nonce, proc=unknown))
+    assert (resp.accepted, list(resp.need_manifests)) == (False, ["sha256:" + "2" * 64])
+
+
+def test_run_with_no_report_is_pending_never_pass(served: tuple[VerifierServer, str]) -> None:
+    with VerifierClient(served[1]) as client:
+        client.register_run("r", POLICY, "p.toml")
+        verdict = client.status("r")
+    assert verdict.verdict == Verdict.PENDING
+    assert [f.id for f in verdict.findings] == ["evidence.no_report"]
+
+
+def test_unknown_run_and_bad_policy_are_usage_and_config_errors(
+    served: tuple[VerifierServer, str],
+) -> None:
+    with VerifierClient(served[1]) as client:
+        with pytest.raises(UsageError, match="no run named 'nope'"):
+            client.status("nope")
+        with pytest.raises(Exception, match=r"p\.toml:2: .*colour"):
+            client.register_run(
+                "bad", POLICY.replace("[[hooks]]", "colour = 1\n[[hooks]]"), "p.toml"
+            )
+
+
+def test_unreachable_verifier_is_unavailable(tmp_path: Path) -> None:
+    with (
+        VerifierClient(f"unix:{tmp_path}/none.sock", timeout_s=1) as client,
+        pytest.raises(UnavailableError, match="unreachable"),
+    ):
+        client.status("r")
+
+
+def test_agent_spools_while_the_verifier_is_away_then_delivers_each_report_once(
+    tmp_path: Path,
+) -> None:
+    code = "import verifier.probe as p, sys; p.start(); print('up', flush=True); sys.stdin.read()"
+    child = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env=probe_env(tmp_path / "probe"),
+    )  # fmt: skip
+    assert child.stdout is not None and child.stdout.readline().strip() == "up"
+    addr = f"unix:{tmp_path}/v.sock"
+    agent = Agent(
+        AgentConfig(addr, "t", "agent-x", tmp_path / "spool", interval_s=0.1, root_pid=child.pid)
+    )
+    try:
+        for _ in range(3):
+            with pytest.raises(grpc.RpcError):
+                agent.step()
+        assert len(agent.spool) == 3
+        server = VerifierServer(ServeConfig(addr, tmp_path / "db.sqlite3"))
+        server.start()
+        try:
+            agent.nonce = None
+            deadline = time.monotonic() + 20
+            while len(agent.spool):  # the channel retries on its own reconnect backoff
+                assert time.monotonic() < deadline
+                try:
+                    agent.drain()
+                except grpc.RpcError:
+                    time.sleep(0.2)
+            assert server.store.count_reports() == 3
+            agent.step()
+            assert server.store.count_reports() == 4
+            assert server.store.last_seq("agent-x") == 4
+            child.communicate(timeout=10)  # the target process exits
+            agent.step()
+            (latest,) = server.store.latest_reports()
+            gone = wire.report_from_bytes(latest.report).gone
+            assert [k.pid for k in gone] == [child.pid]
+        finally:
+            server.stop()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+        agent.channel.close()
+
+
+def test_status_json_never_calls_a_target_without_processes_pass(
+    served: tuple[VerifierServer, str], stub: pb_grpc.VerifierServiceStub
+) -> None:
+    nonce = hello(stub)
+    empty = TargetReport("agent-1", "t", 1, nonce, time.time(), ())
+    assert stub.Report(pb.ReportRequest(report=wire.report_to_pb(empty))).accepted
+    with VerifierClient(served[1]) as client:
+        client.register_run("r2", POLICY, "p.toml")
+        verdict = client.status("r2")
+    assert verdict.verdict == Verdict.PENDING
