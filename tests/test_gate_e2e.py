@@ -157,6 +157,27 @@ def test_wrong_expected_hash_fails_and_the_right_one_passes(
     assert good.returncode == 0, good.stderr
 
 
+def test_harness_context_manager_waits_then_checks_liveness_held(
+    address: tuple[str, Path, Daemon], agent: Daemon, vllm_server: VllmServer
+) -> None:
+    from verifier.gate import GateFailed, measurement
+
+    addr, _, _ = address
+    with measurement("live", address=addr, timeout_s=60) as m:
+        for i in range(3):
+            vllm_server.complete(f"measured {i}", max_tokens=4)
+        time.sleep(1.5)  # two report intervals: the verifier sees the block's steps
+    during = m.summary["hooks_during_block"]
+    (key,) = [k for k in during if k.endswith("/v1_step")]
+    assert during[key]["productive_steps"] == 3 * 4
+    assert during[key]["fired_productive"] == during[key]["productive_steps"]
+    assert (m.summary["verdict_before"], m.summary["verdict_after"]) == ("PASS", "PASS")
+    with pytest.raises(GateFailed, match="liveness.hook.not_instantiated"), measurement(
+        "dead", address=addr, timeout_s=30
+    ):
+        pytest.fail("the block must not run when the gate FAILs")
+
+
 def test_stopped_agent_makes_its_target_stale(
     address: tuple[str, Path, Daemon], vllm_server: VllmServer
 ) -> None:
