@@ -172,8 +172,9 @@ def test_harness_context_manager_waits_then_checks_liveness_held(
     assert during[key]["productive_steps"] == 3 * 4
     assert during[key]["fired_productive"] == during[key]["productive_steps"]
     assert (m.summary["verdict_before"], m.summary["verdict_after"]) == ("PASS", "PASS")
-    with pytest.raises(GateFailed, match="liveness.hook.not_instantiated"), measurement(
-        "dead", address=addr, timeout_s=30
+    with (
+        pytest.raises(GateFailed, match=r"liveness\.hook\.not_instantiated"),
+        measurement("dead", address=addr, timeout_s=30),
     ):
         pytest.fail("the block must not run when the gate FAILs")
 

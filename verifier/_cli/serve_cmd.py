@@ -21,7 +21,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--db", type=Path, default=Path("verifier.sqlite3"), help="SQLite database file")
     p.add_argument(
-        "--report-interval", type=float, default=1.0, help="seconds between agent reports"
+        "--report-interval", type=float, default=0.5, help="seconds between agent reports"
     )
     p.set_defaults(handler=run)
 

@@ -27,13 +27,16 @@ from verifier.server.store import Store
 
 log = structlog.get_logger("verifier.serve")
 SERVICE_NAME = "verifier.api.v1.VerifierService"
+# The history keeper re-evaluates at most this often: it records verdict changes, while
+# status/wait evaluate on demand, so gate latency does not depend on it.
+HISTORY_PACE_S = 0.5
 
 
 @dataclass(frozen=True)
 class ServeConfig:
     listen: str  # gRPC address: HOST:PORT or unix:PATH
     db: Path
-    report_interval_s: float = 1.0
+    report_interval_s: float = 0.5
     grace_s: float = 5.0
     workers: int = 8
 
@@ -77,7 +80,7 @@ class VerifierServer:
                 self.service.refresh_verdicts()
             except Exception as e:  # noqa: BLE001 - the keeper logs and keeps going
                 log.error("history_failed", error=f"{type(e).__name__}: {e}")
-            time.sleep(0.05)
+            time.sleep(HISTORY_PACE_S)
 
     def stop(self) -> None:
         self._stop.set()

@@ -1,8 +1,9 @@
-"""Evaluate registered runs over the latest stored evidence."""
+"""Evaluate registered runs over the latest evidence of every target."""
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Any
 
 from verifier import wire
@@ -17,16 +18,30 @@ def _files(rows: list[dict[str, Any]]) -> tuple[FileEntry, ...]:
 
 
 def files_to_rows(files: tuple[FileEntry, ...]) -> list[dict[str, Any]]:
-    return [dataclasses.asdict(f) for f in files]
+    return [
+        {
+            "path": f.path,
+            "sha256": f.sha256,
+            "size": f.size,
+            "kind": f.kind,
+            "module": f.module,
+            "at": f.at,
+        }
+        for f in files
+    ]
 
 
 class Evaluator:
-    """Caches parsed policies by digest; resolves manifests from the store."""
+    """Caches parsed policies and manifests by digest, and every target's latest snapshot
+    (loaded from the store once, then kept current by ``note`` on each ingest), so evaluating
+    never scans or decodes stored reports."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self._policies: dict[str, Policy] = {}
         self._manifests: dict[str, tuple[FileEntry, ...]] = {}
+        self._latest: dict[str, TargetSnapshot] | None = None
+        self._lock = threading.Lock()
 
     def policy(self, run: RunRecord) -> Policy:
         pol = self._policies.get(run.policy_digest)
@@ -45,19 +60,35 @@ class Evaluator:
             self._manifests[digest] = got
         return got
 
+    def _snapshot(self, report: TargetReport, received_unix: float) -> TargetSnapshot:
+        procs = tuple(
+            p
+            if p.files is not None
+            else dataclasses.replace(p, files=self._manifest(p.manifest_digest))
+            for p in report.processes
+        )
+        containers = tuple(sorted({p.container_id for p in procs if p.container_id}))
+        return TargetSnapshot(report.target, procs, received_unix, containers)
+
+    def _load(self) -> dict[str, TargetSnapshot]:
+        return {
+            s.target: self._snapshot(wire.report_from_bytes(s.report), s.received_unix)
+            for s in self.store.latest_reports()
+        }
+
+    def note(self, report: TargetReport, received_unix: float) -> None:
+        """A report was stored: it is now its target's latest evidence."""
+        snap = self._snapshot(report, received_unix)
+        with self._lock:
+            if self._latest is None:
+                self._latest = self._load()
+            self._latest[report.target] = snap
+
     def snapshots(self) -> list[TargetSnapshot]:
-        out = []
-        for stored in self.store.latest_reports():
-            report: TargetReport = wire.report_from_bytes(stored.report)
-            procs = tuple(
-                p
-                if p.files is not None
-                else dataclasses.replace(p, files=self._manifest(p.manifest_digest))
-                for p in report.processes
-            )
-            containers = tuple(sorted({p.container_id for p in procs if p.container_id}))
-            out.append(TargetSnapshot(report.target, procs, stored.received_unix, containers))
-        return out
+        with self._lock:
+            if self._latest is None:
+                self._latest = self._load()
+            return [self._latest[t] for t in sorted(self._latest)]
 
     def run_verdict(
         self, run: RunRecord, now: float, snaps: list[TargetSnapshot] | None = None
