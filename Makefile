@@ -32,6 +32,8 @@ bench: setup      ## benchmarks; results belong in BENCHMARKS.md
 	$(PY) bench/hook_fire.py
 	$(PY) bench/step_cost.py
 	$(PY) bench/server_throughput.py
+	$(PY) bench/gate_latency.py
+	$(PY) bench/agents_scale.py
 
 clean:            ## remove caches and scratch (keeps .venv and the model)
 	rm -rf .scratch .pytest_cache .mypy_cache .ruff_cache
