@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -217,8 +219,10 @@ def test_stopped_agent_makes_its_target_stale(
 def test_verifier_restart_loses_no_run_policy_or_history(
     address: tuple[str, Path, Daemon], agent: Daemon
 ) -> None:
-    addr, _, server = address
+    addr, d, server = address
     before = cli(addr, "run", "list").stdout
+    history_before = _history(d / "db.sqlite3")
+    assert len(history_before) >= 4  # every run went PENDING, then PASS or FAIL
     assert server.stop() == 0
     server.start()
     deadline = time.monotonic() + 30
@@ -233,6 +237,15 @@ def test_verifier_restart_loses_no_run_policy_or_history(
     assert names(after) == names(before)
     # The agent reconnects by itself (new nonce) and the gate passes again.
     assert cli(addr, "wait", "live", "--timeout", "60").returncode == 0
+    history_after = _history(d / "db.sqlite3")
+    assert history_after[: len(history_before)] == history_before
+
+
+def _history(db: Path) -> list[tuple[str, float, str]]:
+    """The verdict history as stored (read-only, beside the running verifier)."""
+    with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+        rows = con.execute("SELECT run, at_unix, verdict FROM verdicts ORDER BY rowid").fetchall()
+    return [(str(r), float(t), str(v)) for r, t, v in rows]
 
 
 def test_unknown_run_and_unreachable_verifier_have_their_exit_codes(

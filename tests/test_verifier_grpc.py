@@ -224,3 +224,26 @@ def test_status_json_never_calls_a_target_without_processes_pass(
         client.register_run("r2", POLICY, "p.toml")
         verdict = client.status("r2")
     assert verdict.verdict == Verdict.PENDING
+
+
+def test_agent_restarted_with_a_fresh_spool_is_not_mistaken_for_duplicates(
+    served: tuple[VerifierServer, str], tmp_path: Path
+) -> None:
+    server, addr = served
+
+    def agent(spool: str) -> Agent:
+        return Agent(
+            AgentConfig(addr, "t", "same-id", tmp_path / spool, interval_s=0.1, root_pid=1)
+        )
+
+    first = agent("spool-a")
+    for _ in range(3):
+        first.step()
+    first.channel.close()
+    assert server.store.last_seq("same-id") == 3
+    second = agent("spool-b")  # same agent id, its spool lost
+    second.step()
+    second.step()
+    second.channel.close()
+    assert server.store.count_reports() == 5
+    assert server.store.last_seq("same-id") == 5

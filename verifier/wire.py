@@ -92,6 +92,7 @@ class AgentHello:
 class HelloReply:
     nonce: str  # to echo in the next report
     report_interval_s: float
+    last_seq: int = 0  # highest sequence number the verifier stored for this agent
 
 
 @dataclass(frozen=True)
@@ -529,7 +530,9 @@ def hello_request_from_pb(msg: pb.HelloRequest) -> AgentHello:
 
 
 def hello_response_to_pb(reply: HelloReply) -> pb.HelloResponse:
-    return pb.HelloResponse(nonce=reply.nonce, report_interval_s=reply.report_interval_s)
+    return pb.HelloResponse(
+        nonce=reply.nonce, report_interval_s=reply.report_interval_s, last_seq=reply.last_seq
+    )
 
 
 def hello_response_from_pb(msg: pb.HelloResponse) -> HelloReply:
@@ -537,7 +540,9 @@ def hello_response_from_pb(msg: pb.HelloResponse) -> HelloReply:
     if not (math.isfinite(interval) and interval > 0):
         _fail("hello_response.report_interval_s", f"must be a positive duration, got {interval}")
     return HelloReply(
-        nonce=_required(msg.nonce, "hello_response.nonce"), report_interval_s=interval
+        nonce=_required(msg.nonce, "hello_response.nonce"),
+        report_interval_s=interval,
+        last_seq=_count(msg.last_seq, "hello_response.last_seq"),
     )
 
 

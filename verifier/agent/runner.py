@@ -52,7 +52,12 @@ class Agent:
         self.config = config
         self.procfs = ProcFS(config.proc_root)
         self.spool = Spool(config.spool_dir, config.spool_max_bytes)
-        self.seq = self.spool.last_seq()
+        counter = self.spool.load_counter()
+        # A fresh spool cannot know what this agent id already delivered: its first Hello
+        # says (last_seq), and reports it numbered before then are renumbered above that.
+        self.fresh_spool = counter is None
+        self.floor: int | None = None
+        self.seq = max(counter or 0, self.spool.last_seq())
         self.nonce: str | None = None
         self.interval = config.interval_s or 1.0
         self.sent_digests: set[str] = set()
@@ -86,6 +91,7 @@ class Agent:
             for p in procs
         )
         self.seq += 1
+        self.spool.save_counter(self.seq)
         return TargetReport(
             self.config.agent_id,
             self.config.target,
@@ -115,6 +121,11 @@ class Agent:
             pb.HelloRequest(agent_id=self.config.agent_id, targets=[self.config.target]), timeout=5
         )
         self.nonce = resp.nonce
+        if self.floor is None:
+            self.floor = resp.last_seq
+            if self.seq < resp.last_seq:
+                self.seq = resp.last_seq
+                self.spool.save_counter(self.seq)
         if self.config.interval_s is None and resp.report_interval_s > 0:
             self.interval = resp.report_interval_s
         log.info("connected", verifier=self.config.verifier, interval_s=self.interval)
@@ -149,8 +160,17 @@ class Agent:
         return False
 
     def drain(self) -> None:
+        if self.nonce is None:
+            self.hello()
         for seq, data in self.spool.pending():
-            if not self.send(wire.report_from_bytes(data)):
+            report = wire.report_from_bytes(data)
+            if self.fresh_spool and self.floor is not None and seq <= self.floor:
+                # Numbered before the first Hello in a fresh spool: collides with what an
+                # earlier life of this agent id delivered, so it gets a new number.
+                self.seq += 1
+                self.spool.save_counter(self.seq)
+                report = dataclasses.replace(report, seq=self.seq)
+            if not self.send(report):
                 return
             self.spool.ack(seq)
 

@@ -44,5 +44,17 @@ class Spool:
         files = self._files()
         return int(files[-1].stem) if files else 0
 
+    def load_counter(self) -> int | None:
+        """The last sequence number this spool's agent used, or None for a fresh spool."""
+        try:
+            return int((self.dir / "seq").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def save_counter(self, seq: int) -> None:
+        tmp = self.dir / ".seq.tmp"
+        tmp.write_text(str(seq))
+        os.replace(tmp, self.dir / "seq")
+
     def __len__(self) -> int:
         return len(self._files())

@@ -58,7 +58,11 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         with self._lock:
             self._nonces[request.agent_id] = nonce
         log.info("hello", agent=request.agent_id, targets=list(request.targets))
-        return pb.HelloResponse(nonce=nonce, report_interval_s=self.report_interval_s)
+        return pb.HelloResponse(
+            nonce=nonce,
+            report_interval_s=self.report_interval_s,
+            last_seq=self.store.last_seq(request.agent_id),
+        )
 
     def Report(self, request: pb.ReportRequest, context: grpc.ServicerContext) -> pb.ReportResponse:
         try:

@@ -262,12 +262,14 @@ class HelloRequest(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., targets: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HelloResponse(_message.Message):
-    __slots__ = ("nonce", "report_interval_s")
+    __slots__ = ("nonce", "report_interval_s", "last_seq")
     NONCE_FIELD_NUMBER: _ClassVar[int]
     REPORT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
     nonce: str
     report_interval_s: float
-    def __init__(self, nonce: _Optional[str] = ..., report_interval_s: _Optional[float] = ...) -> None: ...
+    last_seq: int
+    def __init__(self, nonce: _Optional[str] = ..., report_interval_s: _Optional[float] = ..., last_seq: _Optional[int] = ...) -> None: ...
 
 class ReportRequest(_message.Message):
     __slots__ = ("report",)
