@@ -122,6 +122,7 @@ def proc(
     files: tuple[FileEntry, ...] | None = (),
     container: str | None = None,
     errors: tuple[str, ...] = (),
+    runner_file_sha256_now: str | None = None,
 ) -> ProcessReport:
     return ProcessReport(
         key=ProcessKey("boot-1", pid, 1000 + pid),
@@ -139,6 +140,7 @@ def proc(
         steps=step if probe else None,
         hooks=hooks if probe else (),
         files=files if probe else (),
+        runner_file_sha256_now=runner_file_sha256_now,
     )
 
 
@@ -713,3 +715,13 @@ def test_verdict_carries_every_policy_hook_count_per_judged_process() -> None:
 
 def test_verdict_without_judged_processes_carries_no_hook_counts() -> None:
     assert judge(HOOK_V1, api(), engine()).hooks == ()
+
+
+def test_probe_and_agent_disagreeing_on_the_runner_file_fails_and_agreeing_is_silent() -> None:
+    in_process = SHA_A  # what proc() gives the runner
+    agree = judge(HOOK_V1, api(), engine(), worker(runner_file_sha256_now=in_process))
+    differ = judge(HOOK_V1, api(), engine(), worker(runner_file_sha256_now="f" * 64))
+    assert "evidence.disagreement" not in ids(agree)
+    assert differ.verdict == Verdict.FAIL
+    f = only(differ, "evidence.disagreement")
+    assert (f.context["sha256_now"], f.context["sha256_in_process"]) == ("f" * 64, in_process)

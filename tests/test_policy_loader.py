@@ -18,6 +18,7 @@ from verifier.policy.rules import (
     HookFires,
     ProbeRequired,
     RequireFile,
+    ViewsAgree,
 )
 
 HOOK = '[[hooks]]\nname = "v1_step"\n'
@@ -274,7 +275,8 @@ def test_defaults_fill_every_optional_setting() -> None:
         p.selection.container_ids,
         p.selection.min_targets,
     ) == (10.0, 1, ("api_server", "engine_core", "worker"), (), (), 1)
-    assert (ProbeRequired(I.DEFAULT_REQUIRE_PROBE), HookFires("v1_step", None, 1.0)) == p.rules
+    always = (ProbeRequired(I.DEFAULT_REQUIRE_PROBE), ViewsAgree())
+    assert (*always, HookFires("v1_step", None, 1.0)) == p.rules
 
 
 def test_full_policy_builds_one_rule_per_entry_in_file_order() -> None:
@@ -306,6 +308,7 @@ module = "vllm.v1.worker.gpu.model_runner"
     p = load_policy(text, "full.toml")
     expected = (
         ProbeRequired(("worker",)),
+        ViewsAgree(),
         ExpectRunner("vllm.v1.worker.cpu_model_runner.CPUModelRunner"),
         HookFires("v1_step", "worker", 2.0),
         RequireFile(FileSpec(path="vllm/v1/worker/gpu_model_runner.py"), None, SHA),
@@ -325,7 +328,7 @@ module = "vllm.v1.worker.gpu.model_runner"
 
 def test_the_same_hook_may_be_required_in_two_roles() -> None:
     text = 'version = 1\n[[hooks]]\nname = "a"\n[[hooks]]\nname = "a"\nrole = "engine_core"\n'
-    assert len(load_policy(text).rules) == 3
+    assert len(load_policy(text).rules) == 4  # the two always-on rules and two hooks
 
 
 @pytest.mark.parametrize("name", ["cpu-live-hook.toml", "cpu-dead-hook.toml"])

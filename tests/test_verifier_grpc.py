@@ -247,3 +247,46 @@ def test_agent_restarted_with_a_fresh_spool_is_not_mistaken_for_duplicates(
     second.channel.close()
     assert server.store.count_reports() == 5
     assert server.store.last_seq("same-id") == 5
+
+
+def test_runner_file_changed_after_load_is_a_disagreement_between_probe_and_agent(
+    tmp_path: Path,
+) -> None:
+    from verifier.policy import TargetSnapshot, load_policy
+
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "fakerunner.py").write_text(
+        "class Runner:\n    def execute_model(self, so):\n        pass\n"
+    )
+    code = (
+        "import sys, fakerunner, verifier.probe as p\n"
+        "from verifier.probe import _vllm\n"
+        "p.start()\n"
+        "class Worker:\n    model_runner = fakerunner.Runner()\n"
+        "_vllm.record_runner(Worker())\n"
+        "print('up', flush=True); sys.stdin.read()\n"
+    )
+    env = probe_env(tmp_path / "probe", PYTHONPATH=str(mods))
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "up"
+        agent = Agent(
+            AgentConfig("unix:/nonexistent", "t", "a", tmp_path / "spool", root_pid=child.pid)
+        )
+        (before,) = agent.collect().processes
+        (mods / "fakerunner.py").write_text(
+            "class Runner:\n    def execute_model(self, so):\n        1/0\n"
+        )
+        (after,) = agent.collect().processes
+        agent.channel.close()
+    finally:
+        child.communicate(timeout=10)
+    assert before.runner is not None and before.runner.cls == "fakerunner.Runner"
+    assert before.runner_file_sha256_now == before.runner.sha256
+    assert after.runner is not None and after.runner_file_sha256_now != after.runner.sha256
+    pol = load_policy('version = 1\n[[hooks]]\nname = "h"\n')
+    verdict = pol.evaluate_target(TargetSnapshot("t", (after,), time.time()), time.time())
+    assert "evidence.disagreement" in [f.id for f in verdict.findings]
+    assert verdict.verdict == Verdict.FAIL

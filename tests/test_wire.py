@@ -98,6 +98,7 @@ def full_process() -> ProcessReport:
             FileEntry("/site/data.bin", SHA_B, 0, "data", "", "snapshot"),
         ),
         native_mappings=("/usr/lib/libc.so.6", "/site/torch/lib/libtorch_cpu.so"),
+        runner_file_sha256_now=SHA_B,
     )
 
 

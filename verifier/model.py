@@ -118,6 +118,9 @@ class ProcessReport:
     # None: the agent sent the digest only (the verifier already has this manifest).
     files: tuple[FileEntry, ...] | None = None
     native_mappings: tuple[str, ...] = ()  # file-backed executable mappings (paths)
+    # The agent's own hash of runner.file through /proc/<pid>/root, now: the out-of-process
+    # view of the file the probe hashed when the runner was recorded.
+    runner_file_sha256_now: str | None = None
 
 
 @dataclass(frozen=True)

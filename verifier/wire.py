@@ -320,6 +320,7 @@ def _process_to_pb(p: ProcessReport) -> pb.ProcessReport:
         files_included=p.files is not None,
         files=[_file_to_pb(f) for f in p.files or ()],
         native_mappings=p.native_mappings,
+        runner_file_sha256_now=p.runner_file_sha256_now,
     )
 
 
@@ -351,6 +352,11 @@ def _process_from_pb(msg: pb.ProcessReport, at: str) -> ProcessReport:
             else None
         ),
         native_mappings=tuple(msg.native_mappings),
+        runner_file_sha256_now=(
+            _sha256(msg.runner_file_sha256_now, f"{at}.runner_file_sha256_now")
+            if msg.HasField("runner_file_sha256_now")
+            else None
+        ),
     )
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
+from pathlib import Path
 
 from verifier.errors import NotPythonProcess, UnavailableError
 from verifier.evidence.container import container_id_from_cgroup
@@ -107,6 +109,9 @@ def to_report(procfs: ProcFS, ev: ProcessEvidence) -> ProcessReport:
     if ev.probe is None:
         return base
     runner, steps, hooks, files = _probe_parts(ev.probe)
+    now = None
+    if runner is not None and runner.file:
+        now = _sha256_of(procfs.in_root(ident.pid, runner.file))
     return dataclasses.replace(
         base,
         probe_errors=tuple(f"[{e.get('where')}] {e.get('msg')}" for e in ev.probe.errors),
@@ -115,4 +120,16 @@ def to_report(procfs: ProcFS, ev: ProcessEvidence) -> ProcessReport:
         hooks=hooks,
         manifest_digest=ev.probe.manifest_digest,
         files=files,
+        runner_file_sha256_now=now,
     )
+
+
+def _sha256_of(path: Path) -> str | None:
+    h = hashlib.sha256()
+    try:
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+    except OSError:
+        return None
+    return h.hexdigest()

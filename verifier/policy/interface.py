@@ -34,6 +34,7 @@ EVIDENCE_PROBE_ERRORS = "evidence.probe_errors"
 EVIDENCE_UNPROBED = "evidence.unprobed"
 EVIDENCE_MANIFEST_UNRESOLVED = "evidence.manifest_unresolved"
 EVIDENCE_ROLE_MISSING = "evidence.role_missing"
+EVIDENCE_DISAGREEMENT = "evidence.disagreement"
 STEPS_INSUFFICIENT = "liveness.steps.insufficient"
 HOOK_NOT_DECLARED = "liveness.hook.not_declared"
 HOOK_NOT_LOADED = "liveness.hook.not_loaded"
@@ -82,6 +83,11 @@ FINDINGS: dict[str, FindingKind] = {
     ),
     EVIDENCE_ROLE_MISSING: FindingKind(
         Severity.PENDING, "", "a rule needs a role and no process of that role reported"
+    ),
+    EVIDENCE_DISAGREEMENT: FindingKind(
+        Severity.ERROR,
+        "",
+        "the probe (in-process) and the agent (through /proc) saw different bytes for one file",
     ),
     STEPS_INSUFFICIENT: FindingKind(
         Severity.PENDING, "", "a judged process has run fewer productive steps than min_steps"

@@ -23,6 +23,7 @@ from verifier.policy.rules import (
     HookFires,
     ProbeRequired,
     RequireFile,
+    ViewsAgree,
 )
 
 VERSION = 1
@@ -322,7 +323,7 @@ def load_policy(text: str, source: str = "<policy>") -> Policy:
             "[[forbid]] (an empty policy would pass anything, so it is invalid)",
         )
     return Policy(
-        rules=(ProbeRequired(evidence.require_probe), *rules),
+        rules=(ProbeRequired(evidence.require_probe), ViewsAgree(), *rules),
         evidence=evidence,
         selection=selection,
         source=source,

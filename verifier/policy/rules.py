@@ -17,6 +17,38 @@ _SOURCE_KINDS = frozenset({"source", "extension"})
 
 
 @dataclass(frozen=True)
+class ViewsAgree:
+    """``evidence.disagreement`` when the two vantage points saw different bytes: the runner
+    file as the probe hashed it in-process and as the agent hashed it through /proc now.
+    Always on; silent where either hash is missing (other rules cover missing evidence)."""
+
+    def describe(self) -> str:
+        return "in-process and out-of-process evidence agree"
+
+    def evaluate(self, snapshot: I.TargetSnapshot, ctx: I.EvalContext) -> list[Finding]:
+        out: list[Finding] = []
+        for p in E.ordered(snapshot.processes):
+            r, now = p.runner, p.runner_file_sha256_now
+            if r is None or r.sha256 is None or now is None or now == r.sha256:
+                continue
+            out.append(
+                E.finding(
+                    I.EVIDENCE_DISAGREEMENT,
+                    Severity.ERROR,
+                    f"the runner file {r.file} of {E.name(p)} hashed {r.sha256[:12]} in the "
+                    f"process when loaded but {now[:12]} through /proc now: it changed after "
+                    "load, or the agent does not see the serving container's files",
+                    snapshot,
+                    **E.base(p),
+                    file=r.file,
+                    sha256_in_process=r.sha256,
+                    sha256_now=now,
+                )
+            )
+        return out
+
+
+@dataclass(frozen=True)
 class ProbeRequired:
     """``evidence.probe_absent`` for each process of a required role that has no probe;
     ``evidence.probe_errors`` (a warning) for each probe that recorded errors of its own."""
