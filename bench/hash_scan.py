@@ -1,0 +1,98 @@
+"""Hashing the files a live vLLM worker runs: this project's hasher against sha256sum.
+
+The file list is what a real worker of the tiny CPU server loaded (its probe manifest) plus
+its file-backed executable mappings (/proc/<pid>/maps), taken while it serves; then the
+server stops and the arms hash the same list, interleaved, ROUNDS times each (page cache warm
+for every arm alike):
+  sha256sum      one `sha256sum` process over the whole list (the baseline: same digest)
+  sha256sum -P2  two `sha256sum` processes (xargs -P2), as many as this machine has cores
+  cold           verifier.evidence.hashing.Hasher, a fresh cache each round
+  rescan         the same Hasher again, nothing changed (served from its cache)
+Budgets (DESIGN.md): cold <= 1.2x the faster sha256sum arm; rescan <= 5 % of cold.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _stats import print_rows, summary
+
+from verifier.evidence.hashing import Hasher
+from verifier.evidence.procfs import ProcFS
+from verifier.testing.server import VllmServer
+
+REPO = Path(__file__).resolve().parents[1]
+ROUNDS = 5
+
+
+def file_list() -> list[str]:
+    with VllmServer(REPO / ".cache" / "tiny-llama", scratch_parent=REPO / ".scratch") as server:
+        server.complete("hello", max_tokens=4)
+        out = subprocess.run(
+            [sys.executable, "-m", "verifier", "inspect", "--pid", str(server.pid), "--tree", "--json"],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        worker = next(p for p in json.loads(out.stdout)["processes"] if p["role"] == "worker")
+        probe_dir = Path(worker["probe"]["dir"])
+        journal = next(probe_dir.glob(f"{worker['ns_pid']}-*")) / "journal.jsonl"
+        paths = [json.loads(line).get("path") for line in journal.read_text().splitlines()]
+        files = [p for p in paths if isinstance(p, str)]
+        files += ProcFS().executable_mappings(worker["pid"])
+    return sorted({p for p in files if Path(p).is_file()})
+
+
+def timed(fn: object) -> float:
+    t0 = time.perf_counter()
+    fn()  # type: ignore[operator]
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    files = file_list()
+    total = sum(Path(p).stat().st_size for p in files)
+    with tempfile.NamedTemporaryFile("w", suffix=".lst", delete=False) as f:
+        f.write("\0".join(files))
+        listing = f.name
+
+    def sha256sum() -> None:
+        subprocess.run(f"xargs -0 sha256sum < {listing} > /dev/null", shell=True, check=True)  # noqa: S602
+
+    def sha256sum_p2() -> None:
+        n = (len(files) + 1) // 2
+        cmd = f"xargs -0 -P2 -n{n} sha256sum < {listing} > /dev/null"
+        subprocess.run(cmd, shell=True, check=True)  # noqa: S602
+
+    results: dict[str, list[float]] = {
+        "sha256sum": [],
+        "sha256sum -P2": [],
+        "cold": [],
+        "rescan": [],
+    }
+    for _ in range(ROUNDS):
+        results["sha256sum"].append(timed(sha256sum))
+        results["sha256sum -P2"].append(timed(sha256sum_p2))
+        hasher = Hasher()  # a fresh cache: the cold scan
+        results["cold"].append(timed(lambda h=hasher: h.hash_files(files)))
+        results["rescan"].append(timed(lambda h=hasher: h.hash_files(files)))
+    Path(listing).unlink()
+    print(
+        f"hashing {len(files)} files, {total / 1e9:.2f} GB (a live worker's manifest + mappings), "
+        f"{ROUNDS} interleaved rounds, seconds"
+    )
+    stats = {k: summary(v) for k, v in results.items()}
+    print_rows(stats, fmt="6.3f")
+    best = min(stats["sha256sum"]["median"], stats["sha256sum -P2"]["median"])
+    print(f"  cold / faster sha256sum arm = {stats['cold']['median'] / best:.2f} (budget <= 1.2)")
+    print(
+        f"  rescan / cold = {stats['rescan']['median'] / stats['cold']['median']:.3f} (budget <= 0.05)"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""Hash many files fast: in parallel, with a cache of files already hashed.
+
+sha256 is the digest ``RECORD`` files and auditors speak, so it is the one used. ``hashlib``
+releases the GIL while it hashes, so a thread pool uses every core.
+
+The cache is keyed by (device, inode, size, mtime_ns, ctime_ns) of the file as ``stat`` sees
+it just before reading. **Trust assumption:** a file whose bytes changed also changed one of
+those. ``mtime`` can be set back by anyone who can write the file, but ``ctime`` cannot be
+set from user space: it changes on every write and on every ``utime`` call, so the key
+changes unless the clock itself was manipulated (root, or a filesystem that fakes ctime).
+Where that is not acceptable, construct ``Hasher(cache=False)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+CHUNK = 1 << 20
+
+Key = tuple[int, int, int, int, int]
+
+
+@dataclass(frozen=True)
+class Hashed:
+    """One file's digest, or why it has none."""
+
+    path: str
+    sha256: str | None
+    size: int
+    key: Key | None  # (dev, ino, size, mtime_ns, ctime_ns) when it was hashed
+    error: str | None = None  # "missing", "permission denied", "changed while hashing", ...
+    cached: bool = False
+
+
+def _key(st: os.stat_result) -> Key:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+class Hasher:
+    """Thread-safe; reuse one instance so its cache pays off across scans."""
+
+    def __init__(self, workers: int | None = None, cache: bool = True) -> None:
+        self.workers = workers or max(2, os.cpu_count() or 2)
+        self.use_cache = cache
+        self._cache: dict[Key, str] = {}
+        self._lock = threading.Lock()
+
+    def hash_file(self, path: str) -> Hashed:
+        fd = _open(path)
+        if isinstance(fd, Hashed):
+            return fd
+        try:
+            before = _key(os.fstat(fd))
+            if self.use_cache:
+                with self._lock:
+                    hit = self._cache.get(before)
+                if hit is not None:
+                    return Hashed(path, hit, before[2], before, cached=True)
+            h = hashlib.sha256()
+            size = 0
+            while chunk := os.read(fd, CHUNK):
+                h.update(chunk)
+                size += len(chunk)
+            after = _key(os.fstat(fd))
+        except OSError as e:
+            return Hashed(path, None, -1, None, e.strerror or type(e).__name__)
+        finally:
+            os.close(fd)
+        if after != before or size != before[2]:
+            return Hashed(path, None, size, after, "changed while hashing")
+        digest = h.hexdigest()
+        if self.use_cache:
+            with self._lock:
+                self._cache[before] = digest
+        return Hashed(path, digest, size, before)
+
+    def hash_files(self, paths: Iterable[str]) -> list[Hashed]:
+        """Digests of PATHS, in order (unique paths are hashed once).
+
+        One ``stat`` per path answers cache hits without opening the file; only misses go to
+        the thread pool, largest first so that it stays busy to the end.
+        """
+        unique = list(dict.fromkeys(paths))
+        results: dict[str, Hashed] = {}
+        misses: list[tuple[int, str]] = []
+        for path in unique:
+            try:
+                key = _key(os.stat(path))
+            except OSError:
+                misses.append((0, path))  # hash_file reports why
+                continue
+            hit = self._cache.get(key) if self.use_cache else None
+            if hit is not None:
+                results[path] = Hashed(path, hit, key[2], key, cached=True)
+            else:
+                misses.append((key[2], path))
+        if misses:
+            order = [p for _, p in sorted(misses, reverse=True)]
+            with ThreadPoolExecutor(max_workers=self.workers) as pool:
+                results.update(zip(order, pool.map(self.hash_file, order), strict=True))
+        return [results[p] for p in unique]
+
+
+def _open(path: str) -> int | Hashed:
+    """A read-only descriptor for PATH, or a Hashed saying why there is none."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return Hashed(path, None, -1, None, "missing")
+    except PermissionError:
+        return Hashed(path, None, -1, None, "permission denied")
+    except OSError as e:
+        return Hashed(path, None, -1, None, e.strerror or type(e).__name__)
