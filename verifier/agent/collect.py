@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
-from pathlib import Path
 
 from verifier.errors import NotPythonProcess, UnavailableError
 from verifier.evidence.container import container_id_from_cgroup
+from verifier.evidence.hashing import Hasher
 from verifier.evidence.probe_reader import ProbeState
 from verifier.evidence.process import ProcessEvidence, read_process
 from verifier.evidence.procfs import ProcFS
@@ -82,8 +81,9 @@ def _probe_parts(
     return runner, steps, hooks, files
 
 
-def to_report(procfs: ProcFS, ev: ProcessEvidence) -> ProcessReport:
-    """One process's report with the agent's own /proc evidence added."""
+def to_report(procfs: ProcFS, ev: ProcessEvidence, hasher: Hasher | None = None) -> ProcessReport:
+    """One process's report with the agent's own /proc evidence added (HASHER: reuse one so
+    unchanged files are answered from its cache)."""
     ident = ev.identity
     try:
         container = container_id_from_cgroup(procfs.cgroup(ident.pid))
@@ -111,7 +111,11 @@ def to_report(procfs: ProcFS, ev: ProcessEvidence) -> ProcessReport:
     runner, steps, hooks, files = _probe_parts(ev.probe)
     now = None
     if runner is not None and runner.file:
-        now = _sha256_of(procfs.in_root(ident.pid, runner.file))
+        now = (
+            (hasher or Hasher(workers=1))
+            .hash_file(str(procfs.in_root(ident.pid, runner.file)))
+            .sha256
+        )
     return dataclasses.replace(
         base,
         probe_errors=tuple(f"[{e.get('where')}] {e.get('msg')}" for e in ev.probe.errors),
@@ -122,14 +126,3 @@ def to_report(procfs: ProcFS, ev: ProcessEvidence) -> ProcessReport:
         files=files,
         runner_file_sha256_now=now,
     )
-
-
-def _sha256_of(path: Path) -> str | None:
-    h = hashlib.sha256()
-    try:
-        with path.open("rb") as f:
-            while chunk := f.read(1 << 20):
-                h.update(chunk)
-    except OSError:
-        return None
-    return h.hexdigest()

@@ -27,6 +27,7 @@ from verifier.agent.collect import discover, to_report
 from verifier.agent.spool import Spool
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
+from verifier.evidence.hashing import Hasher
 from verifier.evidence.procfs import ProcFS
 from verifier.model import ProcessKey, ProcessReport, TargetReport
 
@@ -51,6 +52,7 @@ class Agent:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
         self.procfs = ProcFS(config.proc_root)
+        self.hasher = Hasher()  # its cache makes re-hashing unchanged files a stat each
         self.spool = Spool(config.spool_dir, config.spool_max_bytes)
         counter = self.spool.load_counter()
         # A fresh spool cannot know what this agent id already delivered: its first Hello
@@ -75,7 +77,8 @@ class Agent:
 
     # collection ------------------------------------------------------------------------
     def collect(self) -> TargetReport:
-        procs = [to_report(self.procfs, ev) for ev in discover(self.procfs, self.config.root_pid)]
+        found = discover(self.procfs, self.config.root_pid)
+        procs = [to_report(self.procfs, ev, self.hasher) for ev in found]
         keys = {p.key for p in procs}
         gone = tuple(k for k in self.seen if k not in keys)
         for k in gone:
