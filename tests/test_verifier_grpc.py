@@ -6,6 +6,7 @@ produce a PASS without evidence.
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
 import time
@@ -290,3 +291,51 @@ def test_runner_file_changed_after_load_is_a_disagreement_between_probe_and_agen
     verdict = pol.evaluate_target(TargetSnapshot("t", (after,), time.time()), time.time())
     assert "evidence.disagreement" in [f.id for f in verdict.findings]
     assert verdict.verdict == Verdict.FAIL
+
+
+def test_tampered_probe_record_and_a_vanished_file_are_disagreements(tmp_path: Path) -> None:
+    """The probe's own record is never the only evidence: the agent re-hashes every file."""
+    from verifier.policy import TargetSnapshot, load_policy
+
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "honest.py").write_text("X = 1\n")
+    (mods / "doomed.py").write_text("Y = 2\n")
+    code = (
+        "import sys, verifier.probe as p\n"
+        "p.start()\n"
+        "import honest, doomed\n"
+        "print('up', flush=True); sys.stdin.read()\n"
+    )
+    env = probe_env(tmp_path / "probe", PYTHONPATH=str(mods), PYTHONDONTWRITEBYTECODE="1")
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "up"
+        agent = Agent(
+            AgentConfig("unix:/nonexistent", "t", "a", tmp_path / "spool", root_pid=child.pid)
+        )
+        (clean,) = agent.collect().processes
+        (journal,) = (tmp_path / "probe").glob("*/journal.jsonl")
+        forged = "0" * 64
+        honest_sha = hashlib.sha256(b"X = 1\n").hexdigest()
+        journal.write_text(journal.read_text().replace(honest_sha, forged))  # tamper the record
+        (mods / "doomed.py").unlink()  # a loaded file that vanished from the process's view
+        (tampered,) = agent.collect().processes
+        agent.channel.close()
+    finally:
+        child.communicate(timeout=10)
+    assert clean.disagreements == ()
+    found = {
+        Path(d.path).name: (d.sha256_in_process, d.sha256_agent, d.reason)
+        for d in tampered.disagreements
+    }
+    assert found == {
+        "honest.py": (forged, honest_sha, "bytes differ"),
+        "doomed.py": (hashlib.sha256(b"Y = 2\n").hexdigest(), None, "missing"),
+    }
+    pol = load_policy('version = 1\n[[hooks]]\nname = "h"\n')
+    verdict = pol.evaluate_target(TargetSnapshot("t", (tampered,), time.time()), time.time())
+    assert verdict.verdict == Verdict.FAIL
+    (f,) = [f for f in verdict.findings if f.id == "evidence.disagreement"]
+    assert f.context["count"] == 2

@@ -13,6 +13,7 @@ from verifier import wire
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.errors import UsageError
 from verifier.model import (
+    FileDisagreement,
     FileEntry,
     Finding,
     HookCount,
@@ -99,6 +100,10 @@ def full_process() -> ProcessReport:
         ),
         native_mappings=("/usr/lib/libc.so.6", "/site/torch/lib/libtorch_cpu.so"),
         runner_file_sha256_now=SHA_B,
+        disagreements=(
+            FileDisagreement("/site/a.py", SHA_A, SHA_B, "bytes differ"),
+            FileDisagreement("/site/b.py", SHA_A, None, "missing"),
+        ),
     )
 
 

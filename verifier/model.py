@@ -97,6 +97,16 @@ class FileEntry:
 
 
 @dataclass(frozen=True)
+class FileDisagreement:
+    """A manifest file the agent saw differently from the probe (through /proc/<pid>/root)."""
+
+    path: str
+    sha256_in_process: str | None
+    sha256_agent: str | None  # None: the agent could not read it (reason says why)
+    reason: str
+
+
+@dataclass(frozen=True)
 class ProcessReport:
     """What the agent saw of one process (probe state plus its own /proc evidence)."""
 
@@ -121,6 +131,7 @@ class ProcessReport:
     # The agent's own hash of runner.file through /proc/<pid>/root, now: the out-of-process
     # view of the file the probe hashed when the runner was recorded.
     runner_file_sha256_now: str | None = None
+    disagreements: tuple[FileDisagreement, ...] = ()
 
 
 @dataclass(frozen=True)

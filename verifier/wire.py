@@ -26,6 +26,7 @@ from google.protobuf.message import DecodeError
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.errors import UsageError
 from verifier.model import (
+    FileDisagreement,
     FileEntry,
     Finding,
     HookCount,
@@ -321,6 +322,15 @@ def _process_to_pb(p: ProcessReport) -> pb.ProcessReport:
         files=[_file_to_pb(f) for f in p.files or ()],
         native_mappings=p.native_mappings,
         runner_file_sha256_now=p.runner_file_sha256_now,
+        disagreements=[
+            pb.FileDisagreement(
+                path=d.path,
+                sha256_in_process=d.sha256_in_process,
+                sha256_agent=d.sha256_agent,
+                reason=d.reason,
+            )
+            for d in p.disagreements
+        ],
     )
 
 
@@ -357,6 +367,22 @@ def _process_from_pb(msg: pb.ProcessReport, at: str) -> ProcessReport:
             if msg.HasField("runner_file_sha256_now")
             else None
         ),
+        disagreements=tuple(
+            _disagreement_from_pb(d, f"{at}.disagreements[{i}]")
+            for i, d in enumerate(msg.disagreements)
+        ),
+    )
+
+
+def _disagreement_from_pb(msg: pb.FileDisagreement, at: str) -> FileDisagreement:
+    def sha(field: str) -> str | None:
+        return _sha256(getattr(msg, field), f"{at}.{field}") if msg.HasField(field) else None
+
+    return FileDisagreement(
+        path=_required(msg.path, f"{at}.path"),
+        sha256_in_process=sha("sha256_in_process"),
+        sha256_agent=sha("sha256_agent"),
+        reason=_required(msg.reason, f"{at}.reason"),
     )
 
 

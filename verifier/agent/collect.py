@@ -12,6 +12,7 @@ from verifier.evidence.probe_reader import ProbeState
 from verifier.evidence.process import ProcessEvidence, read_process
 from verifier.evidence.procfs import ProcFS
 from verifier.model import (
+    FileDisagreement,
     FileEntry,
     HookEvidence,
     ProcessKey,
@@ -109,13 +110,10 @@ def to_report(procfs: ProcFS, ev: ProcessEvidence, hasher: Hasher | None = None)
     if ev.probe is None:
         return base
     runner, steps, hooks, files = _probe_parts(ev.probe)
+    hasher = hasher or Hasher()
     now = None
     if runner is not None and runner.file:
-        now = (
-            (hasher or Hasher(workers=1))
-            .hash_file(str(procfs.in_root(ident.pid, runner.file)))
-            .sha256
-        )
+        now = hasher.hash_file(str(procfs.in_root(ident.pid, runner.file))).sha256
     return dataclasses.replace(
         base,
         probe_errors=tuple(f"[{e.get('where')}] {e.get('msg')}" for e in ev.probe.errors),
@@ -125,4 +123,21 @@ def to_report(procfs: ProcFS, ev: ProcessEvidence, hasher: Hasher | None = None)
         manifest_digest=ev.probe.manifest_digest,
         files=files,
         runner_file_sha256_now=now,
+        disagreements=cross_check(procfs, ident.pid, files, hasher),
     )
+
+
+def cross_check(
+    procfs: ProcFS, pid: int, files: tuple[FileEntry, ...], hasher: Hasher
+) -> tuple[FileDisagreement, ...]:
+    """Re-hash every manifest file the probe hashed, as the process sees it (its root), and
+    list where the agent's bytes differ from the probe's record or cannot be read."""
+    recorded = [f for f in files if f.sha256]
+    seen = hasher.hash_files(str(procfs.in_root(pid, f.path)) for f in recorded)
+    out = []
+    for f, h in zip(recorded, seen, strict=True):
+        if h.sha256 == f.sha256:
+            continue
+        reason = h.error or "bytes differ"
+        out.append(FileDisagreement(f.path, f.sha256, h.sha256, reason))
+    return tuple(out)

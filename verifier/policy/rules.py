@@ -18,9 +18,10 @@ _SOURCE_KINDS = frozenset({"source", "extension"})
 
 @dataclass(frozen=True)
 class ViewsAgree:
-    """``evidence.disagreement`` when the two vantage points saw different bytes: the runner
-    file as the probe hashed it in-process and as the agent hashed it through /proc now.
-    Always on; silent where either hash is missing (other rules cover missing evidence)."""
+    """``evidence.disagreement`` when the two vantage points saw different bytes: any manifest
+    file the agent re-hashed through /proc/<pid>/root differently from the probe's record (or
+    could not see), and the runner file as the probe hashed it in-process against the agent's
+    hash now. Always on; silent where either side has no hash for the runner file."""
 
     def describe(self) -> str:
         return "in-process and out-of-process evidence agree"
@@ -28,6 +29,29 @@ class ViewsAgree:
     def evaluate(self, snapshot: I.TargetSnapshot, ctx: I.EvalContext) -> list[Finding]:
         out: list[Finding] = []
         for p in E.ordered(snapshot.processes):
+            if p.disagreements:
+                first = p.disagreements[0]
+                out.append(
+                    E.finding(
+                        I.EVIDENCE_DISAGREEMENT,
+                        Severity.ERROR,
+                        f"{len(p.disagreements)} file(s) of {E.name(p)} differ between the "
+                        f"probe's record and the agent's view through /proc, e.g. {first.path} "
+                        f"({first.reason})",
+                        snapshot,
+                        **E.base(p),
+                        count=len(p.disagreements),
+                        files=[
+                            {
+                                "path": d.path,
+                                "in_process": d.sha256_in_process,
+                                "agent": d.sha256_agent,
+                                "reason": d.reason,
+                            }
+                            for d in p.disagreements[: E.SHOWN]
+                        ],
+                    )
+                )
             r, now = p.runner, p.runner_file_sha256_now
             if r is None or r.sha256 is None or now is None or now == r.sha256:
                 continue
