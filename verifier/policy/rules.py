@@ -12,105 +12,19 @@ from typing import Any
 from verifier.model import FileEntry, Finding, HookCount, HookEvidence, ProcessReport, Severity
 from verifier.policy import _evidence as E
 from verifier.policy import interface as I
+from verifier.policy.rules_evidence import ProbeRequired, ViewsAgree
+
+__all__ = [
+    "ExpectRunner",
+    "FileSpec",
+    "ForbidFile",
+    "HookFires",
+    "ProbeRequired",
+    "RequireFile",
+    "ViewsAgree",
+]
 
 _SOURCE_KINDS = frozenset({"source", "extension"})
-
-
-@dataclass(frozen=True)
-class ViewsAgree:
-    """``evidence.disagreement`` when the two vantage points saw different bytes: any manifest
-    file the agent re-hashed through /proc/<pid>/root differently from the probe's record (or
-    could not see), and the runner file as the probe hashed it in-process against the agent's
-    hash now. Always on; silent where either side has no hash for the runner file."""
-
-    def describe(self) -> str:
-        return "in-process and out-of-process evidence agree"
-
-    def evaluate(self, snapshot: I.TargetSnapshot, ctx: I.EvalContext) -> list[Finding]:
-        out: list[Finding] = []
-        for p in E.ordered(snapshot.processes):
-            if p.disagreements:
-                first = p.disagreements[0]
-                out.append(
-                    E.finding(
-                        I.EVIDENCE_DISAGREEMENT,
-                        Severity.ERROR,
-                        f"{len(p.disagreements)} file(s) of {E.name(p)} differ between the "
-                        f"probe's record and the agent's view through /proc, e.g. {first.path} "
-                        f"({first.reason})",
-                        snapshot,
-                        **E.base(p),
-                        count=len(p.disagreements),
-                        files=[
-                            {
-                                "path": d.path,
-                                "in_process": d.sha256_in_process,
-                                "agent": d.sha256_agent,
-                                "reason": d.reason,
-                            }
-                            for d in p.disagreements[: E.SHOWN]
-                        ],
-                    )
-                )
-            r, now = p.runner, p.runner_file_sha256_now
-            if r is None or r.sha256 is None or now is None or now == r.sha256:
-                continue
-            out.append(
-                E.finding(
-                    I.EVIDENCE_DISAGREEMENT,
-                    Severity.ERROR,
-                    f"the runner file {r.file} of {E.name(p)} hashed {r.sha256[:12]} in the "
-                    f"process when loaded but {now[:12]} through /proc now: it changed after "
-                    "load, or the agent does not see the serving container's files",
-                    snapshot,
-                    **E.base(p),
-                    file=r.file,
-                    sha256_in_process=r.sha256,
-                    sha256_now=now,
-                )
-            )
-        return out
-
-
-@dataclass(frozen=True)
-class ProbeRequired:
-    """``evidence.probe_absent`` for each process of a required role that has no probe;
-    ``evidence.probe_errors`` (a warning) for each probe that recorded errors of its own."""
-
-    roles: tuple[str, ...] = I.DEFAULT_REQUIRE_PROBE
-
-    def describe(self) -> str:
-        return "[evidence] require_probe"
-
-    def evaluate(self, snapshot: I.TargetSnapshot, ctx: I.EvalContext) -> list[Finding]:
-        out: list[Finding] = []
-        for p in E.ordered(snapshot.processes):
-            if p.role in self.roles and not p.probe_present:
-                out.append(
-                    E.finding(
-                        I.EVIDENCE_PROBE_ABSENT,
-                        Severity.ERROR,
-                        f"{E.name(p)} has no probe, so what it loaded, its runner and its "
-                        "hooks are unknown",
-                        snapshot,
-                        **E.base(p),
-                        require_probe=list(self.roles),
-                    )
-                )
-            elif p.probe_present and p.probe_errors and p.role not in I.IGNORED_ROLES:
-                out.append(
-                    E.finding(
-                        I.EVIDENCE_PROBE_ERRORS,
-                        Severity.WARNING,
-                        f"the probe in {E.name(p)} recorded {len(p.probe_errors)} error(s), "
-                        f"the first: {p.probe_errors[0]}",
-                        snapshot,
-                        **E.base(p),
-                        errors=list(p.probe_errors[: E.SHOWN]),
-                        error_count=len(p.probe_errors),
-                    )
-                )
-        return out
 
 
 @dataclass(frozen=True)
