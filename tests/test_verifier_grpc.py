@@ -313,7 +313,9 @@ def test_tampered_probe_record_and_a_vanished_file_are_disagreements(tmp_path: P
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "up"
         agent = Agent(
-            AgentConfig("unix:/nonexistent", "t", "a", tmp_path / "spool", root_pid=child.pid)
+            AgentConfig(
+                "unix:/nonexistent", "t", "a", tmp_path / "spool", root_pid=child.pid, recheck_s=0
+            )
         )
         (clean,) = agent.collect().processes
         (journal,) = (tmp_path / "probe").glob("*/journal.jsonl")

@@ -82,9 +82,15 @@ def _probe_parts(
     return runner, steps, hooks, files
 
 
-def to_report(procfs: ProcFS, ev: ProcessEvidence, hasher: Hasher | None = None) -> ProcessReport:
-    """One process's report with the agent's own /proc evidence added (HASHER: reuse one so
-    unchanged files are answered from its cache)."""
+def to_report(
+    procfs: ProcFS,
+    ev: ProcessEvidence,
+    hasher: Hasher | None = None,
+    previous: tuple[FileDisagreement, ...] | None = None,
+) -> ProcessReport:
+    """One process's report with the agent's own /proc evidence added. HASHER: reuse one so
+    unchanged files are answered from its cache. PREVIOUS: the last cross-check's result, to
+    reuse instead of re-checking every file (None: check now)."""
     ident = ev.identity
     try:
         container = container_id_from_cgroup(procfs.cgroup(ident.pid))
@@ -123,7 +129,9 @@ def to_report(procfs: ProcFS, ev: ProcessEvidence, hasher: Hasher | None = None)
         manifest_digest=ev.probe.manifest_digest,
         files=files,
         runner_file_sha256_now=now,
-        disagreements=cross_check(procfs, ident.pid, files, hasher),
+        disagreements=(
+            cross_check(procfs, ident.pid, files, hasher) if previous is None else previous
+        ),
     )
 
 

@@ -28,8 +28,9 @@ from verifier.agent.spool import Spool
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
 from verifier.evidence.hashing import Hasher
+from verifier.evidence.process import ProcessEvidence
 from verifier.evidence.procfs import ProcFS
-from verifier.model import ProcessKey, ProcessReport, TargetReport
+from verifier.model import FileDisagreement, ProcessKey, ProcessReport, TargetReport
 
 log = structlog.get_logger("verifier.agent")
 
@@ -46,6 +47,7 @@ class AgentConfig:
     proc_root: str = "/proc"
     health_listen: str | None = None
     max_backoff_s: float = 30.0
+    recheck_s: float = 5.0  # re-hash every manifest file at least this often (drift detection)
 
 
 class Agent:
@@ -53,6 +55,9 @@ class Agent:
         self.config = config
         self.procfs = ProcFS(config.proc_root)
         self.hasher = Hasher()  # its cache makes re-hashing unchanged files a stat each
+        self._checked: dict[
+            tuple[int, int], tuple[str | None, float, tuple[FileDisagreement, ...]]
+        ] = {}
         self.spool = Spool(config.spool_dir, config.spool_max_bytes)
         counter = self.spool.load_counter()
         # A fresh spool cannot know what this agent id already delivered: its first Hello
@@ -78,7 +83,7 @@ class Agent:
     # collection ------------------------------------------------------------------------
     def collect(self) -> TargetReport:
         found = discover(self.procfs, self.config.root_pid)
-        procs = [to_report(self.procfs, ev, self.hasher) for ev in found]
+        procs = [self._report(ev) for ev in found]
         keys = {p.key for p in procs}
         gone = tuple(k for k in self.seen if k not in keys)
         for k in gone:
@@ -104,6 +109,19 @@ class Agent:
             slim,
             gone,
         )
+
+    def _report(self, ev: ProcessEvidence) -> ProcessReport:
+        """Cross-check every manifest file when the manifest changed or every recheck_s;
+        in between, reuse the last result (the runner file is re-hashed every report)."""
+        digest = ev.probe.manifest_digest if ev.probe else None
+        key = (ev.identity.pid, ev.identity.start_ticks)
+        last = self._checked.get(key)
+        now = time.monotonic()
+        fresh = last is not None and last[0] == digest and now - last[1] < self.config.recheck_s
+        report = to_report(self.procfs, ev, self.hasher, last[2] if fresh and last else None)
+        if not fresh:
+            self._checked[key] = (digest, now, report.disagreements)
+        return report
 
     def _full(self, report: TargetReport, need: set[str]) -> TargetReport:
         procs = []

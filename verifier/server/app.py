@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,13 +79,16 @@ class VerifierServer:
                 self.service.refresh_verdicts()
             except Exception as e:  # noqa: BLE001 - the keeper logs and keeps going
                 log.error("history_failed", error=f"{type(e).__name__}: {e}")
-            time.sleep(HISTORY_PACE_S)
+            self._stop.wait(HISTORY_PACE_S)
 
     def stop(self) -> None:
         self._stop.set()
         for name in ("", SERVICE_NAME):
             self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.server.stop(self.config.grace_s).wait()
+        self.service.dirty.set()  # wake the history keeper so it sees _stop and ends
+        if self._keeper.is_alive():
+            self._keeper.join(timeout=10)
         self.store.close()
         log.info("stopped")
 
