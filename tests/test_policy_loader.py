@@ -16,6 +16,7 @@ from verifier.policy.rules import (
     FileSpec,
     ForbidFile,
     HookFires,
+    NativeIntact,
     ProbeRequired,
     RequireFile,
     ViewsAgree,
@@ -275,7 +276,7 @@ def test_defaults_fill_every_optional_setting() -> None:
         p.selection.container_ids,
         p.selection.min_targets,
     ) == (10.0, 1, ("api_server", "engine_core", "worker"), (), (), 1)
-    always = (ProbeRequired(I.DEFAULT_REQUIRE_PROBE), ViewsAgree())
+    always = (ProbeRequired(I.DEFAULT_REQUIRE_PROBE), ViewsAgree(), NativeIntact())
     assert (*always, HookFires("v1_step", None, 1.0)) == p.rules
 
 
@@ -309,6 +310,7 @@ module = "vllm.v1.worker.gpu.model_runner"
     expected = (
         ProbeRequired(("worker",)),
         ViewsAgree(),
+        NativeIntact(),
         ExpectRunner("vllm.v1.worker.cpu_model_runner.CPUModelRunner"),
         HookFires("v1_step", "worker", 2.0),
         RequireFile(FileSpec(path="vllm/v1/worker/gpu_model_runner.py"), None, SHA),
@@ -328,7 +330,7 @@ module = "vllm.v1.worker.gpu.model_runner"
 
 def test_the_same_hook_may_be_required_in_two_roles() -> None:
     text = 'version = 1\n[[hooks]]\nname = "a"\n[[hooks]]\nname = "a"\nrole = "engine_core"\n'
-    assert len(load_policy(text).rules) == 4  # the two always-on rules and two hooks
+    assert len(load_policy(text).rules) == 5  # the three always-on rules and two hooks
 
 
 @pytest.mark.parametrize("name", ["cpu-live-hook.toml", "cpu-dead-hook.toml"])

@@ -18,6 +18,7 @@ from verifier.model import (
     Finding,
     HookCount,
     HookEvidence,
+    NativeMapping,
     ProcessKey,
     ProcessReport,
     RunnerEvidence,
@@ -98,7 +99,12 @@ def full_process() -> ProcessReport:
             FileEntry("/site/x.so", None, -1, "extension", None, "late"),
             FileEntry("/site/data.bin", SHA_B, 0, "data", "", "snapshot"),
         ),
-        native_mappings=("/usr/lib/libc.so.6", "/site/torch/lib/libtorch_cpu.so"),
+        native_mappings=(
+            NativeMapping("/usr/lib/libc.so.6", SHA_A, 2000000, "same"),
+            NativeMapping(
+                "/site/torch/lib/libtorch_cpu.so", None, -1, "unreadable", "permission denied"
+            ),
+        ),
         runner_file_sha256_now=SHA_B,
         disagreements=(
             FileDisagreement("/site/a.py", SHA_A, SHA_B, "bytes differ"),

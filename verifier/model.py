@@ -97,6 +97,17 @@ class FileEntry:
 
 
 @dataclass(frozen=True)
+class NativeMapping:
+    """A file-backed executable mapping: the mapped inode's hash and the path's state now."""
+
+    path: str
+    sha256: str | None  # of the mapped inode (via /proc/<pid>/map_files); None: unreadable
+    size: int
+    state: str  # same | replaced | deleted | unreadable
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class FileDisagreement:
     """A manifest file the agent saw differently from the probe (through /proc/<pid>/root)."""
 
@@ -127,7 +138,7 @@ class ProcessReport:
     manifest_digest: str | None = None
     # None: the agent sent the digest only (the verifier already has this manifest).
     files: tuple[FileEntry, ...] | None = None
-    native_mappings: tuple[str, ...] = ()  # file-backed executable mappings (paths)
+    native_mappings: tuple[NativeMapping, ...] = ()  # file-backed executable mappings
     # The agent's own hash of runner.file through /proc/<pid>/root, now: the out-of-process
     # view of the file the probe hashed when the runner was recorded.
     runner_file_sha256_now: str | None = None

@@ -31,6 +31,7 @@ from verifier.model import (
     Finding,
     HookCount,
     HookEvidence,
+    NativeMapping,
     ProcessKey,
     ProcessReport,
     RunnerEvidence,
@@ -320,7 +321,12 @@ def _process_to_pb(p: ProcessReport) -> pb.ProcessReport:
         manifest_digest=p.manifest_digest,
         files_included=p.files is not None,
         files=[_file_to_pb(f) for f in p.files or ()],
-        native_mappings=p.native_mappings,
+        native_mappings=[
+            pb.NativeMapping(
+                path=n.path, sha256=n.sha256, size=n.size, state=n.state, error=n.error
+            )
+            for n in p.native_mappings
+        ],
         runner_file_sha256_now=p.runner_file_sha256_now,
         disagreements=[
             pb.FileDisagreement(
@@ -361,7 +367,10 @@ def _process_from_pb(msg: pb.ProcessReport, at: str) -> ProcessReport:
             if msg.files_included
             else None
         ),
-        native_mappings=tuple(msg.native_mappings),
+        native_mappings=tuple(
+            _native_from_pb(n, f"{at}.native_mappings[{i}]")
+            for i, n in enumerate(msg.native_mappings)
+        ),
         runner_file_sha256_now=(
             _sha256(msg.runner_file_sha256_now, f"{at}.runner_file_sha256_now")
             if msg.HasField("runner_file_sha256_now")
@@ -371,6 +380,21 @@ def _process_from_pb(msg: pb.ProcessReport, at: str) -> ProcessReport:
             _disagreement_from_pb(d, f"{at}.disagreements[{i}]")
             for i, d in enumerate(msg.disagreements)
         ),
+    )
+
+
+_NATIVE_STATES = frozenset({"same", "replaced", "deleted", "unreadable"})
+
+
+def _native_from_pb(msg: pb.NativeMapping, at: str) -> NativeMapping:
+    if msg.state not in _NATIVE_STATES:
+        _fail(f"{at}.state", f"must be one of {sorted(_NATIVE_STATES)}, got {msg.state!r}")
+    return NativeMapping(
+        path=_required(msg.path, f"{at}.path"),
+        sha256=_sha256(msg.sha256, f"{at}.sha256") if msg.HasField("sha256") else None,
+        size=_count(msg.size, f"{at}.size", minimum=-1),
+        state=msg.state,
+        error=msg.error if msg.HasField("error") else None,
     )
 
 

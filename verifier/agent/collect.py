@@ -8,6 +8,7 @@ import os
 from verifier.errors import NotPythonProcess, UnavailableError
 from verifier.evidence.container import container_id_from_cgroup
 from verifier.evidence.hashing import Hasher
+from verifier.evidence.native import native_mappings
 from verifier.evidence.probe_reader import ProbeState
 from verifier.evidence.process import ProcessEvidence, read_process
 from verifier.evidence.procfs import ProcFS
@@ -96,10 +97,8 @@ def to_report(
         container = container_id_from_cgroup(procfs.cgroup(ident.pid))
     except (UnavailableError, OSError):
         container = None
-    try:
-        mappings = tuple(procfs.executable_mappings(ident.pid))
-    except (UnavailableError, OSError):
-        mappings = ()
+    hasher = hasher or Hasher()
+    mappings = native_mappings(procfs, ident.pid, hasher)
     base = ProcessReport(
         key=ProcessKey(ident.boot_id, ident.pid, ident.start_ticks),
         ns_pid=ident.ns_pid,
@@ -116,7 +115,6 @@ def to_report(
     if ev.probe is None:
         return base
     runner, steps, hooks, files = _probe_parts(ev.probe)
-    hasher = hasher or Hasher()
     now = None
     if runner is not None and runner.file:
         now = hasher.hash_file(str(procfs.in_root(ident.pid, runner.file))).sha256

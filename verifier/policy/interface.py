@@ -35,6 +35,9 @@ EVIDENCE_UNPROBED = "evidence.unprobed"
 EVIDENCE_MANIFEST_UNRESOLVED = "evidence.manifest_unresolved"
 EVIDENCE_ROLE_MISSING = "evidence.role_missing"
 EVIDENCE_DISAGREEMENT = "evidence.disagreement"
+NATIVE_REPLACED = "provenance.native.replaced"
+NATIVE_DELETED = "provenance.native.deleted"
+NATIVE_UNREADABLE = "provenance.native.unreadable"
 STEPS_INSUFFICIENT = "liveness.steps.insufficient"
 HOOK_NOT_DECLARED = "liveness.hook.not_declared"
 HOOK_NOT_LOADED = "liveness.hook.not_loaded"
@@ -83,6 +86,15 @@ FINDINGS: dict[str, FindingKind] = {
     ),
     EVIDENCE_ROLE_MISSING: FindingKind(
         Severity.PENDING, "", "a rule needs a role and no process of that role reported"
+    ),
+    NATIVE_REPLACED: FindingKind(
+        Severity.ERROR, "", "a mapped native library's path now holds other bytes than mapped"
+    ),
+    NATIVE_DELETED: FindingKind(
+        Severity.ERROR, "", "a mapped native library was deleted from disk while mapped"
+    ),
+    NATIVE_UNREADABLE: FindingKind(
+        Severity.WARNING, "", "a native mapping could not be read, so its bytes are unknown"
     ),
     EVIDENCE_DISAGREEMENT: FindingKind(
         Severity.ERROR,

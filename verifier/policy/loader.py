@@ -21,6 +21,7 @@ from verifier.policy.rules import (
     FileSpec,
     ForbidFile,
     HookFires,
+    NativeIntact,
     ProbeRequired,
     RequireFile,
     ViewsAgree,
@@ -323,7 +324,7 @@ def load_policy(text: str, source: str = "<policy>") -> Policy:
             "[[forbid]] (an empty policy would pass anything, so it is invalid)",
         )
     return Policy(
-        rules=(ProbeRequired(evidence.require_probe), ViewsAgree(), *rules),
+        rules=(ProbeRequired(evidence.require_probe), ViewsAgree(), NativeIntact(), *rules),
         evidence=evidence,
         selection=selection,
         source=source,

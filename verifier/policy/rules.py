@@ -12,13 +12,14 @@ from typing import Any
 from verifier.model import FileEntry, Finding, HookCount, HookEvidence, ProcessReport, Severity
 from verifier.policy import _evidence as E
 from verifier.policy import interface as I
-from verifier.policy.rules_evidence import ProbeRequired, ViewsAgree
+from verifier.policy.rules_evidence import NativeIntact, ProbeRequired, ViewsAgree
 
 __all__ = [
     "ExpectRunner",
     "FileSpec",
     "ForbidFile",
     "HookFires",
+    "NativeIntact",
     "ProbeRequired",
     "RequireFile",
     "ViewsAgree",

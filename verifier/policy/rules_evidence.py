@@ -105,3 +105,47 @@ class ProbeRequired:
                     )
                 )
         return out
+
+
+_NATIVE = {
+    "replaced": (
+        I.NATIVE_REPLACED,
+        Severity.ERROR,
+        "now holds other bytes than the inode it mapped",
+    ),
+    "deleted": (I.NATIVE_DELETED, Severity.ERROR, "was deleted from disk while mapped"),
+    "unreadable": (I.NATIVE_UNREADABLE, Severity.WARNING, "could not be read as mapped"),
+}
+
+
+@dataclass(frozen=True)
+class NativeIntact:
+    """One finding per process and state for native mappings that are not ``same``: the
+    path replaced or deleted under a live mapping, or a mapping the agent could not read."""
+
+    def describe(self) -> str:
+        return "native mappings intact"
+
+    def evaluate(self, snapshot: I.TargetSnapshot, ctx: I.EvalContext) -> list[Finding]:
+        out: list[Finding] = []
+        for p in E.ordered(snapshot.processes):
+            for state, (fid, severity, what) in _NATIVE.items():
+                hits = [n for n in p.native_mappings if n.state == state]
+                if not hits:
+                    continue
+                out.append(
+                    E.finding(
+                        fid,
+                        severity,
+                        f"{len(hits)} native librar{'y' if len(hits) == 1 else 'ies'} of "
+                        f"{E.name(p)} {what}, e.g. {hits[0].path}",
+                        snapshot,
+                        **E.base(p),
+                        count=len(hits),
+                        mappings=[
+                            {"path": n.path, "sha256": n.sha256, "error": n.error}
+                            for n in hits[: E.SHOWN]
+                        ],
+                    )
+                )
+        return out

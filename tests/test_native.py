@@ -1,0 +1,89 @@
+"""Native mappings of a real process: hashed as mapped, and drift on disk becomes a finding."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from verifier.evidence.hashing import Hasher
+from verifier.evidence.native import native_mappings
+from verifier.evidence.procfs import ProcFS
+from verifier.model import NativeMapping, ProcessKey, ProcessReport, Verdict
+from verifier.policy import TargetSnapshot, load_policy
+
+LIBZ = Path("/usr/lib/x86_64-linux-gnu/libz.so.1")
+
+
+@pytest.fixture
+def mapped(tmp_path: Path) -> Iterator[tuple[int, Path]]:
+    """A Python process that has dlopen()ed its own copy of a shared library."""
+    if not LIBZ.exists():
+        pytest.skip(f"{LIBZ} is not on this machine (any small shared library would do)")
+    lib = tmp_path / "libcopy.so"
+    shutil.copyfile(LIBZ.resolve(), lib)
+    code = (
+        f"import ctypes, sys; ctypes.CDLL({str(lib)!r}); print('up', flush=True); sys.stdin.read()"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
+    try:
+        yield proc.pid, lib
+    finally:
+        proc.communicate(timeout=10)
+
+
+def _ours(pid: int, lib: Path) -> NativeMapping:
+    (m,) = [m for m in native_mappings(ProcFS(), pid, Hasher()) if m.path == str(lib)]
+    return m
+
+
+def _verdict(m: NativeMapping) -> tuple[Verdict, list[str]]:
+    proc = ProcessReport(
+        key=ProcessKey("b", 1, 1), ns_pid=1, ppid=0, start_time=1.0, role="worker", rank=0,
+        container_id=None, cmdline=(), exe="", probe_present=True, native_mappings=(m,),
+    )  # fmt: skip
+    v = load_policy('version = 1\n[[hooks]]\nname = "h"\n').evaluate_target(
+        TargetSnapshot("t", (proc,), time.time()), time.time()
+    )
+    return v.verdict, [f.id for f in v.findings]
+
+
+def test_mapped_library_is_hashed_as_mapped_and_reads_same(mapped: tuple[int, Path]) -> None:
+    pid, lib = mapped
+    m = _ours(pid, lib)
+    assert (m.state, m.sha256) == ("same", hashlib.sha256(lib.read_bytes()).hexdigest())
+    assert "provenance.native.replaced" not in _verdict(m)[1]
+
+
+def test_library_replaced_on_disk_under_a_live_mapping_is_a_finding(
+    mapped: tuple[int, Path],
+) -> None:
+    pid, lib = mapped
+    original = hashlib.sha256(lib.read_bytes()).hexdigest()
+    other = lib.with_name("other.so")
+    other.write_bytes(lib.read_bytes() + b"patched")
+    os.replace(other, lib)  # the path now names another inode; the old one stays mapped
+    m = _ours(pid, lib)
+    assert (m.state, m.sha256) == ("replaced", original)
+    verdict, found = _verdict(m)
+    assert (verdict, "provenance.native.replaced" in found) == (Verdict.FAIL, True)
+
+
+def test_library_deleted_under_a_live_mapping_is_a_finding(mapped: tuple[int, Path]) -> None:
+    pid, lib = mapped
+    original = hashlib.sha256(lib.read_bytes()).hexdigest()
+    lib.unlink()
+    m = _ours(pid, lib)
+    assert (m.state, m.sha256) == ("deleted", original)  # still hashed: map_files keeps the inode
+    verdict, found = _verdict(m)
+    assert (verdict, "provenance.native.deleted" in found) == (Verdict.FAIL, True)

@@ -1,0 +1,68 @@
+"""Native code a process runs: every file-backed executable mapping, hashed as mapped.
+
+The mapped bytes are read through ``/proc/<pid>/map_files/<range>``, which opens the inode
+that is really mapped even if its path was replaced or deleted since. The file now at the
+same path (as the process sees it, through ``/proc/<pid>/root``) is hashed too; comparing
+contents rather than device and inode numbers keeps overlay filesystems, which report other
+numbers in ``maps`` than ``stat`` does, from looking like replacements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from verifier.errors import UnavailableError
+from verifier.evidence.hashing import Hasher
+from verifier.evidence.procfs import ProcFS
+from verifier.model import NativeMapping
+
+_DELETED = " (deleted)"
+
+
+@dataclass(frozen=True)
+class _Exec:
+    path: str
+    range: str  # "start-end" of its first executable mapping
+    unlinked: bool  # maps marks the mapped inode "(deleted)"
+
+
+def executable_files(procfs: ProcFS, pid: int) -> list[_Exec]:
+    """Distinct file-backed executable mappings of PID, in first-seen order."""
+    seen: dict[str, _Exec] = {}
+    for line in procfs.maps(pid).splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) < 6 or "x" not in parts[1] or not parts[5].startswith("/"):
+            continue
+        if parts[5].startswith("/memfd:"):
+            continue  # anonymous memory with a name (JIT code), not a file on any disk
+        path, deleted = parts[5], parts[5].endswith(_DELETED)
+        if deleted:
+            path = path[: -len(_DELETED)]
+        seen.setdefault(path, _Exec(path, parts[0], deleted))
+    return list(seen.values())
+
+
+def native_mappings(procfs: ProcFS, pid: int, hasher: Hasher) -> tuple[NativeMapping, ...]:
+    """Each executable file of PID with the hash of the mapped inode and its state on disk:
+    ``same`` (the path holds the same bytes), ``replaced`` (other bytes now), ``deleted``
+    (nothing at the path), ``unreadable`` (the mapping could not be read; ``error`` says why)."""
+    try:
+        execs = executable_files(procfs, pid)
+    except (UnavailableError, OSError):
+        return ()
+    mapped = hasher.hash_files(str(procfs.root / str(pid) / "map_files" / e.range) for e in execs)
+    on_disk = hasher.hash_files(str(procfs.in_root(pid, e.path)) for e in execs)
+    out = []
+    for e, m, d in zip(execs, mapped, on_disk, strict=True):
+        # maps says "(deleted)" whenever the mapped inode was unlinked, also when another file
+        # was renamed over it: what the path holds now decides between deleted and replaced.
+        if m.sha256 is None:
+            state, error = "unreadable", m.error
+        elif d.error == "missing":
+            state, error = "deleted", None
+        elif d.sha256 != m.sha256:
+            state, error = "replaced", d.error
+        else:
+            state, error = "same", None  # the same bytes (a reinstall of the same file)
+        out.append(NativeMapping(e.path, m.sha256, m.size, state, error))
+    return tuple(out)
