@@ -99,3 +99,32 @@ def test_addresses_are_normalised(given: str, expected: str) -> None:
 def test_bad_addresses_are_usage_errors(bad: str) -> None:
     with pytest.raises(UsageError):
         normalize(bad)
+
+
+def test_journal_cache_reads_only_appends_and_restarts_on_a_new_journal(tmp_path: Path) -> None:
+    import json
+
+    from verifier.evidence.probe_reader import JournalCache
+
+    journal = tmp_path / "journal.jsonl"
+
+    def rec(i: int) -> str:
+        return json.dumps({"k": "file", "path": f"/f{i}", "sha256": f"{i:064x}", "size": 1}) + "\n"
+
+    journal.write_text(rec(1) + rec(2)[:10])  # the second record is still being written
+    cache = JournalCache()
+    first = cache.records(journal)
+    assert first is not None and [f.path for f in first.files] == ["/f1"]
+    with journal.open("a") as f:
+        f.write(rec(2)[10:] + rec(3))
+    second = cache.records(journal)
+    assert second is not None and [f.path for f in second.files] == ["/f1", "/f2", "/f3"]
+    tampered = journal.read_text().replace(f"{1:064x}", f"{7:064x}")  # same length, in place
+    with journal.open("r+") as f:
+        f.write(tampered)
+    edited = cache.records(journal)
+    assert edited is not None and edited.files[0].sha256 == f"{7:064x}"
+    journal.unlink()
+    journal.write_text(rec(9))  # a new journal (new inode): read from the start
+    third = cache.records(journal)
+    assert third is not None and [f.path for f in third.files] == ["/f9"]

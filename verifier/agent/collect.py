@@ -9,7 +9,7 @@ from verifier.errors import NotPythonProcess, UnavailableError
 from verifier.evidence.container import container_id_from_cgroup
 from verifier.evidence.hashing import Hasher
 from verifier.evidence.native import native_mappings
-from verifier.evidence.probe_reader import ProbeState
+from verifier.evidence.probe_reader import JournalCache, ProbeState
 from verifier.evidence.process import ProcessEvidence, read_process
 from verifier.evidence.procfs import ProcFS
 from verifier.model import (
@@ -22,6 +22,9 @@ from verifier.model import (
     StepEvidence,
 )
 
+# Converted manifests by digest: an unchanged manifest is not converted again every report.
+_FILE_ENTRIES: dict[str, tuple[FileEntry, ...]] = {}
+
 
 def is_vllm_candidate(ev: ProcessEvidence) -> bool:
     """A process the agent reports: it has a probe, or its command line names vLLM."""
@@ -30,15 +33,18 @@ def is_vllm_candidate(ev: ProcessEvidence) -> bool:
     return any("vllm" in a.lower() for a in ev.identity.cmdline)
 
 
-def discover(procfs: ProcFS, root_pid: int | None = None) -> list[ProcessEvidence]:
-    """Every vLLM process visible (under ROOT_PID if given), the agent itself excluded."""
+def discover(
+    procfs: ProcFS, root_pid: int | None = None, cache: JournalCache | None = None
+) -> list[ProcessEvidence]:
+    """Every vLLM process visible (under ROOT_PID if given), the agent itself excluded.
+    CACHE: keep parsed probe journals between calls (only appended records are read)."""
     pids = procfs.descendants(root_pid) if root_pid else sorted(procfs.parents())
     out = []
     for pid in pids:
         if pid == os.getpid():
             continue
         try:
-            ev = read_process(procfs, pid)
+            ev = read_process(procfs, pid, cache)
         except (NotPythonProcess, UnavailableError, OSError, ValueError):
             continue
         if is_vllm_candidate(ev):
@@ -79,7 +85,12 @@ def _probe_parts(
         )
         for h in p.hooks
     )
-    files = tuple(FileEntry(f.path, f.sha256, f.size, f.kind, f.module, f.at) for f in p.files)
+    files = _FILE_ENTRIES.get(p.manifest_digest)
+    if files is None:
+        files = tuple(FileEntry(f.path, f.sha256, f.size, f.kind, f.module, f.at) for f in p.files)
+        if len(_FILE_ENTRIES) > 256:
+            _FILE_ENTRIES.clear()
+        _FILE_ENTRIES[p.manifest_digest] = files
     return runner, steps, hooks, files
 
 

@@ -28,6 +28,7 @@ from verifier.agent.spool import Spool
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
 from verifier.evidence.hashing import Hasher
+from verifier.evidence.probe_reader import JournalCache
 from verifier.evidence.process import ProcessEvidence
 from verifier.evidence.procfs import ProcFS
 from verifier.model import FileDisagreement, ProcessKey, ProcessReport, TargetReport
@@ -55,6 +56,7 @@ class Agent:
         self.config = config
         self.procfs = ProcFS(config.proc_root)
         self.hasher = Hasher()  # its cache makes re-hashing unchanged files a stat each
+        self.journals = JournalCache()  # probe journals are read once, then only appends
         self._checked: dict[
             tuple[int, int], tuple[str | None, float, tuple[FileDisagreement, ...]]
         ] = {}
@@ -82,7 +84,7 @@ class Agent:
 
     # collection ------------------------------------------------------------------------
     def collect(self) -> TargetReport:
-        found = discover(self.procfs, self.config.root_pid)
+        found = discover(self.procfs, self.config.root_pid, self.journals)
         procs = [self._report(ev) for ev in found]
         keys = {p.key for p in procs}
         gone = tuple(k for k in self.seen if k not in keys)

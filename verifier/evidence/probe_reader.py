@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,14 +110,9 @@ def read_counters(path: Path) -> list[int] | None:
     return slots
 
 
-def read_journal(path: Path) -> list[dict[str, Any]]:
-    """Complete JSON records of a journal; a partial or garbled line is skipped."""
-    try:
-        raw = path.read_bytes()
-    except OSError:
-        return []
+def _parse(lines: list[bytes]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    for line in raw.split(b"\n"):
+    for line in lines:
         if not line.strip():
             continue
         try:
@@ -125,6 +122,69 @@ def read_journal(path: Path) -> list[dict[str, Any]]:
         if isinstance(rec, dict):
             out.append(rec)
     return out
+
+
+def read_journal(path: Path) -> list[dict[str, Any]]:
+    """Complete JSON records of a journal; a partial or garbled line is skipped."""
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return []
+    return _parse(raw.split(b"\n"))
+
+
+@dataclass
+class _Cached:
+    ino: int
+    offset: int  # bytes of complete lines consumed
+    prefix_sha256: bytes  # of those bytes: the cache is used only while they are unchanged
+    records: list[dict[str, Any]]
+    files: list[FileRecord]
+    digest: str
+
+
+class JournalCache:
+    """Parses each journal once and then only what was appended. The journal is append-only:
+    a different inode, a shorter file, or any change to the bytes already parsed (checked by
+    their sha256 on every read, about a millisecond for a worker's journal) means it is parsed
+    again from the start. Files and the manifest digest are recomputed only when new file
+    records arrived. For a reader that looks at the same processes again and again (the agent)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, _Cached] = {}
+
+    def records(self, path: Path) -> _Cached | None:
+        try:
+            with path.open("rb") as f:
+                ino = os.fstat(f.fileno()).st_ino
+                raw = f.read()
+        except OSError:
+            self._entries.pop(str(path), None)
+            return None
+        entry = self._entries.get(str(path))
+        if (
+            entry is None
+            or entry.ino != ino
+            or len(raw) < entry.offset
+            # An edit in place of what was already parsed (a tampered record) is seen too.
+            or hashlib.sha256(raw[: entry.offset]).digest() != entry.prefix_sha256
+        ):
+            entry = _Cached(ino, 0, hashlib.sha256(b"").digest(), [], [], merkle_root([]))
+        new = raw[entry.offset :]
+        complete = new[: new.rfind(b"\n") + 1]
+        entry.offset += len(complete)
+        entry.prefix_sha256 = hashlib.sha256(raw[: entry.offset]).digest()
+        fresh = _parse(complete.split(b"\n"))
+        entry.records.extend(fresh)
+        if any(r.get("k") == "file" for r in fresh):
+            entry.files = _files(entry.records)
+            entry.digest = merkle_root((f.path, f.sha256) for f in entry.files if f.sha256)
+        self._entries[str(path)] = entry
+        return entry
+
+    def forget_missing(self, alive: set[str]) -> None:
+        for key in [k for k in self._entries if k not in alive]:
+            del self._entries[key]
 
 
 def _hooks(records: list[dict[str, Any]], slots: list[int]) -> list[HookRecord]:
@@ -195,9 +255,17 @@ def _files(records: list[dict[str, Any]]) -> list[FileRecord]:
     return sorted(latest.values(), key=lambda f: f.path)
 
 
-def read_probe_dir(directory: Path) -> ProbeState | None:
-    """Parse one probe directory; None when it holds no probe state."""
-    records = read_journal(directory / L.JOURNAL_FILE)
+def read_probe_dir(directory: Path, cache: JournalCache | None = None) -> ProbeState | None:
+    """Parse one probe directory; None when it holds no probe state. CACHE: reuse what an
+    earlier read of the same journal parsed (counters are always read fresh)."""
+    journal = directory / L.JOURNAL_FILE
+    cached = cache.records(journal) if cache is not None else None
+    if cached is not None:
+        records, files, digest = cached.records, cached.files, cached.digest
+    else:
+        records = read_journal(journal)
+        files = _files(records)
+        digest = merkle_root((f.path, f.sha256) for f in files if f.sha256)
     start = next((r for r in records if r.get("k") == "start"), None)
     if start is None:
         return None
@@ -213,7 +281,6 @@ def read_probe_dir(directory: Path) -> ProbeState | None:
             methods=runner_rec.get("methods") or {},
             mro=tuple(str(c) for c in runner_rec.get("mro") or ()),
         )
-    files = _files(records)
     return ProbeState(
         directory=str(directory),
         pid=int(start.get("pid", 0)),
@@ -236,5 +303,5 @@ def read_probe_dir(directory: Path) -> ProbeState | None:
         files=files,
         errors=[r for r in records if r.get("k") == "error"],
         error_count=slots[L.S_PROBE_ERRORS],
-        manifest_digest=merkle_root((f.path, f.sha256) for f in files if f.sha256),
+        manifest_digest=digest,
     )

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from verifier.errors import NotPythonProcess, UnavailableError
-from verifier.evidence.probe_reader import HookRecord, ProbeState, read_probe_dir
+from verifier.evidence.probe_reader import HookRecord, JournalCache, ProbeState, read_probe_dir
 from verifier.evidence.procfs import ProcessIdentity, ProcFS
 from verifier.probe import _layout as L
 
@@ -186,7 +186,7 @@ def probe_dir_of(procfs: ProcFS, pid: int) -> str:
     return env.get(L.ENV_PROBE_DIR) or L.DEFAULT_PROBE_DIR
 
 
-def read_process(procfs: ProcFS, pid: int) -> ProcessEvidence:
+def read_process(procfs: ProcFS, pid: int, cache: JournalCache | None = None) -> ProcessEvidence:
     """Evidence for PID. Raises NoSuchProcess / NotPythonProcess / ProcessAccessDenied."""
     ident = procfs.identity(pid)
     if not procfs.is_python(pid):
@@ -196,7 +196,7 @@ def read_process(procfs: ProcFS, pid: int) -> ProcessEvidence:
     probe = None
     for candidate in (procfs.in_root(pid, pdir) / name, Path(pdir) / name):
         try:
-            probe = read_probe_dir(candidate)
+            probe = read_probe_dir(candidate, cache)
         except PermissionError:
             probe = None
         if probe is not None:
