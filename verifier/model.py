@@ -141,6 +141,8 @@ class Provenance:
 
     counts: tuple[tuple[str, int], ...]  # (origin, files), every Origin, in Origin order
     files: tuple[FileOrigin, ...]  # the files whose origin is patched, editable, generated, unknown
+    # (canonical name, version, loaded files) of every distribution that claims a loaded file
+    distributions: tuple[tuple[str, str, int], ...] = ()
 
     def count(self, origin: str) -> int:
         return dict(self.counts).get(origin, 0)

@@ -26,14 +26,19 @@ from google.protobuf.message import DecodeError
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.errors import UsageError
 from verifier.model import (
+    DRIFT_IDS,
+    Drift,
     FileDisagreement,
     FileEntry,
+    FileOrigin,
     Finding,
     HookCount,
     HookEvidence,
     NativeMapping,
+    Origin,
     ProcessKey,
     ProcessReport,
+    Provenance,
     RunnerEvidence,
     RunVerdict,
     Severity,
@@ -323,7 +328,13 @@ def _process_to_pb(p: ProcessReport) -> pb.ProcessReport:
         files=[_file_to_pb(f) for f in p.files or ()],
         native_mappings=[
             pb.NativeMapping(
-                path=n.path, sha256=n.sha256, size=n.size, state=n.state, error=n.error
+                path=n.path,
+                sha256=n.sha256,
+                size=n.size,
+                state=n.state,
+                error=n.error,
+                device=n.device,
+                inode=n.inode,
             )
             for n in p.native_mappings
         ],
@@ -337,6 +348,85 @@ def _process_to_pb(p: ProcessReport) -> pb.ProcessReport:
             )
             for d in p.disagreements
         ],
+        provenance=None if p.provenance is None else _provenance_to_pb(p.provenance),
+        drift=[pb.Drift(id=d.id, path=d.path, module=d.module, detail=d.detail) for d in p.drift],
+    )
+
+
+def _provenance_to_pb(v: Provenance) -> pb.Provenance:
+    return pb.Provenance(
+        counts=dict(v.counts),
+        files=[
+            pb.FileOrigin(
+                path=f.path,
+                origin=f.origin,
+                reason=f.reason,
+                distribution=f.distribution,
+                version=f.version,
+                record_path=f.record_path,
+                sha256=f.sha256,
+                expected_sha256=f.expected_sha256,
+            )
+            for f in v.files
+        ],
+        distributions=[
+            pb.DistributionFiles(name=n, version=ver, files=k) for n, ver, k in v.distributions
+        ],
+    )
+
+
+_ORIGINS = tuple(o.value for o in Origin)
+
+
+def _provenance_from_pb(msg: pb.Provenance, at: str) -> Provenance:
+    for origin, n in msg.counts.items():
+        if origin not in _ORIGINS:
+            _fail(f"{at}.counts", f"unknown provenance class {origin!r}")
+        _count(n, f"{at}.counts[{origin}]")
+    files = []
+    for i, f in enumerate(msg.files):
+        where = f"{at}.files[{i}]"
+        if f.origin not in _ORIGINS:
+            _fail(f"{where}.origin", f"must be one of {list(_ORIGINS)}, got {f.origin!r}")
+
+        def opt(field: str, msg: pb.FileOrigin = f) -> str | None:
+            return str(getattr(msg, field)) if msg.HasField(field) else None
+
+        sha, expected = opt("sha256"), opt("expected_sha256")
+        files.append(
+            FileOrigin(
+                path=_required(f.path, f"{where}.path"),
+                origin=f.origin,
+                reason=f.reason,
+                distribution=opt("distribution"),
+                version=opt("version"),
+                record_path=opt("record_path"),
+                sha256=None if sha is None else _sha256(sha, f"{where}.sha256"),
+                expected_sha256=(
+                    None if expected is None else _sha256(expected, f"{where}.expected_sha256")
+                ),
+            )
+        )
+    counts = tuple((o, int(msg.counts.get(o, 0))) for o in _ORIGINS)
+    dists = tuple(
+        (
+            _required(d.name, f"{at}.distributions[{i}].name"),
+            d.version,
+            _count(d.files, f"{at}.distributions[{i}].files"),
+        )
+        for i, d in enumerate(msg.distributions)
+    )
+    return Provenance(counts=counts, files=tuple(files), distributions=dists)
+
+
+def _drift_from_pb(msg: pb.Drift, at: str) -> Drift:
+    if msg.id not in DRIFT_IDS:
+        _fail(f"{at}.id", f"unknown drift id {msg.id!r}")
+    return Drift(
+        id=msg.id,
+        path=_required(msg.path, f"{at}.path"),
+        module=msg.module if msg.HasField("module") else None,
+        detail=msg.detail,
     )
 
 
@@ -380,6 +470,12 @@ def _process_from_pb(msg: pb.ProcessReport, at: str) -> ProcessReport:
             _disagreement_from_pb(d, f"{at}.disagreements[{i}]")
             for i, d in enumerate(msg.disagreements)
         ),
+        provenance=(
+            _provenance_from_pb(msg.provenance, f"{at}.provenance")
+            if msg.HasField("provenance")
+            else None
+        ),
+        drift=tuple(_drift_from_pb(d, f"{at}.drift[{i}]") for i, d in enumerate(msg.drift)),
     )
 
 
@@ -395,6 +491,8 @@ def _native_from_pb(msg: pb.NativeMapping, at: str) -> NativeMapping:
         size=_count(msg.size, f"{at}.size", minimum=-1),
         state=msg.state,
         error=msg.error if msg.HasField("error") else None,
+        device=msg.device,
+        inode=_count(msg.inode, f"{at}.inode"),
     )
 
 

@@ -11,7 +11,20 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from verifier.errors import ConfigError
-from verifier.model import Finding, HookCount, ProcessReport, Severity
+from verifier.model import (
+    DRIFT_BYTECODE_SOURCELESS,
+    DRIFT_BYTECODE_STALE,
+    DRIFT_BYTECODE_UNCHECKED,
+    DRIFT_BYTECODE_UNVERIFIED,
+    DRIFT_IDS,
+    DRIFT_MODIFIED_AFTER_LOAD,
+    DRIFT_MODULE_FILELESS,
+    DRIFT_MODULE_SHADOWED,
+    Finding,
+    HookCount,
+    ProcessReport,
+    Severity,
+)
 
 # Roles a process can have (``ProcessReport.role``). Helpers and unknown processes are ignored
 # unless a rule names their role.
@@ -52,6 +65,13 @@ FILE_NOT_LOADED = "provenance.file.not_loaded"
 FILE_HASH_MISMATCH = "provenance.file.hash_mismatch"
 FILE_UNVERIFIABLE = "provenance.file.unverifiable"
 FILE_FORBIDDEN = "provenance.file.forbidden"
+PROVENANCE_UNJUDGED = "provenance.unjudged"
+PROVENANCE_NOT_PRISTINE = "provenance.not_pristine"
+PROVENANCE_NOT_LOADED = "provenance.distribution.not_loaded"
+PATCH_DECLARED = "provenance.patch.declared"
+PATCH_UNDECLARED = "provenance.patch.undeclared"
+PATCH_NOT_APPLIED = "provenance.patch.not_applied"
+ALLOWABLE_DRIFT = tuple(d for d in DRIFT_IDS if d != DRIFT_BYTECODE_UNVERIFIED)
 
 
 @dataclass(frozen=True)
@@ -143,6 +163,45 @@ FINDINGS: dict[str, FindingKind] = {
         Severity.PENDING, "", "matching files exist but none of a kind whose hash can be compared"
     ),
     FILE_FORBIDDEN: FindingKind(Severity.ERROR, "", "a loaded file matches a [[forbid]] entry"),
+    DRIFT_MODIFIED_AFTER_LOAD: FindingKind(
+        Severity.ERROR, "", "a loaded file's bytes on disk changed after the process started"
+    ),
+    DRIFT_BYTECODE_STALE: FindingKind(
+        Severity.ERROR, "", "bytecode the interpreter used was compiled from other source"
+    ),
+    DRIFT_BYTECODE_UNVERIFIED: FindingKind(
+        Severity.WARNING, "", "bytecode that may be stale could not be compared with its source"
+    ),
+    DRIFT_BYTECODE_UNCHECKED: FindingKind(
+        Severity.ERROR, "", "an unchecked-hash pyc was used (never compared with its source)"
+    ),
+    DRIFT_BYTECODE_SOURCELESS: FindingKind(
+        Severity.ERROR, "", "a module ran from a .pyc with no source beside it"
+    ),
+    DRIFT_MODULE_SHADOWED: FindingKind(
+        Severity.ERROR, "", "a module was loaded from elsewhere than where its distribution put it"
+    ),
+    DRIFT_MODULE_FILELESS: FindingKind(
+        Severity.ERROR, "", "a module claims to come from a file that does not exist"
+    ),
+    PROVENANCE_UNJUDGED: FindingKind(
+        Severity.PENDING, "", "the agent has not judged the provenance of a process's files"
+    ),
+    PROVENANCE_NOT_PRISTINE: FindingKind(
+        Severity.ERROR, "", "a file of a pristine-required distribution is editable or unknown"
+    ),
+    PROVENANCE_NOT_LOADED: FindingKind(
+        Severity.ERROR, "min_steps", "no process loaded a file of a pristine-required distribution"
+    ),
+    PATCH_DECLARED: FindingKind(
+        Severity.INFO, "", "a patched file matches its [[patches]] entry (for the record)"
+    ),
+    PATCH_UNDECLARED: FindingKind(
+        Severity.ERROR, "", "a file of a pristine-required distribution differs from RECORD"
+    ),
+    PATCH_NOT_APPLIED: FindingKind(
+        Severity.ERROR, "", "a [[patches]] file was loaded with its published bytes"
+    ),
 }
 
 
@@ -190,6 +249,13 @@ class EvidenceSettings:
     freshness_s: float = DEFAULT_FRESHNESS_S
     min_steps: int = DEFAULT_MIN_STEPS
     require_probe: tuple[str, ...] = DEFAULT_REQUIRE_PROBE
+
+
+@dataclass(frozen=True)
+class ProvenanceSettings:
+    """``[provenance]``: drift ids downgraded to warnings."""
+
+    allow: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,21 @@ from verifier.policy.rules import (
     RequireFile,
     ViewsAgree,
 )
+from verifier.policy.rules_provenance import DriftFree, Patch, Pristine, canonical
 
 VERSION = 1
-_TOP = ("version", "targets", "evidence", "runner", "hooks", "files", "forbid")
+_TOP = (
+    "version",
+    "targets",
+    "evidence",
+    "runner",
+    "hooks",
+    "files",
+    "forbid",
+    "provenance",
+    "patches",
+)
+_DISTRIBUTION = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
 _TOML_AT = re.compile(r"\s*\(at line (\d+), column \d+\)$|\s*\(at end of document\)$")
 _QUALNAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
 _MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
@@ -286,6 +298,42 @@ def _forbid(doc: _Doc, data: dict[str, Any]) -> list[I.Rule]:
     ]
 
 
+def _provenance(doc: _Doc, data: dict[str, Any]) -> tuple[list[I.Rule], frozenset[str]]:
+    """``[provenance]`` and ``[[patches]]``: the Pristine rule (if any) and the allowed drift."""
+    p = _section(doc, data, "provenance", ("pristine", "allow"))
+    pristine: tuple[str, ...] = ()
+    allow: tuple[str, ...] = ()
+    if p is not None:
+        names = p.strings("pristine", pattern=_DISTRIBUTION, form="a distribution name") or ()
+        canon = [canonical(n) for n in names]
+        for i, c in enumerate(canon):
+            if c in canon[:i]:
+                raise doc.error(("provenance", "pristine", i), f"{names[i]!r} is listed twice")
+        pristine = tuple(canon)
+        allow = p.strings("allow", choices=I.ALLOWABLE_DRIFT) or ()
+    patches = []
+    seen: set[tuple[str, str]] = set()
+    for t in _entries(doc, data, "patches", ("distribution", "path", "sha256", "note")):
+        dist = canonical(
+            str(t.string("distribution", required=True, pattern=_DISTRIBUTION, form="a name"))
+        )
+        if dist not in pristine:
+            raise t.error(
+                "distribution",
+                f"{dist!r} is not in provenance.pristine, so a patch of it would allow nothing",
+            )
+        path = str(t.string("path", required=True))
+        if path.startswith("/") or ".." in path.split("/"):
+            raise t.error("path", f"{path!r} must be the path as the RECORD writes it (a/b.py)")
+        sha = str(t.string("sha256", required=True, pattern=_SHA256, form="64 lowercase hex"))
+        if (dist, path) in seen:
+            raise t.error("path", f"{path!r} of {dist} is declared twice")
+        seen.add((dist, path))
+        patches.append(Patch(dist, path, sha, t.string("note") or ""))
+    rules: list[I.Rule] = [Pristine(pristine, tuple(patches))] if pristine else []
+    return rules, frozenset(allow)
+
+
 def load_policy(text: str, source: str = "<policy>") -> Policy:
     """Parse and check a policy. Raises PolicyError naming the source, line and key."""
     try:
@@ -314,17 +362,31 @@ def load_policy(text: str, source: str = "<policy>") -> Policy:
         )
     selection = _targets(doc, data)
     evidence = _evidence(doc, data)
-    rules = [*_runner(doc, data), *_hooks(doc, data), *_files(doc, data), *_forbid(doc, data)]
+    provenance, allow = _provenance(doc, data)
+    rules = [
+        *_runner(doc, data),
+        *_hooks(doc, data),
+        *_files(doc, data),
+        *_forbid(doc, data),
+        *provenance,
+    ]
     if not rules:
         raise I.PolicyError(
             source,
             None,
             None,
-            "the policy has no rules: give at least one of [runner], [[hooks]], [[files]] or "
-            "[[forbid]] (an empty policy would pass anything, so it is invalid)",
+            "the policy has no rules: give at least one of [runner], [[hooks]], [[files]], "
+            "[[forbid]] or [provenance] pristine (an empty policy would pass anything, so it "
+            "is invalid)",
         )
     return Policy(
-        rules=(ProbeRequired(evidence.require_probe), ViewsAgree(), NativeIntact(), *rules),
+        rules=(
+            ProbeRequired(evidence.require_probe),
+            ViewsAgree(),
+            NativeIntact(),
+            DriftFree(allow),
+            *rules,
+        ),
         evidence=evidence,
         selection=selection,
         source=source,

@@ -24,17 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1everifier/api/v1/verifier.proto\x12\x0fverifier.api.v1\"?\n\nProcessKey\x12\x0f\n\x07\x62oot_id\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x03\x12\x13\n\x0bstart_ticks\x18\x03 \x01(\x03\"f\n\x0eRunnerEvidence\x12\x0b\n\x03\x63ls\x18\x01 \x01(\t\x12\x11\n\x04\x66ile\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x13\n\x06sha256\x18\x03 \x01(\tH\x01\x88\x01\x01\x12\x0b\n\x03mro\x18\x04 \x03(\tB\x07\n\x05_fileB\t\n\x07_sha256\"\xa7\x01\n\x0cStepEvidence\x12\r\n\x05total\x18\x01 \x01(\x03\x12\x12\n\nproductive\x18\x02 \x01(\x03\x12\r\n\x05\x65mpty\x18\x03 \x01(\x03\x12\x18\n\x10tokens_scheduled\x18\x04 \x01(\x03\x12\x1a\n\x12requests_scheduled\x18\x05 \x01(\x03\x12\x14\n\x0crequests_max\x18\x06 \x01(\x03\x12\x19\n\x11last_step_unix_ns\x18\x07 \x01(\x03\"\xe3\x02\n\x0cHookEvidence\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\x12\x15\n\rmodule_loaded\x18\x03 \x01(\x08\x12\x0f\n\x07wrapped\x18\x04 \x01(\x08\x12\x12\n\x05owner\x18\x05 \x01(\tH\x00\x88\x01\x01\x12\x10\n\x03how\x18\x06 \x01(\tH\x01\x88\x01\x01\x12\x17\n\nunresolved\x18\x07 \x01(\tH\x02\x88\x01\x01\x12\x1f\n\x12instantiated_class\x18\x08 \x01(\tH\x03\x88\x01\x01\x12\r\n\x05\x66ired\x18\t \x01(\x03\x12\x18\n\x10\x66ired_productive\x18\n \x01(\x03\x12\x17\n\nfirst_step\x18\x0b \x01(\x03H\x04\x88\x01\x01\x12\x16\n\tlast_step\x18\x0c \x01(\x03H\x05\x88\x01\x01\x42\x08\n\x06_ownerB\x06\n\x04_howB\r\n\x0b_unresolvedB\x15\n\x13_instantiated_classB\r\n\x0b_first_stepB\x0c\n\n_last_step\"\x81\x01\n\tFileEntry\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x13\n\x06sha256\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x0c\n\x04size\x18\x03 \x01(\x03\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x13\n\x06module\x18\x05 \x01(\tH\x01\x88\x01\x01\x12\n\n\x02\x61t\x18\x06 \x01(\tB\t\n\x07_sha256B\t\n\x07_module\"\xc7\x05\n\rProcessReport\x12(\n\x03key\x18\x01 \x01(\x0b\x32\x1b.verifier.api.v1.ProcessKey\x12\x0e\n\x06ns_pid\x18\x02 \x01(\x03\x12\x0c\n\x04ppid\x18\x03 \x01(\x03\x12\x12\n\nstart_time\x18\x04 \x01(\x01\x12\x0c\n\x04role\x18\x05 \x01(\t\x12\x11\n\x04rank\x18\x06 \x01(\x03H\x00\x88\x01\x01\x12\x19\n\x0c\x63ontainer_id\x18\x07 \x01(\tH\x01\x88\x01\x01\x12\x0f\n\x07\x63mdline\x18\x08 \x03(\t\x12\x0b\n\x03\x65xe\x18\t \x01(\t\x12\x15\n\rprobe_present\x18\n \x01(\x08\x12\x14\n\x0cprobe_errors\x18\x0b \x03(\t\x12/\n\x06runner\x18\x0c \x01(\x0b\x32\x1f.verifier.api.v1.RunnerEvidence\x12,\n\x05steps\x18\r \x01(\x0b\x32\x1d.verifier.api.v1.StepEvidence\x12,\n\x05hooks\x18\x0e \x03(\x0b\x32\x1d.verifier.api.v1.HookEvidence\x12\x1c\n\x0fmanifest_digest\x18\x0f \x01(\tH\x02\x88\x01\x01\x12\x16\n\x0e\x66iles_included\x18\x10 \x01(\x08\x12)\n\x05\x66iles\x18\x11 \x03(\x0b\x32\x1a.verifier.api.v1.FileEntry\x12#\n\x16runner_file_sha256_now\x18\x13 \x01(\tH\x03\x88\x01\x01\x12\x38\n\rdisagreements\x18\x14 \x03(\x0b\x32!.verifier.api.v1.FileDisagreement\x12\x37\n\x0fnative_mappings\x18\x15 \x03(\x0b\x32\x1e.verifier.api.v1.NativeMappingB\x07\n\x05_rankB\x0f\n\r_container_idB\x12\n\x10_manifest_digestB\x19\n\x17_runner_file_sha256_nowJ\x04\x08\x12\x10\x13\"x\n\rNativeMapping\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x13\n\x06sha256\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x0c\n\x04size\x18\x03 \x01(\x03\x12\r\n\x05state\x18\x04 \x01(\t\x12\x12\n\x05\x65rror\x18\x05 \x01(\tH\x01\x88\x01\x01\x42\t\n\x07_sha256B\x08\n\x06_error\"\x92\x01\n\x10\x46ileDisagreement\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x1e\n\x11sha256_in_process\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x19\n\x0csha256_agent\x18\x03 \x01(\tH\x01\x88\x01\x01\x12\x0e\n\x06reason\x18\x04 \x01(\tB\x14\n\x12_sha256_in_processB\x0f\n\r_sha256_agent\"\xbd\x01\n\x0cTargetReport\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x03\x12\r\n\x05nonce\x18\x04 \x01(\t\x12\x11\n\tsent_unix\x18\x05 \x01(\x01\x12\x31\n\tprocesses\x18\x06 \x03(\x0b\x32\x1e.verifier.api.v1.ProcessReport\x12)\n\x04gone\x18\x07 \x03(\x0b\x32\x1b.verifier.api.v1.ProcessKey\"y\n\x07\x46inding\x12\n\n\x02id\x18\x01 \x01(\t\x12+\n\x08severity\x18\x02 \x01(\x0e\x32\x19.verifier.api.v1.Severity\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x0e\n\x06target\x18\x04 \x01(\t\x12\x14\n\x0c\x63ontext_json\x18\x05 \x01(\t\"\xa8\x01\n\tHookCount\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x03\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x11\n\x04rank\x18\x04 \x01(\x03H\x00\x88\x01\x01\x12\r\n\x05\x66ired\x18\x05 \x01(\x03\x12\x18\n\x10\x66ired_productive\x18\x06 \x01(\x03\x12\x18\n\x10productive_steps\x18\x07 \x01(\x03\x12\x13\n\x0btotal_steps\x18\x08 \x01(\x03\x42\x07\n\x05_rank\"\xe3\x01\n\rTargetVerdict\x12\x0e\n\x06target\x18\x01 \x01(\t\x12)\n\x07verdict\x18\x02 \x01(\x0e\x32\x18.verifier.api.v1.Verdict\x12*\n\x08\x66indings\x18\x03 \x03(\x0b\x32\x18.verifier.api.v1.Finding\x12\x16\n\x0e\x65valuated_unix\x18\x04 \x01(\x01\x12\x18\n\x0breport_unix\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12)\n\x05hooks\x18\x06 \x03(\x0b\x32\x1a.verifier.api.v1.HookCountB\x0e\n\x0c_report_unix\"\xd0\x01\n\nRunVerdict\x12\x0b\n\x03run\x18\x01 \x01(\t\x12\x15\n\rpolicy_digest\x18\x02 \x01(\t\x12)\n\x07verdict\x18\x03 \x01(\x0e\x32\x18.verifier.api.v1.Verdict\x12/\n\x07targets\x18\x04 \x03(\x0b\x32\x1e.verifier.api.v1.TargetVerdict\x12*\n\x08\x66indings\x18\x05 \x03(\x0b\x32\x18.verifier.api.v1.Finding\x12\x16\n\x0e\x65valuated_unix\x18\x06 \x01(\x01\"r\n\nRunSummary\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rpolicy_digest\x18\x02 \x01(\t\x12\x14\n\x0c\x63reated_unix\x18\x03 \x01(\x01\x12)\n\x07verdict\x18\x04 \x01(\x0e\x32\x18.verifier.api.v1.Verdict\"1\n\x0cHelloRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0f\n\x07targets\x18\x02 \x03(\t\"K\n\rHelloResponse\x12\r\n\x05nonce\x18\x01 \x01(\t\x12\x19\n\x11report_interval_s\x18\x02 \x01(\x01\x12\x10\n\x08last_seq\x18\x03 \x01(\x03\">\n\rReportRequest\x12-\n\x06report\x18\x01 \x01(\x0b\x32\x1d.verifier.api.v1.TargetReport\"V\n\x0eReportResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0b\n\x03seq\x18\x02 \x01(\x03\x12\r\n\x05nonce\x18\x03 \x01(\t\x12\x16\n\x0eneed_manifests\x18\x04 \x03(\t\"G\n\x12RegisterRunRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0bpolicy_toml\x18\x02 \x01(\t\x12\x0e\n\x06source\x18\x03 \x01(\t\"P\n\x13RegisterRunResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rpolicy_digest\x18\x02 \x01(\t\x12\x14\n\x0c\x63reated_unix\x18\x03 \x01(\x01\"#\n\x13GetRunStatusRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"D\n\x14GetRunStatusResponse\x12,\n\x07verdict\x18\x01 \x01(\x0b\x32\x1b.verifier.api.v1.RunVerdict\"\x11\n\x0fListRunsRequest\"=\n\x10ListRunsResponse\x12)\n\x04runs\x18\x01 \x03(\x0b\x32\x1b.verifier.api.v1.RunSummary*n\n\x07Verdict\x12\x17\n\x13VERDICT_UNSPECIFIED\x10\x00\x12\x10\n\x0cVERDICT_PASS\x10\x01\x12\x10\n\x0cVERDICT_FAIL\x10\x02\x12\x13\n\x0fVERDICT_PENDING\x10\x03\x12\x11\n\rVERDICT_STALE\x10\x04*w\n\x08Severity\x12\x18\n\x14SEVERITY_UNSPECIFIED\x10\x00\x12\x12\n\x0eSEVERITY_ERROR\x10\x01\x12\x14\n\x10SEVERITY_PENDING\x10\x02\x12\x14\n\x10SEVERITY_WARNING\x10\x03\x12\x11\n\rSEVERITY_INFO\x10\x04\x32\xac\x03\n\x0fVerifierService\x12\x46\n\x05Hello\x12\x1d.verifier.api.v1.HelloRequest\x1a\x1e.verifier.api.v1.HelloResponse\x12I\n\x06Report\x12\x1e.verifier.api.v1.ReportRequest\x1a\x1f.verifier.api.v1.ReportResponse\x12X\n\x0bRegisterRun\x12#.verifier.api.v1.RegisterRunRequest\x1a$.verifier.api.v1.RegisterRunResponse\x12[\n\x0cGetRunStatus\x12$.verifier.api.v1.GetRunStatusRequest\x1a%.verifier.api.v1.GetRunStatusResponse\x12O\n\x08ListRuns\x12 .verifier.api.v1.ListRunsRequest\x1a!.verifier.api.v1.ListRunsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1everifier/api/v1/verifier.proto\x12\x0fverifier.api.v1\"?\n\nProcessKey\x12\x0f\n\x07\x62oot_id\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x03\x12\x13\n\x0bstart_ticks\x18\x03 \x01(\x03\"f\n\x0eRunnerEvidence\x12\x0b\n\x03\x63ls\x18\x01 \x01(\t\x12\x11\n\x04\x66ile\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x13\n\x06sha256\x18\x03 \x01(\tH\x01\x88\x01\x01\x12\x0b\n\x03mro\x18\x04 \x03(\tB\x07\n\x05_fileB\t\n\x07_sha256\"\xa7\x01\n\x0cStepEvidence\x12\r\n\x05total\x18\x01 \x01(\x03\x12\x12\n\nproductive\x18\x02 \x01(\x03\x12\r\n\x05\x65mpty\x18\x03 \x01(\x03\x12\x18\n\x10tokens_scheduled\x18\x04 \x01(\x03\x12\x1a\n\x12requests_scheduled\x18\x05 \x01(\x03\x12\x14\n\x0crequests_max\x18\x06 \x01(\x03\x12\x19\n\x11last_step_unix_ns\x18\x07 \x01(\x03\"\xe3\x02\n\x0cHookEvidence\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\x12\x15\n\rmodule_loaded\x18\x03 \x01(\x08\x12\x0f\n\x07wrapped\x18\x04 \x01(\x08\x12\x12\n\x05owner\x18\x05 \x01(\tH\x00\x88\x01\x01\x12\x10\n\x03how\x18\x06 \x01(\tH\x01\x88\x01\x01\x12\x17\n\nunresolved\x18\x07 \x01(\tH\x02\x88\x01\x01\x12\x1f\n\x12instantiated_class\x18\x08 \x01(\tH\x03\x88\x01\x01\x12\r\n\x05\x66ired\x18\t \x01(\x03\x12\x18\n\x10\x66ired_productive\x18\n \x01(\x03\x12\x17\n\nfirst_step\x18\x0b \x01(\x03H\x04\x88\x01\x01\x12\x16\n\tlast_step\x18\x0c \x01(\x03H\x05\x88\x01\x01\x42\x08\n\x06_ownerB\x06\n\x04_howB\r\n\x0b_unresolvedB\x15\n\x13_instantiated_classB\r\n\x0b_first_stepB\x0c\n\n_last_step\"\x81\x01\n\tFileEntry\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x13\n\x06sha256\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x0c\n\x04size\x18\x03 \x01(\x03\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x13\n\x06module\x18\x05 \x01(\tH\x01\x88\x01\x01\x12\n\n\x02\x61t\x18\x06 \x01(\tB\t\n\x07_sha256B\t\n\x07_module\"\x9f\x06\n\rProcessReport\x12(\n\x03key\x18\x01 \x01(\x0b\x32\x1b.verifier.api.v1.ProcessKey\x12\x0e\n\x06ns_pid\x18\x02 \x01(\x03\x12\x0c\n\x04ppid\x18\x03 \x01(\x03\x12\x12\n\nstart_time\x18\x04 \x01(\x01\x12\x0c\n\x04role\x18\x05 \x01(\t\x12\x11\n\x04rank\x18\x06 \x01(\x03H\x00\x88\x01\x01\x12\x19\n\x0c\x63ontainer_id\x18\x07 \x01(\tH\x01\x88\x01\x01\x12\x0f\n\x07\x63mdline\x18\x08 \x03(\t\x12\x0b\n\x03\x65xe\x18\t \x01(\t\x12\x15\n\rprobe_present\x18\n \x01(\x08\x12\x14\n\x0cprobe_errors\x18\x0b \x03(\t\x12/\n\x06runner\x18\x0c \x01(\x0b\x32\x1f.verifier.api.v1.RunnerEvidence\x12,\n\x05steps\x18\r \x01(\x0b\x32\x1d.verifier.api.v1.StepEvidence\x12,\n\x05hooks\x18\x0e \x03(\x0b\x32\x1d.verifier.api.v1.HookEvidence\x12\x1c\n\x0fmanifest_digest\x18\x0f \x01(\tH\x02\x88\x01\x01\x12\x16\n\x0e\x66iles_included\x18\x10 \x01(\x08\x12)\n\x05\x66iles\x18\x11 \x03(\x0b\x32\x1a.verifier.api.v1.FileEntry\x12#\n\x16runner_file_sha256_now\x18\x13 \x01(\tH\x03\x88\x01\x01\x12\x38\n\rdisagreements\x18\x14 \x03(\x0b\x32!.verifier.api.v1.FileDisagreement\x12\x37\n\x0fnative_mappings\x18\x15 \x03(\x0b\x32\x1e.verifier.api.v1.NativeMapping\x12/\n\nprovenance\x18\x16 \x01(\x0b\x32\x1b.verifier.api.v1.Provenance\x12%\n\x05\x64rift\x18\x17 \x03(\x0b\x32\x16.verifier.api.v1.DriftB\x07\n\x05_rankB\x0f\n\r_container_idB\x12\n\x10_manifest_digestB\x19\n\x17_runner_file_sha256_nowJ\x04\x08\x12\x10\x13\"\xdb\x01\n\nProvenance\x12\x37\n\x06\x63ounts\x18\x01 \x03(\x0b\x32\'.verifier.api.v1.Provenance.CountsEntry\x12*\n\x05\x66iles\x18\x02 \x03(\x0b\x32\x1b.verifier.api.v1.FileOrigin\x12\x39\n\rdistributions\x18\x03 \x03(\x0b\x32\".verifier.api.v1.DistributionFiles\x1a-\n\x0b\x43ountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"A\n\x11\x44istributionFiles\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\r\n\x05\x66iles\x18\x03 \x01(\x03\"\x84\x02\n\nFileOrigin\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06origin\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x19\n\x0c\x64istribution\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x14\n\x07version\x18\x05 \x01(\tH\x01\x88\x01\x01\x12\x18\n\x0brecord_path\x18\x06 \x01(\tH\x02\x88\x01\x01\x12\x13\n\x06sha256\x18\x07 \x01(\tH\x03\x88\x01\x01\x12\x1c\n\x0f\x65xpected_sha256\x18\x08 \x01(\tH\x04\x88\x01\x01\x42\x0f\n\r_distributionB\n\n\x08_versionB\x0e\n\x0c_record_pathB\t\n\x07_sha256B\x12\n\x10_expected_sha256\"Q\n\x05\x44rift\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x13\n\x06module\x18\x03 \x01(\tH\x00\x88\x01\x01\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\tB\t\n\x07_module\"\x97\x01\n\rNativeMapping\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x13\n\x06sha256\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x0c\n\x04size\x18\x03 \x01(\x03\x12\r\n\x05state\x18\x04 \x01(\t\x12\x12\n\x05\x65rror\x18\x05 \x01(\tH\x01\x88\x01\x01\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\x12\r\n\x05inode\x18\x07 \x01(\x03\x42\t\n\x07_sha256B\x08\n\x06_error\"\x92\x01\n\x10\x46ileDisagreement\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x1e\n\x11sha256_in_process\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x19\n\x0csha256_agent\x18\x03 \x01(\tH\x01\x88\x01\x01\x12\x0e\n\x06reason\x18\x04 \x01(\tB\x14\n\x12_sha256_in_processB\x0f\n\r_sha256_agent\"\xbd\x01\n\x0cTargetReport\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x03\x12\r\n\x05nonce\x18\x04 \x01(\t\x12\x11\n\tsent_unix\x18\x05 \x01(\x01\x12\x31\n\tprocesses\x18\x06 \x03(\x0b\x32\x1e.verifier.api.v1.ProcessReport\x12)\n\x04gone\x18\x07 \x03(\x0b\x32\x1b.verifier.api.v1.ProcessKey\"y\n\x07\x46inding\x12\n\n\x02id\x18\x01 \x01(\t\x12+\n\x08severity\x18\x02 \x01(\x0e\x32\x19.verifier.api.v1.Severity\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x0e\n\x06target\x18\x04 \x01(\t\x12\x14\n\x0c\x63ontext_json\x18\x05 \x01(\t\"\xa8\x01\n\tHookCount\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x03\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x11\n\x04rank\x18\x04 \x01(\x03H\x00\x88\x01\x01\x12\r\n\x05\x66ired\x18\x05 \x01(\x03\x12\x18\n\x10\x66ired_productive\x18\x06 \x01(\x03\x12\x18\n\x10productive_steps\x18\x07 \x01(\x03\x12\x13\n\x0btotal_steps\x18\x08 \x01(\x03\x42\x07\n\x05_rank\"\xe3\x01\n\rTargetVerdict\x12\x0e\n\x06target\x18\x01 \x01(\t\x12)\n\x07verdict\x18\x02 \x01(\x0e\x32\x18.verifier.api.v1.Verdict\x12*\n\x08\x66indings\x18\x03 \x03(\x0b\x32\x18.verifier.api.v1.Finding\x12\x16\n\x0e\x65valuated_unix\x18\x04 \x01(\x01\x12\x18\n\x0breport_unix\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12)\n\x05hooks\x18\x06 \x03(\x0b\x32\x1a.verifier.api.v1.HookCountB\x0e\n\x0c_report_unix\"\xd0\x01\n\nRunVerdict\x12\x0b\n\x03run\x18\x01 \x01(\t\x12\x15\n\rpolicy_digest\x18\x02 \x01(\t\x12)\n\x07verdict\x18\x03 \x01(\x0e\x32\x18.verifier.api.v1.Verdict\x12/\n\x07targets\x18\x04 \x03(\x0b\x32\x1e.verifier.api.v1.TargetVerdict\x12*\n\x08\x66indings\x18\x05 \x03(\x0b\x32\x18.verifier.api.v1.Finding\x12\x16\n\x0e\x65valuated_unix\x18\x06 \x01(\x01\"r\n\nRunSummary\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rpolicy_digest\x18\x02 \x01(\t\x12\x14\n\x0c\x63reated_unix\x18\x03 \x01(\x01\x12)\n\x07verdict\x18\x04 \x01(\x0e\x32\x18.verifier.api.v1.Verdict\"1\n\x0cHelloRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0f\n\x07targets\x18\x02 \x03(\t\"K\n\rHelloResponse\x12\r\n\x05nonce\x18\x01 \x01(\t\x12\x19\n\x11report_interval_s\x18\x02 \x01(\x01\x12\x10\n\x08last_seq\x18\x03 \x01(\x03\">\n\rReportRequest\x12-\n\x06report\x18\x01 \x01(\x0b\x32\x1d.verifier.api.v1.TargetReport\"V\n\x0eReportResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0b\n\x03seq\x18\x02 \x01(\x03\x12\r\n\x05nonce\x18\x03 \x01(\t\x12\x16\n\x0eneed_manifests\x18\x04 \x03(\t\"G\n\x12RegisterRunRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0bpolicy_toml\x18\x02 \x01(\t\x12\x0e\n\x06source\x18\x03 \x01(\t\"P\n\x13RegisterRunResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rpolicy_digest\x18\x02 \x01(\t\x12\x14\n\x0c\x63reated_unix\x18\x03 \x01(\x01\"#\n\x13GetRunStatusRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"D\n\x14GetRunStatusResponse\x12,\n\x07verdict\x18\x01 \x01(\x0b\x32\x1b.verifier.api.v1.RunVerdict\"\x11\n\x0fListRunsRequest\"=\n\x10ListRunsResponse\x12)\n\x04runs\x18\x01 \x03(\x0b\x32\x1b.verifier.api.v1.RunSummary*n\n\x07Verdict\x12\x17\n\x13VERDICT_UNSPECIFIED\x10\x00\x12\x10\n\x0cVERDICT_PASS\x10\x01\x12\x10\n\x0cVERDICT_FAIL\x10\x02\x12\x13\n\x0fVERDICT_PENDING\x10\x03\x12\x11\n\rVERDICT_STALE\x10\x04*w\n\x08Severity\x12\x18\n\x14SEVERITY_UNSPECIFIED\x10\x00\x12\x12\n\x0eSEVERITY_ERROR\x10\x01\x12\x14\n\x10SEVERITY_PENDING\x10\x02\x12\x14\n\x10SEVERITY_WARNING\x10\x03\x12\x11\n\rSEVERITY_INFO\x10\x04\x32\xac\x03\n\x0fVerifierService\x12\x46\n\x05Hello\x12\x1d.verifier.api.v1.HelloRequest\x1a\x1e.verifier.api.v1.HelloResponse\x12I\n\x06Report\x12\x1e.verifier.api.v1.ReportRequest\x1a\x1f.verifier.api.v1.ReportResponse\x12X\n\x0bRegisterRun\x12#.verifier.api.v1.RegisterRunRequest\x1a$.verifier.api.v1.RegisterRunResponse\x12[\n\x0cGetRunStatus\x12$.verifier.api.v1.GetRunStatusRequest\x1a%.verifier.api.v1.GetRunStatusResponse\x12O\n\x08ListRuns\x12 .verifier.api.v1.ListRunsRequest\x1a!.verifier.api.v1.ListRunsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'verifier.api.v1.verifier_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_VERDICT']._serialized_start=3532
-  _globals['_VERDICT']._serialized_end=3642
-  _globals['_SEVERITY']._serialized_start=3644
-  _globals['_SEVERITY']._serialized_end=3763
+  _globals['_PROVENANCE_COUNTSENTRY']._loaded_options = None
+  _globals['_PROVENANCE_COUNTSENTRY']._serialized_options = b'8\001'
+  _globals['_VERDICT']._serialized_start=4287
+  _globals['_VERDICT']._serialized_end=4397
+  _globals['_SEVERITY']._serialized_start=4399
+  _globals['_SEVERITY']._serialized_end=4518
   _globals['_PROCESSKEY']._serialized_start=51
   _globals['_PROCESSKEY']._serialized_end=114
   _globals['_RUNNEREVIDENCE']._serialized_start=116
@@ -46,43 +48,53 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FILEENTRY']._serialized_start=749
   _globals['_FILEENTRY']._serialized_end=878
   _globals['_PROCESSREPORT']._serialized_start=881
-  _globals['_PROCESSREPORT']._serialized_end=1592
-  _globals['_NATIVEMAPPING']._serialized_start=1594
-  _globals['_NATIVEMAPPING']._serialized_end=1714
-  _globals['_FILEDISAGREEMENT']._serialized_start=1717
-  _globals['_FILEDISAGREEMENT']._serialized_end=1863
-  _globals['_TARGETREPORT']._serialized_start=1866
-  _globals['_TARGETREPORT']._serialized_end=2055
-  _globals['_FINDING']._serialized_start=2057
-  _globals['_FINDING']._serialized_end=2178
-  _globals['_HOOKCOUNT']._serialized_start=2181
-  _globals['_HOOKCOUNT']._serialized_end=2349
-  _globals['_TARGETVERDICT']._serialized_start=2352
-  _globals['_TARGETVERDICT']._serialized_end=2579
-  _globals['_RUNVERDICT']._serialized_start=2582
-  _globals['_RUNVERDICT']._serialized_end=2790
-  _globals['_RUNSUMMARY']._serialized_start=2792
-  _globals['_RUNSUMMARY']._serialized_end=2906
-  _globals['_HELLOREQUEST']._serialized_start=2908
-  _globals['_HELLOREQUEST']._serialized_end=2957
-  _globals['_HELLORESPONSE']._serialized_start=2959
-  _globals['_HELLORESPONSE']._serialized_end=3034
-  _globals['_REPORTREQUEST']._serialized_start=3036
-  _globals['_REPORTREQUEST']._serialized_end=3098
-  _globals['_REPORTRESPONSE']._serialized_start=3100
-  _globals['_REPORTRESPONSE']._serialized_end=3186
-  _globals['_REGISTERRUNREQUEST']._serialized_start=3188
-  _globals['_REGISTERRUNREQUEST']._serialized_end=3259
-  _globals['_REGISTERRUNRESPONSE']._serialized_start=3261
-  _globals['_REGISTERRUNRESPONSE']._serialized_end=3341
-  _globals['_GETRUNSTATUSREQUEST']._serialized_start=3343
-  _globals['_GETRUNSTATUSREQUEST']._serialized_end=3378
-  _globals['_GETRUNSTATUSRESPONSE']._serialized_start=3380
-  _globals['_GETRUNSTATUSRESPONSE']._serialized_end=3448
-  _globals['_LISTRUNSREQUEST']._serialized_start=3450
-  _globals['_LISTRUNSREQUEST']._serialized_end=3467
-  _globals['_LISTRUNSRESPONSE']._serialized_start=3469
-  _globals['_LISTRUNSRESPONSE']._serialized_end=3530
-  _globals['_VERIFIERSERVICE']._serialized_start=3766
-  _globals['_VERIFIERSERVICE']._serialized_end=4194
+  _globals['_PROCESSREPORT']._serialized_end=1680
+  _globals['_PROVENANCE']._serialized_start=1683
+  _globals['_PROVENANCE']._serialized_end=1902
+  _globals['_PROVENANCE_COUNTSENTRY']._serialized_start=1857
+  _globals['_PROVENANCE_COUNTSENTRY']._serialized_end=1902
+  _globals['_DISTRIBUTIONFILES']._serialized_start=1904
+  _globals['_DISTRIBUTIONFILES']._serialized_end=1969
+  _globals['_FILEORIGIN']._serialized_start=1972
+  _globals['_FILEORIGIN']._serialized_end=2232
+  _globals['_DRIFT']._serialized_start=2234
+  _globals['_DRIFT']._serialized_end=2315
+  _globals['_NATIVEMAPPING']._serialized_start=2318
+  _globals['_NATIVEMAPPING']._serialized_end=2469
+  _globals['_FILEDISAGREEMENT']._serialized_start=2472
+  _globals['_FILEDISAGREEMENT']._serialized_end=2618
+  _globals['_TARGETREPORT']._serialized_start=2621
+  _globals['_TARGETREPORT']._serialized_end=2810
+  _globals['_FINDING']._serialized_start=2812
+  _globals['_FINDING']._serialized_end=2933
+  _globals['_HOOKCOUNT']._serialized_start=2936
+  _globals['_HOOKCOUNT']._serialized_end=3104
+  _globals['_TARGETVERDICT']._serialized_start=3107
+  _globals['_TARGETVERDICT']._serialized_end=3334
+  _globals['_RUNVERDICT']._serialized_start=3337
+  _globals['_RUNVERDICT']._serialized_end=3545
+  _globals['_RUNSUMMARY']._serialized_start=3547
+  _globals['_RUNSUMMARY']._serialized_end=3661
+  _globals['_HELLOREQUEST']._serialized_start=3663
+  _globals['_HELLOREQUEST']._serialized_end=3712
+  _globals['_HELLORESPONSE']._serialized_start=3714
+  _globals['_HELLORESPONSE']._serialized_end=3789
+  _globals['_REPORTREQUEST']._serialized_start=3791
+  _globals['_REPORTREQUEST']._serialized_end=3853
+  _globals['_REPORTRESPONSE']._serialized_start=3855
+  _globals['_REPORTRESPONSE']._serialized_end=3941
+  _globals['_REGISTERRUNREQUEST']._serialized_start=3943
+  _globals['_REGISTERRUNREQUEST']._serialized_end=4014
+  _globals['_REGISTERRUNRESPONSE']._serialized_start=4016
+  _globals['_REGISTERRUNRESPONSE']._serialized_end=4096
+  _globals['_GETRUNSTATUSREQUEST']._serialized_start=4098
+  _globals['_GETRUNSTATUSREQUEST']._serialized_end=4133
+  _globals['_GETRUNSTATUSRESPONSE']._serialized_start=4135
+  _globals['_GETRUNSTATUSRESPONSE']._serialized_end=4203
+  _globals['_LISTRUNSREQUEST']._serialized_start=4205
+  _globals['_LISTRUNSREQUEST']._serialized_end=4222
+  _globals['_LISTRUNSRESPONSE']._serialized_start=4224
+  _globals['_LISTRUNSRESPONSE']._serialized_end=4285
+  _globals['_VERIFIERSERVICE']._serialized_start=4521
+  _globals['_VERIFIERSERVICE']._serialized_end=4949
 # @@protoc_insertion_point(module_scope)

@@ -118,7 +118,7 @@ class FileEntry(_message.Message):
     def __init__(self, path: _Optional[str] = ..., sha256: _Optional[str] = ..., size: _Optional[int] = ..., kind: _Optional[str] = ..., module: _Optional[str] = ..., at: _Optional[str] = ...) -> None: ...
 
 class ProcessReport(_message.Message):
-    __slots__ = ("key", "ns_pid", "ppid", "start_time", "role", "rank", "container_id", "cmdline", "exe", "probe_present", "probe_errors", "runner", "steps", "hooks", "manifest_digest", "files_included", "files", "runner_file_sha256_now", "disagreements", "native_mappings")
+    __slots__ = ("key", "ns_pid", "ppid", "start_time", "role", "rank", "container_id", "cmdline", "exe", "probe_present", "probe_errors", "runner", "steps", "hooks", "manifest_digest", "files_included", "files", "runner_file_sha256_now", "disagreements", "native_mappings", "provenance", "drift")
     KEY_FIELD_NUMBER: _ClassVar[int]
     NS_PID_FIELD_NUMBER: _ClassVar[int]
     PPID_FIELD_NUMBER: _ClassVar[int]
@@ -139,6 +139,8 @@ class ProcessReport(_message.Message):
     RUNNER_FILE_SHA256_NOW_FIELD_NUMBER: _ClassVar[int]
     DISAGREEMENTS_FIELD_NUMBER: _ClassVar[int]
     NATIVE_MAPPINGS_FIELD_NUMBER: _ClassVar[int]
+    PROVENANCE_FIELD_NUMBER: _ClassVar[int]
+    DRIFT_FIELD_NUMBER: _ClassVar[int]
     key: ProcessKey
     ns_pid: int
     ppid: int
@@ -159,21 +161,86 @@ class ProcessReport(_message.Message):
     runner_file_sha256_now: str
     disagreements: _containers.RepeatedCompositeFieldContainer[FileDisagreement]
     native_mappings: _containers.RepeatedCompositeFieldContainer[NativeMapping]
-    def __init__(self, key: _Optional[_Union[ProcessKey, _Mapping]] = ..., ns_pid: _Optional[int] = ..., ppid: _Optional[int] = ..., start_time: _Optional[float] = ..., role: _Optional[str] = ..., rank: _Optional[int] = ..., container_id: _Optional[str] = ..., cmdline: _Optional[_Iterable[str]] = ..., exe: _Optional[str] = ..., probe_present: _Optional[bool] = ..., probe_errors: _Optional[_Iterable[str]] = ..., runner: _Optional[_Union[RunnerEvidence, _Mapping]] = ..., steps: _Optional[_Union[StepEvidence, _Mapping]] = ..., hooks: _Optional[_Iterable[_Union[HookEvidence, _Mapping]]] = ..., manifest_digest: _Optional[str] = ..., files_included: _Optional[bool] = ..., files: _Optional[_Iterable[_Union[FileEntry, _Mapping]]] = ..., runner_file_sha256_now: _Optional[str] = ..., disagreements: _Optional[_Iterable[_Union[FileDisagreement, _Mapping]]] = ..., native_mappings: _Optional[_Iterable[_Union[NativeMapping, _Mapping]]] = ...) -> None: ...
+    provenance: Provenance
+    drift: _containers.RepeatedCompositeFieldContainer[Drift]
+    def __init__(self, key: _Optional[_Union[ProcessKey, _Mapping]] = ..., ns_pid: _Optional[int] = ..., ppid: _Optional[int] = ..., start_time: _Optional[float] = ..., role: _Optional[str] = ..., rank: _Optional[int] = ..., container_id: _Optional[str] = ..., cmdline: _Optional[_Iterable[str]] = ..., exe: _Optional[str] = ..., probe_present: _Optional[bool] = ..., probe_errors: _Optional[_Iterable[str]] = ..., runner: _Optional[_Union[RunnerEvidence, _Mapping]] = ..., steps: _Optional[_Union[StepEvidence, _Mapping]] = ..., hooks: _Optional[_Iterable[_Union[HookEvidence, _Mapping]]] = ..., manifest_digest: _Optional[str] = ..., files_included: _Optional[bool] = ..., files: _Optional[_Iterable[_Union[FileEntry, _Mapping]]] = ..., runner_file_sha256_now: _Optional[str] = ..., disagreements: _Optional[_Iterable[_Union[FileDisagreement, _Mapping]]] = ..., native_mappings: _Optional[_Iterable[_Union[NativeMapping, _Mapping]]] = ..., provenance: _Optional[_Union[Provenance, _Mapping]] = ..., drift: _Optional[_Iterable[_Union[Drift, _Mapping]]] = ...) -> None: ...
+
+class Provenance(_message.Message):
+    __slots__ = ("counts", "files", "distributions")
+    class CountsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    DISTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
+    counts: _containers.ScalarMap[str, int]
+    files: _containers.RepeatedCompositeFieldContainer[FileOrigin]
+    distributions: _containers.RepeatedCompositeFieldContainer[DistributionFiles]
+    def __init__(self, counts: _Optional[_Mapping[str, int]] = ..., files: _Optional[_Iterable[_Union[FileOrigin, _Mapping]]] = ..., distributions: _Optional[_Iterable[_Union[DistributionFiles, _Mapping]]] = ...) -> None: ...
+
+class DistributionFiles(_message.Message):
+    __slots__ = ("name", "version", "files")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    files: int
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., files: _Optional[int] = ...) -> None: ...
+
+class FileOrigin(_message.Message):
+    __slots__ = ("path", "origin", "reason", "distribution", "version", "record_path", "sha256", "expected_sha256")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DISTRIBUTION_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    RECORD_PATH_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_SHA256_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    origin: str
+    reason: str
+    distribution: str
+    version: str
+    record_path: str
+    sha256: str
+    expected_sha256: str
+    def __init__(self, path: _Optional[str] = ..., origin: _Optional[str] = ..., reason: _Optional[str] = ..., distribution: _Optional[str] = ..., version: _Optional[str] = ..., record_path: _Optional[str] = ..., sha256: _Optional[str] = ..., expected_sha256: _Optional[str] = ...) -> None: ...
+
+class Drift(_message.Message):
+    __slots__ = ("id", "path", "module", "detail")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    MODULE_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    path: str
+    module: str
+    detail: str
+    def __init__(self, id: _Optional[str] = ..., path: _Optional[str] = ..., module: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class NativeMapping(_message.Message):
-    __slots__ = ("path", "sha256", "size", "state", "error")
+    __slots__ = ("path", "sha256", "size", "state", "error", "device", "inode")
     PATH_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    INODE_FIELD_NUMBER: _ClassVar[int]
     path: str
     sha256: str
     size: int
     state: str
     error: str
-    def __init__(self, path: _Optional[str] = ..., sha256: _Optional[str] = ..., size: _Optional[int] = ..., state: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
+    device: str
+    inode: int
+    def __init__(self, path: _Optional[str] = ..., sha256: _Optional[str] = ..., size: _Optional[int] = ..., state: _Optional[str] = ..., error: _Optional[str] = ..., device: _Optional[str] = ..., inode: _Optional[int] = ...) -> None: ...
 
 class FileDisagreement(_message.Message):
     __slots__ = ("path", "sha256_in_process", "sha256_agent", "reason")

