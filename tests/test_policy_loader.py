@@ -21,7 +21,7 @@ from verifier.policy.rules import (
     RequireFile,
     ViewsAgree,
 )
-from verifier.policy.rules_provenance import DriftFree, Patch, Pristine
+from verifier.policy.rules_provenance import DriftFree, OriginsReported, Patch, Pristine
 
 HOOK = '[[hooks]]\nname = "v1_step"\n'
 SHA = "0123456789abcdef" * 4
@@ -282,6 +282,7 @@ def test_defaults_fill_every_optional_setting() -> None:
         ViewsAgree(),
         NativeIntact(),
         DriftFree(),
+        OriginsReported(),
     )
     assert (*always, HookFires("v1_step", None, 1.0)) == p.rules
 
@@ -326,6 +327,7 @@ note = "adds a counter"
         ViewsAgree(),
         NativeIntact(),
         DriftFree(frozenset({"provenance.bytecode.unchecked"})),
+        OriginsReported(),
         ExpectRunner("vllm.v1.worker.cpu_model_runner.CPUModelRunner"),
         HookFires("v1_step", "worker", 2.0),
         RequireFile(FileSpec(path="vllm/v1/worker/gpu_model_runner.py"), None, SHA),
@@ -349,7 +351,7 @@ note = "adds a counter"
 
 def test_the_same_hook_may_be_required_in_two_roles() -> None:
     text = 'version = 1\n[[hooks]]\nname = "a"\n[[hooks]]\nname = "a"\nrole = "engine_core"\n'
-    assert len(load_policy(text).rules) == 6  # the four always-on rules and two hooks
+    assert len(load_policy(text).rules) == 7  # the five always-on rules and two hooks
 
 
 @pytest.mark.parametrize("name", ["cpu-live-hook.toml", "cpu-dead-hook.toml"])

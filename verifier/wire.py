@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
 from verifier.api.v1 import verifier_pb2 as pb
@@ -799,3 +800,24 @@ def list_runs_response_from_pb(msg: pb.ListRunsResponse) -> tuple[RunSummary, ..
     return tuple(
         run_summary_from_pb(r, f"list_runs_response.runs[{i}]") for i, r in enumerate(msg.runs)
     )
+
+
+def process_to_json(p: ProcessReport) -> dict[str, Any]:
+    """A process report as JSON-ready data (protobuf's JSON mapping of ``ProcessReport``): the
+    form ``verifier inspect --json`` stores, which ``process_from_json`` reads back."""
+    data: dict[str, Any] = json_format.MessageToDict(
+        _process_to_pb(p), preserving_proto_field_name=True
+    )
+    return data
+
+
+def process_from_json(data: object, at: str = "report") -> ProcessReport:
+    """Read back what ``process_to_json`` wrote; WireError names the field that is wrong."""
+    if not isinstance(data, dict):
+        _fail(at, f"must be a JSON object, not {type(data).__name__}")
+    msg = pb.ProcessReport()
+    try:
+        json_format.ParseDict(data, msg)
+    except json_format.ParseError as e:
+        raise WireError(at, f"not a ProcessReport: {e}") from e
+    return _process_from_pb(msg, at)

@@ -49,6 +49,12 @@ def render(v: RunVerdict) -> str:
             )
         for f in t.findings:
             lines.append(f"    {f.severity.value:<7} {f.id}: {f.message}")
+            if f.id == "provenance.origins":
+                for x in f.context.get("files") or ():
+                    dist = f" [{x.get('distribution')}]" if x.get("distribution") else ""
+                    lines.append(
+                        f"      {x.get('origin', '?'):<9} {x.get('path')}{dist}: {x.get('reason')}"
+                    )
     return "\n".join(lines) + "\n"
 
 

@@ -66,6 +66,7 @@ FILE_HASH_MISMATCH = "provenance.file.hash_mismatch"
 FILE_UNVERIFIABLE = "provenance.file.unverifiable"
 FILE_FORBIDDEN = "provenance.file.forbidden"
 PROVENANCE_UNJUDGED = "provenance.unjudged"
+PROVENANCE_ORIGINS = "provenance.origins"
 PROVENANCE_NOT_PRISTINE = "provenance.not_pristine"
 PROVENANCE_NOT_LOADED = "provenance.distribution.not_loaded"
 PATCH_DECLARED = "provenance.patch.declared"
@@ -183,6 +184,9 @@ FINDINGS: dict[str, FindingKind] = {
     ),
     DRIFT_MODULE_FILELESS: FindingKind(
         Severity.ERROR, "", "a module claims to come from a file that does not exist"
+    ),
+    PROVENANCE_ORIGINS: FindingKind(
+        Severity.INFO, "", "a process's files per provenance class, and each non-pristine file"
     ),
     PROVENANCE_UNJUDGED: FindingKind(
         Severity.PENDING, "", "the agent has not judged the provenance of a process's files"

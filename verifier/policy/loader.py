@@ -26,7 +26,13 @@ from verifier.policy.rules import (
     RequireFile,
     ViewsAgree,
 )
-from verifier.policy.rules_provenance import DriftFree, Patch, Pristine, canonical
+from verifier.policy.rules_provenance import (
+    DriftFree,
+    OriginsReported,
+    Patch,
+    Pristine,
+    canonical,
+)
 
 VERSION = 1
 _TOP = (
@@ -385,6 +391,7 @@ def load_policy(text: str, source: str = "<policy>") -> Policy:
             ViewsAgree(),
             NativeIntact(),
             DriftFree(allow),
+            OriginsReported(),
             *rules,
         ),
         evidence=evidence,

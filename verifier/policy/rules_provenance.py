@@ -72,6 +72,44 @@ class DriftFree:
 
 
 @dataclass(frozen=True)
+class OriginsReported:
+    """``provenance.origins`` (INFO) per judged process: its files per provenance class and
+    every file that is not pristine or stdlib, with the reason (what ``verifier status``
+    lists)."""
+
+    def describe(self) -> str:
+        return "where the loaded files came from"
+
+    def evaluate(self, snapshot: I.TargetSnapshot, ctx: I.EvalContext) -> list[Finding]:
+        out: list[Finding] = []
+        for p in E.ordered(snapshot.processes):
+            if not _judged(p) or p.provenance is None:
+                continue
+            prov = p.provenance
+            counts = ", ".join(f"{o} {n}" for o, n in prov.counts)
+            out.append(
+                E.finding(
+                    I.PROVENANCE_ORIGINS,
+                    Severity.INFO,
+                    f"{E.name(p)} loaded {counts}",
+                    snapshot,
+                    **E.base(p),
+                    counts=dict(prov.counts),
+                    files=[
+                        {
+                            "path": f.path,
+                            "origin": f.origin,
+                            "reason": f.reason,
+                            "distribution": f.distribution,
+                        }
+                        for f in prov.files
+                    ],
+                )
+            )
+        return out
+
+
+@dataclass(frozen=True)
 class Patch:
     """``[[patches]]``: a file of a pristine-required distribution allowed to differ."""
 
