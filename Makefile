@@ -34,6 +34,7 @@ bench: setup      ## benchmarks; results belong in BENCHMARKS.md
 	$(PY) bench/server_throughput.py
 	$(PY) bench/gate_latency.py
 	$(PY) bench/agents_scale.py
+	$(PY) bench/hash_scan.py
 
 clean:            ## remove caches and scratch (keeps .venv and the model)
 	rm -rf .scratch .pytest_cache .mypy_cache .ruff_cache
