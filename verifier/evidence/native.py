@@ -24,6 +24,8 @@ class _Exec:
     path: str
     range: str  # "start-end" of its first executable mapping
     unlinked: bool  # maps marks the mapped inode "(deleted)"
+    device: str = ""  # "major:minor" as maps shows it
+    inode: int = 0
 
 
 def executable_files(procfs: ProcFS, pid: int) -> list[_Exec]:
@@ -38,7 +40,8 @@ def executable_files(procfs: ProcFS, pid: int) -> list[_Exec]:
         path, deleted = parts[5], parts[5].endswith(_DELETED)
         if deleted:
             path = path[: -len(_DELETED)]
-        seen.setdefault(path, _Exec(path, parts[0], deleted))
+        inode = int(parts[4]) if parts[4].isdigit() else 0
+        seen.setdefault(path, _Exec(path, parts[0], deleted, parts[3], inode))
     return list(seen.values())
 
 
@@ -64,5 +67,5 @@ def native_mappings(procfs: ProcFS, pid: int, hasher: Hasher) -> tuple[NativeMap
             state, error = "replaced", d.error
         else:
             state, error = "same", None  # the same bytes (a reinstall of the same file)
-        out.append(NativeMapping(e.path, m.sha256, m.size, state, error))
+        out.append(NativeMapping(e.path, m.sha256, m.size, state, error, e.device, e.inode))
     return tuple(out)

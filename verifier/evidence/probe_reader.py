@@ -23,8 +23,9 @@ class FileRecord:
     size: int
     kind: str  # source | bytecode | extension | data
     module: str | None
-    at: str  # load | snapshot | late
+    at: str  # load | snapshot | deferred | late | rejected
     inherited: bool = False
+    t: float | None = None  # when the probe hashed it (the process's wall clock)
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,11 @@ class ProbeState:
     error_count: int
     manifest_digest: str
     extra: dict[str, Any] = field(default_factory=dict)
+    # The interpreter's layout as the probe last recorded it: stdlib, prefix, base_prefix,
+    # path (sys.path), cwd, version. Empty until the sweeper's first pass.
+    interp: dict[str, Any] = field(default_factory=dict)
+    # Modules that claim a file (__file__ or spec.origin) where there is none: module, claimed.
+    fileless: tuple[tuple[str, str], ...] = ()
 
     @property
     def role(self) -> tuple[str | None, int | None]:
@@ -251,6 +257,7 @@ def _files(records: list[dict[str, Any]]) -> list[FileRecord]:
             module=rec.get("module") if isinstance(rec.get("module"), str) else None,
             at=str(rec.get("at", "")),
             inherited=bool(rec.get("inherited")),
+            t=rec["t"] if isinstance(rec.get("t"), (int, float)) else None,
         )
     return sorted(latest.values(), key=lambda f: f.path)
 
@@ -304,4 +311,10 @@ def read_probe_dir(directory: Path, cache: JournalCache | None = None) -> ProbeS
         errors=[r for r in records if r.get("k") == "error"],
         error_count=slots[L.S_PROBE_ERRORS],
         manifest_digest=digest,
+        interp=next((r for r in reversed(records) if r.get("k") == "interp"), {}),
+        fileless=tuple(
+            (str(r.get("module")), str(r.get("claimed")))
+            for r in records
+            if r.get("k") == "fileless"
+        ),
     )

@@ -7,6 +7,9 @@
   load) and hashed by the background sweeper, off the import path.
 * For a module executed from bytecode, its source file is hashed by the sweeper too
   (``at: "deferred"``), so the manifest holds source hashes comparable with published ones.
+* A ``.pyc`` read and then rejected by its loader (stale against its source, or invalid) is
+  followed by a read of its source; it is then recorded again with ``at: "rejected"``: read,
+  but not what runs.
 * Modules already imported when the probe started are hashed after the fact from their files
   on disk (``at: "snapshot"``); modules that appear later without passing through a wrapped
   loader are hashed by the sweeper (``at: "late"``).
@@ -34,6 +37,7 @@ _guard = threading.local()
 _installed = False
 _sweeper_pid = 0
 _last_len = -1
+_last_path: tuple[str, ...] = ()
 _at_start: set[str] = set()
 
 
@@ -52,18 +56,29 @@ def _on_read(name: str | None, origin: Any, path: Any, data: bytes) -> None:
     try:
         p = os.fspath(path)
         st = _core.state()
-        st.remember(
-            {
-                "k": "file",
-                "path": p,
-                "sha256": hashlib.sha256(data).hexdigest(),
-                "size": len(data),
-                "kind": _kind(p),
-                "module": name,
-                "at": "load",
-            }
-        )
+        rec = {
+            "k": "file",
+            "path": p,
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "size": len(data),
+            "kind": _kind(p),
+            "module": name,
+            "at": "load",
+        }
+        st.remember(rec)
         _recorded.add(p)
+        last = getattr(_guard, "last_pyc", None)  # (source path, record) of this thread's
+        _guard.last_pyc = None  # latest bytecode read, while it is the latest read
+        if isinstance(origin, str) and p == origin and last is not None and last[0] == origin:
+            # The loader read the module's bytecode and now reads its source: it rejected the
+            # bytecode (stale or invalid) and compiles this source instead.
+            st.remember({**last[1], "at": "rejected"})
+            try:
+                _pending_src.remove((origin, name))  # read at load: no deferred hash
+            except ValueError:
+                pass  # not queued, or the sweeper took it already
+        elif isinstance(origin, str) and p.endswith(".pyc") and origin != p:
+            _guard.last_pyc = (origin, rec)
         if isinstance(origin, str) and origin not in _recorded:
             # The module (origin: its source path) is described by this read; the sweeper
             # must not hash its source again as if it had been loaded from there. When the
@@ -146,11 +161,64 @@ def _module_file(mod: Any) -> str | None:
     return origin if isinstance(origin, str) else None
 
 
+def _in_archive(path: str) -> bool:
+    """Whether PATH lies inside a file (a zip on sys.path), as zipimport's __file__ does."""
+    parent = os.path.dirname(path)
+    while parent and parent != os.path.dirname(parent):
+        if os.path.isfile(parent):
+            return True
+        parent = os.path.dirname(parent)
+    return False
+
+
+def _claimed_file(mod: Any, origin: str | None) -> str | None:
+    """The file MOD claims to come from when nothing is there (None: it has one, or claims
+    none). Frozen and built-in modules claim no location; zipimported ones live in a zip; a
+    relative name claims no location either (torch's ``torch.ops`` and ``torch.classes`` say
+    ``_ops.py`` and ``_classes.py``)."""
+    claimed = origin
+    if claimed is None:
+        try:
+            claimed = vars(mod).get("__file__")  # not getattr: no module __getattr__ runs
+        except TypeError:
+            return None
+    if not isinstance(claimed, str) or not os.path.isabs(claimed):
+        return None
+    if os.path.exists(claimed) or _in_archive(claimed):
+        return None
+    return claimed
+
+
+def _interp_record() -> dict[str, Any] | None:
+    """The interpreter's layout (stdlib, prefixes, sys.path, cwd) when sys.path changed:
+    the agent needs it to tell the standard library and shadowing apart."""
+    global _last_path
+    path = tuple(p for p in sys.path if isinstance(p, str))
+    if path == _last_path:
+        return None
+    _last_path = path
+    try:
+        cwd = os.getcwd()
+    except OSError:
+        cwd = None
+    return {
+        "k": "interp",
+        "stdlib": getattr(sys, "_stdlib_dir", None),
+        "prefix": sys.prefix,
+        "base_prefix": sys.base_prefix,
+        "path": list(path),
+        "cwd": cwd,
+        "version": sys.version.split()[0],
+    }
+
+
 def sweep() -> None:
     """One pass: pending post-import callbacks, extension hashes, unseen modules."""
-    global _last_len
     _postimport.flush()
     st = _core.state()
+    interp = _interp_record()
+    if interp is not None:
+        st.remember(interp)
     while _pending_ext:
         path, name, ident = _pending_ext.pop(0)
         got = _hash_file(path)
@@ -176,6 +244,12 @@ def sweep() -> None:
                     "size": got[1],
                 }
             )
+    _sweep_modules(st)
+
+
+def _sweep_modules(st: Any) -> None:
+    """Record modules that appeared in sys.modules without passing a wrapped loader."""
+    global _last_len
     n = len(sys.modules)
     if n == _last_len:
         return
@@ -185,12 +259,16 @@ def sweep() -> None:
             continue
         _names_done.add(name)
         origin = _module_file(mod)
+        claimed = _claimed_file(mod, origin)
+        if claimed is not None:
+            st.remember({"k": "fileless", "module": name, "claimed": claimed})
+            continue
         if origin is None or origin in _recorded:
             continue
         _recorded.add(origin)
         got = _hash_file(origin)
         kind = "extension" if not origin.endswith((".py", ".pyc")) else _kind(origin)
-        rec = {"k": "file", "path": origin, "kind": kind, "module": name}
+        rec: dict[str, Any] = {"k": "file", "path": origin, "kind": kind, "module": name}
         rec["at"] = "snapshot" if name in _at_start else "late"
         if got is None:
             rec.update({"sha256": None, "size": -1, "error": "unreadable"})

@@ -1,0 +1,87 @@
+"""The agent's judgement under hostile conditions: permission errors and processes that exit
+mid-scan give findings or clear outcomes, never a crash and never a silent skip."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tests.helpers import probe_env
+from verifier.agent.runner import Agent, AgentConfig
+from verifier.evidence.hashing import Hasher
+from verifier.evidence.judge import cross_check
+from verifier.evidence.process import read_process
+from verifier.evidence.procfs import ProcFS
+from verifier.model import FileEntry
+
+NOBODY = 65534
+
+
+def test_permission_denied_is_a_disagreement_with_its_reason() -> None:
+    """As an unprivileged agent, a file the process loaded but the agent may not read is a
+    disagreement saying "permission denied" (the file is not skipped)."""
+    with tempfile.TemporaryDirectory(prefix="verifier-perm-") as d:
+        _permission_case(Path(d))
+
+
+def _permission_case(tmp_path: Path) -> None:
+    secret = tmp_path / "secret.py"
+    secret.write_text("X = 1\n")
+    secret.chmod(0o600)  # root's; the child below is nobody
+    tmp_path.chmod(0o755)
+    readable = tmp_path / "open.py"
+    readable.write_text("Y = 2\n")
+    # A captured /proc whose process root is "/": paths resolve as on this machine.
+    proc_root = tmp_path / "proc"
+    (proc_root / "4242").mkdir(parents=True)
+    (proc_root / "4242" / "root").symlink_to("/")
+    files = tuple(
+        FileEntry(str(p), hashlib.sha256(p.read_bytes()).hexdigest(), 6, "source", None, "load")
+        for p in (secret, readable)
+    )
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop to nobody, judge, report through the pipe
+        try:
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            got, _ = cross_check(ProcFS(proc_root), 4242, files, Hasher(), start_time=0.0)
+            os.write(w, json.dumps([[d.path, d.reason, d.sha256_agent] for d in got]).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    assert json.loads(data) == [[str(secret), "permission denied", None]]
+
+
+def test_process_exiting_mid_scan_is_reported_gone_not_as_disagreements(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    code = "import sys, time, json; open(sys.argv[1], 'w').write('ok'); time.sleep(600)"
+    env = probe_env(tmp_path / "probe", VERIFIER_PROBE_EARLY="1")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(ready)], env=env)
+    try:
+        while not ready.exists():
+            assert proc.poll() is None
+            time.sleep(0.1)
+        time.sleep(1.5)
+        procfs = ProcFS()
+        ev = read_process(procfs, proc.pid)  # discovered while it ran ...
+        assert ev.probe is not None and ev.probe.files
+    finally:
+        proc.send_signal(signal.SIGKILL)  # ... and gone before its files are judged
+        proc.wait()
+    agent = Agent(AgentConfig("127.0.0.1:9", "t", "a", tmp_path / "spool", root_pid=os.getpid()))
+    try:
+        assert agent._report(ev) is None  # not a report full of "missing" files
+    finally:
+        agent.channel.close()

@@ -1,0 +1,153 @@
+"""``verifier policy init`` (a policy pinning a known-good boot) and ``verifier policy check``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from verifier._cli._local import load_side
+from verifier.errors import ConfigError, UsageError
+from verifier.evidence.procfs import ProcFS
+from verifier.model import Origin, ProcessReport
+from verifier.policy import load_policy, policy_digest
+
+DESCRIPTION = """\
+init: write a policy that pins what a known-good boot ran, for you to review and register
+(`verifier run register`). From a live process tree (--from-pid) or a stored
+`verifier inspect --json` file (--from), the process that runs the model (or --role) gives:
+the live runner class; every hook seen firing, with the fire rate it showed; the runner's
+step file with its sha256; every distribution that claims a loaded file and whose files were
+all pristine or patched, required pristine, with each patched file declared with its hash;
+every editable (local) file with its hash. The policy is checked by loading it before it
+is written.
+
+check: load a policy and print its digest and rules, or the error (exit code 3)."""
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "policy",
+        help="write a policy from a known-good boot (init), or check one (check)",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    psub = p.add_subparsers(dest="policy_command", metavar="SUBCOMMAND", required=True)
+    init = psub.add_parser("init", help="write a policy pinning a known-good boot")
+    src = init.add_mutually_exclusive_group(required=True)
+    src.add_argument("--from-pid", type=int, metavar="PID", help="a live vLLM process (tree)")
+    src.add_argument("--from", dest="from_file", metavar="FILE", help="`inspect --json` output")
+    init.add_argument(
+        "--role",
+        choices=("api_server", "engine_core", "worker"),
+        help="pin this role's process (default: the one that runs the model)",
+    )
+    init.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
+    init.add_argument("--force", action="store_true", help="overwrite --output if it exists")
+    init.add_argument("--proc", default="/proc", help=argparse.SUPPRESS)
+    init.set_defaults(handler=run_init)
+    check = psub.add_parser("check", help="load a policy; print its digest or the error")
+    check.add_argument("file", metavar="FILE")
+    check.set_defaults(handler=run_check)
+
+
+def _q(s: str) -> str:
+    return json.dumps(s)  # a TOML basic string is a JSON string for these characters
+
+
+def render_policy(label: str, r: ProcessReport) -> str:
+    """The TOML text pinning R's boot."""
+    prov = r.provenance
+    out = [
+        f"# Written by `verifier policy init` from {label}",
+        f"# at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}. Review before registering.",
+    ]
+    if prov is not None:
+        counts = ", ".join(f"{o} {n}" for o, n in prov.counts)
+        out.append(f"# Loaded files by origin: {counts}.")
+    out += ["version = 1", ""]
+    if r.runner is not None:
+        out += ["[runner]", f"expect_class = {_q(r.runner.cls)}", ""]
+    for h in r.hooks:
+        if h.fired <= 0:
+            continue
+        productive = r.steps.productive if r.steps else 0
+        rate = h.fired_productive / productive if productive else 0.0
+        minimum = 1.0 if rate >= 1 else int(rate * 100) / 100
+        out += [
+            f"# fired {h.fired} times, {h.fired_productive} on {productive} productive steps",
+            "[[hooks]]",
+            f"name = {_q(h.name)}",
+            f"min_fires_per_productive_step = {minimum}",
+            "",
+        ]
+    if r.runner is not None and r.runner.file and r.runner.sha256:
+        out += [
+            "# the file defining the live runner's step method",
+            "[[files]]",
+            f"path = {_q(r.runner.file)}",
+            f"sha256 = {_q(r.runner.sha256)}",
+            "",
+        ]
+    if prov is None:
+        out.append("# no provenance judgement: no [provenance] section written")
+        return "\n".join(out) + "\n"
+    unpinnable = {
+        f.distribution
+        for f in prov.files
+        if f.distribution and f.origin not in (Origin.PATCHED, Origin.PRISTINE)
+    }
+    pristine = sorted(n for n, _, _ in prov.distributions if n not in unpinnable)
+    if pristine:
+        out += ["[provenance]", f"pristine = [{', '.join(_q(n) for n in pristine)}]", ""]
+    for f in prov.files:
+        if f.origin == Origin.PATCHED and f.distribution in pristine and f.sha256:
+            out += [
+                f"# {f.path}: RECORD says {f.expected_sha256}",
+                "[[patches]]",
+                f"distribution = {_q(f.distribution)}",
+                f"path = {_q(f.record_path or f.path)}",
+                f"sha256 = {_q(f.sha256)}",
+                "",
+            ]
+    for f in prov.files:
+        if f.origin == Origin.EDITABLE and f.sha256 and not f.path.endswith(".pyc"):
+            out += ["[[files]]", f"path = {_q(f.path)}", f"sha256 = {_q(f.sha256)}", ""]
+    return "\n".join(out) + "\n"
+
+
+def run_init(args: argparse.Namespace) -> int:
+    if args.from_pid is not None and args.from_pid <= 0:
+        raise UsageError(f"--from-pid must be a positive integer, got {args.from_pid}")
+    spec = str(args.from_pid) if args.from_pid is not None else args.from_file
+    label, report = load_side(spec, args.role, ProcFS(args.proc))
+    text = render_policy(label, report)
+    policy = load_policy(text, "<generated policy>")  # never write one that does not load
+    if args.output is None:
+        sys.stdout.write(text)
+        return 0
+    target = Path(args.output)
+    if target.exists() and not args.force:
+        raise UsageError(f"{target} exists; pass --force to overwrite it")
+    try:
+        target.write_text(text)
+    except OSError as e:
+        raise ConfigError(f"cannot write {target}: {e}") from e
+    print(f"wrote {target} ({len(policy.rules)} rules, {policy_digest(text)})", file=sys.stderr)
+    return 0
+
+
+def run_check(args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e}") from e
+    policy = load_policy(text, str(path))
+    print(f"{path}: ok, {policy_digest(text)}")
+    for rule in policy.rules:
+        print(f"  {rule.describe()}")
+    return 0

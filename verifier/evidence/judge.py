@@ -1,0 +1,163 @@
+"""The agent's judgement of one process's loaded files, from outside the process.
+
+Everything here reads the files as the process sees them (``/proc/<pid>/root/…``), never
+trusting the probe's report alone:
+
+* **cross-check**: every file the probe hashed is hashed again; other bytes are either a
+  file *modified after load* (its ctime is later than the process's start, so it changed
+  while the process ran) or a *disagreement* between the two vantage points (the probe's
+  record and the file as the agent sees it cannot both be right);
+* **origins**: each file's provenance class against its distribution's ``RECORD``
+  (``origins.py``), and shadowed modules;
+* **bytecode**: ``.pyc`` files the interpreter used that do not correspond to their source
+  (``bytecode.py``);
+* **fileless modules**: modules the probe saw claiming a file that does not exist.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from verifier.evidence import bytecode, origins
+from verifier.evidence.hashing import Hasher
+from verifier.evidence.probe_reader import ProbeState
+from verifier.evidence.procfs import ProcFS
+from verifier.model import (
+    DRIFT_MODIFIED_AFTER_LOAD,
+    DRIFT_MODULE_FILELESS,
+    Drift,
+    FileDisagreement,
+    FileEntry,
+    Provenance,
+)
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """The agent's view of one process's files (cached between full checks)."""
+
+    disagreements: tuple[FileDisagreement, ...]
+    provenance: Provenance | None
+    drift: tuple[Drift, ...]
+
+
+# /proc gives a process's start in clock ticks after a boot time in whole seconds: without
+# the probe's own hashing time, "changed after the process started" allows this much slack.
+START_SLACK_S = 1.0
+
+
+def cross_check(
+    procfs: ProcFS,
+    pid: int,
+    files: tuple[FileEntry, ...],
+    hasher: Hasher,
+    *,
+    start_time: float,
+    hashed_at: Mapping[str, float] | None = None,
+) -> tuple[list[FileDisagreement], list[Drift]]:
+    """Re-hash every manifest file the probe hashed, as the process sees it. A file with other
+    bytes now whose ctime is after the probe hashed it (HASHED_AT: path -> unix time; else
+    after the process started) changed while it ran: drift. Any other difference, or a file
+    the agent cannot read, is a disagreement."""
+    recorded = [f for f in files if f.sha256]
+    seen = hasher.hash_files(str(procfs.in_root(pid, f.path)) for f in recorded)
+    hashed_at = hashed_at or {}
+    disagreements: list[FileDisagreement] = []
+    drift: list[Drift] = []
+    for f, h in zip(recorded, seen, strict=True):
+        if h.sha256 == f.sha256:
+            continue
+        since = hashed_at.get(f.path, start_time + START_SLACK_S)
+        if h.sha256 is not None and h.key is not None and h.key[4] > int(since * 1e9):
+            drift.append(
+                Drift(
+                    DRIFT_MODIFIED_AFTER_LOAD,
+                    f.path,
+                    f.module,
+                    f"{f.path} hashed {f.sha256[:12] if f.sha256 else '-'} when loaded but "
+                    f"{h.sha256[:12]} now, and changed (ctime) after it was loaded",
+                )
+            )
+            continue
+        reason = h.error or "bytes differ"
+        disagreements.append(FileDisagreement(f.path, f.sha256, h.sha256, reason))
+    return disagreements, drift
+
+
+def fileless(procfs: ProcFS, pid: int, probe: ProbeState) -> list[Drift]:
+    """Modules the probe saw claiming a file that the agent, too, finds missing."""
+    out = []
+    for module, claimed in probe.fileless:
+        if os.path.lexists(procfs.in_root(pid, claimed)):
+            continue  # there now: nothing the agent can confirm
+        out.append(
+            Drift(
+                DRIFT_MODULE_FILELESS,
+                claimed,
+                module,
+                f"module {module} claims to come from {claimed}, which does not exist",
+            )
+        )
+    return out
+
+
+def context(procfs: ProcFS, pid: int, probe: ProbeState) -> origins.Context:
+    """Where the process's standard library, caches and sys.path entries are."""
+    interp = probe.interp
+    stdlib: list[str] = []
+    if isinstance(interp.get("stdlib"), str):
+        stdlib.append(interp["stdlib"])
+        stdlib.append(os.path.join(interp["stdlib"], "lib-dynload"))
+    path = [p for p in interp.get("path") or () if isinstance(p, str) and p]
+    try:
+        environ = procfs.environ(pid)
+    except OSError:
+        environ = {}
+    return origins.Context(
+        stdlib_dirs=tuple(stdlib),
+        generated_dirs=origins.generated_dirs(environ),
+        site_dirs=tuple(path),
+    )
+
+
+def _to_host(procfs: ProcFS, pid: int) -> Callable[[str], Path]:
+    def to_host(path: str) -> Path:
+        return procfs.in_root(pid, path)
+
+    return to_host
+
+
+def dist_index(procfs: ProcFS, pid: int) -> origins.DistIndex:
+    """An index of the distributions installed as PID sees its filesystem."""
+    return origins.DistIndex(_to_host(procfs, pid))
+
+
+def judge(
+    procfs: ProcFS,
+    pid: int,
+    probe: ProbeState,
+    files: tuple[FileEntry, ...],
+    hasher: Hasher,
+    *,
+    start_time: float,
+    index: origins.DistIndex | None = None,
+) -> Judgement:
+    """Everything above for one process. Never raises on odd files: each problem is a
+    disagreement or a drift with its reason. INDEX: reuse one made by ``dist_index`` for the
+    same process, so RECORD files are parsed once."""
+    to_host = _to_host(procfs, pid)
+    hashed_at = {f.path: f.t for f in probe.files if f.t is not None}
+    disagreements, drift = cross_check(
+        procfs, pid, files, hasher, start_time=start_time, hashed_at=hashed_at
+    )
+    index = index or origins.DistIndex(to_host)
+    ran = tuple(f for f in files if f.at != "rejected")  # a pyc its loader read and rejected
+    provenance, shadowed = origins.classify(ran, index, context(procfs, pid, probe))
+    drift += shadowed
+    drift += bytecode.check_bytecode(ran, to_host)
+    drift += fileless(procfs, pid, probe)
+    drift.sort(key=lambda d: (d.id, d.path))
+    return Judgement(tuple(disagreements), provenance, tuple(drift))
