@@ -158,7 +158,8 @@ def _module_file(mod: Any) -> str | None:
         origin = spec.origin
     else:
         origin = getattr(mod, "__file__", None)
-    return origin if isinstance(origin, str) else None
+    # A relative name is no location (torch.ops says "_ops.py"): nothing to hash there.
+    return origin if isinstance(origin, str) and os.path.isabs(origin) else None
 
 
 def _in_archive(path: str) -> bool:
