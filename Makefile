@@ -35,6 +35,7 @@ bench: setup      ## benchmarks; results belong in BENCHMARKS.md
 	$(PY) bench/gate_latency.py
 	$(PY) bench/agents_scale.py
 	$(PY) bench/hash_scan.py
+	$(PY) bench/agent_collect.py
 
 clean:            ## remove caches and scratch (keeps .venv and the model)
 	rm -rf .scratch .pytest_cache .mypy_cache .ruff_cache

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from verifier.evidence import bytecode
-from verifier.evidence.bytecode import CompileCache, check_bytecode
+from verifier.evidence import bytecode, pycfile
+from verifier.evidence.bytecode import check_bytecode
+from verifier.evidence.pycfile import CompileCache
 from verifier.model import (
     DRIFT_BYTECODE_SOURCELESS,
     DRIFT_BYTECODE_STALE,
@@ -285,7 +286,7 @@ def test_truncated_pyc_is_no_drift(tmp_path: Path) -> None:
     _, pyc = write_module(tmp_path / "header")
     pyc.write_bytes(pyc.read_bytes()[:10])
     src2, pyc2 = write_module(tmp_path / "body")
-    pyc2.write_bytes(pyc2.read_bytes()[: bytecode.HEADER + 5])
+    pyc2.write_bytes(pyc2.read_bytes()[: pycfile.HEADER + 5])
     make_stale(src2, pyc2)  # a candidate whose code cannot be unmarshalled
     assert ids([entry(pyc), entry(pyc2)]) == []
 
@@ -352,7 +353,7 @@ def test_cached_outcome_is_not_compiled_again(
     def no_compile(*args: object) -> None:
         raise AssertionError("compiled again")
 
-    monkeypatch.setattr(bytecode, "_compare", no_compile)
+    monkeypatch.setattr(pycfile, "compare", no_compile)
     assert ids([entry(pyc)], cache=cache) == [DRIFT_BYTECODE_STALE]
     st = src.stat()
     os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))  # same times, a new ctime: a new key

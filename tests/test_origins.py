@@ -17,13 +17,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO
-from verifier.evidence.origins import (
-    Context,
-    DistIndex,
-    classify,
-    generated_dirs,
-    source_of_bytecode,
-)
+from verifier.evidence.distindex import DistIndex
+from verifier.evidence.origins import Context, classify, generated_dirs, source_of_bytecode
 from verifier.model import (
     DRIFT_MODULE_SHADOWED,
     Drift,

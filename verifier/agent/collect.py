@@ -7,10 +7,10 @@ import os
 
 from verifier.errors import NotPythonProcess, UnavailableError
 from verifier.evidence.container import container_id_from_cgroup
+from verifier.evidence.distindex import DistIndex
 from verifier.evidence.hashing import Hasher
 from verifier.evidence.judge import Judgement, judge
 from verifier.evidence.native import native_mappings
-from verifier.evidence.origins import DistIndex
 from verifier.evidence.probe_reader import JournalCache, ProbeState
 from verifier.evidence.process import ProcessEvidence, read_process
 from verifier.evidence.procfs import ProcFS
@@ -95,17 +95,25 @@ def _probe_parts(
     return runner, steps, hooks, files
 
 
-def to_report(
+def to_report(procfs: ProcFS, ev: ProcessEvidence, hasher: Hasher | None = None) -> ProcessReport:
+    """One process's report with the agent's own /proc evidence added (everything judged now)."""
+    return report_with_judgement(procfs, ev, hasher)[0]
+
+
+def report_with_judgement(
     procfs: ProcFS,
     ev: ProcessEvidence,
     hasher: Hasher | None = None,
+    *,
     previous: Judgement | None = None,
     index: DistIndex | None = None,
-) -> ProcessReport:
+    reuse: Judgement | None = None,
+) -> tuple[ProcessReport, Judgement | None]:
     """One process's report with the agent's own /proc evidence added. HASHER: reuse one so
     unchanged files are answered from its cache. PREVIOUS: the last judgement of its files, to
     reuse instead of re-checking every file (None: check now). INDEX: the process's
-    distribution index, to reuse (see ``judge.dist_index``)."""
+    distribution index, to reuse (see ``judge.dist_index``). REUSE: an earlier judgement whose
+    manifest-only part (origins, bytecode) is kept while the manifest is unchanged."""
     ident = ev.identity
     try:
         container = container_id_from_cgroup(procfs.cgroup(ident.pid))
@@ -127,15 +135,22 @@ def to_report(
         native_mappings=mappings,
     )
     if ev.probe is None:
-        return base
+        return base, None
     runner, steps, hooks, files = _probe_parts(ev.probe)
     now = None
     if runner is not None and runner.file:
         now = hasher.hash_file(str(procfs.in_root(ident.pid, runner.file))).sha256
     judged = previous or judge(
-        procfs, ident.pid, ev.probe, files, hasher, start_time=ident.start_time, index=index
+        procfs,
+        ident.pid,
+        ev.probe,
+        files,
+        hasher,
+        start_time=ident.start_time,
+        index=index,
+        reuse=reuse,
     )
-    return dataclasses.replace(
+    report = dataclasses.replace(
         base,
         probe_errors=tuple(f"[{e.get('where')}] {e.get('msg')}" for e in ev.probe.errors),
         runner=runner,
@@ -148,6 +163,7 @@ def to_report(
         provenance=judged.provenance,
         drift=judged.drift,
     )
+    return report, judged
 
 
 def still_running(procfs: ProcFS, ev: ProcessEvidence) -> bool:
@@ -156,8 +172,3 @@ def still_running(procfs: ProcFS, ev: ProcessEvidence) -> bool:
         return procfs.identity(ev.identity.pid).start_ticks == ev.identity.start_ticks
     except (UnavailableError, OSError):
         return False
-
-
-def judgement_of(report: ProcessReport) -> Judgement:
-    """What ``to_report`` judged, to pass back as PREVIOUS."""
-    return Judgement(report.disagreements, report.provenance, report.drift)

@@ -23,14 +23,14 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from verifier import wire
-from verifier.agent.collect import discover, judgement_of, still_running, to_report
+from verifier.agent.collect import discover, report_with_judgement, still_running
 from verifier.agent.spool import Spool
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
 from verifier.errors import UnavailableError
+from verifier.evidence.distindex import DistIndex
 from verifier.evidence.hashing import Hasher
 from verifier.evidence.judge import Judgement, dist_index
-from verifier.evidence.origins import DistIndex
 from verifier.evidence.probe_reader import JournalCache
 from verifier.evidence.process import ProcessEvidence
 from verifier.evidence.procfs import ProcFS
@@ -133,8 +133,13 @@ class Agent:
         if index is None:
             index = self._indexes[key] = dist_index(self.procfs, ev.identity.pid)
         try:
-            report = to_report(
-                self.procfs, ev, self.hasher, last[2] if fresh and last else None, index
+            report, judged = report_with_judgement(
+                self.procfs,
+                ev,
+                self.hasher,
+                previous=last[2] if fresh and last else None,
+                index=index,
+                reuse=last[2] if last else None,
             )
         except (UnavailableError, OSError) as e:
             if still_running(self.procfs, ev):
@@ -144,8 +149,8 @@ class Agent:
         if not still_running(self.procfs, ev):
             log.info("process_exited_mid_scan", pid=ev.identity.pid)
             return None
-        if not fresh:
-            self._checked[key] = (digest, now, judgement_of(report))
+        if not fresh and judged is not None:
+            self._checked[key] = (digest, now, judged)
         return report
 
     def _full(self, report: TargetReport, need: set[str]) -> TargetReport:

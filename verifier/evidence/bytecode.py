@@ -33,18 +33,29 @@ every timestamp pyc is a candidate and is compiled once (the cache makes later s
 
 from __future__ import annotations
 
-import _imp
 import hashlib
 import importlib.util
-import marshal
 import os
 import posixpath
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import CodeType
 
+from verifier.evidence.pycfile import (
+    FLAG_CHECK,
+    FLAG_HASH,
+    HEADER,
+    CompileCache,
+    Outcome,
+    compare_cached,
+    hash_matches,
+    identity,
+    optimization,
+    read,
+    read_head,
+    stamp_matches,
+    u32,
+)
 from verifier.model import (
     DRIFT_BYTECODE_SOURCELESS,
     DRIFT_BYTECODE_STALE,
@@ -54,44 +65,7 @@ from verifier.model import (
     FileEntry,
 )
 
-HEADER = 16  # magic (4), flags (4), then mtime and size (4 + 4) or the source hash (8)
-_U32 = 0xFFFFFFFF
-_FLAG_HASH = 0b01
-_FLAG_CHECK = 0b10
 _MISSING = (FileNotFoundError, NotADirectoryError)
-
-# A compile-and-compare outcome: None, the pyc holds what the source compiles to; (True, why):
-# other code, WHY empty or " (…)"; (False, why): it cannot be told, WHY says why.
-Outcome = tuple[bool, str] | None
-_Identity = tuple[str, int, int, int, int, int]  # path, dev, ino, size, mtime_ns, ctime_ns
-_CacheKey = tuple[_Identity, _Identity, int]  # pyc, source, optimization level
-
-
-class CompileCache:
-    """Compile-and-compare outcomes keyed by the identity of both files (path, device, inode,
-    size, mtime_ns, ctime_ns) and the optimization level: a file whose bytes changed changed
-    its ctime. Bounded: emptied when LIMIT entries are reached (0: caches nothing)."""
-
-    def __init__(self, limit: int = 1 << 16) -> None:
-        self.limit = limit
-        self._outcomes: dict[_CacheKey, Outcome] = {}
-
-    def get(self, key: _CacheKey) -> tuple[bool, Outcome]:
-        """(True, outcome) if KEY is cached, else (False, None)."""
-        if key in self._outcomes:
-            return True, self._outcomes[key]
-        return False, None
-
-    def put(self, key: _CacheKey, outcome: Outcome) -> None:
-        if self.limit <= 0:
-            return
-        if len(self._outcomes) >= self.limit:
-            self._outcomes.clear()
-        self._outcomes[key] = outcome
-
-    def __len__(self) -> int:
-        return len(self._outcomes)
-
 
 SHARED_CACHE = CompileCache()  # the default: one agent process judges many scans
 
@@ -175,20 +149,16 @@ class _Judge:
             return [Drift(DRIFT_BYTECODE_SOURCELESS, entry.path, entry.module, detail)]
         host = self.to_host(entry.path)
         try:
-            fd = os.open(host, os.O_RDONLY | os.O_CLOEXEC)  # os.*, not open(): the hot path
-            try:
-                head, st = os.read(fd, HEADER), os.fstat(fd)
-            finally:
-                os.close(fd)
+            head, st = read_head(host)
         except OSError:
             return []  # gone or unreadable now: the cross-check reports a changed pyc
         if len(head) < HEADER:
             return []  # the interpreter cannot have used a pyc this short: it changed since
-        pyc = _Pyc(entry, host, source, self.to_host(source), _optimization(name), head, st)
-        flags = _u32(head, 4)
+        pyc = _Pyc(entry, host, source, self.to_host(source), optimization(name), head, st)
+        flags = u32(head, 4)
         if flags == 0:
             return self.timestamp(pyc)
-        if flags in (_FLAG_HASH, _FLAG_HASH | _FLAG_CHECK):
+        if flags in (FLAG_HASH, FLAG_HASH | FLAG_CHECK):
             return self.hash_based(pyc)
         return []  # invalid flags: the interpreter rejects such a pyc
 
@@ -200,8 +170,7 @@ class _Judge:
             return []  # deleted after load (a pyc in __pycache__ is used beside its source only)
         except OSError as e:
             return _if_loaded(pyc, [(DRIFT_BYTECODE_UNVERIFIED, _unreadable(pyc, e))])
-        header = (_u32(pyc.head, 8), _u32(pyc.head, 12))
-        if header != (int(src_st.st_mtime) & _U32, src_st.st_size & _U32):
+        if not stamp_matches(pyc.head, src_st):
             return []  # the interpreter would not accept it now: the source changed after load
         why = _candidacy(pyc, src_st)
         if why is None and not self.compare_all:
@@ -219,12 +188,12 @@ class _Judge:
             detail = _foreign(pyc) + (f", and {why}" if why else "")
             return [pyc.drift(DRIFT_BYTECODE_UNVERIFIED, detail)]
         try:
-            source, st = _read(pyc.source_host)
+            source, st = read(pyc.source_host)
         except _MISSING:
             return []
         except OSError as e:
             return [pyc.drift(DRIFT_BYTECODE_UNVERIFIED, _unreadable(pyc, e))]
-        if _identity("", st) != _identity("", src_st):
+        if identity("", st) != identity("", src_st):
             return []  # changed while judged: the next scan judges it
         found = _found(
             pyc,
@@ -238,10 +207,10 @@ class _Judge:
 
     def hash_based(self, pyc: _Pyc) -> list[Drift]:
         """A hash-based pyc: its embedded source hash against the source now."""
-        unchecked = not _u32(pyc.head, 4) & _FLAG_CHECK
+        unchecked = not u32(pyc.head, 4) & FLAG_CHECK
         out: list[tuple[str, str]] = []
         try:
-            source, src_st = _read(pyc.source_host)
+            source, src_st = read(pyc.source_host)
         except _MISSING:
             if not unchecked:
                 return []  # deleted after load (reported elsewhere)
@@ -253,7 +222,7 @@ class _Judge:
         # The hash is keyed with the magic number of the Python that wrote it: another Python's
         # pyc that matches is as good a proof; one that does not may use another hash function.
         ours = pyc.head[:4] == importlib.util.MAGIC_NUMBER
-        if _imp.source_hash(int.from_bytes(pyc.head[:4], "little"), source) == pyc.head[8:]:
+        if hash_matches(pyc.head, source):
             state = f"its embedded source hash matches {pyc.source} now"
             if self.compare_all and ours:
                 out += self.compare_hash_matching(pyc, source, src_st, unchecked)
@@ -294,20 +263,15 @@ class _Judge:
         source: bytes,
         src_st: os.stat_result,
     ) -> Outcome:
-        """``_compare``, through the cache."""
+        """Whether DATA holds the code SOURCE compiles to (``compare``), through the cache."""
         key = (
-            _identity(str(pyc.host), pyc_st),
-            _identity(str(pyc.source_host), src_st),
+            identity(str(pyc.host), pyc_st),
+            identity(str(pyc.source_host), src_st),
             pyc.optimize,
         )
-        if self.cache is not None:
-            hit, outcome = self.cache.get(key)
-            if hit:
-                return outcome
-        outcome = _compare(data, source, pyc.source, pyc.optimize)
-        if self.cache is not None:
-            self.cache.put(key, outcome)
-        return outcome
+        return compare_cached(
+            self.cache, key, data, source, filename=pyc.source, optimize=pyc.optimize
+        )
 
 
 def _candidacy(pyc: _Pyc, src_st: os.stat_result) -> str | None:
@@ -321,31 +285,6 @@ def _candidacy(pyc: _Pyc, src_st: os.stat_result) -> str | None:
     return None
 
 
-def _compare(data: bytes, source: bytes, filename: str, optimize: int) -> Outcome:
-    """Whether the pyc DATA (header included) holds the code SOURCE compiles to."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the source's SyntaxWarning, DeprecationWarning...
-            compiled = compile(source, filename, "exec", dont_inherit=True, optimize=optimize)
-    except (SyntaxError, ValueError) as e:
-        return True, f" (the source does not compile: {type(e).__name__}: {e})"
-    except (RecursionError, MemoryError) as e:
-        return False, repr(e)
-    if marshal.dumps(compiled) == data[HEADER:]:
-        return None  # the same bytes; when not, unmarshal (references may be laid out otherwise)
-    try:
-        # Only bytes this process's interpreter unmarshalled itself (sha256 as recorded), with
-        # this Python's magic number, reach here.
-        loaded = marshal.loads(data[HEADER:])  # noqa: S302
-    except (EOFError, ValueError, TypeError):
-        return None  # the interpreter cannot have run this: importing it failed
-    if not isinstance(loaded, CodeType):
-        return None  # likewise ("Non-code object")
-    # Code objects compare by value (bytecode, constants, names, line and exception tables,
-    # nested code), not by co_filename.
-    return None if loaded == compiled else (True, "")
-
-
 def _found(pyc: _Pyc, outcome: Outcome, stale: Callable[[str], str]) -> list[tuple[str, str]]:
     """The finding an OUTCOME makes; STALE gives the detail of a stale pyc from its note."""
     if outcome is None:
@@ -355,21 +294,16 @@ def _found(pyc: _Pyc, outcome: Outcome, stale: Callable[[str], str]) -> list[tup
     return [(DRIFT_BYTECODE_STALE, stale(outcome[1]))]
 
 
-def _read(path: Path) -> tuple[bytes, os.stat_result]:
-    with open(path, "rb") as f:
-        return f.read(), os.fstat(f.fileno())
-
-
 def _loaded(pyc: _Pyc) -> tuple[bytes, os.stat_result] | None:
     """The whole pyc now and its stat, if it still holds the bytes the process loaded and is
     the file whose header was read; None otherwise (a changed pyc is reported elsewhere)."""
     try:
-        data, st = _read(pyc.host)
+        data, st = read(pyc.host)
     except OSError:
         return None
     if pyc.entry.sha256 is None or hashlib.sha256(data).hexdigest() != pyc.entry.sha256:
         return None
-    if data[:HEADER] != pyc.head or _identity("", st) != _identity("", pyc.stat):
+    if data[:HEADER] != pyc.head or identity("", st) != identity("", pyc.stat):
         return None
     return data, st
 
@@ -379,10 +313,6 @@ def _if_loaded(pyc: _Pyc, found: list[tuple[str, str]]) -> list[Drift]:
     if not found or _loaded(pyc) is None:
         return []
     return [pyc.drift(id_, detail) for id_, detail in found]
-
-
-def _identity(path: str, st: os.stat_result) -> _Identity:
-    return (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _unchecked(pyc: _Pyc, state: str) -> tuple[str, str]:
@@ -421,15 +351,3 @@ def _uncompilable(pyc: _Pyc, why: str) -> str:
 
 def _reason(e: OSError) -> str:
     return e.strerror or type(e).__name__
-
-
-def _u32(data: bytes, at: int) -> int:
-    return int.from_bytes(data[at : at + 4], "little")
-
-
-def _optimization(name: str) -> int:
-    """The optimization level a cached pyc's name carries (``mod.cpython-311.opt-2.pyc``)."""
-    parts = name.split(".")
-    if len(parts) >= 4 and parts[-2] in ("opt-1", "opt-2"):
-        return int(parts[-2][-1])
-    return 0

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verifier.evidence import bytecode, origins
+from verifier.evidence.distindex import DistIndex
 from verifier.evidence.hashing import Hasher
 from verifier.evidence.probe_reader import ProbeState
 from verifier.evidence.procfs import ProcFS
@@ -42,6 +43,11 @@ class Judgement:
     disagreements: tuple[FileDisagreement, ...]
     provenance: Provenance | None
     drift: tuple[Drift, ...]
+    # What depends only on the manifest and the installed distributions (origins, shadowing,
+    # bytecode, fileless modules), and the (manifest digest, fileless count) it was judged
+    # for: reused while those stay the same; the cross-check is redone on every full check.
+    static_key: tuple[str, int] | None = None
+    static_drift: tuple[Drift, ...] = ()
 
 
 # /proc gives a process's start in clock ticks after a boot time in whole seconds: without
@@ -130,9 +136,9 @@ def _to_host(procfs: ProcFS, pid: int) -> Callable[[str], Path]:
     return to_host
 
 
-def dist_index(procfs: ProcFS, pid: int) -> origins.DistIndex:
+def dist_index(procfs: ProcFS, pid: int) -> DistIndex:
     """An index of the distributions installed as PID sees its filesystem."""
-    return origins.DistIndex(_to_host(procfs, pid))
+    return DistIndex(_to_host(procfs, pid))
 
 
 def judge(
@@ -143,21 +149,38 @@ def judge(
     hasher: Hasher,
     *,
     start_time: float,
-    index: origins.DistIndex | None = None,
+    index: DistIndex | None = None,
+    reuse: Judgement | None = None,
 ) -> Judgement:
     """Everything above for one process. Never raises on odd files: each problem is a
     disagreement or a drift with its reason. INDEX: reuse one made by ``dist_index`` for the
-    same process, so RECORD files are parsed once."""
-    to_host = _to_host(procfs, pid)
+    same process, so RECORD files are parsed once. REUSE: an earlier judgement of the same
+    process, whose manifest-only part is kept if the manifest is unchanged."""
     hashed_at = {f.path: f.t for f in probe.files if f.t is not None}
     disagreements, drift = cross_check(
         procfs, pid, files, hasher, start_time=start_time, hashed_at=hashed_at
     )
-    index = index or origins.DistIndex(to_host)
+    key = (probe.manifest_digest, len(probe.fileless))
+    if reuse is not None and reuse.static_key == key:
+        provenance, static = reuse.provenance, list(reuse.static_drift)
+    else:
+        provenance, static = _static(procfs, pid, probe, files, index)
+    drift += static
+    drift.sort(key=lambda d: (d.id, d.path))
+    return Judgement(tuple(disagreements), provenance, tuple(drift), key, tuple(static))
+
+
+def _static(
+    procfs: ProcFS,
+    pid: int,
+    probe: ProbeState,
+    files: tuple[FileEntry, ...],
+    index: DistIndex | None,
+) -> tuple[Provenance, list[Drift]]:
+    to_host = _to_host(procfs, pid)
+    index = index or DistIndex(to_host)
     ran = tuple(f for f in files if f.at != "rejected")  # a pyc its loader read and rejected
-    provenance, shadowed = origins.classify(ran, index, context(procfs, pid, probe))
-    drift += shadowed
+    provenance, drift = origins.classify(ran, index, context(procfs, pid, probe))
     drift += bytecode.check_bytecode(ran, to_host)
     drift += fileless(procfs, pid, probe)
-    drift.sort(key=lambda d: (d.id, d.path))
-    return Judgement(tuple(disagreements), provenance, tuple(drift))
+    return provenance, drift
