@@ -58,3 +58,11 @@ def test_batch_rescan_answers_from_the_cache_and_rehashes_only_what_changed(tmp_
     b.write_bytes(b"TWO!")
     again = hasher.hash_files([str(a), str(b)])
     assert [(h.cached, h.sha256) for h in again] == [(True, _sha(b"one")), (False, _sha(b"TWO!"))]
+
+
+def test_bytes_that_change_while_being_read_give_no_digest() -> None:
+    """A file whose size while read differs from what stat said just before (procfs files
+    always do: stat says 0) is not given a digest, and says why."""
+    got = Hasher(cache=False).hash_file("/proc/self/status")
+    assert (got.sha256, got.error) == (None, "changed while hashing")
+    assert got.size > 0  # bytes were read, and they are not trusted

@@ -55,6 +55,9 @@ import vllm, vllm.envs, vllm.v1.worker.gpu_model_runner, vllm.v1.worker.worker_b
 import stalemod, uncheckedmod, sourceless_mod, colorsys, jmespath, mutated, vanished, plainmod
 sys.path.insert(0, os.environ["GEN_DIR"])
 import kernel_gen
+import ctypes
+ctypes.CDLL(os.environ["LIB_DELETED"])
+ctypes.CDLL(os.environ["LIB_REPLACED"])
 ghost = types.ModuleType("ghost")
 ghost.__file__ = "/nonexistent/ghost.py"
 sys.modules["ghost"] = ghost
@@ -65,6 +68,11 @@ with open(p, "wb") as f:  # the same size; the mtime is put back below
     f.write(data.replace(b"ORIGINAL", b"MUTATED!"))
 os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
 os.remove(vanished.__file__)
+os.remove(os.environ["LIB_DELETED"])  # native code deleted under its live mapping
+replacement = os.environ["LIB_REPLACED"] + ".new"
+with open(replacement, "wb") as f:
+    f.write(open(os.environ["LIB_REPLACED"], "rb").read() + b"other bytes")
+os.rename(replacement, os.environ["LIB_REPLACED"])  # and replaced under another
 time.sleep(3)  # the probe's sweeper records the interpreter layout and the fileless module
 open(os.environ["READY_FILE"], "w").write("ready")
 time.sleep(900)
@@ -121,7 +129,21 @@ def _drift_package(root: Path) -> Path:
     _write(pkg / "mutated.py", "STATE = 'ORIGINAL'\n")
     _write(pkg / "vanished.py", "VALUE = 3\n")
     _write(pkg / "plainmod.py", "VALUE = 4\n")  # control: unknown origin, no drift
+    for name in ("libdeleted.so", "libreplaced.so"):  # native code to delete / replace later
+        shutil.copyfile(_libz(), pkg / name)
     return pkg
+
+
+def _libz() -> Path:
+    """A small native library of this machine (any would do)."""
+    import ctypes.util
+
+    name = ctypes.util.find_library("z")
+    assert name, "libz not found"
+    for d in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64"):
+        if (Path(d) / name).exists():
+            return Path(d) / name
+    raise AssertionError(f"{name} not found")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +172,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         TMPDIR=str(scratch),
         GEN_DIR=str(gen),
         READY_FILE=str(ready),
+        LIB_DELETED=str(pkg / "libdeleted.so"),
+        LIB_REPLACED=str(pkg / "libreplaced.so"),
         VLLM_CACHE_ROOT=str(scratch / "vllm-cache"),
     )
     script = _write(root / "serve_like.py", SCRIPT)
@@ -297,6 +321,22 @@ def test_shadowed_stdlib_and_distribution_modules(live: Live) -> None:
 
 def test_fileless_module(live: Live) -> None:
     assert drift_ids(live, Path("/nonexistent/ghost.py")) == {DRIFT_MODULE_FILELESS}
+
+
+def test_native_library_deleted_and_replaced_under_live_mappings(live: Live) -> None:
+    native = {n.path: n for n in live.report.native_mappings}
+    deleted, replaced = (
+        native[str(live.pkg / "libdeleted.so")],
+        native[str(live.pkg / "libreplaced.so")],
+    )
+    assert (deleted.state, replaced.state) == ("deleted", "replaced")
+    assert deleted.sha256 == replaced.sha256  # both hashed as mapped: the original bytes
+    assert deleted.inode > 0 and replaced.inode > 0 and deleted.inode != replaced.inode
+    found = {(i, c.get("mappings", [{}])[0].get("path")) for i, _, c in judge(live, PRISTINE_VLLM)}
+    assert (I.NATIVE_DELETED, str(live.pkg / "libdeleted.so")) in found
+    assert (I.NATIVE_REPLACED, str(live.pkg / "libreplaced.so")) in found
+    untouched = [n for n in live.report.native_mappings if n.state != "same"]
+    assert sorted(n.path for n in untouched) == sorted([deleted.path, replaced.path])
 
 
 def test_vanished_file_is_a_disagreement_not_a_silent_skip(live: Live) -> None:
