@@ -20,11 +20,13 @@ from verifier.testing.server import VllmServer
 V2_STEP = "vllm.v1.worker.gpu.model_runner:GPUModelRunner.execute_model"
 V1_STEP = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.execute_model"
 V1_SAMPLE = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.sample_tokens"
+V1_LOAD = "vllm.v1.worker.cpu_model_runner:CPUModelRunner.load_model"  # start-up only
 SERVER_HOOKS = {
     "v2_step": V2_STEP,
     "v1_step": V1_STEP,
     "v1_sample": V1_SAMPLE,
     "v1_module": "vllm.v1.worker.gpu_model_runner",
+    "v1_load": V1_LOAD,
     "user_step": "verifier_user_hook:on_step",
     "missing_attr": "vllm.v1.worker.gpu_model_runner:NoSuchRunner.execute_model",
 }

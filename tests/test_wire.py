@@ -68,7 +68,23 @@ def full_process() -> ProcessReport:
             sha256=SHA_A,
             mro=("CPUModelRunner", "GPUModelRunner", "object"),
         ),
-        steps=StepEvidence(54, 48, 6, 132, 50, 1, 1764400001000000000),
+        steps=StepEvidence(
+            54,
+            48,
+            6,
+            132,
+            50,
+            1,
+            1764400001000000000,
+            prefill_steps=5,
+            decode_steps=44,
+            prefill_tokens=84,
+            decode_tokens=48,
+            dummy_steps=2,
+            compilation_mode="NONE",
+            cudagraph_mode="",
+            enforce_eager=False,
+        ),
         hooks=(
             HookEvidence(
                 name="v1_step",
@@ -83,6 +99,9 @@ def full_process() -> ProcessReport:
                 fired_productive=48,
                 first_step=0,  # present and zero
                 last_step=53,
+                fired_prefill=5,
+                fired_decode=44,
+                fired_outside=1,
             ),
             HookEvidence(
                 name="api_only",
@@ -201,7 +220,9 @@ def run_verdict() -> RunVerdict:
                 1764400003.0,
                 17.5,
                 hooks=(
-                    HookCount("v1_step", 4242, "worker", 0, 54, 48, 48, 54),
+                    HookCount(
+                        "v1_step", 4242, "worker", 0, 54, 48, 48, 54, 44, 44, 5, 5, 1, "decode"
+                    ),
                     HookCount("v2_step", 4243, "engine_core", None, 0, 0, 0, 0),
                 ),
             ),

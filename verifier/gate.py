@@ -2,28 +2,35 @@
 
     from verifier.gate import measurement
 
-    with measurement("my-run", address="127.0.0.1:50551", timeout_s=120) as m:
-        results = run_benchmark()
-    write_json("evidence.json", m.summary)   # verdicts, hook fires next to productive steps
+    with measurement("my-run", address="127.0.0.1:50551", timeout_s=120,
+                     results=Path("results.json")) as m:
+        write_results(run_benchmark())        # inside the block: the measured window
+    # m.summary: verdicts, every hook's fires next to its steps during the block;
+    # results.json.seal.json: the statement binding the results' sha256 to that evidence
 
 ``wait_for`` raises ``GateFailed`` (exit 1) on FAIL and ``TimeoutError_`` (exit 5) on timeout;
-an unreachable verifier raises ``UnavailableError`` (exit 4). On leaving the block the run is
-checked again: it must still PASS, and every hook must have fired on every productive step
-that ran during the block (fires kept pace with steps), or ``GateFailed`` is raised.
+an unreachable verifier raises ``UnavailableError`` (exit 4). The block is a measurement
+window (``verifier.window``): on leaving it the run is checked again, on evidence received
+after the block ended; it must still PASS, and every hook must have kept pace with the steps
+it is judged on during the block, or ``GateFailed`` is raised (after the statement, if any,
+is written).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from verifier.client import VerifierClient
 from verifier.errors import Error, TimeoutError_
 from verifier.model import RunVerdict, Severity, Verdict
 from verifier.server.address import resolve
+from verifier.window import fresh_status, pace, statement
 
 
 class GateFailed(Error):
@@ -99,36 +106,43 @@ class Measurement:
 
 @contextmanager
 def measurement(
-    run: str, address: str | None = None, timeout_s: float = 120.0
+    run: str,
+    address: str | None = None,
+    timeout_s: float = 120.0,
+    results: Path | None = None,
 ) -> Iterator[Measurement]:
+    """Wait for RUN to PASS, run the block, then seal the block as a measurement window
+    (RESULTS, when given, must exist by then: its statement is written beside it)."""
     with VerifierClient(resolve(address)) as client:
         before = wait_for(client, run, timeout_s)
         m = Measurement(run, before)
         t0 = time.time()
         yield m
-        after = client.status(run)
+        t1 = time.time()
+        after = fresh_status(client, run, t1, timeout_s)
         m.after = after
-        c0, c1 = hook_counts(before), hook_counts(after)
-        pace = {}
-        for key, now in c1.items():
-            then = c0.get(key, {"fired_productive": 0, "productive_steps": 0})
-            steps = now["productive_steps"] - then["productive_steps"]
-            fires = now["fired_productive"] - then["fired_productive"]
-            pace[key] = {"productive_steps": steps, "fired_productive": fires}
+        rows, found = pace(before, after)
         m.summary = {
             "run": run,
             "policy_digest": after.policy_digest,
-            "window_unix": [t0, time.time()],
+            "window_unix": [t0, t1],
             "verdict_before": before.verdict.value,
             "verdict_after": after.verdict.value,
-            "hooks_during_block": pace,
+            "hooks_during_block": rows,
+            "findings": [{"id": f.id, "message": f.message} for f in found],
         }
+        if results is not None:
+            body, _ = statement(run, t0, before, after, results)
+            out = results.with_name(results.name + ".seal.json")
+            out.write_text(json.dumps(body, indent=2) + "\n")
+            m.summary["statement"] = str(out)
         if after.verdict != Verdict.PASS:
             raise GateFailed(
                 f"run {run} is {after.verdict.value} after the block: {first_reason(after)}", after
             )
-        lagging = [k for k, v in pace.items() if v["fired_productive"] < v["productive_steps"]]
-        if lagging:
+        if found:
             raise GateFailed(
-                f"liveness did not hold during the block for {', '.join(lagging)}", after
+                f"liveness did not hold during the block: {found[0].message}"
+                + (f" (+{len(found) - 1} more)" if len(found) > 1 else ""),
+                after,
             )

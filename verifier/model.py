@@ -68,6 +68,15 @@ class StepEvidence:
     requests_scheduled: int
     requests_max: int
     last_step_unix_ns: int
+    # By phase (a step that prefills and decodes counts in both), and the mode they ran in.
+    prefill_steps: int = 0
+    decode_steps: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    dummy_steps: int = 0  # warm-up or padding calls (dummy_run): not counted as steps
+    compilation_mode: str | None = None  # e.g. "NONE", "VLLM_COMPILE"
+    cudagraph_mode: str | None = None  # e.g. "NONE", "FULL_AND_PIECEWISE"
+    enforce_eager: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +93,9 @@ class HookEvidence:
     fired_productive: int  # fires while the process's latest step was productive
     first_step: int | None
     last_step: int | None
+    fired_prefill: int = 0  # fires inside a step that prefilled
+    fired_decode: int = 0  # fires inside a step that decoded
+    fired_outside: int = 0  # fires outside any step (start-up, warm-up, capture)
 
 
 @dataclass(frozen=True)
@@ -245,6 +257,13 @@ class HookCount:
     fired_productive: int
     productive_steps: int
     total_steps: int
+    fired_decode: int = 0
+    decode_steps: int = 0
+    fired_prefill: int = 0
+    prefill_steps: int = 0
+    fired_outside: int = 0
+    on: str = "productive"  # the steps the policy judges it on: productive | decode | prefill
+    min_fires_per_step: float = 1.0  # the policy's minimum, per judged step
 
 
 @dataclass(frozen=True)

@@ -158,6 +158,12 @@ def _time(value: float, at: str) -> float:
     return value
 
 
+def _ratio(value: float, at: str) -> float:
+    if not math.isfinite(value) or value < 0:
+        _fail(at, f"must be a finite number >= 0, got {value}")
+    return value
+
+
 def _sha256(value: str, at: str) -> str:
     if not _SHA256_HEX.fullmatch(value):
         _fail(at, f"not a lowercase hex sha256: {value!r}")
@@ -239,6 +245,14 @@ def _steps_to_pb(s: StepEvidence) -> pb.StepEvidence:
         requests_scheduled=s.requests_scheduled,
         requests_max=s.requests_max,
         last_step_unix_ns=s.last_step_unix_ns,
+        prefill_steps=s.prefill_steps,
+        decode_steps=s.decode_steps,
+        prefill_tokens=s.prefill_tokens,
+        decode_tokens=s.decode_tokens,
+        dummy_steps=s.dummy_steps,
+        compilation_mode=s.compilation_mode,
+        cudagraph_mode=s.cudagraph_mode,
+        enforce_eager=s.enforce_eager,
     )
 
 
@@ -251,6 +265,14 @@ def _steps_from_pb(msg: pb.StepEvidence, at: str) -> StepEvidence:
         requests_scheduled=_count(msg.requests_scheduled, f"{at}.requests_scheduled"),
         requests_max=_count(msg.requests_max, f"{at}.requests_max"),
         last_step_unix_ns=_count(msg.last_step_unix_ns, f"{at}.last_step_unix_ns"),
+        prefill_steps=_count(msg.prefill_steps, f"{at}.prefill_steps"),
+        decode_steps=_count(msg.decode_steps, f"{at}.decode_steps"),
+        prefill_tokens=_count(msg.prefill_tokens, f"{at}.prefill_tokens"),
+        decode_tokens=_count(msg.decode_tokens, f"{at}.decode_tokens"),
+        dummy_steps=_count(msg.dummy_steps, f"{at}.dummy_steps"),
+        compilation_mode=msg.compilation_mode if msg.HasField("compilation_mode") else None,
+        cudagraph_mode=msg.cudagraph_mode if msg.HasField("cudagraph_mode") else None,
+        enforce_eager=msg.enforce_eager if msg.HasField("enforce_eager") else None,
     )
 
 
@@ -268,6 +290,9 @@ def _hook_to_pb(h: HookEvidence) -> pb.HookEvidence:
         fired_productive=h.fired_productive,
         first_step=h.first_step,
         last_step=h.last_step,
+        fired_prefill=h.fired_prefill,
+        fired_decode=h.fired_decode,
+        fired_outside=h.fired_outside,
     )
 
 
@@ -287,6 +312,9 @@ def _hook_from_pb(msg: pb.HookEvidence, at: str) -> HookEvidence:
         fired_productive=_count(msg.fired_productive, f"{at}.fired_productive"),
         first_step=first,
         last_step=last,
+        fired_prefill=_count(msg.fired_prefill, f"{at}.fired_prefill"),
+        fired_decode=_count(msg.fired_decode, f"{at}.fired_decode"),
+        fired_outside=_count(msg.fired_outside, f"{at}.fired_outside"),
     )
 
 
@@ -603,6 +631,13 @@ def _hook_count_to_pb(h: HookCount) -> pb.HookCount:
         fired_productive=h.fired_productive,
         productive_steps=h.productive_steps,
         total_steps=h.total_steps,
+        fired_decode=h.fired_decode,
+        decode_steps=h.decode_steps,
+        fired_prefill=h.fired_prefill,
+        prefill_steps=h.prefill_steps,
+        fired_outside=h.fired_outside,
+        on=h.on,
+        min_fires_per_step=h.min_fires_per_step,
     )
 
 
@@ -616,6 +651,13 @@ def _hook_count_from_pb(msg: pb.HookCount, at: str) -> HookCount:
         fired_productive=_count(msg.fired_productive, f"{at}.fired_productive"),
         productive_steps=_count(msg.productive_steps, f"{at}.productive_steps"),
         total_steps=_count(msg.total_steps, f"{at}.total_steps"),
+        fired_decode=_count(msg.fired_decode, f"{at}.fired_decode"),
+        decode_steps=_count(msg.decode_steps, f"{at}.decode_steps"),
+        fired_prefill=_count(msg.fired_prefill, f"{at}.fired_prefill"),
+        prefill_steps=_count(msg.prefill_steps, f"{at}.prefill_steps"),
+        fired_outside=_count(msg.fired_outside, f"{at}.fired_outside"),
+        on=msg.on or "productive",
+        min_fires_per_step=_ratio(msg.min_fires_per_step, f"{at}.min_fires_per_step"),
     )
 
 
@@ -821,3 +863,22 @@ def process_from_json(data: object, at: str = "report") -> ProcessReport:
     except json_format.ParseError as e:
         raise WireError(at, f"not a ProcessReport: {e}") from e
     return _process_from_pb(msg, at)
+
+
+def run_verdict_to_json(rv: RunVerdict) -> dict[str, Any]:
+    """A run verdict as JSON-ready data (protobuf's JSON mapping), e.g. a window's start."""
+    data: dict[str, Any] = json_format.MessageToDict(
+        run_verdict_to_pb(rv), preserving_proto_field_name=True
+    )
+    return data
+
+
+def run_verdict_from_json(data: object, at: str = "run_verdict") -> RunVerdict:
+    if not isinstance(data, dict):
+        _fail(at, f"must be a JSON object, not {type(data).__name__}")
+    msg = pb.RunVerdict()
+    try:
+        json_format.ParseDict(data, msg)
+    except json_format.ParseError as e:
+        raise WireError(at, f"not a RunVerdict: {e}") from e
+    return run_verdict_from_pb(msg, at)

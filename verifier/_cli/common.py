@@ -39,6 +39,12 @@ def verdict_json(v: Any) -> dict[str, Any]:
                         "rank": h.rank,
                         "fired": h.fired,
                         "fired_on_productive_steps": h.fired_productive,
+                        "fired_on_decode_steps": h.fired_decode,
+                        "decode_steps": h.decode_steps,
+                        "fired_on_prefill_steps": h.fired_prefill,
+                        "prefill_steps": h.prefill_steps,
+                        "fired_outside_steps": h.fired_outside,
+                        "on": h.on,
                         "productive_steps": h.productive_steps,
                         "total_steps": h.total_steps,
                     }

@@ -123,6 +123,17 @@ def render(pairs: list[tuple[ProcessEvidence, ProcessReport]]) -> str:
             f"  steps    total {s['total']}  productive {s['productive']}  empty {s['empty']}  "
             f"tokens {s['tokens_scheduled']}  max batch {s['requests_max']}"
         )
+        g = s["graph"]
+        mode = (
+            f"  eager {g.get('enforce_eager')}  compilation {g.get('compilation_mode')}  "
+            f"cudagraphs {g.get('cudagraph_mode')}"
+            if g
+            else "  mode not recorded"
+        )
+        lines.append(
+            f"           prefill {s['prefill']} ({s['prefill_tokens']} tokens)  decode "
+            f"{s['decode']} ({s['decode_tokens']} tokens)  dummy {s['dummy']}{mode}"
+        )
         m = d["manifest"]
         lines.append(
             f"  files    {m['files']} loaded  manifest {_short(m['digest'])}  {m['by_origin']}"
@@ -139,6 +150,9 @@ def render(pairs: list[tuple[ProcessEvidence, ProcessReport]]) -> str:
                 "steps",
                 "on productive",
                 "productive steps",
+                "on decode",
+                "decode steps",
+                "outside steps",
                 "status",
             )
             rows = [header] + [
@@ -151,6 +165,9 @@ def render(pairs: list[tuple[ProcessEvidence, ProcessReport]]) -> str:
                     str(h["steps"]),
                     str(h["fired_on_productive_steps"]),
                     str(h["productive_steps"]),
+                    str(h["fired_on_decode_steps"]),
+                    str(s["decode"]),
+                    str(h["fired_outside_steps"]),
                     h["status"],
                 )
                 for h in d["hooks"]

@@ -15,6 +15,7 @@ from verifier._cli import (
     run_cmd,
     serve_cmd,
     status_cmd,
+    window_cmd,
 )
 from verifier.errors import Error
 
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     agent_cmd.add_parser(sub)
     run_cmd.add_parser(sub)
     status_cmd.add_parser(sub)
+    window_cmd.add_parser(sub)
     return parser
 
 

@@ -19,7 +19,8 @@ DESCRIPTION = """\
 init: write a policy that pins what a known-good boot ran, for you to review and register
 (`verifier run register`). From a live process tree (--from-pid) or a stored
 `verifier inspect --json` file (--from), the process that runs the model (or --role) gives:
-the live runner class; every hook seen firing, with the fire rate it showed; the runner's
+the live runner class; every hook seen firing on steps, with the fire rate it showed (one
+that fired only outside steps, at start-up or warm-up, is listed in a comment); the runner's
 step file with its sha256; every distribution that claims a loaded file and whose files were
 all pristine or patched, required pristine, with each patched file declared with its hash;
 every editable (local) file with its hash. The policy is checked by loading it before it
@@ -72,7 +73,9 @@ def render_policy(label: str, r: ProcessReport) -> str:
     if r.runner is not None:
         out += ["[runner]", f"expect_class = {_q(r.runner.cls)}", ""]
     for h in r.hooks:
-        if h.fired <= 0:
+        if h.fired > 0 and h.fired_productive == 0:
+            out += [f"# hook {h.name} fired {h.fired} times, none on a step: not pinned", ""]
+        if h.fired_productive <= 0:
             continue
         productive = r.steps.productive if r.steps else 0
         rate = h.fired_productive / productive if productive else 0.0

@@ -45,7 +45,9 @@ def render(v: RunVerdict) -> str:
             rank = f" rank {h.rank}" if h.rank is not None else ""
             lines.append(
                 f"    hook {h.name} ({h.role}{rank}, pid {h.pid}): fired {h.fired_productive} on "
-                f"{h.productive_steps} productive steps ({h.fired} of {h.total_steps} steps)"
+                f"{h.productive_steps} productive steps, {h.fired_decode} on {h.decode_steps} "
+                f"decode steps, {h.fired_outside} outside steps ({h.fired} in all, "
+                f"{h.total_steps} steps; judged on {h.on})"
             )
         for f in t.findings:
             lines.append(f"    {f.severity.value:<7} {f.id}: {f.message}")

@@ -53,13 +53,18 @@ def discover(
     return out
 
 
+def _opt_str(v: object) -> str | None:
+    return v if isinstance(v, str) else None
+
+
 def _probe_parts(
     p: ProbeState,
 ) -> tuple[RunnerEvidence | None, StepEvidence, tuple[HookEvidence, ...], tuple[FileEntry, ...]]:
     runner = None
     if p.runner is not None:
         runner = RunnerEvidence(p.runner.cls, p.runner.file, p.runner.sha256, p.runner.mro)
-    s = p.steps
+    s, g = p.steps, p.graph
+    eager = g.get("enforce_eager")
     steps = StepEvidence(
         s.total,
         s.productive,
@@ -68,6 +73,14 @@ def _probe_parts(
         s.requests_scheduled,
         s.requests_max,
         s.last_step_unix_ns,
+        prefill_steps=s.prefill_steps,
+        decode_steps=s.decode_steps,
+        prefill_tokens=s.prefill_tokens,
+        decode_tokens=s.decode_tokens,
+        dummy_steps=s.dummy_steps,
+        compilation_mode=_opt_str(g.get("compilation_mode")),
+        cudagraph_mode=_opt_str(g.get("cudagraph_mode")),
+        enforce_eager=eager if isinstance(eager, bool) else None,
     )
     hooks = tuple(
         HookEvidence(
@@ -83,6 +96,9 @@ def _probe_parts(
             fired_productive=h.fired_productive,
             first_step=h.first_step,
             last_step=h.last_step,
+            fired_prefill=h.fired_prefill,
+            fired_decode=h.fired_decode,
+            fired_outside=h.fired_outside,
         )
         for h in p.hooks
     )

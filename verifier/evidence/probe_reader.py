@@ -43,6 +43,9 @@ class HookRecord:
     fired_productive: int  # fires while the process's latest step was productive
     first_step: int | None
     last_step: int | None
+    fired_prefill: int = 0
+    fired_decode: int = 0
+    fired_outside: int = 0
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,11 @@ class Steps:
     requests_max: int
     first_step_unix_ns: int
     last_step_unix_ns: int
+    prefill_steps: int = 0
+    decode_steps: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    dummy_steps: int = 0
 
 
 @dataclass(frozen=True)
@@ -90,6 +98,8 @@ class ProbeState:
     interp: dict[str, Any] = field(default_factory=dict)
     # Modules that claim a file (__file__ or spec.origin) where there is none: module, claimed.
     fileless: tuple[tuple[str, str], ...] = ()
+    # The compile / graph mode the runner ran in (enforce_eager, compilation_mode, ...).
+    graph: dict[str, Any] = field(default_factory=dict)
 
     @property
     def role(self) -> tuple[str | None, int | None]:
@@ -217,11 +227,14 @@ def _hooks(records: list[dict[str, Any]], slots: list[int]) -> list[HookRecord]:
     out = []
     for name, h in by_name.items():
         slot = h.get("slot")
-        fired = first = last = productive = 0
+        fired = first = last = productive = prefill = decode = outside = 0
         if isinstance(slot, int) and slot >= 0 and slot + L.HOOK_STRIDE <= len(slots):
             fired = slots[slot + L.HK_FIRES]
             first, last = slots[slot + L.HK_FIRST_STEP], slots[slot + L.HK_LAST_STEP]
             productive = slots[slot + L.HK_FIRES_PRODUCTIVE]
+            prefill = slots[slot + L.HK_FIRES_PREFILL]
+            decode = slots[slot + L.HK_FIRES_DECODE]
+            outside = slots[slot + L.HK_FIRES_OUTSIDE]
         out.append(
             HookRecord(
                 name=name,
@@ -237,6 +250,9 @@ def _hooks(records: list[dict[str, Any]], slots: list[int]) -> list[HookRecord]:
                 fired_productive=productive,
                 first_step=first if fired else None,
                 last_step=last if fired else None,
+                fired_prefill=prefill,
+                fired_decode=decode,
+                fired_outside=outside,
             )
         )
     return out
@@ -305,6 +321,11 @@ def read_probe_dir(directory: Path, cache: JournalCache | None = None) -> ProbeS
             requests_max=slots[L.S_REQUESTS_MAX],
             first_step_unix_ns=slots[L.S_FIRST_STEP_UNIX_NS],
             last_step_unix_ns=slots[L.S_LAST_STEP_UNIX_NS],
+            prefill_steps=slots[L.S_STEPS_PREFILL],
+            decode_steps=slots[L.S_STEPS_DECODE],
+            prefill_tokens=slots[L.S_TOKENS_PREFILL],
+            decode_tokens=slots[L.S_TOKENS_DECODE],
+            dummy_steps=slots[L.S_STEPS_DUMMY],
         ),
         hooks=_hooks(records, slots),
         files=files,
@@ -312,6 +333,7 @@ def read_probe_dir(directory: Path, cache: JournalCache | None = None) -> ProbeS
         error_count=slots[L.S_PROBE_ERRORS],
         manifest_digest=digest,
         interp=next((r for r in reversed(records) if r.get("k") == "interp"), {}),
+        graph=next((r for r in reversed(records) if r.get("k") == "graph"), {}),
         fileless=tuple(
             (str(r.get("module")), str(r.get("claimed")))
             for r in records

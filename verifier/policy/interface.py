@@ -58,6 +58,8 @@ HOOK_UNRESOLVED = "liveness.hook.unresolved"
 HOOK_NOT_INSTANTIATED = "liveness.hook.not_instantiated"
 HOOK_NOT_FIRING = "liveness.hook.not_firing"
 HOOK_FIRE_RATIO_LOW = "liveness.hook.fire_ratio_low"
+HOOK_OUTSIDE_STEPS_ONLY = "liveness.hook.outside_steps_only"
+HOOK_PHASES = ("productive", "decode", "prefill")
 HOOK_FIRING = "liveness.hook.firing"
 RUNNER_UNKNOWN = "liveness.runner.unknown"
 RUNNER_UNEXPECTED = "liveness.runner.unexpected"
@@ -144,6 +146,11 @@ FINDINGS: dict[str, FindingKind] = {
         Severity.ERROR,
         "",
         "fired_productive / productive steps is below min_fires_per_productive_step",
+    ),
+    HOOK_OUTSIDE_STEPS_ONLY: FindingKind(
+        Severity.ERROR,
+        "",
+        "the hook fired, but only outside engine steps (start-up, warm-up), never on its steps",
     ),
     HOOK_FIRING: FindingKind(
         Severity.INFO, "", "the hook fired often enough (its counts, for the record)"

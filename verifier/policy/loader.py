@@ -261,18 +261,22 @@ def _runner(doc: _Doc, data: dict[str, Any]) -> list[I.Rule]:
 
 def _hooks(doc: _Doc, data: dict[str, Any]) -> list[I.Rule]:
     out: list[I.Rule] = []
-    seen: set[tuple[str, str | None]] = set()
+    seen: set[tuple[str, str | None, str]] = set()
     step_roles = ", only these run steps"
-    for h in _entries(doc, data, "hooks", ("name", "role", "min_fires_per_productive_step")):
+    allowed = ("name", "role", "min_fires_per_productive_step", "on")
+    for h in _entries(doc, data, "hooks", allowed):
         name = str(h.string("name", required=True))
         role = h.role("role", I.STEP_ROLES, step_roles)
         ratio = h.number(
             "min_fires_per_productive_step", I.DEFAULT_MIN_FIRES_PER_PRODUCTIVE_STEP, minimum=0
         )
-        if (name, role) in seen:
-            raise h.error("name", f"hook {name} is listed twice for the same role")
-        seen.add((name, role))
-        out.append(HookFires(name, role, ratio))
+        on = h.string("on") or "productive"
+        if on not in I.HOOK_PHASES:
+            raise h.error("on", f"{on!r} is not one of {', '.join(I.HOOK_PHASES)}")
+        if (name, role, on) in seen:
+            raise h.error("name", f"hook {name} is listed twice for the same role and steps")
+        seen.add((name, role, on))
+        out.append(HookFires(name, role, ratio, on))
     return out
 
 

@@ -94,9 +94,19 @@ class HookFires:
     name: str
     role: str | None = None  # None: the processes that run steps
     min_fires_per_productive_step: float = I.DEFAULT_MIN_FIRES_PER_PRODUCTIVE_STEP
+    on: str = "productive"  # the steps judged: productive | decode | prefill
 
     def describe(self) -> str:
-        return f"[[hooks]] {self.name}"
+        return f"[[hooks]] {self.name}" + ("" if self.on == "productive" else f" on {self.on}")
+
+    def _phase(self, p: ProcessReport, h: HookEvidence | None) -> tuple[int, int]:
+        """(steps of the judged kind, the hook's fires on them) in process P."""
+        s = p.steps
+        if self.on == "decode":
+            return (s.decode_steps if s else 0), (h.fired_decode if h else 0)
+        if self.on == "prefill":
+            return (s.prefill_steps if s else 0), (h.fired_prefill if h else 0)
+        return E.productive(p), (h.fired_productive if h else 0)
 
     def _scope(
         self, snapshot: I.TargetSnapshot, ctx: I.EvalContext
@@ -125,22 +135,36 @@ class HookFires:
                     fired_productive=h.fired_productive if h else 0,
                     productive_steps=E.productive(p),
                     total_steps=E.total(p),
+                    fired_decode=h.fired_decode if h else 0,
+                    decode_steps=p.steps.decode_steps if p.steps else 0,
+                    fired_prefill=h.fired_prefill if h else 0,
+                    prefill_steps=p.steps.prefill_steps if p.steps else 0,
+                    fired_outside=h.fired_outside if h else 0,
+                    on=self.on,
+                    min_fires_per_step=self.min_fires_per_productive_step,
                 )
             )
         return out
 
     def _judge(self, p: ProcessReport, snap: I.TargetSnapshot, ctx: I.EvalContext) -> list[Finding]:
-        s = E.productive(p)
-        enough = s >= ctx.min_steps
         h = next((h for h in p.hooks if h.name == self.name), None)
+        s, fires = self._phase(p, h)
+        kind = "productive" if self.on == "productive" else self.on
+        enough = E.productive(p) >= ctx.min_steps and (self.on == "productive" or s > 0)
         live = p.runner.cls if p.runner is not None else None
         context: dict[str, Any] = {
             **E.base(p),
             "hook": self.name,
             "target": h.target if h else None,
+            "on": self.on,
             "fired": h.fired if h else 0,
             "fired_productive": h.fired_productive if h else 0,
-            "productive_steps": s,
+            "fired_decode": h.fired_decode if h else 0,
+            "fired_prefill": h.fired_prefill if h else 0,
+            "fired_outside_steps": h.fired_outside if h else 0,
+            "productive_steps": E.productive(p),
+            "decode_steps": p.steps.decode_steps if p.steps else 0,
+            "prefill_steps": p.steps.prefill_steps if p.steps else 0,
             "total_steps": E.total(p),
             "min_steps": ctx.min_steps,
             "min_fires_per_productive_step": self.min_fires_per_productive_step,
@@ -159,20 +183,31 @@ class HookFires:
                 E.finding(
                     I.HOOK_NOT_FIRING,
                     Severity.ERROR,
-                    f"hook {self.name} never fired in {where} although it ran {s} productive "
+                    f"hook {self.name} never fired in {where} although it ran {s} {kind} "
                     f"steps ({E.total(p)} in all)",
                     snap,
                     **context,
                 )
             ]
-        ratio = h.fired_productive / s
+        if fires == 0 and h.fired == h.fired_outside:
+            return [
+                E.finding(
+                    I.HOOK_OUTSIDE_STEPS_ONLY,
+                    Severity.ERROR,
+                    f"hook {self.name} fired {h.fired} times in {where}, all outside engine "
+                    f"steps (start-up or warm-up), and never on its {s} {kind} steps",
+                    snap,
+                    **context,
+                )
+            ]
+        ratio = fires / s
         context["ratio"] = ratio
         if ratio < self.min_fires_per_productive_step:
             return [
                 E.finding(
                     I.HOOK_FIRE_RATIO_LOW,
                     Severity.ERROR,
-                    f"hook {self.name} fired on {h.fired_productive} of {s} productive steps in "
+                    f"hook {self.name} fired on {fires} of {s} {kind} steps in "
                     f"{where} ({ratio:.2f} per step; the policy needs "
                     f"{self.min_fires_per_productive_step:g})",
                     snap,
@@ -183,8 +218,8 @@ class HookFires:
             E.finding(
                 I.HOOK_FIRING,
                 Severity.INFO,
-                f"hook {self.name} fired {h.fired} times in {where}, {h.fired_productive} of them "
-                f"on its {s} productive steps",
+                f"hook {self.name} fired {h.fired} times in {where}, {fires} of them "
+                f"on its {s} {kind} steps",
                 snap,
                 **context,
             )

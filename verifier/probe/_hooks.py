@@ -109,6 +109,14 @@ def _fire(base: int) -> None:
         c[base + L.HK_FIRST_STEP] = s
     if c[L.S_CURRENT_PRODUCTIVE]:
         c[base + L.HK_FIRES_PRODUCTIVE] += 1
+    if not c[L.S_IN_STEP]:
+        c[base + L.HK_FIRES_OUTSIDE] += 1
+        return
+    phase = c[L.S_CURRENT_PHASE]
+    if phase & L.PHASE_PREFILL:
+        c[base + L.HK_FIRES_PREFILL] += 1
+    if phase & L.PHASE_DECODE:
+        c[base + L.HK_FIRES_DECODE] += 1
 
 
 def counting(fn: F, base: int) -> F:

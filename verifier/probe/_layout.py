@@ -27,7 +27,7 @@ COUNTERS_FILE = "counters"
 JOURNAL_FILE = "journal.jsonl"
 
 MAGIC = 0x5646595052424531  # "VFYPRBE1"
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 SLOT_BYTES = 8
 N_SLOTS = 4096
 
@@ -49,14 +49,27 @@ S_LAST_STEP_UNIX_NS = 14
 S_FIRST_STEP_UNIX_NS = 15
 S_PROBE_ERRORS = 16
 S_CURRENT_PRODUCTIVE = 17  # 1 while the latest step scheduled tokens (until the next step)
+S_STEPS_PREFILL = 18  # productive steps that scheduled prefill tokens (a mixed step counts in
+S_STEPS_DECODE = 19  # both) / that scheduled decode tokens
+S_TOKENS_PREFILL = 20
+S_TOKENS_DECODE = 21
+S_STEPS_DUMMY = 22  # execute_model calls for warm-up or padding (dummy_run): not steps
+S_CURRENT_PHASE = 23  # bits of the latest step: PHASE_PREFILL | PHASE_DECODE
+S_IN_STEP = 24  # > 0 while the process is inside execute_model or sample_tokens
+PHASE_PREFILL = 1
+PHASE_DECODE = 2
 
 # Hook slots: HOOK_BASE + HOOK_STRIDE * index.
 HOOK_BASE = 64
-HOOK_STRIDE = 4
+HOOK_STRIDE = 8
 HK_FIRES = 0
 HK_FIRST_STEP = 1  # the process's steps_total at the first fire (meaningful when fires > 0)
 HK_LAST_STEP = 2  # the process's steps_total at the latest fire
 HK_FIRES_PRODUCTIVE = 3  # fires while the latest step was productive (its sample phase included)
+HK_FIRES_PREFILL = 4  # fires inside a step (execute_model or sample_tokens) that prefilled
+HK_FIRES_DECODE = 5  # fires inside a step that decoded
+HK_FIRES_OUTSIDE = 6  # fires outside any step: start-up, warm-up, capture, other threads
+HK_RESERVED = 7
 MAX_HOOKS = (N_SLOTS - HOOK_BASE) // HOOK_STRIDE
 
 

@@ -5,8 +5,10 @@ Everything is installed through post-import watches, so nothing here imports vLL
 * ``vllm.v1.engine.core``: ``EngineCore.__init__`` marks the process ``engine_core``.
 * ``vllm.v1.worker.worker_base``: ``WorkerBase.__init__`` marks the process ``worker`` with its
   rank, and wraps the concrete worker class's ``execute_model`` (the per-step call, whatever
-  runner is live; warm-up and dummy runs do not go through it) to count steps, and its
-  ``init_device``/``load_model`` to record the live runner object once it exists.
+  runner is live; V1 warm-up does not go through it, V2's ``dummy_run=True`` calls are counted
+  apart) to count steps by phase (prefill and decode tokens), its ``sample_tokens`` so that
+  hook fires there count in the step, and ``init_device``/``load_model`` to record the live
+  runner object and the graph/compile mode once they exist.
 
 The live runner is reported as the object the worker holds (``type(worker.model_runner)``),
 not as whatever runner module happens to be imported, with the file that defines its
@@ -58,6 +60,24 @@ def _defining_file(cls: type, method: str) -> dict[str, Any] | None:
     return info
 
 
+def graph_mode(worker: Any, runner: Any) -> dict[str, Any]:
+    """The compile and graph mode in force: eager, compiled, CUDA graphs (a zero fire count
+    of code inside a captured region is explained by it)."""
+    cfg = getattr(runner, "vllm_config", None) or getattr(worker, "vllm_config", None)
+    comp = getattr(cfg, "compilation_config", None)
+    model = getattr(cfg, "model_config", None)
+
+    def name(v: Any) -> str | None:
+        return None if v is None else str(getattr(v, "name", v))
+
+    return {
+        "enforce_eager": getattr(model, "enforce_eager", None),
+        "compilation_mode": name(getattr(comp, "mode", None)),
+        "cudagraph_mode": name(getattr(comp, "cudagraph_mode", None)),
+        "device": name(getattr(getattr(cfg, "device_config", None), "device_type", None)),
+    }
+
+
 def record_runner(worker: Any) -> None:
     """Journal the live runner of WORKER once per runner class."""
     runner = getattr(worker, "model_runner", None)
@@ -69,6 +89,7 @@ def record_runner(worker: Any) -> None:
     _runner_seen.add(cls)
     methods = {m: _defining_file(cls, m) for m in STEP_METHODS}
     step = methods.get("execute_model") or {}
+    _core.state().remember({"k": "graph", **graph_mode(worker, runner)})
     _core.state().remember(
         {
             "k": "runner",
@@ -80,6 +101,29 @@ def record_runner(worker: Any) -> None:
             "mro": [_qualified(k) for k in cls.__mro__],
         }
     )
+
+
+def split_tokens(so: Any, total: int) -> tuple[int, int]:
+    """(prefill, decode) tokens of one step's scheduler output. New requests prefill; a
+    continuing request decodes when it is scheduled one token plus its speculative drafts,
+    and otherwise continues a chunked prefill (a last prefill chunk of exactly one token is
+    counted as decode). Only new requests are looked at one by one, unless some continuing
+    request is scheduled more than it would be to decode."""
+    counts = getattr(so, "num_scheduled_tokens", None) or {}
+    prefill = sum(counts.get(r.req_id, 0) for r in getattr(so, "scheduled_new_reqs", ()) or ())
+    spec = getattr(so, "scheduled_spec_decode_tokens", None) or {}
+    cached = getattr(getattr(so, "scheduled_cached_reqs", None), "req_ids", None) or ()
+    rest = total - prefill
+    if rest == len(cached) + sum(len(v) for v in spec.values()):
+        return prefill, rest  # every continuing request decodes
+    decode = 0
+    for rid in cached:
+        k = counts.get(rid, 0)
+        if k == 1 + len(spec.get(rid, ())):
+            decode += k
+        else:
+            prefill += k
+    return prefill, decode
 
 
 def _count_step(scheduler_output: Any) -> None:
@@ -94,8 +138,20 @@ def _count_step(scheduler_output: Any) -> None:
         reqs = len(getattr(scheduler_output, "num_scheduled_tokens", ()) or ())
         c[L.S_REQUESTS_SCHEDULED] += reqs
         c[L.S_REQUESTS_MAX] = max(c[L.S_REQUESTS_MAX], reqs)
+        prefill, decode = split_tokens(scheduler_output, n)
+        phase = 0
+        if prefill:
+            phase |= L.PHASE_PREFILL
+            c[L.S_STEPS_PREFILL] += 1
+            c[L.S_TOKENS_PREFILL] += prefill
+        if decode:
+            phase |= L.PHASE_DECODE
+            c[L.S_STEPS_DECODE] += 1
+            c[L.S_TOKENS_DECODE] += decode
+        c[L.S_CURRENT_PHASE] = phase
     else:
         c[L.S_STEPS_EMPTY] += 1
+        c[L.S_CURRENT_PHASE] = 0
     if not c[L.S_FIRST_STEP_UNIX_NS]:
         c[L.S_FIRST_STEP_UNIX_NS] = now
     c[L.S_LAST_STEP_UNIX_NS] = now
@@ -111,22 +167,53 @@ def _wrap_worker_class(cls: type) -> None:
 
         def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
             nonlocal recorded
+            c = _core.COUNTERS
+            dummy = bool(kwargs.get("dummy_run"))
             try:
-                _count_step(scheduler_output)
-                if not recorded:
-                    recorded = True
-                    record_runner(self)
+                if dummy:
+                    c[L.S_STEPS_DUMMY] += 1  # warm-up or padding (V2): not a step
+                else:
+                    _count_step(scheduler_output)
+                    if not recorded:
+                        recorded = True
+                        record_runner(self)
             except Exception as e:  # noqa: BLE001 - a probe never raises into a step
                 _core.report_error("steps", f"{type(e).__name__}: {e}")
-            return orig_exec(self, scheduler_output, *args, **kwargs)
+            if dummy:
+                return orig_exec(self, scheduler_output, *args, **kwargs)
+            c[L.S_IN_STEP] += 1
+            try:
+                return orig_exec(self, scheduler_output, *args, **kwargs)
+            finally:
+                c[L.S_IN_STEP] -= 1
 
         functools.update_wrapper(execute_model, orig_exec)
         execute_model.__verifier_probe__ = True  # type: ignore[attr-defined]
         cls.execute_model = execute_model  # type: ignore[attr-defined]
 
+    _mark_in_step(cls, "sample_tokens")
     for name in ("init_device", "load_model"):
         _observe(cls, name, after=record_runner)
     cls.__verifier_probe_wrapped__ = True  # type: ignore[attr-defined]
+
+
+def _mark_in_step(cls: type, name: str) -> None:
+    """Wrap CLS.NAME so hook fires inside it count as fires in the current step (V1 samples
+    in ``sample_tokens``, a second call per step after ``execute_model``)."""
+    orig = getattr(cls, name, None)
+    if orig is None or getattr(orig, "__verifier_probe__", False):
+        return
+
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _core.COUNTERS[L.S_IN_STEP] += 1
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            _core.COUNTERS[L.S_IN_STEP] -= 1
+
+    functools.update_wrapper(wrapper, orig)
+    wrapper.__verifier_probe__ = True  # type: ignore[attr-defined]
+    setattr(cls, name, wrapper)
 
 
 def _observe(

@@ -56,7 +56,7 @@ class RunnerEvidence(_message.Message):
     def __init__(self, cls: _Optional[str] = ..., file: _Optional[str] = ..., sha256: _Optional[str] = ..., mro: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StepEvidence(_message.Message):
-    __slots__ = ("total", "productive", "empty", "tokens_scheduled", "requests_scheduled", "requests_max", "last_step_unix_ns")
+    __slots__ = ("total", "productive", "empty", "tokens_scheduled", "requests_scheduled", "requests_max", "last_step_unix_ns", "prefill_steps", "decode_steps", "prefill_tokens", "decode_tokens", "dummy_steps", "compilation_mode", "cudagraph_mode", "enforce_eager")
     TOTAL_FIELD_NUMBER: _ClassVar[int]
     PRODUCTIVE_FIELD_NUMBER: _ClassVar[int]
     EMPTY_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +64,14 @@ class StepEvidence(_message.Message):
     REQUESTS_SCHEDULED_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_MAX_FIELD_NUMBER: _ClassVar[int]
     LAST_STEP_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_STEPS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DUMMY_STEPS_FIELD_NUMBER: _ClassVar[int]
+    COMPILATION_MODE_FIELD_NUMBER: _ClassVar[int]
+    CUDAGRAPH_MODE_FIELD_NUMBER: _ClassVar[int]
+    ENFORCE_EAGER_FIELD_NUMBER: _ClassVar[int]
     total: int
     productive: int
     empty: int
@@ -71,10 +79,18 @@ class StepEvidence(_message.Message):
     requests_scheduled: int
     requests_max: int
     last_step_unix_ns: int
-    def __init__(self, total: _Optional[int] = ..., productive: _Optional[int] = ..., empty: _Optional[int] = ..., tokens_scheduled: _Optional[int] = ..., requests_scheduled: _Optional[int] = ..., requests_max: _Optional[int] = ..., last_step_unix_ns: _Optional[int] = ...) -> None: ...
+    prefill_steps: int
+    decode_steps: int
+    prefill_tokens: int
+    decode_tokens: int
+    dummy_steps: int
+    compilation_mode: str
+    cudagraph_mode: str
+    enforce_eager: bool
+    def __init__(self, total: _Optional[int] = ..., productive: _Optional[int] = ..., empty: _Optional[int] = ..., tokens_scheduled: _Optional[int] = ..., requests_scheduled: _Optional[int] = ..., requests_max: _Optional[int] = ..., last_step_unix_ns: _Optional[int] = ..., prefill_steps: _Optional[int] = ..., decode_steps: _Optional[int] = ..., prefill_tokens: _Optional[int] = ..., decode_tokens: _Optional[int] = ..., dummy_steps: _Optional[int] = ..., compilation_mode: _Optional[str] = ..., cudagraph_mode: _Optional[str] = ..., enforce_eager: _Optional[bool] = ...) -> None: ...
 
 class HookEvidence(_message.Message):
-    __slots__ = ("name", "target", "module_loaded", "wrapped", "owner", "how", "unresolved", "instantiated_class", "fired", "fired_productive", "first_step", "last_step")
+    __slots__ = ("name", "target", "module_loaded", "wrapped", "owner", "how", "unresolved", "instantiated_class", "fired", "fired_productive", "first_step", "last_step", "fired_prefill", "fired_decode", "fired_outside")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     MODULE_LOADED_FIELD_NUMBER: _ClassVar[int]
@@ -87,6 +103,9 @@ class HookEvidence(_message.Message):
     FIRED_PRODUCTIVE_FIELD_NUMBER: _ClassVar[int]
     FIRST_STEP_FIELD_NUMBER: _ClassVar[int]
     LAST_STEP_FIELD_NUMBER: _ClassVar[int]
+    FIRED_PREFILL_FIELD_NUMBER: _ClassVar[int]
+    FIRED_DECODE_FIELD_NUMBER: _ClassVar[int]
+    FIRED_OUTSIDE_FIELD_NUMBER: _ClassVar[int]
     name: str
     target: str
     module_loaded: bool
@@ -99,7 +118,10 @@ class HookEvidence(_message.Message):
     fired_productive: int
     first_step: int
     last_step: int
-    def __init__(self, name: _Optional[str] = ..., target: _Optional[str] = ..., module_loaded: _Optional[bool] = ..., wrapped: _Optional[bool] = ..., owner: _Optional[str] = ..., how: _Optional[str] = ..., unresolved: _Optional[str] = ..., instantiated_class: _Optional[str] = ..., fired: _Optional[int] = ..., fired_productive: _Optional[int] = ..., first_step: _Optional[int] = ..., last_step: _Optional[int] = ...) -> None: ...
+    fired_prefill: int
+    fired_decode: int
+    fired_outside: int
+    def __init__(self, name: _Optional[str] = ..., target: _Optional[str] = ..., module_loaded: _Optional[bool] = ..., wrapped: _Optional[bool] = ..., owner: _Optional[str] = ..., how: _Optional[str] = ..., unresolved: _Optional[str] = ..., instantiated_class: _Optional[str] = ..., fired: _Optional[int] = ..., fired_productive: _Optional[int] = ..., first_step: _Optional[int] = ..., last_step: _Optional[int] = ..., fired_prefill: _Optional[int] = ..., fired_decode: _Optional[int] = ..., fired_outside: _Optional[int] = ...) -> None: ...
 
 class FileEntry(_message.Message):
     __slots__ = ("path", "sha256", "size", "kind", "module", "at")
@@ -287,7 +309,7 @@ class Finding(_message.Message):
     def __init__(self, id: _Optional[str] = ..., severity: _Optional[_Union[Severity, str]] = ..., message: _Optional[str] = ..., target: _Optional[str] = ..., context_json: _Optional[str] = ...) -> None: ...
 
 class HookCount(_message.Message):
-    __slots__ = ("name", "pid", "role", "rank", "fired", "fired_productive", "productive_steps", "total_steps")
+    __slots__ = ("name", "pid", "role", "rank", "fired", "fired_productive", "productive_steps", "total_steps", "fired_decode", "decode_steps", "fired_prefill", "prefill_steps", "fired_outside", "on", "min_fires_per_step")
     NAME_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -296,6 +318,13 @@ class HookCount(_message.Message):
     FIRED_PRODUCTIVE_FIELD_NUMBER: _ClassVar[int]
     PRODUCTIVE_STEPS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    FIRED_DECODE_FIELD_NUMBER: _ClassVar[int]
+    DECODE_STEPS_FIELD_NUMBER: _ClassVar[int]
+    FIRED_PREFILL_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    FIRED_OUTSIDE_FIELD_NUMBER: _ClassVar[int]
+    ON_FIELD_NUMBER: _ClassVar[int]
+    MIN_FIRES_PER_STEP_FIELD_NUMBER: _ClassVar[int]
     name: str
     pid: int
     role: str
@@ -304,7 +333,14 @@ class HookCount(_message.Message):
     fired_productive: int
     productive_steps: int
     total_steps: int
-    def __init__(self, name: _Optional[str] = ..., pid: _Optional[int] = ..., role: _Optional[str] = ..., rank: _Optional[int] = ..., fired: _Optional[int] = ..., fired_productive: _Optional[int] = ..., productive_steps: _Optional[int] = ..., total_steps: _Optional[int] = ...) -> None: ...
+    fired_decode: int
+    decode_steps: int
+    fired_prefill: int
+    prefill_steps: int
+    fired_outside: int
+    on: str
+    min_fires_per_step: float
+    def __init__(self, name: _Optional[str] = ..., pid: _Optional[int] = ..., role: _Optional[str] = ..., rank: _Optional[int] = ..., fired: _Optional[int] = ..., fired_productive: _Optional[int] = ..., productive_steps: _Optional[int] = ..., total_steps: _Optional[int] = ..., fired_decode: _Optional[int] = ..., decode_steps: _Optional[int] = ..., fired_prefill: _Optional[int] = ..., prefill_steps: _Optional[int] = ..., fired_outside: _Optional[int] = ..., on: _Optional[str] = ..., min_fires_per_step: _Optional[float] = ...) -> None: ...
 
 class TargetVerdict(_message.Message):
     __slots__ = ("target", "verdict", "findings", "evaluated_unix", "report_unix", "hooks")

@@ -1,0 +1,137 @@
+"""Liveness by phase against the real vLLM server (CPU): prefill and decode steps and tokens,
+hook fires on each, fires outside steps (start-up), and the policy judging hooks on decode
+steps. Counts are compared as differences around requests this test sends, so other tests'
+requests on the shared server do not matter."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import pytest
+
+from tests.helpers import hook_by_name, inspect_json
+from verifier import wire
+from verifier.model import ProcessReport
+from verifier.policy import TargetSnapshot, load_policy
+from verifier.policy import interface as I
+from verifier.testing.server import VllmServer
+
+pytestmark = pytest.mark.vllm
+
+MAX_TOKENS = 6
+
+
+def worker(server: VllmServer) -> dict[str, Any]:
+    (w,) = [p for p in inspect_json(server.pid, tree=True) if p["role"] == "worker"]
+    return w
+
+
+@pytest.fixture(scope="module")
+def around(vllm_server: VllmServer) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    """The worker before and after three sequential requests, and their usage."""
+    before = worker(vllm_server)
+    usage = [
+        vllm_server.complete(f"phase accounting {i}", max_tokens=MAX_TOKENS)["usage"]
+        for i in range(3)
+    ]
+    return before, worker(vllm_server), usage
+
+
+def delta(before: dict[str, Any], after: dict[str, Any], key: str) -> int:
+    return int(after["steps"][key]) - int(before["steps"][key])
+
+
+def test_prefill_and_decode_tokens_match_what_the_server_served(
+    around: tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]],
+) -> None:
+    before, after, usage = around
+    prompt = sum(u["prompt_tokens"] for u in usage)
+    completion = sum(u["completion_tokens"] for u in usage)
+    assert delta(before, after, "prefill_tokens") == prompt
+    # the prefill step samples each request's first token; every other one is a decode step
+    assert delta(before, after, "decode_tokens") == completion - len(usage)
+    assert delta(before, after, "decode") == completion - len(usage)  # one request at a time
+    assert delta(before, after, "prefill") == len(usage)
+    assert delta(before, after, "prefill_tokens") + delta(before, after, "decode_tokens") == delta(
+        before, after, "tokens_scheduled"
+    )
+
+
+def test_graph_mode_is_recorded_with_the_counts(
+    around: tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]],
+) -> None:
+    graph = around[1]["steps"]["graph"]
+    assert graph["enforce_eager"] is True  # the test server runs --enforce-eager
+    assert graph["compilation_mode"] == "NONE"
+    assert graph["device"] == "cpu"
+
+
+def test_step_hook_fires_once_per_decode_and_prefill_step(
+    around: tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]],
+) -> None:
+    before, after, _ = around
+    b, a = hook_by_name(before, "v1_step"), hook_by_name(after, "v1_step")
+    assert a["fired_on_decode_steps"] - b["fired_on_decode_steps"] == delta(before, after, "decode")
+    assert a["fired_on_prefill_steps"] - b["fired_on_prefill_steps"] == delta(
+        before, after, "prefill"
+    )
+    assert a["fired_outside_steps"] == 0  # a step method fires only inside steps
+
+
+def test_start_up_hook_fires_only_outside_steps(
+    around: tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]],
+) -> None:
+    load = hook_by_name(around[1], "v1_load")
+    assert load["fired"] >= 1
+    assert load["fired_outside_steps"] == load["fired"]
+    assert (load["fired_on_decode_steps"], load["fired_on_prefill_steps"]) == (0, 0)
+
+
+def judged(server: VllmServer, policy: str) -> list[tuple[str, dict[str, Any]]]:
+    reports: list[ProcessReport] = [
+        wire.process_from_json(p["report"]) for p in inspect_json(server.pid, tree=True)
+    ]
+    snap = TargetSnapshot("cpu", tuple(reports), time.time())
+    v = load_policy(policy).evaluate_target(snap, now=snap.received_unix)
+    return [(f.id, dict(f.context)) for f in v.findings]
+
+
+def hook_policy(name: str, on: str) -> str:
+    return f'version = 1\n[[hooks]]\nname = "{name}"\non = "{on}"\n'
+
+
+def test_hook_that_fires_only_at_start_up_fails_on_decode(vllm_server: VllmServer) -> None:
+    found = judged(vllm_server, hook_policy("v1_load", "decode"))
+    (hit,) = [c for i, c in found if i == I.HOOK_OUTSIDE_STEPS_ONLY]
+    assert hit["fired_outside_steps"] == hit["fired"] >= 1 and hit["decode_steps"] > 0
+
+
+def test_step_hook_passes_on_decode_with_fires_equal_to_decode_steps(
+    vllm_server: VllmServer,
+) -> None:
+    found = judged(vllm_server, hook_policy("v1_step", "decode"))
+    assert [i for i, _ in found if i.startswith("liveness.")] == [I.HOOK_FIRING]
+    (c,) = [c for i, c in found if i == I.HOOK_FIRING]
+    assert c["fired_decode"] == c["decode_steps"] > 0
+
+
+def test_hook_on_a_class_never_instantiated_fails_on_decode(vllm_server: VllmServer) -> None:
+    found = judged(vllm_server, hook_policy("v2_step", "decode"))
+    assert I.HOOK_NOT_INSTANTIATED in [i for i, _ in found]
+
+
+def test_copy_of_a_report_with_decode_fires_removed_fails(vllm_server: VllmServer) -> None:
+    """The negative control for the PASS above: the same real evidence with the decode fires
+    taken away is a FAIL (fire_ratio_low), not a pass."""
+    reports = [wire.process_from_json(p["report"]) for p in inspect_json(vllm_server.pid, True)]
+    w = next(r for r in reports if r.role == "worker")
+    hooks = tuple(
+        dataclasses.replace(h, fired_decode=h.fired_decode // 2) if h.name == "v1_step" else h
+        for h in w.hooks
+    )
+    reports = [dataclasses.replace(r, hooks=hooks) if r is w else r for r in reports]
+    snap = TargetSnapshot("cpu", tuple(reports), time.time())
+    v = load_policy(hook_policy("v1_step", "decode")).evaluate_target(snap, now=time.time())
+    assert I.HOOK_FIRE_RATIO_LOW in [f.id for f in v.findings]

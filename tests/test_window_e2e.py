@@ -1,0 +1,159 @@
+"""Measurement windows end to end: a real vLLM server (its own, so that every request since
+boot is this module's), a real verifier and agent. A hook on the sampler's logprobs code fires
+on a decode step only while a request asks for logprobs: it keeps pace in one window and
+stops in the middle of the next, which `verifier seal` must FAIL although the gate passed at
+the window's start."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, verifier_cli
+from tests.test_gate_e2e import Daemon
+from verifier.testing.server import VllmServer
+
+pytestmark = pytest.mark.vllm
+
+LOGPROBS = "vllm.v1.sample.sampler:Sampler.compute_logprobs"
+STEP = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.execute_model"
+POLICY = """\
+version = 1
+[evidence]
+freshness_s = 30
+[[hooks]]
+name = "logprobs"
+on = "decode"
+[[hooks]]
+name = "step"
+on = "decode"
+"""
+
+
+@pytest.fixture(scope="module")
+def stack(
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, Path, VllmServer]]:
+    d = tmp_path_factory.mktemp("window")
+    server = VllmServer(
+        tiny_model,
+        env={"VERIFIER_HOOKS": f"logprobs={LOGPROBS},step={STEP}"},
+        extra_args=("--no-enable-prefix-caching",),
+        scratch_parent=REPO / ".scratch",
+    )
+    server.start()
+    addr = f"unix:{d}/v.sock"
+    serve = Daemon(
+        ["serve", "--listen", addr, "--db", str(d / "db.sqlite3"), "--report-interval", "0.5"],
+        d / "serve.log",
+    ).start()
+    agent = None
+    try:
+        deadline = time.monotonic() + 30
+        while not (d / "v.sock").exists():
+            assert time.monotonic() < deadline, (d / "serve.log").read_text()
+            time.sleep(0.1)
+        agent = Daemon(
+            ["agent", "--verifier", addr, "--target", "w", "--pid", str(server.pid),
+             "--interval", "0.5", "--spool", str(d / "spool")],
+            d / "agent.log",
+        ).start()  # fmt: skip
+        (d / "p.toml").write_text(POLICY)
+        out = verifier_cli(
+            "run", "register", "lp", "--policy", str(d / "p.toml"), "--verifier", addr
+        )
+        assert out.returncode == 0, out.stderr
+        yield addr, d, server
+    finally:
+        if agent is not None and agent.proc is not None:
+            agent.stop()
+        if serve.proc is not None:
+            serve.stop()
+        server.stop()
+
+
+def ask(server: VllmServer, n: int, logprobs: bool) -> None:
+    for i in range(n):
+        extra = {"logprobs": 1} if logprobs else {}
+        server.complete(f"window {i} {logprobs}", max_tokens=5, **extra)
+
+
+def cli(addr: str, *args: str) -> tuple[int, str]:
+    out = verifier_cli(*args, "--verifier", addr)
+    return out.returncode, out.stdout + out.stderr
+
+
+def results(d: Path, name: str) -> Path:
+    path = d / name
+    path.write_text(json.dumps({"tokens_per_s": 123.4, "name": name}))
+    return path
+
+
+def test_window_where_the_hook_kept_pace_is_sealed(stack: tuple[str, Path, VllmServer]) -> None:
+    addr, d, server = stack
+    ask(server, 2, logprobs=True)  # every decode step so far asked for logprobs
+    code, text = cli(addr, "window", "lp", "--out", str(d / "w1.json"), "--timeout", "60")
+    assert code == 0, text
+    ask(server, 2, logprobs=True)
+    res = results(d, "r1.json")
+    code, text = cli(addr, "seal", "lp", "--window", str(d / "w1.json"), "--results", str(res))
+    assert code == 0, text
+    st = json.loads((d / "r1.json.seal.json").read_text())
+    assert st["held"] is True and st["findings"] == []
+    assert st["results"]["sha256"] == hashlib.sha256(res.read_bytes()).hexdigest()
+    (row,) = [r for r in st["hooks"].values() if r["name"] == "logprobs"]
+    assert row["fired"] == row["steps"] == 2 * 4  # 2 requests x 4 decode steps each
+    assert "fired 8 on 8 decode steps during the window" in text
+
+
+def test_window_without_steps_is_not_a_pass(stack: tuple[str, Path, VllmServer]) -> None:
+    addr, d, _ = stack
+    code, text = cli(addr, "window", "lp", "--out", str(d / "w0.json"), "--timeout", "60")
+    assert code == 0, text
+    res = results(d, "r0.json")  # nothing ran while "measuring"
+    code, text = cli(addr, "seal", "lp", "--window", str(d / "w0.json"), "--results", str(res))
+    assert code == 1, text
+    st = json.loads((d / "r0.json.seal.json").read_text())
+    assert {f["id"] for f in st["findings"]} == {"window.no_steps"}
+    assert st["verdict_at_seal"] == "PASS"  # the gate itself still passes
+
+
+def test_hook_that_stops_firing_mid_window_fails_the_seal(
+    stack: tuple[str, Path, VllmServer],
+) -> None:
+    addr, d, server = stack
+    code, text = cli(addr, "window", "lp", "--out", str(d / "w2.json"), "--timeout", "60")
+    assert code == 0, text  # the gate passes at the start
+    ask(server, 1, logprobs=True)
+    ask(server, 1, logprobs=False)  # the logprobs code path stops running
+    res = results(d, "r2.json")
+    code, text = cli(addr, "seal", "lp", "--window", str(d / "w2.json"), "--results", str(res))
+    assert code == 1, text
+    st = json.loads((d / "r2.json.seal.json").read_text())  # written anyway, saying why
+    assert st["held"] is False
+    lagged = [f for f in st["findings"] if f["id"] == "window.hook_lagged"]
+    assert [f["context"]["name"] for f in lagged] == ["logprobs"]
+    assert (lagged[0]["context"]["fired"], lagged[0]["context"]["steps"]) == (4, 8)
+
+
+def test_seal_refuses_bad_input(stack: tuple[str, Path, VllmServer]) -> None:
+    addr, d, _ = stack
+    code, text = cli(
+        addr, "seal", "lp", "--window", str(d / "nope.json"), "--results", str(d / "r1.json")
+    )
+    assert code == 3 and "no such window file" in text
+    code, text = cli(
+        addr, "seal", "lp", "--window", str(d / "w1.json"), "--results", str(d / "missing")
+    )
+    assert code == 2 and "no such file" in text
+    code, text = cli(
+        addr, "seal", "other", "--window", str(d / "w1.json"), "--results", str(d / "r1.json")
+    )
+    assert code == 2 and "is a window on run lp" in text
+    assert os.path.exists(d / "r1.json.seal.json")
