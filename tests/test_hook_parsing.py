@@ -46,3 +46,10 @@ def test_duplicate_name_keeps_the_first_and_reports_the_second() -> None:
     decls, errors = parse_hooks("a=m:f,a=m:g")
     assert decls == [HookDecl("a", "m", "f")]
     assert errors == ["entry 'a=m:g': hook 'a' declared twice; keeping the first"]
+
+
+def test_device_suffix_marks_a_device_counted_hook() -> None:
+    decls, errors = parse_hooks("d=pkg.mod:Net.forward@device,m=pkg.mod@device")
+    assert decls == [HookDecl("d", "pkg.mod", "Net.forward", device=True)]
+    assert decls[0].target == "pkg.mod:Net.forward@device"
+    assert len(errors) == 1 and "@device needs a callable target" in errors[0]

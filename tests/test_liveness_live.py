@@ -135,3 +135,15 @@ def test_copy_of_a_report_with_decode_fires_removed_fails(vllm_server: VllmServe
     snap = TargetSnapshot("cpu", tuple(reports), time.time())
     v = load_policy(hook_policy("v1_step", "decode")).evaluate_target(snap, now=time.time())
     assert I.HOOK_FIRE_RATIO_LOW in [f.id for f in v.findings]
+
+
+def test_device_counter_on_the_model_forward_keeps_pace_with_its_fires(
+    around: tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]],
+) -> None:
+    """Eager on the CPU, the device-side count (a tensor op in the forward) and the Python
+    fire count must agree; the forward runs once per productive step."""
+    before, after, _ = around
+    b, a = hook_by_name(before, "fwd_dev"), hook_by_name(after, "fwd_dev")
+    assert a["device"] == "cpu"
+    assert a["device_fired"] == a["fired"] > 0
+    assert a["fired"] - b["fired"] == delta(before, after, "productive")

@@ -102,6 +102,7 @@ def full_process() -> ProcessReport:
                 fired_prefill=5,
                 fired_decode=44,
                 fired_outside=1,
+                device_fired=0,  # present and zero: not the same as None
             ),
             HookEvidence(
                 name="api_only",

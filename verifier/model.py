@@ -96,6 +96,9 @@ class HookEvidence:
     fired_prefill: int = 0  # fires inside a step that prefilled
     fired_decode: int = 0  # fires inside a step that decoded
     fired_outside: int = 0  # fires outside any step (start-up, warm-up, capture)
+    # Its device-side counter as last read (advances on every replay of a captured graph);
+    # None: the hook has no device counter.
+    device_fired: int | None = None
 
 
 @dataclass(frozen=True)

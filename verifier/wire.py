@@ -293,6 +293,7 @@ def _hook_to_pb(h: HookEvidence) -> pb.HookEvidence:
         fired_prefill=h.fired_prefill,
         fired_decode=h.fired_decode,
         fired_outside=h.fired_outside,
+        device_fired=h.device_fired,
     )
 
 
@@ -315,6 +316,9 @@ def _hook_from_pb(msg: pb.HookEvidence, at: str) -> HookEvidence:
         fired_prefill=_count(msg.fired_prefill, f"{at}.fired_prefill"),
         fired_decode=_count(msg.fired_decode, f"{at}.fired_decode"),
         fired_outside=_count(msg.fired_outside, f"{at}.fired_outside"),
+        device_fired=(
+            _count(msg.device_fired, f"{at}.device_fired") if msg.HasField("device_fired") else None
+        ),
     )
 
 

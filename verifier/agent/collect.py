@@ -99,6 +99,7 @@ def _probe_parts(
             fired_prefill=h.fired_prefill,
             fired_decode=h.fired_decode,
             fired_outside=h.fired_outside,
+            device_fired=h.device_fired,
         )
         for h in p.hooks
     )

@@ -46,6 +46,8 @@ class HookRecord:
     fired_prefill: int = 0
     fired_decode: int = 0
     fired_outside: int = 0
+    device_fired: int | None = None  # its device-side counter, as last read (None: has none)
+    device: str | None = None  # where that counter lives
 
 
 @dataclass(frozen=True)
@@ -224,11 +226,14 @@ def _hooks(records: list[dict[str, Any]], slots: list[int]) -> list[HookRecord]:
                 h["unresolved"] = rec.get("msg")
             elif k == "hook_instantiated":
                 h.setdefault("instantiated", rec.get("class"))
+            elif k == "device_counter":
+                h["device"] = str(rec.get("device"))
     out = []
     for name, h in by_name.items():
         slot = h.get("slot")
-        fired = first = last = productive = prefill = decode = outside = 0
+        fired = first = last = productive = prefill = decode = outside = device = 0
         if isinstance(slot, int) and slot >= 0 and slot + L.HOOK_STRIDE <= len(slots):
+            device = slots[slot + L.HK_DEVICE]
             fired = slots[slot + L.HK_FIRES]
             first, last = slots[slot + L.HK_FIRST_STEP], slots[slot + L.HK_LAST_STEP]
             productive = slots[slot + L.HK_FIRES_PRODUCTIVE]
@@ -253,6 +258,8 @@ def _hooks(records: list[dict[str, Any]], slots: list[int]) -> list[HookRecord]:
                 fired_prefill=prefill,
                 fired_decode=decode,
                 fired_outside=outside,
+                device_fired=device if "device" in h else None,
+                device=h.get("device"),
             )
         )
     return out

@@ -51,6 +51,8 @@ class HookView:
             "fired_on_prefill_steps": r.fired_prefill,
             "fired_on_decode_steps": r.fired_decode,
             "fired_outside_steps": r.fired_outside,
+            "device_fired": r.device_fired,
+            "device": r.device,
             "first_step": r.first_step,
             "last_step": r.last_step,
             "steps": self.steps,

@@ -17,8 +17,10 @@ Two ways to get one:
   ``module:qualname`` wraps the target when (and only if) the module is imported; a class
   method is wrapped on the class, and the class's ``__init__`` records the first instance.
   ``name=module`` only tracks whether the module is imported; the code in it fires the hook
-  through the API. Malformed entries are reported by the probe (journal ``error`` records),
-  never raised: vLLM start-up must not depend on a typo.
+  through the API. ``name=module:qualname@device`` also counts on the device, so that the
+  count advances on every replay of a captured CUDA graph (``_device``). Malformed entries
+  are reported by the probe (journal ``error`` records), never raised: vLLM start-up must
+  not depend on a typo.
 
 One fire is a few memoryview operations on the shared counters: fires, the process's step
 count at the first and at the latest fire.
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, TypeVar
 
-from verifier.probe import _core, _postimport
+from verifier.probe import _core, _device, _postimport
 from verifier.probe import _layout as L
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -53,10 +55,12 @@ class HookDecl:
     name: str
     module: str
     qualname: str | None
+    device: bool = False  # "@device": also count on the device (see _device)
 
     @property
     def target(self) -> str:
-        return f"{self.module}:{self.qualname}" if self.qualname else self.module
+        at = "@device" if self.device else ""
+        return (f"{self.module}:{self.qualname}" if self.qualname else self.module) + at
 
 
 def parse_hooks(text: str) -> tuple[list[HookDecl], list[str]]:
@@ -76,17 +80,22 @@ def parse_hooks(text: str) -> tuple[list[HookDecl], list[str]]:
         if not _NAME.match(name):
             errors.append(f"entry {entry!r}: hook name may use letters, digits, '_', '.', '-'")
             continue
+        device = target.endswith("@device")
+        target = target.removesuffix("@device")
         module, colon, qualname = target.partition(":")
         if not _DOTTED.match(module) or (colon and not _DOTTED.match(qualname)):
             errors.append(
                 f"entry {entry!r}: target must be a dotted module, optionally ':qualname'"
             )
             continue
+        if device and not colon:
+            errors.append(f"entry {entry!r}: @device needs a callable target (module:qualname)")
+            continue
         if name in seen:
             errors.append(f"entry {entry!r}: hook {name!r} declared twice; keeping the first")
             continue
         seen.add(name)
-        decls.append(HookDecl(name, module, qualname if colon else None))
+        decls.append(HookDecl(name, module, qualname if colon else None, device))
     return decls, errors
 
 
@@ -119,8 +128,16 @@ def _fire(base: int) -> None:
         c[base + L.HK_FIRES_DECODE] += 1
 
 
-def counting(fn: F, base: int) -> F:
-    """FN wrapped so that each call fires the hook at BASE first."""
+def _device_tick(base: int, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    try:
+        _device.tick(base, name, args, kwargs)
+    except Exception as e:  # noqa: BLE001 - a probe never raises into the hooked code
+        _core.report_error("device_counter", f"{name!r}: {type(e).__name__}: {e}")
+
+
+def counting(fn: F, base: int, device: str | None = None) -> F:
+    """FN wrapped so that each call fires the hook at BASE first (and, with DEVICE set to the
+    hook's name, increments its device-side counter)."""
     code = getattr(fn, "__code__", None)
     if code is not None and code.co_flags & _CO_COROUTINE:
 
@@ -129,6 +146,14 @@ def counting(fn: F, base: int) -> F:
             return await fn(*args, **kwargs)
 
         wrapper: Callable[..., Any] = awrapper
+    elif device is not None:
+
+        def dwrapper(*args: Any, **kwargs: Any) -> Any:
+            _fire(base)
+            _device_tick(base, device, args, kwargs)
+            return fn(*args, **kwargs)
+
+        wrapper = dwrapper
     else:
 
         def swrapper(*args: Any, **kwargs: Any) -> Any:
@@ -153,6 +178,21 @@ class HookAPI:
             _fire(base)
         except Exception as e:  # noqa: BLE001 - a probe never raises into its caller
             _core.report_error("hook.fire", f"{name!r}: {type(e).__name__}: {e}")
+
+    def device_counter(self, name: str, like: Any) -> Any:
+        """A one-element int64 tensor on LIKE's device (a tensor, a module, or a device) that
+        counts for hook NAME: increment it with ``counter.add_(1)`` in code that a CUDA graph
+        captures, and the count advances on every replay. None if torch is not loaded or
+        LIKE names no device. Never raises."""
+        try:
+            base = _bases.get(name)
+            if base is None:
+                base = declare(name, "", "api")
+            device = like if type(like).__name__ == "device" else _device.device_of((like,), {})
+            return _device.create(base, name, device)
+        except Exception as e:  # noqa: BLE001 - a probe never raises into its caller
+            _core.report_error("hook.device_counter", f"{name!r}: {type(e).__name__}: {e}")
+            return None
 
     def __call__(self, name: str) -> Callable[[F], F]:
         """Decorator: every call of the function fires hook NAME."""
@@ -205,17 +245,17 @@ def _track_instances(owner: type, name: str) -> None:
     owner.__init__ = __init__  # type: ignore[misc]
 
 
-def _wrap_method(owner: type, attr: str, base: int) -> None:
+def _wrap_method(owner: type, attr: str, base: int, device: str | None = None) -> None:
     """Wrap OWNER.ATTR at class level, keeping static/class method descriptors."""
     raw = next((k.__dict__[attr] for k in owner.__mro__ if attr in k.__dict__), None)
     if raw is None:
         raise AttributeError(f"{owner.__qualname__} has no attribute {attr!r}")
     if isinstance(raw, staticmethod):
-        wrapped: Any = staticmethod(counting(raw.__func__, base))
+        wrapped: Any = staticmethod(counting(raw.__func__, base, device))
     elif isinstance(raw, classmethod):
-        wrapped = classmethod(counting(raw.__func__, base))
+        wrapped = classmethod(counting(raw.__func__, base, device))
     elif callable(raw):
-        wrapped = counting(raw, base)
+        wrapped = counting(raw, base, device)
     else:
         raise TypeError(f"{owner.__qualname__}.{attr} is not callable")
     setattr(owner, attr, wrapped)
@@ -242,12 +282,13 @@ def _apply(decl: HookDecl, base: int, module: ModuleType) -> None:
         return
     try:
         owner, attr = _resolve_owner(decl, module)
+        device = decl.name if decl.device else None
         if isinstance(owner, type):
-            _wrap_method(owner, attr, base)
+            _wrap_method(owner, attr, base, device)
             _track_instances(owner, decl.name)
             how, where = "method", _qualified(owner)
         else:
-            setattr(owner, attr, counting(getattr(owner, attr), base))
+            setattr(owner, attr, counting(getattr(owner, attr), base, device))
             how, where = "function", decl.target
     except (AttributeError, TypeError) as e:
         st.remember({"k": "hook_unresolved", "name": decl.name, "msg": str(e)})

@@ -25,7 +25,7 @@ import time
 from importlib.machinery import ExtensionFileLoader, SourceFileLoader
 from typing import Any
 
-from verifier.probe import _core, _postimport
+from verifier.probe import _core, _device, _postimport
 
 SWEEP_INTERVAL_S = 1.0
 
@@ -220,6 +220,8 @@ def sweep() -> None:
     interp = _interp_record()
     if interp is not None:
         st.remember(interp)
+    if _device._counters:
+        _device.read_all(cpu_only=True)  # processes that run no steps; CUDA: the step reads
     while _pending_ext:
         path, name, ident = _pending_ext.pop(0)
         got = _hash_file(path)

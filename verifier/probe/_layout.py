@@ -69,7 +69,7 @@ HK_FIRES_PRODUCTIVE = 3  # fires while the latest step was productive (its sampl
 HK_FIRES_PREFILL = 4  # fires inside a step (execute_model or sample_tokens) that prefilled
 HK_FIRES_DECODE = 5  # fires inside a step that decoded
 HK_FIRES_OUTSIDE = 6  # fires outside any step: start-up, warm-up, capture, other threads
-HK_RESERVED = 7
+HK_DEVICE = 7  # a device-side counter's value as last read outside a step (see _device)
 MAX_HOOKS = (N_SLOTS - HOOK_BASE) // HOOK_STRIDE
 
 

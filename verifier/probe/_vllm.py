@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from verifier.probe import _core, _postimport
+from verifier.probe import _core, _device, _postimport
 from verifier.probe import _layout as L
 
 STEP_METHODS = ("execute_model", "sample_tokens")
@@ -186,6 +186,8 @@ def _wrap_worker_class(cls: type) -> None:
                 return orig_exec(self, scheduler_output, *args, **kwargs)
             finally:
                 c[L.S_IN_STEP] -= 1
+                if _device._counters:
+                    _read_device()
 
         functools.update_wrapper(execute_model, orig_exec)
         execute_model.__verifier_probe__ = True  # type: ignore[attr-defined]
@@ -195,6 +197,13 @@ def _wrap_worker_class(cls: type) -> None:
     for name in ("init_device", "load_model"):
         _observe(cls, name, after=record_runner)
     cls.__verifier_probe_wrapped__ = True  # type: ignore[attr-defined]
+
+
+def _read_device() -> None:
+    try:
+        _device.read_all()
+    except Exception as e:  # noqa: BLE001 - a probe never raises into a step
+        _core.report_error("device_counter", f"read: {type(e).__name__}: {e}")
 
 
 def _mark_in_step(cls: type, name: str) -> None:
