@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from verifier import __version__
 from verifier._cli import (
     agent_cmd,
+    compare_cmd,
     diff_cmd,
     inspect_cmd,
     policy_cmd,
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_cmd.add_parser(sub)
     status_cmd.add_parser(sub)
     window_cmd.add_parser(sub)
+    compare_cmd.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,107 @@
+"""`verifier sample` and `verifier compare` on replicate boots of the real tiny server (CPU):
+two boots, each sampled under one client and under four concurrent clients. One boot per arm
+must say the noise floor is unknown; two boots per arm price the difference against it."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, verifier_cli
+from verifier.testing.server import VllmServer
+
+pytestmark = pytest.mark.vllm
+
+SECONDS = "4"
+
+
+def sample_under_load(server: VllmServer, clients: int, out: Path, label: str) -> None:
+    stop = threading.Event()
+
+    def client(i: int) -> None:
+        while not stop.is_set():
+            server.complete(f"compare {label} {i}", max_tokens=16)
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
+    for t in threads:
+        t.start()
+    try:
+        res = verifier_cli(
+            "sample", "--pid", str(server.pid), "--seconds", SECONDS, "--out", str(out),
+            "--label", label,
+        )  # fmt: skip
+        assert res.returncode == 0, res.stderr
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def samples(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    d = tmp_path_factory.mktemp("compare")
+    for boot in (1, 2):
+        server = VllmServer(tiny_model, scratch_parent=REPO / ".scratch")
+        server.start()
+        try:
+            server.complete("warm", max_tokens=2)
+            sample_under_load(server, 1, d / f"b{boot}c1.json", "c1")
+            sample_under_load(server, 4, d / f"b{boot}c4.json", "c4")
+        finally:
+            server.stop()
+    yield d
+
+
+def compare(*args: str) -> dict[str, dict[str, object]]:
+    out = verifier_cli("compare", *args, "--json")
+    assert out.returncode == 0, out.stderr
+    return {c["metric"]: c for c in json.loads(out.stdout)["comparisons"]}
+
+
+def test_samples_come_from_two_distinct_boots(samples: Path) -> None:
+    boots = {json.loads((samples / f"b{b}c1.json").read_text())["boot"] for b in (1, 2)}
+    assert len(boots) == 2
+    s = json.loads((samples / "b1c4.json").read_text())
+    assert s["productive_steps"] > 0 and s["tokens"] == s["prefill_tokens"] + s["decode_tokens"]
+
+
+def test_one_boot_per_arm_leaves_the_noise_floor_unknown(samples: Path) -> None:
+    got = compare(str(samples / "b1c1.json"), "--vs", str(samples / "b1c4.json"))
+    assert {c["verdict"] for c in got.values()} == {"noise floor unknown"}
+    assert all(c["noise_floor"] is None for c in got.values())
+    text = verifier_cli("compare", str(samples / "b1c1.json"), "--vs", str(samples / "b1c4.json"))
+    assert "noise floor unknown: arm A has one boot" in text.stdout
+
+
+def test_replicate_boots_price_a_real_difference(samples: Path) -> None:
+    a = [str(samples / f"b{b}c1.json") for b in (1, 2)]
+    b = [str(samples / f"b{b}c4.json") for b in (1, 2)]
+    step = compare(*a, "--vs", *b)["tokens_per_step"]
+    assert step["noise_floor"] is not None
+    assert step["verdict"] == "real difference"  # four clients batch several tokens per step
+    assert float(step["median_b"]) > float(step["median_a"])  # type: ignore[arg-type]
+
+
+def test_the_same_boots_in_both_arms_are_within_the_floor(samples: Path) -> None:
+    a = [str(samples / f"b{b}c1.json") for b in (1, 2)]
+    same = compare(*a, "--vs", *reversed(a))
+    assert {c["verdict"] for c in same.values()} == {"within the noise floor"}
+    assert all(c["difference"] == 0 for c in same.values())
+
+
+def test_sample_of_an_idle_server_is_refused(vllm_server: VllmServer, tmp_path: Path) -> None:
+    out = verifier_cli(
+        "sample", "--pid", str(vllm_server.pid), "--seconds", "1", "--out", str(tmp_path / "s")
+    )
+    assert out.returncode == 1 and "no productive step ran" in out.stderr
+    assert not (tmp_path / "s").exists()
+
+
+def test_compare_refuses_a_file_that_is_not_a_sample(tmp_path: Path) -> None:
+    (tmp_path / "x.json").write_text("{}")
+    out = verifier_cli("compare", str(tmp_path / "x.json"), "--vs", str(tmp_path / "x.json"))
+    assert out.returncode == 3 and "not a sample file" in out.stderr
