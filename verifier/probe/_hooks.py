@@ -108,20 +108,26 @@ def declare(name: str, target: str, source: str) -> int:
     return base
 
 
-def _fire(base: int) -> None:
+def _fire(
+    base: int,
+    _steps: int = L.S_STEPS_TOTAL,
+    _phase: int = L.S_CURRENT_PHASE,
+    _in_step: int = L.S_IN_STEP,
+) -> None:
+    """One fire (slot numbers bound as defaults: this runs on every call of a hooked function)."""
     c = _core.COUNTERS
     n = c[base] + 1
     c[base] = n
-    s = c[L.S_STEPS_TOTAL]
+    s = c[_steps]
     c[base + L.HK_LAST_STEP] = s
     if n == 1:
         c[base + L.HK_FIRST_STEP] = s
-    if c[L.S_CURRENT_PRODUCTIVE]:
+    phase = c[_phase]
+    if phase & L.PHASE_PRODUCTIVE:
         c[base + L.HK_FIRES_PRODUCTIVE] += 1
-    if not c[L.S_IN_STEP]:
+    if not c[_in_step]:
         c[base + L.HK_FIRES_OUTSIDE] += 1
         return
-    phase = c[L.S_CURRENT_PHASE]
     if phase & L.PHASE_PREFILL:
         c[base + L.HK_FIRES_PREFILL] += 1
     if phase & L.PHASE_DECODE:

@@ -48,16 +48,17 @@ S_REQUESTS_MAX = 13
 S_LAST_STEP_UNIX_NS = 14
 S_FIRST_STEP_UNIX_NS = 15
 S_PROBE_ERRORS = 16
-S_CURRENT_PRODUCTIVE = 17  # 1 while the latest step scheduled tokens (until the next step)
+S_CURRENT_PRODUCTIVE = 17  # unused since layout 2 (PHASE_PRODUCTIVE in S_CURRENT_PHASE)
 S_STEPS_PREFILL = 18  # productive steps that scheduled prefill tokens (a mixed step counts in
 S_STEPS_DECODE = 19  # both) / that scheduled decode tokens
 S_TOKENS_PREFILL = 20
 S_TOKENS_DECODE = 21
 S_STEPS_DUMMY = 22  # execute_model calls for warm-up or padding (dummy_run): not steps
-S_CURRENT_PHASE = 23  # bits of the latest step: PHASE_PREFILL | PHASE_DECODE
-S_IN_STEP = 24  # > 0 while the process is inside execute_model or sample_tokens
+S_CURRENT_PHASE = 23  # bits of the latest step (until the next): PHASE_*
+S_IN_STEP = 24  # 1 while the process is inside execute_model or sample_tokens
 PHASE_PREFILL = 1
 PHASE_DECODE = 2
+PHASE_PRODUCTIVE = 4  # the latest step scheduled tokens
 
 # Hook slots: HOOK_BASE + HOOK_STRIDE * index.
 HOOK_BASE = 64

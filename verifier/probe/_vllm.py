@@ -108,38 +108,58 @@ def split_tokens(so: Any, total: int) -> tuple[int, int]:
     continuing request decodes when it is scheduled one token plus its speculative drafts,
     and otherwise continues a chunked prefill (a last prefill chunk of exactly one token is
     counted as decode). Only new requests are looked at one by one, unless some continuing
-    request is scheduled more than it would be to decode."""
-    counts = getattr(so, "num_scheduled_tokens", None) or {}
-    prefill = sum(counts.get(r.req_id, 0) for r in getattr(so, "scheduled_new_reqs", ()) or ())
-    spec = getattr(so, "scheduled_spec_decode_tokens", None) or {}
-    cached = getattr(getattr(so, "scheduled_cached_reqs", None), "req_ids", None) or ()
+    request is scheduled more than it would be to decode. (0, 0) for an output without
+    these fields (another vLLM): its tokens are then counted, but not split."""
+    try:
+        counts = so.num_scheduled_tokens
+        new = so.scheduled_new_reqs
+        spec = so.scheduled_spec_decode_tokens
+        cached = so.scheduled_cached_reqs.req_ids
+    except AttributeError:
+        return 0, 0
+    prefill = 0
+    for r in new:
+        prefill += counts.get(r.req_id, 0)
+    drafts = sum(map(len, spec.values())) if spec else 0
     rest = total - prefill
-    if rest == len(cached) + sum(len(v) for v in spec.values()):
+    if rest == len(cached) + drafts:
         return prefill, rest  # every continuing request decodes
     decode = 0
     for rid in cached:
         k = counts.get(rid, 0)
-        if k == 1 + len(spec.get(rid, ())):
+        if k == 1 + (len(spec.get(rid, ())) if spec else 0):
             decode += k
         else:
             prefill += k
     return prefill, decode
 
 
-def _count_step(scheduler_output: Any) -> None:
+def _count_step(
+    so: Any,
+    _time_ns: Callable[[], int] = time.time_ns,
+    _total: int = L.S_STEPS_TOTAL,
+    _productive: int = L.S_STEPS_PRODUCTIVE,
+    _tokens: int = L.S_TOKENS_SCHEDULED,
+    _reqs: int = L.S_REQUESTS_SCHEDULED,
+    _reqs_max: int = L.S_REQUESTS_MAX,
+    _phase: int = L.S_CURRENT_PHASE,
+    _last: int = L.S_LAST_STEP_UNIX_NS,
+) -> None:
+    """Count one step. It runs on every step: slot numbers are bound as defaults and each
+    shared slot is touched as few times as the counts allow."""
     c = _core.COUNTERS
-    c[L.S_STEPS_TOTAL] += 1
-    n = getattr(scheduler_output, "total_num_scheduled_tokens", 0) or 0
-    now = time.time_ns()
-    c[L.S_CURRENT_PRODUCTIVE] = 1 if n > 0 else 0
+    total = c[_total] + 1
+    c[_total] = total
+    n = getattr(so, "total_num_scheduled_tokens", 0) or 0
+    now = _time_ns()
     if n > 0:
-        c[L.S_STEPS_PRODUCTIVE] += 1
-        c[L.S_TOKENS_SCHEDULED] += n
-        reqs = len(getattr(scheduler_output, "num_scheduled_tokens", ()) or ())
-        c[L.S_REQUESTS_SCHEDULED] += reqs
-        c[L.S_REQUESTS_MAX] = max(c[L.S_REQUESTS_MAX], reqs)
-        prefill, decode = split_tokens(scheduler_output, n)
-        phase = 0
+        c[_productive] += 1
+        c[_tokens] += n
+        reqs = len(getattr(so, "num_scheduled_tokens", ()) or ())
+        c[_reqs] += reqs
+        c[_reqs_max] = max(c[_reqs_max], reqs)
+        prefill, decode = split_tokens(so, n)
+        phase = L.PHASE_PRODUCTIVE
         if prefill:
             phase |= L.PHASE_PREFILL
             c[L.S_STEPS_PREFILL] += 1
@@ -148,13 +168,13 @@ def _count_step(scheduler_output: Any) -> None:
             phase |= L.PHASE_DECODE
             c[L.S_STEPS_DECODE] += 1
             c[L.S_TOKENS_DECODE] += decode
-        c[L.S_CURRENT_PHASE] = phase
+        c[_phase] = phase
     else:
         c[L.S_STEPS_EMPTY] += 1
-        c[L.S_CURRENT_PHASE] = 0
-    if not c[L.S_FIRST_STEP_UNIX_NS]:
+        c[_phase] = 0
+    if total == 1:
         c[L.S_FIRST_STEP_UNIX_NS] = now
-    c[L.S_LAST_STEP_UNIX_NS] = now
+    c[_last] = now
 
 
 def _wrap_worker_class(cls: type) -> None:
@@ -181,11 +201,11 @@ def _wrap_worker_class(cls: type) -> None:
                 _core.report_error("steps", f"{type(e).__name__}: {e}")
             if dummy:
                 return orig_exec(self, scheduler_output, *args, **kwargs)
-            c[L.S_IN_STEP] += 1
+            c[L.S_IN_STEP] = 1  # not nested: execute_model and sample_tokens take turns
             try:
                 return orig_exec(self, scheduler_output, *args, **kwargs)
             finally:
-                c[L.S_IN_STEP] -= 1
+                c[L.S_IN_STEP] = 0
                 if _device._counters:
                     _read_device()
 
@@ -214,11 +234,12 @@ def _mark_in_step(cls: type, name: str) -> None:
         return
 
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        _core.COUNTERS[L.S_IN_STEP] += 1
+        c = _core.COUNTERS
+        c[L.S_IN_STEP] = 1
         try:
             return orig(self, *args, **kwargs)
         finally:
-            _core.COUNTERS[L.S_IN_STEP] -= 1
+            c[L.S_IN_STEP] = 0
 
     functools.update_wrapper(wrapper, orig)
     wrapper.__verifier_probe__ = True  # type: ignore[attr-defined]
