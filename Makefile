@@ -36,6 +36,7 @@ bench: setup      ## benchmarks; results belong in BENCHMARKS.md
 	$(PY) bench/agents_scale.py
 	$(PY) bench/hash_scan.py
 	$(PY) bench/agent_collect.py
+	$(PY) bench/compare_boots.py
 
 clean:            ## remove caches and scratch (keeps .venv and the model)
 	rm -rf .scratch .pytest_cache .mypy_cache .ruff_cache
