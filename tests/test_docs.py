@@ -34,3 +34,22 @@ def test_every_make_target_in_the_readme_exists() -> None:
 def test_ci_runs_the_readme_test_command() -> None:
     assert "make test" in README
     assert (REPO / ".ci" / "run").read_text().strip().endswith("make test")
+
+
+def test_readme_synopses_of_the_newer_commands_match_their_help() -> None:
+    """Every command the README shows is one the CLI has, with the flags it shows."""
+    shown = {
+        "window": ["--out", "--timeout"],
+        "seal": ["--window", "--results"],
+        "sample": ["--pid", "--seconds", "--out"],
+        "compare": ["--vs"],
+        "diff": [],
+        "policy": [],
+    }
+    for command, flags in shown.items():
+        out = verifier_cli(command, "--help")
+        assert out.returncode == 0, (command, out.stderr)
+        assert f"verifier {command}" in README, command
+        for flag in flags:
+            assert flag in out.stdout, (command, flag)
+            assert re.search(rf"verifier {command} .*{re.escape(flag)}", README), (command, flag)
