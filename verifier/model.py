@@ -204,6 +204,18 @@ class FileDisagreement:
 
 
 @dataclass(frozen=True)
+class StackWitness:
+    """The agent's stack samples of a step-running process (py-spy, from outside): how many
+    were taken while steps advanced, and how many caught a thread in the runner's step file."""
+
+    samples: int
+    runner_file_hits: int
+    runner_file: str | None
+    top_files: tuple[str, ...] = ()  # the files seen in most samples
+    error: str | None = None  # why the latest sample could not be taken
+
+
+@dataclass(frozen=True)
 class ProcessReport:
     """What the agent saw of one process (probe state plus its own /proc evidence)."""
 
@@ -233,6 +245,7 @@ class ProcessReport:
     # process sees them (None: not judged, e.g. no probe).
     provenance: Provenance | None = None
     drift: tuple[Drift, ...] = ()
+    stack_witness: StackWitness | None = None  # None: not sampled (no runner, or not asked)
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ from verifier.model import (
     RunnerEvidence,
     RunVerdict,
     Severity,
+    StackWitness,
     StepEvidence,
     TargetReport,
     TargetVerdict,
@@ -383,6 +384,31 @@ def _process_to_pb(p: ProcessReport) -> pb.ProcessReport:
         ],
         provenance=None if p.provenance is None else _provenance_to_pb(p.provenance),
         drift=[pb.Drift(id=d.id, path=d.path, module=d.module, detail=d.detail) for d in p.drift],
+        stack_witness=None if p.stack_witness is None else _witness_to_pb(p.stack_witness),
+    )
+
+
+def _witness_to_pb(w: StackWitness) -> pb.StackWitness:
+    return pb.StackWitness(
+        samples=w.samples,
+        runner_file_hits=w.runner_file_hits,
+        runner_file=w.runner_file,
+        top_files=w.top_files,
+        error=w.error,
+    )
+
+
+def _witness_from_pb(msg: pb.StackWitness, at: str) -> StackWitness:
+    samples = _count(msg.samples, f"{at}.samples")
+    hits = _count(msg.runner_file_hits, f"{at}.runner_file_hits")
+    if hits > samples:
+        _fail(f"{at}.runner_file_hits", f"{hits} hits in {samples} samples")
+    return StackWitness(
+        samples=samples,
+        runner_file_hits=hits,
+        runner_file=msg.runner_file if msg.HasField("runner_file") else None,
+        top_files=tuple(msg.top_files),
+        error=msg.error if msg.HasField("error") else None,
     )
 
 
@@ -509,6 +535,11 @@ def _process_from_pb(msg: pb.ProcessReport, at: str) -> ProcessReport:
             else None
         ),
         drift=tuple(_drift_from_pb(d, f"{at}.drift[{i}]") for i, d in enumerate(msg.drift)),
+        stack_witness=(
+            _witness_from_pb(msg.stack_witness, f"{at}.stack_witness")
+            if msg.HasField("stack_witness")
+            else None
+        ),
     )
 
 

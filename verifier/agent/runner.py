@@ -34,6 +34,7 @@ from verifier.evidence.judge import Judgement, dist_index
 from verifier.evidence.probe_reader import JournalCache
 from verifier.evidence.process import ProcessEvidence
 from verifier.evidence.procfs import ProcFS
+from verifier.evidence.stacks import Witnesses
 from verifier.model import ProcessKey, ProcessReport, TargetReport
 
 log = structlog.get_logger("verifier.agent")
@@ -63,6 +64,7 @@ class Agent:
         # (pid, start ticks) -> (manifest digest, when, judgement) of the last full check
         self._checked: dict[tuple[int, int], tuple[str | None, float, Judgement]] = {}
         self._indexes: dict[tuple[int, int], DistIndex] = {}  # RECORDs parsed once per process
+        self.witnesses = Witnesses()  # py-spy stack samples of step-running processes
         self.spool = Spool(config.spool_dir, config.spool_max_bytes)
         counter = self.spool.load_counter()
         # A fresh spool cannot know what this agent id already delivered: its first Hello
@@ -94,6 +96,7 @@ class Agent:
         for cache in (self._checked, self._indexes):
             for stale in [k for k in cache if k not in alive]:
                 del cache[stale]
+        self.witnesses.forget(alive)
         gone = tuple(k for k in self.seen if k not in keys)
         for k in gone:
             log.info("process_gone", pid=k.pid)
@@ -151,6 +154,11 @@ class Agent:
             return None
         if not fresh and judged is not None:
             self._checked[key] = (digest, now, judged)
+        if report.runner is not None and report.steps is not None:
+            witness = self.witnesses.observe(
+                key, ev.identity.pid, report.steps.total, report.runner.file
+            )
+            report = dataclasses.replace(report, stack_witness=witness)
         return report
 
     def _full(self, report: TargetReport, need: set[str]) -> TargetReport:

@@ -63,6 +63,8 @@ HOOK_PHASES = ("productive", "decode", "prefill")
 HOOK_FIRING = "liveness.hook.firing"
 RUNNER_UNKNOWN = "liveness.runner.unknown"
 RUNNER_UNEXPECTED = "liveness.runner.unexpected"
+RUNNER_UNWITNESSED = "liveness.runner.unwitnessed"
+RUNNER_WITNESSED = "liveness.runner.witnessed"
 FILE_NOT_LOADED = "provenance.file.not_loaded"
 FILE_HASH_MISMATCH = "provenance.file.hash_mismatch"
 FILE_UNVERIFIABLE = "provenance.file.unverifiable"
@@ -160,6 +162,14 @@ FINDINGS: dict[str, FindingKind] = {
     ),
     RUNNER_UNEXPECTED: FindingKind(
         Severity.ERROR, "min_steps", "the live runner's class is not expect_class"
+    ),
+    RUNNER_UNWITNESSED: FindingKind(
+        Severity.ERROR,
+        "30 stack samples",
+        "no out-of-process stack sample caught a thread in the live runner's step file",
+    ),
+    RUNNER_WITNESSED: FindingKind(
+        Severity.INFO, "", "stack samples caught the runner's step file executing (the record)"
     ),
     FILE_NOT_LOADED: FindingKind(
         Severity.ERROR, "min_steps (any process)", "no loaded file matches a [[files]] entry"

@@ -24,6 +24,7 @@ from verifier.policy.rules import (
     NativeIntact,
     ProbeRequired,
     RequireFile,
+    RunnerWitnessed,
     ViewsAgree,
 )
 from verifier.policy.rules_provenance import (
@@ -148,6 +149,10 @@ class _Table:
             raise self.error(key, f"must be {bound} {minimum:g}, not {value:g}")
         return float(value)
 
+    def boolean(self, key: str, *, default: bool) -> bool:
+        value: bool | None = self._get(key, (bool,), "a boolean", False)
+        return default if value is None else value
+
     def integer(self, key: str, default: int, *, minimum: int) -> int:
         value: int | None = self._get(key, (int,), "an integer", False)
         if value is None:
@@ -247,7 +252,7 @@ def _evidence(doc: _Doc, data: dict[str, Any]) -> I.EvidenceSettings:
 
 
 def _runner(doc: _Doc, data: dict[str, Any]) -> list[I.Rule]:
-    r = _section(doc, data, "runner", ("expect_class",))
+    r = _section(doc, data, "runner", ("expect_class", "witness"))
     if r is None:
         return []
     cls = r.string(
@@ -256,7 +261,8 @@ def _runner(doc: _Doc, data: dict[str, Any]) -> list[I.Rule]:
         pattern=_QUALNAME,
         form="a qualified class name (package.module.Class)",
     )
-    return [ExpectRunner(str(cls))]
+    witness = r.boolean("witness", default=False)
+    return [ExpectRunner(str(cls)), *([RunnerWitnessed()] if witness else [])]
 
 
 def _hooks(doc: _Doc, data: dict[str, Any]) -> list[I.Rule]:

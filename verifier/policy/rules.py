@@ -22,10 +22,62 @@ __all__ = [
     "NativeIntact",
     "ProbeRequired",
     "RequireFile",
+    "RunnerWitnessed",
     "ViewsAgree",
 ]
 
 _SOURCE_KINDS = frozenset({"source", "extension"})
+
+
+WITNESS_SAMPLES_FOR_ERROR = 30  # samples without a hit after which the witness FAILs
+
+
+@dataclass(frozen=True)
+class RunnerWitnessed:
+    """``[runner] witness = true``: the agent's stack samples (py-spy, from outside the
+    process) caught a thread in the live runner's step file while steps advanced. PENDING
+    until one did; ERROR after WITNESS_SAMPLES_FOR_ERROR samples that all missed it."""
+
+    def describe(self) -> str:
+        return "[runner] witness"
+
+    def evaluate(self, snapshot: I.TargetSnapshot, ctx: I.EvalContext) -> list[Finding]:
+        procs, out = E.steppers(snapshot, ctx, self.describe())
+        for p in E.probed(procs):
+            w = p.stack_witness
+            context: dict[str, Any] = {
+                **E.base(p),
+                "runner_file": p.runner.file if p.runner else None,
+                "samples": w.samples if w else 0,
+                "runner_file_hits": w.runner_file_hits if w else 0,
+                "top_files": list(w.top_files) if w else [],
+                "error": w.error if w else "no stack samples in the report",
+            }
+            if w is not None and w.runner_file_hits > 0:
+                out.append(
+                    E.finding(
+                        I.RUNNER_WITNESSED,
+                        Severity.INFO,
+                        f"{w.runner_file_hits} of {w.samples} stack samples of {E.name(p)} "
+                        f"caught it in {w.runner_file}",
+                        snapshot,
+                        **context,
+                    )
+                )
+                continue
+            many = w is not None and w.samples >= WITNESS_SAMPLES_FOR_ERROR
+            why = f" ({context['error']})" if context["error"] else ""
+            out.append(
+                E.finding(
+                    I.RUNNER_UNWITNESSED,
+                    Severity.ERROR if many else Severity.PENDING,
+                    f"no stack sample of {E.name(p)} has caught a thread in the runner's step "
+                    f"file yet ({context['samples']} samples while steps ran){why}",
+                    snapshot,
+                    **context,
+                )
+            )
+        return out
 
 
 @dataclass(frozen=True)
