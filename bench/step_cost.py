@@ -96,6 +96,18 @@ def main() -> None:
             _vllm._wrap_worker_class(type(w))
             arms[f"bare step, {n} plain calls"] = functools.partial(b.execute_model, decode)
             arms[f"probed step, {n} hooks fire"] = functools.partial(w.execute_model, decode)
+        # a first-hit hook after its first call: the original function is back in place
+        from verifier.probe import _firsthit, _hooks
+
+        class Target:
+            def step(self) -> None:
+                return None
+
+        _firsthit.install(Target, "step", _hooks.declare("first_hit", "", "api"), "first_hit")
+        hit, plain_t = Target(), type("Plain", (), {"step": lambda self: None})()
+        hit.step()  # its first call: fires once and steps aside
+        arms["plain call"] = plain_t.step
+        arms["first-hit hooked call, after its hit"] = hit.step
         s = interleaved_ns(arms, ROUNDS, N)
         print(f"probe cost per engine step: {ROUNDS} interleaved rounds x {N} steps, ns per step")
         print_rows(s)

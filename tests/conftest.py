@@ -28,6 +28,7 @@ SERVER_HOOKS = {
     "v1_module": "vllm.v1.worker.gpu_model_runner",
     "v1_load": V1_LOAD,
     "fwd_dev": "vllm.model_executor.models.llama:LlamaModel.forward@device",
+    "v1_first": "vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states@first",
     "user_step": "verifier_user_hook:on_step",
     "missing_attr": "vllm.v1.worker.gpu_model_runner:NoSuchRunner.execute_model",
 }

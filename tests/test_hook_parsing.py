@@ -52,4 +52,11 @@ def test_device_suffix_marks_a_device_counted_hook() -> None:
     decls, errors = parse_hooks("d=pkg.mod:Net.forward@device,m=pkg.mod@device")
     assert decls == [HookDecl("d", "pkg.mod", "Net.forward", device=True)]
     assert decls[0].target == "pkg.mod:Net.forward@device"
-    assert len(errors) == 1 and "@device needs a callable target" in errors[0]
+    assert len(errors) == 1 and "@device and @first need a callable" in errors[0]
+
+
+def test_first_suffix_marks_a_first_hit_hook() -> None:
+    decls, errors = parse_hooks("f=pkg.mod:Cls.meth@first,g=pkg.mod@first")
+    assert decls == [HookDecl("f", "pkg.mod", "Cls.meth", first=True)]
+    assert decls[0].target == "pkg.mod:Cls.meth@first"
+    assert len(errors) == 1 and "@device and @first need a callable" in errors[0]

@@ -147,3 +147,14 @@ def test_device_counter_on_the_model_forward_keeps_pace_with_its_fires(
     assert a["device"] == "cpu"
     assert a["device_fired"] == a["fired"] > 0
     assert a["fired"] - b["fired"] == delta(before, after, "productive")
+
+
+def test_first_hit_hook_fired_once_inside_a_step_and_passes(
+    vllm_server: VllmServer,
+    around: tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]],
+) -> None:
+    first = hook_by_name(around[1], "v1_first")
+    assert first["fired"] == 1  # however many steps ran since
+    assert first["fired_outside_steps"] == 0 and first["first_step"] >= 1  # inside a step
+    found = judged(vllm_server, 'version = 1\n[[hooks]]\nname = "v1_first"\n')
+    assert [i for i, _ in found if i.startswith("liveness.")] == [I.HOOK_FIRING]

@@ -30,6 +30,8 @@ def collect_under_load(server: VllmServer, tmp_path: Path, reports: int) -> list
     """The agent's last report after REPORTS warm collects (the first, cold, one hashes every
     file) while a client keeps the server decoding."""
     agent = Agent(AgentConfig("127.0.0.1:9", "t", "a", tmp_path / "spool", root_pid=server.pid))
+    # four samples each time the steps moved: about 1 in 15 catches a tiny model's step
+    agent.witnesses = Witnesses(burst=4)
     stop = threading.Event()
 
     def load() -> None:
@@ -58,10 +60,10 @@ def judge(procs: list[ProcessReport]) -> list[tuple[str, str]]:
 
 def test_stack_samples_catch_the_runner_step_file(vllm_server: VllmServer, tmp_path: Path) -> None:
     assert py_spy() is not None, "py-spy is a dependency of the dev environment"
-    procs = collect_under_load(vllm_server, tmp_path, reports=20)
+    procs = collect_under_load(vllm_server, tmp_path, reports=30)
     (worker,) = [p for p in procs if p.role == "worker"]
     w = worker.stack_witness
-    assert w is not None and w.error is None, w
+    assert w is not None and w.samples > 0, w
     assert worker.runner is not None and w.runner_file == worker.runner.file
     assert (w.runner_file or "").endswith("vllm/v1/worker/gpu_model_runner.py")
     assert 0 < w.runner_file_hits <= w.samples

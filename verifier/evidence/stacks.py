@@ -5,7 +5,9 @@ agent adds a witness that does not depend on the probe: while the process is run
 it takes a stack sample with ``py-spy dump --nonblocking`` (about 15 ms; it reads the
 process's memory with ptrace rights, which a sidecar has with ``SYS_PTRACE``) and notes
 whether any thread was executing in the runner's step file. Samples are taken only when the
-step count moved since the previous report, so an idle server costs nothing.
+step count moved since the previous report, so an idle server costs nothing. A sample catches
+the step file only while a step executes: with a tiny model whose steps take a millisecond,
+about one sample in fifteen does (measured on the CPU server); with real models most do.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class _Book:
     last_steps: int = -1
     samples: int = 0
     hits: int = 0
+    failures: int = 0
     files: Counter[str] = field(default_factory=Counter)
     error: str | None = None
 
@@ -72,9 +75,11 @@ class Witnesses:
     """Per process (pid, start ticks): samples taken while steps advanced, and how many of
     them caught a thread in the runner's step file."""
 
-    def __init__(self, exe: str | None = None, *, search: bool = True) -> None:
-        """EXE: py-spy's path; None: found with ``py_spy()`` (unless SEARCH is false)."""
+    def __init__(self, exe: str | None = None, *, search: bool = True, burst: int = 1) -> None:
+        """EXE: py-spy's path; None: found with ``py_spy()`` (unless SEARCH is false).
+        BURST: samples taken each time the steps moved."""
         self.exe = exe if exe is not None or not search else py_spy()
+        self.burst = burst
         self._books: dict[tuple[int, int], _Book] = {}
 
     def observe(
@@ -86,9 +91,12 @@ class Witnesses:
         if self.exe is None:
             book.error = "py-spy not found (install it beside the agent)"
         elif moved:
-            files, error = dump_files(pid, self.exe)
-            book.error = error
-            if error is None:
+            for _ in range(self.burst):
+                files, error = dump_files(pid, self.exe)
+                if error is not None:  # non-blocking samples can catch the process mid-update
+                    book.failures += 1
+                    book.error = f"{error} ({book.failures} samples failed)"
+                    continue
                 book.samples += 1
                 book.files.update(set(files))
                 if runner_file is not None and runner_file in files:

@@ -165,7 +165,7 @@ FINDINGS: dict[str, FindingKind] = {
     ),
     RUNNER_UNWITNESSED: FindingKind(
         Severity.ERROR,
-        "30 stack samples",
+        "200 stack samples",
         "no out-of-process stack sample caught a thread in the live runner's step file",
     ),
     RUNNER_WITNESSED: FindingKind(

@@ -18,7 +18,9 @@ Two ways to get one:
   method is wrapped on the class, and the class's ``__init__`` records the first instance.
   ``name=module`` only tracks whether the module is imported; the code in it fires the hook
   through the API. ``name=module:qualname@device`` also counts on the device, so that the
-  count advances on every replay of a captured CUDA graph (``_device``). Malformed entries
+  count advances on every replay of a captured CUDA graph (``_device``);
+  ``name=module:qualname@first`` fires once, on the first call, and then costs nothing
+  (``_firsthit``). Malformed entries
   are reported by the probe (journal ``error`` records), never raised: vLLM start-up must
   not depend on a typo.
 
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, TypeVar
 
-from verifier.probe import _core, _device, _postimport
+from verifier.probe import _core, _device, _firsthit, _postimport
 from verifier.probe import _layout as L
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -56,10 +58,11 @@ class HookDecl:
     module: str
     qualname: str | None
     device: bool = False  # "@device": also count on the device (see _device)
+    first: bool = False  # "@first": fire once, on the first call, then cost nothing
 
     @property
     def target(self) -> str:
-        at = "@device" if self.device else ""
+        at = "@device" if self.device else "@first" if self.first else ""
         return (f"{self.module}:{self.qualname}" if self.qualname else self.module) + at
 
 
@@ -80,22 +83,22 @@ def parse_hooks(text: str) -> tuple[list[HookDecl], list[str]]:
         if not _NAME.match(name):
             errors.append(f"entry {entry!r}: hook name may use letters, digits, '_', '.', '-'")
             continue
-        device = target.endswith("@device")
-        target = target.removesuffix("@device")
+        device, first = target.endswith("@device"), target.endswith("@first")
+        target = target.removesuffix("@device").removesuffix("@first")
         module, colon, qualname = target.partition(":")
         if not _DOTTED.match(module) or (colon and not _DOTTED.match(qualname)):
             errors.append(
                 f"entry {entry!r}: target must be a dotted module, optionally ':qualname'"
             )
             continue
-        if device and not colon:
-            errors.append(f"entry {entry!r}: @device needs a callable target (module:qualname)")
+        if (device or first) and not colon:
+            errors.append(f"entry {entry!r}: @device and @first need a callable module:qualname")
             continue
         if name in seen:
             errors.append(f"entry {entry!r}: hook {name!r} declared twice; keeping the first")
             continue
         seen.add(name)
-        decls.append(HookDecl(name, module, qualname if colon else None, device))
+        decls.append(HookDecl(name, module, qualname if colon else None, device, first))
     return decls, errors
 
 
@@ -289,7 +292,18 @@ def _apply(decl: HookDecl, base: int, module: ModuleType) -> None:
     try:
         owner, attr = _resolve_owner(decl, module)
         device = decl.name if decl.device else None
-        if isinstance(owner, type):
+        if decl.first:
+            how, where = "first_hit", _qualified(owner) if isinstance(owner, type) else decl.target
+            st.remember(
+                {
+                    "k": "first_hit_armed",
+                    "name": decl.name,
+                    "via": _firsthit.install(owner, attr, base, decl.name),
+                }
+            )
+            if isinstance(owner, type):
+                _track_instances(owner, decl.name)
+        elif isinstance(owner, type):
             _wrap_method(owner, attr, base, device)
             _track_instances(owner, decl.name)
             how, where = "method", _qualified(owner)
