@@ -27,16 +27,18 @@ POLICY = (
 
 
 def collect_under_load(server: VllmServer, tmp_path: Path, reports: int) -> list[ProcessReport]:
-    """The agent's last report after REPORTS warm collects (the first, cold, one hashes every
-    file) while a client keeps the server decoding."""
+    """The agent's last report once a stack sample caught the worker's runner step file, or
+    after REPORTS warm collects (the first, cold, one hashes every file), while a client keeps
+    the server decoding four sequences at a time. A sample catches the step file only while
+    a step executes (about one sample in fifteen with this tiny model, less on a busy
+    machine), so the test samples until it does, within a bound."""
     agent = Agent(AgentConfig("127.0.0.1:9", "t", "a", tmp_path / "spool", root_pid=server.pid))
-    # four samples each time the steps moved: about 1 in 15 catches a tiny model's step
-    agent.witnesses = Witnesses(burst=4)
+    agent.witnesses = Witnesses(burst=8)  # eight samples each time the steps moved
     stop = threading.Event()
 
     def load() -> None:
         while not stop.is_set():
-            server.complete("witness me", max_tokens=32)
+            server.complete("witness me", max_tokens=64, n=4, temperature=1.0, seed=1)
 
     t = threading.Thread(target=load, daemon=True)
     t.start()
@@ -45,6 +47,8 @@ def collect_under_load(server: VllmServer, tmp_path: Path, reports: int) -> list
         for _ in range(reports):
             time.sleep(0.2)
             report = agent.collect()
+            if any(p.stack_witness and p.stack_witness.runner_file_hits for p in report.processes):
+                break
     finally:
         stop.set()
         t.join(timeout=60)
@@ -60,7 +64,7 @@ def judge(procs: list[ProcessReport]) -> list[tuple[str, str]]:
 
 def test_stack_samples_catch_the_runner_step_file(vllm_server: VllmServer, tmp_path: Path) -> None:
     assert py_spy() is not None, "py-spy is a dependency of the dev environment"
-    procs = collect_under_load(vllm_server, tmp_path, reports=30)
+    procs = collect_under_load(vllm_server, tmp_path, reports=100)
     (worker,) = [p for p in procs if p.role == "worker"]
     w = worker.stack_witness
     assert w is not None and w.samples > 0, w
