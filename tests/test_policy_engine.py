@@ -272,6 +272,17 @@ def test_freshness_limit_comes_from_the_policy() -> None:
     assert pol.evaluate_target(snap(*good_processes()), RECEIVED + 3).verdict == Verdict.STALE
 
 
+def test_evidence_is_dated_when_the_agent_read_it_not_when_it_arrived() -> None:
+    # The agent spent 4 s between reading the counters and sending: the counters are 4 s older
+    # than the receipt, which freshness and the verdict's report_unix (window seals) must use.
+    s = replace(snap(*good_processes()), collect_s=4.0)
+    assert s.evidence_unix == RECEIVED - 4.0
+    v = policy(HOOK_V1).evaluate_target(s, RECEIVED + 7.0)
+    assert v.verdict == Verdict.STALE and only(v, "evidence.stale").context["age_s"] == 11.0
+    assert v.report_unix == RECEIVED - 4.0
+    assert policy(HOOK_V1).evaluate_target(s, RECEIVED + 6.0).verdict == Verdict.PASS
+
+
 def test_target_with_no_processes_is_pending_never_pass() -> None:
     v = judge(HOOK_V1)
     assert (v.verdict, ids(v)) == (Verdict.PENDING, ["evidence.no_processes"])

@@ -276,7 +276,10 @@ def test_runner_file_changed_after_load_is_a_disagreement_between_probe_and_agen
         agent = Agent(
             AgentConfig("unix:/nonexistent", "t", "a", tmp_path / "spool", root_pid=child.pid)
         )
-        (before,) = agent.collect().processes
+        first = agent.collect()
+        (before,) = first.processes
+        # dated from when reading began, which precedes the send
+        assert first.collected_unix is not None and first.collected_unix <= first.sent_unix
         (mods / "fakerunner.py").write_text(
             "class Runner:\n    def execute_model(self, so):\n        1/0\n"
         )

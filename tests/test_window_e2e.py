@@ -138,7 +138,7 @@ def test_hook_that_stops_firing_mid_window_fails_the_seal(
     st = json.loads((d / "r2.json.seal.json").read_text())  # written anyway, saying why
     assert st["held"] is False
     lagged = [f for f in st["findings"] if f["id"] == "window.hook_lagged"]
-    assert [f["context"]["name"] for f in lagged] == ["logprobs"]
+    assert [f["context"]["name"] for f in lagged] == ["logprobs"], st
     assert (lagged[0]["context"]["fired"], lagged[0]["context"]["steps"]) == (4, 8)
 
 

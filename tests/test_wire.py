@@ -188,6 +188,7 @@ def full_report() -> TargetReport:
         sent_unix=1764400002.5,
         processes=(full_process(), bare_process(), bare_process(5001, files=())),
         gone=(ProcessKey("boot-1", 4000, 11), ProcessKey("", 4001, 0)),
+        collected_unix=1764399999.0,
     )
 
 
@@ -446,6 +447,12 @@ MALFORMED_REPORTS = [
     ("empty target", _set("target", ""), "report.target", "required"),
     ("negative seq", _set("seq", -1), "report.seq", "must be >= 0, got -1"),
     ("nan sent_unix", _set("sent_unix", float("nan")), "report.sent_unix", "finite"),
+    (
+        "read after sent",
+        _set("collected_unix", 1764400003.0),
+        "report.collected_unix",
+        "after sent_unix",
+    ),
     ("missing key", _clear("processes[0].key"), "report.processes[0].key", "absent"),
     ("pid 0", _set("processes[0].key.pid", 0), "report.processes[0].key.pid", ">= 1"),
     (

@@ -259,6 +259,14 @@ class TargetReport:
     sent_unix: float
     processes: tuple[ProcessReport, ...]
     gone: tuple[ProcessKey, ...] = ()  # processes seen before that have exited
+    collected_unix: float | None = None  # when reading the processes began (agent's clock)
+
+    @property
+    def collect_s(self) -> float:
+        """How old the evidence already was when the report was sent."""
+        if self.collected_unix is None:
+            return 0.0
+        return max(0.0, self.sent_unix - self.collected_unix)
 
 
 @dataclass(frozen=True)
@@ -288,7 +296,7 @@ class TargetVerdict:
     verdict: Verdict
     findings: tuple[Finding, ...]
     evaluated_unix: float
-    report_unix: float | None  # when the evidence it rests on was received
+    report_unix: float | None  # when the evidence it rests on was read (verifier clock)
     hooks: tuple[HookCount, ...] = ()  # every policy hook in every process it was judged in
 
 

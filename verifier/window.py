@@ -190,7 +190,7 @@ def statement(
         "held": not found,
         "hooks": rows,
         "findings": [{"id": f.id, "message": f.message, "context": f.context} for f in found],
-        "evidence_received_unix": {t.target: t.report_unix for t in end.targets},
+        "evidence_read_unix": {t.target: t.report_unix for t in end.targets},
     }
     digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
     return {**body, "statement_sha256": digest}, not found

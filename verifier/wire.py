@@ -581,6 +581,7 @@ def report_to_pb(report: TargetReport) -> pb.TargetReport:
         sent_unix=report.sent_unix,
         processes=[_process_to_pb(p) for p in report.processes],
         gone=[_key_to_pb(k) for k in report.gone],
+        collected_unix=report.collected_unix,
     )
 
 
@@ -589,6 +590,13 @@ def report_from_pb(msg: pb.TargetReport, at: str = "report") -> TargetReport:
     target = _required(msg.target, f"{at}.target")
     seq = _count(msg.seq, f"{at}.seq")
     sent_unix = _time(msg.sent_unix, f"{at}.sent_unix")
+    collected_unix = None
+    if msg.HasField("collected_unix"):
+        collected_unix = _time(msg.collected_unix, f"{at}.collected_unix")
+        if collected_unix > sent_unix:
+            _fail(
+                f"{at}.collected_unix", "after sent_unix: a report cannot leave before it is read"
+            )
     processes: list[ProcessReport] = []
     for i, p in enumerate(msg.processes):
         process = _process_from_pb(p, f"{at}.processes[{i}]")
@@ -603,6 +611,7 @@ def report_from_pb(msg: pb.TargetReport, at: str = "report") -> TargetReport:
         sent_unix=sent_unix,
         processes=tuple(processes),
         gone=tuple(_key_from_pb(k, f"{at}.gone[{i}]") for i, k in enumerate(msg.gone)),
+        collected_unix=collected_unix,
     )
 
 

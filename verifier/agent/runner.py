@@ -89,6 +89,7 @@ class Agent:
 
     # collection ------------------------------------------------------------------------
     def collect(self) -> TargetReport:
+        began = time.time()  # the counters below are read from here on
         found = discover(self.procfs, self.config.root_pid, self.journals)
         procs = [p for p in map(self._report, found) if p is not None]
         keys = {p.key for p in procs}
@@ -120,6 +121,7 @@ class Agent:
             time.time(),
             slim,
             gone,
+            collected_unix=began,
         )
 
     def _report(self, ev: ProcessEvidence) -> ProcessReport | None:

@@ -83,7 +83,7 @@ class Policy:
 
     def evaluate_target(self, snap: I.TargetSnapshot, now: float) -> TargetVerdict:
         findings: list[Finding] = []
-        age = now - snap.received_unix
+        age = now - snap.evidence_unix
         stale = age > self.evidence.freshness_s
         if stale:
             findings.append(
@@ -123,7 +123,7 @@ class Policy:
             verdict=target_verdict(findings, stale),
             findings=tuple(findings),
             evaluated_unix=now,
-            report_unix=snap.received_unix,
+            report_unix=snap.evidence_unix,
             # a hook named for its role and by default may judge a process twice: once each
             hooks=tuple({(c.name, c.pid): c for c in counts}.values()),
         )

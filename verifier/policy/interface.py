@@ -252,6 +252,14 @@ class TargetSnapshot:
     processes: tuple[ProcessReport, ...]  # ``files`` already resolved (never None here)
     received_unix: float  # when the verifier received the report
     container_ids: tuple[str, ...] = ()  # distinct ProcessReport.container_id values
+    collect_s: float = 0.0  # how old the evidence was when the agent sent it (its own clock)
+
+    @property
+    def evidence_unix(self) -> float:
+        """When the agent read the evidence, on the verifier's clock: receipt minus the agent's
+        collection time. Freshness and window seals date evidence by this, not by receipt: a
+        report that spent seconds hashing files carries counters from its start."""
+        return self.received_unix - self.collect_s
 
 
 @dataclass(frozen=True)

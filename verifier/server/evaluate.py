@@ -68,7 +68,7 @@ class Evaluator:
             for p in report.processes
         )
         containers = tuple(sorted({p.container_id for p in procs if p.container_id}))
-        return TargetSnapshot(report.target, procs, received_unix, containers)
+        return TargetSnapshot(report.target, procs, received_unix, containers, report.collect_s)
 
     def _load(self) -> dict[str, TargetSnapshot]:
         return {

@@ -295,7 +295,7 @@ class FileDisagreement(_message.Message):
     def __init__(self, path: _Optional[str] = ..., sha256_in_process: _Optional[str] = ..., sha256_agent: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class TargetReport(_message.Message):
-    __slots__ = ("agent_id", "target", "seq", "nonce", "sent_unix", "processes", "gone")
+    __slots__ = ("agent_id", "target", "seq", "nonce", "sent_unix", "processes", "gone", "collected_unix")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -303,6 +303,7 @@ class TargetReport(_message.Message):
     SENT_UNIX_FIELD_NUMBER: _ClassVar[int]
     PROCESSES_FIELD_NUMBER: _ClassVar[int]
     GONE_FIELD_NUMBER: _ClassVar[int]
+    COLLECTED_UNIX_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     target: str
     seq: int
@@ -310,7 +311,8 @@ class TargetReport(_message.Message):
     sent_unix: float
     processes: _containers.RepeatedCompositeFieldContainer[ProcessReport]
     gone: _containers.RepeatedCompositeFieldContainer[ProcessKey]
-    def __init__(self, agent_id: _Optional[str] = ..., target: _Optional[str] = ..., seq: _Optional[int] = ..., nonce: _Optional[str] = ..., sent_unix: _Optional[float] = ..., processes: _Optional[_Iterable[_Union[ProcessReport, _Mapping]]] = ..., gone: _Optional[_Iterable[_Union[ProcessKey, _Mapping]]] = ...) -> None: ...
+    collected_unix: float
+    def __init__(self, agent_id: _Optional[str] = ..., target: _Optional[str] = ..., seq: _Optional[int] = ..., nonce: _Optional[str] = ..., sent_unix: _Optional[float] = ..., processes: _Optional[_Iterable[_Union[ProcessReport, _Mapping]]] = ..., gone: _Optional[_Iterable[_Union[ProcessKey, _Mapping]]] = ..., collected_unix: _Optional[float] = ...) -> None: ...
 
 class Finding(_message.Message):
     __slots__ = ("id", "severity", "message", "target", "context_json")
