@@ -87,3 +87,29 @@ def test_library_deleted_under_a_live_mapping_is_a_finding(mapped: tuple[int, Pa
     assert (m.state, m.sha256) == ("deleted", original)  # still hashed: map_files keeps the inode
     verdict, found = _verdict(m)
     assert (verdict, "provenance.native.deleted" in found) == (Verdict.FAIL, True)
+
+
+def _fake_proc(tmp_path: Path, pid: int, maps: str) -> ProcFS:
+    """A /proc with PID's maps and root but no map_files: what a sidecar with SYS_PTRACE and
+    without CAP_CHECKPOINT_RESTORE gets (opening map_files is refused)."""
+    d = tmp_path / "proc" / str(pid)
+    d.mkdir(parents=True)
+    (d / "maps").write_text(maps)
+    (d / "root").symlink_to("/")
+    return ProcFS(tmp_path / "proc")
+
+
+def test_map_files_refused_falls_back_to_the_path_only_when_it_is_the_mapped_inode(
+    mapped: tuple[int, Path], tmp_path: Path
+) -> None:
+    pid, lib = mapped
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    (m,) = [m for m in native_mappings(_fake_proc(tmp_path, pid, maps), pid, Hasher())
+            if m.path == str(lib)]  # fmt: skip
+    assert (m.state, m.sha256) == ("same", hashlib.sha256(lib.read_bytes()).hexdigest())
+    # The same maps with another inode number: the path is not provably the mapped file.
+    st = lib.stat()
+    forged = maps.replace(f" {st.st_ino} ", f" {st.st_ino + 1} ")
+    (m,) = [m for m in native_mappings(_fake_proc(tmp_path / "b", pid, forged), pid, Hasher())
+            if m.path == str(lib)]  # fmt: skip
+    assert (m.state, m.sha256) == ("unreadable", None)

@@ -15,6 +15,7 @@ from verifier.errors import UsageError
 from verifier.model import (
     DRIFT_BYTECODE_STALE,
     DRIFT_MODULE_FILELESS,
+    ContainerInfo,
     Drift,
     FileDisagreement,
     FileEntry,
@@ -189,6 +190,26 @@ def full_report() -> TargetReport:
         processes=(full_process(), bare_process(), bare_process(5001, files=())),
         gone=(ProcessKey("boot-1", 4000, 11), ProcessKey("", 4001, 0)),
         collected_unix=1764399999.0,
+        containers=(
+            ContainerInfo(
+                id="a" * 64,
+                runtime="docker",
+                source="cgroup",
+                name="vllm-0",
+                image="verifier-vllm:local",
+                image_id="sha256:" + "b" * 64,
+                labels=(("com.docker.compose.service", "vllm"), ("tier", "serving")),
+                restart_count=2,
+                started_at="2026-11-29T15:58:17Z",
+            ),
+            ContainerInfo(
+                id="c" * 64,
+                runtime="unknown",
+                source="mountinfo",
+                docker_error="no Docker API socket at /var/run/docker.sock",
+            ),
+        ),
+        unobservable=("pid 77: /proc/77/environ: permission denied",),
     )
 
 
@@ -434,6 +455,10 @@ def _clear(path: str) -> Callable[[Any], None]:
     return mutate
 
 
+def _blank_reason(msg: Any) -> None:
+    msg.unobservable[0] = ""
+
+
 def _duplicate_process(msg: Any) -> None:
     msg.processes[1].key.CopyFrom(msg.processes[0].key)
 
@@ -447,6 +472,16 @@ MALFORMED_REPORTS = [
     ("empty target", _set("target", ""), "report.target", "required"),
     ("negative seq", _set("seq", -1), "report.seq", "must be >= 0, got -1"),
     ("nan sent_unix", _set("sent_unix", float("nan")), "report.sent_unix", "finite"),
+    ("short container id", _set("containers[0].id", "abc"), "report.containers[0].id", "hex"),
+    ("bad runtime", _set("containers[1].runtime", "lxc"), "report.containers[1].runtime", "lxc"),
+    ("bad source", _set("containers[0].source", "guess"), "report.containers[0].source", "guess"),
+    (
+        "same container twice",
+        _set("containers[1].id", "a" * 64),
+        "report.containers[1].id",
+        "twice",
+    ),
+    ("empty unobservable reason", _blank_reason, "report.unobservable[0]", "required"),
     (
         "read after sent",
         _set("collected_unix", 1764400003.0),

@@ -249,6 +249,29 @@ class ProcessReport:
 
 
 @dataclass(frozen=True)
+class ContainerInfo:
+    """A container the agent found reported processes in: its id and how it was found (the
+    process's cgroup, or its mountinfo when the cgroup names none), and what the Docker API
+    says about it when the agent can reach one."""
+
+    id: str
+    runtime: str  # docker | containerd | cri-o | podman | unknown
+    source: str  # cgroup | mountinfo (weaker: shared network namespaces mount another's files)
+    pod_uid: str | None = None  # Kubernetes pod, when the cgroup path names one
+    name: str | None = None  # from the Docker API, without the leading "/"
+    image: str | None = None  # the reference it was started from
+    image_id: str | None = None  # "sha256:..."
+    image_digests: tuple[str, ...] = ()  # RepoDigests; empty for images built locally
+    labels: tuple[tuple[str, str], ...] = ()  # sorted by key
+    restart_count: int | None = None
+    started_at: str | None = None
+    docker_error: str | None = None  # why the Docker API could not describe it
+
+    def label(self, key: str) -> str | None:
+        return dict(self.labels).get(key)
+
+
+@dataclass(frozen=True)
 class TargetReport:
     """One agent's snapshot of one target."""
 
@@ -260,6 +283,10 @@ class TargetReport:
     processes: tuple[ProcessReport, ...]
     gone: tuple[ProcessKey, ...] = ()  # processes seen before that have exited
     collected_unix: float | None = None  # when reading the processes began (agent's clock)
+    containers: tuple[ContainerInfo, ...] = ()  # every container a reported process runs in
+    # What the agent should have seen and could not (no vLLM process in its PID namespace, a
+    # process /proc refused to show): the target is not observable, so never PASS.
+    unobservable: tuple[str, ...] = ()
 
     @property
     def collect_s(self) -> float:

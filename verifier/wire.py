@@ -28,6 +28,7 @@ from verifier.api.v1 import verifier_pb2 as pb
 from verifier.errors import UsageError
 from verifier.model import (
     DRIFT_IDS,
+    ContainerInfo,
     Drift,
     FileDisagreement,
     FileEntry,
@@ -572,6 +573,72 @@ def _disagreement_from_pb(msg: pb.FileDisagreement, at: str) -> FileDisagreement
     )
 
 
+_CONTAINER_ID = re.compile(r"[0-9a-f]{12,64}")
+_RUNTIMES = ("docker", "containerd", "cri-o", "podman", "unknown")
+_MAX_TEXT = 4096  # any one name, label or reason
+_MAX_LABELS = 512
+
+
+def _text(value: str, at: str) -> str:
+    if len(value) > _MAX_TEXT:
+        _fail(at, f"longer than {_MAX_TEXT} characters")
+    return value
+
+
+def _container_to_pb(c: ContainerInfo) -> pb.ContainerInfo:
+    return pb.ContainerInfo(
+        id=c.id,
+        runtime=c.runtime,
+        source=c.source,
+        pod_uid=c.pod_uid,
+        name=c.name,
+        image=c.image,
+        image_id=c.image_id,
+        image_digests=list(c.image_digests),
+        labels=dict(c.labels),
+        restart_count=c.restart_count,
+        started_at=c.started_at,
+        docker_error=c.docker_error,
+    )
+
+
+def _container_from_pb(msg: pb.ContainerInfo, at: str) -> ContainerInfo:
+    if not _CONTAINER_ID.fullmatch(msg.id):
+        _fail(f"{at}.id", f"not a container id (12 to 64 lowercase hex digits): {msg.id!r}")
+    if msg.runtime not in _RUNTIMES:
+        _fail(f"{at}.runtime", f"{msg.runtime!r} is not one of {', '.join(_RUNTIMES)}")
+    if msg.source not in ("cgroup", "mountinfo"):
+        _fail(f"{at}.source", f"{msg.source!r} is not cgroup or mountinfo")
+    if len(msg.labels) > _MAX_LABELS:
+        _fail(f"{at}.labels", f"more than {_MAX_LABELS} labels")
+
+    def opt(name: str) -> str | None:
+        return _text(getattr(msg, name), f"{at}.{name}") if msg.HasField(name) else None
+
+    labels = tuple(
+        sorted(
+            (_text(k, f"{at}.labels"), _text(v, f"{at}.labels[{k}]")) for k, v in msg.labels.items()
+        )
+    )
+    restarts = msg.restart_count if msg.HasField("restart_count") else None
+    return ContainerInfo(
+        id=msg.id,
+        runtime=msg.runtime,
+        source=msg.source,
+        pod_uid=opt("pod_uid"),
+        name=opt("name"),
+        image=opt("image"),
+        image_id=opt("image_id"),
+        image_digests=tuple(
+            _text(d, f"{at}.image_digests[{i}]") for i, d in enumerate(msg.image_digests)
+        ),
+        labels=labels,
+        restart_count=None if restarts is None else _count(restarts, f"{at}.restart_count"),
+        started_at=opt("started_at"),
+        docker_error=opt("docker_error"),
+    )
+
+
 def report_to_pb(report: TargetReport) -> pb.TargetReport:
     return pb.TargetReport(
         agent_id=report.agent_id,
@@ -582,6 +649,8 @@ def report_to_pb(report: TargetReport) -> pb.TargetReport:
         processes=[_process_to_pb(p) for p in report.processes],
         gone=[_key_to_pb(k) for k in report.gone],
         collected_unix=report.collected_unix,
+        containers=[_container_to_pb(c) for c in report.containers],
+        unobservable=list(report.unobservable),
     )
 
 
@@ -612,7 +681,22 @@ def report_from_pb(msg: pb.TargetReport, at: str = "report") -> TargetReport:
         processes=tuple(processes),
         gone=tuple(_key_from_pb(k, f"{at}.gone[{i}]") for i, k in enumerate(msg.gone)),
         collected_unix=collected_unix,
+        containers=_containers_from_pb(msg, at),
+        unobservable=tuple(
+            _required(_text(u, f"{at}.unobservable[{i}]"), f"{at}.unobservable[{i}]")
+            for i, u in enumerate(msg.unobservable)
+        ),
     )
+
+
+def _containers_from_pb(msg: pb.TargetReport, at: str) -> tuple[ContainerInfo, ...]:
+    out: dict[str, ContainerInfo] = {}
+    for i, c in enumerate(msg.containers):
+        info = _container_from_pb(c, f"{at}.containers[{i}]")
+        if info.id in out:
+            _fail(f"{at}.containers[{i}].id", f"container {info.id} listed twice")
+        out[info.id] = info
+    return tuple(out.values())
 
 
 def report_to_bytes(report: TargetReport) -> bytes:

@@ -31,6 +31,17 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--spool-max-bytes", type=int, default=64 * 1024 * 1024)
     p.add_argument("--health", metavar="ADDRESS", help="serve gRPC health checks here")
+    docker = p.add_mutually_exclusive_group()
+    docker.add_argument(
+        "--docker-socket",
+        metavar="PATH",
+        default="/var/run/docker.sock",
+        help="the Docker API socket, to name each container (name, image, labels) in reports; "
+        "when it is missing the reports say so per container (default: %(default)s)",
+    )
+    docker.add_argument(
+        "--no-docker", action="store_true", help="do not ask any Docker API about containers"
+    )
     p.set_defaults(handler=run)
 
 
@@ -46,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
         interval_s=args.interval,
         root_pid=args.pid,
         health_listen=args.health,
+        docker_socket=None if args.no_docker else args.docker_socket,
     )
     Agent(config).serve_forever()
     return 0

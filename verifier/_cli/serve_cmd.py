@@ -23,12 +23,30 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--report-interval", type=float, default=0.5, help="seconds between agent reports"
     )
+    p.add_argument(
+        "--run",
+        action="append",
+        default=[],
+        type=_run_arg,
+        metavar="NAME=POLICY",
+        help="register run NAME from the policy file POLICY before serving (repeatable); the "
+        "same policy again is a no-op, another policy under an existing name refuses to start",
+    )
     p.set_defaults(handler=run)
+
+
+def _run_arg(value: str) -> tuple[str, Path]:
+    name, eq, path = value.partition("=")
+    if not (name and eq and path):
+        raise argparse.ArgumentTypeError(f"expected NAME=POLICY_FILE, got {value!r}")
+    return name, Path(path)
 
 
 def run(args: argparse.Namespace) -> int:
     from verifier.server.app import ServeConfig, VerifierServer
 
-    config = ServeConfig(normalize(args.listen), args.db, args.report_interval)
+    config = ServeConfig(
+        normalize(args.listen), args.db, args.report_interval, runs=tuple(args.run)
+    )
     VerifierServer(config).serve_forever()
     return 0

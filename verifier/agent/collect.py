@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from verifier.errors import NotPythonProcess, UnavailableError
-from verifier.evidence.container import container_id_from_cgroup
+from verifier.agent.containers import container_of
+from verifier.errors import NotPythonProcess, ProcessAccessDenied, UnavailableError
 from verifier.evidence.distindex import DistIndex
 from verifier.evidence.hashing import Hasher
 from verifier.evidence.judge import Judgement, judge
@@ -35,10 +35,15 @@ def is_vllm_candidate(ev: ProcessEvidence) -> bool:
 
 
 def discover(
-    procfs: ProcFS, root_pid: int | None = None, cache: JournalCache | None = None
+    procfs: ProcFS,
+    root_pid: int | None = None,
+    cache: JournalCache | None = None,
+    refused: list[str] | None = None,
 ) -> list[ProcessEvidence]:
     """Every vLLM process visible (under ROOT_PID if given), the agent itself excluded.
-    CACHE: keep parsed probe journals between calls (only appended records are read)."""
+    CACHE: keep parsed probe journals between calls (only appended records are read).
+    REFUSED: where to note the vLLM processes /proc would not let the agent read (they would
+    otherwise vanish from the report as if they did not exist)."""
     pids = procfs.descendants(root_pid) if root_pid else sorted(procfs.parents())
     out = []
     for pid in pids:
@@ -46,11 +51,28 @@ def discover(
             continue
         try:
             ev = read_process(procfs, pid, cache)
+        except (ProcessAccessDenied, PermissionError) as e:
+            if refused is not None and _names_vllm(procfs, pid):
+                refused.append(
+                    f"pid {pid} looks like vLLM but /proc refused to show it ({e}): the agent "
+                    "needs SYS_PTRACE and to run as the same user (root) in the process's "
+                    "PID namespace"
+                )
+            continue
         except (NotPythonProcess, UnavailableError, OSError, ValueError):
             continue
         if is_vllm_candidate(ev):
             out.append(ev)
     return out
+
+
+def _names_vllm(procfs: ProcFS, pid: int) -> bool:
+    """Whether PID's command line (readable without ptrace rights) mentions vLLM."""
+    try:
+        cmdline = (procfs.root / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"vllm" in cmdline.lower()
 
 
 def _opt_str(v: object) -> str | None:
@@ -132,10 +154,8 @@ def report_with_judgement(
     distribution index, to reuse (see ``judge.dist_index``). REUSE: an earlier judgement whose
     manifest-only part (origins, bytecode) is kept while the manifest is unchanged."""
     ident = ev.identity
-    try:
-        container = container_id_from_cgroup(procfs.cgroup(ident.pid))
-    except (UnavailableError, OSError):
-        container = None
+    ref = container_of(procfs, ident.pid)
+    container = ref.id if ref else None
     hasher = hasher or Hasher()
     mappings = native_mappings(procfs, ident.pid, hasher)
     base = ProcessReport(

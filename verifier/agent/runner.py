@@ -24,11 +24,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from verifier import wire
 from verifier.agent.collect import discover, report_with_judgement, still_running
+from verifier.agent.containers import ContainerDirectory, container_of
 from verifier.agent.spool import Spool
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
 from verifier.errors import UnavailableError
 from verifier.evidence.distindex import DistIndex
+from verifier.evidence.docker_api import DEFAULT_SOCKET
 from verifier.evidence.hashing import Hasher
 from verifier.evidence.judge import Judgement, dist_index
 from verifier.evidence.probe_reader import JournalCache
@@ -53,6 +55,7 @@ class AgentConfig:
     health_listen: str | None = None
     max_backoff_s: float = 30.0
     recheck_s: float = 5.0  # re-hash every manifest file at least this often (drift detection)
+    docker_socket: str | None = DEFAULT_SOCKET  # the Docker API, to name containers (None: no)
 
 
 class Agent:
@@ -60,6 +63,7 @@ class Agent:
         self.config = config
         self.procfs = ProcFS(config.proc_root)
         self.hasher = Hasher()  # its cache makes re-hashing unchanged files a stat each
+        self.containers = ContainerDirectory(config.docker_socket)
         self.journals = JournalCache()  # probe journals are read once, then only appends
         # (pid, start ticks) -> (manifest digest, when, judgement) of the last full check
         self._checked: dict[tuple[int, int], tuple[str | None, float, Judgement]] = {}
@@ -90,8 +94,11 @@ class Agent:
     # collection ------------------------------------------------------------------------
     def collect(self) -> TargetReport:
         began = time.time()  # the counters below are read from here on
-        found = discover(self.procfs, self.config.root_pid, self.journals)
+        refused: list[str] = []
+        found = discover(self.procfs, self.config.root_pid, self.journals, refused)
         procs = [p for p in map(self._report, found) if p is not None]
+        refs = [r for r in (container_of(self.procfs, p.key.pid) for p in procs) if r]
+        unobservable = tuple(refused) if procs or refused else (self._nothing_visible(),)
         keys = {p.key for p in procs}
         alive = {(k.pid, k.start_ticks) for k in keys}
         for cache in (self._checked, self._indexes):
@@ -122,6 +129,26 @@ class Agent:
             slim,
             gone,
             collected_unix=began,
+            containers=self.containers.describe(refs),
+            unobservable=unobservable,
+        )
+
+    def _nothing_visible(self) -> str:
+        """Why a collect found no vLLM process: said in the report, so that a sidecar in the
+        wrong PID namespace reads as unobservable rather than as a target that is idle."""
+        if self.config.root_pid is not None:
+            if not self.procfs.exists(self.config.root_pid):
+                return f"pid {self.config.root_pid} (--pid) is not visible to the agent"
+            return f"no vLLM process under pid {self.config.root_pid} (--pid)"
+        try:
+            count = len(self.procfs.parents())
+        except (UnavailableError, OSError):
+            count = 0
+        return (
+            f"no vLLM process is visible in the agent's PID namespace ({count} processes "
+            "there): the agent must share the serving container's PID namespace (docker run "
+            "--pid container:NAME; compose pid: service:NAME; Kubernetes "
+            "shareProcessNamespace: true)"
         )
 
     def _report(self, ev: ProcessEvidence) -> ProcessReport | None:

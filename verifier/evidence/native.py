@@ -5,14 +5,20 @@ that is really mapped even if its path was replaced or deleted since. The file n
 same path (as the process sees it, through ``/proc/<pid>/root``) is hashed too; comparing
 contents rather than device and inode numbers keeps overlay filesystems, which report other
 numbers in ``maps`` than ``stat`` does, from looking like replacements.
+
+Opening ``map_files`` needs CAP_CHECKPOINT_RESTORE (or CAP_SYS_ADMIN), which a sidecar with
+only SYS_PTRACE lacks. Then the path is hashed instead, but only where ``stat`` through the
+process's root names the very device and inode that ``maps`` shows: the same inode is the
+same bytes. Anything else stays ``unreadable``, never a guess.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from verifier.errors import UnavailableError
-from verifier.evidence.hashing import Hasher
+from verifier.evidence.hashing import Hashed, Hasher
 from verifier.evidence.procfs import ProcFS
 from verifier.model import NativeMapping
 
@@ -59,7 +65,10 @@ def native_mappings(procfs: ProcFS, pid: int, hasher: Hasher) -> tuple[NativeMap
     for e, m, d in zip(execs, mapped, on_disk, strict=True):
         # maps says "(deleted)" whenever the mapped inode was unlinked, also when another file
         # was renamed over it: what the path holds now decides between deleted and replaced.
-        if m.sha256 is None:
+        got = m
+        if m.sha256 is None and _same_inode(e, d):
+            got, state, error = d, "same", None  # map_files refused; the path is that inode
+        elif m.sha256 is None:
             state, error = "unreadable", m.error
         elif d.error == "missing":
             state, error = "deleted", None
@@ -67,5 +76,13 @@ def native_mappings(procfs: ProcFS, pid: int, hasher: Hasher) -> tuple[NativeMap
             state, error = "replaced", d.error
         else:
             state, error = "same", None  # the same bytes (a reinstall of the same file)
-        out.append(NativeMapping(e.path, m.sha256, m.size, state, error, e.device, e.inode))
+        out.append(NativeMapping(e.path, got.sha256, got.size, state, error, e.device, e.inode))
     return tuple(out)
+
+
+def _same_inode(e: _Exec, on_disk: Hashed) -> bool:
+    """ON_DISK was hashed from the inode PATH's mapping names (device and inode as in maps)."""
+    if on_disk.sha256 is None or on_disk.key is None or not e.inode or e.unlinked:
+        return False
+    dev, ino = on_disk.key[0], on_disk.key[1]
+    return (ino, f"{os.major(dev):02x}:{os.minor(dev):02x}") == (e.inode, e.device)

@@ -95,6 +95,9 @@ class ProcFS:
     def cgroup(self, pid: int) -> str:
         return self._read(pid, "cgroup").decode(errors="replace")
 
+    def mountinfo(self, pid: int) -> str:
+        return self._read(pid, "mountinfo").decode(errors="replace")
+
     def executable_mappings(self, pid: int) -> list[str]:
         """Distinct file-backed executable mappings (paths, in first-seen order)."""
         seen: dict[str, None] = {}

@@ -17,6 +17,7 @@ from verifier.model import (
     combine,
 )
 from verifier.policy import interface as I
+from verifier.policy.rules_container import container_findings, unobservable_findings
 
 
 def policy_digest(text: str) -> str:
@@ -100,6 +101,10 @@ class Policy:
                     },
                 )
             )
+        findings.extend(unobservable_findings(snap))
+        bound = dict(self.selection.containers).get(snap.target)
+        if bound is not None:
+            findings.extend(container_findings(bound, snap))
         counts: list[HookCount] = []
         if not snap.processes:
             findings.append(

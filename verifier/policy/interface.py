@@ -20,6 +20,7 @@ from verifier.model import (
     DRIFT_MODIFIED_AFTER_LOAD,
     DRIFT_MODULE_FILELESS,
     DRIFT_MODULE_SHADOWED,
+    ContainerInfo,
     Finding,
     HookCount,
     ProcessReport,
@@ -48,6 +49,9 @@ EVIDENCE_UNPROBED = "evidence.unprobed"
 EVIDENCE_MANIFEST_UNRESOLVED = "evidence.manifest_unresolved"
 EVIDENCE_ROLE_MISSING = "evidence.role_missing"
 EVIDENCE_DISAGREEMENT = "evidence.disagreement"
+EVIDENCE_CONTAINER_MISMATCH = "evidence.container_mismatch"
+EVIDENCE_CONTAINER_UNKNOWN = "evidence.container_unknown"
+EVIDENCE_UNOBSERVABLE = "evidence.unobservable"
 NATIVE_REPLACED = "provenance.native.replaced"
 NATIVE_DELETED = "provenance.native.deleted"
 NATIVE_UNREADABLE = "provenance.native.unreadable"
@@ -95,6 +99,22 @@ FINDINGS: dict[str, FindingKind] = {
         Severity.PENDING, "", "fewer selected targets reported than the run needs (run level)"
     ),
     EVIDENCE_NO_PROCESSES: FindingKind(Severity.PENDING, "", "the target reported no processes"),
+    EVIDENCE_UNOBSERVABLE: FindingKind(
+        Severity.PENDING,
+        "",
+        "the agent could not see or read what it should (no vLLM process in its PID namespace, "
+        "/proc refused)",
+    ),
+    EVIDENCE_CONTAINER_MISMATCH: FindingKind(
+        Severity.ERROR,
+        "",
+        "a process of a target bound in [targets.containers] runs in another container (or none)",
+    ),
+    EVIDENCE_CONTAINER_UNKNOWN: FindingKind(
+        Severity.PENDING,
+        "",
+        "a binding by container name or label cannot be checked: the agent has no Docker API",
+    ),
     EVIDENCE_PROBE_ABSENT: FindingKind(
         Severity.ERROR, "", "a process whose role is in require_probe has no probe"
     ),
@@ -253,6 +273,8 @@ class TargetSnapshot:
     received_unix: float  # when the verifier received the report
     container_ids: tuple[str, ...] = ()  # distinct ProcessReport.container_id values
     collect_s: float = 0.0  # how old the evidence was when the agent sent it (its own clock)
+    containers: tuple[ContainerInfo, ...] = ()  # what the agent found about those containers
+    unobservable: tuple[str, ...] = ()  # what the agent could not see (TargetReport.unobservable)
 
     @property
     def evidence_unix(self) -> float:
@@ -269,6 +291,9 @@ class TargetSelection:
     names: tuple[str, ...] = ()  # empty: every target that reports
     container_ids: tuple[str, ...] = ()  # prefixes (>= 12 characters); empty: any container
     min_targets: int = DEFAULT_MIN_TARGETS
+    # [targets.containers]: target name -> the container its evidence must come from: a
+    # container name, an id prefix (>= 12 hex digits) or "label:KEY=VALUE"
+    containers: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

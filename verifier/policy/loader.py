@@ -27,6 +27,7 @@ from verifier.policy.rules import (
     RunnerWitnessed,
     ViewsAgree,
 )
+from verifier.policy.rules_container import spec_error
 from verifier.policy.rules_provenance import (
     DriftFree,
     OriginsReported,
@@ -222,7 +223,7 @@ def _entries(doc: _Doc, data: dict[str, Any], key: str, allowed: tuple[str, ...]
 
 
 def _targets(doc: _Doc, data: dict[str, Any]) -> I.TargetSelection:
-    t = _section(doc, data, "targets", ("names", "container_ids", "min_targets"))
+    t = _section(doc, data, "targets", ("names", "container_ids", "min_targets", "containers"))
     if t is None:
         return I.TargetSelection()
     names = t.strings("names") or ()
@@ -237,7 +238,27 @@ def _targets(doc: _Doc, data: dict[str, Any]) -> I.TargetSelection:
     min_targets = t.integer("min_targets", I.DEFAULT_MIN_TARGETS, minimum=1)
     if names and min_targets > len(names):
         raise t.error("min_targets", f"is {min_targets} but names lists only {len(names)}")
-    return I.TargetSelection(names, ids, min_targets)
+    return I.TargetSelection(names, ids, min_targets, _bindings(doc, t, names))
+
+
+def _bindings(doc: _Doc, t: _Table, names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """``[targets.containers]``: target name = the container its evidence must come from."""
+    table: dict[str, Any] | None = t._get("containers", (dict,), "a table", False)
+    if table is None:
+        return ()
+    if not table:
+        raise t.error("containers", "must not be empty (leave the table out instead)")
+    b = _Table(doc, table, ("targets", "containers"), tuple(table))
+    out = []
+    for target in table:
+        spec = b.string(target, required=True) or ""
+        why = spec_error(spec)
+        if why:
+            raise b.error(target, f"{spec!r} is {why}")
+        if names and target not in names:
+            raise b.error(target, f"binds target {target!r}, which [targets] names does not list")
+        out.append((target, spec))
+    return tuple(out)
 
 
 def _evidence(doc: _Doc, data: dict[str, Any]) -> I.EvidenceSettings:

@@ -21,8 +21,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from verifier import wire
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
 from verifier.errors import ConfigError
+from verifier.policy import PolicyError, load_policy, policy_digest
 from verifier.server.service import VerifierService
-from verifier.server.store import Store
+from verifier.server.store import RunExists, Store
 
 log = structlog.get_logger("verifier.serve")
 SERVICE_NAME = "verifier.api.v1.VerifierService"
@@ -38,12 +39,37 @@ class ServeConfig:
     report_interval_s: float = 0.5
     grace_s: float = 5.0
     workers: int = 8
+    runs: tuple[tuple[str, Path], ...] = ()  # (name, policy file) registered at start
+
+
+def register_at_start(store: Store, name: str, path: Path) -> None:
+    """Register run NAME from the policy file PATH before serving (a Kubernetes ConfigMap or a
+    compose file mounts it): the same policy again is a no-op; a different one under an
+    existing name refuses to start, since a changed policy needs a new run name."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"--run {name}={path}: cannot read the policy: {e}") from e
+    try:
+        load_policy(text, str(path))
+        rec = store.register_run(name, text, policy_digest(text), str(path))
+    except PolicyError as e:
+        raise ConfigError(f"--run {name}={path}: {e.explain()}") from e
+    except RunExists as e:
+        raise ConfigError(f"--run {name}={path}: {e.explain()}") from e
+    log.info("run_registered", run=rec.name, policy=rec.policy_digest, source=str(path))
 
 
 class VerifierServer:
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
         self.store = Store(config.db)
+        try:
+            for name, path in config.runs:
+                register_at_start(self.store, name, path)
+        except ConfigError:
+            self.store.close()
+            raise
         self.service = VerifierService(self.store, config.report_interval_s)
         self.health = health.HealthServicer()
         opts = list(wire.GRPC_OPTIONS)

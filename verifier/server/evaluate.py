@@ -68,7 +68,15 @@ class Evaluator:
             for p in report.processes
         )
         containers = tuple(sorted({p.container_id for p in procs if p.container_id}))
-        return TargetSnapshot(report.target, procs, received_unix, containers, report.collect_s)
+        return TargetSnapshot(
+            report.target,
+            procs,
+            received_unix,
+            containers,
+            report.collect_s,
+            report.containers,
+            report.unobservable,
+        )
 
     def _load(self) -> dict[str, TargetSnapshot]:
         return {

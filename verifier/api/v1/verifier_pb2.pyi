@@ -295,7 +295,7 @@ class FileDisagreement(_message.Message):
     def __init__(self, path: _Optional[str] = ..., sha256_in_process: _Optional[str] = ..., sha256_agent: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class TargetReport(_message.Message):
-    __slots__ = ("agent_id", "target", "seq", "nonce", "sent_unix", "processes", "gone", "collected_unix")
+    __slots__ = ("agent_id", "target", "seq", "nonce", "sent_unix", "processes", "gone", "collected_unix", "containers", "unobservable")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -304,6 +304,8 @@ class TargetReport(_message.Message):
     PROCESSES_FIELD_NUMBER: _ClassVar[int]
     GONE_FIELD_NUMBER: _ClassVar[int]
     COLLECTED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    CONTAINERS_FIELD_NUMBER: _ClassVar[int]
+    UNOBSERVABLE_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     target: str
     seq: int
@@ -312,7 +314,44 @@ class TargetReport(_message.Message):
     processes: _containers.RepeatedCompositeFieldContainer[ProcessReport]
     gone: _containers.RepeatedCompositeFieldContainer[ProcessKey]
     collected_unix: float
-    def __init__(self, agent_id: _Optional[str] = ..., target: _Optional[str] = ..., seq: _Optional[int] = ..., nonce: _Optional[str] = ..., sent_unix: _Optional[float] = ..., processes: _Optional[_Iterable[_Union[ProcessReport, _Mapping]]] = ..., gone: _Optional[_Iterable[_Union[ProcessKey, _Mapping]]] = ..., collected_unix: _Optional[float] = ...) -> None: ...
+    containers: _containers.RepeatedCompositeFieldContainer[ContainerInfo]
+    unobservable: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, agent_id: _Optional[str] = ..., target: _Optional[str] = ..., seq: _Optional[int] = ..., nonce: _Optional[str] = ..., sent_unix: _Optional[float] = ..., processes: _Optional[_Iterable[_Union[ProcessReport, _Mapping]]] = ..., gone: _Optional[_Iterable[_Union[ProcessKey, _Mapping]]] = ..., collected_unix: _Optional[float] = ..., containers: _Optional[_Iterable[_Union[ContainerInfo, _Mapping]]] = ..., unobservable: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ContainerInfo(_message.Message):
+    __slots__ = ("id", "runtime", "source", "pod_uid", "name", "image", "image_id", "image_digests", "labels", "restart_count", "started_at", "docker_error")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    POD_UID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_DIGESTS_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    RESTART_COUNT_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    DOCKER_ERROR_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    runtime: str
+    source: str
+    pod_uid: str
+    name: str
+    image: str
+    image_id: str
+    image_digests: _containers.RepeatedScalarFieldContainer[str]
+    labels: _containers.ScalarMap[str, str]
+    restart_count: int
+    started_at: str
+    docker_error: str
+    def __init__(self, id: _Optional[str] = ..., runtime: _Optional[str] = ..., source: _Optional[str] = ..., pod_uid: _Optional[str] = ..., name: _Optional[str] = ..., image: _Optional[str] = ..., image_id: _Optional[str] = ..., image_digests: _Optional[_Iterable[str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., restart_count: _Optional[int] = ..., started_at: _Optional[str] = ..., docker_error: _Optional[str] = ...) -> None: ...
 
 class Finding(_message.Message):
     __slots__ = ("id", "severity", "message", "target", "context_json")

@@ -1,0 +1,27 @@
+# The verifier image: `verifier serve` (central verifier) and `verifier agent` (the sidecar).
+#
+#   docker build -t verifier:local .
+#
+# BASE_IMAGE is any Debian-like image with python3 >= 3.11 and its venv module. This project's
+# tests build it from a local base (scripts/images.sh: mmdebstrap | docker import), because no
+# image registry is reachable there; WHEELS then points pip at a local wheel folder served over
+# HTTP instead of PyPI, so the build needs no network and no CA bundle of the host.
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+FROM ${BASE_IMAGE}
+
+ARG WHEELS=
+COPY pyproject.toml README.md verifier_probe_early.pth /src/
+COPY verifier /src/verifier
+RUN set -eu; \
+    if [ -n "$WHEELS" ]; then export PIP_NO_INDEX=1 PIP_FIND_LINKS="$WHEELS"; fi; \
+    python3 -m venv /opt/verifier; \
+    /opt/verifier/bin/pip install --no-cache-dir --disable-pip-version-check /src; \
+    rm -rf /src; \
+    /opt/verifier/bin/verifier --help >/dev/null
+
+ENV PATH=/opt/verifier/bin:$PATH \
+    PYTHONUNBUFFERED=1
+# serve: gRPC (agents, clients and health) on 50551; agent --health: 50552
+EXPOSE 50551 50552
+ENTRYPOINT ["verifier"]
+CMD ["--help"]
