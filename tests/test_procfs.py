@@ -91,7 +91,7 @@ def test_probe_dir_survives_setproctitle_zeroing_the_environment(tmp_path: Path)
     import subprocess
     import sys
 
-    from verifier.evidence.process import probe_dir_of
+    from verifier.evidence.process import probe_dirs_of
 
     child = (
         "import setproctitle, sys; setproctitle.setproctitle('VLLM::Test'); "
@@ -110,6 +110,6 @@ def test_probe_dir_survives_setproctitle_zeroing_the_environment(tmp_path: Path)
         procfs = ProcFS()
         (kid,) = procfs.descendants(proc.pid)[1:]
         assert procfs.environ(kid) == {}  # the environment block really is gone
-        assert probe_dir_of(procfs, kid) == str(tmp_path / "probe")
+        assert probe_dirs_of(procfs, kid)[0] == str(tmp_path / "probe")
     finally:
         proc.communicate(b"", timeout=10)

@@ -188,28 +188,30 @@ def _role_from_title(ident: ProcessIdentity) -> tuple[str, int | None]:
     return "unknown", None
 
 
-def probe_dir_of(procfs: ProcFS, pid: int) -> str:
-    """The probe directory configured in the process's environment, else in its nearest
-    ancestor's (else the default). vLLM names its processes with setproctitle, which on Linux
-    reuses the argv+environ block for the title and leaves ``/proc/<pid>/environ`` zeroed
-    (seen in containers: EngineCore and Worker show no environment at all), while the
-    environment they really run with is the one their parent handed down."""
+def probe_dirs_of(procfs: ProcFS, pid: int) -> list[str]:
+    """Where PID's probe state may be, most likely first: the probe directory in its own
+    environment, then in each ancestor's, then the default. vLLM names its processes with
+    setproctitle, which on Linux reuses the argv+environ block for the title: afterwards
+    ``/proc/<pid>/environ`` shows zeros or other bytes (seen in containers: EngineCore's
+    showed variables vLLM set later and not the probe's), while the environment the process
+    really runs with is the one its parent handed down. The state directory's name carries
+    the pid and start time, so trying several places cannot pick another process's state."""
+    out: dict[str, None] = {}
     seen: set[int] = set()
     while pid > 0 and pid not in seen and len(seen) < 16:
         seen.add(pid)
         try:
-            env = procfs.environ(pid)
-        except OSError:
-            env = {}
-        if env.get(L.ENV_PROBE_DIR):
-            return env[L.ENV_PROBE_DIR]
-        if env:  # a real environment without the setting: the default applies
-            break
+            value = procfs.environ(pid).get(L.ENV_PROBE_DIR)
+        except (UnavailableError, OSError):
+            value = None
+        if value:
+            out.setdefault(value, None)
         try:
             pid = procfs.identity(pid).ppid
         except (UnavailableError, OSError):
             break
-    return L.DEFAULT_PROBE_DIR
+    out.setdefault(L.DEFAULT_PROBE_DIR, None)
+    return list(out)
 
 
 def read_process(procfs: ProcFS, pid: int, cache: JournalCache | None = None) -> ProcessEvidence:
@@ -217,15 +219,19 @@ def read_process(procfs: ProcFS, pid: int, cache: JournalCache | None = None) ->
     ident = procfs.identity(pid)
     if not procfs.is_python(pid):
         raise NotPythonProcess(pid, ident.exe)
-    pdir = probe_dir_of(procfs, pid)
+    pdirs = probe_dirs_of(procfs, pid)
     name = L.process_dir_name(ident.ns_pid, ident.start_ticks)
     probe = None
-    for candidate in (procfs.in_root(pid, pdir) / name, Path(pdir) / name):
+    pdir = pdirs[0]
+    candidates = [(d, procfs.in_root(pid, d) / name) for d in pdirs]
+    candidates += [(d, Path(d) / name) for d in pdirs]
+    for where, candidate in candidates:
         try:
             probe = read_probe_dir(candidate, cache)
         except PermissionError:
             probe = None
         if probe is not None:
+            pdir = where
             break
     role, rank = probe.role if probe else (None, None)
     if role is None:
@@ -233,7 +239,8 @@ def read_process(procfs: ProcFS, pid: int, cache: JournalCache | None = None) ->
     note = None
     if probe is None:
         note = (
-            f"probe absent: no state for this process under {pdir} (is the package installed in "
+            f"probe absent: no state for this process under {' or '.join(pdirs)} (is the "
+            "package installed in "
             "its environment, and was it started by vLLM's plugin loader or VERIFIER_PROBE_EARLY?)"
         )
     return ProcessEvidence(ident, role, rank, probe, pdir, note)
