@@ -1,0 +1,367 @@
+"""Real containers on a real Docker engine: the images this project builds, the compose stack
+of deploy/compose.yaml (verifier, a probed vLLM on the CPU with the tiny model, the agent
+sidecar in vLLM's PID namespace), and the negative controls that make container evidence
+worth anything:
+
+(a) an idle container of the same image, with another file bind-mounted where the serving one
+    has the original, reported under the serving target: its evidence must not satisfy the run
+    (healthy in every other respect, it FAILs on the container binding);
+(b) a sidecar outside the serving PID namespace: unobservable, PENDING, never PASS;
+(c) the serving container restarted: the old evidence goes STALE and the run waits for new
+    evidence from the new processes (PENDING until they run steps again).
+
+The images come from scripts/images.sh (cached as `docker save` archives under .cache/images);
+the Docker engine from scripts/docker-host.sh. Both are idempotent, so this module can run on a
+fresh machine as part of `make test`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import REPO, verifier_cli
+from verifier.agent.runner import Agent, AgentConfig
+from verifier.model import Verdict
+from verifier.policy import TargetSnapshot, load_policy
+
+# The first test pays for the images (a few minutes on a fresh machine) and a vLLM boot.
+pytestmark = [pytest.mark.vllm, pytest.mark.docker, pytest.mark.timeout(1800)]
+
+COMPOSE = REPO / "deploy" / "compose.yaml"
+SAMPLER = "/opt/venv/lib/python3.11/site-packages/vllm/v1/sample/sampler.py"
+
+
+def sh(*args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
+    if check and out.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} -> {out.returncode}\n{out.stdout}\n{out.stderr}")
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def until(what: str, timeout: float, probe: Callable[[], Any]) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(1)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}; last: {last!r}")
+
+
+@dataclass
+class Stack:
+    project: str
+    verifier: str  # host address of the verifier's gRPC port
+    vllm_url: str
+    env: dict[str, str]
+    tmp: Path
+
+    def compose(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        cmd = ["docker", "compose", "-p", self.project, "-f", str(COMPOSE), *args]
+        out = subprocess.run(
+            cmd, capture_output=True, text=True, env=self.env, timeout=600, check=False
+        )
+        if check and out.returncode != 0:
+            raise AssertionError(f"{' '.join(cmd)}\n{out.stdout}\n{out.stderr}")
+        return out
+
+    def container(self, service: str) -> str:
+        return f"{self.project}_{service}_1"
+
+    def status(self, run: str) -> dict[str, Any]:
+        out = verifier_cli("status", run, "--json", "--verifier", self.verifier)
+        assert out.returncode in (0, 1), out.stderr
+        return dict(json.loads(out.stdout)["runs"][0])
+
+
+def complete(url: str, n: int = 2) -> None:
+    for i in range(n):
+        body = {"model": "/models/tiny-llama", "prompt": f"container {i}", "max_tokens": 5,
+                "temperature": 0.0, "ignore_eos": True}  # fmt: skip
+        req = urllib.request.Request(  # noqa: S310 - a local URL
+            url + "/v1/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=120) as r:  # noqa: S310 - a local URL
+            assert r.status == 200
+
+
+def healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=5) as r:  # noqa: S310
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def ids(status: dict[str, Any]) -> set[str]:
+    return {f["id"] for t in status["targets"] for f in t["findings"] if f["severity"] != "INFO"}
+
+
+def worker_file(agent_container: str, path: str) -> tuple[str | None, str]:
+    """(sha256 of PATH as loaded by the worker, container id) through a sidecar's inspect."""
+    out = sh("docker", "exec", agent_container, "verifier", "inspect", "--pid", "1", "--tree",
+             "--json", timeout=300)  # fmt: skip
+    procs = json.loads(out.stdout)["processes"]
+    (worker,) = [p for p in procs if p["role"] == "worker"]
+    rep = worker["report"]
+    shas = [f.get("sha256") for f in rep["files"] if f["path"] == path]
+    return (shas[0] if shas else None), rep["container_id"]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    sh(str(REPO / "scripts" / "docker-host.sh"))
+    sh(str(REPO / "scripts" / "images.sh"), timeout=1800)
+    tmp = tmp_path_factory.mktemp("containers")
+    vport, hport = free_port(), free_port()
+    env = {**os.environ, "VERIFIER_PORT": str(vport), "VLLM_PUBLISH": f"127.0.0.1:{hport}"}
+    s = Stack(f"vt{uuid.uuid4().hex[:8]}", f"127.0.0.1:{vport}", f"http://127.0.0.1:{hport}",
+              env, tmp)  # fmt: skip
+    try:
+        s.compose("up", "-d")
+        until("vLLM in its container to answer /health", 600, lambda: healthy(s.vllm_url))
+        yield s
+    finally:
+        extra = sh("docker", "ps", "-aq", "--filter", f"label=verifier.test={s.project}",
+                   check=False).stdout.split()  # fmt: skip
+        if extra:
+            sh("docker", "rm", "-f", *extra, check=False)
+        logs = s.compose("logs", "--no-color", "--tail", "200", check=False)
+        (tmp / "compose.log").write_text(logs.stdout + logs.stderr)
+        s.compose("down", "-v", "--remove-orphans", check=False)
+
+
+def test_compose_stack_passes_the_gate_for_a_live_hook(stack: Stack) -> None:
+    complete(stack.vllm_url)
+    out = verifier_cli("wait", "vllm", "--timeout", "180", "--verifier", stack.verifier)
+    assert out.returncode == 0, out.stdout + out.stderr
+    st = stack.status("vllm")
+    assert st["verdict"] == "PASS"
+    (hook,) = [h for t in st["targets"] for h in t["hooks"] if h["name"] == "step"]
+    assert hook["fired_decode"] == hook["decode_steps"] > 0
+    # The evidence is the serving container's: its id, and the worker's bytes as it loaded them.
+    serving = sh("docker", "inspect", "-f", "{{.Id}}", stack.container("vllm")).stdout.strip()
+    sha, cid = worker_file(stack.container("agent"), SAMPLER)
+    assert cid == serving
+    disk = sh("docker", "exec", stack.container("vllm"), "sha256sum", SAMPLER).stdout.split()[0]
+    assert sha == disk
+
+
+def test_agent_names_containers_through_the_docker_api_and_says_when_it_cannot(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """An agent on the host (real /proc, real Docker socket) sees the serving container's
+    processes: with the socket it names the container; without one it says why, and a policy
+    binding by label is then PENDING, never PASS."""
+    pid = int(sh("docker", "inspect", "-f", "{{.State.Pid}}", stack.container("vllm")).stdout)
+    serving = sh("docker", "inspect", "-f", "{{.Id}}", stack.container("vllm")).stdout.strip()
+    policy = load_policy((REPO / "deploy" / "policy.toml").read_text())
+    for sock in ("/var/run/docker.sock", str(tmp_path / "no-docker.sock")):
+        cfg = AgentConfig("unix:/nonexistent", "vllm", "t", tmp_path / "spool", root_pid=pid,
+                          docker_socket=sock)  # fmt: skip
+        agent = Agent(cfg)
+        try:
+            report = agent.collect()
+        finally:
+            agent.channel.close()
+        (info,) = report.containers
+        assert info.id == serving and {p.container_id for p in report.processes} == {serving}
+        snap = TargetSnapshot("vllm", report.processes, time.time(), (serving,), 0.0,
+                              report.containers, report.unobservable)  # fmt: skip
+        found = {f.id for f in policy.evaluate_target(snap, time.time()).findings}
+        if sock == "/var/run/docker.sock":
+            assert info.name == stack.container("vllm") and info.docker_error is None
+            assert info.label("com.docker.compose.service") == "vllm"
+            assert info.image == "verifier-vllm:local" and (info.image_id or "").startswith("sha")
+            assert "evidence.container_unknown" not in found
+        else:
+            assert info.name is None and "no-docker.sock" in (info.docker_error or "")
+            assert "evidence.container_unknown" in found
+
+
+def test_evidence_from_an_idle_container_does_not_satisfy_the_run(stack: Stack) -> None:
+    """(a) Same image, another bind-mounted sampler.py, healthy and stepping: its sidecar
+    reports under the serving target while the real sidecar is stopped. FAIL, on the binding."""
+    patched = stack.tmp / "sampler.py"
+    original = sh("docker", "exec", stack.container("vllm"), "cat", SAMPLER).stdout
+    patched.write_text(original + "\n# patched in the idle container only\n")
+    idle, idle_agent = f"{stack.project}-idle", f"{stack.project}-idle-agent"
+    label = f"verifier.test={stack.project}"
+    network = f"{stack.project}_default"
+    sh(
+        "docker",
+        "run",
+        "-d",
+        "--name",
+        idle,
+        "--label",
+        label,
+        "--network",
+        network,
+        "--shm-size",
+        "1g",
+        "-v",
+        f"{patched}:{SAMPLER}:ro",
+        "-e",
+        "VERIFIER_HOOKS=step=vllm.v1.worker.gpu_model_runner:GPUModelRunner.execute_model",
+        "verifier-vllm:local",
+        "--model",
+        "/models/tiny-llama",
+        "--enforce-eager",
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "256",
+        "--kv-cache-memory-bytes",
+        "64M",
+        "--port",
+        "8000",
+    )
+    until(
+        "the idle container's vLLM to answer",
+        600,
+        lambda: (
+            sh(
+                "docker",
+                "exec",
+                idle,
+                "python3",
+                "-c",
+                "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health')",
+                check=False,
+            ).returncode
+            == 0
+        ),
+    )
+    sh(
+        "docker",
+        "exec",
+        idle,
+        "python3",
+        "-c",
+        (
+            "import json, urllib.request\n"
+            "for i in range(2):\n"
+            "    urllib.request.urlopen(urllib.request.Request('http://127.0.0.1:8000/v1/completions',"
+            " data=json.dumps({'model': '/models/tiny-llama', 'prompt': 'idle', 'max_tokens': 5,"
+            " 'ignore_eos': True}).encode(), headers={'Content-Type': 'application/json'}))\n"
+        ),
+    )
+    sh("docker", "stop", stack.container("agent"))
+    try:
+        sh("docker", "run", "-d", "--name", idle_agent, "--label", label, "--network", network,
+           f"--pid=container:{idle}", "--cap-add", "SYS_PTRACE",
+           "-v", "/var/run/docker.sock:/var/run/docker.sock:ro", "verifier:local", "agent",
+           "--verifier", "verifier:50551", "--target", "vllm", "--interval", "1",
+           "--spool", "/tmp/spool")  # fmt: skip
+        idle_id = sh("docker", "inspect", "-f", "{{.Id}}", idle).stdout.strip()
+
+        def failed_on_the_binding() -> dict[str, Any] | None:
+            st = stack.status("vllm")
+            bad = [f for t in st["targets"] for f in t["findings"]
+                   if f["id"] == "evidence.container_mismatch"]  # fmt: skip
+            return st if st["verdict"] == "FAIL" and bad else None
+
+        st = until("the idle container's evidence to be judged", 180, failed_on_the_binding)
+        # Nothing else is wrong with it: the hook fired on every decode step over there.
+        errors = {f["id"] for t in st["targets"] for f in t["findings"] if f["severity"] == "ERROR"}
+        assert errors == {"evidence.container_mismatch"}, st
+        ctx = [f["context"] for t in st["targets"] for f in t["findings"]
+               if f["id"] == "evidence.container_mismatch"]  # fmt: skip
+        assert {c["container_id"] for c in ctx} == {idle_id}
+        # And its bytes are not the serving container's bytes.
+        idle_sha, cid = worker_file(idle_agent, SAMPLER)
+        assert cid == idle_id
+        assert idle_sha == hashlib.sha256(patched.read_bytes()).hexdigest()
+        assert idle_sha != hashlib.sha256(original.encode()).hexdigest()
+    finally:
+        sh("docker", "rm", "-f", idle_agent, idle, check=False)
+        sh("docker", "start", stack.container("agent"))
+    complete(stack.vllm_url)
+    out = verifier_cli("wait", "vllm", "--timeout", "180", "--verifier", stack.verifier)
+    assert out.returncode == 0, out.stdout + out.stderr  # the serving sidecar's evidence again
+
+
+def test_sidecar_outside_the_serving_pid_namespace_is_unobservable(stack: Stack) -> None:
+    """(b) An agent without pid: container:<serving> sees no vLLM process: PENDING with the
+    reason, never PASS."""
+    (stack.tmp / "blind.toml").write_text(
+        'version = 1\n[targets]\nnames = ["blind"]\n[[hooks]]\nname = "step"\n'
+    )
+    out = verifier_cli("run", "register", "blind", "--policy", str(stack.tmp / "blind.toml"),
+                       "--verifier", stack.verifier)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    name = f"{stack.project}-blind"
+    sh("docker", "run", "-d", "--name", name, "--label", f"verifier.test={stack.project}",
+       "--network", f"{stack.project}_default", "--cap-add", "SYS_PTRACE", "verifier:local",
+       "agent", "--verifier", "verifier:50551", "--target", "blind", "--interval", "1",
+       "--spool", "/tmp/spool")  # fmt: skip
+    try:
+        seen: list[str] = []
+
+        def reported() -> dict[str, Any] | None:
+            st = stack.status("blind")
+            seen.append(st["verdict"])
+            return st if st["targets"] else None
+
+        st = until("the blind sidecar's first report", 120, reported)
+        for _ in range(5):  # and it stays that way
+            time.sleep(1)
+            st = stack.status("blind")
+            seen.append(st["verdict"])
+        assert "PASS" not in seen
+        assert st["verdict"] == "PENDING" and "evidence.unobservable" in ids(st)
+        (why,) = [f["message"] for t in st["targets"] for f in t["findings"]
+                  if f["id"] == "evidence.unobservable"]  # fmt: skip
+        assert "PID namespace" in why and "pid: service:" in why
+    finally:
+        sh("docker", "rm", "-f", name, check=False)
+
+
+def test_restarted_serving_container_needs_new_evidence(stack: Stack) -> None:
+    """(c) The old evidence goes STALE (the sidecar dies with the PID namespace it shared);
+    after the restart the new processes must run steps before the gate opens again."""
+    complete(stack.vllm_url)
+    out = verifier_cli("wait", "vllm", "--timeout", "180", "--verifier", stack.verifier)
+    assert out.returncode == 0, out.stdout + out.stderr
+    sh("docker", "restart", stack.container("vllm"), timeout=300)
+    until("the old evidence to go STALE", 120,
+          lambda: stack.status("vllm")["verdict"] == "STALE")  # fmt: skip
+    gate = verifier_cli("wait", "vllm", "--timeout", "3", "--verifier", stack.verifier)
+    assert gate.returncode == 5  # closed: timed out, neither PASS nor FAIL
+    until("vLLM to come back", 600, lambda: healthy(stack.vllm_url))
+    stack.compose("up", "-d", "agent")  # the sidecar joins the new PID namespace
+
+    def fresh_and_pending() -> dict[str, Any] | None:
+        st = stack.status("vllm")
+        return st if st["verdict"] not in ("STALE", "FAIL") else None
+
+    st = until("evidence from the new processes", 180, fresh_and_pending)
+    assert st["verdict"] == "PENDING", st  # no steps yet in the new processes: not a PASS
+    assert "liveness.steps.insufficient" in ids(st) or "evidence.role_missing" in ids(st), st
+    complete(stack.vllm_url)
+    out = verifier_cli("wait", "vllm", "--timeout", "180", "--verifier", stack.verifier)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert Verdict.PASS.value == stack.status("vllm")["verdict"]
