@@ -108,8 +108,11 @@ def test_window_where_the_hook_kept_pace_is_sealed(stack: tuple[str, Path, VllmS
     assert st["held"] is True and st["findings"] == []
     assert st["results"]["sha256"] == hashlib.sha256(res.read_bytes()).hexdigest()
     (row,) = [r for r in st["hooks"].values() if r["name"] == "logprobs"]
-    assert row["fired"] == row["steps"] == 2 * 4  # 2 requests x 4 decode steps each
-    assert "fired 8 on 8 decode steps during the window" in text
+    # 2 requests x 4 decode steps each. A response can reach the client just before its last
+    # step is counted, so a boundary step may fall on either side of the window's edges; what
+    # the seal must show is that the hook fired on every one of them.
+    assert row["fired"] == row["steps"] and abs(row["steps"] - 2 * 4) <= 1, row
+    assert f"fired {row['fired']} on {row['steps']} decode steps during the window" in text
 
 
 def test_window_without_steps_is_not_a_pass(stack: tuple[str, Path, VllmServer]) -> None:
