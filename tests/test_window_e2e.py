@@ -142,7 +142,11 @@ def test_hook_that_stops_firing_mid_window_fails_the_seal(
     assert st["held"] is False
     lagged = [f for f in st["findings"] if f["id"] == "window.hook_lagged"]
     assert [f["context"]["name"] for f in lagged] == ["logprobs"], st
-    assert (lagged[0]["context"]["fired"], lagged[0]["context"]["steps"]) == (4, 8)
+    # one request with logprobs (4 decode steps), one without (4 more); a boundary step may
+    # fall on either side of the window's edges (see the test above)
+    ctx = lagged[0]["context"]
+    assert abs(ctx["fired"] - 4) <= 1 and abs(ctx["steps"] - 8) <= 1, ctx
+    assert ctx["fired"] < ctx["steps"]
 
 
 def test_seal_refuses_bad_input(stack: tuple[str, Path, VllmServer]) -> None:
