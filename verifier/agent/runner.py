@@ -97,7 +97,9 @@ class Agent:
         refused: list[str] = []
         found = discover(self.procfs, self.config.root_pid, self.journals, refused)
         procs = [p for p in map(self._report, found) if p is not None]
-        refs = [r for r in (container_of(self.procfs, p.key.pid) for p in procs) if r]
+        # one process per container is enough to describe it (its ref: runtime, source)
+        one_each = {p.container_id: p.key.pid for p in procs if p.container_id}
+        refs = [r for r in (container_of(self.procfs, pid) for pid in one_each.values()) if r]
         unobservable = tuple(refused) if procs or refused else (self._nothing_visible(),)
         keys = {p.key for p in procs}
         alive = {(k.pid, k.start_ticks) for k in keys}
