@@ -85,3 +85,50 @@ def test_process_exiting_mid_scan_is_reported_gone_not_as_disagreements(tmp_path
         assert agent._report(ev) is None  # not a report full of "missing" files
     finally:
         agent.channel.close()
+
+
+def test_stale_pyc_rewritten_by_its_loader_is_not_drift(tmp_path: Path) -> None:
+    """The interpreter reads a stale pyc, rejects it, compiles the source and writes a new pyc
+    over it (in a writable container layer this happens to every bind-mounted or patched
+    module). The rejected pyc never ran, so its new bytes are not a file modified after load."""
+    import py_compile
+
+    from verifier.evidence.judge import judge
+    from verifier.model import DRIFT_MODIFIED_AFTER_LOAD
+
+    src = tmp_path / "mods" / "rewritten.py"
+    src.parent.mkdir()
+    src.write_text("X = 1\n")
+    pyc = Path(py_compile.compile(str(src)))
+    os.utime(pyc, (1, 1))  # older than anything below
+    time.sleep(0.05)
+    src.write_text("X = 2  # changed, another size\n")
+    ready = tmp_path / "ready"
+    code = (
+        "import sys, time, rewritten; assert rewritten.X == 2; "
+        "open(sys.argv[1], 'w').write('ok'); time.sleep(600)"
+    )
+    env = probe_env(tmp_path / "probe", VERIFIER_PROBE_EARLY="1", PYTHONPATH=str(src.parent))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # set on this machine; containers write pycs
+    proc = subprocess.Popen([sys.executable, "-c", code, str(ready)], env=env)
+    try:
+        while not ready.exists():
+            assert proc.poll() is None
+            time.sleep(0.1)
+        time.sleep(1.0)
+        procfs = ProcFS()
+        ev = read_process(procfs, proc.pid)
+        assert ev.probe is not None
+        entries = [f for f in ev.probe.files if f.path == str(pyc)]
+        assert entries and entries[0].at == "rejected"  # the loader read it and rejected it
+        assert pyc.stat().st_ctime_ns > int((entries[0].t or 0) * 1e9)  # and rewrote it since
+        files = tuple(
+            FileEntry(f.path, f.sha256, f.size, f.kind, f.module, f.at) for f in ev.probe.files
+        )
+        got = judge(procfs, proc.pid, ev.probe, files, Hasher(), start_time=0.0)
+        assert not [d for d in got.drift if d.path == str(pyc)], got.drift
+        assert not [d for d in got.disagreements if d.path == str(pyc)], got.disagreements
+        assert DRIFT_MODIFIED_AFTER_LOAD not in {d.id for d in got.drift}
+    finally:
+        proc.kill()
+        proc.wait()

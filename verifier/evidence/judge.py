@@ -67,8 +67,11 @@ def cross_check(
     """Re-hash every manifest file the probe hashed, as the process sees it. A file with other
     bytes now whose ctime is after the probe hashed it (HASHED_AT: path -> unix time; else
     after the process started) changed while it ran: drift. Any other difference, or a file
-    the agent cannot read, is a disagreement."""
-    recorded = [f for f in files if f.sha256]
+    the agent cannot read, is a disagreement. A pyc its loader read and rejected never ran:
+    the loader compiled the source (which is checked) and, where the directory is writable,
+    replaced that pyc with a fresh one, so its bytes now say nothing about what runs."""
+    rejected = {f.path for f in files if f.at == "rejected"}
+    recorded = [f for f in files if f.sha256 and f.path not in rejected]
     seen = hasher.hash_files(str(procfs.in_root(pid, f.path)) for f in recorded)
     hashed_at = hashed_at or {}
     disagreements: list[FileDisagreement] = []
