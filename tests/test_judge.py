@@ -99,7 +99,9 @@ def test_stale_pyc_rewritten_by_its_loader_is_not_drift(tmp_path: Path) -> None:
     src = tmp_path / "mods" / "rewritten.py"
     src.parent.mkdir()
     src.write_text("X = 1\n")
-    pyc = Path(py_compile.compile(str(src)))
+    compiled = py_compile.compile(str(src))
+    assert compiled is not None
+    pyc = Path(compiled)
     os.utime(pyc, (1, 1))  # older than anything below
     time.sleep(0.05)
     src.write_text("X = 2  # changed, another size\n")
