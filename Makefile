@@ -13,8 +13,8 @@ demo: setup       ## the main job: a live vLLM, a dead hook and a live one, then
 test: setup lint  ## the whole suite, real vLLM tests included (pytest exit 5 fails too)
 	$(PY) -m pytest
 
-unit: setup       ## only the tests that need no vLLM server
-	$(PY) -m pytest -m "not vllm"
+unit: setup       ## only the tests that need neither a vLLM server nor Docker
+	$(PY) -m pytest -m "not vllm and not docker"
 
 images: setup     ## Docker engine up (scripts/docker-host.sh), then build the images (scripts/images.sh)
 	scripts/docker-host.sh

@@ -48,6 +48,23 @@ def tiny_model() -> Path:
 
 
 @pytest.fixture(scope="session")
+def docker_images() -> None:
+    """A Docker engine that answers and this project's images (scripts/docker-host.sh, then
+    scripts/images.sh; both idempotent, the images cached). Fails, never skips: `make test`
+    runs the container tests on every machine of this project's kind."""
+    for script, limit in (("docker-host.sh", 600), ("images.sh", 1800)):
+        out = subprocess.run(
+            [str(REPO / "scripts" / script)],
+            capture_output=True,
+            text=True,
+            timeout=limit,
+            check=False,
+        )
+        if out.returncode != 0:
+            pytest.fail(f"scripts/{script} failed ({out.returncode}):\n{out.stdout}{out.stderr}")
+
+
+@pytest.fixture(scope="session")
 def vllm_server(tiny_model: Path) -> Iterator[VllmServer]:
     hooks = ",".join(f"{k}={v}" for k, v in SERVER_HOOKS.items()) + "," + MALFORMED_ENTRY
     user_hooks = REPO / "tests" / "data" / "user_hooks"

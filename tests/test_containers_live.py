@@ -131,9 +131,7 @@ def worker_file(agent_container: str, path: str) -> tuple[str | None, str]:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    sh(str(REPO / "scripts" / "docker-host.sh"))
-    sh(str(REPO / "scripts" / "images.sh"), timeout=1800)
+def stack(tmp_path_factory: pytest.TempPathFactory, docker_images: None) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("containers")
     vport, hport = free_port(), free_port()
     env = {**os.environ, "VERIFIER_PORT": str(vport), "VLLM_PUBLISH": f"127.0.0.1:{hport}"}

@@ -316,7 +316,11 @@ def _docker(*args: str) -> str:
     ).stdout
 
 
-def test_real_daemon_inspect_matches_docker_inspect_and_proc() -> None:
+BASE_IMAGE = "verifier-os-base:local"  # built by scripts/images.sh (the docker_images fixture)
+
+
+@pytest.mark.docker
+def test_real_daemon_inspect_matches_docker_inspect_and_proc(docker_images: None) -> None:
     """Start a container on the real daemon and check every field the client returns against
     `docker inspect` and /proc. Fails, never skips, without a daemon: CI runs one."""
     if not os.path.exists(DEFAULT_SOCKET):
@@ -326,7 +330,7 @@ def test_real_daemon_inspect_matches_docker_inspect_and_proc() -> None:
     name = f"verifier-test-{uuid.uuid4().hex[:12]}"
     try:
         cid = _docker(
-            "run", "-d", "--name", name, "--label", "verifier.test=1", "vtest/base:1", "sleep", "60"
+            "run", "-d", "--name", name, "--label", "verifier.test=1", BASE_IMAGE, "sleep", "60"
         ).strip()
         want = json.loads(_docker("inspect", cid))[0]
         image = json.loads(_docker("image", "inspect", want["Image"]))[0]
@@ -339,7 +343,7 @@ def test_real_daemon_inspect_matches_docker_inspect_and_proc() -> None:
         assert got.name == name
         assert got.labels.get("verifier.test") == "1"
         assert got.labels == (want["Config"]["Labels"] or {})
-        assert got.image == "vtest/base:1"
+        assert got.image == BASE_IMAGE
         assert got.image_id == want["Image"] == image["Id"]
         assert got.image_digests == tuple(image["RepoDigests"] or ())
         assert got.state == "running"
