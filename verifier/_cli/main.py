@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from verifier import __version__
 from verifier._cli import (
     agent_cmd,
+    audit_cmd,
     compare_cmd,
     diff_cmd,
     inspect_cmd,
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     status_cmd.add_parser(sub)
     window_cmd.add_parser(sub)
     compare_cmd.add_parser(sub)
+    audit_cmd.add_parser(sub)
     return parser
 
 

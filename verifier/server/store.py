@@ -3,7 +3,8 @@
 Durability: WAL journal with ``synchronous=FULL``; a report is acknowledged only after its
 transaction commits, so a verifier killed after acknowledging loses nothing. Manifests are
 content-addressed by their Merkle digest: a thousand processes loading the same files store
-the list once.
+the list once. Every stored row also gets an entry in the hash-chained audit ledger
+(``ledger.py``) in the same transaction, so no row exists outside the chain.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ import json
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from verifier.errors import ConfigError, UsageError
+from verifier.server import ledger
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -86,24 +89,41 @@ class Store:
             self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
-            self._db.executescript(SCHEMA)
+            self._db.executescript(SCHEMA + ledger.SCHEMA)
             integrity = self._db.execute("PRAGMA quick_check").fetchone()[0]
         except (sqlite3.Error, OSError) as e:
             raise ConfigError(f"cannot open the verifier database {self.path}: {e}") from e
         if integrity != "ok":
             raise ConfigError(f"verifier database {self.path} is corrupt: {integrity}")
         self._lock = threading.Lock()
+        self.backfilled = 0
+        self._tx([], self._backfill)
+
+    def _backfill(self, db: sqlite3.Connection) -> None:
+        self.backfilled = ledger.backfill(db, time.time())
+
+    def verify_ledger(self) -> ledger.Verification:
+        """Walk the audit ledger against the stored rows (see ``ledger.verify``)."""
+        with self._lock:
+            return ledger.verify(self._db)
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
 
-    def _tx(self, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+    def _tx(
+        self,
+        statements: list[tuple[str, tuple[Any, ...]]],
+        then: Callable[[sqlite3.Connection], object] | None = None,
+    ) -> None:
+        """Run STATEMENTS, then THEN (ledger entries), in one transaction."""
         with self._lock:
             try:
                 self._db.execute("BEGIN IMMEDIATE")
                 for sql, args in statements:
                     self._db.execute(sql, args)
+                if then is not None:
+                    then(self._db)
                 self._db.execute("COMMIT")
             except sqlite3.Error:
                 if self._db.in_transaction:
@@ -126,13 +146,12 @@ class Store:
                 )
             return existing
         rec = RunRecord(name, policy_toml, digest, source, time.time())
+        row = (rec.name, rec.policy_toml, rec.policy_digest, rec.source, rec.created_unix)
         self._tx(
-            [
-                (
-                    "INSERT INTO runs VALUES (?, ?, ?, ?, ?)",
-                    (rec.name, rec.policy_toml, rec.policy_digest, rec.source, rec.created_unix),
-                )
-            ]
+            [("INSERT INTO runs VALUES (?, ?, ?, ?, ?)", row)],
+            lambda db: ledger.append(
+                db, rec.created_unix, "run", ledger.run_ref(name), ledger.run_subject(*row)
+            ),
         )
         return rec
 
@@ -175,17 +194,21 @@ class Store:
             ).fetchone()
         if seen:
             return False
-        stmts: list[tuple[str, tuple[Any, ...]]] = [
-            ("INSERT OR IGNORE INTO manifests VALUES (?, ?)", (d, json.dumps(f)))
-            for d, f in manifests.items()
-        ]
-        stmts.append(
-            (
-                "INSERT INTO reports VALUES (?, ?, ?, ?, ?)",
-                (rep.agent_id, rep.seq, rep.target, rep.received_unix, rep.report),
-            )
-        )
-        self._tx(stmts)
+        row = (rep.agent_id, rep.seq, rep.target, rep.received_unix, rep.report)
+
+        def store(db: sqlite3.Connection) -> None:
+            for d, f in manifests.items():  # content-addressed: each digest once
+                if db.execute("SELECT 1 FROM manifests WHERE digest = ?", (d,)).fetchone():
+                    continue
+                files_json = json.dumps(f)
+                db.execute("INSERT INTO manifests VALUES (?, ?)", (d, files_json))
+                subject = ledger.manifest_subject(files_json)
+                ledger.append(db, rep.received_unix, "manifest", d, subject)
+            db.execute("INSERT INTO reports VALUES (?, ?, ?, ?, ?)", row)
+            ref = ledger.report_ref(rep.agent_id, rep.seq)
+            ledger.append(db, rep.received_unix, "report", ref, ledger.report_subject(*row))
+
+        self._tx([], store)
         return True
 
     def latest_reports(self) -> list[StoredReport]:
@@ -219,8 +242,16 @@ class Store:
         last = self.last_verdict(run)
         if last is not None and last == (verdict, detail_json):
             return False
+        at = time.time()
         self._tx(
-            [("INSERT INTO verdicts VALUES (?, ?, ?, ?)", (run, time.time(), verdict, detail_json))]
+            [("INSERT INTO verdicts VALUES (?, ?, ?, ?)", (run, at, verdict, detail_json))],
+            lambda db: ledger.append(
+                db,
+                at,
+                "verdict",
+                ledger.verdict_ref(run, at),
+                ledger.verdict_subject(run, at, verdict, detail_json),
+            ),
         )
         return True
 

@@ -1,0 +1,208 @@
+"""The audit ledger: every stored row is chained, and editing, deleting, reordering or
+inserting rows directly in the database is caught, naming the first entry that does not match.
+Tampering goes through SQLite itself, as an attacker with the file would."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import verifier_cli
+from tests.test_gate_e2e import Daemon
+from verifier.server import ledger
+from verifier.server.store import Store, StoredReport
+
+FILES = [{"path": "/x.py", "sha256": "a" * 64}]
+
+
+def populated(path: Path) -> str:
+    """A store with a run, two reports (one bringing a manifest) and two verdicts; its head."""
+    s = Store(path)
+    try:
+        s.register_run("r", 'version = 1\n[[hooks]]\nname = "h"\n', "sha256:" + "1" * 64, "t")
+        s.save_report(StoredReport("a", 1, "t", 100.0, b"one"), {"sha256:" + "2" * 64: FILES})
+        s.save_report(StoredReport("a", 2, "t", 101.0, b"two"), {"sha256:" + "2" * 64: FILES})
+        s.record_verdict("r", "PENDING", {"n": 1})
+        time.sleep(0.01)
+        s.record_verdict("r", "PASS", {"n": 2})
+        v = s.verify_ledger()
+    finally:
+        s.close()
+    assert v.ok and v.entries == 6, v  # run, manifest (once), 2 reports, 2 verdicts
+    return v.head
+
+
+def check(path: Path) -> ledger.Verification:
+    db = sqlite3.connect(path)
+    try:
+        return ledger.verify(db)
+    finally:
+        db.close()
+
+
+def tamper(path: Path, *sql: str) -> None:
+    db = sqlite3.connect(path)
+    try:
+        for stmt in sql:
+            db.execute(stmt)
+        db.commit()
+    finally:
+        db.close()
+
+
+def _entry(path: Path, kind: str, n: int = 0) -> int:
+    db = sqlite3.connect(path)
+    try:
+        rows = db.execute("SELECT seq FROM ledger WHERE kind = ? ORDER BY seq", (kind,)).fetchall()
+    finally:
+        db.close()
+    return int(rows[n][0])
+
+
+def test_an_untouched_store_verifies_and_every_row_is_chained(tmp_path: Path) -> None:
+    head = populated(tmp_path / "db.sqlite3")
+    v = check(tmp_path / "db.sqlite3")
+    assert (v.ok, v.entries, v.head) == (True, 6, head)
+
+
+CASES: list[tuple[str, list[str], str, str | None]] = [
+    ("edit a report", ["UPDATE reports SET report = x'00' WHERE seq = 2"],
+     "the stored report was changed", "report:1"),
+    ("edit a policy", ["UPDATE runs SET policy_toml = 'version = 1'"],
+     "the stored run was changed", "run:0"),
+    ("edit a verdict", ["UPDATE verdicts SET verdict = 'PASS' WHERE verdict = 'PENDING'"],
+     "the stored verdict was changed", "verdict:0"),
+    ("edit a manifest", ["UPDATE manifests SET files_json = '[]'"],
+     "the stored manifest was changed", "manifest:0"),
+    ("delete a report", ["DELETE FROM reports WHERE seq = 1"],
+     "the report it records is gone", "report:0"),
+    ("delete a ledger entry", ["DELETE FROM ledger WHERE seq = 3"],
+     "ledger entry 3 is missing", None),
+    ("edit a ledger subject", ["UPDATE ledger SET subject = 'x' || subject WHERE seq = 2"],
+     "its fields do not match its hash", None),
+    ("reorder two entries", [
+        "UPDATE ledger SET seq = -1 WHERE seq = 3", "UPDATE ledger SET seq = 3 WHERE seq = 4",
+        "UPDATE ledger SET seq = 4 WHERE seq = -1"], "does not follow entry 2", None),
+    ("insert behind its back", ["INSERT INTO reports VALUES ('b', 9, 't', 1.0, x'01')"],
+     "not in the ledger, first report", None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "sql", "says", "where"), CASES, ids=[c[0] for c in CASES])
+def test_tampering_is_caught_at_the_first_entry_that_no_longer_matches(
+    tmp_path: Path, name: str, sql: list[str], says: str, where: str | None
+) -> None:
+    path = tmp_path / "db.sqlite3"
+    populated(path)
+    expected_seq = None
+    if where is not None:
+        kind, n = where.split(":")
+        expected_seq = _entry(path, kind, int(n))
+    tamper(path, *sql)
+    v = check(path)
+    assert not v.ok and says in (v.problem or ""), v
+    if expected_seq is not None:
+        assert v.seq == expected_seq and v.entries == expected_seq - 1, v
+
+
+def test_a_rewritten_chain_verifies_but_its_head_moves(tmp_path: Path) -> None:
+    """What a chain alone cannot stop: edit a row and recompute every hash after it. It then
+    verifies, but the head is not the one recorded before: pin the head elsewhere."""
+    path = tmp_path / "db.sqlite3"
+    head = populated(path)
+    db = sqlite3.connect(path)
+    db.execute("UPDATE reports SET report = x'00' WHERE seq = 2")
+    rows = db.execute("SELECT seq, at_unix, kind, ref FROM ledger ORDER BY seq").fetchall()
+    content = {(k, r): s for k, r, s, _ in ledger._contents(db)}
+    prev = ledger.GENESIS
+    for seq, at, kind, ref in rows:
+        subject = content[(kind, ref)]
+        h = ledger.entry_hash((seq, at, kind, ref, subject, prev))
+        db.execute(
+            "UPDATE ledger SET subject = ?, prev = ?, hash = ? WHERE seq = ?",
+            (subject, prev, h, seq),
+        )
+        prev = h
+    db.commit()
+    db.close()
+    v = check(path)
+    assert v.ok and v.head != head
+
+
+def test_an_older_database_gets_its_ledger_once_and_never_adopts_later_rows(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "db.sqlite3"
+    populated(path)
+    tamper(path, "DELETE FROM ledger")  # as written by a verifier without a ledger
+    s = Store(path)
+    assert s.backfilled == 6 and s.verify_ledger().ok
+    s.close()
+    tamper(path, "INSERT INTO reports VALUES ('b', 9, 't', 1.0, x'01')")
+    s = Store(path)  # a restart must not launder a row inserted behind the chain's back
+    try:
+        assert s.backfilled == 0 and not s.verify_ledger().ok
+    finally:
+        s.close()
+
+
+def test_audit_verify_cli_exit_codes(tmp_path: Path) -> None:
+    path = tmp_path / "db.sqlite3"
+    head = populated(path)
+    out = verifier_cli("audit", "verify", "--db", str(path))
+    assert out.returncode == 0 and f"6 entries, head {head}" in out.stdout, out.stderr
+    out = verifier_cli("audit", "verify", "--db", str(path), "--json")
+    assert json.loads(out.stdout) == {"ok": True, "entries": 6, "head": head, "problem": None,
+                                      "seq": None}  # fmt: skip
+    tamper(path, "UPDATE reports SET report = x'00' WHERE seq = 2")
+    out = verifier_cli("audit", "verify", "--db", str(path))
+    assert out.returncode == 1 and "the stored report was changed" in out.stderr
+    assert "verifier: error:" in out.stderr and "Traceback" not in out.stderr
+    out = verifier_cli("audit", "verify", "--db", str(tmp_path / "none.sqlite3"))
+    assert out.returncode == 3 and "no such database file" in out.stderr
+    (tmp_path / "junk.sqlite3").write_bytes(b"not a database at all" * 100)
+    out = verifier_cli("audit", "verify", "--db", str(tmp_path / "junk.sqlite3"))
+    assert out.returncode == 3 and "Traceback" not in out.stderr, out.stderr
+
+
+def test_live_verifier_ledger_over_real_grpc(tmp_path: Path) -> None:
+    """A real `verifier serve` with a real agent: what it stores verifies while it runs, and
+    a report edited in its live database is caught."""
+    db = tmp_path / "db.sqlite3"
+    sock = tmp_path / "v.sock"
+    (tmp_path / "p.toml").write_text('version = 1\n[[hooks]]\nname = "h"\n')
+    args = ["serve", "--listen", f"unix:{sock}", "--db", str(db), "--report-interval", "0.2",
+            "--run", f"r={tmp_path / 'p.toml'}"]  # fmt: skip
+    serve = Daemon(args, tmp_path / "serve.log").start()
+    agent = None
+    try:
+        deadline = time.monotonic() + 30
+        while not sock.exists():
+            assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
+            time.sleep(0.1)
+        agent = Daemon(["agent", "--verifier", f"unix:{sock}", "--target", "t", "--pid", "1",
+                        "--interval", "0.2", "--spool", str(tmp_path / "spool"), "--no-docker"],
+                       tmp_path / "agent.log").start()  # fmt: skip
+        deadline = time.monotonic() + 30
+        while True:
+            out = verifier_cli("status", "r", "--verifier", f"unix:{sock}")
+            if "target t" in out.stdout:
+                break
+            assert time.monotonic() < deadline, out.stdout + (tmp_path / "agent.log").read_text()
+            time.sleep(0.2)
+        out = verifier_cli("audit", "verify", "--db", str(db), "--json")
+        got = json.loads(out.stdout)
+        assert out.returncode == 0 and got["ok"] and got["entries"] >= 3, (
+            got
+        )  # run, report, verdict
+    finally:
+        if agent is not None:
+            agent.stop()
+        serve.stop()
+    tamper(db, "UPDATE reports SET target = 'elsewhere' WHERE seq = 1")
+    out = verifier_cli("audit", "verify", "--db", str(db))
+    assert out.returncode == 1 and "the stored report was changed" in out.stderr

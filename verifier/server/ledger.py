@@ -1,0 +1,178 @@
+"""The audit ledger: an append-only hash chain over everything the verifier stores.
+
+Every run (with its policy), manifest, report and recorded verdict gets one ledger entry in
+the same transaction that stores it: ``(seq, at, kind, ref, subject, prev, hash)``, where
+``subject`` is the sha256 of the stored content, ``prev`` the previous entry's hash and
+``hash`` the sha256 of all of these. :func:`verify` walks the chain and re-derives every
+subject from the content tables, so editing, deleting or reordering a row, in the content or
+in the ledger, and inserting content behind the ledger's back, each name the first entry that
+no longer matches.
+
+A chain alone cannot stop someone who rewrites the whole chain after an edit: the head hash
+that :func:`verify` returns is what to record elsewhere (a signed checkpoint) to pin it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+GENESIS = "0" * 64
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS ledger (
+    seq INTEGER PRIMARY KEY,
+    at_unix REAL NOT NULL,
+    kind TEXT NOT NULL,
+    ref TEXT NOT NULL,
+    subject TEXT NOT NULL,
+    prev TEXT NOT NULL,
+    hash TEXT NOT NULL
+);
+"""
+KINDS = ("run", "manifest", "report", "verdict")
+
+
+def _sha(*parts: object) -> str:
+    return hashlib.sha256(json.dumps(parts, separators=(",", ":")).encode()).hexdigest()
+
+
+Entry = tuple[int, float, str, str, str, str]  # seq, at, kind, ref, subject, prev
+
+
+def entry_hash(e: Entry) -> str:
+    return _sha(*e)
+
+
+# What each kind's subject covers, and how to find its content again ----------------------
+
+
+def run_ref(name: str) -> str:
+    return name
+
+
+def run_subject(name: str, policy: str, digest: str, source: str, created: float) -> str:
+    return _sha("run", name, policy, digest, source, created)
+
+
+def manifest_subject(files_json: str) -> str:
+    return _sha("manifest", files_json)
+
+
+def report_ref(agent_id: str, seq: int) -> str:
+    return json.dumps([agent_id, seq])
+
+
+def report_subject(agent_id: str, seq: int, target: str, received: float, body: bytes) -> str:
+    return _sha("report", agent_id, seq, target, received, hashlib.sha256(body).hexdigest())
+
+
+def verdict_ref(run: str, at: float) -> str:
+    return json.dumps([run, at])
+
+
+def verdict_subject(run: str, at: float, verdict: str, detail_json: str) -> str:
+    return _sha("verdict", run, at, verdict, detail_json)
+
+
+def append(db: sqlite3.Connection, at: float, kind: str, ref: str, subject: str) -> str:
+    """Append one entry; call inside the transaction that stores its content. Its hash."""
+    last = db.execute("SELECT seq, hash FROM ledger ORDER BY seq DESC LIMIT 1").fetchone()
+    seq, prev = (int(last[0]) + 1, str(last[1])) if last else (1, GENESIS)
+    h = entry_hash((seq, at, kind, ref, subject, prev))
+    db.execute(
+        "INSERT INTO ledger VALUES (?, ?, ?, ?, ?, ?, ?)", (seq, at, kind, ref, subject, prev, h)
+    )
+    return h
+
+
+# Re-deriving subjects from the content tables ----------------------------------------------
+
+
+def _contents(db: sqlite3.Connection) -> Iterator[tuple[str, str, str, float]]:
+    """(kind, ref, subject, at) of every stored row, in storage order per table."""
+    for name, policy, digest, source, created in db.execute(
+        "SELECT name, policy_toml, policy_digest, source, created_unix FROM runs ORDER BY rowid"
+    ):
+        yield "run", run_ref(name), run_subject(name, policy, digest, source, created), created
+    for digest, files_json in db.execute("SELECT digest, files_json FROM manifests ORDER BY rowid"):
+        yield "manifest", digest, manifest_subject(files_json), 0.0
+    for agent_id, seq, target, received, body in db.execute(
+        "SELECT agent_id, seq, target, received_unix, report FROM reports ORDER BY rowid"
+    ):
+        subject = report_subject(agent_id, int(seq), target, received, bytes(body))
+        yield "report", report_ref(agent_id, int(seq)), subject, received
+    for run, at, verdict, detail in db.execute(
+        "SELECT run, at_unix, verdict, detail_json FROM verdicts ORDER BY rowid"
+    ):
+        yield "verdict", verdict_ref(run, at), verdict_subject(run, at, verdict, detail), at
+
+
+def backfill(db: sqlite3.Connection, now: float) -> int:
+    """Ledger entries for content stored before the ledger existed (a database from an older
+    verifier), in storage order, so nothing stored is left outside the chain. Only into an
+    empty ledger: rows that appear beside a started chain were inserted behind its back, and
+    adopting them on the next start would launder them; :func:`verify` names them instead."""
+    if db.execute("SELECT 1 FROM ledger LIMIT 1").fetchone():
+        return 0
+    added = 0
+    for kind, ref, subject, at in list(_contents(db)):
+        append(db, at or now, kind, ref, subject)
+        added += 1
+    return added
+
+
+@dataclass(frozen=True)
+class Verification:
+    entries: int
+    head: str  # the last entry's hash (GENESIS when empty): record it elsewhere to pin it
+    problem: str | None = None  # None: intact
+    seq: int | None = None  # the first entry that does not match (None: not an entry)
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+
+def _problem(e: Entry, h: str, prev: str, content: dict[tuple[str, str], str]) -> str | None:
+    """What is wrong with entry E (stored hash H) after an entry whose hash is PREV."""
+    seq, _, kind, ref, subject, prev_col = e
+    if prev_col != prev:
+        return f"does not follow entry {seq - 1}"
+    if entry_hash(e) != h:
+        return "its fields do not match its hash"
+    if kind not in KINDS:
+        return "unknown kind"
+    stored = content.get((kind, ref))
+    if stored is None:
+        return f"the {kind} it records is gone"
+    if stored != subject:
+        return f"the stored {kind} was changed"
+    return None
+
+
+def verify(db: sqlite3.Connection) -> Verification:
+    """Walk the chain from the start; stop at the first entry that does not match."""
+    content = {(k, r): s for k, r, s, _ in _contents(db)}
+    prev, count = GENESIS, 0
+    seen: set[tuple[str, str]] = set()
+    for seq, at, kind, ref, subject, prev_col, h in db.execute(
+        "SELECT seq, at_unix, kind, ref, subject, prev, hash FROM ledger ORDER BY seq"
+    ):
+        if seq != count + 1:
+            missing = count + 1
+            return Verification(count, prev, f"ledger entry {missing} is missing", missing)
+        problem = _problem((seq, at, kind, ref, subject, prev_col), h, prev, content)
+        if problem is not None:
+            return Verification(count, prev, f"ledger entry {seq} ({kind} {ref}): {problem}", seq)
+        seen.add((kind, ref))
+        prev, count = h, count + 1
+    extra = [key for key in content if key not in seen]
+    if extra:
+        kind, ref = extra[0]
+        return Verification(
+            count, prev, f"{len(extra)} stored row(s) are not in the ledger, first {kind} {ref}"
+        )
+    return Verification(count, prev)
