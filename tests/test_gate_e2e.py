@@ -7,6 +7,7 @@ served no request yet: the run must be PENDING then, never PASS.
 from __future__ import annotations
 
 import hashlib
+import json
 import signal
 import sqlite3
 import subprocess
@@ -131,6 +132,34 @@ def test_pending_before_any_request_then_pass_when_the_live_hook_fires(
     passed = cli(addr, "wait", "live", "--timeout", "60")
     assert passed.returncode == 0, passed.stderr
     assert "run live: PASS" in passed.stdout
+
+
+def test_audit_names_the_processes_that_loaded_the_runner_file_and_the_ledger_holds(
+    address: tuple[str, Path, Daemon], agent: Daemon, vllm_server: VllmServer
+) -> None:
+    """After the gate passed (the test above): the verifier's records answer which processes
+    of which target loaded the live runner's step file, with which bytes, under which runs;
+    and the ledger over all of it verifies, read-only, while the verifier runs."""
+    _, d, _ = address
+    db = str(d / "db.sqlite3")
+    worker = next(p for p in inspect_json(vllm_server.pid, tree=True) if p["role"] == "worker")
+    runner_file = worker["runner"]["file"]
+    out = verifier_cli("audit", "file", "vllm/v1/worker/gpu_model_runner.py", "--db", db, "--json")
+    assert out.returncode == 0, out.stderr
+    found = json.loads(out.stdout)
+    mine = [s for s in found if s["pid"] == worker["pid"]]
+    assert mine and all(s["target"] == "cpu-0" and s["role"] == "worker" for s in mine), found
+    assert mine[0]["path"] == runner_file and mine[0]["sha256"] == worker["runner"]["sha256"]
+    assert {"live", "dead"} <= set(mine[0]["runs"]) and mine[0]["reports"] >= 1
+    by_sha = verifier_cli("audit", "file", worker["runner"]["sha256"], "--db", db, "--json")
+    assert by_sha.returncode == 0 and worker["pid"] in {s["pid"] for s in json.loads(by_sha.stdout)}
+    missing = verifier_cli("audit", "file", "0" * 64, "--db", db)
+    assert missing.returncode == 6 and "no stored manifest" in missing.stderr
+    run = verifier_cli("audit", "run", "live", "--db", db, "--json")
+    assert run.returncode == 0 and "PASS" in [v for _, v in json.loads(run.stdout)["history"]]
+    assert verifier_cli("audit", "run", "nope", "--db", db).returncode == 6
+    ok = verifier_cli("audit", "verify", "--db", db, "--json")
+    assert ok.returncode == 0 and json.loads(ok.stdout)["ok"], ok.stdout + ok.stderr
 
 
 def test_dead_hook_on_the_runner_that_is_not_live_fails_with_its_finding(

@@ -206,3 +206,45 @@ def test_live_verifier_ledger_over_real_grpc(tmp_path: Path) -> None:
     tamper(db, "UPDATE reports SET target = 'elsewhere' WHERE seq = 1")
     out = verifier_cli("audit", "verify", "--db", str(db))
     assert out.returncode == 1 and "the stored report was changed" in out.stderr
+
+
+def test_audit_file_queries_and_their_errors(tmp_path: Path) -> None:
+    """`audit file` by path suffix over real wire reports; nothing found is exit 6; a stored
+    report that no longer decodes is a clear error pointing at `audit verify`."""
+    from dataclasses import replace
+
+    from tests.test_policy_engine import worker
+    from verifier import wire
+    from verifier.model import TargetReport
+    from verifier.server.evaluate import files_to_rows
+
+    w = replace(worker(), manifest_digest="sha256:" + "3" * 64, container_id="c" * 64)
+    assert w.files
+    path = tmp_path / "db.sqlite3"
+    s = Store(path)
+    try:
+        s.register_run("all", 'version = 1\n[[hooks]]\nname = "h"\n', "sha256:" + "1" * 64, "t")
+        s.register_run(
+            "elsewhere", 'version = 1\n[targets]\nnames = ["x"]\n[[hooks]]\nname = "h"\n',
+            "sha256:" + "4" * 64, "t",
+        )  # fmt: skip
+        body = wire.report_to_bytes(TargetReport("a", "serving", 1, "", 100.0, (w,)))
+        s.save_report(
+            StoredReport("a", 1, "serving", 100.0, body),
+            {"sha256:" + "3" * 64: files_to_rows(w.files)},
+        )
+    finally:
+        s.close()
+    wanted = w.files[0].path
+    suffix = "/".join(wanted.split("/")[-2:])
+    out = verifier_cli("audit", "file", suffix, "--db", str(path), "--json")
+    assert out.returncode == 0, out.stderr
+    (hit,) = [h for h in json.loads(out.stdout) if h["path"] == wanted]
+    assert (hit["target"], hit["pid"], hit["role"], hit["runs"]) == ("serving", w.key.pid,
+                                                                     "worker", ["all"])  # fmt: skip
+    assert hit["container_id"] == "c" * 64 and hit["reports"] == 1
+    out = verifier_cli("audit", "file", "/no/such/file.py", "--db", str(path))
+    assert out.returncode == 6 and "no stored manifest" in out.stderr
+    tamper(path, "UPDATE reports SET report = x'ffff'")
+    out = verifier_cli("audit", "file", suffix, "--db", str(path))
+    assert out.returncode == 1 and "audit verify" in out.stderr and "Traceback" not in out.stderr

@@ -1,10 +1,13 @@
-"""``verifier audit``: check the verifier's database against its hash-chained ledger."""
+"""``verifier audit``: check the verifier's database against its hash-chained ledger, and ask
+it which processes loaded a file and what a run's history is (read-only, offline)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,16 +38,99 @@ def add_parser(sub: Any) -> None:
     v.add_argument("--db", type=Path, required=True, help="the verifier's SQLite database")
     v.add_argument("--json", action="store_true", help="machine-readable result")
     v.set_defaults(handler=run_verify)
+    f = acts.add_parser(
+        "file",
+        help="which processes loaded a file, in which targets and runs",
+        description="Every process whose reported files include FILE (a sha256, an absolute "
+        "path, or the end of a path such as vllm/v1/sample/sampler.py): target, pid, role, "
+        "container, manifest digest, the first and last report that showed it, and the runs "
+        "whose policy covers that target. Exit 6 when nothing matches.",
+    )
+    f.add_argument("file", metavar="SHA256|PATH")
+    f.add_argument("--db", type=Path, required=True, help="the verifier's SQLite database")
+    f.add_argument("--json", action="store_true", help="machine-readable result")
+    f.set_defaults(handler=run_file)
+    r = acts.add_parser(
+        "run",
+        help="a run's registration and verdict history",
+        description="A run's policy digest, where the policy came from, when it was "
+        "registered, and every change of its verdict. Exit 6 for an unknown run.",
+    )
+    r.add_argument("run")
+    r.add_argument("--db", type=Path, required=True, help="the verifier's SQLite database")
+    r.add_argument("--json", action="store_true", help="machine-readable result")
+    r.set_defaults(handler=run_run)
+
+
+def _open(path: Path) -> sqlite3.Connection:
+    """PATH read-only; a clear error for a missing or foreign file."""
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such database file")
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'reports'").fetchone():
+            db.close()
+            raise ConfigError(f"{path}: not a verifier database")
+    except sqlite3.Error as e:
+        raise ConfigError(f"{path}: cannot read the database: {e}") from e
+    return db
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def run_file(args: argparse.Namespace) -> int:
+    from verifier.server.audit_queries import find_file
+
+    db = _open(args.db)
+    try:
+        found = find_file(db, args.file)
+    except sqlite3.Error as e:
+        raise ConfigError(f"{args.db}: cannot read the database: {e}") from e
+    finally:
+        db.close()
+    if args.json:
+        print(json.dumps([dataclasses.asdict(s) for s in found], indent=2))
+        return 0
+    for s in found:
+        where = f"container {s.container_id[:12]}" if s.container_id else "no container"
+        rank = f" rank {s.rank}" if s.rank is not None else ""
+        print(f"{s.path}  sha256 {s.sha256 or '-'}")
+        print(
+            f"  target {s.target}  pid {s.pid} ({s.role}{rank}, {where})  manifest "
+            f"{s.manifest_digest[:19]}  seen in {s.reports} report(s) {_when(s.first_unix)} .. "
+            f"{_when(s.last_unix)}  runs: {', '.join(s.runs) or 'none'}"
+        )
+    return 0
+
+
+def run_run(args: argparse.Namespace) -> int:
+    from verifier.server.audit_queries import run_summary
+
+    db = _open(args.db)
+    try:
+        s = run_summary(db, args.run)
+    except sqlite3.Error as e:
+        raise ConfigError(f"{args.db}: cannot read the database: {e}") from e
+    finally:
+        db.close()
+    if args.json:
+        print(json.dumps(dataclasses.asdict(s), indent=2))
+        return 0
+    print(f"run {s.name}  policy {s.policy_digest}  from {s.source or '-'}")
+    print(f"  registered {_when(s.created_unix)}; {len(s.history)} verdict change(s)")
+    for t, v in s.history:
+        print(f"  {_when(t)}  {v}")
+    return 0
 
 
 def run_verify(args: argparse.Namespace) -> int:
     from verifier.server import ledger
 
     path: Path = args.db
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such database file")
+    db = _open(path)
     try:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         try:
             if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'ledger'").fetchone():
                 raise ConfigError(
