@@ -29,6 +29,7 @@ exit codes:
   3  start-up or configuration error
   4  unavailable: no such process, permission denied, service unreachable
   5  timeout
+  6  not found (audit queries: nothing in the records matches)
 """
 
 
