@@ -13,11 +13,13 @@ REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 
 
-def verifier_cli(*args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
+def verifier_cli(
+    *args: str, check: bool = False, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     """Run the installed ``verifier`` console script."""
     exe = VENV_BIN / "verifier"
     cmd = [str(exe), *args] if exe.exists() else [sys.executable, "-m", "verifier", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, check=check, timeout=120)
+    return subprocess.run(cmd, capture_output=True, text=True, check=check, timeout=timeout)
 
 
 def inspect_json(pid: int, tree: bool = False) -> list[dict[str, Any]]:

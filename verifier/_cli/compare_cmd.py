@@ -12,6 +12,7 @@ from typing import Any
 
 from verifier.compare import METRICS, as_dict, compare, load_sample, render, sample_values
 from verifier.errors import Error, UsageError
+from verifier.evidence.probe_reader import JournalCache
 from verifier.evidence.process import ProcessEvidence, read_process, read_tree
 from verifier.evidence.procfs import ProcFS
 
@@ -68,10 +69,16 @@ def run_sample(args: argparse.Namespace) -> int:
     if args.pid <= 0 or args.seconds <= 0:
         raise UsageError("--pid and --seconds must be positive")
     procfs = ProcFS(args.proc)
-    first = _stepper(procfs, args.pid)
+    pid = _stepper(procfs, args.pid).identity.pid
+    # Parse the stepper's journal once here, so that the two reads that bracket the interval
+    # only re-read its counters (milliseconds, even on a machine the load keeps busy): the
+    # interval is then the time between the two counter reads, not a journal parse longer.
+    cache = JournalCache()
+    read_process(procfs, pid, cache)
+    first = read_process(procfs, pid, cache)
     t0 = time.monotonic()
     time.sleep(args.seconds)
-    last = read_process(procfs, first.identity.pid)
+    last = read_process(procfs, pid, cache)
     seconds = time.monotonic() - t0
     if first.probe is None or last.probe is None:
         raise UsageError(f"pid {first.identity.pid}: its probe state went away")
