@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO
+from verifier.testing.postgres import PostgresServer, PostgresUnavailable
 from verifier.testing.server import VllmServer
 
 V2_STEP = "vllm.v1.worker.gpu.model_runner:GPUModelRunner.execute_model"
@@ -90,3 +91,27 @@ def vllm_server(tiny_model: Path) -> Iterator[VllmServer]:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The gate tests first: they need the shared vLLM server before any request reached it."""
     items.sort(key=lambda item: 0 if item.path.name == "test_gate_e2e.py" else 1)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """ONE real PostgreSQL server (Debian's package; scripts/postgres-host.sh installs it) for
+    the session; each test takes its own database from it (``pg_database``). Fails, never
+    skips: the PostgreSQL backend must pass the same tests as SQLite."""
+    try:
+        server = PostgresServer().start()
+    except (PostgresUnavailable, subprocess.SubprocessError) as e:
+        pytest.fail(f"cannot start PostgreSQL: {e}")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+_pg_databases = iter(range(1, 1_000_000))
+
+
+@pytest.fixture
+def pg_database(postgres: PostgresServer) -> str:
+    """A fresh database on the session's PostgreSQL server: its URL."""
+    return postgres.createdb(f"t{next(_pg_databases)}")

@@ -1,27 +1,71 @@
 """The audit ledger: every stored row is chained, and editing, deleting, reordering or
 inserting rows directly in the database is caught, naming the first entry that does not match.
-Tampering goes through SQLite itself, as an attacker with the file would."""
+Tampering goes through the database engine itself, as an attacker with access would: every
+case runs against SQLite and against a real PostgreSQL server."""
 
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.helpers import verifier_cli
 from tests.test_gate_e2e import Daemon
 from verifier.server import ledger
+from verifier.server.db import open_database
 from verifier.server.store import Store, StoredReport
 
 FILES = [{"path": "/x.py", "sha256": "a" * 64}]
 
 
-def populated(path: Path) -> str:
+@dataclass
+class Backend:
+    """One database of either kind, and raw SQL access to it behind the verifier's back."""
+
+    target: str
+
+    def sql(self, *statements: str | tuple[str, Sequence[Any]]) -> None:
+        db = open_database(self.target)
+        try:
+            for stmt in statements:
+                sql, args = (stmt, ()) if isinstance(stmt, str) else stmt
+                db.execute(sql, args)
+        finally:
+            db.close()
+
+    def check(self) -> ledger.Verification:
+        db = open_database(self.target, read_only=True)
+        try:
+            return ledger.verify(db)
+        finally:
+            db.close()
+
+    def entry(self, kind: str, n: int = 0) -> int:
+        db = open_database(self.target, read_only=True)
+        try:
+            rows = db.execute(
+                "SELECT seq FROM ledger WHERE kind = ? ORDER BY seq", (kind,)
+            ).fetchall()
+        finally:
+            db.close()
+        return int(rows[n][0])
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    if request.param == "sqlite":
+        return Backend(str(tmp_path / "db.sqlite3"))
+    return Backend(request.getfixturevalue("pg_database"))
+
+
+def populated(target: str | Path) -> str:
     """A store with a run, two reports (one bringing a manifest) and two verdicts; its head."""
-    s = Store(path)
+    s = Store(target)
     try:
         s.register_run("r", 'version = 1\n[[hooks]]\nname = "h"\n', "sha256:" + "1" * 64, "t")
         s.save_report(StoredReport("a", 1, "t", 100.0, b"one"), {"sha256:" + "2" * 64: FILES})
@@ -36,41 +80,21 @@ def populated(path: Path) -> str:
     return v.head
 
 
-def check(path: Path) -> ledger.Verification:
-    db = sqlite3.connect(path)
-    try:
-        return ledger.verify(db)
-    finally:
-        db.close()
+INSERT_REPORT = (
+    "INSERT INTO reports (agent_id, seq, target, received_unix, report) VALUES (?, ?, ?, ?, ?)",
+    ("b", 9, "t", 1.0, b"\x01"),
+)
 
 
-def tamper(path: Path, *sql: str) -> None:
-    db = sqlite3.connect(path)
-    try:
-        for stmt in sql:
-            db.execute(stmt)
-        db.commit()
-    finally:
-        db.close()
-
-
-def _entry(path: Path, kind: str, n: int = 0) -> int:
-    db = sqlite3.connect(path)
-    try:
-        rows = db.execute("SELECT seq FROM ledger WHERE kind = ? ORDER BY seq", (kind,)).fetchall()
-    finally:
-        db.close()
-    return int(rows[n][0])
-
-
-def test_an_untouched_store_verifies_and_every_row_is_chained(tmp_path: Path) -> None:
-    head = populated(tmp_path / "db.sqlite3")
-    v = check(tmp_path / "db.sqlite3")
+def test_an_untouched_store_verifies_and_every_row_is_chained(backend: Backend) -> None:
+    head = populated(backend.target)
+    v = backend.check()
     assert (v.ok, v.entries, v.head) == (True, 6, head)
 
 
-CASES: list[tuple[str, list[str], str, str | None]] = [
-    ("edit a report", ["UPDATE reports SET report = x'00' WHERE seq = 2"],
+Statement = str | tuple[str, Sequence[Any]]
+CASES: list[tuple[str, list[Statement], str, str | None]] = [
+    ("edit a report", [("UPDATE reports SET report = ? WHERE seq = 2", (b"\x00",))],
      "the stored report was changed", "report:1"),
     ("edit a policy", ["UPDATE runs SET policy_toml = 'version = 1'"],
      "the stored run was changed", "run:0"),
@@ -87,35 +111,34 @@ CASES: list[tuple[str, list[str], str, str | None]] = [
     ("reorder two entries", [
         "UPDATE ledger SET seq = -1 WHERE seq = 3", "UPDATE ledger SET seq = 3 WHERE seq = 4",
         "UPDATE ledger SET seq = 4 WHERE seq = -1"], "does not follow entry 2", None),
-    ("insert behind its back", ["INSERT INTO reports VALUES ('b', 9, 't', 1.0, x'01')"],
+    ("insert behind its back", [INSERT_REPORT],
      "not in the ledger, first report", None),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize(("name", "sql", "says", "where"), CASES, ids=[c[0] for c in CASES])
 def test_tampering_is_caught_at_the_first_entry_that_no_longer_matches(
-    tmp_path: Path, name: str, sql: list[str], says: str, where: str | None
+    backend: Backend, name: str, sql: list[Statement], says: str, where: str | None
 ) -> None:
-    path = tmp_path / "db.sqlite3"
-    populated(path)
+    populated(backend.target)
     expected_seq = None
     if where is not None:
         kind, n = where.split(":")
-        expected_seq = _entry(path, kind, int(n))
-    tamper(path, *sql)
-    v = check(path)
+        expected_seq = backend.entry(kind, int(n))
+    backend.sql(*sql)
+    v = backend.check()
     assert not v.ok and says in (v.problem or ""), v
     if expected_seq is not None:
         assert v.seq == expected_seq and v.entries == expected_seq - 1, v
 
 
-def test_a_rewritten_chain_verifies_but_its_head_moves(tmp_path: Path) -> None:
+def test_a_rewritten_chain_verifies_but_its_head_moves(backend: Backend) -> None:
     """What a chain alone cannot stop: edit a row and recompute every hash after it. It then
-    verifies, but the head is not the one recorded before: pin the head elsewhere."""
-    path = tmp_path / "db.sqlite3"
-    head = populated(path)
-    db = sqlite3.connect(path)
-    db.execute("UPDATE reports SET report = x'00' WHERE seq = 2")
+    verifies, but the head is not the one recorded before: pin the head elsewhere (a signed
+    checkpoint does)."""
+    head = populated(backend.target)
+    db = open_database(backend.target)
+    db.execute("UPDATE reports SET report = ? WHERE seq = 2", (b"\x00",))
     rows = db.execute("SELECT seq, at_unix, kind, ref FROM ledger ORDER BY seq").fetchall()
     content = {(k, r): s for k, r, s, _ in ledger._contents(db)}
     prev = ledger.GENESIS
@@ -127,52 +150,61 @@ def test_a_rewritten_chain_verifies_but_its_head_moves(tmp_path: Path) -> None:
             (subject, prev, h, seq),
         )
         prev = h
-    db.commit()
     db.close()
-    v = check(path)
+    v = backend.check()
     assert v.ok and v.head != head
 
 
 def test_an_older_database_gets_its_ledger_once_and_never_adopts_later_rows(
-    tmp_path: Path,
+    backend: Backend,
 ) -> None:
-    path = tmp_path / "db.sqlite3"
-    populated(path)
-    tamper(path, "DELETE FROM ledger")  # as written by a verifier without a ledger
-    s = Store(path)
+    populated(backend.target)
+    backend.sql("DELETE FROM ledger")  # as written by a verifier without a ledger
+    s = Store(backend.target)
     assert s.backfilled == 6 and s.verify_ledger().ok
     s.close()
-    tamper(path, "INSERT INTO reports VALUES ('b', 9, 't', 1.0, x'01')")
-    s = Store(path)  # a restart must not launder a row inserted behind the chain's back
+    backend.sql(INSERT_REPORT)
+    s = Store(backend.target)  # a restart must not launder a row inserted behind the chain's back
     try:
         assert s.backfilled == 0 and not s.verify_ledger().ok
     finally:
         s.close()
 
 
-def test_audit_verify_cli_exit_codes(tmp_path: Path) -> None:
-    path = tmp_path / "db.sqlite3"
+def test_audit_verify_cli_exit_codes(backend: Backend, tmp_path: Path) -> None:
+    path = backend.target
     head = populated(path)
-    out = verifier_cli("audit", "verify", "--db", str(path))
+    out = verifier_cli("audit", "verify", "--db", path)
     assert out.returncode == 0 and f"6 entries, head {head}" in out.stdout, out.stderr
-    out = verifier_cli("audit", "verify", "--db", str(path), "--json")
+    out = verifier_cli("audit", "verify", "--db", path, "--json")
     assert json.loads(out.stdout) == {"ok": True, "entries": 6, "head": head, "problem": None,
                                       "seq": None}  # fmt: skip
-    tamper(path, "UPDATE reports SET report = x'00' WHERE seq = 2")
-    out = verifier_cli("audit", "verify", "--db", str(path))
+    backend.sql(("UPDATE reports SET report = ? WHERE seq = 2", (b"\x00",)))
+    out = verifier_cli("audit", "verify", "--db", path)
     assert out.returncode == 1 and "the stored report was changed" in out.stderr
     assert "verifier: error:" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_audit_cli_names_a_missing_foreign_or_unreachable_database(tmp_path: Path) -> None:
     out = verifier_cli("audit", "verify", "--db", str(tmp_path / "none.sqlite3"))
     assert out.returncode == 3 and "no such database file" in out.stderr
     (tmp_path / "junk.sqlite3").write_bytes(b"not a database at all" * 100)
     out = verifier_cli("audit", "verify", "--db", str(tmp_path / "junk.sqlite3"))
     assert out.returncode == 3 and "Traceback" not in out.stderr, out.stderr
+    from verifier.testing.server import free_port
+
+    url = f"postgresql://postgres:secret@127.0.0.1:{free_port()}/verifier"  # nobody listens
+    for args in (["audit", "verify"], ["audit", "run", "r"], ["audit", "request", "x"]):
+        out = verifier_cli(*args, "--db", url)
+        assert out.returncode == 9, (args, out.stdout, out.stderr)
+        assert "cannot reach the verifier database" in out.stderr, out.stderr
+        assert "secret" not in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
-def test_live_verifier_ledger_over_real_grpc(tmp_path: Path) -> None:
+def test_live_verifier_ledger_over_real_grpc(backend: Backend, tmp_path: Path) -> None:
     """A real `verifier serve` with a real agent: what it stores verifies while it runs, and
     a report edited in its live database is caught."""
-    db = tmp_path / "db.sqlite3"
+    db = backend.target
     sock = tmp_path / "v.sock"
     (tmp_path / "p.toml").write_text('version = 1\n[[hooks]]\nname = "h"\n')
     args = ["serve", "--listen", f"unix:{sock}", "--db", str(db), "--report-interval", "0.2",
@@ -203,12 +235,12 @@ def test_live_verifier_ledger_over_real_grpc(tmp_path: Path) -> None:
         if agent is not None:
             agent.stop()
         serve.stop()
-    tamper(db, "UPDATE reports SET target = 'elsewhere' WHERE seq = 1")
+    backend.sql("UPDATE reports SET target = 'elsewhere' WHERE seq = 1")
     out = verifier_cli("audit", "verify", "--db", str(db))
     assert out.returncode == 1 and "the stored report was changed" in out.stderr
 
 
-def test_audit_file_queries_and_their_errors(tmp_path: Path) -> None:
+def test_audit_file_queries_and_their_errors(backend: Backend) -> None:
     """`audit file` by path suffix over real wire reports; nothing found is exit 6; a stored
     report that no longer decodes is a clear error pointing at `audit verify`."""
     from dataclasses import replace
@@ -220,7 +252,7 @@ def test_audit_file_queries_and_their_errors(tmp_path: Path) -> None:
 
     w = replace(worker(), manifest_digest="sha256:" + "3" * 64, container_id="c" * 64)
     assert w.files
-    path = tmp_path / "db.sqlite3"
+    path = backend.target
     s = Store(path)
     try:
         s.register_run("all", 'version = 1\n[[hooks]]\nname = "h"\n', "sha256:" + "1" * 64, "t")
@@ -245,6 +277,6 @@ def test_audit_file_queries_and_their_errors(tmp_path: Path) -> None:
     assert hit["container_id"] == "c" * 64 and hit["reports"] == 1
     out = verifier_cli("audit", "file", "/no/such/file.py", "--db", str(path))
     assert out.returncode == 6 and "no stored manifest" in out.stderr
-    tamper(path, "UPDATE reports SET report = x'ffff'")
+    backend.sql(("UPDATE reports SET report = ?", (b"\xff\xff",)))
     out = verifier_cli("audit", "file", suffix, "--db", str(path))
     assert out.returncode == 1 and "audit verify" in out.stderr and "Traceback" not in out.stderr

@@ -6,12 +6,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sqlite3
 import time
-from pathlib import Path
 from typing import Any
 
 from verifier.errors import ConfigError, Error
+from verifier.server.db import Database, open_database
 
 
 class LedgerBroken(Error):
@@ -28,14 +27,14 @@ def add_parser(sub: Any) -> None:
     v = acts.add_parser(
         "verify",
         help="walk the ledger against the stored rows; name the first that does not match",
-        description="Open the verifier's SQLite database read-only and walk its ledger from "
+        description="Open the verifier's database read-only and walk its ledger from "
         "the first entry: every entry must follow the previous one, match its own hash, and "
         "match the run, manifest, report or verdict it records; every stored row must be in "
         "the ledger. Prints the number of entries and the head hash (record it elsewhere to "
         "pin the chain). Exit 0 intact, 1 tampered (the first entry that does not match is "
         "named), 3 no such database.",
     )
-    v.add_argument("--db", type=Path, required=True, help="the verifier's SQLite database")
+    v.add_argument("--db", required=True, help=DB_HELP)
     v.add_argument("--json", action="store_true", help="machine-readable result")
     v.set_defaults(handler=run_verify)
     f = acts.add_parser(
@@ -47,7 +46,7 @@ def add_parser(sub: Any) -> None:
         "whose policy covers that target. Exit 6 when nothing matches.",
     )
     f.add_argument("file", metavar="SHA256|PATH")
-    f.add_argument("--db", type=Path, required=True, help="the verifier's SQLite database")
+    f.add_argument("--db", required=True, help=DB_HELP)
     f.add_argument("--json", action="store_true", help="machine-readable result")
     f.set_defaults(handler=run_file)
     r = acts.add_parser(
@@ -57,22 +56,26 @@ def add_parser(sub: Any) -> None:
         "registered, and every change of its verdict. Exit 6 for an unknown run.",
     )
     r.add_argument("run")
-    r.add_argument("--db", type=Path, required=True, help="the verifier's SQLite database")
+    r.add_argument("--db", required=True, help=DB_HELP)
     r.add_argument("--json", action="store_true", help="machine-readable result")
     r.set_defaults(handler=run_run)
 
 
-def _open(path: Path) -> sqlite3.Connection:
-    """PATH read-only; a clear error for a missing or foreign file."""
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such database file")
+DB_HELP = "the verifier's database: an SQLite file or a postgresql:// URL"
+
+
+def _open(target: str) -> Database:
+    """TARGET read-only; a clear error for a missing, foreign or unreachable database."""
+    db = open_database(target, read_only=True)
     try:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'reports'").fetchone():
-            db.close()
-            raise ConfigError(f"{path}: not a verifier database")
-    except sqlite3.Error as e:
-        raise ConfigError(f"{path}: cannot read the database: {e}") from e
+        if not db.has_table("reports"):
+            raise ConfigError(f"{db.name}: not a verifier database")
+    except db.errors as e:
+        db.close()
+        raise ConfigError(f"{db.name}: cannot read the database: {e}") from e
+    except ConfigError:
+        db.close()
+        raise
     return db
 
 
@@ -86,8 +89,8 @@ def run_file(args: argparse.Namespace) -> int:
     db = _open(args.db)
     try:
         found = find_file(db, args.file)
-    except sqlite3.Error as e:
-        raise ConfigError(f"{args.db}: cannot read the database: {e}") from e
+    except db.errors as e:
+        raise ConfigError(f"{db.name}: cannot read the database: {e}") from e
     finally:
         db.close()
     if args.json:
@@ -111,8 +114,8 @@ def run_run(args: argparse.Namespace) -> int:
     db = _open(args.db)
     try:
         s = run_summary(db, args.run)
-    except sqlite3.Error as e:
-        raise ConfigError(f"{args.db}: cannot read the database: {e}") from e
+    except db.errors as e:
+        raise ConfigError(f"{db.name}: cannot read the database: {e}") from e
     finally:
         db.close()
     if args.json:
@@ -128,21 +131,20 @@ def run_run(args: argparse.Namespace) -> int:
 def run_verify(args: argparse.Namespace) -> int:
     from verifier.server import ledger
 
-    path: Path = args.db
-    db = _open(path)
+    db = _open(args.db)
+    path = db.name
     try:
-        try:
-            if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'ledger'").fetchone():
-                raise ConfigError(
-                    f"{path}: not a verifier database with a ledger (a database of an older "
-                    "verifier gets one, covering every stored row, when `verifier serve` next "
-                    "opens it)"
-                )
-            result = ledger.verify(db)
-        finally:
-            db.close()
-    except sqlite3.Error as e:
+        if not db.has_table("ledger"):
+            raise ConfigError(
+                f"{path}: not a verifier database with a ledger (a database of an older "
+                "verifier gets one, covering every stored row, when `verifier serve` next "
+                "opens it)"
+            )
+        result = ledger.verify(db)
+    except db.errors as e:
         raise ConfigError(f"{path}: cannot read the database: {e}") from e
+    finally:
+        db.close()
     if args.json:
         out = {
             "ok": result.ok,

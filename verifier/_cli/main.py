@@ -30,6 +30,9 @@ exit codes:
   4  unavailable: no such process, permission denied, service unreachable
   5  timeout
   6  not found (audit queries: nothing in the records matches)
+  7  an attestation bundle is corrupted or does not verify
+  8  an attestation was signed by another key than the one given
+  9  the verifier's database (PostgreSQL) cannot be reached
 """
 
 

@@ -19,7 +19,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--listen", default=DEFAULT_ADDRESS, help="HOST:PORT, unix:PATH or a socket path"
     )
-    p.add_argument("--db", type=Path, default=Path("verifier.sqlite3"), help="SQLite database file")
+    p.add_argument(
+        "--db",
+        default="verifier.sqlite3",
+        help="the database: an SQLite file (default verifier.sqlite3) or a postgresql:// URL "
+        "(user:password@host:port/dbname) for a fleet",
+    )
     p.add_argument(
         "--report-interval", type=float, default=0.5, help="seconds between agent reports"
     )

@@ -22,6 +22,7 @@ from verifier import wire
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
 from verifier.errors import ConfigError
 from verifier.policy import PolicyError, load_policy, policy_digest
+from verifier.server.db import redact
 from verifier.server.service import VerifierService
 from verifier.server.store import RunExists, Store
 
@@ -35,7 +36,7 @@ HISTORY_PACE_S = 0.5
 @dataclass(frozen=True)
 class ServeConfig:
     listen: str  # gRPC address: HOST:PORT or unix:PATH
-    db: Path
+    db: str | Path
     report_interval_s: float = 0.5
     grace_s: float = 5.0
     workers: int = 8
@@ -95,7 +96,8 @@ class VerifierServer:
         for name in ("", SERVICE_NAME):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._keeper.start()
-        log.info("serving", listen=self.config.listen, port=self.port, db=str(self.config.db))
+        db = redact(str(self.config.db))
+        log.info("serving", listen=self.config.listen, port=self.port, db=db)
 
     def _keep_history(self) -> None:
         while not self._stop.is_set():

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
 from dataclasses import dataclass, field
 
 from verifier import wire
 from verifier.errors import Error
 from verifier.policy import PolicyError, load_policy
+from verifier.server.db import Database
 
 _SHA = re.compile(r"[0-9a-f]{64}")
 
@@ -54,7 +54,7 @@ def _matches(query: str, row: dict[str, object]) -> bool:
     return path == query if query.startswith("/") else path.endswith("/" + query.lstrip("/"))
 
 
-def find_file(db: sqlite3.Connection, query: str) -> list[Sighting]:
+def find_file(db: Database, query: str) -> list[Sighting]:
     """Every process whose loaded files include QUERY: a sha256, an absolute path, or the
     end of a path (``vllm/v1/sample/sampler.py``)."""
     hits: dict[str, list[dict[str, object]]] = {}
@@ -119,7 +119,7 @@ class RunSummary:
     history: list[tuple[float, str]]  # (when, verdict) each time it changed
 
 
-def run_summary(db: sqlite3.Connection, name: str) -> RunSummary:
+def run_summary(db: Database, name: str) -> RunSummary:
     row = db.execute(
         "SELECT name, policy_digest, source, created_unix FROM runs WHERE name = ?", (name,)
     ).fetchone()

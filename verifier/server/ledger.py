@@ -16,22 +16,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from verifier.server.db import Database
+
 GENESIS = "0" * 64
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS ledger (
-    seq INTEGER PRIMARY KEY,
-    at_unix REAL NOT NULL,
-    kind TEXT NOT NULL,
-    ref TEXT NOT NULL,
-    subject TEXT NOT NULL,
-    prev TEXT NOT NULL,
-    hash TEXT NOT NULL
-);
-"""
 KINDS = ("run", "manifest", "report", "verdict")
 
 
@@ -77,13 +67,15 @@ def verdict_subject(run: str, at: float, verdict: str, detail_json: str) -> str:
     return _sha("verdict", run, at, verdict, detail_json)
 
 
-def append(db: sqlite3.Connection, at: float, kind: str, ref: str, subject: str) -> str:
+def append(db: Database, at: float, kind: str, ref: str, subject: str) -> str:
     """Append one entry; call inside the transaction that stores its content. Its hash."""
     last = db.execute("SELECT seq, hash FROM ledger ORDER BY seq DESC LIMIT 1").fetchone()
     seq, prev = (int(last[0]) + 1, str(last[1])) if last else (1, GENESIS)
     h = entry_hash((seq, at, kind, ref, subject, prev))
     db.execute(
-        "INSERT INTO ledger VALUES (?, ?, ?, ?, ?, ?, ?)", (seq, at, kind, ref, subject, prev, h)
+        "INSERT INTO ledger (seq, at_unix, kind, ref, subject, prev, hash) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (seq, at, kind, ref, subject, prev, h),
     )
     return h
 
@@ -91,7 +83,7 @@ def append(db: sqlite3.Connection, at: float, kind: str, ref: str, subject: str)
 # Re-deriving subjects from the content tables ----------------------------------------------
 
 
-def _contents(db: sqlite3.Connection) -> Iterator[tuple[str, str, str, float]]:
+def _contents(db: Database) -> Iterator[tuple[str, str, str, float]]:
     """(kind, ref, subject, at) of every stored row, in storage order per table."""
     for name, policy, digest, source, created in db.execute(
         "SELECT name, policy_toml, policy_digest, source, created_unix FROM runs ORDER BY rowid"
@@ -110,7 +102,7 @@ def _contents(db: sqlite3.Connection) -> Iterator[tuple[str, str, str, float]]:
         yield "verdict", verdict_ref(run, at), verdict_subject(run, at, verdict, detail), at
 
 
-def backfill(db: sqlite3.Connection, now: float) -> int:
+def backfill(db: Database, now: float) -> int:
     """Ledger entries for content stored before the ledger existed (a database from an older
     verifier), in storage order, so nothing stored is left outside the chain. Only into an
     empty ledger: rows that appear beside a started chain were inserted behind its back, and
@@ -153,7 +145,7 @@ def _problem(e: Entry, h: str, prev: str, content: dict[tuple[str, str], str]) -
     return None
 
 
-def verify(db: sqlite3.Connection) -> Verification:
+def verify(db: Database) -> Verification:
     """Walk the chain from the start; stop at the first entry that does not match."""
     content = {(k, r): s for k, r, s, _ in _contents(db)}
     prev, count = GENESIS, 0

@@ -1,16 +1,18 @@
-"""SQLite storage of runs, reports, manifests and verdict history (one file; nothing to install).
+"""Storage of runs, reports, manifests, verdict history and request bindings: SQLite (one file;
+nothing to install) or PostgreSQL (a URL; for a fleet), behind ``db.Database``.
 
-Durability: WAL journal with ``synchronous=FULL``; a report is acknowledged only after its
-transaction commits, so a verifier killed after acknowledging loses nothing. Manifests are
-content-addressed by their Merkle digest: a thousand processes loading the same files store
-the list once. Every stored row also gets an entry in the hash-chained audit ledger
-(``ledger.py``) in the same transaction, so no row exists outside the chain.
+Durability: SQLite runs a WAL journal with ``synchronous=FULL``; in both, a report is
+acknowledged only after its transaction commits, so a verifier killed after acknowledging
+loses nothing. Manifests are content-addressed by their Merkle digest: a thousand processes
+loading the same files store the list once; each file hash and path is stored once however
+many manifests list it (``blobs``, ``paths``, ``manifest_files``: the index file queries
+use). Every stored row also gets an entry in the hash-chained audit ledger (``ledger.py``) in
+the same transaction, so no row exists outside the chain.
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -19,37 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from verifier.errors import ConfigError, UsageError
-from verifier.server import ledger
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS runs (
-    name TEXT PRIMARY KEY,
-    policy_toml TEXT NOT NULL,
-    policy_digest TEXT NOT NULL,
-    source TEXT NOT NULL,
-    created_unix REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS manifests (
-    digest TEXT PRIMARY KEY,
-    files_json TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS reports (
-    agent_id TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    target TEXT NOT NULL,
-    received_unix REAL NOT NULL,
-    report BLOB NOT NULL,
-    PRIMARY KEY (agent_id, seq)
-);
-CREATE INDEX IF NOT EXISTS reports_by_target ON reports (target, received_unix);
-CREATE TABLE IF NOT EXISTS verdicts (
-    run TEXT NOT NULL,
-    at_unix REAL NOT NULL,
-    verdict TEXT NOT NULL,
-    detail_json TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS verdicts_by_run ON verdicts (run, at_unix);
-"""
+from verifier.server import ledger, schema
+from verifier.server.db import Database, open_database
 
 
 class RunExists(UsageError):
@@ -79,27 +52,28 @@ class StoredReport:
 
 
 class Store:
-    """Thread-safe SQLite store (one connection guarded by a lock)."""
+    """Thread-safe store over one connection guarded by a lock. TARGET: an SQLite file or a
+    ``postgresql://`` URL (``db.open_database``)."""
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = str(path)
+    def __init__(self, target: str | Path) -> None:
+        self._db: Database = open_database(target)
+        self.path = self._db.name
+        self.kind = self._db.kind
+        errors: tuple[type[Exception], ...] = (*self._db.errors, OSError)
         try:
-            if self.path != ":memory:":
-                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-            self._db.executescript(SCHEMA + ledger.SCHEMA)
-            integrity = self._db.execute("PRAGMA quick_check").fetchone()[0]
-        except (sqlite3.Error, OSError) as e:
+            self._db.executescript(schema.for_kind(self._db.kind))
+            integrity = self._db.quick_check()
+        except errors as e:
+            self._db.close()
             raise ConfigError(f"cannot open the verifier database {self.path}: {e}") from e
         if integrity != "ok":
+            self._db.close()
             raise ConfigError(f"verifier database {self.path} is corrupt: {integrity}")
         self._lock = threading.Lock()
         self.backfilled = 0
         self._tx([], self._backfill)
 
-    def _backfill(self, db: sqlite3.Connection) -> None:
+    def _backfill(self, db: Database) -> None:
         self.backfilled = ledger.backfill(db, time.time())
 
     def verify_ledger(self) -> ledger.Verification:
@@ -114,20 +88,20 @@ class Store:
     def _tx(
         self,
         statements: list[tuple[str, tuple[Any, ...]]],
-        then: Callable[[sqlite3.Connection], object] | None = None,
+        then: Callable[[Database], object] | None = None,
     ) -> None:
         """Run STATEMENTS, then THEN (ledger entries), in one transaction."""
         with self._lock:
             try:
-                self._db.execute("BEGIN IMMEDIATE")
+                self._db.begin()
                 for sql, args in statements:
                     self._db.execute(sql, args)
                 if then is not None:
                     then(self._db)
-                self._db.execute("COMMIT")
-            except sqlite3.Error:
+                self._db.commit()
+            except BaseException:
                 if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
+                    self._db.rollback()
                 raise
 
     def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -148,7 +122,13 @@ class Store:
         rec = RunRecord(name, policy_toml, digest, source, time.time())
         row = (rec.name, rec.policy_toml, rec.policy_digest, rec.source, rec.created_unix)
         self._tx(
-            [("INSERT INTO runs VALUES (?, ?, ?, ?, ?)", row)],
+            [
+                (
+                    "INSERT INTO runs (name, policy_toml, policy_digest, source, created_unix) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    row,
+                )
+            ],
             lambda db: ledger.append(
                 db, rec.created_unix, "run", ledger.run_ref(name), ledger.run_subject(*row)
             ),
@@ -156,7 +136,7 @@ class Store:
         return rec
 
     def get_run(self, name: str, missing_ok: bool = False) -> RunRecord | None:
-        rows = self._query("SELECT * FROM runs WHERE name = ?", (name,))
+        rows = self._query("SELECT name, policy_toml, policy_digest, source, created_unix FROM runs WHERE name = ?", (name,))
         if not rows:
             if missing_ok:
                 return None
@@ -164,7 +144,7 @@ class Store:
         return RunRecord(*rows[0])
 
     def list_runs(self) -> list[RunRecord]:
-        return [RunRecord(*r) for r in self._query("SELECT * FROM runs ORDER BY created_unix")]
+        return [RunRecord(*r) for r in self._query("SELECT name, policy_toml, policy_digest, source, created_unix FROM runs ORDER BY created_unix")]
 
     # manifests -------------------------------------------------------------------------
     def has_manifest(self, digest: str) -> bool:
@@ -196,15 +176,21 @@ class Store:
             return False
         row = (rep.agent_id, rep.seq, rep.target, rep.received_unix, rep.report)
 
-        def store(db: sqlite3.Connection) -> None:
+        def store(db: Database) -> None:
             for d, f in manifests.items():  # content-addressed: each digest once
                 if db.execute("SELECT 1 FROM manifests WHERE digest = ?", (d,)).fetchone():
                     continue
                 files_json = json.dumps(f)
-                db.execute("INSERT INTO manifests VALUES (?, ?)", (d, files_json))
+                db.execute(
+                    "INSERT INTO manifests (digest, files_json) VALUES (?, ?)", (d, files_json)
+                )
                 subject = ledger.manifest_subject(files_json)
                 ledger.append(db, rep.received_unix, "manifest", d, subject)
-            db.execute("INSERT INTO reports VALUES (?, ?, ?, ?, ?)", row)
+            db.execute(
+                "INSERT INTO reports (agent_id, seq, target, received_unix, report) "
+                "VALUES (?, ?, ?, ?, ?)",
+                row,
+            )
             ref = ledger.report_ref(rep.agent_id, rep.seq)
             ledger.append(db, rep.received_unix, "report", ref, ledger.report_subject(*row))
 
@@ -244,7 +230,12 @@ class Store:
             return False
         at = time.time()
         self._tx(
-            [("INSERT INTO verdicts VALUES (?, ?, ?, ?)", (run, at, verdict, detail_json))],
+            [
+                (
+                    "INSERT INTO verdicts (run, at_unix, verdict, detail_json) VALUES (?, ?, ?, ?)",
+                    (run, at, verdict, detail_json),
+                )
+            ],
             lambda db: ledger.append(
                 db,
                 at,

@@ -1,0 +1,227 @@
+"""The verifier's database behind one small interface: SQLite (a file; the default, nothing to
+install) or PostgreSQL (a ``postgresql://`` URL; the store for a fleet).
+
+Callers write SQL once, with ``?`` placeholders and the common subset of both dialects; each
+table has the same columns in both, and PostgreSQL tables carry an explicit ``rowid`` column
+(``BIGSERIAL``) so that "in storage order" (``ORDER BY rowid``) means the same in both. The
+schemas themselves are per dialect (types differ: ``BYTEA`` for ``BLOB``, ``DOUBLE PRECISION``
+for ``REAL``, which is 4 bytes in PostgreSQL and would round a Unix time).
+
+Errors: a database that cannot be reached (refused, unknown host, bad password) raises
+:class:`DatabaseUnreachable` (exit 9); anything wrong with its content is the caller's to
+name. One connection per :class:`Database`; callers serialise their own use of it.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlsplit, urlunsplit
+
+from verifier.errors import ConfigError, Error
+
+URL_SCHEMES = ("postgresql://", "postgres://")
+
+
+class DatabaseUnreachable(Error):
+    """The PostgreSQL server could not be reached or refused the connection."""
+
+    exit_code = 9
+
+
+class Rows(Protocol):
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+def is_url(target: str | Path) -> bool:
+    return str(target).startswith(URL_SCHEMES)
+
+
+def redact(url: str) -> str:
+    """URL without its password (for logs and error messages)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+class Database:
+    """One connection. ``execute`` takes ``?`` placeholders in either dialect."""
+
+    kind = ""
+    errors: tuple[type[Exception], ...] = ()
+    name = ""
+
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> Rows:
+        raise NotImplementedError
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        raise NotImplementedError
+
+    def executescript(self, script: str) -> None:
+        """Run several statements (no parameters)."""
+        raise NotImplementedError
+
+    def begin(self) -> None:
+        """Start a write transaction that excludes other writers until commit."""
+        raise NotImplementedError
+
+    def quick_check(self) -> str:
+        """The engine's own integrity check: "ok" or what is wrong."""
+        return "ok"
+
+    def commit(self) -> None:
+        self.execute("COMMIT")
+
+    def rollback(self) -> None:
+        self.execute("ROLLBACK")
+
+    @property
+    def in_transaction(self) -> bool:
+        raise NotImplementedError
+
+    def has_table(self, table: str) -> bool:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class SQLiteDatabase(Database):
+    kind = "sqlite"
+    errors = (sqlite3.Error,)
+
+    def __init__(self, path: str | Path, read_only: bool = False) -> None:
+        self.name = str(path)
+        if read_only:
+            if not Path(path).is_file():
+                raise ConfigError(f"{path}: no such database file")
+            self._db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+        else:
+            if self.name != ":memory:":
+                Path(self.name).parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.name, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+
+    @property
+    def raw(self) -> sqlite3.Connection:
+        return self._db
+
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> Rows:
+        return self._db.execute(sql, tuple(args))
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        self._db.executemany(sql, rows)
+
+    def executescript(self, script: str) -> None:
+        self._db.executescript(script)
+
+    def begin(self) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._db.in_transaction
+
+    def has_table(self, table: str) -> bool:
+        row = self._db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
+        ).fetchone()
+        return row is not None
+
+    def quick_check(self) -> str:
+        return str(self._db.execute("PRAGMA quick_check").fetchone()[0])
+
+    def close(self) -> None:
+        self._db.close()
+
+
+_PLACEHOLDER = re.compile(r"\?")
+# One lock id for every verifier writing to one PostgreSQL database: ledger appends are
+# serialised (each entry names its predecessor).
+_WRITE_LOCK = 0x5646_5952
+
+
+class PostgresDatabase(Database):
+    kind = "postgresql"
+
+    def __init__(self, url: str, read_only: bool = False) -> None:
+        try:
+            import psycopg
+        except ImportError as e:
+            raise ConfigError(
+                "a postgresql:// database needs the psycopg package: "
+                "pip install 'provenance-verifier[postgres]'"
+            ) from e
+        self._psycopg = psycopg
+        self.errors = (psycopg.Error,)
+        self.name = redact(url)
+        try:
+            self._db = psycopg.connect(url, autocommit=True, connect_timeout=10)
+        except psycopg.OperationalError as e:
+            raise DatabaseUnreachable(
+                f"cannot reach the verifier database {self.name}: {str(e).strip()}"
+            ) from e
+        if read_only:
+            self._db.execute("SET default_transaction_read_only = on")
+        self._sql: dict[str, str] = {}
+        self._tx = False
+
+    def _convert(self, sql: str) -> str:
+        out = self._sql.get(sql)
+        if out is None:
+            out = self._sql[sql] = _PLACEHOLDER.sub("%s", sql.replace("%", "%%"))
+        return out
+
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> Rows:
+        return self._db.execute(self._convert(sql), tuple(args))
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        with self._db.cursor() as cur:
+            cur.executemany(self._convert(sql), rows)
+
+    def executescript(self, script: str) -> None:
+        self._db.execute(script)
+
+    def begin(self) -> None:
+        self._db.execute("BEGIN")
+        self._tx = True
+        self._db.execute("SELECT pg_advisory_xact_lock(%s)", (_WRITE_LOCK,))
+
+    def commit(self) -> None:
+        self._tx = False
+        self._db.execute("COMMIT")
+
+    def rollback(self) -> None:
+        self._tx = False
+        self._db.execute("ROLLBACK")
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._tx
+
+    def has_table(self, table: str) -> bool:
+        row = self._db.execute("SELECT to_regclass(%s)", (table,)).fetchone()
+        return row is not None and row[0] is not None
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def open_database(target: str | Path, read_only: bool = False) -> Database:
+    """A PostgreSQL URL or an SQLite file (created unless READ_ONLY)."""
+    if is_url(target):
+        return PostgresDatabase(str(target), read_only=read_only)
+    try:
+        return SQLiteDatabase(target, read_only=read_only)
+    except sqlite3.Error as e:
+        raise ConfigError(f"cannot open the verifier database {target}: {e}") from e
