@@ -13,6 +13,7 @@ from verifier._cli import (
     compare_cmd,
     diff_cmd,
     inspect_cmd,
+    keygen_cmd,
     policy_cmd,
     run_cmd,
     serve_cmd,
@@ -56,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     window_cmd.add_parser(sub)
     compare_cmd.add_parser(sub)
     audit_cmd.add_parser(sub)
+    keygen_cmd.add_parser(sub)
     return parser
 
 
