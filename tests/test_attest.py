@@ -545,6 +545,16 @@ def test_not_a_bundle_fails_with_exit_7(data: bytes) -> None:
         verify_bundle(data, KEY.public_key())
 
 
+def test_hostile_json_is_exit_7_not_a_traceback() -> None:
+    for data in (b"[" * 100_000, b'{"bundle": 1' + b', "x": ' + b"9" * 5000 + b"}"):
+        with pytest.raises(BundleCorrupt):
+            verify_bundle(data, KEY.public_key())
+    b = _bundle()
+    b["entries"][0]["at"] = 10**400
+    with pytest.raises(BundleCorrupt, match="out of range"):
+        verify_bundle(dump(b), KEY.public_key())
+
+
 def test_truncated_bundle_fails_with_exit_7() -> None:
     data = dump(_bundle())
     for cut in (1, len(data) // 3, len(data) // 2, len(data) - 3):

@@ -139,7 +139,10 @@ class Fields:
         v = self._get(name)
         if not isinstance(v, int | float) or isinstance(v, bool):
             raise BundleCorrupt(f"field {name!r} must be a number", self.where)
-        return float(v)
+        try:
+            return float(v)
+        except OverflowError:
+            raise BundleCorrupt(f"field {name!r} is out of range", self.where) from None
 
     def sha256_of(self, name: str) -> str:
         """The hex sha256 of field NAME_b64 (base64 bytes) or NAME_text (UTF-8 text), or the
@@ -448,7 +451,7 @@ class _Check:
     def document(self, data: bytes) -> dict[str, Any]:
         try:
             doc = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8, too deep
             raise BundleCorrupt(f"not JSON ({e})", "bundle") from None
         if not isinstance(doc, dict):
             raise BundleCorrupt("not a JSON object", "bundle")

@@ -66,7 +66,7 @@ def parse(payload: bytes) -> Statement:
     """A statement from payload bytes; ValueError naming what is wrong."""
     try:
         st = json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8, too deep
         raise ValueError(f"the payload is not JSON: {e}") from None
     if not isinstance(st, dict):
         raise ValueError("the statement is not a JSON object")
