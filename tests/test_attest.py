@@ -277,6 +277,8 @@ def test_keygen_cli(tmp_path: Path) -> None:
     assert stat.S_IMODE((tmp_path / "k").stat().st_mode) == 0o600
     again = verifier_cli("keygen", "--out", str(tmp_path / "k"))
     assert again.returncode == 2 and "--force" in again.stderr
+    nowhere = verifier_cli("keygen", "--out", str(tmp_path / "no" / "such" / "k"))
+    assert nowhere.returncode == 3 and "cannot write" in nowhere.stderr, nowhere.stderr
     forced = verifier_cli("keygen", "--out", str(tmp_path / "k"), "--force")
     assert forced.returncode == 0, forced.stderr
     assert keys.key_id(keys.load_public_key(tmp_path / "k.pub")) in forced.stdout

@@ -31,6 +31,12 @@ class KeyExists(UsageError):
     exit_code = 2
 
 
+class KeyNotWritten(ConfigError):
+    """exit 3: the key file cannot be written (no such directory, permission denied)."""
+
+    exit_code = 3
+
+
 class BundleMissing(ConfigError):
     """exit 3: no bundle file at the path given."""
 

@@ -18,7 +18,7 @@ from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from verifier.audit.errors import KeyExists, KeyFileMissing, NotAKey, NotEd25519
+from verifier.audit.errors import KeyExists, KeyFileMissing, KeyNotWritten, NotAKey, NotEd25519
 
 __all__ = [
     "Ed25519PrivateKey",
@@ -96,8 +96,14 @@ def save_keypair(key: Ed25519PrivateKey, path: Path, *, force: bool = False) -> 
         for p in (path, pub):
             if p.exists() or p.is_symlink():
                 raise KeyExists(f"{p} exists; use --force to overwrite it")
-    _write(path, private_pem(key), 0o600, force)
-    _write(pub, public_pem(key.public_key()), 0o644, force)
+    for p, data, mode in (
+        (path, private_pem(key), 0o600),
+        (pub, public_pem(key.public_key()), 0o644),
+    ):
+        try:
+            _write(p, data, mode, force)
+        except OSError as e:
+            raise KeyNotWritten(f"{p}: cannot write the key file: {e.strerror}") from None
     return pub
 
 
