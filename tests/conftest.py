@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, Backend
 from verifier.testing.postgres import PostgresServer, PostgresUnavailable
 from verifier.testing.server import VllmServer
 
@@ -78,7 +78,8 @@ def vllm_server(tiny_model: Path) -> Iterator[VllmServer]:
     server = VllmServer(
         tiny_model,
         env=env,
-        extra_args=("--no-enable-prefix-caching",),
+        # Chat requests bring their own template (the tiny model has none).
+        extra_args=("--no-enable-prefix-caching", "--trust-request-chat-template"),
         scratch_parent=REPO / ".scratch",
     )
     server.start()
@@ -115,3 +116,10 @@ _pg_databases = iter(range(1, 1_000_000))
 def pg_database(postgres: PostgresServer) -> str:
     """A fresh database on the session's PostgreSQL server: its URL."""
     return postgres.createdb(f"t{next(_pg_databases)}")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    if request.param == "sqlite":
+        return Backend(str(tmp_path / "db.sqlite3"))
+    return Backend(request.getfixturevalue("pg_database"))

@@ -6,8 +6,13 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from verifier.server import ledger
+from verifier.server.db import open_database
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -43,3 +48,36 @@ def probe_env(probe_dir: Path, **extra: str) -> dict[str, str]:
     env["VERIFIER_PROBE_DIR"] = str(probe_dir)
     env.update(extra)
     return env
+
+
+@dataclass
+class Backend:
+    """One database of either kind, and raw SQL access to it behind the verifier's back."""
+
+    target: str
+
+    def sql(self, *statements: str | tuple[str, Sequence[Any]]) -> None:
+        db = open_database(self.target)
+        try:
+            for stmt in statements:
+                sql, args = (stmt, ()) if isinstance(stmt, str) else stmt
+                db.execute(sql, args)
+        finally:
+            db.close()
+
+    def check(self) -> ledger.Verification:
+        db = open_database(self.target, read_only=True)
+        try:
+            return ledger.verify(db)
+        finally:
+            db.close()
+
+    def entry(self, kind: str, n: int = 0) -> int:
+        db = open_database(self.target, read_only=True)
+        try:
+            rows = db.execute(
+                "SELECT seq FROM ledger WHERE kind = ? ORDER BY seq", (kind,)
+            ).fetchall()
+        finally:
+            db.close()
+        return int(rows[n][0])

@@ -272,6 +272,39 @@ class ContainerInfo:
 
 
 @dataclass(frozen=True)
+class RequestSpan:
+    """The steps one request was scheduled in, in the process that runs the model, and what
+    was in force there: the manifest at its first and last step (they differ when files were
+    loaded while it was served: it maps to both), the live runner, and each hook's fires
+    between its first and last step (steps it shared with other requests included)."""
+
+    process: ProcessKey
+    internal_id: str  # the engine's request id
+    first_step: int
+    last_step: int
+    steps: int  # steps that scheduled it
+    tokens: int  # tokens scheduled for it
+    first_unix: float
+    last_unix: float
+    manifest_first: str
+    manifest_last: str
+    runner: str  # the live runner's class, "" when not yet known
+    hooks: tuple[tuple[str, int], ...] = ()
+    finished: bool = True  # False: still open when its process exited
+
+
+@dataclass(frozen=True)
+class RequestId:
+    """The API server's external id (``cmpl-<X-Request-Id>-0``, ``chatcmpl-...``) for one of
+    the engine's internal ids."""
+
+    process: ProcessKey  # the API server process that mapped it
+    internal_id: str
+    external_id: str
+    unix: float
+
+
+@dataclass(frozen=True)
 class TargetReport:
     """One agent's snapshot of one target."""
 
@@ -287,6 +320,9 @@ class TargetReport:
     # What the agent should have seen and could not (no vLLM process in its PID namespace, a
     # process /proc refused to show): the target is not observable, so never PASS.
     unobservable: tuple[str, ...] = ()
+    # Request bindings read since the previous report (stored apart from the report itself).
+    spans: tuple[RequestSpan, ...] = ()
+    request_ids: tuple[RequestId, ...] = ()
 
     @property
     def collect_s(self) -> float:

@@ -41,6 +41,8 @@ from verifier.model import (
     ProcessKey,
     ProcessReport,
     Provenance,
+    RequestId,
+    RequestSpan,
     RunnerEvidence,
     RunVerdict,
     Severity,
@@ -639,6 +641,75 @@ def _container_from_pb(msg: pb.ContainerInfo, at: str) -> ContainerInfo:
     )
 
 
+_MAX_SPANS = 100_000  # request bindings in one report (the agent sends at most BINDINGS_PER_REPORT)
+
+
+def _span_to_pb(b: RequestSpan) -> pb.RequestSpan:
+    return pb.RequestSpan(
+        process=_key_to_pb(b.process), internal_id=b.internal_id, first_step=b.first_step,
+        last_step=b.last_step, steps=b.steps, tokens=b.tokens, first_unix=b.first_unix,
+        last_unix=b.last_unix, manifest_first=b.manifest_first, manifest_last=b.manifest_last,
+        runner=b.runner, hooks=dict(b.hooks), finished=b.finished,
+    )  # fmt: skip
+
+
+def _span_from_pb(msg: pb.RequestSpan, at: str) -> RequestSpan:
+    first, last = (
+        _count(msg.first_step, f"{at}.first_step"),
+        _count(msg.last_step, f"{at}.last_step"),
+    )
+    if last < first:
+        _fail(f"{at}.last_step", "before first_step")
+    return RequestSpan(
+        process=_key_from_pb(msg.process, f"{at}.process"),
+        internal_id=_required(_text(msg.internal_id, f"{at}.internal_id"), f"{at}.internal_id"),
+        first_step=first,
+        last_step=last,
+        steps=_count(msg.steps, f"{at}.steps"),
+        tokens=_count(msg.tokens, f"{at}.tokens"),
+        first_unix=_time(msg.first_unix, f"{at}.first_unix"),
+        last_unix=_time(msg.last_unix, f"{at}.last_unix"),
+        manifest_first=_text(msg.manifest_first, f"{at}.manifest_first"),
+        manifest_last=_text(msg.manifest_last, f"{at}.manifest_last"),
+        runner=_text(msg.runner, f"{at}.runner"),
+        hooks=tuple(
+            sorted(
+                (_text(k, f"{at}.hooks"), _count(v, f"{at}.hooks[{k!r}]"))
+                for k, v in msg.hooks.items()
+            )
+        ),
+        finished=msg.finished,
+    )
+
+
+def _request_id_to_pb(r: RequestId) -> pb.RequestId:
+    return pb.RequestId(
+        process=_key_to_pb(r.process), internal_id=r.internal_id, external_id=r.external_id,
+        unix=r.unix,
+    )  # fmt: skip
+
+
+def _request_id_from_pb(msg: pb.RequestId, at: str) -> RequestId:
+    return RequestId(
+        process=_key_from_pb(msg.process, f"{at}.process"),
+        internal_id=_required(_text(msg.internal_id, f"{at}.internal_id"), f"{at}.internal_id"),
+        external_id=_required(_text(msg.external_id, f"{at}.external_id"), f"{at}.external_id"),
+        unix=_time(msg.unix, f"{at}.unix"),
+    )
+
+
+def _bindings_from_pb(
+    msg: pb.TargetReport, at: str
+) -> tuple[tuple[RequestSpan, ...], tuple[RequestId, ...]]:
+    if len(msg.spans) + len(msg.request_ids) > _MAX_SPANS:
+        _fail(f"{at}.spans", f"more than {_MAX_SPANS} request bindings in one report")
+    spans = tuple(_span_from_pb(b, f"{at}.spans[{i}]") for i, b in enumerate(msg.spans))
+    ids = tuple(
+        _request_id_from_pb(r, f"{at}.request_ids[{i}]") for i, r in enumerate(msg.request_ids)
+    )
+    return spans, ids
+
+
 def report_to_pb(report: TargetReport) -> pb.TargetReport:
     return pb.TargetReport(
         agent_id=report.agent_id,
@@ -651,6 +722,8 @@ def report_to_pb(report: TargetReport) -> pb.TargetReport:
         collected_unix=report.collected_unix,
         containers=[_container_to_pb(c) for c in report.containers],
         unobservable=list(report.unobservable),
+        spans=[_span_to_pb(b) for b in report.spans],
+        request_ids=[_request_id_to_pb(r) for r in report.request_ids],
     )
 
 
@@ -672,6 +745,7 @@ def report_from_pb(msg: pb.TargetReport, at: str = "report") -> TargetReport:
         if any(process.key == seen.key for seen in processes):
             _fail(f"{at}.processes[{i}].key", f"duplicate process {process.key}")
         processes.append(process)
+    spans, request_ids = _bindings_from_pb(msg, at)
     return TargetReport(
         agent_id=agent_id,
         target=target,
@@ -686,6 +760,8 @@ def report_from_pb(msg: pb.TargetReport, at: str = "report") -> TargetReport:
             _required(_text(u, f"{at}.unobservable[{i}]"), f"{at}.unobservable[{i}]")
             for i, u in enumerate(msg.unobservable)
         ),
+        spans=spans,
+        request_ids=request_ids,
     )
 
 

@@ -49,6 +49,20 @@ def add_parser(sub: Any) -> None:
     f.add_argument("--db", required=True, help=DB_HELP)
     f.add_argument("--json", action="store_true", help="machine-readable result")
     f.set_defaults(handler=run_file)
+    q = acts.add_parser(
+        "request",
+        help="which code served a request: runner, manifest digest, hooks, files, verdict",
+        description="What served request ID (the client's X-Request-Id, the API's external "
+        "id such as cmpl-ID-0 or chatcmpl-ID, or the engine's internal id): the target, "
+        "process and container, the steps it was scheduled in, the live runner, the manifest "
+        "digest at its first and last step (both when files were loaded meanwhile), each "
+        "hook's fires over those steps, the process's files that are not pristine, and each "
+        "covering run's verdict at the time. Exit 6 when no binding matches.",
+    )
+    q.add_argument("id", metavar="ID")
+    q.add_argument("--db", required=True, help=DB_HELP)
+    q.add_argument("--json", action="store_true", help="machine-readable result")
+    q.set_defaults(handler=run_request)
     r = acts.add_parser(
         "run",
         help="a run's registration and verdict history",
@@ -105,6 +119,48 @@ def run_file(args: argparse.Namespace) -> int:
             f"{s.manifest_digest[:19]}  seen in {s.reports} report(s) {_when(s.first_unix)} .. "
             f"{_when(s.last_unix)}  runs: {', '.join(s.runs) or 'none'}"
         )
+        if s.requests:
+            print(f"  served {s.requests} request(s): {', '.join(s.request_ids)}")
+    return 0
+
+
+def run_request(args: argparse.Namespace) -> int:
+    from verifier.server.audit_queries import find_request
+
+    db = _open(args.db)
+    try:
+        found = find_request(db, args.id)
+    except db.errors as e:
+        raise ConfigError(f"{db.name}: cannot read the database: {e}") from e
+    finally:
+        db.close()
+    if args.json:
+        print(json.dumps([dataclasses.asdict(s) for s in found], indent=2))
+        return 0
+    for s in found:
+        where = f"container {s.container_id[:12]}" if s.container_id else "no container"
+        rank = f" rank {s.rank}" if s.rank is not None else ""
+        ext = ", ".join(s.external_ids) or "no external id recorded"
+        print(f"request {s.internal_id} ({ext})")
+        print(f"  target {s.target}  pid {s.pid} ({s.role or '?'}{rank}, {where})")
+        print(
+            f"  steps {s.first_step}..{s.last_step} ({s.steps} scheduled, {s.tokens} tokens) "
+            f"{_when(s.first_unix)} .. {_when(s.last_unix)}"
+            + ("" if s.finished else "  (still open when its process exited)")
+        )
+        print(f"  runner {s.runner or '?'}")
+        for m, stored in zip(s.manifests, s.manifests_stored, strict=True):
+            print(f"  manifest {m}" + ("" if stored else "  (not stored: between reports)"))
+        hooks = ", ".join(f"{k} {v}" for k, v in sorted(s.hooks.items())) or "none declared"
+        print(f"  hook fires over its steps: {hooks}")
+        if s.not_pristine:
+            print(f"  files not pristine: {len(s.not_pristine)}")
+            for f in s.not_pristine[:20]:
+                print(f"    {f['origin']:<9} {f['path']}  ({f['reason']})")
+        else:
+            print("  files not pristine: none")
+        for r in s.runs:
+            print(f"  run {r['run']}: {r['verdict'] or 'no verdict yet'} at the time")
     return 0
 
 

@@ -1,9 +1,10 @@
-"""Audit queries over the verifier's stored records: which processes loaded a file (by sha256
-or path), in which targets and runs; and a run's history. They read a database opened
-read-only, so an auditor can run them on a copy without a running verifier.
+"""Audit queries over the verifier's stored records: which code served a request (by its
+client, external or internal id), which processes loaded a file (by sha256 or path) and which
+requests they served, and a run's history. They read a database opened read-only, so an
+auditor can run them on a copy (SQLite) or a read-only role (PostgreSQL) with no verifier.
 
-These scan the stored reports (decoding each) rather than an index: correct at any size,
-slow at millions of reports. Indexed request and file bindings are the next step (issue 7).
+Every lookup goes through an index (``index.py``, ``bindings.py``): a request by id is a few
+index probes, a file by hash or path one probe per table, whatever the number of bindings.
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from verifier import wire
 from verifier.errors import Error
 from verifier.policy import PolicyError, load_policy
+from verifier.server.bindings import client_id
 from verifier.server.db import Database
 
 _SHA = re.compile(r"[0-9a-f]{64}")
@@ -45,57 +48,79 @@ class Sighting:
     last_unix: float
     reports: int = 0
     runs: list[str] = field(default_factory=list)
+    requests: int = 0  # requests whose steps ran under this manifest in this process
+    request_ids: list[str] = field(default_factory=list)  # the first few (internal ids)
 
 
-def _matches(query: str, row: dict[str, object]) -> bool:
+def _file_rows(db: Database, query: str) -> list[tuple[str, str, str | None]]:
+    """(manifest, path, sha256) of every manifest listing QUERY."""
+    base = (
+        "SELECT mf.manifest, p.path, b.sha256 FROM manifest_files mf "
+        "JOIN paths p ON p.id = mf.path_id LEFT JOIN blobs b ON b.id = mf.blob_id "
+    )
     if _SHA.fullmatch(query):
-        return row.get("sha256") == query
-    path = str(row.get("path", ""))
-    return path == query if query.startswith("/") else path.endswith("/" + query.lstrip("/"))
+        sql, arg = base + "WHERE b.sha256 = ?", query
+    elif query.startswith("/"):
+        sql, arg = base + "WHERE p.path = ?", query
+    else:
+        escaped = query.lstrip("/").replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        sql, arg = base + "WHERE p.path LIKE ? ESCAPE '\\'", "%/" + escaped
+    rows = [(str(m), str(p), h) for m, p, h in db.execute(sql, (arg,))]
+    if not _SHA.fullmatch(query) and not query.startswith("/"):  # SQLite's LIKE ignores case
+        rows = [r for r in rows if r[1].endswith("/" + query.lstrip("/"))]
+    return rows
 
 
 def find_file(db: Database, query: str) -> list[Sighting]:
     """Every process whose loaded files include QUERY: a sha256, an absolute path, or the
-    end of a path (``vllm/v1/sample/sampler.py``)."""
-    hits: dict[str, list[dict[str, object]]] = {}
-    for digest, files_json in db.execute("SELECT digest, files_json FROM manifests"):
-        matched = [r for r in json.loads(files_json) if _matches(query, r)]
-        if matched:
-            hits[digest] = matched
-    if not hits:
+    end of a path (``vllm/v1/sample/sampler.py``), with the requests it served meanwhile."""
+    rows = _file_rows(db, query)
+    if not rows:
         raise NotFound(f"no stored manifest has a file matching {query!r}")
-    runs = [
-        (name, toml)
-        for name, toml in db.execute("SELECT name, policy_toml FROM runs ORDER BY rowid")
-    ]
-    seen: dict[tuple[str, int, int, str], Sighting] = {}
-    for agent_id, seq, target, received, body in db.execute(
-        "SELECT agent_id, seq, target, received_unix, report FROM reports ORDER BY received_unix"
-    ):
-        try:
-            report = wire.report_from_bytes(bytes(body))
-        except wire.WireError as e:
-            raise CorruptRecord(
-                f"stored report {seq} of agent {agent_id} cannot be read ({e.explain()}); "
-                "`verifier audit verify` says whether it was changed after it was stored"
-            ) from e
-        for p in report.processes:
-            for row in hits.get(p.manifest_digest or "", []):
-                key = (target, p.key.pid, p.key.start_ticks, str(row["path"]))
-                s = seen.get(key)
-                if s is None:
-                    sha = row.get("sha256")
-                    s = seen[key] = Sighting(
-                        str(row["path"]), sha if isinstance(sha, str) else None, target,
-                        p.key.pid, p.key.start_ticks, p.role, p.rank, p.container_id,
-                        p.manifest_digest or "", received, received,
-                        runs=_runs_covering(runs, target, p.container_id),
-                    )  # fmt: skip
-                s.last_unix = received
-                s.reports += 1
-    if not seen:
+    runs = _runs(db)
+    out: list[Sighting] = []
+    for manifest, path, sha in rows:
+        for target, boot, pid, ticks, role, rank, container, first, last, n in db.execute(
+            "SELECT target, boot_id, pid, start_ticks, role, rank, container_id, first_unix, "
+            "last_unix, reports FROM processes WHERE manifest = ? ORDER BY first_unix",
+            (manifest,),
+        ):
+            served = [
+                str(r[0])
+                for r in db.execute(
+                    "SELECT internal_id FROM bindings WHERE manifest_first = ? AND pid = ? "
+                    "AND start_ticks = ? AND boot_id = ? AND target = ? UNION "
+                    "SELECT internal_id FROM bindings WHERE manifest_last = ? AND pid = ? "
+                    "AND start_ticks = ? AND boot_id = ? AND target = ?",
+                    (manifest, pid, ticks, boot, target) * 2,
+                )
+            ]
+            out.append(
+                Sighting(
+                    path,
+                    sha,
+                    target,
+                    int(pid),
+                    int(ticks),
+                    role,
+                    None if rank is None else int(rank),
+                    container,
+                    manifest,
+                    float(first),
+                    float(last),
+                    int(n),
+                    _runs_covering(runs, target, container),
+                    len(served),
+                    sorted(served)[:10],
+                )
+            )
+    if not out:
         raise NotFound(f"a manifest lists {query!r}, but no stored report names a process with it")
-    return list(seen.values())
+    return out
+
+
+def _runs(db: Database) -> list[tuple[str, str]]:
+    return [(n, t) for n, t in db.execute("SELECT name, policy_toml FROM runs ORDER BY rowid")]
 
 
 def _runs_covering(runs: list[tuple[str, str]], target: str, container: str | None) -> list[str]:
@@ -132,3 +157,150 @@ def run_summary(db: Database, name: str) -> RunSummary:
         )
     ]
     return RunSummary(row[0], row[1], row[2], float(row[3]), history)
+
+
+@dataclass
+class Served:
+    """One request as the process that ran the model served it, and what was in force."""
+
+    internal_id: str
+    external_ids: list[str]
+    target: str
+    pid: int
+    start_ticks: int
+    role: str | None
+    rank: int | None
+    container_id: str | None
+    runner: str
+    first_step: int
+    last_step: int
+    steps: int
+    tokens: int
+    first_unix: float
+    last_unix: float
+    finished: bool
+    manifests: list[str]  # at its first step, then at its last when it changed meanwhile
+    manifests_stored: list[bool]
+    hooks: dict[str, int]
+    not_pristine: list[dict[str, Any]]  # files of that process whose origin is not pristine
+    runs: list[dict[str, Any]]  # each run covering the target: its verdict at the time
+
+
+def _internal_ids(db: Database, query: str) -> dict[str, list[str]]:
+    """Internal ids QUERY names (as the client's id, an external id or an internal id), each
+    with its external ids."""
+    wanted = {query, client_id(query)}
+    out: dict[str, list[str]] = {}
+    for column in ("client_id", "external_id", "internal_id"):
+        for value in wanted:
+            for internal, external in db.execute(
+                f"SELECT internal_id, external_id FROM request_ids WHERE {column} = ?",  # noqa: S608
+                (value,),
+            ):
+                ext = out.setdefault(str(internal), [])
+                if external not in ext:
+                    ext.append(str(external))
+    out.setdefault(query, [])
+    return out
+
+
+def find_request(db: Database, query: str) -> list[Served]:
+    """What served request QUERY: the client's X-Request-Id, the API's external id
+    (``cmpl-...``) or the engine's internal id."""
+    ids = _internal_ids(db, query)
+    runs = _runs(db)
+    out: list[Served] = []
+    for internal, external in ids.items():
+        for row in db.execute(
+            "SELECT target, boot_id, pid, start_ticks, first_step, last_step, steps, tokens, "
+            "first_unix, last_unix, manifest_first, manifest_last, runner, hooks_json, finished "
+            "FROM bindings WHERE internal_id = ? ORDER BY first_unix",
+            (internal,),
+        ):
+            out.append(_served(db, runs, internal, external, tuple(row)))
+    if not out:
+        known = [i for i, e in ids.items() if e]
+        if known:
+            raise NotFound(
+                f"request {query!r} is the engine's {', '.join(sorted(known))}, but no stored "
+                "binding says which steps served it (not yet reported, or it never ran)"
+            )
+        raise NotFound(f"no stored request binding matches {query!r}")
+    return out
+
+
+def _served(
+    db: Database, runs: list[tuple[str, str]], internal: str, external: list[str],
+    row: tuple[Any, ...],
+) -> Served:  # fmt: skip
+    (target, boot, pid, ticks, s0, s1, n, tok, t0, t1, m0, m1, runner, hooks, fin) = row
+    manifests = [m0] if m0 == m1 else [m0, m1]
+    stored = [
+        db.execute("SELECT 1 FROM manifests WHERE digest = ?", (m,)).fetchone() is not None
+        for m in manifests
+    ]
+    proc = db.execute(
+        "SELECT role, rank, container_id FROM processes WHERE target = ? AND boot_id = ? "
+        "AND pid = ? AND start_ticks = ? ORDER BY last_unix DESC LIMIT 1",
+        (target, boot, pid, ticks),
+    ).fetchone()
+    role, rank, container = proc if proc is not None else (None, None, None)
+    return Served(
+        internal, external, target, int(pid), int(ticks), role,
+        None if rank is None else int(rank), container, runner, int(s0), int(s1), int(n),
+        int(tok), float(t0), float(t1), bool(fin), manifests, stored, json.loads(hooks),
+        _not_pristine(db, target, boot, int(pid), int(ticks), float(t1)),
+        _verdicts_at(db, runs, target, container, float(t1)),
+    )  # fmt: skip
+
+
+def _not_pristine(  # noqa: PLR0917 - a process key and a time
+    db: Database, target: str, boot: str, pid: int, ticks: int, at: float
+) -> list[dict[str, Any]]:
+    """The process's files that are not pristine, from the first report of its target after
+    AT (else the last before): what the agent found when it last looked at those steps."""
+    for sql in (
+        "SELECT agent_id, seq, report FROM reports WHERE target = ? AND received_unix >= ? "
+        "ORDER BY received_unix LIMIT 1",
+        "SELECT agent_id, seq, report FROM reports WHERE target = ? AND received_unix < ? "
+        "ORDER BY received_unix DESC LIMIT 1",
+    ):
+        got = db.execute(sql, (target, at)).fetchone()
+        if got is None:
+            continue
+        report = _decode(str(got[0]), int(got[1]), bytes(got[2]))
+        for p in report.processes:
+            k = p.key
+            if (k.boot_id, k.pid, k.start_ticks) == (boot, pid, ticks) and p.provenance:
+                return [
+                    {"path": f.path, "origin": f.origin, "reason": f.reason, "sha256": f.sha256}
+                    for f in p.provenance.files
+                ]
+    return []
+
+
+def _verdicts_at(
+    db: Database, runs: list[tuple[str, str]], target: str, container: str | None, at: float
+) -> list[dict[str, Any]]:
+    out = []
+    for name in _runs_covering(runs, target, container):
+        got = db.execute(
+            "SELECT verdict, at_unix FROM verdicts WHERE run = ? AND at_unix <= ? "
+            "ORDER BY at_unix DESC LIMIT 1",
+            (name, at),
+        ).fetchone()
+        out.append(
+            {"run": name, "verdict": got[0] if got else None,
+             "since_unix": float(got[1]) if got else None}
+        )  # fmt: skip
+    return out
+
+
+def _decode(agent_id: str, seq: int, body: bytes) -> Any:
+    try:
+        return wire.report_from_bytes(body)
+    except wire.WireError as e:
+        raise CorruptRecord(
+            f"stored report {seq} of agent {agent_id} cannot be read ({e.explain()}); "
+            "`verifier audit verify` says whether it was changed after it was stored"
+        ) from e

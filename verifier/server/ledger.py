@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from verifier.server.db import Database
 
 GENESIS = "0" * 64
-KINDS = ("run", "manifest", "report", "verdict")
+KINDS = ("run", "manifest", "report", "verdict", "bindings")
 
 
 def _sha(*parts: object) -> str:
@@ -67,6 +67,17 @@ def verdict_subject(run: str, at: float, verdict: str, detail_json: str) -> str:
     return _sha("verdict", run, at, verdict, detail_json)
 
 
+def bindings_ref(agent_id: str, seq: int) -> str:
+    """A batch of request bindings is the one that came with report SEQ of AGENT_ID."""
+    return report_ref(agent_id, seq)
+
+
+def bindings_subject(
+    ref: str, target: str, received: float, spans_sha256: str, ids_sha256: str
+) -> str:
+    return _sha("bindings", ref, target, received, spans_sha256, ids_sha256)
+
+
 def append(db: Database, at: float, kind: str, ref: str, subject: str) -> str:
     """Append one entry; call inside the transaction that stores its content. Its hash."""
     last = db.execute("SELECT seq, hash FROM ledger ORDER BY seq DESC LIMIT 1").fetchone()
@@ -100,6 +111,10 @@ def _contents(db: Database) -> Iterator[tuple[str, str, str, float]]:
         "SELECT run, at_unix, verdict, detail_json FROM verdicts ORDER BY rowid"
     ):
         yield "verdict", verdict_ref(run, at), verdict_subject(run, at, verdict, detail), at
+    from verifier.server.bindings import stored_batches
+
+    for ref, target, received, spans, ids in stored_batches(db):
+        yield "bindings", ref, bindings_subject(ref, target, received, spans, ids), received
 
 
 def backfill(db: Database, now: float) -> int:

@@ -64,16 +64,15 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 );
 CREATE TABLE IF NOT EXISTS binding_batches (
     {rowid}
-    agent_id TEXT NOT NULL,
-    seq BIGINT NOT NULL,
+    ref TEXT PRIMARY KEY,
     target TEXT NOT NULL,
     received_unix {real} NOT NULL,
     spans BIGINT NOT NULL,
-    ids BIGINT NOT NULL,
-    PRIMARY KEY (agent_id, seq)
+    ids BIGINT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS bindings (
-    batch BIGINT NOT NULL,
+    {rowid}
+    batch TEXT NOT NULL,
     target TEXT NOT NULL,
     boot_id TEXT NOT NULL,
     pid BIGINT NOT NULL,
@@ -92,10 +91,11 @@ CREATE TABLE IF NOT EXISTS bindings (
     finished BIGINT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS bindings_by_internal ON bindings (internal_id);
-CREATE INDEX IF NOT EXISTS bindings_by_batch ON bindings (batch);
 CREATE INDEX IF NOT EXISTS bindings_by_manifest ON bindings (manifest_first);
+CREATE INDEX IF NOT EXISTS bindings_by_last_manifest ON bindings (manifest_last);
 CREATE TABLE IF NOT EXISTS request_ids (
-    batch BIGINT NOT NULL,
+    {rowid}
+    batch TEXT NOT NULL,
     target TEXT NOT NULL,
     internal_id TEXT NOT NULL,
     external_id TEXT NOT NULL,
@@ -105,7 +105,6 @@ CREATE TABLE IF NOT EXISTS request_ids (
 CREATE INDEX IF NOT EXISTS request_ids_by_external ON request_ids (external_id);
 CREATE INDEX IF NOT EXISTS request_ids_by_client ON request_ids (client_id);
 CREATE INDEX IF NOT EXISTS request_ids_by_internal ON request_ids (internal_id);
-CREATE INDEX IF NOT EXISTS request_ids_by_batch ON request_ids (batch);
 CREATE TABLE IF NOT EXISTS blobs (
     id {serial},
     sha256 TEXT NOT NULL UNIQUE

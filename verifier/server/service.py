@@ -23,6 +23,7 @@ from verifier.manifest import merkle_root
 from verifier.model import RunVerdict, TargetReport
 from verifier.policy import PolicyError, load_policy, policy_digest
 from verifier.server.evaluate import Evaluator, files_to_rows
+from verifier.server.index import processes_seen
 from verifier.server.store import RunExists, Store, StoredReport, UnknownRun
 
 log = structlog.get_logger("verifier.serve")
@@ -86,6 +87,8 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
             stripped = dataclasses.replace(
                 report,
                 processes=tuple(dataclasses.replace(p, files=None) for p in report.processes),
+                spans=(),
+                request_ids=(),
             )
             stored = StoredReport(
                 report.agent_id,
@@ -94,7 +97,13 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
                 time.time(),
                 wire.report_to_bytes(stripped),
             )
-            self.store.save_report(stored, manifests)
+            self.store.save_report(
+                stored,
+                manifests,
+                processes_seen(report.processes),
+                report.spans,
+                report.request_ids,
+            )
             self.evaluator.note(stripped, stored.received_unix)
             nonce = secrets.token_hex(16)
             self._nonces[report.agent_id] = nonce

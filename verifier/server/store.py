@@ -15,14 +15,24 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from verifier.errors import ConfigError, UsageError
-from verifier.server import ledger, schema
+from verifier.model import RequestId, RequestSpan
+from verifier.server import bindings, ledger, schema
 from verifier.server.db import Database, open_database
+from verifier.server.index import (
+    ProcessSeen,
+    index_manifest,
+    index_processes,
+    needs_rebuild,
+    rebuild,
+)
+
+RUN_COLUMNS = "name, policy_toml, policy_digest, source, created_unix"
 
 
 class RunExists(UsageError):
@@ -72,9 +82,15 @@ class Store:
         self._lock = threading.Lock()
         self.backfilled = 0
         self._tx([], self._backfill)
+        self.reindexed = 0
+        if needs_rebuild(self._db):
+            self._tx([], self._reindex)
 
     def _backfill(self, db: Database) -> None:
         self.backfilled = ledger.backfill(db, time.time())
+
+    def _reindex(self, db: Database) -> None:
+        self.reindexed = rebuild(db)
 
     def verify_ledger(self) -> ledger.Verification:
         """Walk the audit ledger against the stored rows (see ``ledger.verify``)."""
@@ -136,7 +152,7 @@ class Store:
         return rec
 
     def get_run(self, name: str, missing_ok: bool = False) -> RunRecord | None:
-        rows = self._query("SELECT name, policy_toml, policy_digest, source, created_unix FROM runs WHERE name = ?", (name,))
+        rows = self._query(f"SELECT {RUN_COLUMNS} FROM runs WHERE name = ?", (name,))  # noqa: S608
         if not rows:
             if missing_ok:
                 return None
@@ -144,7 +160,10 @@ class Store:
         return RunRecord(*rows[0])
 
     def list_runs(self) -> list[RunRecord]:
-        return [RunRecord(*r) for r in self._query("SELECT name, policy_toml, policy_digest, source, created_unix FROM runs ORDER BY created_unix")]
+        return [
+            RunRecord(*r)
+            for r in self._query(f"SELECT {RUN_COLUMNS} FROM runs ORDER BY created_unix")  # noqa: S608
+        ]
 
     # manifests -------------------------------------------------------------------------
     def has_manifest(self, digest: str) -> bool:
@@ -166,8 +185,12 @@ class Store:
         self,
         rep: StoredReport,
         manifests: dict[str, list[dict[str, Any]]],
+        processes: Sequence[ProcessSeen] = (),
+        spans: Sequence[RequestSpan] = (),
+        request_ids: Sequence[RequestId] = (),
     ) -> bool:
-        """Store one report and its new manifests atomically; False if the seq was seen."""
+        """Store one report, its new manifests, the processes it saw (index) and the request
+        bindings that came with it, atomically; False if the seq was seen."""
         with self._lock:
             seen = self._db.execute(
                 "SELECT 1 FROM reports WHERE agent_id = ? AND seq = ?", (rep.agent_id, rep.seq)
@@ -186,6 +209,7 @@ class Store:
                 )
                 subject = ledger.manifest_subject(files_json)
                 ledger.append(db, rep.received_unix, "manifest", d, subject)
+                index_manifest(db, d, f)
             db.execute(
                 "INSERT INTO reports (agent_id, seq, target, received_unix, report) "
                 "VALUES (?, ?, ?, ?, ?)",
@@ -193,6 +217,17 @@ class Store:
             )
             ref = ledger.report_ref(rep.agent_id, rep.seq)
             ledger.append(db, rep.received_unix, "report", ref, ledger.report_subject(*row))
+            index_processes(db, rep.target, rep.received_unix, processes)
+            if spans or request_ids:
+                batch = ledger.bindings_ref(rep.agent_id, rep.seq)
+                span_rows, id_rows = bindings.store_batch(
+                    db, batch, rep.target, spans, request_ids, rep.received_unix
+                )
+                subject = ledger.bindings_subject(
+                    batch, rep.target, rep.received_unix,
+                    bindings.rows_sha256(span_rows), bindings.rows_sha256(id_rows),
+                )  # fmt: skip
+                ledger.append(db, rep.received_unix, "bindings", batch, subject)
 
         self._tx([], store)
         return True

@@ -295,7 +295,7 @@ class FileDisagreement(_message.Message):
     def __init__(self, path: _Optional[str] = ..., sha256_in_process: _Optional[str] = ..., sha256_agent: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class TargetReport(_message.Message):
-    __slots__ = ("agent_id", "target", "seq", "nonce", "sent_unix", "processes", "gone", "collected_unix", "containers", "unobservable")
+    __slots__ = ("agent_id", "target", "seq", "nonce", "sent_unix", "processes", "gone", "collected_unix", "containers", "unobservable", "spans", "request_ids")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -306,6 +306,8 @@ class TargetReport(_message.Message):
     COLLECTED_UNIX_FIELD_NUMBER: _ClassVar[int]
     CONTAINERS_FIELD_NUMBER: _ClassVar[int]
     UNOBSERVABLE_FIELD_NUMBER: _ClassVar[int]
+    SPANS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     target: str
     seq: int
@@ -316,7 +318,58 @@ class TargetReport(_message.Message):
     collected_unix: float
     containers: _containers.RepeatedCompositeFieldContainer[ContainerInfo]
     unobservable: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, agent_id: _Optional[str] = ..., target: _Optional[str] = ..., seq: _Optional[int] = ..., nonce: _Optional[str] = ..., sent_unix: _Optional[float] = ..., processes: _Optional[_Iterable[_Union[ProcessReport, _Mapping]]] = ..., gone: _Optional[_Iterable[_Union[ProcessKey, _Mapping]]] = ..., collected_unix: _Optional[float] = ..., containers: _Optional[_Iterable[_Union[ContainerInfo, _Mapping]]] = ..., unobservable: _Optional[_Iterable[str]] = ...) -> None: ...
+    spans: _containers.RepeatedCompositeFieldContainer[RequestSpan]
+    request_ids: _containers.RepeatedCompositeFieldContainer[RequestId]
+    def __init__(self, agent_id: _Optional[str] = ..., target: _Optional[str] = ..., seq: _Optional[int] = ..., nonce: _Optional[str] = ..., sent_unix: _Optional[float] = ..., processes: _Optional[_Iterable[_Union[ProcessReport, _Mapping]]] = ..., gone: _Optional[_Iterable[_Union[ProcessKey, _Mapping]]] = ..., collected_unix: _Optional[float] = ..., containers: _Optional[_Iterable[_Union[ContainerInfo, _Mapping]]] = ..., unobservable: _Optional[_Iterable[str]] = ..., spans: _Optional[_Iterable[_Union[RequestSpan, _Mapping]]] = ..., request_ids: _Optional[_Iterable[_Union[RequestId, _Mapping]]] = ...) -> None: ...
+
+class RequestSpan(_message.Message):
+    __slots__ = ("process", "internal_id", "first_step", "last_step", "steps", "tokens", "first_unix", "last_unix", "manifest_first", "manifest_last", "runner", "hooks", "finished")
+    class HooksEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    PROCESS_FIELD_NUMBER: _ClassVar[int]
+    INTERNAL_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_STEP_FIELD_NUMBER: _ClassVar[int]
+    LAST_STEP_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_UNIX_FIELD_NUMBER: _ClassVar[int]
+    LAST_UNIX_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_FIRST_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_LAST_FIELD_NUMBER: _ClassVar[int]
+    RUNNER_FIELD_NUMBER: _ClassVar[int]
+    HOOKS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    process: ProcessKey
+    internal_id: str
+    first_step: int
+    last_step: int
+    steps: int
+    tokens: int
+    first_unix: float
+    last_unix: float
+    manifest_first: str
+    manifest_last: str
+    runner: str
+    hooks: _containers.ScalarMap[str, int]
+    finished: bool
+    def __init__(self, process: _Optional[_Union[ProcessKey, _Mapping]] = ..., internal_id: _Optional[str] = ..., first_step: _Optional[int] = ..., last_step: _Optional[int] = ..., steps: _Optional[int] = ..., tokens: _Optional[int] = ..., first_unix: _Optional[float] = ..., last_unix: _Optional[float] = ..., manifest_first: _Optional[str] = ..., manifest_last: _Optional[str] = ..., runner: _Optional[str] = ..., hooks: _Optional[_Mapping[str, int]] = ..., finished: _Optional[bool] = ...) -> None: ...
+
+class RequestId(_message.Message):
+    __slots__ = ("process", "internal_id", "external_id", "unix")
+    PROCESS_FIELD_NUMBER: _ClassVar[int]
+    INTERNAL_ID_FIELD_NUMBER: _ClassVar[int]
+    EXTERNAL_ID_FIELD_NUMBER: _ClassVar[int]
+    UNIX_FIELD_NUMBER: _ClassVar[int]
+    process: ProcessKey
+    internal_id: str
+    external_id: str
+    unix: float
+    def __init__(self, process: _Optional[_Union[ProcessKey, _Mapping]] = ..., internal_id: _Optional[str] = ..., external_id: _Optional[str] = ..., unix: _Optional[float] = ...) -> None: ...
 
 class ContainerInfo(_message.Message):
     __slots__ = ("id", "runtime", "source", "pod_uid", "name", "image", "image_id", "image_digests", "labels", "restart_count", "started_at", "docker_error")
