@@ -137,7 +137,7 @@ def test_audit_verify_cli_exit_codes(backend: Backend, tmp_path: Path) -> None:
     assert out.returncode == 0 and f"6 entries, head {head}" in out.stdout, out.stderr
     out = verifier_cli("audit", "verify", "--db", path, "--json")
     assert json.loads(out.stdout) == {"ok": True, "entries": 6, "head": head, "problem": None,
-                                      "seq": None}  # fmt: skip
+                                      "seq": None, "checkpoints": 0}  # fmt: skip
     backend.sql(("UPDATE reports SET report = ? WHERE seq = 2", (b"\x00",)))
     out = verifier_cli("audit", "verify", "--db", path)
     assert out.returncode == 1 and "the stored report was changed" in out.stderr
@@ -166,8 +166,10 @@ def test_live_verifier_ledger_over_real_grpc(backend: Backend, tmp_path: Path) -
     db = backend.target
     sock = tmp_path / "v.sock"
     (tmp_path / "p.toml").write_text('version = 1\n[[hooks]]\nname = "h"\n')
+    assert verifier_cli("keygen", "--out", str(tmp_path / "v.key")).returncode == 0
     args = ["serve", "--listen", f"unix:{sock}", "--db", str(db), "--report-interval", "0.2",
-            "--run", f"r={tmp_path / 'p.toml'}"]  # fmt: skip
+            "--run", f"r={tmp_path / 'p.toml'}",
+            "--signing-key", str(tmp_path / "v.key")]  # fmt: skip
     serve = Daemon(args, tmp_path / "serve.log").start()
     agent = None
     try:
@@ -194,6 +196,10 @@ def test_live_verifier_ledger_over_real_grpc(backend: Backend, tmp_path: Path) -
         if agent is not None:
             agent.stop()
         serve.stop()
+    pub = str(tmp_path / "v.key.pub")
+    out = verifier_cli("audit", "verify", "--db", str(db), "--key", pub, "--json")
+    got = json.loads(out.stdout)
+    assert out.returncode == 0 and got["checkpoints"] >= 1, got  # signed while serving and at exit
     backend.sql("UPDATE reports SET target = 'elsewhere' WHERE seq = 1")
     out = verifier_cli("audit", "verify", "--db", str(db))
     assert out.returncode == 1 and "the stored report was changed" in out.stderr

@@ -9,7 +9,7 @@ import json
 import time
 from typing import Any
 
-from verifier.errors import ConfigError, Error
+from verifier.errors import ConfigError, Error, UsageError
 from verifier.server.db import Database, open_database
 
 
@@ -26,17 +26,46 @@ def add_parser(sub: Any) -> None:
     acts = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     v = acts.add_parser(
         "verify",
-        help="walk the ledger against the stored rows; name the first that does not match",
-        description="Open the verifier's database read-only and walk its ledger from "
-        "the first entry: every entry must follow the previous one, match its own hash, and "
-        "match the run, manifest, report or verdict it records; every stored row must be in "
-        "the ledger. Prints the number of entries and the head hash (record it elsewhere to "
-        "pin the chain). Exit 0 intact, 1 tampered (the first entry that does not match is "
-        "named), 3 no such database.",
+        help="check the ledger online (--db), or an exported bundle offline (BUNDLE --key)",
+        description="Online (--db): open the verifier's database read-only and walk its "
+        "ledger from the first entry: every entry must follow the previous one, match its own "
+        "hash, and match the run, manifest, report, verdict or batch of request bindings it "
+        "records; every stored row must be in the ledger; every checkpoint the verifier "
+        "signed must still be the root of the ledger's first entries (with --key, its "
+        "signature too). Prints the number of entries and the head hash. Exit 0 intact, 1 "
+        "tampered (the first entry that does not match is named), 3 no such database, 9 "
+        "database unreachable. Offline (BUNDLE --key PUBKEY, no database): check an export's "
+        "signatures, the inclusion of every entry in its signed checkpoint, the chain between "
+        "consecutive entries, and that every statement's content recomputes its entry. Exit "
+        "0 verifies, 7 corrupted or does not verify, 8 signed by another key, 3 no such file "
+        "or not a public key.",
     )
-    v.add_argument("--db", required=True, help=DB_HELP)
+    v.add_argument("bundle", nargs="?", metavar="BUNDLE", help="an export to check offline")
+    v.add_argument("--db", help=DB_HELP + " (online check)")
+    v.add_argument(
+        "--key", help="the verifier's public key (PEM): required with BUNDLE, optional with --db"
+    )
     v.add_argument("--json", action="store_true", help="machine-readable result")
     v.set_defaults(handler=run_verify)
+    x = acts.add_parser(
+        "export",
+        help="write a signed bundle (in-toto statements in DSSE envelopes) for offline audit",
+        description="Sign, with the verifier's Ed25519 key, a checkpoint over the whole "
+        "ledger and one in-toto Statement v1 (in a DSSE envelope) per exported record: for "
+        "each --request, the batches of bindings that hold it (every row, so the ledger "
+        "subject recomputes) and the manifests in force, with a runtime-evidence predicate "
+        "saying what served it; for each --run, its registration and every verdict as a gate "
+        "decision. Every exported entry comes with its inclusion proof; a consistency proof "
+        "from the latest checkpoint signed while serving is added when there is one. Check "
+        "it anywhere with `verifier audit verify BUNDLE --key KEY.pub`. Exit 6 for an "
+        "unknown request or run.",
+    )
+    x.add_argument("--db", required=True, help=DB_HELP)
+    x.add_argument("--key", required=True, help="the verifier's private key (verifier keygen)")
+    x.add_argument("--out", required=True, metavar="BUNDLE", help="where to write the bundle")
+    x.add_argument("--request", action="append", default=[], metavar="ID")
+    x.add_argument("--run", action="append", default=[], metavar="RUN")
+    x.set_defaults(handler=run_export)
     f = acts.add_parser(
         "file",
         help="which processes loaded a file, in which targets and runs",
@@ -184,9 +213,61 @@ def run_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_verify(args: argparse.Namespace) -> int:
-    from verifier.server import ledger
+def run_export(args: argparse.Namespace) -> int:
+    from pathlib import Path
 
+    from verifier.audit.bundle import dump
+    from verifier.audit.keys import load_private_key
+    from verifier.server.export import export
+
+    key = load_private_key(Path(args.key))
+    db = _open(args.db)
+    try:
+        bundle = export(db, key, args.request, args.run)
+    except db.errors as e:
+        raise ConfigError(f"{db.name}: cannot read the database: {e}") from e
+    finally:
+        db.close()
+    out = Path(args.out)
+    tmp = out.with_name(out.name + ".tmp")
+    try:
+        tmp.write_bytes(dump(bundle))
+        tmp.replace(out)
+    except OSError as e:
+        raise ConfigError(f"{out}: cannot write the bundle: {e.strerror}") from e
+    print(
+        f"{out}: {len(bundle['statements'])} statement(s) over {len(bundle['entries'])} "
+        "ledger entries, checkpoint signed"
+        + (f", consistent with checkpoint size {bundle['consistency']['size']}"
+           if "consistency" in bundle else "")
+    )  # fmt: skip
+    return 0
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    if args.bundle is not None:
+        if args.db is not None:
+            raise UsageError("give either BUNDLE (offline) or --db (online), not both")
+        if args.key is None:
+            raise UsageError("an offline check needs the verifier's public key: --key KEY.pub")
+        from verifier.audit.verify_cli import run_offline_verify
+
+        return run_offline_verify(args.bundle, args.key, args.json)
+    if args.db is None:
+        raise UsageError("give --db (check the database online) or BUNDLE --key (offline)")
+    return _verify_online(args)
+
+
+def _verify_online(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from verifier.server import checkpoints, ledger
+
+    key = None
+    if args.key is not None:
+        from verifier.audit.keys import load_public_key
+
+        key = load_public_key(Path(args.key))
     db = _open(args.db)
     path = db.name
     try:
@@ -197,21 +278,25 @@ def run_verify(args: argparse.Namespace) -> int:
                 "opens it)"
             )
         result = ledger.verify(db)
+        held, cp_problem = checkpoints.check(db, key)
     except db.errors as e:
         raise ConfigError(f"{path}: cannot read the database: {e}") from e
     finally:
         db.close()
+    problem = result.problem or cp_problem
     if args.json:
         out = {
-            "ok": result.ok,
+            "ok": problem is None,
             "entries": result.entries,
             "head": result.head,
-            "problem": result.problem,
+            "problem": problem,
             "seq": result.seq,
+            "checkpoints": held,
         }
         print(json.dumps(out, indent=2))
-    elif result.ok:
-        print(f"{path}: ledger intact, {result.entries} entries, head {result.head}")
-    if not result.ok:
-        raise LedgerBroken(f"{path}: {result.problem} ({result.entries} entries verified)")
+    elif problem is None:
+        cps = f", {held} signed checkpoint(s) hold" if held else ""
+        print(f"{path}: ledger intact, {result.entries} entries, head {result.head}{cps}")
+    if problem is not None:
+        raise LedgerBroken(f"{path}: {problem} ({result.entries} entries verified)")
     return 0

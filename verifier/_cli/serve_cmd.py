@@ -37,6 +37,17 @@ def add_parser(sub: Any) -> None:
         help="register run NAME from the policy file POLICY before serving (repeatable); the "
         "same policy again is a no-op, another policy under an existing name refuses to start",
     )
+    p.add_argument(
+        "--signing-key",
+        type=Path,
+        metavar="KEY",
+        help="Ed25519 private key (verifier keygen): sign a checkpoint of the ledger every "
+        "--checkpoint-interval seconds when it grew, and at shutdown; `verifier audit verify "
+        "--db` then names any rewrite of the ledger behind a checkpoint",
+    )
+    p.add_argument(
+        "--checkpoint-interval", type=float, default=60.0, metavar="S", help="default 60"
+    )
     p.set_defaults(handler=run)
 
 
@@ -50,8 +61,17 @@ def _run_arg(value: str) -> tuple[str, Path]:
 def run(args: argparse.Namespace) -> int:
     from verifier.server.app import ServeConfig, VerifierServer
 
+    if args.checkpoint_interval <= 0:
+        from verifier.errors import UsageError
+
+        raise UsageError("--checkpoint-interval must be positive")
     config = ServeConfig(
-        normalize(args.listen), args.db, args.report_interval, runs=tuple(args.run)
+        normalize(args.listen),
+        args.db,
+        args.report_interval,
+        runs=tuple(args.run),
+        signing_key=args.signing_key,
+        checkpoint_interval_s=args.checkpoint_interval,
     )
     VerifierServer(config).serve_forever()
     return 0

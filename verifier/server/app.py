@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,8 @@ class ServeConfig:
     grace_s: float = 5.0
     workers: int = 8
     runs: tuple[tuple[str, Path], ...] = ()  # (name, policy file) registered at start
+    signing_key: Path | None = None  # Ed25519 private key: sign ledger checkpoints
+    checkpoint_interval_s: float = 60.0
 
 
 def register_at_start(store: Store, name: str, path: Path) -> None:
@@ -71,6 +74,15 @@ class VerifierServer:
         except ConfigError:
             self.store.close()
             raise
+        self._key = None
+        if config.signing_key is not None:
+            from verifier.audit.keys import load_private_key
+
+            try:
+                self._key = load_private_key(config.signing_key)
+            except ConfigError:
+                self.store.close()
+                raise
         self.service = VerifierService(self.store, config.report_interval_s)
         self.health = health.HealthServicer()
         opts = list(wire.GRPC_OPTIONS)
@@ -100,6 +112,7 @@ class VerifierServer:
         log.info("serving", listen=self.config.listen, port=self.port, db=db)
 
     def _keep_history(self) -> None:
+        next_checkpoint = 0.0
         while not self._stop.is_set():
             self.service.dirty.wait(timeout=1.0)  # also re-evaluates on time (STALE)
             self.service.dirty.clear()
@@ -107,7 +120,21 @@ class VerifierServer:
                 self.service.refresh_verdicts()
             except Exception as e:  # noqa: BLE001 - the keeper logs and keeps going
                 log.error("history_failed", error=f"{type(e).__name__}: {e}")
+            if self._key is not None and time.monotonic() >= next_checkpoint:
+                next_checkpoint = time.monotonic() + self.config.checkpoint_interval_s
+                self._checkpoint()
             self._stop.wait(HISTORY_PACE_S)
+
+    def _checkpoint(self) -> None:
+        if self._key is None:
+            return
+        try:
+            cp = self.store.sign_checkpoint(self._key)
+        except Exception as e:  # noqa: BLE001 - logged; the next interval tries again
+            log.error("checkpoint_failed", error=f"{type(e).__name__}: {e}")
+            return
+        if cp is not None:
+            log.info("checkpoint", size=cp.size, root=cp.root)
 
     def stop(self) -> None:
         self._stop.set()
@@ -117,6 +144,7 @@ class VerifierServer:
         self.service.dirty.set()  # wake the history keeper so it sees _stop and ends
         if self._keeper.is_alive():
             self._keeper.join(timeout=10)
+        self._checkpoint()  # the last word: what this verifier stored, signed
         self.store.close()
         log.info("stopped")
 

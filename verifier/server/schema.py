@@ -91,6 +91,7 @@ CREATE TABLE IF NOT EXISTS bindings (
     finished BIGINT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS bindings_by_internal ON bindings (internal_id);
+CREATE INDEX IF NOT EXISTS bindings_by_batch ON bindings (batch);
 CREATE INDEX IF NOT EXISTS bindings_by_manifest ON bindings (manifest_first);
 CREATE INDEX IF NOT EXISTS bindings_by_last_manifest ON bindings (manifest_last);
 CREATE TABLE IF NOT EXISTS request_ids (
@@ -105,6 +106,7 @@ CREATE TABLE IF NOT EXISTS request_ids (
 CREATE INDEX IF NOT EXISTS request_ids_by_external ON request_ids (external_id);
 CREATE INDEX IF NOT EXISTS request_ids_by_client ON request_ids (client_id);
 CREATE INDEX IF NOT EXISTS request_ids_by_internal ON request_ids (internal_id);
+CREATE INDEX IF NOT EXISTS request_ids_by_batch ON request_ids (batch);
 CREATE TABLE IF NOT EXISTS blobs (
     id {serial},
     sha256 TEXT NOT NULL UNIQUE

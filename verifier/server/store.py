@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from verifier.audit.keys import Ed25519PrivateKey
 from verifier.errors import ConfigError, UsageError
 from verifier.model import RequestId, RequestSpan
-from verifier.server import bindings, ledger, schema
+from verifier.server import bindings, checkpoints, ledger, schema
 from verifier.server.db import Database, open_database
 from verifier.server.index import (
     ProcessSeen,
@@ -91,6 +92,16 @@ class Store:
 
     def _reindex(self, db: Database) -> None:
         self.reindexed = rebuild(db)
+
+    def sign_checkpoint(self, key: Ed25519PrivateKey) -> checkpoints.Checkpoint | None:
+        """Sign and store the ledger's current tree head (None: nothing new to sign)."""
+        out: list[checkpoints.Checkpoint | None] = [None]
+
+        def sign(db: Database) -> None:
+            out[0] = checkpoints.sign(db, key)
+
+        self._tx([], sign)
+        return out[0]
 
     def verify_ledger(self) -> ledger.Verification:
         """Walk the audit ledger against the stored rows (see ``ledger.verify``)."""

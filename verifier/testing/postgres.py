@@ -62,9 +62,7 @@ class PostgresServer:
         self.dir = Path(tempfile.mkdtemp(prefix="pg-", dir=parent))
         prefix, uid, gid = self._as_owner()
         if uid is not None and gid is not None:
-            os.chown(self.dir, uid, gid)
-            if parent is not None:
-                os.chmod(parent, 0o755)
+            os.chown(self.dir, uid, gid)  # SCRATCH_PARENT must be traversable by postgres
         data = self.dir / "data"
         run = [*prefix]
         subprocess.run(
@@ -115,7 +113,7 @@ class PostgresServer:
             subprocess.run(
                 [*prefix, str(pg_bin() / "pg_ctl"), "-D", str(self.dir / "data"),
                  "-m", "immediate", "-w", "-t", "30", "stop"],
-                capture_output=True, timeout=60,
+                check=False, capture_output=True, timeout=60,
             )  # fmt: skip
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and (self.dir / "data" / "postmaster.pid").exists():

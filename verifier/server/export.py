@@ -1,0 +1,169 @@
+"""``verifier audit export``: a signed bundle (``verifier.audit.bundle``) of what the ledger
+says about some requests and runs, verifiable offline with the verifier's public key.
+
+For each request: the batch of bindings that holds its span (every row of the batch, so its
+ledger subject recomputes), the batch that mapped its external id, and the manifests in force,
+each with a runtime-evidence statement summarising what served it. For each run: its
+registration (the policy) and every recorded verdict as a gate decision. Always: a checkpoint
+over the whole ledger, signed now, with an inclusion proof for every exported entry, and a
+consistency proof from the latest checkpoint the verifier signed while serving, if any.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from verifier.audit import bundle as B
+from verifier.audit import statement as st
+from verifier.audit.dsse import b64encode
+from verifier.audit.keys import Ed25519PrivateKey
+from verifier.server import audit_queries, bindings, ledger
+from verifier.server.db import Database
+
+
+class _Export:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.attestations: list[B.Attestation] = []
+        self.seqs: set[int] = set()
+        self.done: set[tuple[str, str]] = set()
+
+    def entry(self, kind: str, ref: str) -> int | None:
+        row = self.db.execute(
+            "SELECT seq FROM ledger WHERE kind = ? AND ref = ?", (kind, ref)
+        ).fetchone()
+        return None if row is None else int(row[0])
+
+    def add(self, kind: str, ref: str, content: dict[str, Any], ptype: str, pred: Any) -> None:
+        if (kind, ref) in self.done:
+            return
+        seq = self.entry(kind, ref)
+        if seq is None:
+            raise audit_queries.NotFound(f"the {kind} {ref} has no ledger entry")
+        self.done.add((kind, ref))
+        self.seqs.add(seq)
+        self.attestations.append(B.Attestation(seq, content, ptype, pred))
+
+    def batch(self, ref: str, predicate: dict[str, Any]) -> None:
+        head = self.db.execute(
+            "SELECT target, received_unix FROM binding_batches WHERE ref = ?", (ref,)
+        ).fetchone()
+        if head is None:
+            raise audit_queries.NotFound(f"no stored batch of bindings {ref}")
+        agent_id, seq = json.loads(ref)
+        spans = self.db.execute(
+            f"SELECT {bindings.SPAN_COLUMNS} FROM bindings WHERE batch = ? ORDER BY rowid",  # noqa: S608
+            (ref,),
+        ).fetchall()
+        ids = self.db.execute(
+            f"SELECT {bindings.ID_COLUMNS} FROM request_ids WHERE batch = ? ORDER BY rowid",  # noqa: S608
+            (ref,),
+        ).fetchall()
+        content = B.content(
+            "bindings", agent_id=agent_id, seq=seq, target=head[0], received=float(head[1]),
+            spans_b64=b64encode(_lines(spans)), ids_b64=b64encode(_lines(ids)),
+        )  # fmt: skip
+        self.add("bindings", ref, content, st.RUNTIME_EVIDENCE, predicate)
+
+    def manifest(self, digest: str) -> None:
+        row = self.db.execute(
+            "SELECT files_json FROM manifests WHERE digest = ?", (digest,)
+        ).fetchone()
+        if row is None:
+            return  # between reports: never stored, nothing to prove
+        content = B.content("manifest", digest=digest, files_json=row[0])
+        pred = st.runtime_evidence(
+            target="", collected_unix=0.0, details={"manifest": digest, "files": None}
+        )
+        self.add("manifest", digest, content, st.RUNTIME_EVIDENCE, pred)
+
+    def request(self, query: str) -> None:
+        for s in audit_queries.find_request(self.db, query):
+            summary = {
+                "request": s.internal_id, "external_ids": s.external_ids, "runner": s.runner,
+                "manifests": s.manifests, "hooks": s.hooks, "steps": [s.first_step, s.last_step],
+                "scheduled_steps": s.steps, "tokens": s.tokens, "finished": s.finished,
+                "process": {"pid": s.pid, "start_ticks": s.start_ticks, "role": s.role,
+                            "rank": s.rank, "container_id": s.container_id},
+                "not_pristine": s.not_pristine, "runs": s.runs,
+            }  # fmt: skip
+            pred = st.runtime_evidence(target=s.target, collected_unix=s.last_unix, details=summary)
+            for (ref,) in self.db.execute(
+                "SELECT DISTINCT batch FROM bindings WHERE internal_id = ?", (s.internal_id,)
+            ).fetchall():
+                self.batch(str(ref), pred)
+            for (ref,) in self.db.execute(
+                "SELECT DISTINCT batch FROM request_ids WHERE internal_id = ?", (s.internal_id,)
+            ).fetchall():
+                self.batch(str(ref), pred)
+            for m in s.manifests:
+                self.manifest(m)
+
+    def run(self, name: str, verifier_id: str) -> None:
+        row = self.db.execute(
+            "SELECT name, policy_toml, policy_digest, source, created_unix FROM runs "
+            "WHERE name = ?",
+            (name,),
+        ).fetchone()
+        if row is None:
+            raise audit_queries.NotFound(f"no run named {name!r} in this database")
+        name, policy, digest, source, created = row
+        content = B.content(
+            "run", name=name, policy=policy, digest=digest, source=source, created=float(created)
+        )
+        pred = {"run": name, "policy_digest": digest, "source": source, "created_unix": created}
+        self.add("run", name, content, "https://verifier.dev/run-registration/v1", pred)
+        for at, verdict, detail in self.db.execute(
+            "SELECT at_unix, verdict, detail_json FROM verdicts WHERE run = ? ORDER BY rowid",
+            (name,),
+        ).fetchall():
+            ref = ledger.verdict_ref(name, at)
+            findings = json.loads(detail).get("run", [])
+            pred = st.gate_decision(
+                verifier_id=verifier_id, time_verified=float(at),
+                policy_digest=str(digest).removeprefix("sha256:"), run=name, result=verdict,
+                findings=[{"id": f} for f in findings],
+            )  # fmt: skip
+            content = B.content(
+                "verdict", run=name, at=float(at), verdict=verdict, detail_json=detail
+            )
+            self.add("verdict", ref, content, st.GATE_DECISION, pred)
+
+
+def _lines(rows: Sequence[Any]) -> bytes:
+    """The rows as ``bindings.rows_sha256`` digests them (one canonical JSON line each)."""
+    return b"".join(json.dumps(list(r), separators=(",", ":")).encode() + b"\n" for r in rows)
+
+
+def export(
+    db: Database,
+    key: Ed25519PrivateKey,
+    requests: Sequence[str] = (),
+    runs: Sequence[str] = (),
+    verifier_id: str | None = None,
+) -> dict[str, Any]:
+    """The bundle for REQUESTS and RUNS (both may be empty: then only the signed checkpoint)."""
+    from verifier.audit.keys import key_id
+
+    vid = verifier_id or key_id(key)
+    ex = _Export(db)
+    for r in requests:
+        ex.request(r)
+    for name in runs:
+        ex.run(name, vid)
+    tree = B.tree_from_db(db)
+    if tree.size == 0:
+        raise audit_queries.NotFound("the ledger is empty: nothing to export")
+    since = latest_checkpoint_size(db, tree.size)
+    entries = B.entries_from_db(db, {*ex.seqs, tree.size})
+    return B.build_bundle(
+        entries, tree, key, ex.attestations, at_unix=time.time(), verifier_id=vid, since=since
+    )
+
+
+def latest_checkpoint_size(db: Database, size: int) -> int | None:
+    row = db.execute("SELECT MAX(size) FROM checkpoints WHERE size <= ?", (size,)).fetchone()
+    return int(row[0]) if row is not None and row[0] is not None else None
