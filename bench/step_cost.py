@@ -1,5 +1,6 @@
 """Probe cost per engine step: the worker's execute_model with and without the probe's wrapper,
-and with N declared hooks firing in every step (N = 1, 10, 100).
+with N declared hooks firing in every step (N = 1, 10, 100), and with and without the
+request bindings (which requests each step served; ``_bindings``).
 
 The probe wraps the concrete worker class's ``execute_model`` (see verifier/probe/_vllm.py).
 This benchmark applies the same wrapper to a stand-in worker whose step does nothing (or
@@ -14,6 +15,7 @@ import functools
 import os
 import sys
 import tempfile
+import timeit
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,30 @@ class SchedulerOutput:
         self.scheduled_new_reqs: list[Any] = []
         self.scheduled_cached_reqs = Cached(list(self.num_scheduled_tokens))
         self.scheduled_spec_decode_tokens: dict[str, list[int]] = {}
+        self.finished_req_ids: set[str] = set()
+
+
+def churn(reqs: int, prompt: int, n: int) -> list[SchedulerOutput]:
+    """N steps of REQS requests where, every step, one request finishes and a new one
+    arrives with PROMPT prefill tokens (one open and one close per step for the bindings)."""
+    out = []
+    live = [f"c-{i}" for i in range(reqs - 1)]
+    for step in range(n):
+        new = f"c-{reqs - 1 + step}"
+        so = SchedulerOutput(tokens=0, reqs=0)
+        so.num_scheduled_tokens = {**dict.fromkeys(live, 1), new: prompt}
+        so.total_num_scheduled_tokens = len(live) + prompt
+        so.scheduled_new_reqs = [NewReq(new)]
+        so.scheduled_cached_reqs = Cached(list(live))
+        so.finished_req_ids = {live.pop(0)}
+        live.append(new)
+        out.append(so)
+    return out
+
+
+class NewReq:
+    def __init__(self, req_id: str) -> None:
+        self.req_id = req_id
 
 
 class Runner:
@@ -74,6 +100,65 @@ def plain(n: int) -> tuple[Any, ...]:
     return tuple(noop for _ in range(n))
 
 
+def _wrapped(worker: Any) -> Any:
+    from verifier.probe import _vllm
+
+    _vllm._wrap_worker_class(type(worker))
+    return worker
+
+
+def bindings_arms(bare: Any, probed: Any) -> dict[str, dict[str, float]]:
+    """The probed step with and without request bindings (``_vllm._bind_step`` switched
+    between timings, outside them), interleaved, beside the bare step: a steady decode of 8
+    requests, and a step where one of 8 requests finishes and a new one (16 prompt tokens)
+    starts. The bindings' per-request work (``_bindings.fold``, done by the probe's writer
+    thread) is timed apart, after each bindings timing, per step it folds."""
+    import itertools
+    import time
+
+    from _stats import summary
+
+    from verifier.probe import _bindings, _vllm
+
+    decode = SchedulerOutput(tokens=8, reqs=8)
+    steps = churn(8, 16, 4096)
+    nxt = itertools.cycle(steps).__next__
+    arms: dict[str, tuple[Any, Callable[[], object], str]] = {}
+    for what, fn_bare, fn_probed in (
+        (
+            "8 requests decode",
+            lambda: bare.execute_model(decode),
+            lambda: probed.execute_model(decode),
+        ),
+        (
+            "1 of 8 replaced per step",
+            lambda: bare.execute_model(nxt()),
+            lambda: probed.execute_model(nxt()),
+        ),
+    ):
+        fold_key = f"bindings fold per step, {what}"
+        arms[f"bare step, {what}"] = (None, fn_bare, "")
+        arms[f"probed step, {what}, no bindings"] = (None, fn_probed, "")
+        arms[f"probed step, {what}, bindings"] = (_bindings.step, fn_probed, fold_key)
+    results: dict[str, list[float]] = {k: [] for k in arms}
+    results.update({key: [] for _, _, key in arms.values() if key})
+    saved, saved_max = _vllm._bind_step, _bindings.LOG_MAX
+    _bindings.LOG_MAX = 1 << 40  # no fold inside the timed steps: it is timed apart
+    try:
+        for _ in range(ROUNDS):
+            for name, (bind, fn, fold_key) in arms.items():
+                _vllm._bind_step = bind
+                results[name].append(timeit.timeit(fn, number=N) / N * 1e9)
+                if fold_key:
+                    t0 = time.perf_counter_ns()
+                    _bindings.fold()
+                    _bindings.flush()
+                    results[fold_key].append((time.perf_counter_ns() - t0) / N)
+    finally:
+        _vllm._bind_step, _bindings.LOG_MAX = saved, saved_max
+    return {k: summary(v) for k, v in results.items()}
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         os.environ["VERIFIER_PROBE_DIR"] = d
@@ -81,6 +166,11 @@ def main() -> None:
         from verifier.probe import _vllm
 
         p.start("bench")
+        from verifier.probe import _hooks
+
+        for i in range(4):  # declared hooks: each new request notes their fire counts
+            _hooks.declare(f"declared_{i}", "", "api")
+        bindings = bindings_arms(make_worker(), _wrapped(make_worker()))
         bare = make_worker()
         probed = make_worker()
         _vllm._wrap_worker_class(type(probed))
@@ -109,10 +199,21 @@ def main() -> None:
         arms["plain call"] = plain_t.step
         arms["first-hit hooked call, after its hit"] = hit.step
         s = interleaved_ns(arms, ROUNDS, N)
+        s.update(bindings)
         print(f"probe cost per engine step: {ROUNDS} interleaved rounds x {N} steps, ns per step")
         print_rows(s)
         extra = s["probed step"]["median"] - s["bare step"]["median"]
         print(f"  probe overhead per productive step = {extra:.0f} ns (budget 2000 ns)")
+        for what in ("8 requests decode", "1 of 8 replaced per step"):
+            off = s[f"probed step, {what}, no bindings"]["median"]
+            on = s[f"probed step, {what}, bindings"]["median"]
+            fold = s[f"bindings fold per step, {what}"]["median"]
+            base = s[f"bare step, {what}"]["median"]
+            print(
+                f"  request bindings, {what}: +{on - off:.0f} ns in the step "
+                f"(probe overhead {off - base:.0f} ns without, {on - base:.0f} ns with: "
+                f"{(on - base) / (off - base):.2f}x), +{fold:.0f} ns per step in the writer thread"
+            )
         for n in (1, 10, 100):
             cost = (
                 s[f"probed step, {n} hooks fire"]["median"]

@@ -8,6 +8,37 @@ Each probed process owns one directory, ``<probe dir>/<pid>-<start ticks>/``, ho
 * ``journal.jsonl``: an append-only log of JSON records (one per line): process start,
   every file the import system read with its hash, hook declarations and state changes,
   role, live runner, probe errors. A reader tolerates a partial last line.
+* ``bindings.jsonl``: an append-only log of request bindings (one JSON object per line,
+  written in batches; a reader tolerates a partial last line; records are in close order, and
+  two batches may land out of order). Written by ``_bindings``; read by
+  ``verifier.evidence.bindings_reader``. Two kinds:
+
+  - in the process that runs engine steps, one per request, when it finished (or, at process
+    exit, when still open)::
+
+        {"k":"req","id":INTERNAL,"s0":int,"s1":int,"n":int,"tok":int,"t0":ns,"t1":ns,
+         "f0":int,"f1":int,"hooks":{"name":fires,...},"end":"finished"|"open"}
+
+    ``id``: the engine's internal request id; ``s0``/``s1``: the process's ``steps_total``
+    at the first and the last step that scheduled it; ``n``: steps that scheduled it;
+    ``tok``: tokens scheduled for it over those steps; ``t0``/``t1``: unix ns of the first
+    and last of them; ``f0``/``f1``: file records in ``journal.jsonl`` when they ran (the
+    first F file records of the journal are the manifest in force: ``S_FILES_RECORDED``);
+    ``hooks``: per declared hook, fires in this process from the request's first step to
+    its close (all fires of the process in that window, shared with whatever else ran in
+    it; a hook declared later counts from zero); ``end``: ``finished`` (the id came back in
+    ``finished_req_ids``: completed, stopped or aborted) or ``open`` (the process exited
+    first).
+  - in the API server, one per engine request it submits::
+
+        {"k":"ext","id":INTERNAL,"ext":EXTERNAL,"t":ns[,"xrid":X_REQUEST_ID]}
+
+    ``ext``: vLLM's external request id (``cmpl-<X-Request-Id>-<prompt index>`` for
+    completions, ``chatcmpl-<X-Request-Id>`` for chat; a generated id replaces the header
+    when there is none); ``id``: the internal id the engine and the worker see
+    (``<ext>-<8 random chars>``, or ``<child index>_<ext>-<8 random chars>`` for each child
+    of an ``n > 1`` request); ``xrid``: the client's raw ``X-Request-Id`` header, when the
+    request came through an OpenAI serving class that read it.
 
 The pid in the name is the pid in the probe's own PID namespace; the start time (clock ticks
 since boot, field 22 of ``/proc/<pid>/stat``) disambiguates pid reuse.
@@ -21,10 +52,12 @@ ENV_PROBE_DIR = "VERIFIER_PROBE_DIR"
 ENV_HOOKS = "VERIFIER_HOOKS"
 ENV_PROBE_DISABLE = "VERIFIER_PROBE_DISABLE"
 ENV_EARLY = "VERIFIER_PROBE_EARLY"
+ENV_BINDINGS = "VERIFIER_PROBE_BINDINGS"  # "0": record no request bindings
 DEFAULT_PROBE_DIR = "/dev/shm/verifier-probe"  # noqa: S108 - shared memory is the point
 
 COUNTERS_FILE = "counters"
 JOURNAL_FILE = "journal.jsonl"
+BINDINGS_FILE = "bindings.jsonl"
 
 MAGIC = 0x5646595052424531  # "VFYPRBE1"
 LAYOUT_VERSION = 2
@@ -56,6 +89,10 @@ S_TOKENS_DECODE = 21
 S_STEPS_DUMMY = 22  # execute_model calls for warm-up or padding (dummy_run): not steps
 S_CURRENT_PHASE = 23  # bits of the latest step (until the next): PHASE_*
 S_IN_STEP = 24  # 1 while the process is inside execute_model or sample_tokens
+S_FILES_RECORDED = 25  # "file" records written to journal.jsonl so far (any process)
+S_BIND_OPEN = 26  # requests open in the bindings table (see bindings.jsonl)
+S_BIND_OVERFLOW = 27  # new requests not tracked because MAX_OPEN were open (one per step)
+S_BIND_WRITTEN = 28  # records written to bindings.jsonl
 PHASE_PREFILL = 1
 PHASE_DECODE = 2
 PHASE_PRODUCTIVE = 4  # the latest step scheduled tokens

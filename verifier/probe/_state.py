@@ -47,6 +47,7 @@ class ProbeState:
         self.start_ticks = _self_start_ticks()
         self.mode = mode
         self.lock = threading.Lock()
+        self._files_lock = threading.Lock()
         self.hook_names: dict[str, int] = {}
         self.declared: list[tuple[str, str, str]] = []
         self.replay: list[dict[str, Any]] = []  # records a forked child inherits
@@ -102,7 +103,15 @@ class ProbeState:
             return
         record.setdefault("t", time.time())
         try:
-            os.write(self._fd, (json.dumps(record, separators=(",", ":")) + "\n").encode())
+            line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
+            if record.get("k") != "file":
+                os.write(self._fd, line)
+                return
+            # S_FILES_RECORDED is the number of file records in the journal, in journal
+            # order: written and counted under one lock (imports and the sweeper both emit).
+            with self._files_lock:
+                os.write(self._fd, line)
+                self.counters[L.S_FILES_RECORDED] += 1
         except (OSError, TypeError, ValueError):
             self.errors += 1
 

@@ -8,7 +8,10 @@ Everything is installed through post-import watches, so nothing here imports vLL
   runner is live; V1 warm-up does not go through it, V2's ``dummy_run=True`` calls are counted
   apart) to count steps by phase (prefill and decode tokens), its ``sample_tokens`` so that
   hook fires there count in the step, and ``init_device``/``load_model`` to record the live
-  runner object and the graph/compile mode once they exist.
+  runner object and the graph/compile mode once they exist. Each counted step also notes
+  which requests it served (``_bindings.step``).
+* ``vllm.v1.engine.output_processor`` and ``vllm.entrypoints.serve.engine.serving``: the API
+  server's external request id for each internal one (``_bindings``).
 
 The live runner is reported as the object the worker holds (``type(worker.model_runner)``),
 not as whatever runner module happens to be imported, with the file that defines its
@@ -19,12 +22,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-from verifier.probe import _core, _device, _postimport
+from verifier.probe import _bindings, _core, _device, _postimport
 from verifier.probe import _layout as L
 
 STEP_METHODS = ("execute_model", "sample_tokens")
@@ -134,6 +138,10 @@ def split_tokens(so: Any, total: int) -> tuple[int, int]:
     return prefill, decode
 
 
+# Request bindings per step (None: off, VERIFIER_PROBE_BINDINGS=0; the benchmark toggles it).
+_bind_step: Callable[[Any, int, int], None] | None = _bindings.step
+
+
 def _count_step(
     so: Any,
     _time_ns: Callable[[], int] = time.time_ns,
@@ -175,6 +183,9 @@ def _count_step(
     if total == 1:
         c[L.S_FIRST_STEP_UNIX_NS] = now
     c[_last] = now
+    bind = _bind_step
+    if bind is not None:
+        bind(so, total, now)
 
 
 def _wrap_worker_class(cls: type) -> None:
@@ -284,6 +295,8 @@ def _worker_initialised(worker: Any) -> None:
     rank, local_rank = getattr(worker, "rank", None), getattr(worker, "local_rank", None)
     set_role("worker", rank=rank, local_rank=local_rank)
     _wrap_worker_class(type(worker))
+    if _bind_step is not None:
+        _bindings.start()
 
 
 def _on_worker_base(module: Any) -> None:
@@ -321,10 +334,19 @@ _installed = False
 
 def install() -> None:
     """Arm the vLLM watches and note the process's role where already known (idempotent)."""
-    global _installed
+    global _installed, _bind_step
     _role_from_process()
     if _installed:
         return
     _installed = True
     _postimport.when_imported("vllm.v1.worker.worker_base", _on_worker_base)
     _postimport.when_imported("vllm.v1.engine.core", _on_engine_core)
+    if not bindings_enabled():
+        _bind_step = None
+        return
+    _postimport.when_imported("vllm.v1.engine.output_processor", _bindings.on_output_processor)
+    _postimport.when_imported("vllm.entrypoints.serve.engine.serving", _bindings.on_serving)
+
+
+def bindings_enabled() -> bool:
+    return os.environ.get(L.ENV_BINDINGS, "") != "0"

@@ -137,8 +137,15 @@ class VllmServer:
         except OSError:
             return "(no log)"
 
-    def complete(self, prompt: str, max_tokens: int = 8, **extra: Any) -> dict[str, Any]:
-        """One greedy /v1/completions request; returns the decoded JSON body."""
+    def complete(
+        self,
+        prompt: str,
+        max_tokens: int = 8,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> dict[str, Any]:
+        """One greedy /v1/completions request (HEADERS added to it, e.g. ``X-Request-Id``);
+        returns the decoded JSON body."""
         body = {
             "model": str(self.model),
             "prompt": prompt,
@@ -150,7 +157,7 @@ class VllmServer:
         req = urllib.request.Request(  # noqa: S310 - our own http URL
             self.base_url + "/v1/completions",
             data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **(headers or {})},
         )
         with urllib.request.urlopen(req, timeout=120) as r:  # noqa: S310 - our own http URL
             out: dict[str, Any] = json.loads(r.read())

@@ -1,0 +1,392 @@
+"""Request bindings: which engine steps served which request, and which external id is which
+internal one. Both go to the process's ``bindings.jsonl`` (format in ``_layout``).
+
+* In the process that runs engine steps, ``step()`` (called from ``_vllm._count_step``) keeps
+  one open entry per internal request id seen in ``scheduler_output.num_scheduled_tokens``
+  and closes it when the id shows up in ``scheduler_output.finished_req_ids`` (ids finished
+  since the previous step; vLLM schedules a step, empty if need be, to announce them). A
+  closed entry becomes one ``"req"`` record.
+* In the API server, ``OutputProcessor.add_request`` is wrapped at class level: it sees each
+  engine request with its internal id (``request.request_id``, e.g.
+  ``cmpl-<X-Request-Id>-0-<8 random chars>``; a child of an ``n > 1`` request gets
+  ``<index>_`` in front) and the external id (``request.external_req_id``, e.g.
+  ``cmpl-<X-Request-Id>-0``). One ``"ext"`` record per internal id. The client's raw
+  ``X-Request-Id`` is added as ``"xrid"`` when the request came through an OpenAI serving
+  class that read it (``BaseServing._base_request_id`` is wrapped to note it in a context
+  variable, which the engine request's task inherits).
+
+Cost per step: ``step()`` only appends references to the step's ``num_scheduled_tokens`` and
+``finished_req_ids`` to a log (and reads the hook counters in a step that admits or finishes
+requests); ``fold()`` does the per-request work in the writer thread, off the step (on a GPU
+worker, while the step thread waits on the device without the GIL), or in the step when
+``LOG_MAX`` steps are waiting (the writer fell behind).
+
+Records are buffered and written in batches, one ``os.write`` each, by the writer thread
+every ``FLUSH_INTERVAL_S``, from the step when ``BATCH`` records are waiting after a fold there
+(never blocking: if the writer holds a lock, the step leaves the work to it), and at exit
+(``atexit`` and multiprocessing's finalizers, which are what runs in a vLLM worker), when the
+requests still open are written with ``"end": "open"``. Nothing here raises into vLLM.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextvars
+import functools
+import json
+import os
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from verifier.probe import _core
+from verifier.probe import _layout as L
+
+MAX_OPEN = 100_000  # open requests tracked at once; beyond that, S_BIND_OVERFLOW counts
+LOG_MAX = 1024  # steps logged before the step itself folds them in
+BATCH = 256  # records waiting before the step itself writes them
+FLUSH_INTERVAL_S = 0.5
+
+# Steps not folded into the table yet: (step, unix ns, files, num_scheduled_tokens,
+# finished_req_ids, hook snapshot or None). Bound as a default argument of step().
+_log: deque[tuple[int, int, int, Any, Any, Any]] = deque()
+# Open requests by internal id: [s0, s1, n, tok, t0, t1, f0, f1, hook snapshot at s0].
+_open: dict[str, list[Any]] = {}
+_hooks: list[Any] = [(), ()]  # hook names, their slot bases (declaration order)
+_last_snap: list[Any] = [None]  # the latest hook snapshot folded (fallback for a new id)
+# Records waiting to be written: ("req", ...) tuples or ready "ext" dicts.
+_buf: deque[Any] = deque()
+_fold_lock = threading.Lock()
+_flush_lock = threading.Lock()
+_fd = -1
+_fd_pid = 0
+_writer_pid = 0
+_atexit_done = False
+_overflow_reported = False
+_xrid: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "verifier_probe_xrid", default=None
+)
+
+
+def _hook_bases() -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """Names and slot bases of the hooks declared in this process (declaration order),
+    cached while none is added."""
+    st = _core.STATE
+    names = st.hook_names if st is not None else {}
+    if len(names) != len(_hooks[0]):
+        _hooks[:] = [tuple(names), tuple(names.values())]
+    return _hooks[0], _hooks[1]
+
+
+def snapshot() -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """Every declared hook's name and fire count now."""
+    names, bases = _hook_bases()
+    return names, tuple(map(_core.COUNTERS.__getitem__, bases))
+
+
+def step(
+    so: Any,
+    total: int,
+    now: int,
+    _log: deque[tuple[int, int, int, Any, Any, Any]] = _log,
+    _files: int = L.S_FILES_RECORDED,
+    _snapshot: Callable[[], Any] = snapshot,
+) -> None:
+    """Log which requests step TOTAL (taken at NOW, unix ns) scheduled and which finished
+    since the previous step. Runs on every step, so it only logs references (vLLM builds a
+    new ``num_scheduled_tokens`` dict and hands over its ``finished_req_ids`` set each step,
+    and nothing changes them afterwards); the hook counters are read only in a step that
+    admits or finishes requests. ``fold()`` does the per-request work, off the step, in the
+    writer thread. Never raises."""
+    try:
+        nst = so.num_scheduled_tokens
+        fin = so.finished_req_ids
+        if nst or fin:
+            snap = None
+            if fin or getattr(so, "scheduled_new_reqs", True):
+                snap = _snapshot()
+            _log.append((total, now, _core.COUNTERS[_files], nst, fin, snap))
+            if len(_log) > LOG_MAX:
+                fold(block=False)
+    except Exception as e:  # noqa: BLE001 - a probe never raises into a step
+        _core.report_error("bindings", f"{type(e).__name__}: {e}")
+
+
+def fold(block: bool = True) -> None:
+    """Fold the logged steps into the table of open requests, closing the finished ones
+    into records. Consecutive steps that scheduled the same tokens to the same requests (a
+    steady decode) are applied as one run. BLOCK=False (the step): give up at once when
+    another thread folds."""
+    if not _fold_lock.acquire(blocking=block):
+        return
+    try:
+        _start_writer()
+        run: Any = None  # num_scheduled_tokens of the run, its first step and its length
+        first: Any = None
+        length = 0
+        last: Any = None
+        while _log:
+            step, now, files, nst, fin, snap = _log.popleft()
+            if snap is not None:
+                _last_snap[0] = snap
+            if run is not None and nst == run:
+                length += 1
+                last = (step, now, files)
+            else:
+                if run:
+                    _apply(run, first, length, last)
+                run, length = nst, 1
+                first = last = (step, now, files, _last_snap[0])
+            if fin:
+                if run:
+                    _apply(run, first, length, last)
+                run = None
+                _close(fin, "finished", snap or _last_snap[0])
+        if run:
+            _apply(run, first, length, last)
+        _core.COUNTERS[L.S_BIND_OPEN] = len(_open)
+    except Exception as e:  # noqa: BLE001 - a probe never raises into vLLM
+        _core.report_error("bindings", f"fold: {type(e).__name__}: {e}")
+    finally:
+        _fold_lock.release()
+    if len(_buf) >= BATCH:
+        flush(block=block)
+
+
+def _apply(nst: dict[str, int], first: Any, length: int, last: Any) -> None:
+    """LENGTH steps, from FIRST (step, ns, files, hook snapshot) to LAST (step, ns, files),
+    each scheduled the tokens of NST."""
+    global _overflow_reported
+    table = _open
+    s1, t1, f1 = last[:3]
+    for rid, k in nst.items():
+        e = table.get(rid)
+        if e is not None:
+            e[1] = s1
+            e[2] += length
+            e[3] += k * length
+            e[5] = t1
+            e[7] = f1
+        elif len(table) < MAX_OPEN:
+            s0, t0, f0, snap = first
+            table[rid] = [s0, s1, length, k * length, t0, t1, f0, f1, snap]
+        else:
+            _core.COUNTERS[L.S_BIND_OVERFLOW] += 1
+            if not _overflow_reported:
+                _overflow_reported = True
+                _core.report_error("bindings", f"more than {MAX_OPEN} open requests")
+
+
+def _close(ids: Iterable[str], end: str, snap: Any) -> None:
+    """Close the open entries of IDS into records waiting to be written."""
+    for rid in ids:
+        e = _open.pop(rid, None)
+        if e is not None:  # else never scheduled here, or not tracked (overflow)
+            _buf.append(("req", rid, e, snap, end))
+
+
+def _record(item: Any) -> dict[str, Any]:
+    if isinstance(item, dict):
+        return item
+    _, rid, e, snap, end = item
+    s0, s1, n, tok, t0, t1, f0, f1, snap0 = e
+    names, fires = snap if snap is not None else ((), ())
+    fires0 = snap0[1] if snap0 is not None else ()
+    hooks = {name: fires[i] - (fires0[i] if i < len(fires0) else 0) for i, name in enumerate(names)}
+    return {
+        "k": "req",
+        "id": rid,
+        "s0": s0,
+        "s1": s1,
+        "n": n,
+        "tok": tok,
+        "t0": t0,
+        "t1": t1,
+        "f0": f0,
+        "f1": f1,
+        "hooks": hooks,
+        "end": end,
+    }
+
+
+def _open_fd() -> int:
+    global _fd, _fd_pid
+    pid = os.getpid()
+    if _fd_pid == pid and _fd >= 0:
+        return _fd
+    st = _core.state()
+    _fd = os.open(
+        os.path.join(st.dir, L.BINDINGS_FILE),
+        os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
+        0o644,
+    )
+    _fd_pid = pid
+    return _fd
+
+
+def flush(block: bool = True) -> int:
+    """Write every waiting record in one ``os.write``; returns how many. BLOCK=False (the
+    step): give up at once when another thread is writing."""
+    if not _flush_lock.acquire(blocking=block):
+        return 0
+    try:
+        items = []
+        while _buf:
+            items.append(_buf.popleft())  # only this lock's holder takes from the buffer
+        if not items:
+            return 0
+        data = "".join(json.dumps(_record(i), separators=(",", ":")) + "\n" for i in items).encode()
+        fd = _open_fd()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        _core.COUNTERS[L.S_BIND_WRITTEN] += len(items)
+        return len(items)
+    except Exception as e:  # noqa: BLE001 - a probe never raises into vLLM
+        _core.report_error("bindings", f"write: {type(e).__name__}: {e}")
+        return 0
+    finally:
+        _flush_lock.release()
+
+
+def _writer_loop() -> None:
+    while True:
+        time.sleep(FLUSH_INTERVAL_S)
+        if _log:
+            fold()
+        if _buf:
+            flush()
+
+
+def start() -> None:
+    """Start this process's writer thread (idempotent per pid). Never raises."""
+    try:
+        _start_writer()
+    except Exception as e:  # noqa: BLE001 - a probe never raises into vLLM
+        _core.report_error("bindings", f"start: {type(e).__name__}: {e}")
+
+
+def _start_writer() -> None:
+    """Start this process's writer thread and exit flush (once per pid; ``_vllm`` calls it
+    when a worker is initialised, ``ext()`` and ``fold()`` call it too)."""
+    global _writer_pid, _atexit_done
+    pid = os.getpid()
+    if _writer_pid == pid:
+        return
+    _writer_pid = pid
+    if not _atexit_done:
+        _atexit_done = True
+        atexit.register(at_exit)
+    mp_util = sys.modules.get("multiprocessing.util")
+    if mp_util is not None:
+        # A multiprocessing child (a vLLM worker) leaves through os._exit: atexit never runs
+        # there, its finalizers do.
+        try:
+            mp_util.Finalize(None, at_exit, exitpriority=100)
+        except Exception as e:  # noqa: BLE001
+            _core.report_error("bindings", f"finalizer: {type(e).__name__}: {e}")
+    threading.Thread(target=_writer_loop, name="verifier-probe-bindings", daemon=True).start()
+
+
+def at_exit() -> None:
+    """Close the requests still open as ``"end": "open"`` and write everything (idempotent)."""
+    if _writer_pid != os.getpid():
+        return
+    try:
+        fold()
+        with _fold_lock:
+            if _open:
+                _close(list(_open), "open", snapshot())
+        flush()
+    except Exception as e:  # noqa: BLE001
+        _core.report_error("bindings", f"exit: {type(e).__name__}: {e}")
+
+
+def _after_fork() -> None:
+    """A forked child has none of its parent's requests (nor its writer thread, nor, should
+    that thread have held them at the fork, free locks)."""
+    global _flush_lock, _fold_lock
+    _flush_lock = threading.Lock()
+    _fold_lock = threading.Lock()
+    _log.clear()
+    _open.clear()
+    _hooks[:] = [(), ()]
+    _last_snap[0] = None
+    _buf.clear()
+
+
+# --- API server: external id -> internal id ------------------------------------------------
+
+
+def ext(internal: Any, external: Any) -> None:
+    """Buffer one external-id record (the API server)."""
+    rec: dict[str, Any] = {"k": "ext", "id": internal, "ext": external, "t": time.time_ns()}
+    xrid = _xrid.get()
+    if xrid is not None:
+        rec["xrid"] = xrid
+    _buf.append(rec)
+    _start_writer()
+    if len(_buf) >= BATCH:
+        flush(block=False)
+
+
+def _wrap_add_request(cls: type) -> None:
+    orig = cls.__dict__.get("add_request")
+    if orig is None or getattr(orig, "__verifier_probe__", False):
+        return
+
+    def add_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        new = None
+        try:
+            rid = request.request_id
+            states = getattr(self, "request_states", None)
+            if states is None or rid not in states:  # a repeat is a streaming update
+                new = rid, getattr(request, "external_req_id", None)
+        except Exception as e:  # noqa: BLE001 - a probe never raises into vLLM
+            _core.report_error("bindings", f"add_request: {type(e).__name__}: {e}")
+        result = orig(self, request, *args, **kwargs)
+        if new is not None:
+            try:
+                ext(*new)
+            except Exception as e:  # noqa: BLE001
+                _core.report_error("bindings", f"add_request: {type(e).__name__}: {e}")
+        return result
+
+    functools.update_wrapper(add_request, orig)
+    add_request.__verifier_probe__ = True  # type: ignore[attr-defined]
+    cls.add_request = add_request  # type: ignore[attr-defined]
+
+
+def _wrap_base_request_id(cls: type) -> None:
+    raw = cls.__dict__.get("_base_request_id")
+    if not isinstance(raw, staticmethod):
+        return
+    orig = raw.__func__
+    if getattr(orig, "__verifier_probe__", False):
+        return
+
+    def _base_request_id(raw_request: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            headers = getattr(raw_request, "headers", None)
+            _xrid.set(None if headers is None else headers.get("X-Request-Id"))
+        except Exception as e:  # noqa: BLE001 - a probe never raises into vLLM
+            _core.report_error("bindings", f"X-Request-Id: {type(e).__name__}: {e}")
+        return orig(raw_request, *args, **kwargs)
+
+    functools.update_wrapper(_base_request_id, orig)
+    _base_request_id.__verifier_probe__ = True  # type: ignore[attr-defined]
+    cls._base_request_id = staticmethod(_base_request_id)  # type: ignore[attr-defined]
+
+
+def on_output_processor(module: Any) -> None:
+    _wrap_add_request(module.OutputProcessor)
+
+
+def on_serving(module: Any) -> None:
+    _wrap_base_request_id(module.BaseServing)
+
+
+_core.on_fork(_after_fork)
