@@ -162,6 +162,75 @@ def test_audit_names_the_processes_that_loaded_the_runner_file_and_the_ledger_ho
     assert ok.returncode == 0 and json.loads(ok.stdout)["ok"], ok.stdout + ok.stderr
 
 
+def test_audit_request_names_what_served_each_chosen_request_id_and_exports_verify(
+    address: tuple[str, Path, Daemon], agent: Daemon, vllm_server: VllmServer, tmp_path: Path
+) -> None:
+    """Requests sent with chosen X-Request-Ids: `verifier audit request` names the runner,
+    manifest digest and hook counts that served each (bindings from the probe, through the
+    agent, into the ledger); an export of them verifies offline; a tampered export and a
+    tampered ledger are rejected."""
+    _, d, _ = address
+    db = str(d / "db.sqlite3")
+    ids = [f"audit-{i}-{time.time_ns()}" for i in range(3)]
+    for rid in ids:
+        vllm_server.complete("which bytes served me", max_tokens=6, headers={"X-Request-Id": rid})
+    worker = next(p for p in inspect_json(vllm_server.pid, tree=True) if p["role"] == "worker")
+    found: dict[str, list[dict[str, object]]] = {}
+    deadline = time.monotonic() + 30
+    while len(found) < len(ids):
+        for rid in ids:
+            out = verifier_cli("audit", "request", rid, "--db", db, "--json")
+            if out.returncode == 0:
+                found[rid] = json.loads(out.stdout)
+            else:
+                assert out.returncode == 6, out.stderr
+        assert time.monotonic() < deadline, (found, (d / "agent.log").read_text()[-3000:])
+        time.sleep(0.5)
+    for rid in ids:
+        (served,) = found[rid]
+        assert served["external_ids"] == [f"cmpl-{rid}-0"], served
+        assert served["pid"] == worker["pid"] and served["role"] == "worker"
+        assert served["runner"] == "vllm.v1.worker.cpu_model_runner.CPUModelRunner"
+        assert served["manifests"][-1] == worker["manifest"]["digest"], served
+        assert served["manifests_stored"][-1] is True
+        # 6 tokens: one prefill step and 5 decode steps, the live hook fired on each.
+        assert served["steps"] == 6 and served["finished"], served
+        assert served["hooks"]["v1_step"] >= served["steps"], served  # the live runner's step
+        assert served["hooks"]["v2_step"] == 0, served  # the runner that is not live
+        assert {r["run"] for r in served["runs"]} >= {"live"}  # type: ignore[union-attr]
+    text = verifier_cli("audit", "request", ids[0], "--db", db)
+    assert "CPUModelRunner" in text.stdout and worker["manifest"]["digest"] in text.stdout
+    missing = verifier_cli("audit", "request", "never-sent", "--db", db)
+    assert missing.returncode == 6, missing.stderr
+
+    assert verifier_cli("keygen", "--out", str(tmp_path / "v.key")).returncode == 0
+    bundle = tmp_path / "audit.json"
+    out = verifier_cli("audit", "export", "--db", db, "--key", str(tmp_path / "v.key"),
+                       "--out", str(bundle), "--request", ids[0], "--run", "live")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    pub = str(tmp_path / "v.key.pub")
+    out = verifier_cli("audit", "verify", str(bundle), "--key", pub)
+    assert out.returncode == 0 and "bundle verifies" in out.stdout, out.stdout + out.stderr
+    tampered = json.loads(bundle.read_text())
+    tampered["entries"][0]["subject"] = "0" * 64
+    (tmp_path / "bad.json").write_text(json.dumps(tampered))
+    out = verifier_cli("audit", "verify", str(tmp_path / "bad.json"), "--key", pub)
+    assert out.returncode == 7, out.stdout + out.stderr
+
+    # The live database, edited behind the verifier's back: a binding's step count.
+    with closing(sqlite3.connect(db)) as conn:
+        conn.execute("UPDATE bindings SET steps = steps + 1 WHERE internal_id LIKE ?",
+                     (f"cmpl-{ids[1]}-0-%",))  # fmt: skip
+        conn.commit()
+    out = verifier_cli("audit", "verify", "--db", db)
+    assert out.returncode == 1 and "the stored bindings was changed" in out.stderr, out.stderr
+    with closing(sqlite3.connect(db)) as conn:  # put it back: later tests verify this ledger
+        conn.execute("UPDATE bindings SET steps = steps - 1 WHERE internal_id LIKE ?",
+                     (f"cmpl-{ids[1]}-0-%",))  # fmt: skip
+        conn.commit()
+    assert verifier_cli("audit", "verify", "--db", db).returncode == 0
+
+
 def test_dead_hook_on_the_runner_that_is_not_live_fails_with_its_finding(
     address: tuple[str, Path, Daemon], agent: Daemon
 ) -> None:

@@ -23,6 +23,7 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from verifier import wire
+from verifier.agent.bindings import Bindings
 from verifier.agent.collect import discover, report_with_judgement, still_running
 from verifier.agent.containers import ContainerDirectory, container_of
 from verifier.agent.spool import Spool
@@ -69,6 +70,8 @@ class Agent:
         self._checked: dict[tuple[int, int], tuple[str | None, float, Judgement]] = {}
         self._indexes: dict[tuple[int, int], DistIndex] = {}  # RECORDs parsed once per process
         self.witnesses = Witnesses()  # py-spy stack samples of step-running processes
+        # Request bindings the probes appended since the last report (offsets kept by the spool)
+        self.bindings = Bindings(config.spool_dir / "bindings-offsets.json")
         self.spool = Spool(config.spool_dir, config.spool_max_bytes)
         counter = self.spool.load_counter()
         # A fresh spool cannot know what this agent id already delivered: its first Hello
@@ -97,6 +100,7 @@ class Agent:
         refused: list[str] = []
         found = discover(self.procfs, self.config.root_pid, self.journals, refused)
         procs = [p for p in map(self._report, found) if p is not None]
+        spans, request_ids = self.bindings.collect(found, self.journals)
         # one process per container is enough to describe it (its ref: runtime, source)
         one_each = {p.container_id: p.key.pid for p in procs if p.container_id}
         refs = [r for r in (container_of(self.procfs, pid) for pid in one_each.values()) if r]
@@ -133,6 +137,8 @@ class Agent:
             collected_unix=began,
             containers=self.containers.describe(refs),
             unobservable=unobservable,
+            spans=spans,
+            request_ids=request_ids,
         )
 
     def _nothing_visible(self) -> str:
@@ -267,6 +273,7 @@ class Agent:
     def step(self) -> None:
         report = self.collect()
         self.spool.put(report.seq, wire.report_to_bytes(report))
+        self.bindings.save()  # its bindings are in the spool now
         if self.spool.dropped:
             log.warning(
                 "spool_dropped", dropped=self.spool.dropped, max_bytes=self.config.spool_max_bytes
