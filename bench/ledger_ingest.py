@@ -23,7 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _stats import print_rows, summary
 
-from verifier.server.store import SCHEMA, Store, StoredReport
+from verifier.server.schema import SQLITE as SCHEMA
+from verifier.server.store import Store, StoredReport
 
 N = 2000
 ROUNDS = 7
@@ -49,7 +50,9 @@ def raw_arm(path: Path) -> float:
     for i in range(N):
         db.execute("BEGIN IMMEDIATE")
         db.execute(
-            "INSERT INTO reports VALUES (?, ?, ?, ?, ?)", ("agent", i + 1, "t", time.time(), BODY)
+            "INSERT INTO reports (agent_id, seq, target, received_unix, report) "
+            "VALUES (?, ?, ?, ?, ?)",
+            ("agent", i + 1, "t", time.time(), BODY),
         )
         db.execute("COMMIT")
     dt = time.perf_counter() - t0

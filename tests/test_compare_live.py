@@ -32,10 +32,11 @@ def sample_under_load(server: VllmServer, n: int, out: Path, label: str) -> None
     for t in threads:
         t.start()
     try:
+        # The load keeps both cores busy: the CLI starts slowly beside it.
         res = verifier_cli(
             "sample", "--pid", str(server.pid), "--seconds", SECONDS, "--out", str(out),
             "--label", label, timeout=300,
-        )  # fmt: skip  (the load keeps both cores busy: the CLI starts slowly beside it)
+        )  # fmt: skip
         assert res.returncode == 0, res.stderr
     finally:
         stop.set()

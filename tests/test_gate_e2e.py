@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -175,7 +176,7 @@ def test_audit_request_names_what_served_each_chosen_request_id_and_exports_veri
     for rid in ids:
         vllm_server.complete("which bytes served me", max_tokens=6, headers={"X-Request-Id": rid})
     worker = next(p for p in inspect_json(vllm_server.pid, tree=True) if p["role"] == "worker")
-    found: dict[str, list[dict[str, object]]] = {}
+    found: dict[str, list[dict[str, Any]]] = {}
     deadline = time.monotonic() + 30
     while len(found) < len(ids):
         for rid in ids:
@@ -197,7 +198,7 @@ def test_audit_request_names_what_served_each_chosen_request_id_and_exports_veri
         assert served["steps"] == 6 and served["finished"], served
         assert served["hooks"]["v1_step"] >= served["steps"], served  # the live runner's step
         assert served["hooks"]["v2_step"] == 0, served  # the runner that is not live
-        assert {r["run"] for r in served["runs"]} >= {"live"}  # type: ignore[union-attr]
+        assert {r["run"] for r in served["runs"]} >= {"live"}
     text = verifier_cli("audit", "request", ids[0], "--db", db)
     assert "CPUModelRunner" in text.stdout and worker["manifest"]["digest"] in text.stdout
     missing = verifier_cli("audit", "request", "never-sent", "--db", db)

@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -80,7 +81,7 @@ def stack(
 
 def ask(server: VllmServer, n: int, logprobs: bool) -> None:
     for i in range(n):
-        extra = {"logprobs": 1} if logprobs else {}
+        extra: dict[str, Any] = {"logprobs": 1} if logprobs else {}
         server.complete(f"window {i} {logprobs}", max_tokens=5, **extra)
 
 

@@ -48,8 +48,8 @@ class Sighting:
     last_unix: float
     reports: int = 0
     runs: list[str] = field(default_factory=list)
-    requests: int = 0  # requests whose steps ran under this manifest in this process
-    request_ids: list[str] = field(default_factory=list)  # the first few (internal ids)
+    requests: int = 0  # requests that began their steps under this manifest in this process
+    request_ids: list[str] = field(default_factory=list)  # up to ten of them (internal ids)
 
 
 def _file_rows(db: Database, query: str) -> list[tuple[str, str, str | None]]:
@@ -80,19 +80,17 @@ def find_file(db: Database, query: str) -> list[Sighting]:
     runs = _runs(db)
     out: list[Sighting] = []
     for manifest, path, sha in rows:
-        for target, boot, pid, ticks, role, rank, container, first, last, n in db.execute(
+        for target, boot, pid, ticks, role, rank, container, first, last, n, served in db.execute(
             "SELECT target, boot_id, pid, start_ticks, role, rank, container_id, first_unix, "
-            "last_unix, reports FROM processes WHERE manifest = ? ORDER BY first_unix",
+            "last_unix, reports, requests FROM processes WHERE manifest = ? ORDER BY first_unix",
             (manifest,),
         ):
-            served = [
+            sample = [
                 str(r[0])
                 for r in db.execute(
                     "SELECT internal_id FROM bindings WHERE manifest_first = ? AND pid = ? "
-                    "AND start_ticks = ? AND boot_id = ? AND target = ? UNION "
-                    "SELECT internal_id FROM bindings WHERE manifest_last = ? AND pid = ? "
-                    "AND start_ticks = ? AND boot_id = ? AND target = ?",
-                    (manifest, pid, ticks, boot, target) * 2,
+                    "AND start_ticks = ? AND boot_id = ? AND target = ? LIMIT 10",
+                    (manifest, pid, ticks, boot, target),
                 )
             ]
             out.append(
@@ -110,8 +108,8 @@ def find_file(db: Database, query: str) -> list[Sighting]:
                     float(last),
                     int(n),
                     _runs_covering(runs, target, container),
-                    len(served),
-                    sorted(served)[:10],
+                    int(served),
+                    sorted(sample),
                 )
             )
     if not out:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -78,6 +79,16 @@ def store_batch(  # noqa: PLR0917 - one call site, inside the store's transactio
     )
     if span_rows:
         db.executemany(INSERT_SPAN, span_rows)
+        # The index: requests served per process and manifest (what `audit file` counts).
+        served = Counter(
+            (b.process.boot_id, b.process.pid, b.process.start_ticks, b.manifest_first)
+            for b in spans
+        )
+        db.executemany(
+            "UPDATE processes SET requests = requests + ? WHERE target = ? AND boot_id = ? "
+            "AND pid = ? AND start_ticks = ? AND manifest = ?",
+            [(n, target, *k) for k, n in served.items()],
+        )
     if id_rows:
         db.executemany(INSERT_ID, id_rows)
     return span_rows, id_rows

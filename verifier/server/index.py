@@ -6,7 +6,8 @@ they can be rebuilt from it, ``rebuild``).
   its files' hashes once);
 * ``manifest_files``: which manifest lists which path with which hash;
 * ``processes``: which process (target, boot, pid, start) ran which manifest, its role, rank,
-  container and runner, and the first and last report that showed it.
+  container and runner, the first and last report that showed it, and how many requests it
+  served with that manifest (at their first step).
 """
 
 from __future__ import annotations
@@ -105,6 +106,12 @@ def rebuild(db: Database) -> int:
             continue
         index_processes(db, target, float(received), processes_seen(report.processes))
         n += 1
+    db.execute(
+        "UPDATE processes SET requests = (SELECT COUNT(*) FROM bindings b WHERE "
+        "b.manifest_first = processes.manifest AND b.pid = processes.pid AND "
+        "b.start_ticks = processes.start_ticks AND b.boot_id = processes.boot_id AND "
+        "b.target = processes.target)"
+    )
     return n
 
 

@@ -92,8 +92,8 @@ CREATE TABLE IF NOT EXISTS bindings (
 );
 CREATE INDEX IF NOT EXISTS bindings_by_internal ON bindings (internal_id);
 CREATE INDEX IF NOT EXISTS bindings_by_batch ON bindings (batch);
-CREATE INDEX IF NOT EXISTS bindings_by_manifest ON bindings (manifest_first);
-CREATE INDEX IF NOT EXISTS bindings_by_last_manifest ON bindings (manifest_last);
+CREATE INDEX IF NOT EXISTS bindings_by_manifest ON bindings (manifest_first, pid, start_ticks);
+CREATE INDEX IF NOT EXISTS bindings_by_last_manifest ON bindings (manifest_last, pid, start_ticks);
 CREATE TABLE IF NOT EXISTS request_ids (
     {rowid}
     batch TEXT NOT NULL,
@@ -136,6 +136,7 @@ CREATE TABLE IF NOT EXISTS processes (
     first_unix {real} NOT NULL,
     last_unix {real} NOT NULL,
     reports BIGINT NOT NULL,
+    requests BIGINT NOT NULL DEFAULT 0,
     PRIMARY KEY (target, boot_id, pid, start_ticks, manifest)
 );
 CREATE INDEX IF NOT EXISTS processes_by_manifest ON processes (manifest);
