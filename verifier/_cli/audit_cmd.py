@@ -75,6 +75,13 @@ def add_parser(sub: Any) -> None:
         "whose policy covers that target. Exit 6 when nothing matches.",
     )
     f.add_argument("file", metavar="SHA256|PATH")
+    f.add_argument(
+        "--requests",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also list up to N ids of the requests each process served (default: the count)",
+    )
     f.add_argument("--db", required=True, help=DB_HELP)
     f.add_argument("--json", action="store_true", help="machine-readable result")
     f.set_defaults(handler=run_file)
@@ -131,7 +138,7 @@ def run_file(args: argparse.Namespace) -> int:
 
     db = _open(args.db)
     try:
-        found = find_file(db, args.file)
+        found = find_file(db, args.file, max(0, args.requests))
     except db.errors as e:
         raise ConfigError(f"{db.name}: cannot read the database: {e}") from e
     finally:
@@ -149,7 +156,8 @@ def run_file(args: argparse.Namespace) -> int:
             f"{_when(s.last_unix)}  runs: {', '.join(s.runs) or 'none'}"
         )
         if s.requests:
-            print(f"  served {s.requests} request(s): {', '.join(s.request_ids)}")
+            ids = f": {', '.join(s.request_ids)}" if s.request_ids else ""
+            print(f"  served {s.requests} request(s){ids}")
     return 0
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from verifier import wire
 from verifier.errors import Error
-from verifier.policy import PolicyError, load_policy
+from verifier.policy import Policy, PolicyError, load_policy
 from verifier.server.bindings import client_id
 from verifier.server.db import Database
 
@@ -49,7 +49,7 @@ class Sighting:
     reports: int = 0
     runs: list[str] = field(default_factory=list)
     requests: int = 0  # requests that began their steps under this manifest in this process
-    request_ids: list[str] = field(default_factory=list)  # up to ten of them (internal ids)
+    request_ids: list[str] = field(default_factory=list)  # a sample of them (internal ids)
 
 
 def _file_rows(db: Database, query: str) -> list[tuple[str, str, str | None]]:
@@ -71,9 +71,10 @@ def _file_rows(db: Database, query: str) -> list[tuple[str, str, str | None]]:
     return rows
 
 
-def find_file(db: Database, query: str) -> list[Sighting]:
+def find_file(db: Database, query: str, sample: int = 0) -> list[Sighting]:
     """Every process whose loaded files include QUERY: a sha256, an absolute path, or the
-    end of a path (``vllm/v1/sample/sampler.py``), with the requests it served meanwhile."""
+    end of a path (``vllm/v1/sample/sampler.py``), with the number of requests it served
+    meanwhile and, with SAMPLE, up to that many of their ids (one more query per process)."""
     rows = _file_rows(db, query)
     if not rows:
         raise NotFound(f"no stored manifest has a file matching {query!r}")
@@ -85,14 +86,18 @@ def find_file(db: Database, query: str) -> list[Sighting]:
             "last_unix, reports, requests FROM processes WHERE manifest = ? ORDER BY first_unix",
             (manifest,),
         ):
-            sample = [
-                str(r[0])
-                for r in db.execute(
-                    "SELECT internal_id FROM bindings WHERE manifest_first = ? AND pid = ? "
-                    "AND start_ticks = ? AND boot_id = ? AND target = ? LIMIT 10",
-                    (manifest, pid, ticks, boot, target),
-                )
-            ]
+            ids = (
+                [
+                    str(r[0])
+                    for r in db.execute(
+                        "SELECT internal_id FROM bindings WHERE manifest_first = ? AND pid = ? "
+                        "AND start_ticks = ? AND boot_id = ? AND target = ? LIMIT ?",
+                        (manifest, pid, ticks, boot, target, sample),
+                    )
+                ]
+                if sample and served
+                else []
+            )
             out.append(
                 Sighting(
                     path,
@@ -109,7 +114,7 @@ def find_file(db: Database, query: str) -> list[Sighting]:
                     int(n),
                     _runs_covering(runs, target, container),
                     int(served),
-                    sorted(sample),
+                    sorted(ids),
                 )
             )
     if not out:
@@ -117,20 +122,19 @@ def find_file(db: Database, query: str) -> list[Sighting]:
     return out
 
 
-def _runs(db: Database) -> list[tuple[str, str]]:
-    return [(n, t) for n, t in db.execute("SELECT name, policy_toml FROM runs ORDER BY rowid")]
-
-
-def _runs_covering(runs: list[tuple[str, str]], target: str, container: str | None) -> list[str]:
+def _runs(db: Database) -> list[tuple[str, Policy]]:
+    """Every run with its parsed policy (a policy that no longer parses covers nothing)."""
     out = []
-    for name, toml in runs:
+    for name, toml in db.execute("SELECT name, policy_toml FROM runs ORDER BY rowid"):
         try:
-            policy = load_policy(toml, f"run {name}")
+            out.append((str(name), load_policy(toml, f"run {name}")))
         except PolicyError:
             continue
-        if policy.selects(target, (container,) if container else ()):
-            out.append(name)
     return out
+
+
+def _runs_covering(runs: list[tuple[str, Policy]], target: str, container: str | None) -> list[str]:
+    return [n for n, p in runs if p.selects(target, (container,) if container else ())]
 
 
 @dataclass(frozen=True)
@@ -186,18 +190,25 @@ class Served:
 
 def _internal_ids(db: Database, query: str) -> dict[str, list[str]]:
     """Internal ids QUERY names (as the client's id, an external id or an internal id), each
-    with its external ids."""
-    wanted = {query, client_id(query)}
+    with its external ids. An external id's rows are found through its client id (derived
+    from it, and indexed), so the external id needs no index of its own."""
     out: dict[str, list[str]] = {}
-    for column in ("client_id", "external_id", "internal_id"):
-        for value in wanted:
-            for internal, external in db.execute(
-                f"SELECT internal_id, external_id FROM request_ids WHERE {column} = ?",  # noqa: S608
-                (value,),
-            ):
-                ext = out.setdefault(str(internal), [])
-                if external not in ext:
-                    ext.append(str(external))
+    hits: list[tuple[Any, Any, Any]] = []
+    for value in sorted({query, client_id(query)}):
+        hits += db.execute(
+            "SELECT internal_id, external_id, client_id FROM request_ids WHERE client_id = ?",
+            (value,),
+        ).fetchall()
+    hits += db.execute(
+        "SELECT internal_id, external_id, client_id FROM request_ids WHERE internal_id = ?",
+        (query,),
+    ).fetchall()
+    for internal, external, client in hits:
+        if query not in (internal, external, client):
+            continue
+        ext = out.setdefault(str(internal), [])
+        if external not in ext:
+            ext.append(str(external))
     out.setdefault(query, [])
     return out
 
@@ -228,7 +239,7 @@ def find_request(db: Database, query: str) -> list[Served]:
 
 
 def _served(
-    db: Database, runs: list[tuple[str, str]], internal: str, external: list[str],
+    db: Database, runs: list[tuple[str, Policy]], internal: str, external: list[str],
     row: tuple[Any, ...],
 ) -> Served:  # fmt: skip
     (target, boot, pid, ticks, s0, s1, n, tok, t0, t1, m0, m1, runner, hooks, fin) = row
@@ -278,7 +289,7 @@ def _not_pristine(  # noqa: PLR0917 - a process key and a time
 
 
 def _verdicts_at(
-    db: Database, runs: list[tuple[str, str]], target: str, container: str | None, at: float
+    db: Database, runs: list[tuple[str, Policy]], target: str, container: str | None, at: float
 ) -> list[dict[str, Any]]:
     out = []
     for name in _runs_covering(runs, target, container):

@@ -10,6 +10,7 @@ external id, client id and manifest digest, so a lookup stays milliseconds at mi
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -48,8 +49,19 @@ def client_id(external: str) -> str:
     return external
 
 
+@functools.lru_cache(maxsize=4096)
+def _name(name: str) -> str:
+    return json.dumps(name)
+
+
+def hooks_json(hooks: tuple[tuple[str, int], ...]) -> str:
+    """``{"name":fires,...}`` in name order (what ``json.dumps(..., sort_keys=True)`` with
+    compact separators writes), without a JSON encoder call per row."""
+    return "{" + ",".join(f"{_name(k)}:{int(v)}" for k, v in sorted(hooks)) + "}"
+
+
 def span_row(batch: str, target: str, b: RequestSpan) -> tuple[Any, ...]:
-    hooks = json.dumps(dict(b.hooks), sort_keys=True, separators=(",", ":"))
+    hooks = hooks_json(b.hooks)
     return (
         batch, target, b.process.boot_id, b.process.pid, b.process.start_ticks, b.internal_id,
         b.first_step, b.last_step, b.steps, b.tokens, float(b.first_unix), float(b.last_unix),
@@ -94,20 +106,22 @@ def store_batch(  # noqa: PLR0917 - one call site, inside the store's transactio
     return span_rows, id_rows
 
 
+def rows_bytes(rows: Iterable[Sequence[Any]]) -> bytes:
+    """The canonical bytes of rows in order: one compact JSON array of arrays."""
+    return json.dumps([list(r) for r in rows], separators=(",", ":")).encode()
+
+
 def rows_sha256(rows: Iterable[Sequence[Any]]) -> str:
-    """The digest of rows in order (one canonical JSON line each)."""
-    h = hashlib.sha256()
-    for row in rows:
-        h.update(json.dumps(list(row), separators=(",", ":")).encode())
-        h.update(b"\n")
-    return h.hexdigest()
+    """The digest of rows in order (of :func:`rows_bytes`)."""
+    return hashlib.sha256(rows_bytes(rows)).hexdigest()
 
 
 def stored_batches(db: Database) -> Iterator[tuple[str, str, float, str, str]]:
     """(ref, target, received, digest of its span rows, digest of its id rows) of every stored
     batch, rows in storage order (one batch's rows are consecutive: a batch is written in one
-    transaction, one writer at a time). Streams the rows; keeps two digests per batch. Rows of
-    no stored batch (inserted behind the ledger's back) come last, with an empty target."""
+    transaction, one writer at a time). Streams the rows, holding one batch's rows at a time
+    and two digests per batch. Rows of no stored batch (inserted behind the ledger's back) come
+    last, with an empty target."""
     spans = dict(_digests(db, f"SELECT {SPAN_COLUMNS} FROM bindings ORDER BY rowid"))  # noqa: S608
     ids = dict(_digests(db, f"SELECT {ID_COLUMNS} FROM request_ids ORDER BY rowid"))  # noqa: S608
     empty = rows_sha256(())
@@ -124,14 +138,12 @@ def _digests(db: Database, sql: str) -> Iterator[tuple[str, str]]:
     rows are not consecutive (reordered behind the ledger's back) yields twice; the later
     digest wins and does not match."""
     current: str | None = None
-    h = hashlib.sha256()
+    rows: list[Any] = []
     for raw in db.execute(sql):
-        row = list(raw)
-        if row[0] != current:
+        if raw[0] != current:
             if current is not None:
-                yield current, h.hexdigest()
-            current, h = row[0], hashlib.sha256()
-        h.update(json.dumps(row, separators=(",", ":")).encode())
-        h.update(b"\n")
+                yield current, rows_sha256(rows)
+            current, rows = raw[0], []
+        rows.append(raw)
     if current is not None:
-        yield current, h.hexdigest()
+        yield current, rows_sha256(rows)

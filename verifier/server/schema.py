@@ -93,7 +93,6 @@ CREATE TABLE IF NOT EXISTS bindings (
 CREATE INDEX IF NOT EXISTS bindings_by_internal ON bindings (internal_id);
 CREATE INDEX IF NOT EXISTS bindings_by_batch ON bindings (batch);
 CREATE INDEX IF NOT EXISTS bindings_by_manifest ON bindings (manifest_first, pid, start_ticks);
-CREATE INDEX IF NOT EXISTS bindings_by_last_manifest ON bindings (manifest_last, pid, start_ticks);
 CREATE TABLE IF NOT EXISTS request_ids (
     {rowid}
     batch TEXT NOT NULL,
@@ -103,7 +102,6 @@ CREATE TABLE IF NOT EXISTS request_ids (
     client_id TEXT NOT NULL,
     at_unix {real} NOT NULL
 );
-CREATE INDEX IF NOT EXISTS request_ids_by_external ON request_ids (external_id);
 CREATE INDEX IF NOT EXISTS request_ids_by_client ON request_ids (client_id);
 CREATE INDEX IF NOT EXISTS request_ids_by_internal ON request_ids (internal_id);
 CREATE INDEX IF NOT EXISTS request_ids_by_batch ON request_ids (batch);
