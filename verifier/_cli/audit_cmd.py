@@ -231,7 +231,8 @@ def run_export(args: argparse.Namespace) -> int:
     key = load_private_key(Path(args.key))
     db = _open(args.db)
     try:
-        bundle = export(db, key, args.request, args.run)
+        with db.snapshot():
+            bundle = export(db, key, args.request, args.run)
     except db.errors as e:
         raise ConfigError(f"{db.name}: cannot read the database: {e}") from e
     finally:
@@ -285,8 +286,9 @@ def _verify_online(args: argparse.Namespace) -> int:
                 "verifier gets one, covering every stored row, when `verifier serve` next "
                 "opens it)"
             )
-        result = ledger.verify(db)
-        held, cp_problem = checkpoints.check(db, key)
+        with db.snapshot():
+            result = ledger.verify(db)
+            held, cp_problem = checkpoints.check(db, key)
     except db.errors as e:
         raise ConfigError(f"{path}: cannot read the database: {e}") from e
     finally:

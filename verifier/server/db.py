@@ -14,6 +14,7 @@ name. One connection per :class:`Database`; callers serialise their own use of i
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
@@ -73,6 +74,18 @@ class Database:
     def begin(self) -> None:
         """Start a write transaction that excludes other writers until commit."""
         raise NotImplementedError
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """Reads inside see one consistent state of the database, whatever a verifier writes
+        meanwhile (an online ledger walk reads the content and the chain at different times)."""
+        self.execute(self._snapshot_sql)
+        try:
+            yield
+        finally:
+            self.execute("ROLLBACK")  # nothing was written
+
+    _snapshot_sql = "BEGIN"
 
     def quick_check(self) -> str:
         """The engine's own integrity check: "ok" or what is wrong."""
@@ -138,6 +151,18 @@ class SQLiteDatabase(Database):
         ).fetchone()
         return row is not None
 
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """Reads inside see one consistent state of the database, whatever a verifier writes
+        meanwhile (an online ledger walk reads the content and the chain at different times)."""
+        self.execute(self._snapshot_sql)
+        try:
+            yield
+        finally:
+            self.execute("ROLLBACK")  # nothing was written
+
+    _snapshot_sql = "BEGIN"
+
     def quick_check(self) -> str:
         return str(self._db.execute("PRAGMA quick_check").fetchone()[0])
 
@@ -153,6 +178,7 @@ _WRITE_LOCK = 0x5646_5952
 
 class PostgresDatabase(Database):
     kind = "postgresql"
+    _snapshot_sql = "BEGIN ISOLATION LEVEL REPEATABLE READ"
 
     def __init__(self, url: str, read_only: bool = False) -> None:
         try:
