@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import Backend
 from verifier.agent.spool import Spool
 from verifier.errors import ConfigError, UsageError
 from verifier.evidence.container import container_id_from_cgroup
@@ -16,36 +17,41 @@ CID = "0123456789abcdef" * 4
 
 
 def test_registering_the_same_policy_twice_is_a_no_op_and_a_new_one_is_refused(
-    tmp_path: Path,
+    backend: Backend,
 ) -> None:
-    store = Store(tmp_path / "db")
+    store = Store(backend.target)
     first = store.register_run("r", "version = 1", "sha256:aa", "p.toml")
     assert store.register_run("r", "version = 1", "sha256:aa", "p.toml") == first
     with pytest.raises(RunExists, match="a changed policy needs a new run name"):
         store.register_run("r", "version = 2", "sha256:bb", "p.toml")
     with pytest.raises(UnknownRun, match="no run named 'x'"):
         store.get_run("x")
+    store.close()
 
 
-def test_reports_are_stored_once_per_sequence_number_and_survive_reopening(tmp_path: Path) -> None:
-    store = Store(tmp_path / "db")
+def test_reports_are_stored_once_per_sequence_number_and_survive_reopening(
+    backend: Backend,
+) -> None:
+    store = Store(backend.target)
     rep = StoredReport("agent", 1, "t", 10.0, b"x")
     assert store.save_report(rep, {"sha256:m": [{"path": "/a"}]}) is True
     assert store.save_report(rep, {}) is False
     store.save_report(StoredReport("agent", 2, "t", 11.0, b"y"), {})
     store.close()
-    again = Store(tmp_path / "db")
+    again = Store(backend.target)
     assert again.last_seq("agent") == 2
     assert [r.report for r in again.latest_reports()] == [b"y"]
     assert again.get_manifest("sha256:m") == [{"path": "/a"}]
+    again.close()
 
 
-def test_verdict_history_appends_only_changes(tmp_path: Path) -> None:
-    store = Store(tmp_path / "db")
+def test_verdict_history_appends_only_changes(backend: Backend) -> None:
+    store = Store(backend.target)
     assert store.record_verdict("r", "PENDING", {"a": 1})
     assert not store.record_verdict("r", "PENDING", {"a": 1})
     assert store.record_verdict("r", "PASS", {"a": 1})
     assert [v for _, v, _ in store.verdict_history("r")] == ["PENDING", "PASS"]
+    store.close()
 
 
 def test_a_corrupt_database_is_a_startup_error_not_a_crash(tmp_path: Path) -> None:

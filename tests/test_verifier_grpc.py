@@ -17,7 +17,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.helpers import probe_env
+from tests.helpers import Backend, probe_env
 from verifier import wire
 from verifier.agent.runner import Agent, AgentConfig
 from verifier.api.v1 import verifier_pb2 as pb
@@ -33,9 +33,10 @@ POLICY = 'version = 1\n[[hooks]]\nname = "h"\nrole = "worker"\n'
 
 
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[VerifierServer, str]]:
+def served(backend: Backend, tmp_path: Path) -> Iterator[tuple[VerifierServer, str]]:
+    """A real verifier over real gRPC, on SQLite and on PostgreSQL (the same tests)."""
     addr = f"unix:{tmp_path}/v.sock"
-    server = VerifierServer(ServeConfig(addr, tmp_path / "db.sqlite3", report_interval_s=0.2))
+    server = VerifierServer(ServeConfig(addr, backend.target, report_interval_s=0.2))
     server.start()
     try:
         yield server, addr
