@@ -10,14 +10,17 @@ import grpc
 from verifier import wire
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
-from verifier.errors import ConfigError, Error, UnavailableError, UsageError
+from verifier.errors import ConfigError, Error, NotAuthorized, UnavailableError, UsageError
 from verifier.model import RunVerdict, Verdict
+from verifier.security.tls import ClientTLS, client_channel
 
 T = TypeVar("T")
 
 
 def _translate(address: str, e: grpc.RpcError) -> Error:
     code, details = e.code(), e.details() or ""
+    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+        return NotAuthorized(f"verifier at {address} refused: {details or code.name}")
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return UnavailableError(f"verifier at {address} unreachable: {details or code.name}")
     if code == grpc.StatusCode.INVALID_ARGUMENT and "policy" in details.lower():
@@ -32,10 +35,10 @@ def _translate(address: str, e: grpc.RpcError) -> Error:
 
 
 class VerifierClient:
-    def __init__(self, address: str, timeout_s: float = 10.0) -> None:
+    def __init__(self, address: str, timeout_s: float = 10.0, tls: ClientTLS | None = None) -> None:
         self.address = address
         self.timeout_s = timeout_s
-        self.channel = grpc.insecure_channel(address, options=list(wire.GRPC_OPTIONS))
+        self.channel = client_channel(address, tls, wire.GRPC_OPTIONS)
         self.stub = pb_grpc.VerifierServiceStub(self.channel)
 
     def close(self) -> None:

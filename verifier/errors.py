@@ -44,6 +44,12 @@ class TimeoutError_(Error):
     exit_code = 5
 
 
+class NotAuthorized(Error):
+    """The verifier refused the caller: no valid credentials, or not allowed to do this."""
+
+    exit_code = 10
+
+
 class NoSuchProcess(UnavailableError):
     def __init__(self, pid: int) -> None:
         super().__init__(f"no process with pid {pid}")

@@ -29,6 +29,7 @@ from typing import Any
 from verifier.client import VerifierClient
 from verifier.errors import Error, TimeoutError_
 from verifier.model import RunVerdict, Severity, Verdict
+from verifier.security.tls import client_tls
 from verifier.server.address import resolve
 from verifier.window import fresh_status, pace, statement
 
@@ -112,8 +113,9 @@ def measurement(
     results: Path | None = None,
 ) -> Iterator[Measurement]:
     """Wait for RUN to PASS, run the block, then seal the block as a measurement window
-    (RESULTS, when given, must exist by then: its statement is written beside it)."""
-    with VerifierClient(resolve(address)) as client:
+    (RESULTS, when given, must exist by then: its statement is written beside it). TLS and
+    token come from VERIFIER_TLS_CA / _CERT / _KEY / VERIFIER_TOKEN when set."""
+    with VerifierClient(resolve(address), tls=client_tls(None, None, None, None)) as client:
         before = wait_for(client, run, timeout_s)
         m = Measurement(run, before)
         t0 = time.time()

@@ -7,7 +7,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from verifier._cli.common import add_verifier_option
+from verifier._cli.common import add_verifier_option, tls_from
 from verifier.server.address import resolve
 
 
@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
         root_pid=args.pid,
         health_listen=args.health,
         docker_socket=None if args.no_docker else args.docker_socket,
+        tls=tls_from(args),
     )
     Agent(config).serve_forever()
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from verifier.security.tls import ClientTLS, client_tls
 from verifier.server.address import DEFAULT_ADDRESS, ENV_ADDRESS
 
 
@@ -15,6 +16,24 @@ def add_verifier_option(p: argparse.ArgumentParser) -> None:
         help=f"verifier address HOST:PORT, unix:PATH or a socket path "
         f"(default: ${ENV_ADDRESS}, else {DEFAULT_ADDRESS})",
     )
+    p.add_argument(
+        "--tls-ca",
+        metavar="PEM",
+        help="the CA of the verifier's certificate: connect with TLS (default: $VERIFIER_TLS_CA; "
+        "none: INSECURE, warned)",
+    )
+    p.add_argument(
+        "--tls-cert", metavar="PEM", help="client certificate (mTLS; $VERIFIER_TLS_CERT)"
+    )
+    p.add_argument("--tls-key", metavar="PEM", help="its private key ($VERIFIER_TLS_KEY)")
+    p.add_argument(
+        "--token", help="bearer token (prefer $VERIFIER_TOKEN: a flag shows in the process list)"
+    )
+
+
+def tls_from(args: argparse.Namespace) -> ClientTLS | None:
+    """The client's TLS settings from the options above, else the environment."""
+    return client_tls(args.tls_ca, args.tls_cert, args.tls_key, args.token)
 
 
 def verdict_json(v: Any) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from verifier import __version__
 from verifier._cli import (
     agent_cmd,
     audit_cmd,
+    certs_cmd,
     compare_cmd,
     diff_cmd,
     inspect_cmd,
@@ -34,6 +35,7 @@ exit codes:
   7  an attestation bundle is corrupted or does not verify
   8  an attestation was signed by another key than the one given
   9  the verifier's database (PostgreSQL) cannot be reached
+  10 not authorized: the verifier refused the caller's credentials or role
 """
 
 
@@ -58,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare_cmd.add_parser(sub)
     audit_cmd.add_parser(sub)
     keygen_cmd.add_parser(sub)
+    certs_cmd.add_parser(sub)
     return parser
 
 

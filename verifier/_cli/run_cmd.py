@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from verifier._cli.common import add_verifier_option
+from verifier._cli.common import add_verifier_option, tls_from
 from verifier.errors import ConfigError
 from verifier.server.address import resolve
 
@@ -40,7 +40,7 @@ def register(args: argparse.Namespace) -> int:
     except OSError as e:
         raise ConfigError(f"cannot read policy {args.policy}: {e.strerror}") from e
     load_policy(text, str(args.policy))  # fail fast, with file and line, before any RPC
-    with VerifierClient(resolve(args.verifier)) as client:
+    with VerifierClient(resolve(args.verifier), tls=tls_from(args)) as client:
         name, digest = client.register_run(args.name, text, str(args.policy))
     print(f"registered run {name} with policy {digest}")
     return 0
@@ -49,7 +49,7 @@ def register(args: argparse.Namespace) -> int:
 def list_runs(args: argparse.Namespace) -> int:
     from verifier.client import VerifierClient
 
-    with VerifierClient(resolve(args.verifier)) as client:
+    with VerifierClient(resolve(args.verifier), tls=tls_from(args)) as client:
         for name, digest, created, verdict in client.list_runs():
             when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created))
             sys.stdout.write(f"{name}  {verdict.value}  {digest[:19]}  registered {when}\n")

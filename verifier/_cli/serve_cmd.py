@@ -48,6 +48,32 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--checkpoint-interval", type=float, default=60.0, metavar="S", help="default 60"
     )
+    sec = p.add_argument_group(
+        "transport security",
+        "TLS with client certificates (verifier certs) and/or bearer tokens; without TLS the "
+        "verifier runs in INSECURE mode (no authentication), only on a Unix socket or a "
+        "loopback address unless --insecure, and warns on every start",
+    )
+    sec.add_argument("--tls-cert", type=Path, metavar="PEM", help="the verifier's certificate")
+    sec.add_argument("--tls-key", type=Path, metavar="PEM", help="its private key")
+    sec.add_argument(
+        "--tls-client-ca",
+        type=Path,
+        metavar="PEM",
+        help="require every client to present a certificate signed by this CA (mTLS); agents "
+        "are then bound to the targets their certificate names",
+    )
+    sec.add_argument(
+        "--tokens",
+        type=Path,
+        metavar="TOML",
+        help="bearer tokens with roles or targets ([[token]] sha256, name, role, targets)",
+    )
+    sec.add_argument(
+        "--insecure",
+        action="store_true",
+        help="serve without TLS on a non-local address: anyone who reaches it can report",
+    )
     p.set_defaults(handler=run)
 
 
@@ -59,12 +85,20 @@ def _run_arg(value: str) -> tuple[str, Path]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from verifier.errors import UsageError
     from verifier.server.app import ServeConfig, VerifierServer
 
     if args.checkpoint_interval <= 0:
-        from verifier.errors import UsageError
-
         raise UsageError("--checkpoint-interval must be positive")
+    from verifier.security.tls import ServerTLS
+
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise UsageError("--tls-cert and --tls-key go together")
+    if args.tls_cert is None and args.tls_client_ca is not None:
+        raise UsageError("--tls-client-ca needs --tls-cert and --tls-key")
+    tls = ServerTLS(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
+    if tls is not None and args.insecure:
+        raise UsageError("--insecure and --tls-cert contradict each other")
     config = ServeConfig(
         normalize(args.listen),
         args.db,
@@ -72,6 +106,9 @@ def run(args: argparse.Namespace) -> int:
         runs=tuple(args.run),
         signing_key=args.signing_key,
         checkpoint_interval_s=args.checkpoint_interval,
+        tls=tls,
+        tokens=args.tokens,
+        insecure=args.insecure,
     )
     VerifierServer(config).serve_forever()
     return 0

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from verifier._cli.common import add_verifier_option, verdict_json
+from verifier._cli.common import add_verifier_option, tls_from, verdict_json
 from verifier.model import RunVerdict
 
 
@@ -64,7 +64,7 @@ def status(args: argparse.Namespace) -> int:
     from verifier.client import VerifierClient
     from verifier.server.address import resolve
 
-    with VerifierClient(resolve(args.verifier)) as client:
+    with VerifierClient(resolve(args.verifier), tls=tls_from(args)) as client:
         names = [args.run] if args.run else [r[0] for r in client.list_runs()]
         verdicts = [client.status(n) for n in names]
     if args.json:
@@ -90,7 +90,7 @@ def wait(args: argparse.Namespace) -> int:
             sys.stderr.flush()
             last[:] = [line]
 
-    with VerifierClient(resolve(args.verifier)) as client:
+    with VerifierClient(resolve(args.verifier), tls=tls_from(args)) as client:
         verdict = wait_for(client, args.run, args.timeout, on_progress=progress)
     if tty:
         sys.stderr.write("\n")

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from verifier._cli.common import add_verifier_option
+from verifier._cli.common import add_verifier_option, tls_from
 from verifier.errors import UsageError
 
 SEAL_DESCRIPTION = """\
@@ -55,7 +55,7 @@ def open_window(args: argparse.Namespace) -> int:
     from verifier.server.address import resolve
     from verifier.window import save_start
 
-    with VerifierClient(resolve(args.verifier)) as client:
+    with VerifierClient(resolve(args.verifier), tls=tls_from(args)) as client:
         verdict = wait_for(client, args.run, args.timeout)
     save_start(Path(args.out), verdict)
     print(f"window on run {args.run} opened ({args.out})")
@@ -76,7 +76,7 @@ def seal(args: argparse.Namespace) -> int:
     if start.run != args.run:
         raise UsageError(f"{args.window} is a window on run {start.run}, not {args.run}")
     asked = time.time()
-    with VerifierClient(resolve(args.verifier)) as client:
+    with VerifierClient(resolve(args.verifier), tls=tls_from(args)) as client:
         end = fresh_status(client, args.run, asked, args.timeout)
     body, held = statement(args.run, opened, start, end, results)
     out = Path(args.out) if args.out else results.with_name(results.name + ".seal.json")

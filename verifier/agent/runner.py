@@ -39,6 +39,7 @@ from verifier.evidence.process import ProcessEvidence
 from verifier.evidence.procfs import ProcFS
 from verifier.evidence.stacks import Witnesses
 from verifier.model import ProcessKey, ProcessReport, TargetReport
+from verifier.security.tls import ClientTLS, client_channel
 
 log = structlog.get_logger("verifier.agent")
 
@@ -57,6 +58,7 @@ class AgentConfig:
     max_backoff_s: float = 30.0
     recheck_s: float = 5.0  # re-hash every manifest file at least this often (drift detection)
     docker_socket: str | None = DEFAULT_SOCKET  # the Docker API, to name containers (None: no)
+    tls: ClientTLS | None = None  # None: insecure (warned)
 
 
 class Agent:
@@ -89,7 +91,7 @@ class Agent:
             ("grpc.initial_reconnect_backoff_ms", 200),
             ("grpc.max_reconnect_backoff_ms", int(config.max_backoff_s * 1000)),
         ]
-        self.channel = grpc.insecure_channel(config.verifier, options=opts)
+        self.channel = client_channel(config.verifier, config.tls, opts)
         self.stub = pb_grpc.VerifierServiceStub(self.channel)
         self.health = health.HealthServicer()
         self.health_server: grpc.Server | None = None
@@ -296,6 +298,13 @@ class Agent:
                 wait = self.interval
             except grpc.RpcError as e:
                 self.nonce = None
+                if e.code() in (
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    grpc.StatusCode.PERMISSION_DENIED,
+                ):
+                    # A configuration error, not an outage: said as such; evidence stays
+                    # spooled (bounded) until the credentials are fixed.
+                    log.error("not_authorized", reason=e.details(), spooled=len(self.spool))
                 log.warning(
                     "verifier_unreachable",
                     code=str(e.code()),

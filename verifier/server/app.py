@@ -23,6 +23,8 @@ from verifier import wire
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
 from verifier.errors import ConfigError
 from verifier.policy import PolicyError, load_policy, policy_digest
+from verifier.security.auth import Authorizer, load_tokens
+from verifier.security.tls import ServerTLS, is_local, warn_insecure
 from verifier.server.db import redact
 from verifier.server.service import VerifierService
 from verifier.server.store import RunExists, Store
@@ -43,6 +45,9 @@ class ServeConfig:
     workers: int = 8
     runs: tuple[tuple[str, Path], ...] = ()  # (name, policy file) registered at start
     signing_key: Path | None = None  # Ed25519 private key: sign ledger checkpoints
+    tls: ServerTLS | None = None  # None: insecure (local addresses, or insecure=True)
+    tokens: Path | None = None  # bearer tokens with roles / targets (see security.auth)
+    insecure: bool = False  # serve without TLS on a non-local address (named, warned)
     checkpoint_interval_s: float = 60.0
 
 
@@ -83,7 +88,12 @@ class VerifierServer:
             except ConfigError:
                 self.store.close()
                 raise
-        self.service = VerifierService(self.store, config.report_interval_s)
+        try:
+            auth = self._authorizer(config)
+        except ConfigError:
+            self.store.close()
+            raise
+        self.service = VerifierService(self.store, config.report_interval_s, auth)
         self.health = health.HealthServicer()
         opts = list(wire.GRPC_OPTIONS)
         self.server = grpc.server(
@@ -97,9 +107,33 @@ class VerifierServer:
             target=self._keep_history, name="verdict-history", daemon=True
         )
 
+    @staticmethod
+    def _authorizer(config: ServeConfig) -> Authorizer:
+        if config.tls is None:
+            if config.tokens is not None:
+                raise ConfigError("--tokens needs TLS (--tls-cert, --tls-key): no tokens in clear")
+            if not (config.insecure or is_local(config.listen)):
+                raise ConfigError(
+                    f"refusing to serve {config.listen} without TLS: give --tls-cert, --tls-key "
+                    "and --tls-client-ca (or --tokens), or --insecure to accept that anyone who "
+                    "reaches this address can report evidence and read verdicts"
+                )
+            return Authorizer(secure=False)
+        if config.tls.client_ca is None and config.tokens is None:
+            raise ConfigError(
+                "TLS without --tls-client-ca or --tokens: nobody could authenticate (agents need "
+                "a client certificate or a token naming their targets)"
+            )
+        return Authorizer(True, load_tokens(config.tokens) if config.tokens else ())
+
     def start(self) -> None:
         try:
-            self.port = self.server.add_insecure_port(self.config.listen)
+            if self.config.tls is not None:
+                creds = self.config.tls.credentials()
+                self.port = self.server.add_secure_port(self.config.listen, creds)
+            else:
+                warn_insecure(f"serving on {self.config.listen}")
+                self.port = self.server.add_insecure_port(self.config.listen)
         except RuntimeError as e:
             raise ConfigError(f"cannot listen on {self.config.listen}: {e}") from e
         if self.port == 0 and not self.config.listen.startswith("unix:"):
@@ -109,7 +143,8 @@ class VerifierServer:
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._keeper.start()
         db = redact(str(self.config.db))
-        log.info("serving", listen=self.config.listen, port=self.port, db=db)
+        mode = "insecure" if self.config.tls is None else "tls"
+        log.info("serving", listen=self.config.listen, port=self.port, db=db, transport=mode)
 
     def _keep_history(self) -> None:
         next_checkpoint = 0.0

@@ -22,6 +22,7 @@ from verifier.errors import Error
 from verifier.manifest import merkle_root
 from verifier.model import RunVerdict, TargetReport
 from verifier.policy import PolicyError, load_policy, policy_digest
+from verifier.security.auth import READ_ROLES, Authorizer
 from verifier.server.evaluate import Evaluator, files_to_rows
 from verifier.server.index import processes_seen
 from verifier.server.store import RunExists, Store, StoredReport, UnknownRun
@@ -41,9 +42,18 @@ def verdict_detail(v: RunVerdict) -> dict[str, Any]:
     }
 
 
+OPERATOR = frozenset({"operator"})
+
+
 class VerifierService(pb_grpc.VerifierServiceServicer):
-    def __init__(self, store: Store, report_interval_s: float = REPORT_INTERVAL_S) -> None:
+    def __init__(
+        self,
+        store: Store,
+        report_interval_s: float = REPORT_INTERVAL_S,
+        auth: Authorizer | None = None,
+    ) -> None:
         self.store = store
+        self.auth = auth or Authorizer(secure=False)
         self.evaluator = Evaluator(store)
         self.report_interval_s = report_interval_s
         self._nonces: dict[str, str] = {}
@@ -55,6 +65,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
     def Hello(self, request: pb.HelloRequest, context: grpc.ServicerContext) -> pb.HelloResponse:
         if not request.agent_id:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "agent_id is required")
+        self.auth.require_agent(context, request.agent_id, request.targets)
         nonce = secrets.token_hex(16)
         with self._lock:
             self._nonces[request.agent_id] = nonce
@@ -70,6 +81,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
             report = wire.report_from_pb(request.report)
         except wire.WireError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed report: {e}")
+        self.auth.require_agent(context, report.agent_id, [report.target])
         with self._lock:
             expected = self._nonces.get(report.agent_id)
             if expected is None or not secrets.compare_digest(expected, report.nonce):
@@ -146,6 +158,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
     def RegisterRun(
         self, request: pb.RegisterRunRequest, context: grpc.ServicerContext
     ) -> pb.RegisterRunResponse:
+        self.auth.require_role(context, OPERATOR)
         if not request.name:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "run name is required")
         try:
@@ -169,6 +182,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
     def GetRunStatus(
         self, request: pb.GetRunStatusRequest, context: grpc.ServicerContext
     ) -> pb.GetRunStatusResponse:
+        self.auth.require_role(context, READ_ROLES)
         try:
             run = self.store.get_run(request.name)
             if run is None:  # get_run raises UnknownRun; this only narrows the type
@@ -184,6 +198,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
     def ListRuns(
         self, request: pb.ListRunsRequest, context: grpc.ServicerContext
     ) -> pb.ListRunsResponse:
+        self.auth.require_role(context, READ_ROLES)
         now = time.time()
         snaps = self.evaluator.snapshots()
         out = []

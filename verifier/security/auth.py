@@ -1,0 +1,155 @@
+"""Who may call what on the verifier.
+
+A peer's identity is what its client certificate says (mTLS: ``certs.identity_of``) together
+with what its bearer token says (a tokens file: ``[[token]]`` entries with the token's
+sha256, a name, a role and, for an agent, its targets). Then:
+
+* ``Hello`` / ``Report``: an agent identity (targets) whose name is the agent id it reports
+  as, reporting only for its own targets;
+* ``RegisterRun``: the ``operator`` role;
+* ``GetRunStatus`` / ``ListRuns``: ``operator``, ``harness`` or ``auditor``.
+
+In insecure mode there is no identity: everything is allowed, and the mode says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import tomllib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NoReturn
+
+import grpc
+
+from verifier.errors import ConfigError
+from verifier.security.certs import ROLES, Identity, identity_of
+
+READ_ROLES = frozenset({"operator", "harness", "auditor"})
+
+
+@dataclass(frozen=True)
+class Token:
+    sha256: str
+    name: str
+    role: str | None
+    targets: frozenset[str] = field(default_factory=frozenset)
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def load_tokens(path: Path) -> list[Token]:
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as e:
+        raise ConfigError(f"--tokens {path}: cannot read: {e.strerror}") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"--tokens {path}: not TOML: {e}") from e
+    out = []
+    for i, t in enumerate(data.get("token", [])):
+        where = f"--tokens {path}: token {i + 1}"
+        if not isinstance(t, dict) or set(t) - {"sha256", "name", "role", "targets"}:
+            raise ConfigError(f"{where}: keys are sha256, name, role, targets")
+        digest, name = t.get("sha256"), t.get("name")
+        role, targets = t.get("role"), t.get("targets", [])
+        if not (isinstance(digest, str) and len(digest) == 64 and isinstance(name, str)):
+            raise ConfigError(f"{where}: needs sha256 (64 hex digits) and name")
+        if role is not None and role not in ROLES:
+            raise ConfigError(f"{where}: role must be one of {', '.join(ROLES)}")
+        if not (isinstance(targets, list) and all(isinstance(x, str) for x in targets)):
+            raise ConfigError(f"{where}: targets must be a list of target names")
+        if role is None and not targets:
+            raise ConfigError(f"{where}: give a role or targets (an agent's)")
+        out.append(Token(digest.lower(), name, role, frozenset(targets)))
+    if not out:
+        raise ConfigError(f"--tokens {path}: no [[token]] entries")
+    return out
+
+
+@dataclass(frozen=True)
+class Peer:
+    names: tuple[str, ...]
+    targets: frozenset[str]
+    roles: frozenset[str]
+    insecure: bool = False
+
+    def describe(self) -> str:
+        return "insecure peer" if self.insecure else "/".join(self.names) or "anonymous"
+
+
+INSECURE = Peer(("insecure",), frozenset(), frozenset(ROLES), insecure=True)
+
+
+class Authorizer:
+    def __init__(self, secure: bool, tokens: Iterable[Token] = ()) -> None:
+        self.secure = secure
+        self.tokens = {t.sha256: t for t in tokens}
+
+    def peer(self, context: grpc.ServicerContext) -> Peer:
+        if not self.secure:
+            return INSECURE
+        names: list[str] = []
+        targets: set[str] = set()
+        roles: set[str] = set()
+        pem = context.auth_context().get("x509_pem_cert")
+        if isinstance(pem, list) and pem:
+            ident: Identity = identity_of(bytes(pem[0]))
+            names.append(ident.name)
+            targets |= ident.targets
+            roles |= ident.roles
+        for key, value in context.invocation_metadata():
+            if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
+                digest = token_digest(value[len("Bearer ") :])
+                token = next(
+                    (t for d, t in self.tokens.items() if hmac.compare_digest(d, digest)), None
+                )
+                if token is None:
+                    _abort(context, grpc.StatusCode.UNAUTHENTICATED, "unknown token")
+                names.append(token.name)
+                targets |= token.targets
+                if token.role:
+                    roles.add(token.role)
+        return Peer(tuple(names), frozenset(targets), frozenset(roles))
+
+    def require_role(self, context: grpc.ServicerContext, allowed: frozenset[str]) -> Peer:
+        p = self.peer(context)
+        if not p.insecure and not (p.roles & allowed):
+            _abort(
+                context,
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{p.describe()} may not do this (needs the role {' or '.join(sorted(allowed))})",
+            )
+        return p
+
+    def require_agent(
+        self, context: grpc.ServicerContext, agent_id: str, targets: Iterable[str]
+    ) -> Peer:
+        p = self.peer(context)
+        if p.insecure:
+            return p
+        if not p.targets:
+            _abort(context, grpc.StatusCode.PERMISSION_DENIED, f"{p.describe()} is not an agent")
+        if agent_id not in p.names:
+            _abort(
+                context,
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{p.describe()} may not report as agent {agent_id!r}",
+            )
+        foreign = sorted(set(targets) - p.targets)
+        if foreign:
+            _abort(
+                context,
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"agent {agent_id!r} may not report for target(s) {', '.join(foreign)} "
+                f"(its certificate or token names {', '.join(sorted(p.targets))})",
+            )
+        return p
+
+
+def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, msg: str) -> NoReturn:
+    context.abort(code, msg)
+    raise AssertionError("unreachable")  # context.abort raises
