@@ -154,7 +154,11 @@ class Fields:
                 raise BundleCorrupt(f"field {name}_b64: {e}", self.where) from None
             return hashlib.sha256(data).hexdigest()
         if self.has(f"{name}_text"):
-            return hashlib.sha256(self.text(f"{name}_text").encode()).hexdigest()
+            try:
+                data = self.text(f"{name}_text").encode()
+            except UnicodeEncodeError:  # a lone surrogate ("\\ud800" in the JSON): not text
+                raise BundleCorrupt(f"field {name}_text is not valid Unicode", self.where) from None
+            return hashlib.sha256(data).hexdigest()
         digest = self.text(f"{name}_sha256")
         if not _HEX64.fullmatch(digest):
             raise BundleCorrupt(f"field {name}_sha256 must be 64 hex digits", self.where)

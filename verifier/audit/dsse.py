@@ -87,7 +87,10 @@ def verify(env: object, key: Ed25519PublicKey, where: str = "envelope") -> Verif
         payload = b64decode(payload_b64)
     except ValueError as e:
         raise BundleCorrupt(f"payload: {e}", where) from None
-    message = pae(payload_type, payload)
+    try:
+        message = pae(payload_type, payload)
+    except UnicodeEncodeError:  # a lone surrogate ("\\ud800" in the JSON): not text
+        raise BundleCorrupt("payloadType is not valid Unicode", where) from None
     mine = key_id(key)
     claimed: list[str] = []
     for i, s in enumerate(sigs):

@@ -270,7 +270,7 @@ class DistIndex:
         try:
             with os.scandir(self.to_host(directory)) as it:
                 return any(e.name.endswith(_DIST_INFO) and e.is_dir() for e in it)
-        except (FileNotFoundError, NotADirectoryError):
+        except (FileNotFoundError, NotADirectoryError, ValueError):  # ValueError: NUL, "\ud800"
             return False
         except OSError as e:
             self.problems.append(f"cannot list {directory}: {e.strerror or e}")
@@ -286,7 +286,7 @@ class DistIndex:
         try:
             with os.scandir(self.to_host(site)) as it:
                 names = sorted(e.name for e in it if e.name.endswith(_DIST_INFO) and e.is_dir())
-        except (FileNotFoundError, NotADirectoryError):
+        except (FileNotFoundError, NotADirectoryError, ValueError):  # ValueError: NUL, "\ud800"
             return
         except OSError as e:
             self.problems.append(f"cannot list {site}: {e.strerror or e}")

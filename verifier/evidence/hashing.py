@@ -91,7 +91,7 @@ class Hasher:
         for path in unique:
             try:
                 key = _key(os.stat(path))
-            except OSError:
+            except (OSError, ValueError):  # ValueError: a NUL byte, a lone surrogate
                 misses.append((0, path))  # hash_file reports why
                 continue
             hit = self._cache.get(key) if self.use_cache else None
@@ -116,3 +116,5 @@ def _open(path: str) -> int | Hashed:
         return Hashed(path, None, -1, None, "permission denied")
     except OSError as e:
         return Hashed(path, None, -1, None, e.strerror or type(e).__name__)
+    except ValueError:  # a NUL byte or an unencodable character: no file has that name
+        return Hashed(path, None, -1, None, "invalid path")

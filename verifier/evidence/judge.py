@@ -120,7 +120,8 @@ def context(procfs: ProcFS, pid: int, probe: ProbeState) -> origins.Context:
     if isinstance(interp.get("stdlib"), str):
         stdlib.append(interp["stdlib"])
         stdlib.append(os.path.join(interp["stdlib"], "lib-dynload"))
-    path = [p for p in interp.get("path") or () if isinstance(p, str) and p]
+    listed = interp.get("path")  # written by the process: a list of strings, or anything
+    path = [p for p in listed if isinstance(p, str) and p] if isinstance(listed, list) else []
     try:
         environ = procfs.environ(pid)
     except OSError:

@@ -37,7 +37,9 @@ class _Exec:
 def executable_files(procfs: ProcFS, pid: int) -> list[_Exec]:
     """Distinct file-backed executable mappings of PID, in first-seen order."""
     seen: dict[str, _Exec] = {}
-    for line in procfs.maps(pid).splitlines():
+    # "\n" only: the kernel escapes no other line break in a path ("\r", "\x85", "\u2028"
+    # are valid in file names), and str.splitlines() would split a hostile name into lines.
+    for line in procfs.maps(pid).split("\n"):
         parts = line.split(maxsplit=5)
         if len(parts) < 6 or "x" not in parts[1] or not parts[5].startswith("/"):
             continue

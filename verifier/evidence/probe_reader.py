@@ -135,7 +135,7 @@ def _parse(lines: list[bytes]) -> list[dict[str, Any]]:
             continue
         try:
             rec = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # garbled, not UTF-8, or nested too deep
             continue
         if isinstance(rec, dict):
             out.append(rec)
@@ -205,6 +205,15 @@ class JournalCache:
             del self._entries[key]
 
 
+def _opt_str(v: object) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def _int(v: object) -> int:
+    """An integer field of a record written by the probed process (anything else: 0)."""
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+
 def _hooks(records: list[dict[str, Any]], slots: list[int]) -> list[HookRecord]:
     by_name: dict[str, dict[str, Any]] = {}
     for rec in records:
@@ -246,11 +255,11 @@ def _hooks(records: list[dict[str, Any]], slots: list[int]) -> list[HookRecord]:
                 target=str(h.get("target") or ""),
                 source=str(h.get("source") or ""),
                 module_loaded=bool(h.get("loaded")) or h.get("source") == "api",
-                wrapped=h.get("how") is not None,
-                owner=h.get("owner"),
-                how=h.get("how"),
-                unresolved=h.get("unresolved"),
-                instantiated_class=h.get("instantiated"),
+                wrapped=isinstance(h.get("how"), str),
+                owner=_opt_str(h.get("owner")),
+                how=_opt_str(h.get("how")),
+                unresolved=_opt_str(h.get("unresolved")),
+                instantiated_class=_opt_str(h.get("instantiated")),
                 fired=fired,
                 fired_productive=productive,
                 first_step=first if fired else None,
@@ -259,7 +268,7 @@ def _hooks(records: list[dict[str, Any]], slots: list[int]) -> list[HookRecord]:
                 fired_decode=decode,
                 fired_outside=outside,
                 device_fired=device if "device" in h else None,
-                device=h.get("device"),
+                device=_opt_str(h.get("device")),
             )
         )
     return out
@@ -287,7 +296,8 @@ def _files(records: list[dict[str, Any]]) -> list[FileRecord]:
 
 def read_probe_dir(directory: Path, cache: JournalCache | None = None) -> ProbeState | None:
     """Parse one probe directory; None when it holds no probe state. CACHE: reuse what an
-    earlier read of the same journal parsed (counters are always read fresh)."""
+    earlier read of the same journal parsed (counters are always read fresh). The journal is
+    written by the probed process: a field of the wrong type reads as absent, never raises."""
     journal = directory / L.JOURNAL_FILE
     cached = cache.records(journal) if cache is not None else None
     if cached is not None:
@@ -303,18 +313,19 @@ def read_probe_dir(directory: Path, cache: JournalCache | None = None) -> ProbeS
     runner_rec = next((r for r in reversed(records) if r.get("k") == "runner"), None)
     runner = None
     if runner_rec is not None:
+        methods, mro = runner_rec.get("methods"), runner_rec.get("mro")
         runner = Runner(
             cls=str(runner_rec.get("class")),
-            file=runner_rec.get("file"),
-            sha256=runner_rec.get("sha256"),
-            worker=runner_rec.get("worker"),
-            methods=runner_rec.get("methods") or {},
-            mro=tuple(str(c) for c in runner_rec.get("mro") or ()),
+            file=_opt_str(runner_rec.get("file")),
+            sha256=_opt_str(runner_rec.get("sha256")),
+            worker=_opt_str(runner_rec.get("worker")),
+            methods=methods if isinstance(methods, dict) else {},
+            mro=tuple(str(c) for c in mro) if isinstance(mro, list) else (),
         )
     return ProbeState(
         directory=str(directory),
-        pid=int(start.get("pid", 0)),
-        start_ticks=int(start.get("start_ticks", 0)),
+        pid=_int(start.get("pid")),
+        start_ticks=_int(start.get("start_ticks")),
         mode=str(start.get("mode", "")),
         shared=bool(start.get("shared")),
         roles=[r for r in records if r.get("k") == "role"],

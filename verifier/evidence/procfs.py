@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,7 +51,7 @@ class ProcFS:
         comm = stat[stat.index(b"(") + 1 : stat.rindex(b")")].decode(errors="replace")
         status = self._read(pid, "status").decode(errors="replace")
         ns_pid = pid
-        for line in status.splitlines():
+        for line in status.split("\n"):  # not splitlines(): comm may hold "\r", "\x85"
             if line.startswith("NSpid:"):
                 ns_pid = int(line.split()[-1])
         cmdline = tuple(
@@ -101,7 +102,7 @@ class ProcFS:
     def executable_mappings(self, pid: int) -> list[str]:
         """Distinct file-backed executable mappings (paths, in first-seen order)."""
         seen: dict[str, None] = {}
-        for line in self.maps(pid).splitlines():
+        for line in self.maps(pid).split("\n"):  # not splitlines(): see native.py
             parts = line.split(maxsplit=5)
             if len(parts) == 6 and "x" in parts[1] and parts[5].startswith("/"):
                 seen.setdefault(parts[5], None)
@@ -126,7 +127,12 @@ class ProcFS:
             return False
 
     def in_root(self, pid: int, path: str) -> Path:
-        """PATH as the process sees it (through its root: the container's view)."""
+        """PATH as the process sees it (through its root: the container's view). PATH comes
+        from the process itself: a ".." above its root stays at the root, as it does for the
+        process, instead of climbing out of ``/proc/<pid>/root`` (paths without ".." are kept
+        as they are: normalizing "a/link/.." would change what a symlink means)."""
+        if ".." in path.split("/"):
+            path = posixpath.normpath("/" + path)
         return self.root / str(pid) / "root" / path.lstrip("/")
 
     def parents(self) -> dict[int, int]:

@@ -384,6 +384,8 @@ def load_policy(text: str, source: str = "<policy>") -> Policy:
             line = int(m.group(1)) if m.group(1) else text.count("\n") + 1
             what = msg[: m.start()]
         raise I.PolicyError(source, line, None, f"invalid TOML: {what}") from e
+    except RecursionError:  # tomllib recurses once per nested array or inline table
+        raise I.PolicyError(source, None, None, "invalid TOML: nested too deep") from None
     doc = _Doc(text, source)
     _Table(doc, data, (), _TOP)
     version = data.get("version")
