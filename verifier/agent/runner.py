@@ -233,7 +233,10 @@ class Agent:
         for _ in range(3):
             if self.nonce is None:
                 self.hello()
-            report = dataclasses.replace(report, nonce=self.nonce or "")
+            # Stamped at each send: a report that waited in the spool is as old as it is
+            # (the verifier dates evidence by receipt minus sent_unix - collected_unix).
+            sent = max(time.time(), report.sent_unix)
+            report = dataclasses.replace(report, nonce=self.nonce or "", sent_unix=sent)
             try:
                 resp = self.stub.Report(
                     pb.ReportRequest(report=wire.report_to_pb(report)), timeout=10

@@ -102,6 +102,18 @@ class Policy:
                 )
             )
         findings.extend(unobservable_findings(snap))
+        if snap.authenticated_as is None and not self.evidence.unsafe_allow_unauthenticated:
+            findings.append(
+                Finding(
+                    I.EVIDENCE_UNAUTHENTICATED,
+                    Severity.PENDING,
+                    f"nobody vouches for who sent target {snap.target}'s evidence (a verifier "
+                    "in --insecure mode on a network address, or a report stored before this "
+                    "verifier started): never PASS on it",
+                    snap.target,
+                    {},
+                )
+            )
         bound = dict(self.selection.containers).get(snap.target)
         if bound is not None:
             findings.extend(container_findings(bound, snap))

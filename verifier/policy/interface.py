@@ -52,6 +52,7 @@ EVIDENCE_DISAGREEMENT = "evidence.disagreement"
 EVIDENCE_CONTAINER_MISMATCH = "evidence.container_mismatch"
 EVIDENCE_CONTAINER_UNKNOWN = "evidence.container_unknown"
 EVIDENCE_UNOBSERVABLE = "evidence.unobservable"
+EVIDENCE_UNAUTHENTICATED = "evidence.unauthenticated"
 NATIVE_REPLACED = "provenance.native.replaced"
 NATIVE_DELETED = "provenance.native.deleted"
 NATIVE_UNREADABLE = "provenance.native.unreadable"
@@ -104,6 +105,12 @@ FINDINGS: dict[str, FindingKind] = {
         "",
         "the agent could not see or read what it should (no vLLM process in its PID namespace, "
         "/proc refused)",
+    ),
+    EVIDENCE_UNAUTHENTICATED: FindingKind(
+        Severity.PENDING,
+        "",
+        "nobody vouches for who sent the evidence (a verifier in --insecure mode on a network "
+        "address, or evidence stored before a restart and not yet renewed)",
     ),
     EVIDENCE_CONTAINER_MISMATCH: FindingKind(
         Severity.ERROR,
@@ -275,6 +282,9 @@ class TargetSnapshot:
     collect_s: float = 0.0  # how old the evidence was when the agent sent it (its own clock)
     containers: tuple[ContainerInfo, ...] = ()  # what the agent found about those containers
     unobservable: tuple[str, ...] = ()  # what the agent could not see (TargetReport.unobservable)
+    # How the report was authenticated ("agent NAME" over mTLS or a token, "local": insecure
+    # mode on a Unix socket or loopback); None: nobody vouches for who sent it.
+    authenticated_as: str | None = "local"
 
     @property
     def evidence_unix(self) -> float:
@@ -303,6 +313,9 @@ class EvidenceSettings:
     freshness_s: float = DEFAULT_FRESHNESS_S
     min_steps: int = DEFAULT_MIN_STEPS
     require_probe: tuple[str, ...] = DEFAULT_REQUIRE_PROBE
+    # Accept evidence nobody vouches for (a demo on an --insecure network address). Named
+    # unsafe: a PASS then says nothing about who sent the evidence.
+    unsafe_allow_unauthenticated: bool = False
 
 
 @dataclass(frozen=True)

@@ -262,13 +262,19 @@ def _bindings(doc: _Doc, t: _Table, names: tuple[str, ...]) -> tuple[tuple[str, 
 
 
 def _evidence(doc: _Doc, data: dict[str, Any]) -> I.EvidenceSettings:
-    e = _section(doc, data, "evidence", ("freshness_s", "min_steps", "require_probe"))
+    e = _section(
+        doc,
+        data,
+        "evidence",
+        ("freshness_s", "min_steps", "require_probe", "unsafe_allow_unauthenticated"),
+    )
     if e is None:
         return I.EvidenceSettings()
     return I.EvidenceSettings(
         freshness_s=e.number("freshness_s", I.DEFAULT_FRESHNESS_S, minimum=0, above=True),
         min_steps=e.integer("min_steps", I.DEFAULT_MIN_STEPS, minimum=1),
         require_probe=e.strings("require_probe", choices=I.ROLES) or I.DEFAULT_REQUIRE_PROBE,
+        unsafe_allow_unauthenticated=e.boolean("unsafe_allow_unauthenticated", default=False),
     )
 
 

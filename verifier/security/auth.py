@@ -85,9 +85,21 @@ INSECURE = Peer(("insecure",), frozenset(), frozenset(ROLES), insecure=True)
 
 
 class Authorizer:
-    def __init__(self, secure: bool, tokens: Iterable[Token] = ()) -> None:
+    """SECURE: TLS with client certificates and/or tokens. Otherwise insecure mode, LOCAL when
+    the verifier listens only where this host's own users reach it (a Unix socket, loopback)."""
+
+    def __init__(self, secure: bool, tokens: Iterable[Token] = (), local: bool = True) -> None:
         self.secure = secure
+        self.local = local
         self.tokens = {t.sha256: t for t in tokens}
+
+    def authenticated_as(self, peer: Peer) -> str | None:
+        """How evidence from PEER was authenticated: the agent's identity, "local" (insecure
+        mode on a local address: only this host reaches it), or None (insecure on a network
+        address: anyone could have sent it)."""
+        if not peer.insecure:
+            return "agent " + "/".join(peer.names)
+        return "local" if self.local else None
 
     def peer(self, context: grpc.ServicerContext) -> Peer:
         if not self.secure:

@@ -118,7 +118,7 @@ class VerifierServer:
                     "and --tls-client-ca (or --tokens), or --insecure to accept that anyone who "
                     "reaches this address can report evidence and read verdicts"
                 )
-            return Authorizer(secure=False)
+            return Authorizer(secure=False, local=is_local(config.listen))
         if config.tls.client_ca is None and config.tokens is None:
             raise ConfigError(
                 "TLS without --tls-client-ca or --tokens: nobody could authenticate (agents need "

@@ -60,7 +60,9 @@ class Evaluator:
             self._manifests[digest] = got
         return got
 
-    def _snapshot(self, report: TargetReport, received_unix: float) -> TargetSnapshot:
+    def _snapshot(
+        self, report: TargetReport, received_unix: float, authenticated_as: str | None
+    ) -> TargetSnapshot:
         procs = tuple(
             p
             if p.files is not None
@@ -76,17 +78,22 @@ class Evaluator:
             report.collect_s,
             report.containers,
             report.unobservable,
+            authenticated_as,
         )
 
     def _load(self) -> dict[str, TargetSnapshot]:
+        # Evidence stored before this verifier started: how it was authenticated is not known
+        # now, so it counts as unauthenticated until its target reports again.
         return {
-            s.target: self._snapshot(wire.report_from_bytes(s.report), s.received_unix)
+            s.target: self._snapshot(wire.report_from_bytes(s.report), s.received_unix, None)
             for s in self.store.latest_reports()
         }
 
-    def note(self, report: TargetReport, received_unix: float) -> None:
+    def note(
+        self, report: TargetReport, received_unix: float, authenticated_as: str | None = "local"
+    ) -> None:
         """A report was stored: it is now its target's latest evidence."""
-        snap = self._snapshot(report, received_unix)
+        snap = self._snapshot(report, received_unix, authenticated_as)
         with self._lock:
             if self._latest is None:
                 self._latest = self._load()

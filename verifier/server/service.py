@@ -81,7 +81,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
             report = wire.report_from_pb(request.report)
         except wire.WireError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed report: {e}")
-        self.auth.require_agent(context, report.agent_id, [report.target])
+        peer = self.auth.require_agent(context, report.agent_id, [report.target])
         with self._lock:
             expected = self._nonces.get(report.agent_id)
             if expected is None or not secrets.compare_digest(expected, report.nonce):
@@ -109,14 +109,24 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
                 time.time(),
                 wire.report_to_bytes(stripped),
             )
-            self.store.save_report(
-                stored,
-                manifests,
-                processes_seen(report.processes),
-                report.spans,
-                report.request_ids,
+            try:
+                self.store.save_report(
+                    stored,
+                    manifests,
+                    processes_seen(report.processes),
+                    report.spans,
+                    report.request_ids,
+                )
+            except self.store.errors as e:
+                # Not stored, so never acknowledged: the agent keeps it spooled and retries.
+                log.error("report_not_stored", agent=report.agent_id, seq=report.seq, error=str(e))
+                context.abort(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"report {report.seq} not stored, the verifier's database refused it: {e}",
+                )
+            self.evaluator.note(
+                stripped, stored.received_unix, self.auth.authenticated_as(peer)
             )
-            self.evaluator.note(stripped, stored.received_unix)
             nonce = secrets.token_hex(16)
             self._nonces[report.agent_id] = nonce
         self.dirty.set()

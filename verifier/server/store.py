@@ -71,6 +71,9 @@ class Store:
         self.path = self._db.name
         self.kind = self._db.kind
         errors: tuple[type[Exception], ...] = (*self._db.errors, OSError)
+        # What a failed read or write raises (disk full, database gone): callers that must
+        # not acknowledge what was not stored catch these.
+        self.errors = errors
         try:
             self._db.executescript(schema.for_kind(self._db.kind))
             integrity = self._db.quick_check()
