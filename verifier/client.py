@@ -23,6 +23,8 @@ def _translate(address: str, e: grpc.RpcError) -> Error:
         return NotAuthorized(f"verifier at {address} refused: {details or code.name}")
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return UnavailableError(f"verifier at {address} unreachable: {details or code.name}")
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:  # back-pressure: up, but refusing load
+        return UnavailableError(f"verifier at {address} busy: {details or code.name}")
     if code == grpc.StatusCode.INVALID_ARGUMENT and "policy" in details.lower():
         return ConfigError(details)
     if code in (

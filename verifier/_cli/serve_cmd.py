@@ -48,6 +48,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--checkpoint-interval", type=float, default=60.0, metavar="S", help="default 60"
     )
+    p.add_argument(
+        "--max-concurrent-rpcs",
+        type=int,
+        default=64,
+        metavar="N",
+        help="answer RESOURCE_EXHAUSTED beyond N RPCs in progress rather than queue without "
+        "bound (default 64); agents back off and keep their reports spooled",
+    )
     sec = p.add_argument_group(
         "transport security",
         "TLS with client certificates (verifier certs) and/or bearer tokens; without TLS the "
@@ -90,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.checkpoint_interval <= 0:
         raise UsageError("--checkpoint-interval must be positive")
+    if args.max_concurrent_rpcs < 1:
+        raise UsageError("--max-concurrent-rpcs must be at least 1")
     from verifier.security.tls import ServerTLS
 
     if (args.tls_cert is None) != (args.tls_key is None):
@@ -109,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
         tls=tls,
         tokens=args.tokens,
         insecure=args.insecure,
+        max_concurrent_rpcs=args.max_concurrent_rpcs,
     )
     VerifierServer(config).serve_forever()
     return 0

@@ -309,7 +309,10 @@ class Agent:
                     # spooled (bounded) until the credentials are fixed.
                     log.error("not_authorized", reason=e.details(), spooled=len(self.spool))
                 log.warning(
-                    "verifier_unreachable",
+                    # RESOURCE_EXHAUSTED: the verifier is up but refusing load (back-pressure)
+                    "verifier_busy"
+                    if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                    else "verifier_unreachable",
                     code=str(e.code()),
                     spooled=len(self.spool),
                     retry_in_s=backoff,

@@ -49,6 +49,10 @@ class ServeConfig:
     tokens: Path | None = None  # bearer tokens with roles / targets (see security.auth)
     insecure: bool = False  # serve without TLS on a non-local address (named, warned)
     checkpoint_interval_s: float = 60.0
+    # Beyond this many RPCs in progress (running or queued for a worker), the verifier answers
+    # RESOURCE_EXHAUSTED at once instead of queueing without bound; agents back off and keep
+    # the report spooled. None: no limit.
+    max_concurrent_rpcs: int | None = 64
 
 
 def register_at_start(store: Store, name: str, path: Path) -> None:
@@ -97,7 +101,9 @@ class VerifierServer:
         self.health = health.HealthServicer()
         opts = list(wire.GRPC_OPTIONS)
         self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=config.workers), options=opts
+            futures.ThreadPoolExecutor(max_workers=config.workers),
+            options=opts,
+            maximum_concurrent_rpcs=config.max_concurrent_rpcs,
         )
         pb_grpc.add_VerifierServiceServicer_to_server(self.service, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
