@@ -31,6 +31,12 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--spool-max-bytes", type=int, default=64 * 1024 * 1024)
     p.add_argument("--health", metavar="ADDRESS", help="serve gRPC health checks here")
+    p.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics over HTTP at http://HOST:PORT/metrics (a bare PORT: "
+        "127.0.0.1); off by default (docs/operations.md)",
+    )
     docker = p.add_mutually_exclusive_group()
     docker.add_argument(
         "--docker-socket",
@@ -59,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         health_listen=args.health,
         docker_socket=None if args.no_docker else args.docker_socket,
         tls=tls_from(args),
+        metrics_listen=args.metrics_listen,
     )
     Agent(config).serve_forever()
     return 0

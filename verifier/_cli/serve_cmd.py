@@ -56,6 +56,12 @@ def add_parser(sub: Any) -> None:
         help="answer RESOURCE_EXHAUSTED beyond N RPCs in progress rather than queue without "
         "bound (default 64); agents back off and keep their reports spooled",
     )
+    p.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics over HTTP at http://HOST:PORT/metrics (a bare PORT: "
+        "127.0.0.1); off by default (docs/operations.md)",
+    )
     sec = p.add_argument_group(
         "transport security",
         "TLS with client certificates (verifier certs) and/or bearer tokens; without TLS the "
@@ -120,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
         tokens=args.tokens,
         insecure=args.insecure,
         max_concurrent_rpcs=args.max_concurrent_rpcs,
+        metrics_listen=args.metrics_listen,
     )
     VerifierServer(config).serve_forever()
     return 0

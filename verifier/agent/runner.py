@@ -38,6 +38,7 @@ from verifier.evidence.probe_reader import JournalCache
 from verifier.evidence.process import ProcessEvidence
 from verifier.evidence.procfs import ProcFS
 from verifier.evidence.stacks import Witnesses
+from verifier.metrics import AgentMetrics, serve_metrics
 from verifier.model import ProcessKey, ProcessReport, TargetReport
 from verifier.security.tls import ClientTLS, client_channel
 
@@ -59,6 +60,7 @@ class AgentConfig:
     recheck_s: float = 5.0  # re-hash every manifest file at least this often (drift detection)
     docker_socket: str | None = DEFAULT_SOCKET  # the Docker API, to name containers (None: no)
     tls: ClientTLS | None = None  # None: insecure (warned)
+    metrics_listen: str | None = None  # HOST:PORT: Prometheus metrics over HTTP (metrics.py)
 
 
 class Agent:
@@ -75,6 +77,9 @@ class Agent:
         # Request bindings the probes appended since the last report (offsets kept by the spool)
         self.bindings = Bindings(config.spool_dir / "bindings-offsets.json")
         self.spool = Spool(config.spool_dir, config.spool_max_bytes)
+        self.metrics = AgentMetrics(
+            lambda: (len(self.spool), self.spool.size_bytes(), self.spool.dropped)
+        )
         counter = self.spool.load_counter()
         # A fresh spool cannot know what this agent id already delivered: its first Hello
         # says (last_seq), and reports it numbered before then are renumbered above that.
@@ -237,24 +242,30 @@ class Agent:
             # (the verifier dates evidence by receipt minus sent_unix - collected_unix).
             sent = max(time.time(), report.sent_unix)
             report = dataclasses.replace(report, nonce=self.nonce or "", sent_unix=sent)
+            self.metrics.sent.inc()
             try:
                 resp = self.stub.Report(
                     pb.ReportRequest(report=wire.report_to_pb(report)), timeout=10
                 )
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    self.metrics.refused.inc(reason="nonce")
                     self.nonce = None
                     continue
                 if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                    self.metrics.refused.inc(reason="malformed")
                     log.error("report_rejected", seq=report.seq, reason=e.details())
                     return True  # never deliverable: drop it rather than block the spool
                 raise
             self.nonce = resp.nonce
             if resp.accepted:
+                self.metrics.acked(len(report.spans), len(report.request_ids))
+                log.debug("report_acknowledged", seq=report.seq)
                 for p in report.processes:
                     if p.files is not None and p.manifest_digest:
                         self.sent_digests.add(p.manifest_digest)
                 return True
+            self.metrics.refused.inc(reason="need_manifests")
             need = set(resp.need_manifests)
             self.sent_digests -= need
             report = self._full(report, need)
@@ -276,7 +287,9 @@ class Agent:
             self.spool.ack(seq)
 
     def step(self) -> None:
+        began = time.monotonic()
         report = self.collect()
+        self.metrics.collected(time.monotonic() - began)
         self.spool.put(report.seq, wire.report_to_bytes(report))
         self.bindings.save()  # its bindings are in the spool now
         if self.spool.dropped:
@@ -287,6 +300,10 @@ class Agent:
 
     # lifecycle -------------------------------------------------------------------------
     def run(self) -> None:
+        structlog.contextvars.bind_contextvars(  # on every line this agent logs
+            target=self.config.target, agent_id=self.config.agent_id
+        )
+        metrics_http = serve_metrics(self.config.metrics_listen, self.metrics.registry)
         if self.config.health_listen:
             self.health_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
             health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_server)
@@ -300,6 +317,7 @@ class Agent:
                 backoff = 0.5
                 wait = self.interval
             except grpc.RpcError as e:
+                self.metrics.failed(e.code())
                 self.nonce = None
                 if e.code() in (
                     grpc.StatusCode.UNAUTHENTICATED,
@@ -322,6 +340,8 @@ class Agent:
             self.stop_event.wait(wait)
         if self.health_server is not None:
             self.health_server.stop(1).wait()
+        if metrics_http is not None:
+            metrics_http.stop()
         self.channel.close()
 
     def serve_forever(self) -> None:

@@ -56,5 +56,15 @@ class Spool:
         tmp.write_text(str(seq))
         os.replace(tmp, self.dir / "seq")
 
+    def size_bytes(self) -> int:
+        """Bytes of the spooled reports (read by the metrics endpoint, from another thread)."""
+        total = 0
+        for p in self._files():
+            try:
+                total += p.stat().st_size
+            except FileNotFoundError:
+                continue  # acknowledged meanwhile
+        return total
+
     def __len__(self) -> int:
         return len(self._files())

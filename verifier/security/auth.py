@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import NoReturn
 
 import grpc
+import structlog
 
 from verifier.errors import ConfigError
 from verifier.security.certs import ROLES, Identity, identity_of
@@ -129,6 +130,7 @@ class Authorizer:
 
     def require_role(self, context: grpc.ServicerContext, allowed: frozenset[str]) -> Peer:
         p = self.peer(context)
+        structlog.contextvars.bind_contextvars(identity=p.describe())  # on every log line
         if not p.insecure and not (p.roles & allowed):
             _abort(
                 context,
@@ -141,6 +143,7 @@ class Authorizer:
         self, context: grpc.ServicerContext, agent_id: str, targets: Iterable[str]
     ) -> Peer:
         p = self.peer(context)
+        structlog.contextvars.bind_contextvars(identity=p.describe())  # on every log line
         if p.insecure:
             return p
         if not p.targets:

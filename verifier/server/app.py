@@ -22,6 +22,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from verifier import wire
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
 from verifier.errors import ConfigError
+from verifier.metrics import MetricsServer, RpcObserver, serve_metrics
 from verifier.policy import PolicyError, load_policy, policy_digest
 from verifier.security.auth import Authorizer, load_tokens
 from verifier.security.tls import ServerTLS, is_local, warn_insecure
@@ -53,6 +54,7 @@ class ServeConfig:
     # RESOURCE_EXHAUSTED at once instead of queueing without bound; agents back off and keep
     # the report spooled. None: no limit.
     max_concurrent_rpcs: int | None = 64
+    metrics_listen: str | None = None  # HOST:PORT: Prometheus metrics over HTTP (metrics.py)
 
 
 def register_at_start(store: Store, name: str, path: Path) -> None:
@@ -104,10 +106,12 @@ class VerifierServer:
             futures.ThreadPoolExecutor(max_workers=config.workers),
             options=opts,
             maximum_concurrent_rpcs=config.max_concurrent_rpcs,
+            interceptors=[RpcObserver(self.service.metrics)],
         )
         pb_grpc.add_VerifierServiceServicer_to_server(self.service, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.port = 0
+        self.metrics_http: MetricsServer | None = None
         self._stop = threading.Event()
         self._keeper = threading.Thread(
             target=self._keep_history, name="verdict-history", daemon=True
@@ -133,6 +137,7 @@ class VerifierServer:
         return Authorizer(True, load_tokens(config.tokens) if config.tokens else ())
 
     def start(self) -> None:
+        self.metrics_http = serve_metrics(self.config.metrics_listen, self.service.metrics.registry)
         try:
             if self.config.tls is not None:
                 creds = self.config.tls.credentials()
@@ -187,6 +192,8 @@ class VerifierServer:
             self._keeper.join(timeout=10)
         self._checkpoint()  # the last word: what this verifier stored, signed
         self.store.close()
+        if self.metrics_http is not None:
+            self.metrics_http.stop()
         log.info("stopped")
 
     def serve_forever(self) -> None:

@@ -20,6 +20,7 @@ from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
 from verifier.errors import Error
 from verifier.manifest import merkle_root
+from verifier.metrics import VerifierMetrics
 from verifier.model import RunVerdict, TargetReport
 from verifier.policy import PolicyError, load_policy, policy_digest
 from verifier.security.auth import READ_ROLES, Authorizer
@@ -60,6 +61,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         self._lock = threading.Lock()
         self._known: set[str] = set()  # manifest digests already stored
         self.dirty = threading.Event()  # new evidence: the history keeper re-evaluates
+        self.metrics = VerifierMetrics(store.ledger_size)
 
     # agents ----------------------------------------------------------------------------
     def Hello(self, request: pb.HelloRequest, context: grpc.ServicerContext) -> pb.HelloResponse:
@@ -77,10 +79,14 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         )
 
     def Report(self, request: pb.ReportRequest, context: grpc.ServicerContext) -> pb.ReportResponse:
+        received = time.monotonic()
         try:
             report = wire.report_from_pb(request.report)
         except wire.WireError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed report: {e}")
+        structlog.contextvars.bind_contextvars(  # every line about this report names it
+            agent=report.agent_id, target=report.target, seq=report.seq
+        )
         peer = self.auth.require_agent(context, report.agent_id, [report.target])
         with self._lock:
             expected = self._nonces.get(report.agent_id)
@@ -90,9 +96,11 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
                     "nonce mismatch: say Hello and report again with the nonce it returns",
                 )
             if report.seq <= self.store.last_seq(report.agent_id):
+                self.metrics.report("duplicate")
                 return pb.ReportResponse(accepted=True, seq=report.seq, nonce=expected)
             manifests, need = self._manifests(report, context)
             if need:
+                self.metrics.report("need_manifests")
                 return pb.ReportResponse(
                     accepted=False, seq=report.seq, nonce=expected, need_manifests=need
                 )
@@ -124,6 +132,9 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
                     grpc.StatusCode.UNAVAILABLE,
                     f"report {report.seq} not stored, the verifier's database refused it: {e}",
                 )
+            ingest_s = time.monotonic() - received
+            self.metrics.stored(report, stored.received_unix, ingest_s)
+            log.debug("report_stored", ingest_s=round(ingest_s, 6), processes=len(report.processes))
             self.evaluator.note(
                 stripped, stored.received_unix, self.auth.authenticated_as(peer)
             )
@@ -203,6 +214,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         except Error as e:
             context.abort(grpc.StatusCode.INTERNAL, e.explain())
         self.store.record_verdict(run.name, verdict.verdict.value, verdict_detail(verdict))
+        self.metrics.verdict(run.name, verdict.verdict.value)
         return pb.GetRunStatusResponse(verdict=wire.run_verdict_to_pb(verdict))
 
     def ListRuns(
@@ -234,5 +246,6 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
             except Error as e:
                 log.error("evaluate_failed", run=run.name, error=e.explain())
                 continue
+            self.metrics.verdict(run.name, verdict.verdict.value)
             if self.store.record_verdict(run.name, verdict.verdict.value, verdict_detail(verdict)):
                 log.info("verdict", run=run.name, verdict=verdict.verdict.value)

@@ -263,6 +263,11 @@ class Store:
     def count_reports(self) -> int:
         return int(self._query("SELECT COUNT(*) FROM reports")[0][0])
 
+    def ledger_size(self) -> int:
+        """Entries in the audit ledger (its last sequence number; the metrics read it)."""
+        rows = self._query("SELECT MAX(seq) FROM ledger")
+        return int(rows[0][0]) if rows and rows[0][0] is not None else 0
+
     # verdict history -------------------------------------------------------------------
     def last_verdict(self, run: str) -> tuple[str, str] | None:
         rows = self._query(
