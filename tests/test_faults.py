@@ -42,6 +42,8 @@ from verifier.client import VerifierClient
 from verifier.model import TargetReport, Verdict
 from verifier.server.app import ServeConfig, VerifierServer
 from verifier.server.db import open_database
+from verifier.server.store import Store, StoredReport
+from verifier.testing.postgres import PostgresServer
 
 AGENT_ID = "fault-agent"
 RUNNER = "class Runner:\n    def execute_model(self, so):\n        return None\n"
@@ -638,3 +640,20 @@ def test_spooled_report_delivered_late_is_dated_by_when_it_was_read(
             server.stop()
     finally:
         a.channel.close()
+
+
+def test_a_postgresql_restart_costs_one_refused_write_not_the_verifier(
+    postgres: PostgresServer, pg_database: str
+) -> None:
+    """The server drops every connection on a restart: the write in flight fails (so it is
+    not acknowledged), the next one reconnects, and the ledger is intact."""
+    store = Store(pg_database)
+    try:
+        assert store.save_report(StoredReport("a", 1, "t", time.time(), b"one"), {})
+        postgres.restart()
+        with pytest.raises(store.errors):
+            store.save_report(StoredReport("a", 2, "t", time.time(), b"two"), {})
+        assert store.save_report(StoredReport("a", 2, "t", time.time(), b"two"), {})
+        assert store.last_seq("a") == 2 and store.verify_ledger().ok
+    finally:
+        store.close()

@@ -191,16 +191,29 @@ class PostgresDatabase(Database):
         self._psycopg = psycopg
         self.errors = (psycopg.Error,)
         self.name = redact(url)
+        self._url, self._read_only = url, read_only
+        self._db = self._connect()
+        self._sql: dict[str, str] = {}
+        self._tx = False
+
+    def _connect(self) -> Any:
         try:
-            self._db = psycopg.connect(url, autocommit=True, connect_timeout=10)
-        except psycopg.OperationalError as e:
+            db = self._psycopg.connect(self._url, autocommit=True, connect_timeout=10)
+        except self._psycopg.OperationalError as e:
             raise DatabaseUnreachable(
                 f"cannot reach the verifier database {self.name}: {str(e).strip()}"
             ) from e
-        if read_only:
-            self._db.execute("SET default_transaction_read_only = on")
-        self._sql: dict[str, str] = {}
-        self._tx = False
+        if self._read_only:
+            db.execute("SET default_transaction_read_only = on")
+        return db
+
+    def _live(self) -> Any:
+        """The connection; a new one when the server dropped the last (a PostgreSQL restart):
+        what failed with it raised to its caller, who did not acknowledge it."""
+        if self._db.broken or self._db.closed:
+            self._tx = False
+            self._db = self._connect()
+        return self._db
 
     def _convert(self, sql: str) -> str:
         out = self._sql.get(sql)
@@ -209,17 +222,18 @@ class PostgresDatabase(Database):
         return out
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> Rows:
-        return self._db.execute(self._convert(sql), tuple(args))
+        db = self._db if self._tx else self._live()
+        return db.execute(self._convert(sql), tuple(args))  # type: ignore[no-any-return]
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         with self._db.cursor() as cur:
             cur.executemany(self._convert(sql), rows)
 
     def executescript(self, script: str) -> None:
-        self._db.execute(script)
+        self._live().execute(script)
 
     def begin(self) -> None:
-        self._db.execute("BEGIN")
+        self._live().execute("BEGIN")
         self._tx = True
         self._db.execute("SELECT pg_advisory_xact_lock(%s)", (_WRITE_LOCK,))
 
@@ -229,7 +243,8 @@ class PostgresDatabase(Database):
 
     def rollback(self) -> None:
         self._tx = False
-        self._db.execute("ROLLBACK")
+        if not (self._db.broken or self._db.closed):
+            self._db.execute("ROLLBACK")
 
     @property
     def in_transaction(self) -> bool:
