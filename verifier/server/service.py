@@ -135,9 +135,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
             ingest_s = time.monotonic() - received
             self.metrics.stored(report, stored.received_unix, ingest_s)
             log.debug("report_stored", ingest_s=round(ingest_s, 6), processes=len(report.processes))
-            self.evaluator.note(
-                stripped, stored.received_unix, self.auth.authenticated_as(peer)
-            )
+            self.evaluator.note(stripped, stored.received_unix, self.auth.authenticated_as(peer))
             nonce = secrets.token_hex(16)
             self._nonces[report.agent_id] = nonce
         self.dirty.set()
