@@ -178,3 +178,42 @@ def test_an_older_database_gets_its_index_rebuilt(backend: Backend) -> None:
         assert find_request(db, "alpha")[0].role == "worker"
     finally:
         db.close()
+
+
+def test_a_binding_resent_in_a_later_batch_is_one_request(backend: Backend) -> None:
+    """An agent killed after spooling a report and before saving its read offsets sends the
+    same bindings again with its next report: stored twice (both in the ledger), answered once."""
+    key = stocked(backend.target)
+    s = Store(backend.target)
+    try:
+        t = time.time()
+        body = wire.report_to_bytes(TargetReport("a", "serving", 2, "", t, ()))
+        (alpha, _) = spans_for(key, t)
+        original = find_request_via(backend.target, "alpha")
+        assert s.save_report(
+            StoredReport("a", 2, "serving", t, body),
+            {},
+            (),
+            (replace(alpha, first_unix=original.first_unix, last_unix=original.last_unix),),
+            (),
+        )
+        assert s.verify_ledger().ok
+    finally:
+        s.close()
+    db = open_database(backend.target, read_only=True)
+    try:
+        assert len(find_request(db, "alpha")) == 1
+    finally:
+        db.close()
+
+
+def find_request_via(target: str, query: str) -> RequestSpan:
+    db = open_database(target, read_only=True)
+    try:
+        (got,) = find_request(db, query)
+    finally:
+        db.close()
+    key = ProcessKey("", got.pid, got.start_ticks)
+    return RequestSpan(key, got.internal_id, got.first_step, got.last_step, got.steps, got.tokens,
+                       got.first_unix, got.last_unix, got.manifests[0], got.manifests[-1],
+                       got.runner)  # fmt: skip

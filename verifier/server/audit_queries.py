@@ -219,6 +219,7 @@ def find_request(db: Database, query: str) -> list[Served]:
     ids = _internal_ids(db, query)
     runs = _runs(db)
     out: list[Served] = []
+    seen: set[tuple[Any, ...]] = set()
     for internal, external in ids.items():
         for row in db.execute(
             "SELECT target, boot_id, pid, start_ticks, first_step, last_step, steps, tokens, "
@@ -226,6 +227,11 @@ def find_request(db: Database, query: str) -> list[Served]:
             "FROM bindings WHERE internal_id = ? ORDER BY first_unix",
             (internal,),
         ):
+            # The same record sent twice (an agent killed after spooling a report and before
+            # saving its read offsets resends it) is one request served once.
+            if tuple(row) in seen:
+                continue
+            seen.add(tuple(row))
             out.append(_served(db, runs, internal, external, tuple(row)))
     if not out:
         known = [i for i, e in ids.items() if e]
