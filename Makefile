@@ -43,6 +43,7 @@ bench: setup      ## benchmarks; results belong in BENCHMARKS.md
 	$(PY) bench/compare_boots.py
 	$(PY) bench/ledger_ingest.py
 	$(PY) bench/bindings_ledger.py
+	$(PY) bench/load_test.py
 
 clean:            ## remove caches and scratch (keeps .venv and the model)
 	rm -rf .scratch .pytest_cache .mypy_cache .ruff_cache
