@@ -332,6 +332,7 @@ class Agent:
                     if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
                     else "verifier_unreachable",
                     code=str(e.code()),
+                    reason=e.details(),
                     spooled=len(self.spool),
                     retry_in_s=backoff,
                 )
