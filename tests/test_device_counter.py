@@ -67,3 +67,52 @@ def test_device_counter_counts_with_and_without_python_fires(tmp_path: Path) -> 
     none = hook_by_name(p, "no_torch_device")
     assert none["device_fired"] is None  # no device: no counter, and no crash
     assert ready.read_text() == "None"
+
+
+COMPILED = """\
+import sys, time, torch
+import devmod
+net = devmod.Net()
+compiled = torch.compile(net, fullgraph=True, backend="eager")
+for _ in range(4):
+    compiled(torch.ones(2))  # traced once, then the compiled call: the hook is not counted
+for _ in range(2):
+    net(torch.ones(2))  # eager calls: counted
+time.sleep(2.5)
+open(sys.argv[1], "w").write("ok")
+time.sleep(600)
+"""
+
+
+def test_a_hook_inside_a_fullgraph_compiled_forward_does_not_break_compilation(
+    tmp_path: Path,
+) -> None:
+    """Seen on the H200 (vLLM 0.26, CUDA graphs): Dynamo traced the hook's wrapper into the
+    compiled model, could not trace the probe's counters (a memoryview) and, vLLM compiling
+    with fullgraph=True, the engine did not start. The wrapper now leaves its fire out of
+    what torch.compile traces: compiled calls are not counted, eager calls are."""
+    (tmp_path / "devmod.py").write_text(MODULE)
+    ready = tmp_path / "ready"
+    env = probe_env(
+        tmp_path / "probe",
+        VERIFIER_PROBE_EARLY="1",
+        VERIFIER_HOOKS="fwd=devmod:Net.forward,fwd_dev=devmod:Net.forward@device",
+        PYTHONPATH=str(tmp_path),
+    )
+    proc = subprocess.Popen([sys.executable, "-c", COMPILED, str(ready)], env=env,
+                            stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while not ready.exists():
+            if proc.poll() is not None:
+                raise AssertionError(proc.stderr.read().decode()[-3000:] if proc.stderr else "")
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        [p] = inspect_json(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+    assert hook_by_name(p, "fwd")["fired"] == 2  # the eager calls only
+    assert hook_by_name(p, "fwd_dev")["fired"] == 2

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -144,9 +145,27 @@ def _device_tick(base: int, name: str, args: tuple[Any, ...], kwargs: dict[str, 
         _core.report_error("device_counter", f"{name!r}: {type(e).__name__}: {e}")
 
 
+def _never() -> bool:
+    return False
+
+
+def _compiling_check() -> Callable[[], bool]:
+    """``torch.compiler.is_compiling`` when torch is loaded, else a function that says no.
+    Under torch.compile, Dynamo traces a hooked function's wrapper; it cannot trace the
+    counters (a memoryview), and vLLM compiles with ``fullgraph=True``, where anything it
+    cannot trace stops the engine from starting. Dynamo evaluates ``is_compiling()`` to True
+    while tracing, so the fire is left out of the compiled graph: a compiled call is not
+    counted (under CUDA graphs it never runs Python on replay anyway), an eager call is."""
+    torch = sys.modules.get("torch")
+    check = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    return check if callable(check) else _never
+
+
 def counting(fn: F, base: int, device: str | None = None) -> F:
     """FN wrapped so that each call fires the hook at BASE first (and, with DEVICE set to the
-    hook's name, increments its device-side counter)."""
+    hook's name, increments its device-side counter). Calls traced by torch.compile do not
+    fire (see ``_compiling_check``)."""
+    compiling = _compiling_check()
     code = getattr(fn, "__code__", None)
     if code is not None and code.co_flags & _CO_COROUTINE:
 
@@ -158,15 +177,17 @@ def counting(fn: F, base: int, device: str | None = None) -> F:
     elif device is not None:
 
         def dwrapper(*args: Any, **kwargs: Any) -> Any:
-            _fire(base)
-            _device_tick(base, device, args, kwargs)
+            if not compiling():
+                _fire(base)
+                _device_tick(base, device, args, kwargs)
             return fn(*args, **kwargs)
 
         wrapper = dwrapper
     else:
 
         def swrapper(*args: Any, **kwargs: Any) -> Any:
-            _fire(base)
+            if not compiling():
+                _fire(base)
             return fn(*args, **kwargs)
 
         wrapper = swrapper

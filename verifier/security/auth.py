@@ -26,7 +26,7 @@ import grpc
 import structlog
 
 from verifier.errors import ConfigError
-from verifier.security.certs import ROLES, Identity, identity_of
+from verifier.security.roles import ROLES, Identity, identity_of
 
 READ_ROLES = frozenset({"operator", "harness", "auditor"})
 

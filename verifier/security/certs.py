@@ -28,10 +28,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from verifier.errors import ConfigError, UsageError
+from verifier.security.roles import ROLE_URI, ROLES, TARGET_URI, Identity, identity_of
 
-TARGET_URI = "verifier:target:"
-ROLE_URI = "verifier:role:"
-ROLES = ("operator", "harness", "auditor")
+__all__ = ["ROLES", "Identity", "Issued", "identity_of", "init_ca", "issue"]
 
 
 @dataclass(frozen=True)
@@ -153,26 +152,3 @@ def issue(
     _write(out.key, _key_pem(key), private=True, force=force)
     _write(out.cert, cert.public_bytes(serialization.Encoding.PEM), private=False, force=force)
     return out
-
-
-@dataclass(frozen=True)
-class Identity:
-    """What a peer's certificate says it is."""
-
-    name: str  # common name (an agent's id)
-    targets: frozenset[str]
-    roles: frozenset[str]
-
-
-def identity_of(pem: bytes) -> Identity:
-    cert = x509.load_pem_x509_certificate(pem)
-    cns = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-    name = str(cns[0].value) if cns else ""
-    try:
-        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-        uris = san.get_values_for_type(x509.UniformResourceIdentifier)
-    except x509.ExtensionNotFound:
-        uris = []
-    targets = frozenset(u[len(TARGET_URI) :] for u in uris if u.startswith(TARGET_URI))
-    roles = frozenset(u[len(ROLE_URI) :] for u in uris if u.startswith(ROLE_URI))
-    return Identity(name, targets, roles & set(ROLES))

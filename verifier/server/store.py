@@ -18,12 +18,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from verifier.audit.keys import Ed25519PrivateKey
 from verifier.errors import ConfigError, UsageError
 from verifier.model import RequestId, RequestSpan
-from verifier.server import bindings, checkpoints, ledger, schema
+from verifier.server import bindings, ledger, schema
 from verifier.server.db import Database, open_database
 from verifier.server.index import (
     ProcessSeen,
@@ -32,6 +31,10 @@ from verifier.server.index import (
     needs_rebuild,
     rebuild,
 )
+
+if TYPE_CHECKING:  # signing needs `cryptography`, imported only when a key is used
+    from verifier.audit.keys import Ed25519PrivateKey
+    from verifier.server.checkpoints import Checkpoint
 
 RUN_COLUMNS = "name, policy_toml, policy_digest, source, created_unix"
 
@@ -96,9 +99,11 @@ class Store:
     def _reindex(self, db: Database) -> None:
         self.reindexed = rebuild(db)
 
-    def sign_checkpoint(self, key: Ed25519PrivateKey) -> checkpoints.Checkpoint | None:
+    def sign_checkpoint(self, key: Ed25519PrivateKey) -> Checkpoint | None:
         """Sign and store the ledger's current tree head (None: nothing new to sign)."""
-        out: list[checkpoints.Checkpoint | None] = [None]
+        from verifier.server import checkpoints
+
+        out: list[Checkpoint | None] = [None]
 
         def sign(db: Database) -> None:
             out[0] = checkpoints.sign(db, key)

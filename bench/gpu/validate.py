@@ -1,0 +1,212 @@
+"""One arm of the GPU validation (issue 9), run ON the lent H200 by the GPU kit's serve.sh:
+
+    VERIFIER_HOOKS=... bash .gpu/call2/serve.sh --serve 8000 python3 bench/gpu/validate.py LABEL
+
+serve.sh has started vLLM 0.26.0 (this project's wheel installed beside it, so the probe loads
+as a vLLM plugin in every process) and exported VLLM_URL and VLLM_API_PID. This script then
+runs the verifier and an agent next to it (Unix socket: local insecure mode), registers runs
+that expect the V1 runner's step hook, the V2 runner's step hook, the model's Python forward,
+and its device-side counter to fire on every productive step, drives load with the kit's
+client, waits, and keeps `verifier status --json` of every run, `verifier inspect --tree
+--json`, the client's summary and the logs, in one archive $OUT/LABEL.tar.gz ($OUT returns at
+most 8 files). A one-line JSON summary goes to stdout. Stdlib only (the device has no network).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+LABEL = sys.argv[1] if len(sys.argv) > 1 else "arm"
+LOAD_S = os.environ.get("LOAD_SECONDS", "15")
+WORK = Path("/tmp/gpu") / LABEL  # noqa: S108 - a throwaway device machine
+OUT = Path(os.environ.get("OUT", "/tmp/gpu-out"))  # noqa: S108 - $OUT on the device
+PY = sys.executable
+URL = os.environ.get("VLLM_URL", "http://127.0.0.1:8000")
+API_PID = os.environ.get("VLLM_API_PID", "")
+V1 = "vllm.v1.worker.gpu_model_runner.GPUModelRunner"
+V2 = "vllm.v1.worker.gpu.model_runner.GPUModelRunner"
+
+
+def policy(hook: str, runner: str | None = None) -> str:
+    text = (
+        "version = 1\n[evidence]\nfreshness_s = 30.0\nmin_steps = 1\n"
+        'require_probe = ["api_server", "engine_core"]\n'
+    )
+    if runner:
+        text += f'[runner]\nexpect_class = "{runner}"\n'
+    return text + f'[[hooks]]\nname = "{hook}"\nmin_fires_per_productive_step = 1.0\n'
+
+
+RUNS = {
+    "v1": policy("v1_step", V1),
+    "v2": policy("v2_step", V2),
+    "fwd": policy("fwd"),
+    "fwd_dev": policy("fwd_dev"),
+}
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PY, "-m", "verifier", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def keep(name: str, text: str) -> None:
+    (WORK / name).write_text(text)
+
+
+def main() -> int:  # noqa: PLR0912, PLR0915 - one arm, step by step, all outputs kept
+    WORK.mkdir(parents=True, exist_ok=True)
+    OUT.mkdir(parents=True, exist_ok=True)
+    summary: dict[str, object] = {"label": LABEL, "api_pid": API_PID}
+    sock = f"unix:{WORK}/v.sock"
+    procs = []
+    try:
+        # The probe's own evidence first: it needs neither gRPC nor the verifier.
+        first = cli("inspect", "--pid", API_PID, "--tree", "--json")
+        keep("inspect_before_load.json", first.stdout + first.stderr)
+        summary["inspect_before_load_exit"] = first.returncode
+        with (WORK / "serve.log").open("w") as log:
+            procs.append(
+                subprocess.Popen(
+                    [
+                        PY,
+                        "-m",
+                        "verifier",
+                        "serve",
+                        "--listen",
+                        sock,
+                        "--db",
+                        str(WORK / "db.sqlite3"),
+                        "--report-interval",
+                        "0.5",
+                    ],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        deadline = time.monotonic() + 60
+        while not (WORK / "v.sock").exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError("verifier did not start: " + (WORK / "serve.log").read_text())
+            time.sleep(0.2)
+        for name, text in RUNS.items():
+            (WORK / f"{name}.toml").write_text(text)
+            r = cli("run", "register", name, "--policy", str(WORK / f"{name}.toml"),
+                    "--verifier", sock)  # fmt: skip
+            summary[f"register_{name}"] = r.returncode
+        with (WORK / "agent.log").open("w") as log:
+            procs.append(
+                subprocess.Popen(
+                    [
+                        PY,
+                        "-m",
+                        "verifier",
+                        "agent",
+                        "--verifier",
+                        sock,
+                        "--target",
+                        "h200",
+                        "--pid",
+                        API_PID,
+                        "--interval",
+                        "0.5",
+                        "--spool",
+                        str(WORK / "spool"),
+                        "--no-docker",
+                        "-v",
+                    ],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        pending = cli("status", "v2", "--verifier", sock, "--json")
+        keep("status_before_load.json", pending.stdout + pending.stderr)
+        t0 = time.time()
+        client = subprocess.run(
+            [PY, ".gpu/call2/client.py", URL, LOAD_S, "30", "16"],
+            check=False, capture_output=True, text=True, timeout=float(LOAD_S) + 120,
+        )  # fmt: skip
+        summary["load_s"] = round(time.time() - t0, 1)
+        keep("client.json", client.stdout + client.stderr)
+        try:
+            summary["client"] = json.loads(client.stdout)
+        except ValueError:
+            summary["client"] = client.stdout[-500:]
+        wait = cli("wait", "v2", "--timeout", "60", "--verifier", sock, timeout=90)
+        summary["wait_v2_exit"] = wait.returncode
+        time.sleep(2)  # one more report after the last request
+        for name in RUNS:
+            st = cli("status", name, "--verifier", sock, "--json")
+            keep(f"status_{name}.json", st.stdout + st.stderr)
+            try:
+                run = json.loads(st.stdout)["runs"][0]
+                summary[f"{name}_verdict"] = run.get("verdict")
+                summary[f"{name}_findings"] = sorted(
+                    {f["id"] for t in run.get("targets", []) for f in t.get("findings", [])}
+                )
+            except (ValueError, KeyError, IndexError):
+                summary[f"{name}_verdict"] = f"exit {st.returncode}: {st.stderr[-300:]}"
+        ins = cli("inspect", "--pid", API_PID, "--tree", "--json")
+        keep("inspect.json", ins.stdout + ins.stderr)
+        try:
+            procs_ev = json.loads(ins.stdout)["processes"]
+            summary["processes"] = [
+                {
+                    "pid": p.get("pid"),
+                    "role": p.get("role"),
+                    "runner": (p.get("runner") or {}).get("class"),
+                    "steps": p.get("steps"),
+                    "hooks": {
+                        h["name"]: {
+                            k: h.get(k)
+                            for k in (
+                                "status",
+                                "fired",
+                                "fired_on_decode_steps",
+                                "fired_outside_steps",
+                                "device_fired",
+                                "module_loaded",
+                            )
+                        }
+                        for h in p.get("hooks", [])
+                    },
+                }
+                for p in procs_ev
+                if (p.get("probe") or {}).get("present")
+            ]
+        except (ValueError, KeyError, TypeError) as e:
+            summary["inspect_error"] = f"{type(e).__name__}: {e}; {ins.stderr[-300:]}"
+    except Exception as e:  # noqa: BLE001 - the summary and the files must come back
+        summary["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        server_log = os.environ.get("VLLM_SERVER_LOG")
+        if server_log and Path(server_log).exists():
+            (WORK / "vllm_server.log").write_text(Path(server_log).read_text()[-200_000:])
+        keep("summary.json", json.dumps(summary, indent=1, default=str))
+        with tarfile.open(OUT / f"{LABEL}.tar.gz", "w:gz") as tar:
+            for f in sorted(WORK.iterdir()):
+                if f.is_file() and f.suffix in (".json", ".log", ".toml"):
+                    tar.add(f, arcname=f"{LABEL}/{f.name}")
+    print("SUMMARY " + json.dumps(summary, default=str), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
