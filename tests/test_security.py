@@ -161,11 +161,11 @@ def test_bearer_tokens_carry_roles_and_unknown_tokens_are_refused(tmp_path: Path
             assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
             time.sleep(0.1)
         base = ["--verifier", addr, "--tls-ca", str(d / "ca.pem")]
-        out = verifier_cli("status", "r", *base, "--token", token)
+        out = verifier_cli("status", "r", *base, f"--token={token}")
         assert out.returncode in (0, 1), out.stderr  # read: allowed (PENDING is exit 1)
         assert "run r" in out.stdout or "r" in out.stdout
         out = verifier_cli("run", "register", "x", "--policy", str(tmp_path / "p.toml"), *base,
-                           "--token", token)  # fmt: skip
+                           f"--token={token}")  # fmt: skip
         assert out.returncode == 10 and "needs the role operator" in out.stderr, out.stderr
         out = verifier_cli("status", "r", *base, "--token", "forged")
         assert out.returncode == 10 and "unknown token" in out.stderr, out.stderr

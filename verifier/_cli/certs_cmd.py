@@ -75,7 +75,8 @@ def run_token(args: argparse.Namespace) -> int:
 
     if not args.role and not args.target:
         raise UsageError("a token needs --role or --target (an agent's)")
-    token = secrets.token_urlsafe(32)
+    # A fixed prefix: a token that began with "-" would read as an option on a command line.
+    token = "vt_" + secrets.token_urlsafe(32)
     print(f"token: {token}")
     print()
     print("[[token]]")
