@@ -84,7 +84,20 @@ def tick(base: int, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
 
 
 def read_all(cpu_only: bool = False) -> None:
-    """Copy every counter's value into its hook's HK_DEVICE slot, never waiting on a device."""
+    """Copy every counter's value into its hook's HK_DEVICE slot, never waiting on a device.
+    Always under inference mode: counters made inside a model's forward are inference tensors
+    (vLLM runs it under ``torch.inference_mode``), and so is every host copy made from a read
+    inside it; an in-place copy into one outside inference mode is refused (seen on the H200)."""
+    torch = _torch()
+    mode = getattr(torch, "inference_mode", None)
+    if mode is None:
+        _read_all(cpu_only)
+        return
+    with mode():
+        _read_all(cpu_only)
+
+
+def _read_all(cpu_only: bool) -> None:
     c = _core.COUNTERS
     for base, t in list(_counters.items()):
         if t.device.type == "cpu":
