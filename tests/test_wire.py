@@ -105,6 +105,8 @@ def full_process() -> ProcessReport:
                 fired_decode=44,
                 fired_outside=1,
                 device_fired=0,  # present and zero: not the same as None
+                device_base=0,
+                device_base_step=1,
             ),
             HookEvidence(
                 name="api_only",

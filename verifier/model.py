@@ -99,6 +99,17 @@ class HookEvidence:
     # Its device-side counter as last read (advances on every replay of a captured graph);
     # None: the hook has no device counter.
     device_fired: int | None = None
+    # The counter's value right after the process's first productive step, and that step's
+    # number (the productive step count then): the count before the measured steps.
+    device_base: int | None = None
+    device_base_step: int | None = None
+
+    def device_on_steps(self) -> tuple[int, int] | None:
+        """(device count, productive steps) since the base was read, given PRODUCTIVE steps in
+        all; None before the base exists."""
+        if self.device_fired is None or self.device_base is None or self.device_base_step is None:
+            return None
+        return self.device_fired - self.device_base, self.device_base_step
 
 
 @dataclass(frozen=True)

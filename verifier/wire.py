@@ -298,6 +298,8 @@ def _hook_to_pb(h: HookEvidence) -> pb.HookEvidence:
         fired_decode=h.fired_decode,
         fired_outside=h.fired_outside,
         device_fired=h.device_fired,
+        device_base=h.device_base,
+        device_base_step=h.device_base_step,
     )
 
 
@@ -322,6 +324,14 @@ def _hook_from_pb(msg: pb.HookEvidence, at: str) -> HookEvidence:
         fired_outside=_count(msg.fired_outside, f"{at}.fired_outside"),
         device_fired=(
             _count(msg.device_fired, f"{at}.device_fired") if msg.HasField("device_fired") else None
+        ),
+        device_base=(
+            _count(msg.device_base, f"{at}.device_base") if msg.HasField("device_base") else None
+        ),
+        device_base_step=(
+            _count(msg.device_base_step, f"{at}.device_base_step")
+            if msg.HasField("device_base_step")
+            else None
         ),
     )
 

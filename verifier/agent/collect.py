@@ -122,6 +122,8 @@ def _probe_parts(
             fired_decode=h.fired_decode,
             fired_outside=h.fired_outside,
             device_fired=h.device_fired,
+            device_base=h.device_base,
+            device_base_step=h.device_base_step,
         )
         for h in p.hooks
     )

@@ -48,6 +48,8 @@ class HookRecord:
     fired_outside: int = 0
     device_fired: int | None = None  # its device-side counter, as last read (None: has none)
     device: str | None = None  # where that counter lives
+    device_base: int | None = None  # its value right after the first productive step
+    device_base_step: int | None = None  # that step's number (productive steps then)
 
 
 @dataclass(frozen=True)
@@ -205,6 +207,11 @@ class JournalCache:
             del self._entries[key]
 
 
+def _opt_count(v: object) -> int | None:
+    """V when it is a count (a non-negative int, not a bool), else None."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
 def _opt_str(v: object) -> str | None:
     return v if isinstance(v, str) else None
 
@@ -212,6 +219,24 @@ def _opt_str(v: object) -> str | None:
 def _int(v: object) -> int:
     """An integer field of a record written by the probed process (anything else: 0)."""
     return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+
+def _hook_record(h: dict[str, Any], k: object, rec: dict[str, Any]) -> None:
+    """Fold one journal record about a declared hook into what is known of it (H)."""
+    if k == "hook_loaded":
+        h["loaded"] = True
+    elif k == "hook_wrapped":
+        h["owner"], h["how"] = rec.get("owner"), rec.get("how")
+    elif k == "hook_unresolved":
+        h["unresolved"] = rec.get("msg")
+    elif k == "hook_instantiated":
+        h.setdefault("instantiated", rec.get("class"))
+    elif k == "device_counter":
+        h["device"] = str(rec.get("device"))
+    elif k == "device_base":
+        value, step = _opt_count(rec.get("value")), _opt_count(rec.get("step"))
+        if value is not None and step is not None:
+            h["device_base"], h["device_base_step"] = value, step
 
 
 def _hooks(records: list[dict[str, Any]], slots: list[int]) -> list[HookRecord]:
@@ -226,17 +251,7 @@ def _hooks(records: list[dict[str, Any]], slots: list[int]) -> list[HookRecord]:
             )
             by_name[name]["slot"] = rec.get("slot")
         elif name in by_name:
-            h = by_name[name]
-            if k == "hook_loaded":
-                h["loaded"] = True
-            elif k == "hook_wrapped":
-                h["owner"], h["how"] = rec.get("owner"), rec.get("how")
-            elif k == "hook_unresolved":
-                h["unresolved"] = rec.get("msg")
-            elif k == "hook_instantiated":
-                h.setdefault("instantiated", rec.get("class"))
-            elif k == "device_counter":
-                h["device"] = str(rec.get("device"))
+            _hook_record(by_name[name], k, rec)
     out = []
     for name, h in by_name.items():
         slot = h.get("slot")
@@ -269,6 +284,8 @@ def _hooks(records: list[dict[str, Any]], slots: list[int]) -> list[HookRecord]:
                 fired_outside=outside,
                 device_fired=device if "device" in h else None,
                 device=_opt_str(h.get("device")),
+                device_base=_opt_count(h.get("device_base")) if "device" in h else None,
+                device_base_step=_opt_count(h.get("device_base_step")) if "device" in h else None,
             )
         )
     return out

@@ -53,6 +53,8 @@ class HookView:
             "fired_outside_steps": r.fired_outside,
             "device_fired": r.device_fired,
             "device": r.device,
+            "device_base": r.device_base,
+            "device_base_step": r.device_base_step,
             "first_step": r.first_step,
             "last_step": r.last_step,
             "steps": self.steps,

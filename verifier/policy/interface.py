@@ -65,6 +65,11 @@ HOOK_NOT_FIRING = "liveness.hook.not_firing"
 HOOK_FIRE_RATIO_LOW = "liveness.hook.fire_ratio_low"
 HOOK_OUTSIDE_STEPS_ONLY = "liveness.hook.outside_steps_only"
 HOOK_PHASES = ("productive", "decode", "prefill")
+# What a [[hooks]] entry counts: the Python fires (the default) or the hook's device-side
+# counter (``@device`` / ``hook.device_counter``), which advances on every replay of a
+# captured graph where the Python code does not run.
+HOOK_COUNTS = ("python", "device")
+HOOK_NO_DEVICE_COUNTER = "liveness.hook.no_device_counter"
 HOOK_FIRING = "liveness.hook.firing"
 RUNNER_UNKNOWN = "liveness.runner.unknown"
 RUNNER_UNEXPECTED = "liveness.runner.unexpected"

@@ -294,9 +294,9 @@ def _runner(doc: _Doc, data: dict[str, Any]) -> list[I.Rule]:
 
 def _hooks(doc: _Doc, data: dict[str, Any]) -> list[I.Rule]:
     out: list[I.Rule] = []
-    seen: set[tuple[str, str | None, str]] = set()
+    seen: set[tuple[str, str | None, str, str]] = set()
     step_roles = ", only these run steps"
-    allowed = ("name", "role", "min_fires_per_productive_step", "on")
+    allowed = ("name", "role", "min_fires_per_productive_step", "on", "count")
     for h in _entries(doc, data, "hooks", allowed):
         name = str(h.string("name", required=True))
         role = h.role("role", I.STEP_ROLES, step_roles)
@@ -306,10 +306,19 @@ def _hooks(doc: _Doc, data: dict[str, Any]) -> list[I.Rule]:
         on = h.string("on") or "productive"
         if on not in I.HOOK_PHASES:
             raise h.error("on", f"{on!r} is not one of {', '.join(I.HOOK_PHASES)}")
-        if (name, role, on) in seen:
+        count = h.string("count") or "python"
+        if count not in I.HOOK_COUNTS:
+            raise h.error("count", f"{count!r} is not one of {', '.join(I.HOOK_COUNTS)}")
+        if count == "device" and on != "productive":
+            raise h.error(
+                "count",
+                f'"device" counts every step the hooked code ran in; it cannot be judged '
+                f'on {on} steps alone (use on = "productive")',
+            )
+        if (name, role, on, count) in seen:
             raise h.error("name", f"hook {name} is listed twice for the same role and steps")
-        seen.add((name, role, on))
-        out.append(HookFires(name, role, ratio, on))
+        seen.add((name, role, on, count))
+        out.append(HookFires(name, role, ratio, on, count))
     return out
 
 

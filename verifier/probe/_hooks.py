@@ -145,6 +145,13 @@ def _device_tick(base: int, name: str, args: tuple[Any, ...], kwargs: dict[str, 
         _core.report_error("device_counter", f"{name!r}: {type(e).__name__}: {e}")
 
 
+def _register_op(base: int, name: str) -> None:
+    try:
+        _device.register_op(base, name)
+    except Exception as e:  # noqa: BLE001 - a probe never raises into the hooked code
+        _core.report_error("device_counter", f"{name!r}: cannot register the op: {e}")
+
+
 def _never() -> bool:
     return False
 
@@ -164,7 +171,8 @@ def _compiling_check() -> Callable[[], bool]:
 def counting(fn: F, base: int, device: str | None = None) -> F:
     """FN wrapped so that each call fires the hook at BASE first (and, with DEVICE set to the
     hook's name, increments its device-side counter). Calls traced by torch.compile do not
-    fire (see ``_compiling_check``)."""
+    fire (see ``_compiling_check``); their device increment is traced into the compiled
+    code as the ``verifier_probe::tick`` op, so compiled calls and graph replays count."""
     compiling = _compiling_check()
     code = getattr(fn, "__code__", None)
     if code is not None and code.co_flags & _CO_COROUTINE:
@@ -175,9 +183,12 @@ def counting(fn: F, base: int, device: str | None = None) -> F:
 
         wrapper: Callable[..., Any] = awrapper
     elif device is not None:
+        _register_op(base, device)
 
         def dwrapper(*args: Any, **kwargs: Any) -> Any:
-            if not compiling():
+            if compiling():  # traced: the increment goes into the graph as an op
+                _device.traced_tick(base, args, kwargs)
+            else:
                 _fire(base)
                 _device_tick(base, device, args, kwargs)
             return fn(*args, **kwargs)

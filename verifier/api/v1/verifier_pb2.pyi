@@ -90,7 +90,7 @@ class StepEvidence(_message.Message):
     def __init__(self, total: _Optional[int] = ..., productive: _Optional[int] = ..., empty: _Optional[int] = ..., tokens_scheduled: _Optional[int] = ..., requests_scheduled: _Optional[int] = ..., requests_max: _Optional[int] = ..., last_step_unix_ns: _Optional[int] = ..., prefill_steps: _Optional[int] = ..., decode_steps: _Optional[int] = ..., prefill_tokens: _Optional[int] = ..., decode_tokens: _Optional[int] = ..., dummy_steps: _Optional[int] = ..., compilation_mode: _Optional[str] = ..., cudagraph_mode: _Optional[str] = ..., enforce_eager: _Optional[bool] = ...) -> None: ...
 
 class HookEvidence(_message.Message):
-    __slots__ = ("name", "target", "module_loaded", "wrapped", "owner", "how", "unresolved", "instantiated_class", "fired", "fired_productive", "first_step", "last_step", "fired_prefill", "fired_decode", "fired_outside", "device_fired")
+    __slots__ = ("name", "target", "module_loaded", "wrapped", "owner", "how", "unresolved", "instantiated_class", "fired", "fired_productive", "first_step", "last_step", "fired_prefill", "fired_decode", "fired_outside", "device_fired", "device_base", "device_base_step")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     MODULE_LOADED_FIELD_NUMBER: _ClassVar[int]
@@ -107,6 +107,8 @@ class HookEvidence(_message.Message):
     FIRED_DECODE_FIELD_NUMBER: _ClassVar[int]
     FIRED_OUTSIDE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIRED_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_BASE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_BASE_STEP_FIELD_NUMBER: _ClassVar[int]
     name: str
     target: str
     module_loaded: bool
@@ -123,7 +125,9 @@ class HookEvidence(_message.Message):
     fired_decode: int
     fired_outside: int
     device_fired: int
-    def __init__(self, name: _Optional[str] = ..., target: _Optional[str] = ..., module_loaded: _Optional[bool] = ..., wrapped: _Optional[bool] = ..., owner: _Optional[str] = ..., how: _Optional[str] = ..., unresolved: _Optional[str] = ..., instantiated_class: _Optional[str] = ..., fired: _Optional[int] = ..., fired_productive: _Optional[int] = ..., first_step: _Optional[int] = ..., last_step: _Optional[int] = ..., fired_prefill: _Optional[int] = ..., fired_decode: _Optional[int] = ..., fired_outside: _Optional[int] = ..., device_fired: _Optional[int] = ...) -> None: ...
+    device_base: int
+    device_base_step: int
+    def __init__(self, name: _Optional[str] = ..., target: _Optional[str] = ..., module_loaded: _Optional[bool] = ..., wrapped: _Optional[bool] = ..., owner: _Optional[str] = ..., how: _Optional[str] = ..., unresolved: _Optional[str] = ..., instantiated_class: _Optional[str] = ..., fired: _Optional[int] = ..., fired_productive: _Optional[int] = ..., first_step: _Optional[int] = ..., last_step: _Optional[int] = ..., fired_prefill: _Optional[int] = ..., fired_decode: _Optional[int] = ..., fired_outside: _Optional[int] = ..., device_fired: _Optional[int] = ..., device_base: _Optional[int] = ..., device_base_step: _Optional[int] = ...) -> None: ...
 
 class FileEntry(_message.Message):
     __slots__ = ("path", "sha256", "size", "kind", "module", "at")
