@@ -278,7 +278,39 @@ def test_golden_boot_policy_from_the_live_server_passes(
     passed = cli(addr, "wait", "golden", "--timeout", "60")
     assert passed.returncode == 0, passed.stdout + passed.stderr
     status = cli(addr, "status", "golden")
-    assert "provenance.origins" in status.stdout and "editable" in status.stdout
+    # Every judged process: its counts per provenance class, then one line per file that is
+    # neither pristine nor stdlib (as many as its class counts), with the reason.
+    import re
+
+    from tests.helpers import REPO
+    from verifier.model import Origin
+
+    groups: list[tuple[dict[str, int], list[tuple[str, str, str | None, str]]]] = []
+    for line in status.stdout.splitlines():
+        head = re.fullmatch(r"    info    provenance\.origins: (.+) loaded (.+)", line)
+        item = re.fullmatch(r"      (\w+) +(\S+?)(?: \[([^\]]+)\])?: (.+)", line)
+        if head is not None:
+            counts = {o: int(n) for o, n in re.findall(r"(\w+) (\d+)", head.group(2))}
+            groups.append((counts, []))
+        elif item is not None and groups:
+            origin, path, dist, reason = item.groups()
+            groups[-1][1].append((origin, path, dist, reason))
+    assert groups, status.stdout
+    for counts, files in groups:
+        assert list(counts) == [o.value for o in Origin], counts
+        assert counts["pristine"] > 0 and counts["editable"] > 0, counts
+        for o in counts.keys() - {"pristine", "stdlib"}:
+            assert sum(f[0] == o for f in files) == counts[o], (o, counts, files)
+        for origin, path, dist, reason in files:
+            if origin == "editable":
+                assert path.startswith(f"{REPO}/verifier/"), path
+                assert dist == "vllm-provenance-verifier"
+                assert reason == f"under the root of the editable install from file://{REPO}"
+    line = (
+        f"      editable  {REPO}/verifier/probe/__init__.py [vllm-provenance-verifier]: "
+        f"under the root of the editable install from file://{REPO}"
+    )
+    assert line in status.stdout.splitlines(), status.stdout
 
 
 def test_harness_context_manager_waits_then_checks_liveness_held(

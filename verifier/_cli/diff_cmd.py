@@ -10,7 +10,7 @@ from typing import Any
 
 from verifier._cli._local import load_side
 from verifier.evidence.procfs import ProcFS
-from verifier.model import ProcessReport
+from verifier.model import HookEvidence, NativeMapping, ProcessReport
 
 DESCRIPTION = """\
 Compare what two processes run: each side is a pid (its process tree is read now, as
@@ -50,8 +50,12 @@ class Diff:
     removed: list[dict[str, Any]] = field(default_factory=list)
     changed: list[dict[str, Any]] = field(default_factory=list)
     origin: list[dict[str, Any]] = field(default_factory=list)
+    native_added: list[dict[str, Any]] = field(default_factory=list)
+    native_removed: list[dict[str, Any]] = field(default_factory=list)
+    native_changed: list[dict[str, Any]] = field(default_factory=list)
+    native_state: list[dict[str, Any]] = field(default_factory=list)
     distributions: list[dict[str, Any]] = field(default_factory=list)
-    hooks: list[str] = field(default_factory=list)
+    hooks: list[dict[str, Any]] = field(default_factory=list)
     drift_added: list[dict[str, Any]] = field(default_factory=list)
     drift_gone: list[dict[str, Any]] = field(default_factory=list)
 
@@ -63,6 +67,10 @@ class Diff:
                 self.removed,
                 self.changed,
                 self.origin,
+                self.native_added,
+                self.native_removed,
+                self.native_changed,
+                self.native_state,
                 self.distributions,
                 self.hooks,
                 self.drift_added,
@@ -97,6 +105,7 @@ def compare(label_a: str, a: ProcessReport, label_b: str, b: ProcessReport) -> D
         before, after = oa.get(path, "pristine/stdlib"), ob.get(path, "pristine/stdlib")
         if before != after:
             d.origin.append({"path": path, "a": before, "b": after})
+    _native(d, a, b)
     da = {n: v for n, v, _ in (a.provenance.distributions if a.provenance else ())}
     db = {n: v for n, v, _ in (b.provenance.distributions if b.provenance else ())}
     for name in sorted(da.keys() | db.keys()):
@@ -110,23 +119,86 @@ def compare(label_a: str, a: ProcessReport, label_b: str, b: ProcessReport) -> D
     return d
 
 
-def _hooks(a: ProcessReport, b: ProcessReport) -> list[str]:
+def _native(d: Diff, a: ProcessReport, b: ProcessReport) -> None:
+    """Native code by path: added, removed, other bytes of the mapped inode, or the same
+    bytes whose path on disk changed state (replaced or deleted under the mapping)."""
+    na = {n.path: n for n in a.native_mappings}
+    nb = {n.path: n for n in b.native_mappings}
+    for path in sorted(nb.keys() - na.keys()):
+        d.native_added.append(_mapping(nb[path]))
+    for path in sorted(na.keys() - nb.keys()):
+        d.native_removed.append(_mapping(na[path]))
+    for path in sorted(na.keys() & nb.keys()):
+        x, y = na[path], nb[path]
+        if x.sha256 != y.sha256:
+            d.native_changed.append(
+                {"path": path, "a": x.sha256, "b": y.sha256, "state_a": x.state, "state_b": y.state}
+            )
+        elif x.state != y.state:
+            d.native_state.append({"path": path, "sha256": x.sha256, "a": x.state, "b": y.state})
+
+
+def _mapping(n: NativeMapping) -> dict[str, Any]:
+    return {"path": n.path, "sha256": n.sha256, "state": n.state}
+
+
+def _hook_counts(h: HookEvidence | None, r: ProcessReport) -> dict[str, Any] | None:
+    """A hook's fire counts with the step counts of its process beside them."""
+    if h is None:
+        return None
+    s = r.steps
+    return {
+        "target": h.target,
+        "fired": h.fired,
+        "fired_productive": h.fired_productive,
+        "fired_outside": h.fired_outside,
+        "productive_steps": s.productive if s else 0,
+        "total_steps": s.total if s else 0,
+    }
+
+
+def _hook_text(c: dict[str, Any] | None) -> str:
+    if c is None:
+        return "absent"
+    return (
+        f"fired {c['fired']} times, {c['fired_productive']} on {c['productive_steps']} "
+        f"productive steps, {c['fired_outside']} outside steps ({c['total_steps']} steps in all)"
+    )
+
+
+def _hooks(a: ProcessReport, b: ProcessReport) -> list[dict[str, Any]]:
+    """Hooks present in one side only, that fired in one and not the other, or whose target
+    changed; each with its fired counts beside the step counts of both sides."""
     out = []
-    ha = {h.name: (h.target, h.fired > 0) for h in a.hooks}
-    hb = {h.name: (h.target, h.fired > 0) for h in b.hooks}
+    ha = {h.name: h for h in a.hooks}
+    hb = {h.name: h for h in b.hooks}
     for name in sorted(ha.keys() | hb.keys()):
-        if name not in hb:
-            out.append(f"{name}: only in A")
-        elif name not in ha:
-            out.append(f"{name}: only in B")
-        elif ha[name] != hb[name]:
-            fired = {True: "fired", False: "never fired"}
-            out.append(f"{name}: {fired[ha[name][1]]} in A, {fired[hb[name][1]]} in B")
+        x, y = ha.get(name), hb.get(name)
+        if x is not None and y is not None:
+            if x.target != y.target:
+                what = f"target {x.target or '-'} -> {y.target or '-'}"
+            elif (x.fired > 0) != (y.fired > 0):
+                what = "fired in A only" if x.fired > 0 else "fired in B only"
+            else:
+                continue
+        else:
+            what = "only in A" if y is None else "only in B"
+        out.append({"name": name, "what": what, "a": _hook_counts(x, a), "b": _hook_counts(y, b)})
     return out
 
 
 def _drift(x: Any) -> dict[str, Any]:
     return {"id": x.id, "path": x.path, "detail": x.detail}
+
+
+def _native_lines(d: Diff) -> list[str]:
+    lines = [f"native +   {x['path']}  {x['sha256'] or '-'}" for x in d.native_added]
+    lines += [f"native -   {x['path']}  {x['sha256'] or '-'}" for x in d.native_removed]
+    lines += [
+        f"native     {x['path']}  {x['a'] or '-'} -> {x['b'] or '-'}" for x in d.native_changed
+    ]
+    lines += [f"native     {x['path']}  on disk: {x['a']} -> {x['b']}" for x in d.native_state]
+    return lines
 
 
 def render(d: Diff) -> str:
@@ -144,17 +216,21 @@ def render(d: Diff) -> str:
         lines.append(f"bytes      {x['path']}  {x['a'] or '-'} -> {x['b'] or '-'}")
     for x in d.origin:
         lines.append(f"origin     {x['path']}  {x['a']} -> {x['b']}")
+    lines += _native_lines(d)
     for x in d.distributions:
         lines.append(f"dist       {x['name']}  {x['a'] or 'absent'} -> {x['b'] or 'absent'}")
     for h in d.hooks:
-        lines.append(f"hook       {h}")
+        lines.append(
+            f"hook       {h['name']}: {h['what']}; A: {_hook_text(h['a'])}; B: {_hook_text(h['b'])}"
+        )
     for x in d.drift_added:
         lines.append(f"drift +    {x['id']}  {x['path']}")
     for x in d.drift_gone:
         lines.append(f"drift -    {x['id']}  {x['path']}")
     lines.append(
         f"{len(d.added)} added, {len(d.removed)} removed, {len(d.changed)} with other bytes, "
-        f"{len(d.origin)} with another origin"
+        f"{len(d.origin)} with another origin; native code: {len(d.native_added)} added, "
+        f"{len(d.native_removed)} removed, {len(d.native_changed)} with other bytes"
     )
     return "\n".join(lines) + "\n"
 

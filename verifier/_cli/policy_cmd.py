@@ -12,7 +12,7 @@ from typing import Any
 from verifier._cli._local import load_side
 from verifier.errors import ConfigError, UsageError
 from verifier.evidence.procfs import ProcFS
-from verifier.model import Origin, ProcessReport
+from verifier.model import Origin, ProcessReport, Provenance
 from verifier.policy import load_policy, policy_digest
 
 DESCRIPTION = """\
@@ -23,8 +23,9 @@ the live runner class; every hook seen firing on steps, with the fire rate it sh
 that fired only outside steps, at start-up or warm-up, is listed in a comment); the runner's
 step file with its sha256; every distribution that claims a loaded file and whose files were
 all pristine or patched, required pristine, with each patched file declared with its hash;
-every editable (local) file with its hash. The policy is checked by loading it before it
-is written.
+every editable (local) file and every file no distribution claims (unknown origin: a module
+on PYTHONPATH) pinned by path and hash. Each hook line gives its fired counts beside the step
+counts. The policy is checked by loading it before it is written.
 
 check: load a policy and print its digest and rules, or the error (exit code 3)."""
 
@@ -72,16 +73,23 @@ def render_policy(label: str, r: ProcessReport) -> str:
     out += ["version = 1", ""]
     if r.runner is not None:
         out += ["[runner]", f"expect_class = {_q(r.runner.cls)}", ""]
+    productive = r.steps.productive if r.steps else 0
+    total = r.steps.total if r.steps else 0
     for h in r.hooks:
-        if h.fired > 0 and h.fired_productive == 0:
-            out += [f"# hook {h.name} fired {h.fired} times, none on a step: not pinned", ""]
+        counts = (
+            f"{h.fired_productive} on {productive} productive steps, {h.fired_outside} "
+            f"outside steps ({total} steps in all)"
+        )
         if h.fired_productive <= 0:
+            out += [
+                f"# hook {h.name} fired {h.fired} times, none on a step: {counts}; not pinned",
+                "",
+            ]
             continue
-        productive = r.steps.productive if r.steps else 0
         rate = h.fired_productive / productive if productive else 0.0
         minimum = 1.0 if rate >= 1 else int(rate * 100) / 100
         out += [
-            f"# fired {h.fired} times, {h.fired_productive} on {productive} productive steps",
+            f"# hook {h.name} fired {h.fired} times, {counts}",
             "[[hooks]]",
             f"name = {_q(h.name)}",
             f"min_fires_per_productive_step = {minimum}",
@@ -116,10 +124,38 @@ def render_policy(label: str, r: ProcessReport) -> str:
                 f"sha256 = {_q(f.sha256)}",
                 "",
             ]
-    for f in prov.files:
-        if f.origin == Origin.EDITABLE and f.sha256 and not f.path.endswith(".pyc"):
-            out += ["[[files]]", f"path = {_q(f.path)}", f"sha256 = {_q(f.sha256)}", ""]
+    out += _pinned_files(prov, r.runner.file if r.runner is not None else None)
     return "\n".join(out) + "\n"
+
+
+def _pinned_files(prov: Provenance, runner_file: str | None) -> list[str]:
+    """``[[files]]`` pins, by full path and sha256, of every editable file and every file no
+    distribution claims (``unknown``: a module on PYTHONPATH, a script); bytecode is left to
+    its source, and the runner's step file is pinned above. Files that cannot be pinned (not
+    hashed when loaded) and generated files (compile caches, rewritten between boots) are
+    listed in comments for the reviewer."""
+    out: list[str] = []
+    unhashed: list[str] = []
+    for want, title in (
+        (Origin.EDITABLE, "editable (local) files"),
+        (Origin.UNKNOWN, "files no distribution claims (unknown origin)"),
+    ):
+        pins = []
+        for f in prov.files:
+            if f.origin != want or f.path.endswith(".pyc") or f.path == runner_file:
+                continue
+            if not f.sha256:
+                unhashed.append(f.path)
+                continue
+            pins += ["[[files]]", f"path = {_q(f.path)}", f"sha256 = {_q(f.sha256)}", ""]
+        if pins:
+            out += [f"# {title}, pinned by path and sha256", *pins]
+    generated = sum(f.origin == Origin.GENERATED for f in prov.files)
+    for path in unhashed:
+        out.append(f"# {path}: not hashed when loaded, so not pinned")
+    if generated:
+        out.append(f"# {generated} generated files (compile caches) not pinned")
+    return out
 
 
 def run_init(args: argparse.Namespace) -> int:
