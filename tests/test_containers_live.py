@@ -86,7 +86,16 @@ class Stack:
         return out
 
     def container(self, service: str) -> str:
-        return f"{self.project}_{service}_1"
+        """SERVICE's container id, asked of Compose: v1 names it PROJECT_SERVICE_1, v2
+        PROJECT-SERVICE-1. -a: a stopped one too (v1 lists it anyway, v2 only with -a)."""
+        ids = self.compose("ps", "-a", "-q", service).stdout.split()
+        assert len(ids) == 1, f"service {service} of {self.project}: containers {ids}"
+        return ids[0]
+
+    def name(self, service: str) -> str:
+        """SERVICE's container name, as the Docker API gives it (without the leading "/")."""
+        out = sh("docker", "inspect", "-f", "{{.Name}}", self.container(service))
+        return out.stdout.strip().lstrip("/")
 
     def status(self, run: str) -> dict[str, Any]:
         out = verifier_cli("status", run, "--json", "--verifier", self.verifier)
@@ -190,7 +199,7 @@ def test_agent_names_containers_through_the_docker_api_and_says_when_it_cannot(
                               report.containers, report.unobservable)  # fmt: skip
         found = {f.id for f in policy.evaluate_target(snap, time.time()).findings}
         if sock == "/var/run/docker.sock":
-            assert info.name == stack.container("vllm") and info.docker_error is None
+            assert info.name == stack.name("vllm") and info.docker_error is None
             assert info.label("com.docker.compose.service") == "vllm"
             assert info.image == "verifier-vllm:local" and (info.image_id or "").startswith("sha")
             assert "evidence.container_unknown" not in found
@@ -352,9 +361,19 @@ def test_restarted_serving_container_needs_new_evidence(stack: Stack) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
     # stop + start rather than `docker restart`: whether docker's restart policy brings the
     # sidecar back into the new namespace by itself is a race; the evidence must not care.
+    serving = sh("docker", "inspect", "-f", "{{.Id}}", stack.container("vllm")).stdout.strip()
     sh("docker", "stop", stack.container("vllm"), timeout=300)
     until("the old evidence to go STALE", 120,
           lambda: stack.status("vllm")["verdict"] == "STALE")  # fmt: skip
+    # The finding says where the stale evidence came from, and what probably happened to it
+    # (unless the last report the sidecar got out saw every vLLM process already gone).
+    (stale,) = [f for t in stack.status("vllm")["targets"] for f in t["findings"]
+                if f["id"] == "evidence.stale"]  # fmt: skip
+    if stale["context"]["containers"]:
+        assert f"container {serving[:12]} ({stack.name('vllm')})" in stale["message"], stale
+        assert "may have exited or restarted" in stale["message"]
+    else:
+        assert "it showed no vLLM process" in stale["message"], stale
     gate = verifier_cli("wait", "vllm", "--timeout", "3", "--verifier", stack.verifier)
     assert gate.returncode == 5  # closed: timed out, neither PASS nor FAIL
     sh("docker", "start", stack.container("vllm"), timeout=300)

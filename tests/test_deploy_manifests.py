@@ -348,11 +348,33 @@ def test_configmap_policy_loads(k8s_docs: list[Doc]) -> None:
     assert policy.selection.names == (flag(agent["args"], "--target"),)
 
 
-def test_configmap_policy_binds_no_container(k8s_docs: list[Doc]) -> None:
-    """No Docker API in a pod: a container binding could never be checked there."""
+def test_configmap_policy_binds_the_target_to_a_label_of_the_serving_pod(
+    k8s_docs: list[Doc],
+) -> None:
+    """No Docker API in a pod: the binding is to a pod label, one the vLLM pod template carries
+    and the Service selects its serving pods by, and the agent is told its pod (uid, name,
+    namespace, labels) through the downward API, as verifier.agent.containers.OwnPod reads it."""
     data = tomllib.loads(_configmap_policy(k8s_docs))
-    assert "containers" not in data.get("targets", {})
-    assert "container_ids" not in data.get("targets", {})
+    assert "container_ids" not in data["targets"]
+    (target, spec) = data["targets"]["containers"].popitem()
+    key, _, value = spec.removeprefix("label:").partition("=")
+    deploy = one(k8s_docs, "Deployment", "vllm")
+    assert deploy["spec"]["template"]["metadata"]["labels"][key] == value
+    assert _service_for(k8s_docs, deploy)["spec"]["selector"][key] == value
+    pod = _vllm_pod(k8s_docs)
+    agent = container(pod, "agent")
+    assert flag(agent["args"], "--target") == target
+    assert "--no-docker" in agent["args"]
+    env = {e["name"]: e for e in agent["env"]}
+    for name, field in (("VERIFIER_POD_UID", "metadata.uid"),
+                        ("VERIFIER_POD_NAME", "metadata.name"),
+                        ("VERIFIER_POD_NAMESPACE", "metadata.namespace")):  # fmt: skip
+        assert env[name]["valueFrom"]["fieldRef"]["fieldPath"] == field
+    labels = PurePosixPath(env["VERIFIER_POD_LABELS"]["value"])
+    (mount,) = [m for m in agent["volumeMounts"] if m["mountPath"] == str(labels.parent)]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    (item,) = [i for i in volume["downwardAPI"]["items"] if i["path"] == labels.name]
+    assert item["fieldRef"]["fieldPath"] == "metadata.labels"
 
 
 def _without_container_binding(data: dict[str, Any]) -> dict[str, Any]:
@@ -366,7 +388,8 @@ def test_configmap_policy_is_the_compose_policy_less_the_container_binding(
 ) -> None:
     k8s = tomllib.loads(_configmap_policy(k8s_docs))
     compose = tomllib.loads(POLICY.read_text())
-    assert k8s == _without_container_binding(compose)
+    assert _without_container_binding(k8s) == _without_container_binding(compose)
+    assert k8s["targets"]["containers"].keys() == compose["targets"]["containers"].keys()
 
 
 def test_policy_requires_the_step_hook_on_decode_steps() -> None:

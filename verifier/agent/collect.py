@@ -52,9 +52,11 @@ def discover(
         try:
             ev = read_process(procfs, pid, cache)
         except (ProcessAccessDenied, PermissionError) as e:
-            if refused is not None and _names_vllm(procfs, pid):
+            # The process named with --pid is noted whatever its command line: it was asked for.
+            what = "(--pid)" if pid == root_pid else "looks like vLLM"
+            if refused is not None and (pid == root_pid or _names_vllm(procfs, pid)):
                 refused.append(
-                    f"pid {pid} looks like vLLM but /proc refused to show it ({e}): the agent "
+                    f"pid {pid} {what} but /proc refused to show it ({e}): the agent "
                     "needs SYS_PTRACE and to run as the same user (root) in the process's "
                     "PID namespace"
                 )

@@ -9,6 +9,7 @@ Unchanged manifests are sent as digests only; the verifier asks for any it lacks
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import socket
 import threading
@@ -25,7 +26,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from verifier import wire
 from verifier.agent.bindings import Bindings
 from verifier.agent.collect import discover, report_with_judgement, still_running
-from verifier.agent.containers import ContainerDirectory, container_of
+from verifier.agent.containers import ContainerDirectory, OwnPod, container_of
 from verifier.agent.spool import Spool
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
@@ -68,7 +69,10 @@ class Agent:
         self.config = config
         self.procfs = ProcFS(config.proc_root)
         self.hasher = Hasher()  # its cache makes re-hashing unchanged files a stat each
-        self.containers = ContainerDirectory(config.docker_socket)
+        # In Kubernetes, the pod the downward API says the agent runs in (None elsewhere)
+        self.containers = ContainerDirectory(
+            config.docker_socket, OwnPod.from_env(os.environ), self.procfs
+        )
         self.journals = JournalCache()  # probe journals are read once, then only appends
         # (pid, start ticks) -> (manifest digest, when, judgement) of the last full check
         self._checked: dict[tuple[int, int], tuple[str | None, float, Judgement]] = {}
@@ -142,7 +146,7 @@ class Agent:
             slim,
             gone,
             collected_unix=began,
-            containers=self.containers.describe(refs),
+            containers=self.containers.describe(refs, one_each),
             unobservable=unobservable,
             spans=spans,
             request_ids=request_ids,
@@ -153,7 +157,12 @@ class Agent:
         wrong PID namespace reads as unobservable rather than as a target that is idle."""
         if self.config.root_pid is not None:
             if not self.procfs.exists(self.config.root_pid):
-                return f"pid {self.config.root_pid} (--pid) is not visible to the agent"
+                return (
+                    f"pid {self.config.root_pid} (--pid) is not visible to the agent: it has "
+                    "exited, or it runs in a PID namespace the agent does not share (docker run "
+                    "--pid container:NAME; compose pid: service:NAME; Kubernetes "
+                    "shareProcessNamespace: true)"
+                )
             return f"no vLLM process under pid {self.config.root_pid} (--pid)"
         try:
             count = len(self.procfs.parents())

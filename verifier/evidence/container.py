@@ -66,7 +66,7 @@ _MONITOR_SUFFIX = "conmon"
 # .slice" (systemd). Static pods' uids are the 32-hex hash of their manifest, without dashes.
 _UUID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
 _POD = re.compile(rf"^(?:[a-z0-9_.-]*-)?pod(?P<uid>{_UUID}|[0-9a-f]{{32}})(?:\.slice)?$")
-_CGROUP_LINE = re.compile(r"^\d+:[^:]*:(?P<path>/.*)$")
+_CGROUP_LINE = re.compile(r"^(?P<key>\d+:[^:]*):(?P<path>/.*)$")
 
 # mountinfo: the mount root of a per-container file, by runtime, with the mount points it is
 # bound to. Docker: <data-root>/containers/<id>/{hostname,hosts,resolv.conf} (the root field is
@@ -257,6 +257,45 @@ def resolve_container(cgroup_text: str | None, mountinfo_text: str | None) -> Co
     if mountinfo_text is None:
         return None
     return container_from_mountinfo(mountinfo_text)
+
+
+def _parent(path: str) -> tuple[str, ...]:
+    """The cgroup above PATH, as relative to the reader's cgroup namespace as PATH is: ".."
+    components that climb above the reader's root are kept ("/" -> (".."), "/../a" -> (".."))."""
+    out: list[str] = []
+    for part in [*path.split("/"), ".."]:
+        if part in ("", "."):
+            continue
+        if part == ".." and out and out[-1] != "..":
+            out.pop()
+        else:
+            out.append(part)
+    return tuple(out)
+
+
+def _paths(text: str) -> dict[str, str]:
+    """Hierarchy ("<id>:<controllers>") -> path, for every well-formed cgroup line."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        m = _CGROUP_LINE.match(line.strip())
+        if m is not None:
+            out[m.group("key")] = m.group("path")
+    return out
+
+
+def next_to_reader(cgroup_text: str, own_cgroup_text: str) -> bool:
+    """Whether the process whose ``/proc/<pid>/cgroup`` is CGROUP_TEXT sits in a cgroup directly
+    beside the reader's own (OWN_CGROUP_TEXT: the reader's ``/proc/self/cgroup``), both read by
+    the same process: the same parent in every hierarchy both files show. In a Kubernetes pod
+    the kubelet puts every container's cgroup directly in the pod's, so beside a container of
+    the pod means in the pod, also where a private cgroup namespace hides the pod's name (the
+    other container then reads as ``/../<id>``, the reader itself as ``/``); a container of
+    any other pod, or of no pod, is further away (``/../../pod<uid>/<id>``). A runtime that
+    nests the payload one level deeper (crun's ``.../<id>.scope/container``) is not beside
+    it: False, never a guess."""
+    mine, theirs = _paths(own_cgroup_text), _paths(cgroup_text)
+    common = sorted(set(mine) & set(theirs))
+    return bool(common) and all(_parent(mine[k]) == _parent(theirs[k]) for k in common)
 
 
 def container_id_from_cgroup(text: str) -> str | None:

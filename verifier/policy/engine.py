@@ -17,7 +17,11 @@ from verifier.model import (
     combine,
 )
 from verifier.policy import interface as I
-from verifier.policy.rules_container import container_findings, unobservable_findings
+from verifier.policy.rules_container import (
+    container_findings,
+    stale_finding,
+    unobservable_findings,
+)
 
 
 def policy_digest(text: str) -> str:
@@ -87,20 +91,7 @@ class Policy:
         age = now - snap.evidence_unix
         stale = age > self.evidence.freshness_s
         if stale:
-            findings.append(
-                Finding(
-                    I.EVIDENCE_STALE,
-                    Severity.PENDING,
-                    f"the latest report of target {snap.target} is {age:.1f} s old, older than "
-                    f"the policy's freshness_s {self.evidence.freshness_s:g}",
-                    snap.target,
-                    {
-                        "age_s": age,
-                        "freshness_s": self.evidence.freshness_s,
-                        "received_unix": snap.received_unix,
-                    },
-                )
-            )
+            findings.append(stale_finding(snap, age, self.evidence.freshness_s))
         findings.extend(unobservable_findings(snap))
         if snap.authenticated_as is None and not self.evidence.unsafe_allow_unauthenticated:
             findings.append(

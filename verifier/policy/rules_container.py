@@ -2,8 +2,10 @@
 
 A hash taken in a container that is not the serving one proves nothing about the serving
 process, so a binding (``[targets.containers]``) turns evidence from anywhere else into an
-ERROR. A binding by id prefix is checked from the cgroup alone; a binding by name or label
-needs the Docker API on the agent's side, and without it the answer is PENDING, never PASS.
+ERROR. A binding by id prefix is checked from the cgroup alone; a binding by name needs the
+Docker API on the agent's side, a binding by label the Docker API or (Kubernetes) the agent's
+own pod's labels, which it gives only to containers that /proc places in its pod
+(``verifier.agent.containers.OwnPod``). Without them the answer is PENDING, never PASS.
 """
 
 from __future__ import annotations
@@ -12,6 +14,11 @@ import re
 
 from verifier.model import ContainerInfo, Finding, ProcessReport, Severity
 from verifier.policy import interface as I
+
+# The keys the CRI runtimes label containers with, and the agent gives its pod's containers
+# (verifier.agent.containers; not imported: the policy does not depend on the agent).
+POD_NAME_LABEL = "io.kubernetes.pod.name"
+POD_NAMESPACE_LABEL = "io.kubernetes.pod.namespace"
 
 _ID_PREFIX = re.compile(r"[0-9a-f]{12,64}")
 _NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*")
@@ -28,16 +35,33 @@ def spec_error(spec: str) -> str | None:
 
 
 def _matches(spec: str, cid: str, info: ContainerInfo | None) -> bool | None:
-    """Whether container CID (described by INFO) is SPEC's; None: cannot tell without Docker."""
+    """Whether container CID (described by INFO) is SPEC's; None: cannot tell. Its labels are
+    known when the Docker API named it, or when it has labels at all (the agent's pod's, in
+    Kubernetes: there is no name then, and a name binding cannot be told)."""
     if _ID_PREFIX.fullmatch(spec) and cid.startswith(spec):
         return True
-    named = info is not None and info.name is not None
     if spec.startswith("label:"):
         key, _, value = spec[len("label:") :].partition("=")
-        return (info.label(key) == value) if named and info is not None else None
-    if named and info is not None:
+        if info is None or (info.name is None and not info.labels):
+            return None
+        return info.label(key) == value
+    if info is not None and info.name is not None:
         return info.name == spec
     return False if _ID_PREFIX.fullmatch(spec) else None
+
+
+def _container(cid: str, info: ContainerInfo | None) -> str:
+    """How a message names container CID: its short id, and its name or pod when known."""
+    also = []
+    if info is not None and info.name:
+        also.append(info.name)
+    pod = info.label(POD_NAME_LABEL) if info is not None else None
+    if pod:
+        ns = info.label(POD_NAMESPACE_LABEL) if info is not None else None
+        also.append(f"pod {ns}/{pod}" if ns else f"pod {pod}")
+    elif info is not None and info.pod_uid:
+        also.append(f"pod {info.pod_uid}")
+    return f"container {cid[:12]}" + (f" ({', '.join(also)})" if also else "")
 
 
 def _where(p: ProcessReport) -> dict[str, object]:
@@ -68,7 +92,7 @@ def container_findings(spec: str, snap: I.TargetSnapshot) -> list[Finding]:
                 )
             )
             continue
-        where = f"container {cid[:12]}" + (f" ({info.name})" if info and info.name else "")
+        where = _container(cid, info)
         out.append(
             Finding(
                 I.EVIDENCE_CONTAINER_MISMATCH,
@@ -94,3 +118,54 @@ def unobservable_findings(snap: I.TargetSnapshot) -> list[Finding]:
         )
         for why in snap.unobservable
     ]
+
+
+def stale_finding(snap: I.TargetSnapshot, age: float, freshness_s: float) -> Finding:
+    """``evidence.stale``: SNAP, the target's latest report, is AGE seconds old. Says where that
+    evidence came from (the containers, else the processes) and what the silence most likely
+    means: a sidecar shares the serving container's PID namespace and dies with it, so a
+    serving container that exited or restarted stops the reports."""
+    infos = {c.id: c for c in snap.containers}
+    cids = list(dict.fromkeys([*snap.container_ids, *infos]))
+    restarts = {c.id: c.restart_count for c in snap.containers if c.restart_count is not None}
+    if cids:
+        named = [_container(cid, infos.get(cid)) for cid in cids[:3]]
+        more = f" and {len(cids) - 3} more" if len(cids) > 3 else ""
+        came = f"it came from {', '.join(named)}{more}"
+        why = (
+            "the serving container may have exited or restarted (a sidecar in its PID "
+            "namespace dies with it and must be started again in the new one), or the agent "
+            "stopped or cannot reach the verifier"
+        )
+    elif snap.processes:
+        pids = ", ".join(str(p.key.pid) for p in snap.processes[:5])
+        came = f"it came from processes in no container the agent could name (pid {pids})"
+        why = "those processes may have exited, or the agent stopped or cannot reach the verifier"
+    else:
+        came = "it showed no vLLM process"
+        why = (
+            "the serving container may have exited (a sidecar in its PID namespace dies with "
+            "it), or the agent stopped or cannot reach the verifier"
+        )
+    return Finding(
+        I.EVIDENCE_STALE,
+        Severity.PENDING,
+        f"the latest report of target {snap.target} is {age:.1f} s old, older than the "
+        f"policy's freshness_s {freshness_s:g}; {came}, and nothing has reported since: {why}",
+        snap.target,
+        {
+            "age_s": age,
+            "freshness_s": freshness_s,
+            "received_unix": snap.received_unix,
+            "containers": [
+                {
+                    "container_id": cid,
+                    "name": infos[cid].name if cid in infos else None,
+                    "pod": infos[cid].label(POD_NAME_LABEL) if cid in infos else None,
+                    "restart_count": restarts.get(cid),
+                }
+                for cid in cids
+            ],
+            "pids": [p.key.pid for p in snap.processes],
+        },
+    )
