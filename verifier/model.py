@@ -144,6 +144,9 @@ class Origin(StrEnum):
     GENERATED = "generated"  # under a compile cache or temporary directory, no distribution
     STDLIB = "stdlib"  # the interpreter's standard library (no RECORD to compare with)
     UNKNOWN = "unknown"  # no distribution claims it
+    # in a distribution's package folder (where its RECORD lists other files), but its RECORD
+    # does not list it: put there after installation
+    ADDED = "added"
 
 
 @dataclass(frozen=True)
@@ -166,7 +169,7 @@ class Provenance:
     (bytecode counts under the class of its source: it is derived from it)."""
 
     counts: tuple[tuple[str, int], ...]  # (origin, files), every Origin, in Origin order
-    files: tuple[FileOrigin, ...]  # the files whose origin is patched, editable, generated, unknown
+    files: tuple[FileOrigin, ...]  # the files whose origin is not pristine or stdlib
     # (canonical name, version, loaded files) of every distribution that claims a loaded file
     distributions: tuple[tuple[str, str, int], ...] = ()
 
@@ -182,6 +185,9 @@ DRIFT_BYTECODE_UNCHECKED = "provenance.bytecode.unchecked"
 DRIFT_BYTECODE_SOURCELESS = "provenance.bytecode.sourceless"
 DRIFT_MODULE_SHADOWED = "provenance.module.shadowed"
 DRIFT_MODULE_FILELESS = "provenance.module.fileless"
+# a RECORD, METADATA or direct_url.json (or a site directory) that could not be read or
+# parsed: what it would have said about the files is unknown (path: that file)
+DRIFT_RECORD_UNREADABLE = "provenance.record.unreadable"
 DRIFT_IDS = (
     DRIFT_MODIFIED_AFTER_LOAD,
     DRIFT_BYTECODE_STALE,
@@ -190,6 +196,7 @@ DRIFT_IDS = (
     DRIFT_BYTECODE_SOURCELESS,
     DRIFT_MODULE_SHADOWED,
     DRIFT_MODULE_FILELESS,
+    DRIFT_RECORD_UNREADABLE,
 )
 
 

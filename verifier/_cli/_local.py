@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import structlog
+
 from verifier import wire
-from verifier.agent.collect import to_report
-from verifier.errors import ConfigError, UsageError
+from verifier.agent.collect import still_running, to_report
+from verifier.errors import ConfigError, ProcessExited, UsageError
 from verifier.evidence.hashing import Hasher
 from verifier.evidence.process import ProcessEvidence, read_process, read_tree
 from verifier.evidence.procfs import ProcFS
@@ -21,10 +23,40 @@ _ROLE_ORDER = ("worker", "engine_core", "api_server")
 
 def read_local(procfs: ProcFS, pid: int, tree: bool) -> list[tuple[ProcessEvidence, ProcessReport]]:
     """Each process (PID, and with TREE every Python process under it) with the agent's own
-    judgement of it: native mappings, the cross-check, provenance classes and drift."""
+    judgement of it: native mappings, the cross-check, provenance classes and drift.
+
+    A process that exited while it was read (its files then read as "missing", its maps as
+    empty) has no report: PID itself raises ProcessExited; a process under it is left out,
+    with a warning on stderr, as is one under it that could not be read at all."""
     hasher = Hasher()
-    found = read_tree(procfs, pid) if tree else [read_process(procfs, pid)]
-    return [(ev, to_report(procfs, ev, hasher)) for ev in found]
+    skipped: list[str] = []
+    found = read_tree(procfs, pid, skipped) if tree else [read_process(procfs, pid)]
+    out = []
+    for ev in found:
+        report = to_report(procfs, ev, hasher)
+        if alive(procfs, ev):
+            out.append((ev, report))
+        elif ev.identity.pid == pid:
+            raise ProcessExited(pid)
+        else:
+            skipped.append(f"pid {ev.identity.pid} (under {pid}) exited while it was being read")
+    log = structlog.get_logger("verifier.inspect")
+    for why in skipped:
+        log.warning("process left out", pid=pid, detail=why)
+    return out
+
+
+def alive(procfs: ProcFS, ev: ProcessEvidence) -> bool:
+    """Whether the process EV describes is still there and not a zombie (an exited process
+    its parent has not reaped keeps its pid and start time, but no memory or files)."""
+    if not still_running(procfs, ev):
+        return False
+    try:
+        stat = (procfs.root / str(ev.identity.pid) / "stat").read_bytes()
+    except OSError:
+        return False
+    fields = stat[stat.rindex(b")") + 2 :].split()
+    return bool(fields) and fields[0] not in (b"Z", b"X")
 
 
 def pick(reports: list[ProcessReport], role: str | None, source: str) -> ProcessReport:

@@ -25,7 +25,8 @@ model runner (class, the file defining its step method, that file's sha256), eng
 the hook table (every fire count with the process's step count beside it), the number of
 loaded files and their manifest digest. Then what this tool judges from outside the process,
 as the agent does: files per provenance class (pristine, patched, editable, generated, stdlib,
-unknown) with every file that is not pristine and why, drift (stale bytecode, shadowed
+unknown, added; native libraries of a distribution included, judged as mapped) with every
+file that is not pristine and why, drift (stale bytecode, shadowed
 modules, files modified after load, ...), native libraries replaced or deleted while mapped,
 and files the probe and /proc disagree on. A Python process without the probe is still
 reported, with "probe absent".

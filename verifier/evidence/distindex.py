@@ -10,7 +10,8 @@ Everything is read *as the process sees its filesystem*: paths are the process's
 ``to_host`` maps one to where this code can read it (``/proc/<pid>/root/<path>`` for a live
 process in another mount namespace). Bad input never raises: an unreadable or malformed
 ``RECORD``, ``METADATA`` or ``direct_url.json`` is skipped, and why is kept in
-``DistIndex.problems``.
+``DistIndex.problems`` (and, with the file and distribution it concerns, in
+``DistIndex.faults``: what it would have said is unknown, which the judgement reports).
 """
 
 from __future__ import annotations
@@ -57,6 +58,25 @@ class LocalInstall:
     root: str | None  # for directory installs: the directory the URL names
 
 
+@dataclass(frozen=True)
+class Fault:
+    """A file an installer wrote that could not be read or parsed (or a site that could not
+    be listed): what it would have said about the installed files is unknown."""
+
+    path: str  # the file or directory, as the process sees it
+    detail: str  # one line: what is wrong
+    distribution: str | None = None  # canonical name of the distribution it concerns
+
+
+@dataclass(frozen=True)
+class Folder:
+    """A package folder of a site: a directory in which RECORDs list files."""
+
+    path: str  # the folder, as the process sees it
+    owners: tuple[tuple[str, str], ...]  # (canonical name, version) of each RECORD listing files
+    record_path: str  # the path asked about, relative to the site (as a RECORD would write it)
+
+
 @dataclass
 class _Dist:
     """One ``.dist-info`` directory as indexed."""
@@ -79,6 +99,28 @@ class _Site:
     # keeping them unjoined makes indexing a dict insert per row.
     rows: dict[str, list[_Row]] = field(default_factory=dict)
     moduled: bool = False  # rows are in DistIndex._modules
+    # directory (relative to the site) -> the dists whose RECORD lists a file under it; built
+    # on demand (folders())
+    _folders: dict[str, list[_Dist]] | None = None
+
+    def folders(self) -> dict[str, list[_Dist]]:
+        """Every directory under which some RECORD row of this site names a file, with the
+        distributions whose rows do (``.dist-info`` directories are not package folders)."""
+        if self._folders is None:
+            folders: dict[str, list[_Dist]] = {}
+            for record_path, rows in self.rows.items():
+                if record_path.partition("/")[0].endswith(_DIST_INFO):
+                    continue
+                for dist, _ in rows:
+                    directory = record_path
+                    while (cut := directory.rfind("/")) > 0:
+                        directory = directory[:cut]
+                        owners = folders.setdefault(directory, [])
+                        if any(o is dist for o in owners):
+                            break  # so are all the directories above it
+                        owners.append(dist)
+            self._folders = folders
+        return self._folders
 
 
 def canonical_name(name: str) -> str:
@@ -232,6 +274,7 @@ class DistIndex:
     def __init__(self, to_host: Callable[[str], Path]) -> None:
         self.to_host = to_host
         self.problems: list[str] = []  # what was skipped, and why
+        self.faults: list[Fault] = []  # the same, with the file and distribution concerned
         self._site_of: dict[str, str | None] = {}  # directory -> nearest site (or None)
         self._sites: dict[str, _Site] = {}  # indexed sites, in indexing order
         self._chains: dict[str, tuple[str, ...]] = {}  # directory -> its sites, nearest first
@@ -273,7 +316,7 @@ class DistIndex:
         except (FileNotFoundError, NotADirectoryError, ValueError):  # ValueError: NUL, "\ud800"
             return False
         except OSError as e:
-            self.problems.append(f"cannot list {directory}: {e.strerror or e}")
+            self._fault(f"cannot list {directory}: {e.strerror or e}", directory)
             return False
 
     def add_site(self, site: str) -> None:
@@ -289,12 +332,16 @@ class DistIndex:
         except (FileNotFoundError, NotADirectoryError, ValueError):  # ValueError: NUL, "\ud800"
             return
         except OSError as e:
-            self.problems.append(f"cannot list {site}: {e.strerror or e}")
+            self._fault(f"cannot list {site}: {e.strerror or e}", site)
             return
         for name in names:
             dist = self._add_dist(site, entry, name)
             if entry.dists.setdefault(dist.name, dist) is not dist:
-                self.problems.append(f"{site}/{name}: a second {dist.name} in {site}; ignored")
+                self._fault(
+                    f"{site}/{name}: a second {dist.name} in {site}; ignored",
+                    f"{site.rstrip('/')}/{name}",
+                    dist.name,
+                )
         self._roots.sort(key=lambda r: len(r[0]), reverse=True)
         self._claims.clear()  # a "../" row of this site may name a path looked up before
 
@@ -302,7 +349,7 @@ class DistIndex:
         """Index one ``.dist-info`` directory: its name, version, RECORD and direct_url."""
         dist = self._read_metadata(site, dir_name)
         base = f"{site.rstrip('/')}/{dir_name}"
-        for row in self._read_record(base):
+        for row in self._read_record(base, dist.name):
             rp = row[0]
             if rp[0] != "/" and _clean(rp):
                 entry.rows.setdefault(rp, []).append((dist, row))
@@ -322,31 +369,35 @@ class DistIndex:
         try:
             fields = _metadata(self.to_host(path))
         except (OSError, UnicodeDecodeError) as e:
-            self.problems.append(f"{path}: unreadable ({_why(e)}); name from directory name")
+            why = f"{path}: unreadable ({_why(e)}); name from directory name"
+            self._fault(why, path, canonical_name(name))
             fields = {"name": name}
         if "name" not in fields:
-            self.problems.append(f"{path}: no Name header; name from directory name")
+            why = f"{path}: no Name header; name from directory name"
+            self._fault(why, path, canonical_name(name))
         return _Dist(
             canonical_name(fields.get("name") or name), fields.get("version") or version, site
         )
 
-    def _read_record(self, base: str) -> list[list[str]]:
-        """Every well-formed row of ``<base>/RECORD``. Malformed rows are skipped; a RECORD
-        that is not UTF-8 or stops parsing part way keeps the rows before the fault."""
+    def _read_record(self, base: str, dist: str) -> list[list[str]]:
+        """Every well-formed row of ``<base>/RECORD`` (of distribution DIST). Malformed rows
+        are skipped; a RECORD that is not UTF-8 or stops parsing part way keeps the rows before
+        the fault. Each fault is kept (``faults``)."""
         path = f"{base}/RECORD"
         try:
             data = self.to_host(path).read_bytes()
         except OSError as e:
-            self.problems.append(f"{path}: unreadable ({_why(e)})")
+            self._fault(f"{path}: unreadable ({_why(e)})", path, dist)
             return []
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as e:
             text = data[: e.start].decode("utf-8").rpartition("\n")[0]
-            self.problems.append(f"{path}: not UTF-8 at byte {e.start}; rows before it kept")
+            self._fault(f"{path}: not UTF-8 at byte {e.start}; rows before it kept", path, dist)
         rows, bad = _record_rows(text)
         if bad:
-            self.problems.append(f"{path}: {len(bad)} malformed rows skipped, first {bad[0]}")
+            why = f"{path}: {len(bad)} malformed rows skipped, first {bad[0]}"
+            self._fault(why, path, dist)
         return rows
 
     def _read_direct_url(self, base: str, dist: _Dist) -> LocalInstall | None:
@@ -357,8 +408,14 @@ class DistIndex:
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as e:  # JSONDecodeError, UnicodeDecodeError: ValueErrors
-            self.problems.append(f"{base}/direct_url.json: skipped ({_why(e)})")
+            path = f"{base}/direct_url.json"
+            self._fault(f"{path}: skipped ({_why(e)})", path, dist.name)
             return None
+
+    def _fault(self, message: str, path: str, distribution: str | None = None) -> None:
+        """Keep what was skipped (MESSAGE), about PATH of DISTRIBUTION."""
+        self.problems.append(message)
+        self.faults.append(Fault(path, message, distribution))
 
     def _ancestor_sites(self, path: str) -> tuple[str, ...]:
         """Every site that is an ancestor of normalized PATH, nearest first, each indexed
@@ -408,6 +465,26 @@ class DistIndex:
                     if name is not None:
                         self._modules.setdefault(name, []).extend(rows)
         return [_claim(*r) for r in self._modules.get(module, ())]
+
+    def package_folder(self, path: str) -> Folder | None:
+        """The innermost folder holding PATH in which RECORDs of its site list files (a
+        package folder of the distributions whose RECORDs do), nearest site first. None when
+        PATH lies directly in a site, or in no site. A file found there that no RECORD lists
+        was put there after installation."""
+        path = norm_path(path)
+        for site in self._ancestor_sites(path):
+            base = site.rstrip("/")
+            rel = path[len(base) + 1 :]
+            folders = self._sites[site].folders()
+            directory = posixpath.dirname(rel)
+            while directory:
+                owners = folders.get(directory)
+                if owners:
+                    return Folder(
+                        f"{base}/{directory}", tuple((d.name, d.version) for d in owners), rel
+                    )
+                directory = posixpath.dirname(directory)
+        return None
 
     def local_install(self, distribution: str, site: str) -> LocalInstall | None:
         """The local install (``file://`` direct_url.json) of DISTRIBUTION in SITE, if any."""

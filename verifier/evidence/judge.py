@@ -8,7 +8,9 @@ trusting the probe's report alone:
   while the process ran) or a *disagreement* between the two vantage points (the probe's
   record and the file as the agent sees it cannot both be right);
 * **origins**: each file's provenance class against its distribution's ``RECORD``
-  (``origins.py``), and shadowed modules;
+  (``origins.py``), native libraries (hashed as mapped) included, and shadowed modules;
+  an installer's file (``RECORD``, ``METADATA``, ``direct_url.json``) that could not be read
+  is drift too (``provenance.record.unreadable``): what it would have said is unknown;
 * **bytecode**: ``.pyc`` files the interpreter used that do not correspond to their source
   (``bytecode.py``);
 * **fileless modules**: modules the probe saw claiming a file that does not exist.
@@ -16,22 +18,26 @@ trusting the probe's report alone:
 
 from __future__ import annotations
 
+import hashlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from verifier.evidence import bytecode, origins
 from verifier.evidence.distindex import DistIndex
 from verifier.evidence.hashing import Hasher
+from verifier.evidence.native import native_mappings
 from verifier.evidence.probe_reader import ProbeState
 from verifier.evidence.procfs import ProcFS
 from verifier.model import (
     DRIFT_MODIFIED_AFTER_LOAD,
     DRIFT_MODULE_FILELESS,
+    DRIFT_RECORD_UNREADABLE,
     Drift,
     FileDisagreement,
     FileEntry,
+    NativeMapping,
     Provenance,
 )
 
@@ -43,10 +49,11 @@ class Judgement:
     disagreements: tuple[FileDisagreement, ...]
     provenance: Provenance | None
     drift: tuple[Drift, ...]
-    # What depends only on the manifest and the installed distributions (origins, shadowing,
-    # bytecode, fileless modules), and the (manifest digest, fileless count) it was judged
-    # for: reused while those stay the same; the cross-check is redone on every full check.
-    static_key: tuple[str, int] | None = None
+    # What depends only on the manifest, the native mappings and the installed distributions
+    # (origins, shadowing, bytecode, fileless modules), and the (manifest digest, fileless
+    # count, native mappings digest) it was judged for: reused while those stay the same; the
+    # cross-check is redone on every full check.
+    static_key: tuple[str, int, str] | None = None
     static_drift: tuple[Drift, ...] = ()
 
 
@@ -155,23 +162,49 @@ def judge(
     start_time: float,
     index: DistIndex | None = None,
     reuse: Judgement | None = None,
+    native: Sequence[NativeMapping] | None = None,
 ) -> Judgement:
     """Everything above for one process. Never raises on odd files: each problem is a
     disagreement or a drift with its reason. INDEX: reuse one made by ``dist_index`` for the
     same process, so RECORD files are parsed once. REUSE: an earlier judgement of the same
-    process, whose manifest-only part is kept if the manifest is unchanged."""
+    process, whose manifest-only part is kept if the manifest and the native mappings are
+    unchanged. NATIVE: the process's native mappings, if already read (else read here: the
+    hasher's cache answers for the inodes already hashed)."""
     hashed_at = {f.path: f.t for f in probe.files if f.t is not None}
     disagreements, drift = cross_check(
         procfs, pid, files, hasher, start_time=start_time, hashed_at=hashed_at
     )
-    key = (probe.manifest_digest, len(probe.fileless))
+    if native is None:
+        native = native_mappings(procfs, pid, hasher)
+    key = (probe.manifest_digest, len(probe.fileless), _native_digest(native))
     if reuse is not None and reuse.static_key == key:
         provenance, static = reuse.provenance, list(reuse.static_drift)
     else:
-        provenance, static = _static(procfs, pid, probe, files, index)
+        provenance, static = _static(procfs, pid, probe, files, index, native=native)
     drift += static
     drift.sort(key=lambda d: (d.id, d.path))
     return Judgement(tuple(disagreements), provenance, tuple(drift), key, tuple(static))
+
+
+def _native_digest(native: Sequence[NativeMapping]) -> str:
+    """A digest of which native files are mapped with which bytes."""
+    h = hashlib.sha256()
+    for m in native:
+        h.update(f"{m.path}\0{m.sha256}\n".encode(errors="backslashreplace"))
+    return h.hexdigest()
+
+
+def record_faults(index: DistIndex) -> list[Drift]:
+    """One drift per installer file the index could not read or parse (``RECORD``,
+    ``METADATA``, ``direct_url.json``, a site directory): the files it speaks for cannot be
+    judged against it, so a patched file could pass as ``unknown``."""
+    seen: set[tuple[str, str]] = set()
+    out: list[Drift] = []
+    for f in index.faults:
+        if (f.path, f.detail) not in seen:
+            seen.add((f.path, f.detail))
+            out.append(Drift(DRIFT_RECORD_UNREADABLE, f.path, None, f.detail))
+    return out
 
 
 def _static(
@@ -180,11 +213,14 @@ def _static(
     probe: ProbeState,
     files: tuple[FileEntry, ...],
     index: DistIndex | None,
+    *,
+    native: Sequence[NativeMapping] = (),
 ) -> tuple[Provenance, list[Drift]]:
     to_host = _to_host(procfs, pid)
     index = index or DistIndex(to_host)
     ran = tuple(f for f in files if f.at != "rejected")  # a pyc its loader read and rejected
-    provenance, drift = origins.classify(ran, index, context(procfs, pid, probe))
+    provenance, drift = origins.classify(ran, index, context(procfs, pid, probe), native)
     drift += bytecode.check_bytecode(ran, to_host)
     drift += fileless(procfs, pid, probe)
+    drift += record_faults(index)
     return provenance, drift

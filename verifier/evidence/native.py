@@ -9,7 +9,9 @@ numbers in ``maps`` than ``stat`` does, from looking like replacements.
 Opening ``map_files`` needs CAP_CHECKPOINT_RESTORE (or CAP_SYS_ADMIN), which a sidecar with
 only SYS_PTRACE lacks. Then the path is hashed instead, but only where ``stat`` through the
 process's root names the very device and inode that ``maps`` shows: the same inode is the
-same bytes. Anything else stays ``unreadable``, never a guess.
+same bytes. Anything else stays ``unreadable``, never a guess. When ``maps`` itself cannot
+be read, that is one ``unreadable`` entry for ``/proc/<pid>/maps``: unreadable maps is not
+"no native code".
 """
 
 from __future__ import annotations
@@ -56,11 +58,14 @@ def executable_files(procfs: ProcFS, pid: int) -> list[_Exec]:
 def native_mappings(procfs: ProcFS, pid: int, hasher: Hasher) -> tuple[NativeMapping, ...]:
     """Each executable file of PID with the hash of the mapped inode and its state on disk:
     ``same`` (the path holds the same bytes), ``replaced`` (other bytes now), ``deleted``
-    (nothing at the path), ``unreadable`` (the mapping could not be read; ``error`` says why)."""
+    (nothing at the path), ``unreadable`` (the mapping could not be read; ``error`` says why).
+    Maps that cannot be read give one ``unreadable`` entry whose path is the maps file."""
     try:
         execs = executable_files(procfs, pid)
-    except (UnavailableError, OSError):
-        return ()
+    except (UnavailableError, OSError) as err:
+        maps = str(procfs.root / str(pid) / "maps")
+        why = err.explain() if isinstance(err, UnavailableError) else (err.strerror or str(err))
+        return (NativeMapping(maps, None, -1, "unreadable", f"cannot read {maps}: {why}"),)
     mapped = hasher.hash_files(str(procfs.root / str(pid) / "map_files" / e.range) for e in execs)
     on_disk = hasher.hash_files(str(procfs.in_root(pid, e.path)) for e in execs)
     out = []

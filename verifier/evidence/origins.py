@@ -4,7 +4,12 @@ loaded modules shadow the file a distribution (or the standard library) provides
 Comparing the bytes the process loaded with what installers wrote down (``DistIndex``, in
 ``distindex.py``) tells a pristine file from a patched one, an editable checkout from an
 installed wheel, and leaves everything nobody claims visibly unclaimed; what no RECORD
-claims may still be the standard library's, or generated at run time (compile caches).
+claims may still be the standard library's, or generated at run time (compile caches). A
+file inside a distribution's package folder that its RECORD does not list was *added* there
+after installation: it belongs to that distribution, and is not pristine.
+
+Native code is judged too: each executable mapping's mapped inode (``native.py``) against
+the RECORD that lists its path, so a replaced ``.so`` of a distribution is ``patched``.
 
 Paths are the process's paths, read through the index's ``to_host``. Bad input never
 raises.
@@ -12,13 +17,22 @@ raises.
 
 from __future__ import annotations
 
+import dataclasses
 import posixpath
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from verifier.evidence.distindex import Claim, DistIndex, is_under, norm_path, record_abspath
-from verifier.model import DRIFT_MODULE_SHADOWED, Drift, FileEntry, FileOrigin, Origin, Provenance
+from verifier.model import (
+    DRIFT_MODULE_SHADOWED,
+    Drift,
+    FileEntry,
+    FileOrigin,
+    NativeMapping,
+    Origin,
+    Provenance,
+)
 
 _PYC = re.compile(r"([^.]+)\.[^.]+(?:\.opt-\d+)?\.pyc")  # <name>.<tag>[.opt-N].pyc
 _NON_STDLIB_DIRS = frozenset({"site-packages", "dist-packages"})
@@ -127,8 +141,9 @@ class _Classifier:
         return self.memo[key]
 
     def _judge(self, path: str, sha256: str | None, derived: bool) -> _Judged:
-        """Rules in order: claimed by a RECORD; under a directory install's root; standard
-        library; generated; unknown."""
+        """Rules in order: claimed by a RECORD; under a directory install's root; in a
+        distribution's package folder but not in its RECORD; standard library; generated;
+        unknown."""
         claims = self.index.claims(path)
         if claims:
             return self._claimed(claims, sha256, derived)
@@ -137,6 +152,12 @@ class _Classifier:
             kind = "editable" if local.editable else "local"
             reason = f"under the root of the {kind} install from {local.url}"
             return _Judged(Origin.EDITABLE, reason, local.distribution, local.version)
+        folder = self.index.package_folder(path)
+        if folder is not None:
+            (name, version), *others = folder.owners
+            also = f" (and of {', '.join(n for n, _ in others)})" if others else ""
+            reason = f"in package folder {folder.path} of {name} {version}{also}, not in its RECORD"
+            return _Judged(Origin.ADDED, reason, name, version, folder.record_path)
         if in_stdlib(norm_path(path), self.ctx.stdlib_dirs):
             return _Judged(Origin.STDLIB, "in the standard library")
         gen = _innermost(norm_path(path), self.ctx.generated_dirs)
@@ -200,18 +221,30 @@ def _file_origin(f: FileEntry, j: _Judged) -> FileOrigin:
 
 
 def classify(
-    files: Sequence[FileEntry], index: DistIndex, ctx: Context
+    files: Sequence[FileEntry],
+    index: DistIndex,
+    ctx: Context,
+    native: Sequence[NativeMapping] = (),
 ) -> tuple[Provenance, list[Drift]]:
     """Each loaded file's provenance class, and the modules loaded from somewhere other than
     where their distribution (or the standard library) puts them. ``distributions`` counts
-    the loaded files attributed to each distribution (by RECORD, or by an install's root).
+    the loaded files attributed to each distribution (by RECORD, by an install's root, or by
+    its package folder).
 
-    Every site on the way to any manifest file, and every ``ctx.site_dirs`` entry, is indexed
-    before anything is judged, so the answer does not depend on manifest order."""
+    NATIVE: the process's executable mappings (``native.native_mappings``). Each one hashed
+    as mapped, not in FILES, that belongs to a distribution is judged and counted like a
+    loaded file, with the mapped inode's sha256; the rest (the interpreter, system libraries)
+    have no RECORD to compare with and are left to the native mapping checks.
+
+    Every site on the way to any manifest file or native mapping, and every
+    ``ctx.site_dirs`` entry, is indexed before anything is judged, so the answer does not
+    depend on manifest order."""
     for site in ctx.site_dirs:
         index.add_site(site)
-    for f in files:
-        index.claims(f.path)  # indexes every site on the way to it
+    listed = {norm_path(f.path) for f in files}
+    mapped = [m for m in native if m.sha256 is not None and norm_path(m.path) not in listed]
+    for path in [f.path for f in files] + [m.path for m in mapped]:
+        index.claims(path)  # indexes every site on the way to it
     c = _Classifier(index, ctx)
     for f in files:
         if f.kind != "bytecode":
@@ -227,6 +260,17 @@ def classify(
             per_dist[key] = per_dist.get(key, 0) + 1
         if j.origin not in (Origin.PRISTINE, Origin.STDLIB):
             reported.append(_file_origin(f, j))
+    for m in mapped:
+        j = c.path(m.path, m.sha256, derived=False)
+        if j.distribution is None:
+            continue
+        counts[j.origin] += 1
+        key = (j.distribution, j.version or "")
+        per_dist[key] = per_dist.get(key, 0) + 1
+        if j.origin is not Origin.PRISTINE:
+            j = dataclasses.replace(j, reason=f"mapped native code: {j.reason}")
+            entry = FileEntry(m.path, m.sha256, m.size, "native", None, "mapped")
+            reported.append(_file_origin(entry, j))
     reported.sort(key=lambda fo: fo.path)
     prov = Provenance(
         counts=tuple((o.value, n) for o, n in counts.items()),

@@ -248,12 +248,18 @@ def read_process(procfs: ProcFS, pid: int, cache: JournalCache | None = None) ->
     return ProcessEvidence(ident, role, rank, probe, pdir, note)
 
 
-def read_tree(procfs: ProcFS, pid: int) -> list[ProcessEvidence]:
-    """Evidence for PID and every Python process under it (non-Python children are skipped)."""
+def read_tree(procfs: ProcFS, pid: int, skipped: list[str] | None = None) -> list[ProcessEvidence]:
+    """Evidence for PID and every Python process under it (non-Python children are skipped).
+    SKIPPED: where to note each child that could not be read (it exited mid-scan, or /proc
+    refused it), so that it does not vanish from the evidence unsaid."""
     out = [read_process(procfs, pid)]
     for child in procfs.descendants(pid)[1:]:
         try:
             out.append(read_process(procfs, child))
-        except (NotPythonProcess, UnavailableError, OSError):
-            continue  # not Python, or exited mid-scan: not part of the evidence
+        except NotPythonProcess:
+            continue  # not Python: not part of the evidence
+        except (UnavailableError, OSError) as e:  # exited mid-scan, or not readable
+            if skipped is not None:
+                why = e.explain() if isinstance(e, UnavailableError) else str(e)
+                skipped.append(f"pid {child} (under {pid}) was not read: {why}")
     return out

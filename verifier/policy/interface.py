@@ -20,6 +20,7 @@ from verifier.model import (
     DRIFT_MODIFIED_AFTER_LOAD,
     DRIFT_MODULE_FILELESS,
     DRIFT_MODULE_SHADOWED,
+    DRIFT_RECORD_UNREADABLE,
     ContainerInfo,
     Finding,
     HookCount,
@@ -86,7 +87,9 @@ PROVENANCE_NOT_LOADED = "provenance.distribution.not_loaded"
 PATCH_DECLARED = "provenance.patch.declared"
 PATCH_UNDECLARED = "provenance.patch.undeclared"
 PATCH_NOT_APPLIED = "provenance.patch.not_applied"
-ALLOWABLE_DRIFT = tuple(d for d in DRIFT_IDS if d != DRIFT_BYTECODE_UNVERIFIED)
+# Always WARNING, so never in [provenance] allow
+_UNCONFIRMED_DRIFT = (DRIFT_BYTECODE_UNVERIFIED, DRIFT_RECORD_UNREADABLE)
+ALLOWABLE_DRIFT = tuple(d for d in DRIFT_IDS if d not in _UNCONFIRMED_DRIFT)
 
 
 @dataclass(frozen=True)
@@ -234,6 +237,9 @@ FINDINGS: dict[str, FindingKind] = {
     DRIFT_MODULE_FILELESS: FindingKind(
         Severity.ERROR, "", "a module claims to come from a file that does not exist"
     ),
+    DRIFT_RECORD_UNREADABLE: FindingKind(
+        Severity.WARNING, "", "an installer's RECORD, METADATA or direct_url.json is unreadable"
+    ),
     PROVENANCE_ORIGINS: FindingKind(
         Severity.INFO, "", "a process's files per provenance class, and each non-pristine file"
     ),
@@ -241,7 +247,7 @@ FINDINGS: dict[str, FindingKind] = {
         Severity.PENDING, "", "the agent has not judged the provenance of a process's files"
     ),
     PROVENANCE_NOT_PRISTINE: FindingKind(
-        Severity.ERROR, "", "a file of a pristine-required distribution is editable or unknown"
+        Severity.ERROR, "", "a file of a pristine-required distribution is not pristine"
     ),
     PROVENANCE_NOT_LOADED: FindingKind(
         Severity.ERROR, "min_steps", "no process loaded a file of a pristine-required distribution"

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from verifier.model import (
     DRIFT_BYTECODE_UNVERIFIED,
+    DRIFT_RECORD_UNREADABLE,
     Finding,
     Origin,
     ProcessReport,
@@ -31,10 +32,24 @@ def _judged(p: ProcessReport) -> bool:
     return p.probe_present and p.role not in I.IGNORED_ROLES
 
 
+_UNCONFIRMED = frozenset({DRIFT_BYTECODE_UNVERIFIED, DRIFT_RECORD_UNREADABLE})
+
+
+def dist_info_name(path: str) -> str | None:
+    """The canonical distribution name a path inside (or of) a ``<name>-<version>.dist-info``
+    directory names, if it has such a component."""
+    for part in reversed(path.split("/")):
+        if part.endswith(".dist-info"):
+            return canonical(part[: -len(".dist-info")].partition("-")[0]) or None
+    return None
+
+
 @dataclass(frozen=True)
 class DriftFree:
     """One finding per process and drift id (``provenance.bytecode.stale``, ...): ERROR, or a
-    WARNING for ids in ``[provenance] allow`` and for what could not be confirmed."""
+    WARNING for ids in ``[provenance] allow`` and for what could not be confirmed (a stale
+    pyc not compared; an installer's file that could not be read, which ``Pristine`` makes an
+    error for the distributions it requires pristine)."""
 
     allow: frozenset[str] = frozenset()
 
@@ -50,7 +65,7 @@ class DriftFree:
             for d in p.drift:
                 by_id.setdefault(d.id, []).append(d.detail)
             for fid, details in by_id.items():
-                lenient = fid in self.allow or fid == DRIFT_BYTECODE_UNVERIFIED
+                lenient = fid in self.allow or fid in _UNCONFIRMED
                 hits = [d for d in p.drift if d.id == fid]
                 out.append(
                     E.finding(
@@ -123,7 +138,9 @@ class Patch:
 class Pristine:
     """``[provenance] pristine``: every loaded file of these distributions is pristine (its
     RECORD hash) or a declared patch with its declared hash; a declared patch whose file is
-    loaded with the published bytes was not applied."""
+    loaded with the published bytes was not applied. A file added into a package folder of
+    one (``added``) is not pristine unless a patch declares it with its bytes, and a RECORD
+    or METADATA of one that could not be read leaves its files unjudged: not pristine."""
 
     distributions: tuple[str, ...]  # canonical names
     patches: tuple[Patch, ...] = ()
@@ -166,6 +183,23 @@ class Pristine:
     ) -> list[Finding]:
         out: list[Finding] = []
         listed: set[tuple[str, str]] = set()
+        for d in p.drift:
+            dist = dist_info_name(d.path) if d.id == DRIFT_RECORD_UNREADABLE else None
+            if dist in self.distributions:
+                out.append(
+                    E.finding(
+                        I.PROVENANCE_NOT_PRISTINE,
+                        Severity.ERROR,
+                        f"{E.name(p)}: {dist} must be pristine, but what its installer wrote "
+                        f"could not be read, so its files cannot be judged: {d.detail}",
+                        snapshot,
+                        **E.base(p),
+                        path=d.path,
+                        distribution=dist,
+                        origin=None,
+                        reason=d.detail,
+                    )
+                )
         for f in prov.files:
             if f.distribution not in self.distributions:
                 continue
@@ -174,7 +208,8 @@ class Pristine:
             ctx = {"path": f.path, "distribution": f.distribution, "record_path": f.record_path}
             ctx.update({"sha256": f.sha256, "expected_sha256": f.expected_sha256})
             listed.add(key)
-            if f.origin == Origin.PATCHED:
+            added = f.origin == Origin.ADDED
+            if f.origin == Origin.PATCHED or (added and declared is not None):
                 if declared is not None and declared.sha256 == f.sha256:
                     out.append(
                         E.finding(
@@ -198,9 +233,14 @@ class Pristine:
                     E.finding(
                         I.PATCH_UNDECLARED,
                         Severity.ERROR,
-                        f"{E.name(p)} loaded {f.path} with sha256 {E.short_sha(f.sha256)}, not "
-                        f"the {f.distribution} RECORD's {E.short_sha(f.expected_sha256)}, and "
-                        f"{why}",
+                        f"{E.name(p)} loaded {f.path} with sha256 {E.short_sha(f.sha256)}, "
+                        + (
+                            f"which the {f.distribution} RECORD does not list"
+                            if added
+                            else f"not the {f.distribution} RECORD's "
+                            f"{E.short_sha(f.expected_sha256)}"
+                        )
+                        + f", and {why}",
                         snapshot,
                         **E.base(p),
                         **ctx,
