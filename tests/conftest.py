@@ -22,12 +22,16 @@ V2_STEP = "vllm.v1.worker.gpu.model_runner:GPUModelRunner.execute_model"
 V1_STEP = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.execute_model"
 V1_SAMPLE = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.sample_tokens"
 V1_LOAD = "vllm.v1.worker.cpu_model_runner:CPUModelRunner.load_model"  # start-up only
+# warm-up only: runs once after the KV cache exists, before the first step (on this CPU
+# server, eager with an explicit KV-cache size, it runs no forward pass: no dummy step)
+V1_WARM = "vllm.v1.worker.cpu_worker:CPUWorker.compile_or_warm_up_model"
 SERVER_HOOKS = {
     "v2_step": V2_STEP,
     "v1_step": V1_STEP,
     "v1_sample": V1_SAMPLE,
     "v1_module": "vllm.v1.worker.gpu_model_runner",
     "v1_load": V1_LOAD,
+    "warm": V1_WARM,
     "fwd_dev": "vllm.model_executor.models.llama:LlamaModel.forward@device",
     "v1_first": "vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states@first",
     "user_step": "verifier_user_hook:on_step",

@@ -59,6 +59,32 @@ def test_prefill_and_decode_tokens_match_what_the_server_served(
     )
 
 
+def test_empty_steps_are_the_steps_that_scheduled_nothing(
+    around: tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]],
+) -> None:
+    before, after, _ = around
+    assert delta(before, after, "productive") > 0
+    assert delta(before, after, "empty") == delta(before, after, "total") - delta(
+        before, after, "productive"
+    )
+    s = after["steps"]
+    assert s["empty"] == s["total"] - s["productive"]
+
+
+def test_dummy_steps_are_reported_apart_and_none_ran_on_this_server(
+    around: tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]],
+) -> None:
+    """Dummy steps (the runner's _dummy_run: profiling, compile warm-up, graph capture) are
+    counted apart from steps. This server runs none: CPUWorker skips its warm-up forward
+    when eager with an explicit KV-cache size (--enforce-eager --kv-cache-memory-bytes), and
+    on the CPU eager it would return before any forward anyway. The warm-up stage did run
+    (the `warm` hook fired), so zero is a count, not a blind spot; a real request never
+    counts as one. (Dummy counting itself: tests/test_step_accounting.py, fake runners.)"""
+    before, after, _ = around
+    assert before["steps"]["dummy"] == after["steps"]["dummy"] == 0
+    assert hook_by_name(after, "warm")["fired"] == 1
+
+
 def test_graph_mode_is_recorded_with_the_counts(
     around: tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]],
 ) -> None:
@@ -106,6 +132,23 @@ def test_hook_that_fires_only_at_start_up_fails_on_decode(vllm_server: VllmServe
     found = judged(vllm_server, hook_policy("v1_load", "decode"))
     (hit,) = [c for i, c in found if i == I.HOOK_OUTSIDE_STEPS_ONLY]
     assert hit["fired_outside_steps"] == hit["fired"] >= 1 and hit["decode_steps"] > 0
+
+
+def test_hook_that_fires_only_during_warm_up_fails_on_decode(
+    vllm_server: VllmServer,
+    around: tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]],
+) -> None:
+    """A hook on the worker's warm-up method (compile_or_warm_up_model: once, after the KV
+    cache exists and before the first step) fired, yet never on a decode step: FAIL, with its
+    fired count and the step counts beside it."""
+    found = judged(vllm_server, hook_policy("warm", "decode"))
+    (hit,) = [c for i, c in found if i == I.HOOK_OUTSIDE_STEPS_ONLY]
+    assert hit["hook"] == "warm" and hit["target"].endswith("CPUWorker.compile_or_warm_up_model")
+    assert hit["fired"] == hit["fired_outside_steps"] == 1
+    assert (hit["fired_decode"], hit["fired_prefill"], hit["fired_productive"]) == (0, 0, 0)
+    assert hit["decode_steps"] > 0 and hit["productive_steps"] >= hit["decode_steps"]
+    assert hit["total_steps"] >= hit["productive_steps"]
+    assert [i for i, _ in found if i.startswith("liveness.hook")] == [I.HOOK_OUTSIDE_STEPS_ONLY]
 
 
 def test_step_hook_passes_on_decode_with_fires_equal_to_decode_steps(

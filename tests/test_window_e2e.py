@@ -165,3 +165,53 @@ def test_seal_refuses_bad_input(stack: tuple[str, Path, VllmServer]) -> None:
     )
     assert code == 2 and "is a window on run lp" in text
     assert os.path.exists(d / "r1.json.seal.json")
+
+
+HALF = POLICY.replace('on = "decode"\n', 'on = "decode"\nmin_fires_per_productive_step = 0.5\n', 1)
+
+
+def test_harness_block_where_a_hook_stops_fails_and_seals_why(
+    stack: tuple[str, Path, VllmServer],
+) -> None:
+    """The harness context manager (verifier.gate.measurement) with results: the gate passes
+    on entry, the logprobs hook stops firing inside the block, and leaving the block raises
+    GateFailed although the run itself still PASSes (over the process's life the hook fired
+    on at least half of the decode steps, which this run's policy asks), after writing the
+    results' statement with the window.hook_lagged finding."""
+    from verifier.client import VerifierClient
+    from verifier.gate import GateFailed, measurement
+    from verifier.server.address import resolve
+    from verifier.window import fresh_status
+
+    addr, d, server = stack
+    assert 'name = "logprobs"\non = "decode"\nmin_fires_per_productive_step = 0.5' in HALF
+    (d / "half.toml").write_text(HALF)
+    out = verifier_cli(
+        "run", "register", "lp_half", "--policy", str(d / "half.toml"), "--verifier", addr
+    )
+    assert out.returncode == 0, out.stderr
+    ask(server, 4, logprobs=True)  # 16 decode steps, every one firing
+    asked = time.time()
+    with VerifierClient(resolve(addr)) as client:  # the block starts on evidence from now
+        fresh_status(client, "lp_half", asked + 1.0, 60)
+    res = results(d, "r3.json")
+    with (
+        pytest.raises(GateFailed, match="liveness did not hold during the block") as failed,
+        measurement("lp_half", address=addr, timeout_s=60, results=res) as m,
+    ):
+        assert m.before.verdict.value == "PASS"
+        ask(server, 3, logprobs=False)  # 12 decode steps, the logprobs code path idle
+    assert failed.value.exit_code == 1
+    st = json.loads((d / "r3.json.seal.json").read_text())
+    assert st["held"] is False
+    assert (st["verdict_at_open"], st["verdict_at_seal"]) == ("PASS", "PASS")
+    assert [f["id"] for f in st["findings"]] == ["window.hook_lagged"], st["findings"]
+    ctx = st["findings"][0]["context"]
+    assert ctx["name"] == "logprobs" and ctx["on"] == "decode"
+    # a boundary step may fall on either side of the block's edges (see above)
+    assert ctx["fired"] <= 1 and abs(ctx["steps"] - 3 * 4) <= 1, ctx
+    assert st["results"]["sha256"] == hashlib.sha256(res.read_bytes()).hexdigest()
+    assert [f["id"] for f in m.summary["findings"]] == ["window.hook_lagged"]
+    assert m.summary["statement"] == str(d / "r3.json.seal.json")
+    step = [r for r in st["hooks"].values() if r["name"] == "step"]
+    assert step and all(r["fired"] == r["steps"] > 0 for r in step)  # the step hook kept pace

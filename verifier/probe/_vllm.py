@@ -5,11 +5,17 @@ Everything is installed through post-import watches, so nothing here imports vLL
 * ``vllm.v1.engine.core``: ``EngineCore.__init__`` marks the process ``engine_core``.
 * ``vllm.v1.worker.worker_base``: ``WorkerBase.__init__`` marks the process ``worker`` with its
   rank, and wraps the concrete worker class's ``execute_model`` (the per-step call, whatever
-  runner is live; V1 warm-up does not go through it, V2's ``dummy_run=True`` calls are counted
-  apart) to count steps by phase (prefill and decode tokens), its ``sample_tokens`` so that
-  hook fires there count in the step, and ``init_device``/``load_model`` to record the live
-  runner object and the graph/compile mode once they exist. Each counted step also notes
+  runner is live) to count steps by phase (prefill and decode tokens), its ``sample_tokens``
+  so that hook fires there count in the step, and ``init_device``/``load_model`` to record the
+  live runner object and the graph/compile mode once they exist. Each counted step also notes
   which requests it served (``_bindings.step``).
+* Warm-up, profiling and graph capture are counted apart as *dummy* steps, never as steps:
+  every call of the live runner class's ``_dummy_run`` (V1 and V2: memory profiling, compile
+  warm-up, CUDA-graph capture, data-parallel padding; V2's ``execute_model(dummy_run=True)``
+  runs inside it), and every call of the worker's ``execute_model`` made while the worker's
+  ``compile_or_warm_up_model`` runs (V2's kernel warm-up drives hand-built scheduler outputs
+  through it). Nested ones count once; hook fires inside them count as outside steps. These
+  methods run at start-up only, so the wrappers cost nothing per step.
 * ``vllm.v1.engine.output_processor`` and ``vllm.entrypoints.serve.engine.serving``: the API
   server's external request id for each internal one (``_bindings``).
 
@@ -32,8 +38,32 @@ from verifier.probe import _bindings, _core, _device, _postimport
 from verifier.probe import _layout as L
 
 STEP_METHODS = ("execute_model", "sample_tokens")
+DUMMY_METHOD = "_dummy_run"  # on the runner class (V1 and V2)
+WARMUP_METHOD = "compile_or_warm_up_model"  # on the worker class
 _roles_done: set[str] = set()
 _runner_seen: set[type] = set()
+_dummy_depth = 0  # > 0 inside a counted dummy step (a nested one is not counted again)
+_warming = 0  # > 0 while the worker's warm-up runs: its execute_model calls are dummy steps
+
+
+_wrappers: set[Callable[..., Any]] = set()  # this module's wrappers (by identity)
+
+
+def _mark(fn: Callable[..., Any]) -> None:
+    """Note FN as one of this module's wrappers (and mark it as the probe's, like every probe
+    wrapper)."""
+    fn.__verifier_probe__ = True  # type: ignore[attr-defined]
+    _wrappers.add(fn)
+
+
+def _ours(fn: Any) -> bool:
+    """Whether FN is already one of this module's wrappers. Told by identity: a declared hook's
+    wrapper is the probe's too (and ``functools.update_wrapper`` copies attributes onto it), but
+    a hook on a worker's or runner's method must not turn the counting off."""
+    try:
+        return fn in _wrappers
+    except TypeError:  # unhashable
+        return False
 
 
 def _qualified(cls: type) -> str:
@@ -91,6 +121,7 @@ def record_runner(worker: Any) -> None:
     if cls in _runner_seen:
         return
     _runner_seen.add(cls)
+    _wrap_runner_class(cls)
     methods = {m: _defining_file(cls, m) for m in STEP_METHODS}
     step = methods.get("execute_model") or {}
     _core.state().remember({"k": "graph", **graph_mode(worker, runner)})
@@ -193,25 +224,22 @@ def _wrap_worker_class(cls: type) -> None:
     if cls.__dict__.get("__verifier_probe_wrapped__"):
         return
     orig_exec = getattr(cls, "execute_model", None)
-    if orig_exec is not None and not getattr(orig_exec, "__verifier_probe__", False):
+    if orig_exec is not None and not _ours(orig_exec):
         recorded = False
 
         def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
             nonlocal recorded
+            if _warming or _dummy_depth or kwargs.get("dummy_run"):
+                # warm-up (V2 kernel warm-up drives the worker) or padding: not a step
+                return _dummy_call(orig_exec, self, (scheduler_output, *args), kwargs)
             c = _core.COUNTERS
-            dummy = bool(kwargs.get("dummy_run"))
             try:
-                if dummy:
-                    c[L.S_STEPS_DUMMY] += 1  # warm-up or padding (V2): not a step
-                else:
-                    _count_step(scheduler_output)
-                    if not recorded:
-                        recorded = True
-                        record_runner(self)
+                _count_step(scheduler_output)
+                if not recorded:
+                    recorded = True
+                    record_runner(self)
             except Exception as e:  # noqa: BLE001 - a probe never raises into a step
                 _core.report_error("steps", f"{type(e).__name__}: {e}")
-            if dummy:
-                return orig_exec(self, scheduler_output, *args, **kwargs)
             c[L.S_IN_STEP] = 1  # not nested: execute_model and sample_tokens take turns
             try:
                 return orig_exec(self, scheduler_output, *args, **kwargs)
@@ -221,13 +249,80 @@ def _wrap_worker_class(cls: type) -> None:
                     _read_device()
 
         functools.update_wrapper(execute_model, orig_exec)
-        execute_model.__verifier_probe__ = True  # type: ignore[attr-defined]
+        _mark(execute_model)
         cls.execute_model = execute_model  # type: ignore[attr-defined]
 
     _mark_in_step(cls, "sample_tokens")
     for name in ("init_device", "load_model"):
         _observe(cls, name, after=record_runner)
+    _wrap_warm_up(cls, WARMUP_METHOD)
     cls.__verifier_probe_wrapped__ = True  # type: ignore[attr-defined]
+
+
+def _dummy_call(fn: Callable[..., Any], self: Any, args: tuple[Any, ...], kwargs: Any) -> Any:
+    """FN(SELF, *ARGS, **KWARGS) counted as one dummy step (unless inside one already): not a
+    step, and hook fires inside it count as outside steps (the latest step's phase and the
+    in-step mark are put back after it, for a dummy run inside a step)."""
+    global _dummy_depth
+    saved: tuple[int, int] | None = None
+    c = _core.COUNTERS
+    if not _dummy_depth:
+        try:
+            c[L.S_STEPS_DUMMY] += 1
+            saved = c[L.S_IN_STEP], c[L.S_CURRENT_PHASE]
+            c[L.S_IN_STEP] = 0
+            c[L.S_CURRENT_PHASE] = 0
+        except Exception as e:  # noqa: BLE001 - a probe never raises into vLLM
+            _core.report_error("steps", f"dummy: {type(e).__name__}: {e}")
+    _dummy_depth += 1
+    try:
+        return fn(self, *args, **kwargs)
+    finally:
+        _dummy_depth -= 1
+        if saved is not None:
+            c[L.S_IN_STEP], c[L.S_CURRENT_PHASE] = saved
+
+
+def _wrap_runner_class(cls: type) -> None:
+    """Count each call of the runner class's ``_dummy_run`` as a dummy step (looked up by
+    name: a runner without one is left alone). Warm-up only: nothing here runs per step."""
+    try:
+        orig = getattr(cls, DUMMY_METHOD, None)
+        if not callable(orig) or _ours(orig):
+            return
+
+        def dummy_run(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return _dummy_call(orig, self, args, kwargs)
+
+        functools.update_wrapper(dummy_run, orig)
+        _mark(dummy_run)
+        setattr(cls, DUMMY_METHOD, dummy_run)
+    except Exception as e:  # noqa: BLE001 - a probe never raises into vLLM
+        _core.report_error("steps", f"{_qualified(cls)}.{DUMMY_METHOD}: {type(e).__name__}: {e}")
+
+
+def _wrap_warm_up(cls: type, name: str) -> None:
+    """Wrap the worker's warm-up method: while it runs, the worker's own ``execute_model`` and
+    ``sample_tokens`` calls (V2's kernel warm-up) are dummy steps, not steps."""
+    orig = getattr(cls, name, None)
+    if not callable(orig) or _ours(orig):
+        return
+
+    def warm_up(self: Any, *args: Any, **kwargs: Any) -> Any:
+        global _warming
+        try:
+            record_runner(self)  # the runner's _dummy_run is wrapped before warm-up at the latest
+        except Exception as e:  # noqa: BLE001 - a probe never raises into vLLM
+            _core.report_error(f"{cls.__qualname__}.{name}", f"{type(e).__name__}: {e}")
+        _warming += 1
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            _warming -= 1
+
+    functools.update_wrapper(warm_up, orig)
+    _mark(warm_up)
+    setattr(cls, name, warm_up)
 
 
 def _read_device() -> None:
@@ -241,10 +336,12 @@ def _mark_in_step(cls: type, name: str) -> None:
     """Wrap CLS.NAME so hook fires inside it count as fires in the current step (V1 samples
     in ``sample_tokens``, a second call per step after ``execute_model``)."""
     orig = getattr(cls, name, None)
-    if orig is None or getattr(orig, "__verifier_probe__", False):
+    if orig is None or _ours(orig):
         return
 
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _warming or _dummy_depth:
+            return orig(self, *args, **kwargs)  # warm-up: not in a step
         c = _core.COUNTERS
         c[L.S_IN_STEP] = 1
         try:
@@ -253,7 +350,7 @@ def _mark_in_step(cls: type, name: str) -> None:
             c[L.S_IN_STEP] = 0
 
     functools.update_wrapper(wrapper, orig)
-    wrapper.__verifier_probe__ = True  # type: ignore[attr-defined]
+    _mark(wrapper)
     setattr(cls, name, wrapper)
 
 
@@ -269,7 +366,7 @@ def _observe(
     arguments, result and exceptions are untouched.
     """
     orig = getattr(cls, name, None)
-    if orig is None or getattr(orig, "__verifier_probe__", False):
+    if orig is None or _ours(orig):
         return
 
     def observe(fn: Callable[[Any], None] | None, obj: Any) -> None:
@@ -287,7 +384,7 @@ def _observe(
         return result
 
     functools.update_wrapper(wrapper, orig)
-    wrapper.__verifier_probe__ = True  # type: ignore[attr-defined]
+    _mark(wrapper)
     setattr(cls, name, wrapper)
 
 

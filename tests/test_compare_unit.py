@@ -1,0 +1,167 @@
+"""The arithmetic under `verifier compare` (verifier/compare.py) and the measurement window's
+pace check (verifier/window.py ``pace``), on hand-made numbers: the noise floor from replicate
+boots, one boot per arm (floor unknown), differences beyond and within the floor; fires and
+judged steps during a window, lag, no steps, a restarted process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from verifier import compare as C
+from verifier.errors import ConfigError
+from verifier.model import HookCount, RunVerdict, TargetVerdict, Verdict
+from verifier.window import (
+    WINDOW_HOOK_LAGGED,
+    WINDOW_NO_STEPS,
+    WINDOW_PROCESS_CHANGED,
+    pace,
+)
+
+M = "tokens_per_s"
+
+
+def arm(*per_boot: float | list[float], label: str = "x") -> list[C.Sample]:
+    """Samples of one arm: one entry per boot, a list for several samples of that boot."""
+    out: list[C.Sample] = []
+    for i, v in enumerate(per_boot):
+        for x in v if isinstance(v, list) else [v]:
+            out.append(C.Sample(f"{label}-boot{i}", label, {m: x for m in C.METRICS}))
+    return out
+
+
+def test_floor_is_the_larger_between_boot_spread_of_the_two_arms() -> None:
+    c = C.compare(arm(100.0, 110.0, label="a"), arm(200.0, 220.0, 240.0, label="b"), M)
+    assert c.median_a == 105.0 and c.median_b == 220.0
+    assert c.spread_a == pytest.approx(10 / 105)
+    assert c.spread_b == pytest.approx(40 / 220)
+    assert c.floor == pytest.approx(40 / 220)
+    assert c.difference == pytest.approx(115 / 105)
+    assert c.verdict == "real difference"
+
+
+def test_samples_of_one_boot_are_one_value_not_replicates() -> None:
+    # two samples of the same boot are averaged: the arm still has one boot
+    c = C.compare(arm([100.0, 140.0], label="a"), arm(100.0, 104.0, label="b"), M)
+    assert c.a == [120.0] and c.spread_a is None
+    assert (c.floor, c.verdict) == (None, "noise floor unknown")
+
+
+def test_one_boot_per_arm_leaves_the_floor_unknown_however_large_the_difference() -> None:
+    for a, b in ((arm(100.0), arm(300.0)), (arm(99.0, 101.0), arm(300.0))):
+        c = C.compare(a, b, M)
+        assert (c.floor, c.verdict) == (None, "noise floor unknown")
+        assert c.difference == pytest.approx(2.0)  # reported, but not as a verdict
+        text = C.render(c)
+        one = "A" if len(c.a) < 2 else "B"
+        assert f"noise floor unknown: arm {one} has one boot" in text
+        assert "real difference" not in text and "+200.0%" in text
+
+
+def test_a_difference_within_the_floor_is_not_a_difference() -> None:
+    # replicate boots differ by up to 20 %; the arms' medians by 5 %
+    c = C.compare(arm(90.0, 110.0, label="a"), arm(95.0, 115.0, label="b"), M)
+    assert c.floor == pytest.approx(0.2) and c.difference == pytest.approx(0.05)
+    assert c.verdict == "within the noise floor"
+    assert "noise floor 20.0%: within the noise floor" in C.render(c)
+
+
+def test_the_same_difference_beyond_a_tighter_floor_is_real() -> None:
+    """Negative control for the test above: the same 5 % between the medians, with replicate
+    boots that agree within 2 %, is a real difference; in either direction."""
+    c = C.compare(arm(99.0, 101.0, label="a"), arm(104.0, 106.0, label="b"), M)
+    assert c.floor == pytest.approx(0.02) and c.difference == pytest.approx(0.05)
+    assert c.verdict == "real difference"
+    down = C.compare(arm(104.0, 106.0, label="b"), arm(99.0, 101.0, label="a"), M)
+    assert down.verdict == "real difference" and down.difference < 0
+
+
+def test_difference_equal_to_the_floor_is_within_it() -> None:
+    c = C.compare(arm(100.0, 100.0, 100.0, label="a"), arm(100.0, 100.0, label="b"), M)
+    assert (c.floor, c.difference, c.verdict) == (0.0, 0.0, "within the noise floor")
+
+
+def test_as_dict_carries_the_floor_beside_the_difference() -> None:
+    d = C.as_dict(C.compare(arm(1.0), arm(2.0), M))
+    assert d["noise_floor"] is None and d["verdict"] == "noise floor unknown"
+    assert d["a"] == [1.0] and d["b"] == [2.0] and d["difference"] == 1.0
+
+
+def test_sample_values_and_files(tmp_path: Path) -> None:
+    v = C.sample_values(steps=10, tokens=40, decode=30, seconds=2.0)
+    assert v == {"tokens_per_s": 20.0, "tokens_per_step": 4.0, "decode_tokens_per_s": 15.0}
+    assert C.sample_values(0, 0, 0, 0.0) == dict.fromkeys(C.METRICS, 0.0)
+    f = tmp_path / "s.json"
+    f.write_text(json.dumps({"sample": 1, "boot": "b/1/2", "label": "c1", **v}))
+    s = C.load_sample(f)
+    assert (s.boot, s.label, s.values) == ("b/1/2", "c1", v)
+    f.write_text(json.dumps({"sample": 2, "boot": "b", **v}))
+    with pytest.raises(ConfigError, match="not a sample file"):
+        C.load_sample(f)
+    with pytest.raises(ConfigError, match="no such sample file"):
+        C.load_sample(tmp_path / "missing.json")
+
+
+# -- window pace -------------------------------------------------------------------------------
+
+
+def hc(
+    fired_decode: int, decode_steps: int, pid: int = 7, name: str = "h", min_fires: float = 1.0
+) -> HookCount:
+    """One hook's counts, judged on decode steps."""
+    return HookCount(
+        name, pid, "worker", 0, fired=fired_decode, fired_productive=fired_decode,
+        productive_steps=decode_steps, total_steps=decode_steps + 1, fired_decode=fired_decode,
+        decode_steps=decode_steps, on="decode", min_fires_per_step=min_fires,
+    )  # fmt: skip
+
+
+def rv(*hooks: HookCount, verdict: Verdict = Verdict.PASS) -> RunVerdict:
+    t = TargetVerdict("t", verdict, (), 0.0, 0.0, tuple(hooks))
+    return RunVerdict("r", "digest", verdict, (t,), (), 0.0)
+
+
+def test_pace_counts_only_what_happened_during_the_window() -> None:
+    rows, found = pace(rv(hc(100, 100)), rv(hc(130, 130)))
+    assert found == []
+    (row,) = rows.values()
+    assert (row["fired"], row["steps"], row["fired_in_all"], row["total_steps"]) == (30, 30, 30, 30)
+
+
+def test_pace_flags_a_hook_that_fell_behind_during_the_window() -> None:
+    # over the process's life 130 of 160 (81 %); during the window 30 of 60
+    _, found = pace(rv(hc(100, 100)), rv(hc(130, 160)))
+    assert [f.id for f in found] == [WINDOW_HOOK_LAGGED]
+    assert (found[0].context["fired"], found[0].context["steps"]) == (30, 60)
+    assert "fired 30 times on 60 decode steps during the window" in found[0].message
+
+
+def test_pace_honours_the_policys_minimum_per_step() -> None:
+    assert pace(rv(hc(0, 0, min_fires=0.5)), rv(hc(30, 60, min_fires=0.5)))[1] == []  # enough
+    (f,) = pace(rv(hc(0, 0, min_fires=0.5)), rv(hc(29, 60, min_fires=0.5)))[1]
+    assert f.id == WINDOW_HOOK_LAGGED
+
+
+def test_pace_without_judged_steps_is_no_evidence() -> None:
+    (f,) = pace(rv(hc(100, 100)), rv(hc(100, 100)))[1]
+    assert f.id == WINDOW_NO_STEPS
+
+
+def test_pace_flags_processes_that_came_or_went() -> None:
+    rows, found = pace(rv(hc(10, 10, pid=1)), rv(hc(20, 20, pid=2)))
+    assert rows == {}
+    assert [f.id for f in found] == [WINDOW_PROCESS_CHANGED, WINDOW_PROCESS_CHANGED]
+    assert "was not there when the window opened" in found[0].message
+    assert "is gone" in found[1].message
+
+
+def test_pace_judges_each_hook_and_process_on_its_own_counts() -> None:
+    start = rv(hc(10, 10, name="a"), hc(10, 10, name="b"), hc(10, 10, name="a", pid=8))
+    end = rv(hc(20, 20, name="a"), hc(12, 20, name="b"), hc(20, 20, name="a", pid=8))
+    rows, found = pace(start, end)
+    assert len(rows) == 3
+    assert [(f.id, f.context["name"], f.context["pid"]) for f in found] == [
+        (WINDOW_HOOK_LAGGED, "b", 7)
+    ]
