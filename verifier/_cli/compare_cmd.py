@@ -10,7 +10,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from verifier.compare import METRICS, as_dict, compare, load_sample, render, sample_values
+from verifier.compare import (
+    CONFIDENCES,
+    DEFAULT_CONFIDENCE,
+    METRICS,
+    as_dict,
+    compare,
+    load_sample,
+    render,
+    sample_values,
+)
 from verifier.errors import Error, UsageError
 from verifier.evidence.probe_reader import JournalCache
 from verifier.evidence.process import ProcessEvidence, read_process, read_tree
@@ -37,13 +46,23 @@ def add_parser(sub: Any) -> None:
         "compare",
         help="compare two arms of boots (samples) against their noise floor",
         description="Arm A is the samples before --vs, arm B those after. Samples of one boot "
-        "are averaged; the noise floor is the larger spread ((max - min) / median) between "
-        "the boots of one arm. With one boot in an arm the floor is unknown and is reported as "
-        "such. Exit 0 (the comparison is the output).",
+        "are averaged into one value per boot. The difference is the ratio of the arms' "
+        "geometric means; the noise floor is the smallest ratio a two-sided t test on the "
+        "per-boot log values calls real at --confidence (pooled variance, boots - 2 degrees "
+        "of freedom), so replicate boots of one configuration are called different in at "
+        "most 1 - confidence of comparisons. With one boot in an arm the floor is unknown and "
+        "is reported as such. Exit 0 (the comparison is the output).",
     )
     c.add_argument("a", nargs="+", metavar="A", help="samples of arm A")
     c.add_argument("--vs", nargs="+", required=True, metavar="B", help="samples of arm B")
     c.add_argument("--metric", choices=METRICS, action="append", help="default: all")
+    c.add_argument(
+        "--confidence",
+        type=float,
+        choices=CONFIDENCES,
+        default=DEFAULT_CONFIDENCE,
+        help=f"of the t test behind the noise floor (default {DEFAULT_CONFIDENCE})",
+    )
     c.add_argument("--json", action="store_true")
     c.set_defaults(handler=run_compare)
 
@@ -120,7 +139,7 @@ def run_sample(args: argparse.Namespace) -> int:
 def run_compare(args: argparse.Namespace) -> int:
     a = [load_sample(Path(p)) for p in args.a]
     b = [load_sample(Path(p)) for p in args.vs]
-    results = [compare(a, b, m) for m in args.metric or METRICS]
+    results = [compare(a, b, m, args.confidence) for m in args.metric or METRICS]
     if args.json:
         json.dump({"comparisons": [as_dict(c) for c in results]}, sys.stdout, indent=2)
         sys.stdout.write("\n")

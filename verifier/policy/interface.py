@@ -189,6 +189,11 @@ FINDINGS: dict[str, FindingKind] = {
         "",
         "the hook fired, but only outside engine steps (start-up, warm-up), never on its steps",
     ),
+    HOOK_NO_DEVICE_COUNTER: FindingKind(
+        Severity.ERROR,
+        "",
+        'count = "device": the hook has no device-side counter (declare it @device)',
+    ),
     HOOK_FIRING: FindingKind(
         Severity.INFO, "", "the hook fired often enough (its counts, for the record)"
     ),
