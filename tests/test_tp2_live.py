@@ -19,13 +19,19 @@ from verifier.policy import interface as I
 from verifier.testing.server import VllmServer
 
 pytestmark = pytest.mark.vllm
+RANK0_PLUGIN = REPO / "tests" / "data" / "rank0_plugin"
 
 
 @pytest.fixture(scope="module")
 def tp2(tiny_model: Path) -> Iterator[tuple[VllmServer, list[dict[str, Any]]]]:
     server = VllmServer(
         tiny_model,
-        env={"VLLM_CPU_OMP_THREADS_BIND": "0|1", "VERIFIER_HOOKS": f"step={V1_STEP}"},
+        env={
+            "VLLM_CPU_OMP_THREADS_BIND": "0|1",
+            "VERIFIER_HOOKS": f"step={V1_STEP},rank0_only=rank0_plugin",
+            # a vLLM plugin (entry point in its dist-info) that fires rank0_only on rank 0 only
+            "PYTHONPATH": str(RANK0_PLUGIN),
+        },
         extra_args=("--tensor-parallel-size", "2", "--no-enable-prefix-caching"),
         scratch_parent=REPO / ".scratch",
     )
@@ -66,3 +72,25 @@ def test_policy_judges_each_rank_on_its_own_counts(
         (0, 8, 8),
         (1, 8, 8),
     ]
+
+
+def test_a_hook_alive_on_rank_0_only_fails_naming_rank_1(
+    tp2: tuple[VllmServer, list[dict[str, Any]]],
+) -> None:
+    """Negative control: rank0_only is loaded in every rank (a module hook) and fired after
+    each runner step on rank 0 only (tests/data/rank0_plugin). A policy that requires it on
+    the processes that run steps FAILs, naming rank 1 with its step count; rank 0 passes."""
+    ranks = workers(tp2[1])
+    r0, r1 = (hook_by_name(p, "rank0_only") for p in ranks)
+    assert r0["module_loaded"] and r1["module_loaded"]
+    assert r0["fired"] == ranks[0]["steps"]["total"] > 0
+    assert r1["fired"] == 0
+    reports = [wire.process_from_json(p["report"]) for p in tp2[1]]
+    snap = TargetSnapshot("tp2", tuple(reports), time.time())
+    policy = 'version = 1\n[[hooks]]\nname = "rank0_only"\n'
+    v = load_policy(policy).evaluate_target(snap, now=snap.received_unix)
+    assert v.verdict.value == "FAIL"
+    errors = [(f.id, f.context["rank"]) for f in v.findings if f.id.startswith("liveness.hook")]
+    assert sorted(errors) == [(I.HOOK_FIRING, 0), (I.HOOK_NOT_FIRING, 1)]
+    dead = next(f for f in v.findings if f.id == I.HOOK_NOT_FIRING)
+    assert "rank 1" in dead.message and dead.context["productive_steps"] > 0

@@ -33,22 +33,61 @@ V1 = "vllm.v1.worker.gpu_model_runner.GPUModelRunner"
 V2 = "vllm.v1.worker.gpu.model_runner.GPUModelRunner"
 
 
-def policy(hook: str, runner: str | None = None) -> str:
+def policy(hook: str, runner: str | None = None, count: str = "python") -> str:
     text = (
         "version = 1\n[evidence]\nfreshness_s = 30.0\nmin_steps = 1\n"
         'require_probe = ["api_server", "engine_core"]\n'
     )
     if runner:
         text += f'[runner]\nexpect_class = "{runner}"\n'
-    return text + f'[[hooks]]\nname = "{hook}"\nmin_fires_per_productive_step = 1.0\n'
+    text += f'[[hooks]]\nname = "{hook}"\nmin_fires_per_productive_step = 1.0\n'
+    return text + (f'count = "{count}"\n' if count != "python" else "")
 
 
 RUNS = {
     "v1": policy("v1_step", V1),
     "v2": policy("v2_step", V2),
-    "fwd": policy("fwd"),
-    "fwd_dev": policy("fwd_dev"),
+    "fwd": policy("fwd"),  # the model's forward, counted in Python
+    "fwd_dev": policy("fwd_dev"),  # the same hook with a device counter, counted in Python
+    "fwd_device": policy("fwd_dev", count="device"),  # ... and counted on the device
 }
+if os.environ.get("RANK0_RUN") == "1":  # TP 2: tests/data/rank0_plugin fires it on rank 0 only
+    RUNS["rank0"] = policy("rank0_only")
+WAIT_RUN = os.environ.get("WAIT_RUN", "v2")  # the run expected to pass in this arm
+DELTA_HOOKS = ("v1_step", "v2_step", "fwd", "fwd_dev", "rank0_only")
+
+
+def step_deltas(before: str, after: str) -> list[dict[str, object]]:
+    """Per probed process that ran steps: what the load added to its step counts, and to each
+    hook's Python fires and device count (two `inspect --json` outputs)."""
+    try:
+        b = {p["pid"]: p for p in json.loads(before)["processes"]}
+        a = json.loads(after)["processes"]
+    except (ValueError, KeyError, TypeError):
+        return []
+    out: list[dict[str, object]] = []
+    for p in a:
+        q, steps = b.get(p.get("pid")), p.get("steps") or {}
+        if not q or not steps.get("total"):
+            continue
+        qsteps = q.get("steps") or {}
+        row: dict[str, object] = {"pid": p.get("pid"), "role": p.get("role"), "rank": p.get("rank")}
+        for k in ("total", "productive", "decode", "prefill", "empty", "dummy"):
+            if isinstance(steps.get(k), int) and isinstance(qsteps.get(k), int):
+                row[f"d_steps_{k}"] = steps[k] - qsteps[k]
+        qh = {h["name"]: h for h in q.get("hooks", [])}
+        for h in p.get("hooks", []):
+            if h.get("name") not in DELTA_HOOKS or h["name"] not in qh:
+                continue
+            row[f"d_{h['name']}_fired"] = h.get("fired", 0) - qh[h["name"]].get("fired", 0)
+            dev, qdev = h.get("device_fired"), qh[h["name"]].get("device_fired")
+            qdev = 0 if qdev is None else qdev  # no counter yet: it is made at the first call
+            if isinstance(dev, int) and isinstance(qdev, int):
+                row[f"d_{h['name']}_device"] = dev - qdev
+                row[f"{h['name']}_device_base"] = h.get("device_base")
+                row[f"{h['name']}_device_base_step"] = h.get("device_base_step")
+        out.append(row)
+    return out
 
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -130,7 +169,7 @@ def main() -> int:  # noqa: PLR0912, PLR0915 - one arm, step by step, all output
                     stderr=subprocess.STDOUT,
                 )
             )
-        pending = cli("status", "v2", "--verifier", sock, "--json")
+        pending = cli("status", WAIT_RUN, "--verifier", sock, "--json")
         keep("status_before_load.json", pending.stdout + pending.stderr)
         t0 = time.time()
         client = subprocess.run(
@@ -143,8 +182,14 @@ def main() -> int:  # noqa: PLR0912, PLR0915 - one arm, step by step, all output
             summary["client"] = json.loads(client.stdout)
         except ValueError:
             summary["client"] = client.stdout[-500:]
-        wait = cli("wait", "v2", "--timeout", "60", "--verifier", sock, timeout=90)
-        summary["wait_v2_exit"] = wait.returncode
+        # Right after the load: the counts the load added, per process (the device counter is
+        # read after each step, so the landed value may trail by one step)
+        mid = cli("inspect", "--pid", API_PID, "--tree", "--json")
+        keep("inspect_after_load.json", mid.stdout + mid.stderr)
+        summary["deltas"] = step_deltas(first.stdout, mid.stdout)
+        wait = cli("wait", WAIT_RUN, "--timeout", "60", "--verifier", sock, timeout=90)
+        summary[f"wait_{WAIT_RUN}_exit"] = wait.returncode
+        keep(f"wait_{WAIT_RUN}.txt", wait.stdout + wait.stderr)
         time.sleep(2)  # one more report after the last request
         for name in RUNS:
             st = cli("status", name, "--verifier", sock, "--json")
@@ -152,8 +197,12 @@ def main() -> int:  # noqa: PLR0912, PLR0915 - one arm, step by step, all output
             try:
                 run = json.loads(st.stdout)["runs"][0]
                 summary[f"{name}_verdict"] = run.get("verdict")
-                summary[f"{name}_findings"] = sorted(
-                    {f["id"] for t in run.get("targets", []) for f in t.get("findings", [])}
+                found = [f for t in run.get("targets", []) for f in t.get("findings", [])]
+                summary[f"{name}_findings"] = sorted({f["id"] for f in found})
+                summary[f"{name}_liveness_by_rank"] = sorted(
+                    [f["id"], (f.get("context") or {}).get("rank")]
+                    for f in found
+                    if str(f.get("id", "")).startswith("liveness.hook")
                 )
             except (ValueError, KeyError, IndexError):
                 summary[f"{name}_verdict"] = f"exit {st.returncode}: {st.stderr[-300:]}"
@@ -165,7 +214,9 @@ def main() -> int:  # noqa: PLR0912, PLR0915 - one arm, step by step, all output
                 {
                     "pid": p.get("pid"),
                     "role": p.get("role"),
+                    "rank": p.get("rank"),
                     "runner": (p.get("runner") or {}).get("class"),
+                    "manifest": p.get("manifest"),
                     "steps": p.get("steps"),
                     "hooks": {
                         h["name"]: {
@@ -176,6 +227,8 @@ def main() -> int:  # noqa: PLR0912, PLR0915 - one arm, step by step, all output
                                 "fired_on_decode_steps",
                                 "fired_outside_steps",
                                 "device_fired",
+                                "device_base",
+                                "device_base_step",
                                 "module_loaded",
                             )
                         }
@@ -202,7 +255,7 @@ def main() -> int:  # noqa: PLR0912, PLR0915 - one arm, step by step, all output
         keep("summary.json", json.dumps(summary, indent=1, default=str))
         with tarfile.open(OUT / f"{LABEL}.tar.gz", "w:gz") as tar:
             for f in sorted(WORK.iterdir()):
-                if f.is_file() and f.suffix in (".json", ".log", ".toml"):
+                if f.is_file() and f.suffix in (".json", ".log", ".toml", ".txt"):
                     tar.add(f, arcname=f"{LABEL}/{f.name}")
     print("SUMMARY " + json.dumps(summary, default=str), flush=True)
     return 0
