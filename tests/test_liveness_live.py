@@ -190,6 +190,11 @@ def test_device_counter_on_the_model_forward_keeps_pace_with_its_fires(
     assert a["device"] == "cpu"
     assert a["device_fired"] == a["fired"] > 0
     assert a["fired"] - b["fired"] == delta(before, after, "productive")
+    # the base read right after the first productive step: what the policy's count = "device"
+    # judges is the advance since, on the productive steps since
+    assert a["device_base_step"] >= 1 and a["device_base"] >= 1
+    steps_since = after["steps"]["productive"] - a["device_base_step"]
+    assert a["device_fired"] - a["device_base"] == steps_since
 
 
 def test_first_hit_hook_fired_once_inside_a_step_and_passes(
