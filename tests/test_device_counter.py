@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import hook_by_name, inspect_json, probe_env
+from tests.helpers import hook_by_name, inspect_json, probe_env, verifier_cli
 
 SCRIPT = """\
 import sys, time, torch
@@ -59,9 +59,13 @@ def test_device_counter_counts_with_and_without_python_fires(tmp_path: Path) -> 
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.2)
         [p] = inspect_json(proc.pid)
+        text = verifier_cli("inspect", "--pid", str(proc.pid)).stdout
     finally:
         proc.kill()
         proc.wait()
+    # the text view puts the device count beside the steps it is read against (none here)
+    assert "dev: device counter on cpu: 5 (0 productive steps); no base yet" in text
+    assert "api_dev: device counter on cpu: 3 (0 productive steps)" in text
     dev = hook_by_name(p, "dev")
     assert (dev["fired"], dev["device_fired"], dev["device"]) == (5, 5, "cpu")
     api = hook_by_name(p, "api_dev")

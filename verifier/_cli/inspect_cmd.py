@@ -179,6 +179,8 @@ def render(pairs: list[tuple[ProcessEvidence, ProcessReport]]) -> str:
             for h in d["hooks"]:
                 if h["status"] != "firing":
                     lines.append(f"    {h['name']}: {h['status']}: {h['why']}")
+                if h.get("device_fired") is not None:
+                    lines.append(f"    {h['name']}: {_device_line(h, s['productive'])}")
         lines.extend(render_judgement(report))
         lines.append("")
     return "\n".join(lines)
@@ -210,3 +212,17 @@ def render_judgement(r: ProcessReport) -> list[str]:
             f"agent {_short(g.sha256_agent)})"
         )
     return lines
+
+
+def _device_line(h: dict[str, Any], productive: int) -> str:
+    """A hook's device counter, with the steps it is to be read against."""
+    head = (
+        f"device counter on {h.get('device')}: {h['device_fired']} ({productive} productive steps)"
+    )
+    base, step = h.get("device_base"), h.get("device_base_step")
+    if base is None or step is None:
+        return head + "; no base yet (read after the first productive step)"
+    return (
+        f"{head}; {base} before and at productive step {step}, "
+        f"{h['device_fired'] - base} on the {productive - step} productive steps since"
+    )
