@@ -81,3 +81,16 @@ class Backend:
         finally:
             db.close()
         return int(rows[n][0])
+
+
+def system_libz() -> Path:
+    """A small native library of this machine (any would do): libz, found where Debian and
+    others keep it."""
+    import ctypes.util
+
+    name = ctypes.util.find_library("z")
+    assert name, "libz not found"
+    for d in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64"):
+        if (Path(d) / name).exists():
+            return Path(d) / name
+    raise AssertionError(f"{name} not found")

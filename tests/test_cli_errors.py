@@ -34,14 +34,7 @@ def sleeper() -> Iterator[int]:
 @pytest.fixture
 def plain_python() -> Iterator[int]:
     """A live Python process without the probe."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env={"PATH": "/usr/bin:/bin"},
-    )
-    assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
+    proc = _stdin_child()
     try:
         yield proc.pid
     finally:

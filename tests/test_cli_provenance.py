@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tests.helpers import probe_env, verifier_cli
+from tests.helpers import probe_env, system_libz, verifier_cli
 from verifier import wire
 from verifier._cli.diff_cmd import compare, render
 from verifier._cli.policy_cmd import render_policy
@@ -420,23 +420,11 @@ def test_diff_origin_class_change_and_runner_change(tmp_path: Path) -> None:
     assert back.returncode == 0 and d_back["same"] is True
 
 
-def _libz() -> Path:
-    """A small native library of this machine (any would do)."""
-    import ctypes.util
-
-    name = ctypes.util.find_library("z")
-    assert name, "libz not found"
-    for d in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64"):
-        if (Path(d) / name).exists():
-            return Path(d) / name
-    raise AssertionError(f"{name} not found")
-
-
 def test_diff_native_library_swapped(tmp_path: Path) -> None:
     lib = tmp_path / "lib"
     lib.mkdir()
     a, b, c = lib / "a.so", lib / "b.so", lib / "c.so"
-    shutil.copyfile(_libz(), a)
+    shutil.copyfile(system_libz(), a)
     b.write_bytes(a.read_bytes() + b"\0b")  # trailing bytes: still loads, other sha256
     c.write_bytes(a.read_bytes() + b"\0c1")
     load = "import ctypes\nctypes.CDLL({!r}); ctypes.CDLL({!r})"

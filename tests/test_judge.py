@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.helpers import probe_env
+from tests.helpers import probe_env, system_libz
 from verifier.agent.runner import Agent, AgentConfig
 from verifier.evidence.hashing import Hasher
 from verifier.evidence.judge import cross_check
@@ -137,18 +137,6 @@ def test_stale_pyc_rewritten_by_its_loader_is_not_drift(tmp_path: Path) -> None:
         proc.wait()
 
 
-def _libz() -> Path:
-    """A small native library of this machine (any would do)."""
-    import ctypes.util
-
-    name = ctypes.util.find_library("z")
-    assert name, "libz not found"
-    for d in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64"):
-        if (Path(d) / name).exists():
-            return Path(d) / name
-    raise AssertionError(f"{name} not found")
-
-
 def test_native_libraries_of_a_live_process_are_judged_against_their_record(
     tmp_path: Path,
 ) -> None:
@@ -160,7 +148,7 @@ def test_native_libraries_of_a_live_process_are_judged_against_their_record(
 
     site = tmp_path / "site"
     (site / "natty").mkdir(parents=True)
-    data = _libz().read_bytes()
+    data = system_libz().read_bytes()
     for name in ("libok.so", "libbad.so", "libnew.so"):
         (site / "natty" / name).write_bytes(data)
 

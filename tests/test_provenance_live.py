@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import REPO, inspect_json, probe_env, verifier_cli
+from tests.helpers import REPO, inspect_json, probe_env, system_libz, verifier_cli
 from verifier import wire
 from verifier.model import (
     DRIFT_BYTECODE_SOURCELESS,
@@ -130,20 +130,8 @@ def _drift_package(root: Path) -> Path:
     _write(pkg / "vanished.py", "VALUE = 3\n")
     _write(pkg / "plainmod.py", "VALUE = 4\n")  # control: unknown origin, no drift
     for name in ("libdeleted.so", "libreplaced.so"):  # native code to delete / replace later
-        shutil.copyfile(_libz(), pkg / name)
+        shutil.copyfile(system_libz(), pkg / name)
     return pkg
-
-
-def _libz() -> Path:
-    """A small native library of this machine (any would do)."""
-    import ctypes.util
-
-    name = ctypes.util.find_library("z")
-    assert name, "libz not found"
-    for d in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64"):
-        if (Path(d) / name).exists():
-            return Path(d) / name
-    raise AssertionError(f"{name} not found")
 
 
 @dataclasses.dataclass(frozen=True)
