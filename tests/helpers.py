@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,3 +95,16 @@ def system_libz() -> Path:
         if (Path(d) / name).exists():
             return Path(d) / name
     raise AssertionError(f"{name} not found")
+
+
+def wait_ready(proc: subprocess.Popen[Any], ready: Path, timeout: float = 60) -> None:
+    """Wait until PROC has written the file READY; fail, saying which, if it exits first (with
+    its stderr when piped) or is not ready within TIMEOUT seconds."""
+    deadline = time.monotonic() + timeout
+    while not ready.exists():
+        if proc.poll() is not None:
+            err = proc.stderr.read() if proc.stderr is not None else ""
+            tail = (err.decode(errors="replace") if isinstance(err, bytes) else err)[-3000:]
+            raise AssertionError(f"the process exited with {proc.returncode} before {ready}:{tail}")
+        assert time.monotonic() < deadline, f"the process never wrote {ready} in {timeout:g} s"
+        time.sleep(0.1)

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tests.helpers import probe_env, system_libz, verifier_cli
+from tests.helpers import probe_env, system_libz, verifier_cli, wait_ready
 from verifier import wire
 from verifier._cli.diff_cmd import compare, render
 from verifier._cli.policy_cmd import render_policy
@@ -47,10 +47,7 @@ def boot(pkg: Path, probe: Path, extra: str = "") -> Iterator[int]:
     code = SCRIPT.format(extra=extra)
     proc = subprocess.Popen([sys.executable, "-c", code, str(ready)], env=env)
     try:
-        deadline = time.monotonic() + 60
-        while not ready.exists():
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.1)
+        wait_ready(proc, ready, 60)
         time.sleep(1.5)  # one sweeper pass: the interpreter layout is recorded
         yield proc.pid
     finally:
@@ -152,11 +149,7 @@ def spawn(root: Path, code: str, *paths: Path) -> Iterator[int]:
     )
     proc = subprocess.Popen([sys.executable, "-c", script, str(ready)], env=env)
     try:
-        deadline = time.monotonic() + 60
-        while not ready.exists():
-            assert proc.poll() is None, f"the process exited with {proc.returncode}"
-            assert time.monotonic() < deadline, "the process never got ready"
-            time.sleep(0.1)
+        wait_ready(proc, ready, 60)
         time.sleep(1.5)
         yield proc.pid
     finally:

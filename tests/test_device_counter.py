@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import hook_by_name, inspect_json, probe_env, verifier_cli
+from tests.helpers import hook_by_name, inspect_json, probe_env, verifier_cli, wait_ready
 
 SCRIPT = """\
 import sys, time, torch
@@ -54,10 +53,7 @@ def test_device_counter_counts_with_and_without_python_fires(tmp_path: Path) -> 
     )
     proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(ready)], env=env)
     try:
-        deadline = time.monotonic() + 120
-        while not ready.exists():
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.2)
+        wait_ready(proc, ready, 120)
         [p] = inspect_json(proc.pid)
         text = verifier_cli("inspect", "--pid", str(proc.pid)).stdout
     finally:
@@ -113,12 +109,7 @@ def test_compiled_calls_count_on_the_device_only(tmp_path: Path, backend: str) -
     argv = [sys.executable, "-c", COMPILED, str(ready), backend]
     proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 300
-        while not ready.exists():
-            if proc.poll() is not None:
-                raise AssertionError(proc.stderr.read().decode()[-3000:] if proc.stderr else "")
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        wait_ready(proc, ready, 300)
         [p] = inspect_json(proc.pid)
     finally:
         proc.kill()

@@ -10,12 +10,11 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, hook_by_name, inspect_json, probe_env
+from tests.helpers import REPO, hook_by_name, inspect_json, probe_env, wait_ready
 
 MODULE = """\
 class Runner:
@@ -61,10 +60,7 @@ def test_first_hit_hooks_fire_once_and_step_aside(tmp_path: Path) -> None:
     )
     proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(ready)], env=env)
     try:
-        deadline = time.monotonic() + 60
-        while not ready.exists():
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.1)
+        wait_ready(proc, ready, 60)
         [p] = inspect_json(proc.pid)
     finally:
         proc.kill()
@@ -126,10 +122,7 @@ def test_first_hit_via_sys_monitoring_on_312(tmp_path: Path) -> None:
     )
     proc = subprocess.Popen([exe, "-c", SCRIPT_312, str(ready)], env=env, cwd=tmp_path)
     try:
-        deadline = time.monotonic() + 60
-        while not ready.exists():
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.1)
+        wait_ready(proc, ready, 60)
         [p] = inspect_json(proc.pid)
     finally:
         proc.kill()

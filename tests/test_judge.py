@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.helpers import probe_env, system_libz
+from tests.helpers import probe_env, system_libz, wait_ready
 from verifier.agent.runner import Agent, AgentConfig
 from verifier.evidence.hashing import Hasher
 from verifier.evidence.judge import cross_check
@@ -71,9 +71,7 @@ def test_process_exiting_mid_scan_is_reported_gone_not_as_disagreements(tmp_path
     env = probe_env(tmp_path / "probe", VERIFIER_PROBE_EARLY="1")
     proc = subprocess.Popen([sys.executable, "-c", code, str(ready)], env=env)
     try:
-        while not ready.exists():
-            assert proc.poll() is None
-            time.sleep(0.1)
+        wait_ready(proc, ready)
         time.sleep(1.5)
         procfs = ProcFS()
         ev = read_process(procfs, proc.pid)  # discovered while it ran ...
@@ -115,9 +113,7 @@ def test_stale_pyc_rewritten_by_its_loader_is_not_drift(tmp_path: Path) -> None:
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # set on this machine; containers write pycs
     proc = subprocess.Popen([sys.executable, "-c", code, str(ready)], env=env)
     try:
-        while not ready.exists():
-            assert proc.poll() is None
-            time.sleep(0.1)
+        wait_ready(proc, ready)
         time.sleep(1.0)
         procfs = ProcFS()
         ev = read_process(procfs, proc.pid)
@@ -172,9 +168,7 @@ def test_native_libraries_of_a_live_process_are_judged_against_their_record(
     env = probe_env(tmp_path / "probe", VERIFIER_PROBE_EARLY="1")
     proc = subprocess.Popen([sys.executable, "-c", code, str(ready), str(site)], env=env)
     try:
-        while not ready.exists():
-            assert proc.poll() is None
-            time.sleep(0.1)
+        wait_ready(proc, ready)
         procfs = ProcFS()
         ev = read_process(procfs, proc.pid)
         assert ev.probe is not None

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import REPO, inspect_json, probe_env, system_libz, verifier_cli
+from tests.helpers import REPO, inspect_json, probe_env, system_libz, verifier_cli, wait_ready
 from verifier import wire
 from verifier.model import (
     DRIFT_BYTECODE_SOURCELESS,
@@ -167,11 +167,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     script = _write(root / "serve_like.py", SCRIPT)
     proc = subprocess.Popen([sys.executable, str(script)], env=env, cwd=root)
     try:
-        deadline = time.monotonic() + 240
-        while not ready.exists():
-            assert proc.poll() is None, f"the vLLM process exited with {proc.returncode}"
-            assert time.monotonic() < deadline, "the vLLM process never got ready"
-            time.sleep(0.5)
+        wait_ready(proc, ready, 240)
         [raw] = inspect_json(proc.pid)
         report = wire.process_from_json(raw["report"])
         yield Live(proc.pid, overlay, pkg, gen, report, raw)
@@ -334,11 +330,7 @@ def test_module_shadowed_via_the_current_directory(tmp_path: Path) -> None:
     env.pop("PYTHONPATH", None)  # only the current directory can shadow
     proc = subprocess.Popen([sys.executable, "-c", CWD_SCRIPT], env=env, cwd=cwd)
     try:
-        deadline = time.monotonic() + 120
-        while not ready.exists():
-            assert proc.poll() is None, f"the process exited with {proc.returncode}"
-            assert time.monotonic() < deadline, "the process never got ready"
-            time.sleep(0.2)
+        wait_ready(proc, ready, 120)
         [raw] = inspect_json(proc.pid)
     finally:
         proc.kill()
