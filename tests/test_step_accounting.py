@@ -444,3 +444,48 @@ def test_declared_hooks_on_the_wrapped_methods_do_not_turn_counting_off(
     assert c[bases["warm"]] == c[bases["warm"] + L.HK_FIRES_OUTSIDE] == 1
     # the worker's step hook: 5 warm-up calls outside steps, then one per step
     assert c[bases["step"]] == 5 + 5 and c[bases["step"] + L.HK_FIRES_OUTSIDE] == 5
+
+
+# -- a step stays open from execute_model to the end of sample_tokens ---------------------------
+
+
+class TwoPhaseRunner(V1Runner):
+    """V1's two-phase protocol: execute_model returns nothing, sample_tokens the output."""
+
+    def execute_model(self, s: Any) -> Any:
+        self.forwards += 1
+        return None if s.total_num_scheduled_tokens else "empty"
+
+
+class TwoPhaseWorker(V1Worker):
+    runner_class = TwoPhaseRunner
+
+
+def test_a_two_phase_step_is_open_until_sample_tokens_ends(counters: memoryview) -> None:
+    """Its hooks fire in sample_tokens: a reader that judged the step while only execute_model
+    had run would see the step without its fire. The probe keeps the step open (S_IN_STEP)
+    until sample_tokens ends; a step whose execute_model returns its output closes there."""
+    c = counters
+    w = boot(TwoPhaseWorker)
+    warm = c[HOOK + L.HK_FIRES]  # warm-up's fires (dummy steps)
+    w.execute_model(so({"a": 5}, new=("a",)))
+    assert c[L.S_IN_STEP] == 1 and c[HOOK + L.HK_FIRES] == warm  # its fire is still to come
+    w.sample_tokens(None)
+    assert c[L.S_IN_STEP] == 0 and c[HOOK + L.HK_FIRES] == warm + 1
+    assert c[HOOK + L.HK_FIRES_PREFILL] == 1
+    w.execute_model(so({}))  # an empty step returns its output from execute_model: closed
+    assert c[L.S_IN_STEP] == 0
+
+
+def test_a_failing_execute_model_does_not_leave_the_step_open(counters: memoryview) -> None:
+    class Failing(TwoPhaseRunner):
+        def execute_model(self, s: Any) -> Any:
+            raise RuntimeError("boom")
+
+    class Worker(V1Worker):
+        runner_class = Failing
+
+    w = boot(Worker)
+    with pytest.raises(RuntimeError, match="boom"):
+        w.execute_model(so({"a": 1}))
+    assert counters[L.S_IN_STEP] == 0

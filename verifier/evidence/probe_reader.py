@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import struct
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,49 @@ def read_counters(path: Path) -> list[int] | None:
     if slots[L.H_MAGIC] != L.MAGIC or slots[L.H_VERSION] != L.LAYOUT_VERSION:
         return None
     return slots
+
+
+SETTLE_TRIES = 40  # re-reads while a step is open (execute_model .. sample_tokens) ...
+SETTLE_PAUSE_S = 0.0025  # ... at this pause: at most about 0.1 s per read
+
+
+def read_settled(path: Path) -> list[int] | None:
+    """The counter slots read between two steps where possible. A step is counted when it
+    starts and its hooks fire as it runs (the sampler's in ``sample_tokens``, its second
+    phase), so a read inside a step sees the step without all of its fires: a hook that fires
+    on every step would look one fire short, and a gate could FAIL on it. While the probe
+    marks a step open, read again, briefly; if it stays open (a long step, or a process
+    stopped inside one), ``steps_of`` leaves the open step out of the judged counts."""
+    slots = read_counters(path)
+    for _ in range(SETTLE_TRIES):
+        if slots is None or not slots[L.S_IN_STEP]:
+            return slots
+        time.sleep(SETTLE_PAUSE_S)
+        slots = read_counters(path)
+    return slots
+
+
+def steps_of(slots: list[int]) -> Steps:
+    """The step counts of SLOTS, without the step still open in them (if any): its counts
+    are taken when it starts, its fires are not all in yet."""
+    open_ = 1 if slots[L.S_IN_STEP] else 0
+    phase = slots[L.S_CURRENT_PHASE] if open_ else 0
+    productive = 1 if phase & L.PHASE_PRODUCTIVE else 0
+    return Steps(
+        total=max(0, slots[L.S_STEPS_TOTAL] - open_),
+        productive=max(0, slots[L.S_STEPS_PRODUCTIVE] - productive),
+        empty=max(0, slots[L.S_STEPS_EMPTY] - (open_ - productive)),
+        tokens_scheduled=slots[L.S_TOKENS_SCHEDULED],
+        requests_scheduled=slots[L.S_REQUESTS_SCHEDULED],
+        requests_max=slots[L.S_REQUESTS_MAX],
+        first_step_unix_ns=slots[L.S_FIRST_STEP_UNIX_NS],
+        last_step_unix_ns=slots[L.S_LAST_STEP_UNIX_NS],
+        prefill_steps=max(0, slots[L.S_STEPS_PREFILL] - (1 if phase & L.PHASE_PREFILL else 0)),
+        decode_steps=max(0, slots[L.S_STEPS_DECODE] - (1 if phase & L.PHASE_DECODE else 0)),
+        prefill_tokens=slots[L.S_TOKENS_PREFILL],
+        decode_tokens=slots[L.S_TOKENS_DECODE],
+        dummy_steps=slots[L.S_STEPS_DUMMY],
+    )
 
 
 def _parse(lines: list[bytes]) -> list[dict[str, Any]]:
@@ -326,7 +370,7 @@ def read_probe_dir(directory: Path, cache: JournalCache | None = None) -> ProbeS
     start = next((r for r in records if r.get("k") == "start"), None)
     if start is None:
         return None
-    slots = read_counters(directory / L.COUNTERS_FILE) or [0] * L.N_SLOTS
+    slots = read_settled(directory / L.COUNTERS_FILE) or [0] * L.N_SLOTS
     runner_rec = next((r for r in reversed(records) if r.get("k") == "runner"), None)
     runner = None
     if runner_rec is not None:
@@ -347,21 +391,7 @@ def read_probe_dir(directory: Path, cache: JournalCache | None = None) -> ProbeS
         shared=bool(start.get("shared")),
         roles=[r for r in records if r.get("k") == "role"],
         runner=runner,
-        steps=Steps(
-            total=slots[L.S_STEPS_TOTAL],
-            productive=slots[L.S_STEPS_PRODUCTIVE],
-            empty=slots[L.S_STEPS_EMPTY],
-            tokens_scheduled=slots[L.S_TOKENS_SCHEDULED],
-            requests_scheduled=slots[L.S_REQUESTS_SCHEDULED],
-            requests_max=slots[L.S_REQUESTS_MAX],
-            first_step_unix_ns=slots[L.S_FIRST_STEP_UNIX_NS],
-            last_step_unix_ns=slots[L.S_LAST_STEP_UNIX_NS],
-            prefill_steps=slots[L.S_STEPS_PREFILL],
-            decode_steps=slots[L.S_STEPS_DECODE],
-            prefill_tokens=slots[L.S_TOKENS_PREFILL],
-            decode_tokens=slots[L.S_TOKENS_DECODE],
-            dummy_steps=slots[L.S_STEPS_DUMMY],
-        ),
+        steps=steps_of(slots),
         hooks=_hooks(records, slots),
         files=files,
         errors=[r for r in records if r.get("k") == "error"],

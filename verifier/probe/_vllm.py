@@ -241,12 +241,18 @@ def _wrap_worker_class(cls: type) -> None:
             except Exception as e:  # noqa: BLE001 - a probe never raises into a step
                 _core.report_error("steps", f"{type(e).__name__}: {e}")
             c[L.S_IN_STEP] = 1  # not nested: execute_model and sample_tokens take turns
+            out, returned = None, False
             try:
-                return orig_exec(self, scheduler_output, *args, **kwargs)
+                out = orig_exec(self, scheduler_output, *args, **kwargs)
+                returned = True
             finally:
-                c[L.S_IN_STEP] = 0
+                # Two-phase protocol: execute_model returned nothing, the step goes on in
+                # sample_tokens (where the sampler's hooks fire): it stays open until then,
+                # so that a reader does not judge the step before its fires are in.
+                c[L.S_IN_STEP] = 1 if returned and out is None else 0
                 if _device._counters:
                     _read_device()
+            return out
 
         functools.update_wrapper(execute_model, orig_exec)
         _mark(execute_model)
