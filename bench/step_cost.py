@@ -159,6 +159,89 @@ def bindings_arms(bare: Any, probed: Any) -> dict[str, dict[str, float]]:
     return {k: summary(v) for k, v in results.items()}
 
 
+class SpecRunner:
+    """A runner whose live config has (or lacks) a speculative config, like vLLM's."""
+
+    def __init__(self, spec: Any) -> None:
+        self.vllm_config = type("Cfg", (), {"speculative_config": spec})()
+
+
+class RunnerOutput:
+    """The fields the probe reads from vLLM's ModelRunnerOutput."""
+
+    def __init__(self, sampled: dict[str, list[int]]) -> None:
+        self.req_ids = list(sampled)
+        self.req_id_to_index = {r: i for i, r in enumerate(self.req_ids)}
+        self.sampled_token_ids = [sampled[r] for r in self.req_ids]
+
+
+def make_two_phase(spec: Any, out: Any) -> Any:
+    """A V1-shaped worker: execute_model returns nothing, sample_tokens returns OUT."""
+
+    class Worker:
+        model_runner = SpecRunner(spec)
+
+        def execute_model(self, scheduler_output: Any) -> None:
+            return None
+
+        def sample_tokens(self, grammar: Any) -> Any:
+            return out
+
+    return Worker()
+
+
+def spec_arms() -> dict[str, dict[str, float]]:
+    """One step as V1 runs it (execute_model, then sample_tokens), bare and probed: a decode
+    step of 8 requests without speculation, and one where each of the 8 requests verifies 3
+    draft tokens (ngram, k = 3) and accepts 2 (3 tokens sampled each). The probed arms run
+    with speculation on or off in the live config (``_vllm._spec_on``, set between timings),
+    so "spec off" is the field check alone. Interleaved."""
+    from _stats import summary
+
+    from verifier.probe import _vllm
+
+    ngram = type("Spec", (), {"method": "ngram", "num_speculative_tokens": 3})()
+    plain_so = SchedulerOutput(tokens=8, reqs=8)
+    spec_so = SchedulerOutput(tokens=32, reqs=8)
+    spec_so.scheduled_spec_decode_tokens = {r: [1, 2, 3] for r in spec_so.num_scheduled_tokens}
+    plain_out = RunnerOutput({r: [5] for r in plain_so.num_scheduled_tokens})
+    spec_out = RunnerOutput({r: [1, 2, 7] for r in spec_so.num_scheduled_tokens})
+
+    def run(w: Any, so: Any) -> Callable[[], object]:
+        def one() -> object:
+            w.execute_model(so)
+            return w.sample_tokens(None)
+
+        return one
+
+    workers = {}
+    for name, spec, so, out in (
+        ("decode", None, plain_so, plain_out),
+        ("spec decode", ngram, spec_so, spec_out),
+    ):
+        bare, probed = make_two_phase(spec, out), make_two_phase(spec, out)
+        _vllm._wrap_worker_class(type(probed))
+        run(probed, so)()  # the first step records the runner (and its speculative config)
+        workers[name] = (run(bare, so), run(probed, so))
+    arms: dict[str, tuple[bool, Callable[[], object]]] = {
+        "two-phase bare step, 8 requests decode": (False, workers["decode"][0]),
+        "two-phase probed step, 8 requests decode, spec off": (False, workers["decode"][1]),
+        "two-phase bare step, 8 requests x 3 drafts": (False, workers["spec decode"][0]),
+        "two-phase probed step, 8 requests x 3 drafts, spec on": (True, workers["spec decode"][1]),
+        "two-phase probed step, 8 requests decode, spec on": (True, workers["decode"][1]),
+    }
+    results: dict[str, list[float]] = {k: [] for k in arms}
+    saved = _vllm._spec_on
+    try:
+        for _ in range(ROUNDS):
+            for name, (on, fn) in arms.items():
+                _vllm._spec_on = on
+                results[name].append(timeit.timeit(fn, number=N) / N * 1e9)
+    finally:
+        _vllm._spec_on = saved
+    return {k: summary(v) for k, v in results.items()}
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         os.environ["VERIFIER_PROBE_DIR"] = d
@@ -171,6 +254,7 @@ def main() -> None:
         for i in range(4):  # declared hooks: each new request notes their fire counts
             _hooks.declare(f"declared_{i}", "", "api")
         bindings = bindings_arms(make_worker(), _wrapped(make_worker()))
+        spec = spec_arms()
         bare = make_worker()
         probed = make_worker()
         _vllm._wrap_worker_class(type(probed))
@@ -200,6 +284,7 @@ def main() -> None:
         arms["first-hit hooked call, after its hit"] = hit.step
         s = interleaved_ns(arms, ROUNDS, N)
         s.update(bindings)
+        s.update(spec)
         print(f"probe cost per engine step: {ROUNDS} interleaved rounds x {N} steps, ns per step")
         print_rows(s)
         extra = s["probed step"]["median"] - s["bare step"]["median"]
@@ -214,6 +299,17 @@ def main() -> None:
                 f"(probe overhead {off - base:.0f} ns without, {on - base:.0f} ns with: "
                 f"{(on - base) / (off - base):.2f}x), +{fold:.0f} ns per step in the writer thread"
             )
+        base = s["two-phase bare step, 8 requests decode"]["median"]
+        off = s["two-phase probed step, 8 requests decode, spec off"]["median"]
+        on_plain = s["two-phase probed step, 8 requests decode, spec on"]["median"]
+        base_spec = s["two-phase bare step, 8 requests x 3 drafts"]["median"]
+        on = s["two-phase probed step, 8 requests x 3 drafts, spec on"]["median"]
+        print(
+            f"  speculation: probe overhead per two-phase step {off - base:.0f} ns with "
+            f"speculation off, {on_plain - base:.0f} ns on (a step without drafts), "
+            f"{on - base_spec:.0f} ns on with 8 x 3 drafts "
+            f"({(on - base_spec) / (off - base):.2f}x the spec-off overhead)"
+        )
         for n in (1, 10, 100):
             cost = (
                 s[f"probed step, {n} hooks fire"]["median"]

@@ -25,6 +25,10 @@ V1_LOAD = "vllm.v1.worker.cpu_model_runner:CPUModelRunner.load_model"  # start-u
 # warm-up only: runs once after the KV cache exists, before the first step (on this CPU
 # server, eager with an explicit KV-cache size, it runs no forward pass: no dummy step)
 V1_WARM = "vllm.v1.worker.cpu_worker:CPUWorker.compile_or_warm_up_model"
+# the speculative path (drafter, rejection sampler): dead in this server (no speculation),
+# alive in tests/test_spec_live.py's
+SPEC_PROPOSE = "vllm.v1.spec_decode.ngram_proposer:NgramProposer.propose"
+SPEC_REJECT = "vllm.v1.sample.rejection_sampler:RejectionSampler.forward"
 SERVER_HOOKS = {
     "v2_step": V2_STEP,
     "v1_step": V1_STEP,
@@ -36,6 +40,8 @@ SERVER_HOOKS = {
     "v1_first": "vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states@first",
     "user_step": "verifier_user_hook:on_step",
     "missing_attr": "vllm.v1.worker.gpu_model_runner:NoSuchRunner.execute_model",
+    "spec_propose": SPEC_PROPOSE,
+    "spec_reject": SPEC_REJECT,
 }
 MALFORMED_ENTRY = "this entry has no equals sign"
 

@@ -198,9 +198,15 @@ def test_a_pid_the_agent_cannot_see_is_unobservable_with_the_namespace_hint(
     v = judge(report)
     assert v.verdict == Verdict.PENDING
     assert any(f"pid {gone} (--pid) is not visible" in m for m in unobservable(v))
-    # Control: a pid it does see (its own, which it never reports) is not "not visible".
-    (why,) = collect(tmp_path, ProcFS("/proc"), root_pid=os.getpid()).unobservable
-    assert why == f"no vLLM process under pid {os.getpid()} (--pid)"
+    # Control: a pid it does see, a plain process with no vLLM under it (not the test's own
+    # process: under the suite, a session vLLM server runs as its child), is not "not visible".
+    plain = subprocess.Popen(["sleep", "60"])
+    try:
+        (why,) = collect(tmp_path, ProcFS("/proc"), root_pid=plain.pid).unobservable
+    finally:
+        plain.kill()
+        plain.wait()
+    assert why == f"no vLLM process under pid {plain.pid} (--pid)"
 
 
 # The agent, run as `nobody`, over the real /proc: one report of PID's tree, as wire bytes.

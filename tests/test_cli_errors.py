@@ -214,3 +214,32 @@ def test_tree_child_that_exits_mid_scan_is_left_out_with_a_warning(
         parent.stdin.close()
         parent.wait(30)
         parent.stdout.close()
+
+
+def test_logging_set_up_by_an_in_process_cli_run_survives_its_stderr_being_replaced(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """main() configures logging; a later write must go to the stderr of that moment, not to
+    the stream that was stderr then (here a capture that is closed and replaced): in CI one
+    in-process CLI test broke logging for every test after it ("I/O operation on closed
+    file")."""
+    import io
+
+    import structlog
+
+    from verifier import _logging
+
+    old = sys.stderr
+    first = io.StringIO()
+    sys.stderr = first
+    try:
+        _logging.configure(0)
+        structlog.get_logger("t").warning("one")
+        first.close()
+        second = io.StringIO()
+        sys.stderr = second
+        structlog.get_logger("t").warning("two")
+    finally:
+        sys.stderr = old
+        structlog.reset_defaults()
+    assert '"event": "two"' in second.getvalue()

@@ -7,8 +7,22 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import TextIO, cast
 
 import structlog
+
+
+class _Stderr:
+    """``sys.stderr`` as it is when a line is written, not when logging was configured: the CLI
+    can run in-process (``main([...])`` in a test, or a tool embedding it), and a stream
+    replaced since (a test's capture, closed when the test ends) must not take logging with
+    it."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
 
 
 def configure(verbosity: int = 0) -> None:
@@ -26,6 +40,6 @@ def configure(verbosity: int = 0) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=cast(TextIO, _Stderr())),
         cache_logger_on_first_use=True,
     )

@@ -60,6 +60,33 @@ class RunnerEvidence:
 
 
 @dataclass(frozen=True)
+class SpecEvidence:
+    """Speculative decoding in a process that runs the model: the config its runner was
+    built with and the drafts its steps verified, counted from the same per-step data vLLM's
+    scheduler counts its ``vllm:spec_decode_*`` metrics from."""
+
+    on: bool  # the live config has a speculative config
+    method: str | None = None  # e.g. "ngram", "eagle"
+    num_speculative_tokens: int | None = None
+    steps: int = 0  # steps that verified drafts for at least one request
+    drafts: int = 0  # (request, step) pairs that verified drafts (vLLM's num_drafts)
+    draft_tokens: int = 0  # draft tokens verified
+    accepted_tokens: int = 0  # of those, accepted
+    emitted_tokens: int = 0  # tokens sampled, every request and step (bonus tokens included)
+    unread_steps: int = 0  # steps with drafts whose runner output carried no sampled tokens
+    accepted_per_position: tuple[int, ...] = ()  # accepted drafts at position 0, 1, ... (<= 8)
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """A line vLLM logged in a process (the probe keeps those about the model runner)."""
+
+    level: str  # WARNING, INFO, ...
+    logger: str  # e.g. vllm.config.vllm
+    message: str
+
+
+@dataclass(frozen=True)
 class StepEvidence:
     total: int
     productive: int
@@ -77,6 +104,7 @@ class StepEvidence:
     compilation_mode: str | None = None  # e.g. "NONE", "VLLM_COMPILE"
     cudagraph_mode: str | None = None  # e.g. "NONE", "FULL_AND_PIECEWISE"
     enforce_eager: bool | None = None
+    spec: SpecEvidence | None = None  # None: not recorded (no runner yet, or an older probe)
 
 
 @dataclass(frozen=True)
@@ -264,6 +292,9 @@ class ProcessReport:
     provenance: Provenance | None = None
     drift: tuple[Drift, ...] = ()
     stack_witness: StackWitness | None = None  # None: not sampled (no runner, or not asked)
+    # vLLM's own log lines about the model runner in this process (why it chose the runner it
+    # did: "Model Runner V2 does not yet support ...; using the V1 model runner instead.").
+    runner_log: tuple[LogLine, ...] = ()
 
 
 @dataclass(frozen=True)

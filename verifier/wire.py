@@ -36,6 +36,7 @@ from verifier.model import (
     Finding,
     HookCount,
     HookEvidence,
+    LogLine,
     NativeMapping,
     Origin,
     ProcessKey,
@@ -46,6 +47,7 @@ from verifier.model import (
     RunnerEvidence,
     RunVerdict,
     Severity,
+    SpecEvidence,
     StackWitness,
     StepEvidence,
     TargetReport,
@@ -257,6 +259,46 @@ def _steps_to_pb(s: StepEvidence) -> pb.StepEvidence:
         compilation_mode=s.compilation_mode,
         cudagraph_mode=s.cudagraph_mode,
         enforce_eager=s.enforce_eager,
+        spec=None if s.spec is None else _spec_to_pb(s.spec),
+    )
+
+
+def _spec_to_pb(s: SpecEvidence) -> pb.SpecEvidence:
+    return pb.SpecEvidence(
+        on=s.on,
+        method=s.method,
+        num_speculative_tokens=s.num_speculative_tokens,
+        steps=s.steps,
+        drafts=s.drafts,
+        draft_tokens=s.draft_tokens,
+        accepted_tokens=s.accepted_tokens,
+        emitted_tokens=s.emitted_tokens,
+        unread_steps=s.unread_steps,
+        accepted_per_position=s.accepted_per_position,
+    )
+
+
+def _spec_from_pb(msg: pb.SpecEvidence, at: str) -> SpecEvidence:
+    # Counters read while steps run: no cross-field checks (a read between two slot updates
+    # of one step is not a malformed report).
+    return SpecEvidence(
+        on=msg.on,
+        method=msg.method if msg.HasField("method") else None,
+        num_speculative_tokens=(
+            _count(msg.num_speculative_tokens, f"{at}.num_speculative_tokens")
+            if msg.HasField("num_speculative_tokens")
+            else None
+        ),
+        steps=_count(msg.steps, f"{at}.steps"),
+        drafts=_count(msg.drafts, f"{at}.drafts"),
+        draft_tokens=_count(msg.draft_tokens, f"{at}.draft_tokens"),
+        accepted_tokens=_count(msg.accepted_tokens, f"{at}.accepted_tokens"),
+        emitted_tokens=_count(msg.emitted_tokens, f"{at}.emitted_tokens"),
+        unread_steps=_count(msg.unread_steps, f"{at}.unread_steps"),
+        accepted_per_position=tuple(
+            _count(v, f"{at}.accepted_per_position[{i}]")
+            for i, v in enumerate(msg.accepted_per_position)
+        ),
     )
 
 
@@ -277,6 +319,7 @@ def _steps_from_pb(msg: pb.StepEvidence, at: str) -> StepEvidence:
         compilation_mode=msg.compilation_mode if msg.HasField("compilation_mode") else None,
         cudagraph_mode=msg.cudagraph_mode if msg.HasField("cudagraph_mode") else None,
         enforce_eager=msg.enforce_eager if msg.HasField("enforce_eager") else None,
+        spec=_spec_from_pb(msg.spec, f"{at}.spec") if msg.HasField("spec") else None,
     )
 
 
@@ -398,6 +441,9 @@ def _process_to_pb(p: ProcessReport) -> pb.ProcessReport:
         provenance=None if p.provenance is None else _provenance_to_pb(p.provenance),
         drift=[pb.Drift(id=d.id, path=d.path, module=d.module, detail=d.detail) for d in p.drift],
         stack_witness=None if p.stack_witness is None else _witness_to_pb(p.stack_witness),
+        runner_log=[
+            pb.LogLine(level=x.level, logger=x.logger, message=x.message) for x in p.runner_log
+        ],
     )
 
 
@@ -553,6 +599,7 @@ def _process_from_pb(msg: pb.ProcessReport, at: str) -> ProcessReport:
             if msg.HasField("stack_witness")
             else None
         ),
+        runner_log=tuple(LogLine(x.level, x.logger, x.message) for x in msg.runner_log),
     )
 
 

@@ -108,6 +108,24 @@ def render(pairs: list[tuple[ProcessEvidence, ProcessReport]]) -> str:
         d = ev.as_dict()
         started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ev.identity.start_time))
         role = ev.role + (f" rank {ev.rank}" if ev.rank is not None else "")
+def _speculation_lines(sp: dict[str, Any] | None) -> list[str]:
+    """The speculation line of a process that runs steps (none before its runner exists)."""
+    if sp is None:
+        return []
+    if sp["on"] is None:
+        return ["  spec     config not readable"]
+    if not sp["on"]:
+        return ["  spec     off"]
+    rate = sp["acceptance_rate"]
+    return [
+        f"  spec     {sp['method']}  k {sp['num_speculative_tokens']}  steps {sp['steps']}  "
+        f"drafts {sp['drafts']}  draft tokens {sp['draft_tokens']}  accepted "
+        f"{sp['accepted_tokens']} ({'-' if rate is None else f'{rate:.0%}'})  per position "
+        f"{sp['accepted_per_position']}  emitted {sp['emitted_tokens']}"
+        + (f"  unread steps {sp['unread_steps']}" if sp["unread_steps"] else "")
+    ]
+
+
         probe = f"probe {ev.probe.mode}" if ev.probe else "PROBE ABSENT"
         lines.append(f"pid {ev.identity.pid}  {role}  started {started}  {probe}")
         if ev.probe is None:
@@ -150,6 +168,9 @@ def render(pairs: list[tuple[ProcessEvidence, ProcessReport]]) -> str:
                 "fired",
                 "steps",
                 "on productive",
+        lines.extend(_speculation_lines(s["speculation"]))
+        for x in r["log"]:
+            lines.append(f"  vllm log {x['level']} {x['logger']}: {x['message'][:160]}")
                 "productive steps",
                 "on decode",
                 "decode steps",

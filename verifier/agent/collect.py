@@ -17,9 +17,11 @@ from verifier.evidence.procfs import ProcFS
 from verifier.model import (
     FileEntry,
     HookEvidence,
+    LogLine,
     ProcessKey,
     ProcessReport,
     RunnerEvidence,
+    SpecEvidence,
     StepEvidence,
 )
 
@@ -81,6 +83,25 @@ def _opt_str(v: object) -> str | None:
     return v if isinstance(v, str) else None
 
 
+def _spec(p: ProbeState) -> SpecEvidence | None:
+    """The probe's speculation record (None when its config was not readable)."""
+    sp = p.spec
+    if sp is None or sp.on is None:
+        return None
+    return SpecEvidence(
+        on=sp.on,
+        method=sp.method,
+        num_speculative_tokens=sp.num_speculative_tokens,
+        steps=sp.steps,
+        drafts=sp.drafts,
+        draft_tokens=sp.draft_tokens,
+        accepted_tokens=sp.accepted_tokens,
+        emitted_tokens=sp.emitted_tokens,
+        unread_steps=sp.unread_steps,
+        accepted_per_position=sp.accepted_per_position,
+    )
+
+
 def _probe_parts(
     p: ProbeState,
 ) -> tuple[RunnerEvidence | None, StepEvidence, tuple[HookEvidence, ...], tuple[FileEntry, ...]]:
@@ -105,6 +126,7 @@ def _probe_parts(
         compilation_mode=_opt_str(g.get("compilation_mode")),
         cudagraph_mode=_opt_str(g.get("cudagraph_mode")),
         enforce_eager=eager if isinstance(eager, bool) else None,
+        spec=_spec(p),
     )
     hooks = tuple(
         HookEvidence(
@@ -203,6 +225,7 @@ def report_with_judgement(
         disagreements=judged.disagreements,
         provenance=judged.provenance,
         drift=judged.drift,
+        runner_log=tuple(LogLine(x.level, x.logger, x.message) for x in ev.probe.runner_log),
     )
     return report, judged
 

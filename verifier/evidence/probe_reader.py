@@ -71,6 +71,33 @@ class Steps:
 
 
 @dataclass(frozen=True)
+class Speculation:
+    """Speculative decoding in the process that runs the model: the config the runner was
+    built with (``on`` None: not readable) and the counts made from each step's drafts and
+    sampled tokens (see ``verifier.probe._spec``)."""
+
+    on: bool | None
+    method: str | None = None
+    num_speculative_tokens: int | None = None
+    steps: int = 0  # steps that verified drafts
+    drafts: int = 0  # (request, step) pairs that verified drafts
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    emitted_tokens: int = 0  # tokens sampled (every request and step while speculation is on)
+    unread_steps: int = 0  # steps with drafts whose output carried no sampled tokens
+    accepted_per_position: tuple[int, ...] = ()  # the first L.SPEC_POSITIONS positions
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """A line vLLM logged in the process (the probe keeps those about the model runner)."""
+
+    level: str
+    logger: str
+    message: str
+
+
+@dataclass(frozen=True)
 class Runner:
     cls: str
     file: str | None
@@ -105,6 +132,10 @@ class ProbeState:
     fileless: tuple[tuple[str, str], ...] = ()
     # The compile / graph mode the runner ran in (enforce_eager, compilation_mode, ...).
     graph: dict[str, Any] = field(default_factory=dict)
+    # Speculative decoding, when the runner was recorded (None: no runner recorded).
+    spec: Speculation | None = None
+    # vLLM's log lines about the model runner (why it chose the one it did), in order.
+    runner_log: tuple[LogLine, ...] = ()
 
     @property
     def role(self) -> tuple[str | None, int | None]:
@@ -355,6 +386,37 @@ def _files(records: list[dict[str, Any]]) -> list[FileRecord]:
     return sorted(latest.values(), key=lambda f: f.path)
 
 
+def _speculation(records: list[dict[str, Any]], slots: list[int]) -> Speculation | None:
+    rec = next((r for r in reversed(records) if r.get("k") == "spec"), None)
+    if rec is None:
+        return None
+    on = rec.get("on")
+    k = _opt_count(rec.get("num_speculative_tokens"))
+    positions = min(k if k is not None else L.SPEC_POSITIONS, L.SPEC_POSITIONS)
+    return Speculation(
+        on=on if isinstance(on, bool) else None,
+        method=_opt_str(rec.get("method")),
+        num_speculative_tokens=k,
+        steps=slots[L.S_SPEC_STEPS],
+        drafts=slots[L.S_SPEC_DRAFTS],
+        draft_tokens=slots[L.S_SPEC_DRAFT_TOKENS],
+        accepted_tokens=slots[L.S_SPEC_ACCEPTED],
+        emitted_tokens=slots[L.S_SPEC_EMITTED],
+        unread_steps=slots[L.S_SPEC_UNREAD],
+        accepted_per_position=tuple(
+            slots[L.S_SPEC_POS_BASE + i] for i in range(positions if on is True else 0)
+        ),
+    )
+
+
+def _log_lines(records: list[dict[str, Any]]) -> tuple[LogLine, ...]:
+    return tuple(
+        LogLine(str(r.get("level", "")), str(r.get("logger", "")), str(r.get("msg", "")))
+        for r in records
+        if r.get("k") == "vllm_log"
+    )
+
+
 def read_probe_dir(directory: Path, cache: JournalCache | None = None) -> ProbeState | None:
     """Parse one probe directory; None when it holds no probe state. CACHE: reuse what an
     earlier read of the same journal parsed (counters are always read fresh). The journal is
@@ -399,6 +461,8 @@ def read_probe_dir(directory: Path, cache: JournalCache | None = None) -> ProbeS
         manifest_digest=digest,
         interp=next((r for r in reversed(records) if r.get("k") == "interp"), {}),
         graph=next((r for r in reversed(records) if r.get("k") == "graph"), {}),
+        spec=_speculation(records, slots),
+        runner_log=_log_lines(records),
         fileless=tuple(
             (str(r.get("module")), str(r.get("claimed")))
             for r in records

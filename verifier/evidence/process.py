@@ -178,6 +178,11 @@ def _role_from_title(ident: ProcessIdentity) -> tuple[str, int | None]:
         if name == "Worker":
             return "worker", int(tp) if tp else None
         if name == "EngineCore":
+                # vLLM's own log lines about the model runner (why it chose this one)
+                "log": [
+                    {"level": x.level, "logger": x.logger, "message": x.message}
+                    for x in (p.runner_log if p else ())
+                ],
             return "engine_core", None
         if name == "APIServer":
             return "api_server", None
@@ -193,6 +198,7 @@ def _role_from_title(ident: ProcessIdentity) -> tuple[str, int | None]:
 def probe_dirs_of(procfs: ProcFS, pid: int) -> list[str]:
     """Where PID's probe state may be, most likely first: the probe directory in its own
     environment, then in each ancestor's, then the default. vLLM names its processes with
+                "speculation": _speculation(p),
     setproctitle, which on Linux reuses the argv+environ block for the title: afterwards
     ``/proc/<pid>/environ`` shows zeros or other bytes (seen in containers: EngineCore's
     showed variables vLLM set later and not the probe's), while the environment the process
@@ -204,6 +210,26 @@ def probe_dirs_of(procfs: ProcFS, pid: int) -> list[str]:
         seen.add(pid)
         try:
             value = procfs.environ(pid).get(L.ENV_PROBE_DIR)
+def _speculation(p: ProbeState | None) -> dict[str, Any] | None:
+    """Speculative decoding as the probe recorded it; None: not recorded (no runner)."""
+    sp = p.spec if p else None
+    if sp is None:
+        return None
+    return {
+        "on": sp.on,
+        "method": sp.method,
+        "num_speculative_tokens": sp.num_speculative_tokens,
+        "steps": sp.steps,
+        "drafts": sp.drafts,
+        "draft_tokens": sp.draft_tokens,
+        "accepted_tokens": sp.accepted_tokens,
+        "acceptance_rate": sp.accepted_tokens / sp.draft_tokens if sp.draft_tokens else None,
+        "accepted_per_position": list(sp.accepted_per_position),
+        "emitted_tokens": sp.emitted_tokens,
+        "unread_steps": sp.unread_steps,
+    }
+
+
         except (UnavailableError, OSError):
             value = None
         if value:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from verifier.model import FileEntry, Finding, ProcessReport, Severity
+from verifier.model import FileEntry, Finding, LogLine, ProcessReport, Severity
 from verifier.policy import _evidence as E
 from verifier.policy import interface as I
 from verifier.policy.rules_evidence import NativeIntact, ProbeRequired, ViewsAgree
@@ -83,6 +83,32 @@ class RunnerWitnessed:
         return out
 
 
+_CAUSE_LEVELS = frozenset({"WARNING", "ERROR", "CRITICAL"})
+
+
+def _cause_line(lines: tuple[LogLine, ...]) -> LogLine | None:
+    """The line among LINES (vLLM's log lines about the model runner) that gives a reason for
+    the runner chosen: a warning that says it used another runner instead or fell back, else
+    the first warning; None when vLLM logged no warning about the runner."""
+    warnings = [x for x in lines if x.level in _CAUSE_LEVELS]
+    switched = (x for x in warnings if "instead" in x.message or "fall" in x.message.lower())
+    return next(switched, warnings[0] if warnings else None)
+
+
+def runner_cause(
+    p: ProcessReport, snapshot: I.TargetSnapshot
+) -> tuple[LogLine, ProcessReport] | None:
+    """vLLM's logged reason for the runner P runs, and the process that logged it: P's own
+    lines first, then the other processes of the target (the API server and the engine core
+    read the same config and log the same choice)."""
+    others = [q for q in E.ordered(snapshot.processes) if q is not p]
+    for q in (p, *others):
+        line = _cause_line(q.runner_log)
+        if line is not None:
+            return line, q
+    return None
+
+
 @dataclass(frozen=True)
 class ExpectRunner:
     """``[runner] expect_class``: the live runner object in every process that runs steps."""
@@ -115,17 +141,35 @@ class ExpectRunner:
                     )
                 )
             elif p.runner.cls != self.expect_class:
+                found = runner_cause(p, snapshot)
+                if found is None:
+                    why = "; no cause logged by vLLM"
+                    cause: dict[str, Any] = {"cause": None}
+                else:
+                    line, q = found
+                    where = "" if q is p else f" in {E.name(q)}"
+                    why = f"; cause: {line.message} (vLLM {line.level}{where})"
+                    cause = {
+                        "cause": line.message,
+                        "cause_level": line.level,
+                        "cause_logger": line.logger,
+                        "cause_pid": q.key.pid,
+                        "cause_role": q.role,
+                    }
+                spec = p.steps.spec if p.steps is not None else None
                 out.append(
                     E.finding(
                         I.RUNNER_UNEXPECTED,
                         Severity.ERROR if enough else Severity.PENDING,
                         f"the live runner in {E.name(p)} is {p.runner.cls}, not the expected "
-                        f"{self.expect_class}",
+                        f"{self.expect_class}{why}",
                         snapshot,
                         **context,
                         actual=p.runner.cls,
                         mro=list(p.runner.mro),
                         file=p.runner.file,
+                        **cause,
+                        speculation=spec.method if spec is not None and spec.on else None,
                     )
                 )
             if not enough:

@@ -93,6 +93,18 @@ S_FILES_RECORDED = 25  # "file" records written to journal.jsonl so far (any pro
 S_BIND_OPEN = 26  # requests open in the bindings table (see bindings.jsonl)
 S_BIND_OVERFLOW = 27  # new requests not tracked because MAX_OPEN were open (one per step)
 S_BIND_WRITTEN = 28  # records written to bindings.jsonl
+# Speculative decoding (the process that runs the model, while the live config has a
+# speculative_config; zero otherwise). Counted from the same data vLLM's scheduler fills its
+# SpecDecodingStats from: each step's scheduled_spec_decode_tokens and the runner output's
+# sampled_token_ids per request (accepted = sampled - 1, as vLLM counts them).
+S_SPEC_STEPS = 29  # steps that verified drafts for at least one request
+S_SPEC_DRAFTS = 30  # (request, step) pairs that verified drafts: vLLM's num_drafts
+S_SPEC_DRAFT_TOKENS = 31  # draft tokens verified (less grammar-invalidated ones)
+S_SPEC_ACCEPTED = 32  # draft tokens accepted
+S_SPEC_EMITTED = 33  # tokens the runner output sampled, every request, every step
+S_SPEC_UNREAD = 34  # steps with drafts whose runner output carried no sampled tokens to read
+S_SPEC_POS_BASE = 40  # accepted drafts at position i: S_SPEC_POS_BASE + i, i < SPEC_POSITIONS
+SPEC_POSITIONS = 8  # positions counted (a deeper draft's later positions are not)
 PHASE_PREFILL = 1
 PHASE_DECODE = 2
 PHASE_PRODUCTIVE = 4  # the latest step scheduled tokens

@@ -16,6 +16,10 @@ Everything is installed through post-import watches, so nothing here imports vLL
   ``compile_or_warm_up_model`` runs (V2's kernel warm-up drives hand-built scheduler outputs
   through it). Nested ones count once; hook fires inside them count as outside steps. These
   methods run at start-up only, so the wrappers cost nothing per step.
+* Speculative decoding (``_spec``): the runner's speculative config is journaled with the live
+  runner; while it is on, each step's scheduled drafts are counted against the runner output
+  its ``execute_model`` or ``sample_tokens`` returns (one global check per step when off).
+* ``vllm.logger``: vLLM's log lines about the model runner (why it chose one) are journaled.
 * ``vllm.v1.engine.output_processor`` and ``vllm.entrypoints.serve.engine.serving``: the API
   server's external request id for each internal one (``_bindings``).
 
@@ -34,7 +38,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from verifier.probe import _bindings, _core, _device, _postimport
+from verifier.probe import _bindings, _core, _device, _postimport, _spec
 from verifier.probe import _layout as L
 
 STEP_METHODS = ("execute_model", "sample_tokens")
@@ -44,6 +48,7 @@ _roles_done: set[str] = set()
 _runner_seen: set[type] = set()
 _dummy_depth = 0  # > 0 inside a counted dummy step (a nested one is not counted again)
 _warming = 0  # > 0 while the worker's warm-up runs: its execute_model calls are dummy steps
+_spec_on = False  # the live config has a speculative config: steps count drafts (_spec)
 
 
 _wrappers: set[Callable[..., Any]] = set()  # this module's wrappers (by identity)
@@ -125,6 +130,10 @@ def record_runner(worker: Any) -> None:
     methods = {m: _defining_file(cls, m) for m in STEP_METHODS}
     step = methods.get("execute_model") or {}
     _core.state().remember({"k": "graph", **graph_mode(worker, runner)})
+    spec = _spec.config_record(runner, worker)
+    _core.state().remember(spec)
+    global _spec_on
+    _spec_on = spec.get("on") is True
     _core.state().remember(
         {
             "k": "runner",
@@ -238,6 +247,8 @@ def _wrap_worker_class(cls: type) -> None:
                 if not recorded:
                     recorded = True
                     record_runner(self)
+                if _spec_on:
+                    _spec.scheduled(scheduler_output)
             except Exception as e:  # noqa: BLE001 - a probe never raises into a step
                 _core.report_error("steps", f"{type(e).__name__}: {e}")
             c[L.S_IN_STEP] = 1  # not nested: execute_model and sample_tokens take turns
@@ -245,6 +256,8 @@ def _wrap_worker_class(cls: type) -> None:
             try:
                 out = orig_exec(self, scheduler_output, *args, **kwargs)
                 returned = True
+                if _spec_on:  # before the step may close: its counts are in when it does
+                    _spec_output(out)
             finally:
                 # Two-phase protocol: execute_model returned nothing, the step goes on in
                 # sample_tokens (where the sampler's hooks fire): it stays open until then,
@@ -351,13 +364,24 @@ def _mark_in_step(cls: type, name: str) -> None:
         c = _core.COUNTERS
         c[L.S_IN_STEP] = 1
         try:
-            return orig(self, *args, **kwargs)
+            out = orig(self, *args, **kwargs)
+            if _spec_on:  # before the step closes: its counts are in when it does
+                _spec_output(out)
+            return out
         finally:
             c[L.S_IN_STEP] = 0
 
     functools.update_wrapper(wrapper, orig)
     _mark(wrapper)
     setattr(cls, name, wrapper)
+
+
+def _spec_output(out: Any) -> None:
+    """Count the speculative drafts of the step whose runner output is OUT (``_spec``)."""
+    try:
+        _spec.output(out)
+    except Exception as e:  # noqa: BLE001 - a probe never raises into a step
+        _core.report_error("spec", f"{type(e).__name__}: {e}")
 
 
 def _observe(
@@ -444,6 +468,7 @@ def install() -> None:
     _installed = True
     _postimport.when_imported("vllm.v1.worker.worker_base", _on_worker_base)
     _postimport.when_imported("vllm.v1.engine.core", _on_engine_core)
+    _postimport.when_imported("vllm.logger", lambda _: _spec.install_log_capture())
     if not bindings_enabled():
         _bind_step = None
         return

@@ -56,7 +56,7 @@ class RunnerEvidence(_message.Message):
     def __init__(self, cls: _Optional[str] = ..., file: _Optional[str] = ..., sha256: _Optional[str] = ..., mro: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StepEvidence(_message.Message):
-    __slots__ = ("total", "productive", "empty", "tokens_scheduled", "requests_scheduled", "requests_max", "last_step_unix_ns", "prefill_steps", "decode_steps", "prefill_tokens", "decode_tokens", "dummy_steps", "compilation_mode", "cudagraph_mode", "enforce_eager")
+    __slots__ = ("total", "productive", "empty", "tokens_scheduled", "requests_scheduled", "requests_max", "last_step_unix_ns", "prefill_steps", "decode_steps", "prefill_tokens", "decode_tokens", "dummy_steps", "compilation_mode", "cudagraph_mode", "enforce_eager", "spec")
     TOTAL_FIELD_NUMBER: _ClassVar[int]
     PRODUCTIVE_FIELD_NUMBER: _ClassVar[int]
     EMPTY_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +72,7 @@ class StepEvidence(_message.Message):
     COMPILATION_MODE_FIELD_NUMBER: _ClassVar[int]
     CUDAGRAPH_MODE_FIELD_NUMBER: _ClassVar[int]
     ENFORCE_EAGER_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
     total: int
     productive: int
     empty: int
@@ -87,7 +88,42 @@ class StepEvidence(_message.Message):
     compilation_mode: str
     cudagraph_mode: str
     enforce_eager: bool
-    def __init__(self, total: _Optional[int] = ..., productive: _Optional[int] = ..., empty: _Optional[int] = ..., tokens_scheduled: _Optional[int] = ..., requests_scheduled: _Optional[int] = ..., requests_max: _Optional[int] = ..., last_step_unix_ns: _Optional[int] = ..., prefill_steps: _Optional[int] = ..., decode_steps: _Optional[int] = ..., prefill_tokens: _Optional[int] = ..., decode_tokens: _Optional[int] = ..., dummy_steps: _Optional[int] = ..., compilation_mode: _Optional[str] = ..., cudagraph_mode: _Optional[str] = ..., enforce_eager: _Optional[bool] = ...) -> None: ...
+    spec: SpecEvidence
+    def __init__(self, total: _Optional[int] = ..., productive: _Optional[int] = ..., empty: _Optional[int] = ..., tokens_scheduled: _Optional[int] = ..., requests_scheduled: _Optional[int] = ..., requests_max: _Optional[int] = ..., last_step_unix_ns: _Optional[int] = ..., prefill_steps: _Optional[int] = ..., decode_steps: _Optional[int] = ..., prefill_tokens: _Optional[int] = ..., decode_tokens: _Optional[int] = ..., dummy_steps: _Optional[int] = ..., compilation_mode: _Optional[str] = ..., cudagraph_mode: _Optional[str] = ..., enforce_eager: _Optional[bool] = ..., spec: _Optional[_Union[SpecEvidence, _Mapping]] = ...) -> None: ...
+
+class SpecEvidence(_message.Message):
+    __slots__ = ("on", "method", "num_speculative_tokens", "steps", "drafts", "draft_tokens", "accepted_tokens", "emitted_tokens", "unread_steps", "accepted_per_position")
+    ON_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    DRAFTS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    EMITTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    UNREAD_STEPS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_PER_POSITION_FIELD_NUMBER: _ClassVar[int]
+    on: bool
+    method: str
+    num_speculative_tokens: int
+    steps: int
+    drafts: int
+    draft_tokens: int
+    accepted_tokens: int
+    emitted_tokens: int
+    unread_steps: int
+    accepted_per_position: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, on: _Optional[bool] = ..., method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., drafts: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., emitted_tokens: _Optional[int] = ..., unread_steps: _Optional[int] = ..., accepted_per_position: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class LogLine(_message.Message):
+    __slots__ = ("level", "logger", "message")
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    LOGGER_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    level: str
+    logger: str
+    message: str
+    def __init__(self, level: _Optional[str] = ..., logger: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class HookEvidence(_message.Message):
     __slots__ = ("name", "target", "module_loaded", "wrapped", "owner", "how", "unresolved", "instantiated_class", "fired", "fired_productive", "first_step", "last_step", "fired_prefill", "fired_decode", "fired_outside", "device_fired", "device_base", "device_base_step")
@@ -146,7 +182,7 @@ class FileEntry(_message.Message):
     def __init__(self, path: _Optional[str] = ..., sha256: _Optional[str] = ..., size: _Optional[int] = ..., kind: _Optional[str] = ..., module: _Optional[str] = ..., at: _Optional[str] = ...) -> None: ...
 
 class ProcessReport(_message.Message):
-    __slots__ = ("key", "ns_pid", "ppid", "start_time", "role", "rank", "container_id", "cmdline", "exe", "probe_present", "probe_errors", "runner", "steps", "hooks", "manifest_digest", "files_included", "files", "runner_file_sha256_now", "disagreements", "native_mappings", "provenance", "drift", "stack_witness")
+    __slots__ = ("key", "ns_pid", "ppid", "start_time", "role", "rank", "container_id", "cmdline", "exe", "probe_present", "probe_errors", "runner", "steps", "hooks", "manifest_digest", "files_included", "files", "runner_file_sha256_now", "disagreements", "native_mappings", "provenance", "drift", "stack_witness", "runner_log")
     KEY_FIELD_NUMBER: _ClassVar[int]
     NS_PID_FIELD_NUMBER: _ClassVar[int]
     PPID_FIELD_NUMBER: _ClassVar[int]
@@ -170,6 +206,7 @@ class ProcessReport(_message.Message):
     PROVENANCE_FIELD_NUMBER: _ClassVar[int]
     DRIFT_FIELD_NUMBER: _ClassVar[int]
     STACK_WITNESS_FIELD_NUMBER: _ClassVar[int]
+    RUNNER_LOG_FIELD_NUMBER: _ClassVar[int]
     key: ProcessKey
     ns_pid: int
     ppid: int
@@ -193,7 +230,8 @@ class ProcessReport(_message.Message):
     provenance: Provenance
     drift: _containers.RepeatedCompositeFieldContainer[Drift]
     stack_witness: StackWitness
-    def __init__(self, key: _Optional[_Union[ProcessKey, _Mapping]] = ..., ns_pid: _Optional[int] = ..., ppid: _Optional[int] = ..., start_time: _Optional[float] = ..., role: _Optional[str] = ..., rank: _Optional[int] = ..., container_id: _Optional[str] = ..., cmdline: _Optional[_Iterable[str]] = ..., exe: _Optional[str] = ..., probe_present: _Optional[bool] = ..., probe_errors: _Optional[_Iterable[str]] = ..., runner: _Optional[_Union[RunnerEvidence, _Mapping]] = ..., steps: _Optional[_Union[StepEvidence, _Mapping]] = ..., hooks: _Optional[_Iterable[_Union[HookEvidence, _Mapping]]] = ..., manifest_digest: _Optional[str] = ..., files_included: _Optional[bool] = ..., files: _Optional[_Iterable[_Union[FileEntry, _Mapping]]] = ..., runner_file_sha256_now: _Optional[str] = ..., disagreements: _Optional[_Iterable[_Union[FileDisagreement, _Mapping]]] = ..., native_mappings: _Optional[_Iterable[_Union[NativeMapping, _Mapping]]] = ..., provenance: _Optional[_Union[Provenance, _Mapping]] = ..., drift: _Optional[_Iterable[_Union[Drift, _Mapping]]] = ..., stack_witness: _Optional[_Union[StackWitness, _Mapping]] = ...) -> None: ...
+    runner_log: _containers.RepeatedCompositeFieldContainer[LogLine]
+    def __init__(self, key: _Optional[_Union[ProcessKey, _Mapping]] = ..., ns_pid: _Optional[int] = ..., ppid: _Optional[int] = ..., start_time: _Optional[float] = ..., role: _Optional[str] = ..., rank: _Optional[int] = ..., container_id: _Optional[str] = ..., cmdline: _Optional[_Iterable[str]] = ..., exe: _Optional[str] = ..., probe_present: _Optional[bool] = ..., probe_errors: _Optional[_Iterable[str]] = ..., runner: _Optional[_Union[RunnerEvidence, _Mapping]] = ..., steps: _Optional[_Union[StepEvidence, _Mapping]] = ..., hooks: _Optional[_Iterable[_Union[HookEvidence, _Mapping]]] = ..., manifest_digest: _Optional[str] = ..., files_included: _Optional[bool] = ..., files: _Optional[_Iterable[_Union[FileEntry, _Mapping]]] = ..., runner_file_sha256_now: _Optional[str] = ..., disagreements: _Optional[_Iterable[_Union[FileDisagreement, _Mapping]]] = ..., native_mappings: _Optional[_Iterable[_Union[NativeMapping, _Mapping]]] = ..., provenance: _Optional[_Union[Provenance, _Mapping]] = ..., drift: _Optional[_Iterable[_Union[Drift, _Mapping]]] = ..., stack_witness: _Optional[_Union[StackWitness, _Mapping]] = ..., runner_log: _Optional[_Iterable[_Union[LogLine, _Mapping]]] = ...) -> None: ...
 
 class StackWitness(_message.Message):
     __slots__ = ("samples", "runner_file_hits", "runner_file", "top_files", "error")

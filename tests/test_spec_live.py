@@ -1,0 +1,242 @@
+"""Speculative decoding on a real vLLM (CPU build, ngram drafter, V1 runner): the probe's
+per-process totals (drafts, draft tokens, accepted tokens, accepted per position) equal vLLM's
+own ``vllm:spec_decode_*`` counters on ``/metrics``; the evidence says speculation was on, with
+which method and k, and which runner ran; the drafter's and the rejection sampler's hooks are
+judged firing on decode steps. Negative control: the shared session server (no speculation)
+reports speculation off with zero drafts, and the same two hooks there FAIL (never PASS)."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import SPEC_PROPOSE, SPEC_REJECT, V1_STEP
+from tests.helpers import REPO, hook_by_name, inspect_json, verifier_cli
+from verifier import wire
+from verifier.model import Severity, Verdict
+from verifier.policy import TargetSnapshot, load_policy
+from verifier.policy import interface as I
+from verifier.testing.server import VllmServer
+
+pytestmark = pytest.mark.vllm
+
+K = 3
+SPEC_CONFIG = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3}
+SPEC_CONFIG["prompt_lookup_min"] = 1
+V1_CPU_RUNNER = "vllm.v1.worker.cpu_model_runner.CPUModelRunner"
+V2_CPU_RUNNER = "vllm.v1.worker.cpu.model_runner.CPUModelRunner"
+# Repetitive prompts give the ngram drafter matches; greedy decoding makes the run repeatable.
+PROMPTS = [
+    "one two three one two three one two three one two",
+    "the cat sat on the mat, the cat sat on the mat, the cat",
+    "a b c d a b c d a b c d a b",
+    "red green blue red green blue red green",
+]
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def spec_server(tiny_model: Path) -> Iterator[VllmServer]:
+    server = VllmServer(
+        tiny_model,
+        env={"VERIFIER_HOOKS": f"propose={SPEC_PROPOSE},reject={SPEC_REJECT},step={V1_STEP}"},
+        extra_args=(
+            "--no-enable-prefix-caching",
+            "--speculative-config",
+            json.dumps(SPEC_CONFIG),
+        ),
+        scratch_parent=REPO / ".scratch",
+    )
+    server.start()
+    try:
+        for prompt in PROMPTS:
+            server.complete(prompt, max_tokens=MAX_TOKENS)
+        yield server
+    finally:
+        server.stop()
+
+
+_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})? (?P<v>\S+)")
+
+
+def metrics(server: VllmServer) -> dict[tuple[str, str], float]:
+    """vLLM's ``/metrics``: (sample name, its position label or "") -> value (summed over
+    the other labels: one engine here)."""
+    with urllib.request.urlopen(server.base_url + "/metrics", timeout=10) as r:  # noqa: S310
+        text = r.read().decode()
+    out: dict[tuple[str, str], float] = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m is None or not m.group("name").startswith("vllm:"):
+            continue
+        pos = re.search(r'position="(\d+)"', m.group("labels") or "")
+        key = (m.group("name"), pos.group(1) if pos else "")
+        out[key] = out.get(key, 0.0) + float(m.group("v"))
+    return out
+
+
+def spec_metrics(server: VllmServer) -> dict[str, Any]:
+    m = metrics(server)
+
+    def get(name: str, pos: str = "") -> int:
+        return int(m.get((f"vllm:spec_decode_{name}_total", pos), 0))
+
+    return {
+        "drafts": get("num_drafts"),
+        "draft_tokens": get("num_draft_tokens"),
+        "accepted_tokens": get("num_accepted_tokens"),
+        "accepted_per_position": [get("num_accepted_tokens_per_pos", str(i)) for i in range(K)],
+        "generation_tokens": int(m.get(("vllm:generation_tokens_total", ""), 0)),
+    }
+
+
+def the_worker(server: VllmServer) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    procs = inspect_json(server.pid, tree=True)
+    workers = [p for p in procs if p["role"] == "worker"]
+    assert len(workers) == 1, [p["role"] for p in procs]
+    return workers[0], procs
+
+
+def probe_counts(w: dict[str, Any]) -> dict[str, Any]:
+    sp = w["steps"]["speculation"]
+    return {
+        "drafts": sp["drafts"],
+        "draft_tokens": sp["draft_tokens"],
+        "accepted_tokens": sp["accepted_tokens"],
+        "accepted_per_position": sp["accepted_per_position"],
+    }
+
+
+def test_probe_totals_equal_vllm_spec_decode_counters(spec_server: VllmServer) -> None:
+    """The requests are finished; /metrics may lag the last output by a moment (the API
+    server's stat loggers), so it is read until it stops changing, then compared."""
+    w, _ = the_worker(spec_server)
+    ours = probe_counts(w)
+    theirs: dict[str, Any] = {}
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        theirs = spec_metrics(spec_server)
+        if {k: theirs[k] for k in ours} == ours:
+            break
+        time.sleep(0.5)
+    assert {k: theirs[k] for k in ours} == ours, (ours, theirs)
+    # not a vacuous agreement: drafts were verified and some accepted at every position
+    assert ours["drafts"] > 0 and ours["accepted_tokens"] > 0, ours
+    assert ours["draft_tokens"] > ours["accepted_tokens"] or ours["accepted_tokens"] > 0
+    assert all(n > 0 for n in ours["accepted_per_position"][:1]), ours
+    sp = w["steps"]["speculation"]
+    assert sp["unread_steps"] == 0, sp
+    # every token vLLM generated was sampled by the runner (some past max_tokens are dropped)
+    gen = theirs["generation_tokens"]
+    assert gen <= sp["emitted_tokens"] <= gen + len(PROMPTS) * K, (sp, theirs)
+
+
+def test_evidence_records_speculation_method_k_and_runner(spec_server: VllmServer) -> None:
+    w, _ = the_worker(spec_server)
+    sp = w["steps"]["speculation"]
+    assert (sp["on"], sp["method"], sp["num_speculative_tokens"]) == (True, "ngram", K)
+    assert len(sp["accepted_per_position"]) == K
+    assert w["runner"]["class"] == V1_CPU_RUNNER
+    # the same facts in the report the agent sends (through the wire format)
+    report = wire.process_from_json(w["report"])
+    assert report.steps is not None and report.steps.spec is not None
+    assert (report.steps.spec.method, report.steps.spec.drafts) == ("ngram", sp["drafts"])
+    # on this CPU build vLLM says why it runs V1: no Triton (logged in the worker itself)
+    log = [x["message"] for x in w["runner"]["log"]]
+    assert any("using the V1 model runner instead" in m for m in log), log
+
+
+def test_inspect_shows_speculation_and_vllm_runner_line(spec_server: VllmServer) -> None:
+    out = verifier_cli("inspect", "--pid", str(spec_server.pid), "--tree")
+    assert out.returncode == 0, out.stderr
+    spec = [line for line in out.stdout.splitlines() if line.startswith("  spec ")]
+    assert len(spec) == 1 and spec[0].split()[1:4] == ["ngram", "k", str(K)], spec
+    assert "  vllm log WARNING " in out.stdout
+
+
+def test_runner_switch_finding_names_the_cause_vllm_logged(spec_server: VllmServer) -> None:
+    """A policy that expects the V2 runner: the finding says why vLLM runs V1 here, in its own
+    words, and that the process runs ngram speculation."""
+    _, procs = the_worker(spec_server)
+    v = judge(procs, f'version = 1\n[runner]\nexpect_class = "{V2_CPU_RUNNER}"\n')
+    assert v.verdict == Verdict.FAIL
+    (f,) = [f for f in v.findings if f.id == I.RUNNER_UNEXPECTED]
+    assert "using the V1 model runner instead" in f.context["cause"], f.context
+    assert f"; cause: {f.context['cause']} (vLLM WARNING" in f.message, f.message
+    assert f.context["speculation"] == "ngram"
+
+
+def judge(procs: list[dict[str, Any]], policy: str) -> Any:
+    reports = [wire.process_from_json(p["report"]) for p in procs]
+    snap = TargetSnapshot("t", tuple(reports), time.time())
+    return load_policy(policy).evaluate_target(snap, now=snap.received_unix)
+
+
+def hooks_policy(*names: str, on: str = "decode") -> str:
+    body = "version = 1\n"
+    for name in names:
+        body += f'[[hooks]]\nname = "{name}"\non = "{on}"\n'
+    return body
+
+
+def test_drafter_and_rejection_sampler_fire_on_decode_steps(spec_server: VllmServer) -> None:
+    w, procs = the_worker(spec_server)
+    decode = w["steps"]["decode"]
+    propose, reject = hook_by_name(w, "propose"), hook_by_name(w, "reject")
+    assert propose["status"] == reject["status"] == "firing", (propose, reject)
+    # the ngram drafter proposes after every sampled step, inside sample_tokens
+    assert propose["fired_on_decode_steps"] >= decode > 0, (propose, decode)
+    # with a speculative config the V1 runner samples every step through the rejection
+    # sampler (a step without drafts verifies zero of them), so it fires once per step,
+    # on every step that verified drafts among them
+    spec_steps = w["steps"]["speculation"]["steps"]
+    assert reject["fired_on_decode_steps"] == decode >= spec_steps > 0, (reject, spec_steps)
+    assert reject["fired_on_productive_steps"] == w["steps"]["productive"], reject
+    v = judge(procs, hooks_policy("propose", "reject"))
+    assert v.verdict == Verdict.PASS, v.findings
+    firing = sorted(f.context["hook"] for f in v.findings if f.id == I.HOOK_FIRING)
+    assert firing == ["propose", "reject"], v.findings
+    assert [f.id for f in v.findings if f.severity != Severity.INFO] == []
+
+
+# -- negative control: the shared session server runs without speculation ---------------------
+
+
+def test_without_speculation_the_evidence_says_off_and_counts_nothing(
+    vllm_server: VllmServer,
+) -> None:
+    vllm_server.complete("one two three one two three one two three", max_tokens=12)
+    w, _ = the_worker(vllm_server)
+    sp = w["steps"]["speculation"]
+    assert sp is not None and sp["on"] is False, sp
+    assert (sp["drafts"], sp["draft_tokens"], sp["accepted_tokens"], sp["steps"]) == (0, 0, 0, 0)
+    assert w["steps"]["decode"] > 0
+    theirs = spec_metrics(vllm_server)
+    assert (theirs["drafts"], theirs["draft_tokens"]) == (0, 0), theirs
+
+
+def test_speculative_hooks_fail_without_speculation(vllm_server: VllmServer) -> None:
+    """The drafter's and the rejection sampler's hooks in a server without speculation: never
+    PASS. The rejection sampler's module is imported by the V1 runner but the class is never
+    instantiated; the ngram drafter's module may never be imported at all."""
+    vllm_server.complete("negative control for the speculative hooks", max_tokens=6)
+    w, procs = the_worker(vllm_server)
+    reject, propose = hook_by_name(w, "spec_reject"), hook_by_name(w, "spec_propose")
+    assert (reject["fired"], propose["fired"]) == (0, 0)
+    assert reject["status"] == "not_instantiated", reject
+    assert propose["status"] in ("not_loaded", "not_instantiated"), propose
+    for name, expected in (
+        ("spec_reject", {I.HOOK_NOT_INSTANTIATED}),
+        ("spec_propose", {I.HOOK_NOT_LOADED, I.HOOK_NOT_INSTANTIATED}),
+    ):
+        v = judge(procs, hooks_policy(name))
+        assert v.verdict == Verdict.FAIL, (name, v.findings)
+        errors = {f.id for f in v.findings if f.severity == Severity.ERROR}
+        assert errors and errors <= expected, (name, errors)

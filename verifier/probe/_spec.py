@@ -1,0 +1,226 @@
+"""Speculative decoding counted in the process that runs the model, and vLLM's own log lines
+about which model runner it chose.
+
+Speculation is counted from the data vLLM's scheduler fills its ``SpecDecodingStats`` from
+(``Scheduler.update_from_output`` in ``vllm/v1/core/sched/scheduler.py``): the drafts each
+step scheduled for verification (``scheduler_output.scheduled_spec_decode_tokens``, less the
+grammar-invalidated ones in ``num_invalid_spec_tokens``) and the tokens the runner output
+sampled per request (``sampled_token_ids``). For each request with drafts and a non-empty
+output: one draft, ``len(drafts)`` draft tokens, ``len(sampled) - 1`` accepted ones (the last
+sampled token is the bonus or the correction), positions ``0 .. accepted - 1`` accepted. These
+are the counts behind ``vllm:spec_decode_num_drafts_total``, ``…_num_draft_tokens_total``,
+``…_num_accepted_tokens_total`` and ``…_num_accepted_tokens_per_pos_total``. What the probe
+cannot see (a request aborted while its step ran, preempted output discarded as stale) vLLM
+leaves out and the probe counts: the totals agree on ordinary runs.
+
+The step wrappers (``_vllm``) call ``scheduled`` at ``execute_model`` and ``output`` on what
+``execute_model`` or ``sample_tokens`` returned, and only while the live config has a
+speculative config (``ON``): a step without speculation costs one global check.
+
+Runner selection: vLLM logs why it picked a runner (``Model Runner V2 does not yet support
+…; using the V1 model runner instead.``, ``Model Runner V2 requires Triton; …``, ``Using V2
+Model Runner``). A log-record factory (it survives vLLM re-configuring its loggers) journals
+each record of a ``vllm`` logger whose message mentions a model runner, as
+``{"k": "vllm_log", "level", "logger", "msg", "t"}``, at most ``LOG_MAX`` per process.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from verifier.probe import _core
+from verifier.probe import _layout as L
+
+LOG_MAX = 32
+_pending: Any = None  # the scheduler output of the step whose output is not counted yet
+_logged = 0
+_factory_installed = False
+
+
+def config_record(runner: Any, worker: Any) -> dict[str, Any]:
+    """The speculative config in force, read from the live config (as ``graph_mode`` reads
+    the compilation config): ``{"k": "spec", "on": bool, "method", "num_speculative_tokens"}``;
+    ``on`` is None when the runner carries no config to read."""
+    cfg = getattr(runner, "vllm_config", None) or getattr(worker, "vllm_config", None)
+    if cfg is None:
+        return {"k": "spec", "on": None}
+    spec = getattr(cfg, "speculative_config", None)
+    if spec is None:
+        return {"k": "spec", "on": False}
+    k = getattr(spec, "num_speculative_tokens", None)
+    method = getattr(spec, "method", None)
+    return {
+        "k": "spec",
+        "on": True,
+        "method": None if method is None else str(method),
+        "num_speculative_tokens": k if isinstance(k, int) and not isinstance(k, bool) else None,
+        "positions": L.SPEC_POSITIONS,
+    }
+
+
+def scheduled(so: Any) -> None:
+    """Note the scheduler output of the step now running (its drafts are counted against the
+    output the step returns)."""
+    global _pending
+    _pending = so
+
+
+def output(out: Any) -> None:
+    """Count the step's drafts against OUT, the runner output of the noted step (None: not
+    returned here; the step's ``sample_tokens`` returns it). An asynchronous output is
+    counted when vLLM collects it (its ``get_output``)."""
+    global _pending
+    so = _pending
+    if out is None or so is None:
+        return
+    _pending = None
+    sampled = getattr(out, "sampled_token_ids", None)
+    if sampled is None and callable(getattr(out, "get_output", None)):
+        _count_async(out, so)
+        return
+    count(so, out)
+
+
+def _count_async(out: Any, so: Any) -> None:
+    get: Callable[[], Any] = out.get_output
+
+    def get_output() -> Any:
+        result = get()
+        try:
+            count(so, result)
+        except Exception as e:  # noqa: BLE001 - a probe never raises into vLLM
+            _core.report_error("spec", f"async output: {type(e).__name__}: {e}")
+        return result
+
+    out.get_output = get_output
+
+
+def count(
+    so: Any,
+    out: Any,
+    _emitted: int = L.S_SPEC_EMITTED,
+    _positions: int = L.SPEC_POSITIONS,
+    _pos: int = L.S_SPEC_POS_BASE,
+) -> None:
+    """Count one step: its scheduler output SO and its runner output OUT. The common step
+    (every drafted request in the output with tokens, no grammar-invalidated drafts) is
+    counted without a Python loop over the requests; any other takes ``_count_each``."""
+    c = _core.COUNTERS
+    sampled = getattr(out, "sampled_token_ids", None) or ()
+    c[_emitted] += sum(map(len, sampled))
+    spec = getattr(so, "scheduled_spec_decode_tokens", None)
+    if not spec:
+        return
+    index = getattr(out, "req_id_to_index", None) or {}
+    if getattr(so, "num_invalid_spec_tokens", None) or not all(spec.values()):
+        _count_each(c, spec, so.num_invalid_spec_tokens, index, sampled)
+        return
+    try:
+        lens = sorted(map(len, map(sampled.__getitem__, map(index.__getitem__, spec))))
+    except (KeyError, IndexError, TypeError):
+        lens = []
+    if not lens or not lens[0]:
+        _count_each(c, spec, None, index, sampled)
+        return
+    drafts = len(lens)
+    _add(c, drafts, sum(map(len, spec.values())), sum(lens) - drafts)
+    # position p accepted by every request that sampled more than p + 1 tokens
+    for p in range(min(lens[-1] - 1, _positions)):
+        c[_pos + p] += drafts - bisect.bisect_right(lens, p + 1)
+
+
+def _add(c: memoryview, drafts: int, tokens: int, accepted: int) -> None:
+    """The step's totals (written before its positions: a reader between two writes never
+    sees a position ahead of them)."""
+    c[L.S_SPEC_STEPS] += 1
+    c[L.S_SPEC_DRAFTS] += drafts
+    c[L.S_SPEC_DRAFT_TOKENS] += tokens
+    c[L.S_SPEC_ACCEPTED] += accepted
+
+
+def _count_each(
+    c: memoryview,
+    spec: dict[str, Any],
+    invalid: dict[str, int] | None,
+    index: dict[str, int],
+    sampled: Any,
+    _positions: int = L.SPEC_POSITIONS,
+    _pos: int = L.S_SPEC_POS_BASE,
+) -> None:
+    """Count one step request by request, as vLLM's scheduler does: a request with no draft
+    tokens, absent from the output or with nothing sampled is left out; invalid drafts are
+    not counted as draft tokens."""
+    drafts = tokens = accepted = 0
+    pos = [0] * _positions
+    for rid, draft in spec.items():
+        i = index.get(rid)
+        if i is None or i >= len(sampled):
+            continue
+        n = len(sampled[i])
+        if not n or not draft:
+            continue
+        drafts += 1
+        tokens += len(draft) - (invalid.get(rid, 0) if invalid else 0)
+        a = n - 1
+        accepted += a
+        for p in range(a if a < _positions else _positions):
+            pos[p] += 1
+    if not drafts:
+        c[L.S_SPEC_UNREAD] += 1
+        return
+    _add(c, drafts, tokens, accepted)
+    for p, k in enumerate(pos):
+        if not k:
+            break  # a later position never accepts more than an earlier one
+        c[_pos + p] += k
+
+
+# -- vLLM's log lines about the model runner ---------------------------------------------------
+
+
+def _note(record: logging.LogRecord) -> None:
+    """Journal RECORD when it is a ``vllm`` logger's line about a model runner."""
+    global _logged
+    if _logged >= LOG_MAX or not record.name.startswith("vllm"):
+        return
+    msg = record.msg
+    if not isinstance(msg, str) or "runner" not in msg.lower():
+        return
+    text = record.getMessage()
+    if "model runner" not in text.lower():
+        return
+    _logged += 1
+    _core.state().remember(
+        {
+            "k": "vllm_log",
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": text[:1000],
+            "t": time.time(),
+        }
+    )
+
+
+def install_log_capture() -> None:
+    """Wrap the process's log-record factory (once): every record vLLM logs passes through it,
+    whatever handlers vLLM's logging configuration sets up or replaces later."""
+    global _factory_installed
+    if _factory_installed:
+        return
+    _factory_installed = True
+    inner = logging.getLogRecordFactory()
+
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = inner(*args, **kwargs)
+        try:
+            _note(record)
+        except Exception as e:  # noqa: BLE001 - a probe never raises into logging
+            _core.report_error("vllm_log", f"{type(e).__name__}: {e}")
+        return record
+
+    factory.__verifier_probe__ = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(factory)
