@@ -101,13 +101,6 @@ def _yn(v: bool | None) -> str:
     return "-" if v is None else ("yes" if v else "NO")
 
 
-def render(pairs: list[tuple[ProcessEvidence, ProcessReport]]) -> str:
-    """Human-readable table, one block per process."""
-    lines: list[str] = []
-    for ev, report in pairs:
-        d = ev.as_dict()
-        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ev.identity.start_time))
-        role = ev.role + (f" rank {ev.rank}" if ev.rank is not None else "")
 def _speculation_lines(sp: dict[str, Any] | None) -> list[str]:
     """The speculation line of a process that runs steps (none before its runner exists)."""
     if sp is None:
@@ -126,6 +119,13 @@ def _speculation_lines(sp: dict[str, Any] | None) -> list[str]:
     ]
 
 
+def render(pairs: list[tuple[ProcessEvidence, ProcessReport]]) -> str:
+    """Human-readable table, one block per process."""
+    lines: list[str] = []
+    for ev, report in pairs:
+        d = ev.as_dict()
+        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ev.identity.start_time))
+        role = ev.role + (f" rank {ev.rank}" if ev.rank is not None else "")
         probe = f"probe {ev.probe.mode}" if ev.probe else "PROBE ABSENT"
         lines.append(f"pid {ev.identity.pid}  {role}  started {started}  {probe}")
         if ev.probe is None:
@@ -153,6 +153,9 @@ def _speculation_lines(sp: dict[str, Any] | None) -> list[str]:
             f"           prefill {s['prefill']} ({s['prefill_tokens']} tokens)  decode "
             f"{s['decode']} ({s['decode_tokens']} tokens)  dummy {s['dummy']}{mode}"
         )
+        lines.extend(_speculation_lines(s["speculation"]))
+        for x in r["log"]:
+            lines.append(f"  vllm log {x['level']} {x['logger']}: {x['message'][:160]}")
         m = d["manifest"]
         lines.append(
             f"  files    {m['files']} loaded  manifest {_short(m['digest'])}  {m['by_origin']}"
@@ -168,9 +171,6 @@ def _speculation_lines(sp: dict[str, Any] | None) -> list[str]:
                 "fired",
                 "steps",
                 "on productive",
-        lines.extend(_speculation_lines(s["speculation"]))
-        for x in r["log"]:
-            lines.append(f"  vllm log {x['level']} {x['logger']}: {x['message'][:160]}")
                 "productive steps",
                 "on decode",
                 "decode steps",

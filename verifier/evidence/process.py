@@ -135,6 +135,11 @@ class ProcessEvidence:
                 "sha256": runner.sha256 if runner else None,
                 "worker": runner.worker if runner else None,
                 "methods": runner.methods if runner else {},
+                # vLLM's own log lines about the model runner (why it chose this one)
+                "log": [
+                    {"level": x.level, "logger": x.logger, "message": x.message}
+                    for x in (p.runner_log if p else ())
+                ],
             },
             "steps": {
                 "total": p.steps.total if p else None,
@@ -150,6 +155,7 @@ class ProcessEvidence:
                 "decode_tokens": p.steps.decode_tokens if p else None,
                 "dummy": p.steps.dummy_steps if p else None,
                 "graph": dict(p.graph) if p else {},
+                "speculation": _speculation(p),
             },
             "hooks": [h.as_dict() for h in self.hooks],
             "manifest": {
@@ -161,55 +167,6 @@ class ProcessEvidence:
         }
 
 
-def _count(p: ProbeState, attr: str) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for f in p.files:
-        key = str(getattr(f, attr))
-        out[key] = out.get(key, 0) + 1
-    return dict(sorted(out.items()))
-
-
-def _role_from_title(ident: ProcessIdentity) -> tuple[str, int | None]:
-    title = " ".join(ident.cmdline)
-    m = _TITLE.match(title)
-    if m:
-        name = m.group("name")
-        tp = m.group("tp")
-        if name == "Worker":
-            return "worker", int(tp) if tp else None
-        if name == "EngineCore":
-                # vLLM's own log lines about the model runner (why it chose this one)
-                "log": [
-                    {"level": x.level, "logger": x.logger, "message": x.message}
-                    for x in (p.runner_log if p else ())
-                ],
-            return "engine_core", None
-        if name == "APIServer":
-            return "api_server", None
-    if any(a.startswith("vllm.entrypoints") for a in ident.cmdline) or (
-        len(ident.cmdline) > 1 and ident.cmdline[1] == "serve"
-    ):
-        return "api_server", None
-    if any("multiprocessing.resource_tracker" in a for a in ident.cmdline):
-        return "helper", None
-    return "unknown", None
-
-
-def probe_dirs_of(procfs: ProcFS, pid: int) -> list[str]:
-    """Where PID's probe state may be, most likely first: the probe directory in its own
-    environment, then in each ancestor's, then the default. vLLM names its processes with
-                "speculation": _speculation(p),
-    setproctitle, which on Linux reuses the argv+environ block for the title: afterwards
-    ``/proc/<pid>/environ`` shows zeros or other bytes (seen in containers: EngineCore's
-    showed variables vLLM set later and not the probe's), while the environment the process
-    really runs with is the one its parent handed down. The state directory's name carries
-    the pid and start time, so trying several places cannot pick another process's state."""
-    out: dict[str, None] = {}
-    seen: set[int] = set()
-    while pid > 0 and pid not in seen and len(seen) < 16:
-        seen.add(pid)
-        try:
-            value = procfs.environ(pid).get(L.ENV_PROBE_DIR)
 def _speculation(p: ProbeState | None) -> dict[str, Any] | None:
     """Speculative decoding as the probe recorded it; None: not recorded (no runner)."""
     sp = p.spec if p else None
@@ -230,6 +187,49 @@ def _speculation(p: ProbeState | None) -> dict[str, Any] | None:
     }
 
 
+def _count(p: ProbeState, attr: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for f in p.files:
+        key = str(getattr(f, attr))
+        out[key] = out.get(key, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def _role_from_title(ident: ProcessIdentity) -> tuple[str, int | None]:
+    title = " ".join(ident.cmdline)
+    m = _TITLE.match(title)
+    if m:
+        name = m.group("name")
+        tp = m.group("tp")
+        if name == "Worker":
+            return "worker", int(tp) if tp else None
+        if name == "EngineCore":
+            return "engine_core", None
+        if name == "APIServer":
+            return "api_server", None
+    if any(a.startswith("vllm.entrypoints") for a in ident.cmdline) or (
+        len(ident.cmdline) > 1 and ident.cmdline[1] == "serve"
+    ):
+        return "api_server", None
+    if any("multiprocessing.resource_tracker" in a for a in ident.cmdline):
+        return "helper", None
+    return "unknown", None
+
+
+def probe_dirs_of(procfs: ProcFS, pid: int) -> list[str]:
+    """Where PID's probe state may be, most likely first: the probe directory in its own
+    environment, then in each ancestor's, then the default. vLLM names its processes with
+    setproctitle, which on Linux reuses the argv+environ block for the title: afterwards
+    ``/proc/<pid>/environ`` shows zeros or other bytes (seen in containers: EngineCore's
+    showed variables vLLM set later and not the probe's), while the environment the process
+    really runs with is the one its parent handed down. The state directory's name carries
+    the pid and start time, so trying several places cannot pick another process's state."""
+    out: dict[str, None] = {}
+    seen: set[int] = set()
+    while pid > 0 and pid not in seen and len(seen) < 16:
+        seen.add(pid)
+        try:
+            value = procfs.environ(pid).get(L.ENV_PROBE_DIR)
         except (UnavailableError, OSError):
             value = None
         if value:
