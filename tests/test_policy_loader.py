@@ -322,7 +322,7 @@ note = "adds a counter"
 """
     p = load_policy(text, "full.toml")
     expected = (
-        ProbeRequired(("worker",)),
+        ProbeRequired(("worker",), explicit=True),
         ViewsAgree(),
         NativeIntact(),
         DriftFree(frozenset({"provenance.bytecode.unchecked"})),

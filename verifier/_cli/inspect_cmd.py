@@ -14,7 +14,7 @@ import structlog
 from verifier import wire
 from verifier._cli._local import read_local
 from verifier.errors import UsageError
-from verifier.evidence.process import ProcessEvidence
+from verifier.evidence.process import ProcessEvidence, tree_notes
 from verifier.evidence.procfs import ProcFS
 from verifier.model import ProcessReport
 
@@ -62,12 +62,19 @@ def run(args: argparse.Namespace) -> int:
         processes=len(evidence),
         probed=sum(e.probe is not None for e in evidence),
     )
+    notes, requests = tree_notes(evidence)
     if args.json:
         out = [{**ev.as_dict(), **judged_dict(r)} for ev, r in pairs]
-        json.dump({"processes": out}, sys.stdout, indent=2)
+        doc = {"processes": out, "notes": notes, "requests": requests}
+        json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(render(pairs))
+        text = [
+            f"requests bound to steps {requests['bound']}, with a front-end id "
+            f"{requests['ext']}, with a client id {requests['client']}"
+        ]
+        sys.stdout.write("".join(f"NOTE {n}\n" for n in [*notes, *text]))
     return 0
 
 
@@ -133,6 +140,14 @@ def render(pairs: list[tuple[ProcessEvidence, ProcessReport]]) -> str:
             lines.append(f"  cmdline  {' '.join(ev.identity.cmdline)[:120]}")
             lines.append("")
             continue
+        for note in d["notes"]:
+            lines.append(f"  NOTE     {note}")
+        e = d["engine"]
+        if e:
+            lines.append(
+                f"  engine   async scheduling {e['async_scheduling']}  batch queue "
+                f"{e['batch_queue']}  step {e['step']}"
+            )
         r = d["runner"]
         if r["class"]:
             lines.append(f"  runner   {r['class']}")

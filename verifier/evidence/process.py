@@ -8,9 +8,22 @@ from pathlib import Path
 from typing import Any
 
 from verifier.errors import NotPythonProcess, UnavailableError
+from verifier.evidence.bindings_reader import BindingsReader
 from verifier.evidence.probe_reader import HookRecord, JournalCache, ProbeState, read_probe_dir
 from verifier.evidence.procfs import ProcessIdentity, ProcFS
 from verifier.probe import _layout as L
+
+OFFLINE = "offline"  # the front end of vllm.LLM (LLMEngine) in a script: no API server
+OFFLINE_FRONT_END_NOTE = (
+    "offline front end (vllm.LLM / LLMEngine in this script, no API server): its requests "
+    "carry the script's own ids, never a client's X-Request-Id; the steps run in the "
+    "processes under it"
+)
+OFFLINE_ONE_PROCESS_NOTE = (
+    "offline use in one process (VLLM_ENABLE_V1_MULTIPROCESSING=0): this process is the "
+    "front end (vllm.LLM / LLMEngine), the engine core and the worker; no API server, so "
+    "its requests carry the script's own ids, never a client's X-Request-Id"
+)
 
 _TITLE = re.compile(r"^VLLM::(?P<name>[A-Za-z]+)(?:_.*?TP(?P<tp>\d+))?")
 
@@ -105,6 +118,33 @@ class ProcessEvidence:
     def hooks(self) -> list[HookView]:
         return [judge_hook(h, self.probe) for h in self.probe.hooks] if self.probe else []
 
+    @property
+    def roles(self) -> list[str]:
+        """Every role the probe recorded for this process (``role`` is the most specific)."""
+        if self.probe is None:
+            return []
+        return sorted({str(r.get("role")) for r in self.probe.roles if r.get("role")})
+
+    @property
+    def engine(self) -> dict[str, Any]:
+        """How the engine core in this process steps, as recorded at its first request:
+        ``async_scheduling``, ``batch_queue`` (its size; > 1 runs ``step_with_batch_queue``)
+        and ``step`` (the step function). Empty where no engine core ran here."""
+        for r in self.probe.roles if self.probe else []:
+            if r.get("role") == "engine_core" and "step" in r:
+                return {k: r.get(k) for k in ("async_scheduling", "batch_queue", "step")}
+        return {}
+
+    @property
+    def notes(self) -> list[str]:
+        """Where this process's evidence is weaker than a server's, said plainly."""
+        roles = set(self.roles)
+        if OFFLINE not in roles:
+            return []
+        if roles & {"engine_core", "worker"}:
+            return [OFFLINE_ONE_PROCESS_NOTE]
+        return [OFFLINE_FRONT_END_NOTE]
+
     def as_dict(self) -> dict[str, Any]:
         ident, p = self.identity, self.probe
         runner = p.runner if p else None
@@ -119,6 +159,9 @@ class ProcessEvidence:
             "exe": ident.exe,
             "role": self.role,
             "rank": self.rank,
+            "roles": self.roles,
+            "notes": self.notes,
+            "engine": self.engine,
             "probe": {
                 "present": p is not None,
                 "dir": self.probe_dir,
@@ -289,3 +332,44 @@ def read_tree(procfs: ProcFS, pid: int, skipped: list[str] | None = None) -> lis
                 why = e.explain() if isinstance(e, UnavailableError) else str(e)
                 skipped.append(f"pid {child} (under {pid}) was not read: {why}")
     return out
+
+
+def tree_notes(evidence: list[ProcessEvidence]) -> tuple[list[str], dict[str, int]]:
+    """What a whole process tree's evidence lacks next to a server's, and its request ids:
+    how many requests the step-running processes bound to steps (``bound``; closed ones,
+    as written to ``bindings.jsonl``), how many of those have a front-end id (``ext``: an
+    API server's or vllm.LLM's record of the request) and how many a client's X-Request-Id
+    (``client``). A request bound to steps with no front-end id was driven without vLLM's
+    front end (a script calling the engine core or the executor directly)."""
+    notes: list[str] = []
+    spans: dict[str, None] = {}
+    exts: dict[str, bool] = {}
+    for ev in evidence:
+        if ev.probe is None:
+            continue
+        got, ids = BindingsReader().read(Path(ev.probe.directory))
+        spans.update((s.internal_id, None) for s in got)
+        for e in ids:
+            exts[e.internal_id] = exts.get(e.internal_id, False) or e.x_request_id is not None
+    counts = {
+        "bound": len(spans),
+        "ext": sum(1 for i in spans if i in exts),
+        "client": sum(1 for i in spans if exts.get(i)),
+    }
+    roles = {r for ev in evidence for r in (ev.roles or [ev.role])}
+    steps = any(ev.probe is not None and ev.probe.steps.total > 0 for ev in evidence)
+    if "api_server" not in roles and (steps or roles & {OFFLINE, "engine_core", "worker"}):
+        notes.append(
+            "no API server in this process tree (offline use, or a script driving vLLM "
+            "directly): no request carries a client's X-Request-Id, so an audit by client "
+            "request id finds nothing here; steps, hooks, runner and manifest are as complete "
+            "as a server's"
+        )
+    unbound = counts["bound"] - counts["ext"]
+    if unbound:
+        notes.append(
+            f"{unbound} of {counts['bound']} requests bound to steps have no front-end id: "
+            "their steps were driven without vLLM's front end (e.g. a script calling the "
+            "executor's execute_model directly), so only the engine's internal ids name them"
+        )
+    return notes, counts

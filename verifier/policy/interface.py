@@ -29,8 +29,9 @@ from verifier.model import (
 )
 
 # Roles a process can have (``ProcessReport.role``). Helpers and unknown processes are ignored
-# unless a rule names their role.
-ROLES = ("api_server", "engine_core", "worker", "helper", "unknown")
+# unless a rule names their role. ``offline``: the front end of vllm.LLM in a script (no API
+# server; in one process it is the engine core and worker too, and reported as ``worker``).
+ROLES = ("api_server", "offline", "engine_core", "worker", "helper", "unknown")
 IGNORED_ROLES = frozenset({"helper", "unknown"})
 # Roles whose processes run engine steps (hooks are judged against their own step counts).
 STEP_ROLES = ("engine_core", "worker")

@@ -261,6 +261,12 @@ def _bindings(doc: _Doc, t: _Table, names: tuple[str, ...]) -> tuple[tuple[str, 
     return tuple(out)
 
 
+def _names(data: dict[str, Any], section: str, key: str) -> bool:
+    """Whether the policy itself sets SECTION.KEY (not left to the default)."""
+    table = data.get(section)
+    return isinstance(table, dict) and key in table
+
+
 def _evidence(doc: _Doc, data: dict[str, Any]) -> I.EvidenceSettings:
     e = _section(
         doc,
@@ -435,7 +441,9 @@ def load_policy(text: str, source: str = "<policy>") -> Policy:
         )
     return Policy(
         rules=(
-            ProbeRequired(evidence.require_probe),
+            ProbeRequired(
+                evidence.require_probe, explicit=_names(data, "evidence", "require_probe")
+            ),
             ViewsAgree(),
             NativeIntact(),
             DriftFree(allow),

@@ -84,15 +84,44 @@ class ViewsAgree:
 @dataclass(frozen=True)
 class ProbeRequired:
     """``evidence.probe_absent`` for each process of a required role that has no probe;
-    ``evidence.probe_errors`` (a warning) for each probe that recorded errors of its own."""
+    ``evidence.probe_errors`` (a warning) for each probe that recorded errors of its own.
+
+    ``api_server`` must also be there when the policy names it (EXPLICIT), and under the
+    default whenever an ``offline`` front end (vllm.LLM in a script) reported: a target
+    without an API server (offline use, a script driving the engine or the executor) then
+    gives ``evidence.role_missing`` (PENDING), never a silent pass, since none of its
+    requests carries a client's id. A policy for such a target leaves ``api_server`` out of
+    require_probe and names the roles it has. (Engine core and worker may be one process,
+    reported as ``worker``, or the runner may live in the engine core: the hook and runner
+    rules judge the processes that run steps, wherever they are.)"""
 
     roles: tuple[str, ...] = I.DEFAULT_REQUIRE_PROBE
+    explicit: bool = False  # the policy's own [evidence] require_probe, not the default
 
     def describe(self) -> str:
         return "[evidence] require_probe"
 
     def evaluate(self, snapshot: I.TargetSnapshot, ctx: I.EvalContext) -> list[Finding]:
         out: list[Finding] = []
+        present = {p.role for p in snapshot.processes}
+        front = self.explicit or "offline" in present
+        if "api_server" in self.roles and front and "api_server" not in present:
+            out.append(
+                E.finding(
+                    I.EVIDENCE_ROLE_MISSING,
+                    Severity.PENDING,
+                    f"no api_server process is in the report of target {snapshot.target}, and "
+                    "[evidence] require_probe names api_server (the default does): offline "
+                    "use (vllm.LLM) or a script driving vLLM directly has none, and none of its "
+                    "requests carries a client's request id. For such a target, name the roles "
+                    'it has, e.g. require_probe = ["engine_core", "worker"]',
+                    snapshot,
+                    role="api_server",
+                    rule=self.describe(),
+                    require_probe=list(self.roles),
+                    roles_present=sorted(present),
+                )
+            )
         for p in E.ordered(snapshot.processes):
             if p.role in self.roles and not p.probe_present:
                 out.append(

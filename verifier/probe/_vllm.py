@@ -2,7 +2,11 @@
 
 Everything is installed through post-import watches, so nothing here imports vLLM itself:
 
-* ``vllm.v1.engine.core``: ``EngineCore.__init__`` marks the process ``engine_core``.
+* ``vllm.v1.engine.core``: ``EngineCore.__init__`` marks the process ``engine_core``; its first
+  ``add_request`` records how the engine steps (async scheduling, batch queue).
+* ``vllm.v1.engine.llm_engine``: ``LLMEngine.__init__`` marks the process ``offline`` (the front
+  end of ``vllm.LLM``; in one process with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` it is the
+  engine core and the worker too).
 * ``vllm.v1.worker.worker_base``: ``WorkerBase.__init__`` marks the process ``worker`` with its
   rank, and wraps the concrete worker class's ``execute_model`` (the per-step call, whatever
   runner is live) to count steps by phase (prefill and decode tokens), its ``sample_tokens``
@@ -432,6 +436,35 @@ def _on_worker_base(module: Any) -> None:
 
 def _on_engine_core(module: Any) -> None:
     _observe(module.EngineCore, "__init__", before=lambda _: set_role("engine_core"))
+    # The engine's step protocol, once it exists: plugins load inside EngineCore.__init__ in
+    # a spawned engine core, too late for the __init__ watch there; add_request comes after.
+    _observe(module.EngineCore, "add_request", before=record_engine)
+
+
+_engine_seen = False
+
+
+def record_engine(core: Any) -> None:
+    """Journal once how the engine core steps: async scheduling on or off, and the batch
+    queue (a queue of size > 1 runs ``step_with_batch_queue``: the next batch is scheduled
+    before the previous one's output is back). A second ``engine_core`` role record."""
+    global _engine_seen
+    if _engine_seen:
+        return
+    _engine_seen = True
+    fn = getattr(core, "step_fn", None)
+    set_role(
+        "engine_core",
+        async_scheduling=getattr(core, "async_scheduling", None),
+        batch_queue=getattr(core, "batch_queue_size", None),
+        step=getattr(fn, "__name__", None),
+    )
+
+
+def _on_llm_engine(module: Any) -> None:
+    """Offline use: a process that builds ``LLMEngine`` (``vllm.LLM``) is its front end; the
+    API server builds ``AsyncLLM`` instead."""
+    _observe(module.LLMEngine, "__init__", before=lambda _: set_role("offline"))
 
 
 def _role_from_process() -> None:
@@ -468,6 +501,7 @@ def install() -> None:
     _installed = True
     _postimport.when_imported("vllm.v1.worker.worker_base", _on_worker_base)
     _postimport.when_imported("vllm.v1.engine.core", _on_engine_core)
+    _postimport.when_imported("vllm.v1.engine.llm_engine", _on_llm_engine)
     _postimport.when_imported("vllm.logger", lambda _: _spec.install_log_capture())
     if not bindings_enabled():
         _bind_step = None

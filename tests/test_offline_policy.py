@@ -1,0 +1,54 @@
+"""Offline targets (vllm.LLM in a script, a direct executor driver) under ``require_probe``:
+no API server is never a silent pass where the policy asks for one, and a policy that names
+the roles offline use has can pass. (The same against real vLLM: test_offline_live.py.)"""
+
+from __future__ import annotations
+
+from tests.test_policy_engine import HOOK_V1, api, engine, ids, judge, proc, worker
+from verifier.model import ProcessReport, Verdict
+from verifier.policy import interface as I
+
+
+def offline(pid: int = 50) -> ProcessReport:
+    return proc(pid, "offline", files=())
+
+
+def evidence(roles: str) -> str:
+    return f"[evidence]\nrequire_probe = [{roles}]\n{HOOK_V1}"
+
+
+def test_offline_front_end_under_the_default_policy_is_pending_for_want_of_an_api_server() -> None:
+    v = judge(HOOK_V1, offline(), engine(), worker())
+    assert v.verdict == Verdict.PENDING
+    assert ids(v) == [I.EVIDENCE_ROLE_MISSING]
+    (f,) = [f for f in v.findings if f.id == I.EVIDENCE_ROLE_MISSING]
+    assert f.context["role"] == "api_server" and "offline" in f.message
+    assert f.context["roles_present"] == ["engine_core", "offline", "worker"]
+
+
+def test_policy_naming_api_server_holds_any_target_without_one_pending() -> None:
+    v = judge(evidence('"api_server", "worker"'), worker())
+    assert v.verdict == Verdict.PENDING and ids(v) == [I.EVIDENCE_ROLE_MISSING]
+
+
+def test_policy_naming_the_offline_roles_passes_offline_use() -> None:
+    layouts = [(offline(), engine(), worker()), (worker(),)]
+    for procs in layouts:
+        v = judge(evidence('"offline", "engine_core", "worker"'), *procs)
+        assert v.verdict == Verdict.PASS, ids(v)
+
+
+def test_a_server_target_is_unchanged() -> None:
+    assert judge(HOOK_V1, api(), engine(), worker()).verdict == Verdict.PASS
+    explicit = judge(evidence('"api_server", "engine_core", "worker"'), api(), engine(), worker())
+    assert explicit.verdict == Verdict.PASS
+
+
+def test_offline_front_end_without_a_probe_fails_when_its_role_is_required() -> None:
+    v = judge(
+        evidence('"offline", "worker"'),
+        proc(50, "offline", probe=False),
+        engine(),
+        worker(),
+    )
+    assert v.verdict == Verdict.FAIL and I.EVIDENCE_PROBE_ABSENT in ids(v)
