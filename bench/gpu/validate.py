@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tarfile
 import time
+import urllib.request
 from pathlib import Path
 
 LABEL = sys.argv[1] if len(sys.argv) > 1 else "arm"
@@ -55,6 +56,28 @@ if os.environ.get("RANK0_RUN") == "1":  # TP 2: tests/data/rank0_plugin fires it
     RUNS["rank0"] = policy("rank0_only")
 WAIT_RUN = os.environ.get("WAIT_RUN", "v2")  # the run expected to pass in this arm
 DELTA_HOOKS = ("v1_step", "v2_step", "fwd", "fwd_dev", "rank0_only")
+
+
+def spec_metrics() -> dict[str, float] | str:
+    """vLLM's own speculative-decoding counters (``/metrics``), summed over label sets, to
+    reconcile with the probe's (``steps.speculation`` in inspect)."""
+    try:
+        with urllib.request.urlopen(URL + "/metrics", timeout=10) as r:  # noqa: S310 - local
+            text = r.read().decode()
+    except OSError as e:
+        return f"{type(e).__name__}: {e}"
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("vllm:spec_decode") and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            key = name.split("{")[0]
+            if "per_pos" in key and "position=" in name:
+                key += "[" + name.split('position="')[1].split('"')[0] + "]"
+            try:
+                out[key] = out.get(key, 0.0) + float(value)
+            except ValueError:
+                continue
+    return out
 
 
 def step_deltas(before: str, after: str) -> list[dict[str, object]]:
@@ -187,6 +210,7 @@ def main() -> int:  # noqa: PLR0912, PLR0915 - one arm, step by step, all output
         mid = cli("inspect", "--pid", API_PID, "--tree", "--json")
         keep("inspect_after_load.json", mid.stdout + mid.stderr)
         summary["deltas"] = step_deltas(first.stdout, mid.stdout)
+        summary["vllm_spec_metrics"] = spec_metrics()
         wait = cli("wait", WAIT_RUN, "--timeout", "60", "--verifier", sock, timeout=90)
         summary[f"wait_{WAIT_RUN}_exit"] = wait.returncode
         keep(f"wait_{WAIT_RUN}.txt", wait.stdout + wait.stderr)
@@ -216,6 +240,8 @@ def main() -> int:  # noqa: PLR0912, PLR0915 - one arm, step by step, all output
                     "role": p.get("role"),
                     "rank": p.get("rank"),
                     "runner": (p.get("runner") or {}).get("class"),
+                    "runner_log": (p.get("runner") or {}).get("log"),
+                    "engine": p.get("engine"),
                     "manifest": p.get("manifest"),
                     "steps": p.get("steps"),
                     "hooks": {
