@@ -11,6 +11,7 @@ demo: setup       ## the main job: a live vLLM, a dead hook and a live one, then
 	$(PY) -m verifier.testing.demo
 
 test: setup lint  ## the whole suite, real vLLM tests included (pytest exit 5 fails too)
+	scripts/postgres-host.sh
 	$(PY) -m pytest
 
 unit: setup       ## only the tests that need neither a vLLM server nor Docker
