@@ -29,6 +29,8 @@ from verifier.model import (
     ProcessKey,
     ProcessReport,
     Provenance,
+    RequestSpan,
+    RequestSpec,
     RunnerEvidence,
     RunVerdict,
     Severity,
@@ -84,6 +86,7 @@ def full_process() -> ProcessReport:
             prefill_tokens=84,
             decode_tokens=48,
             dummy_steps=2,
+            raised=1,
             compilation_mode="NONE",
             cudagraph_mode="",
             enforce_eager=False,
@@ -173,6 +176,7 @@ def full_process() -> ProcessReport:
             Drift(DRIFT_MODULE_FILELESS, "/nowhere/f.py", None, "claims a file"),
             Drift(DRIFT_RECORD_UNREADABLE, "/site/t-1.dist-info/RECORD", None, "1 malformed row"),
         ),
+        roles=("engine_core", "offline", "worker"),
     )
 
 
@@ -223,7 +227,20 @@ def full_report() -> TargetReport:
             ),
         ),
         unobservable=("pid 77: /proc/77/environ: permission denied",),
-    )
+        spans=(
+            RequestSpan(
+                ProcessKey("boot-1", 4242, 99), "cmpl-a-0-1b2c", 3, 9, 7, 30, 1764400000.25,
+                1764400001.5, "sha256:" + "d" * 64, "sha256:" + "d" * 64, "CPUModelRunner",
+                (("v1_step", 7),), True,
+                RequestSpec(drafts=5, draft_tokens=15, accepted_tokens=9,
+                            accepted_per_position=(4, 3, 2), emitted_tokens=14),
+            ),
+            RequestSpan(
+                ProcessKey("boot-1", 4242, 99), "cmpl-b-0-3d4e", 4, 4, 1, 6, 1764400000.5,
+                1764400000.5, "", "", "", (), False,
+            ),
+        ),
+    )  # fmt: skip
 
 
 def finding(context: dict[str, Any] | None = None, severity: Severity = Severity.ERROR) -> Finding:
@@ -795,3 +812,23 @@ def test_malformed_envelopes_are_rejected(
     with pytest.raises(wire.WireError) as e:
         parse(msg)
     assert field == e.value.field
+
+
+def test_roles_arrive_sorted_and_once_and_an_empty_role_is_refused() -> None:
+    msg = wire.report_to_pb(full_report())
+    msg.processes[0].roles[:] = ["worker", "offline", "worker"]
+    assert wire.report_from_pb(msg).processes[0].roles == ("offline", "worker")
+    msg.processes[0].roles.append("")
+    with pytest.raises(wire.WireError, match=r"processes\[0\]\.roles\[3\]"):
+        wire.report_from_pb(msg)
+
+
+def test_request_spec_with_a_negative_count_is_refused() -> None:
+    msg = wire.report_to_pb(full_report())
+    msg.spans[0].spec.accepted_tokens = -1
+    with pytest.raises(wire.WireError, match=r"spans\[0\]\.spec\.accepted_tokens"):
+        wire.report_from_pb(msg)
+    msg = wire.report_to_pb(full_report())
+    msg.spans[0].spec.accepted_per_position.extend([1] * 70)
+    with pytest.raises(wire.WireError, match="more than 64 positions"):
+        wire.report_from_pb(msg)

@@ -105,6 +105,9 @@ class StepEvidence:
     cudagraph_mode: str | None = None  # e.g. "NONE", "FULL_AND_PIECEWISE"
     enforce_eager: bool | None = None
     spec: SpecEvidence | None = None  # None: not recorded (no runner yet, or an older probe)
+    # execute_model calls that raised (a driver calling it again before sample_tokens, say):
+    # not counted as steps.
+    raised: int = 0
 
 
 @dataclass(frozen=True)
@@ -295,6 +298,14 @@ class ProcessReport:
     # vLLM's own log lines about the model runner in this process (why it chose the runner it
     # did: "Model Runner V2 does not yet support ...; using the V1 model runner instead.").
     runner_log: tuple[LogLine, ...] = ()
+    # Every role the probe recorded, sorted (``role`` is the most specific). Offline use in
+    # one process is ("engine_core", "offline", "worker"). Empty: only ``role`` is known.
+    roles: tuple[str, ...] = ()
+
+    @property
+    def all_roles(self) -> frozenset[str]:
+        """``roles`` and ``role``: every role this process is known to play."""
+        return frozenset((*self.roles, self.role))
 
 
 @dataclass(frozen=True)
@@ -340,6 +351,19 @@ class RequestSpan:
     runner: str  # the live runner's class, "" when not yet known
     hooks: tuple[tuple[str, int], ...] = ()
     finished: bool = True  # False: still open when its process exited
+    spec: RequestSpec | None = None  # None: speculation off, or not recorded
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request's speculative decoding over the steps that served it (its share of the
+    process's ``SpecEvidence``; summed over requests, the counts are the process's)."""
+
+    drafts: int  # steps that verified drafts for it
+    draft_tokens: int
+    accepted_tokens: int
+    accepted_per_position: tuple[int, ...]  # accepted drafts at position 0, 1, ... (<= 8)
+    emitted_tokens: int  # tokens sampled for it (bonus and correction tokens included)
 
 
 @dataclass(frozen=True)

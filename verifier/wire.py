@@ -44,6 +44,7 @@ from verifier.model import (
     Provenance,
     RequestId,
     RequestSpan,
+    RequestSpec,
     RunnerEvidence,
     RunVerdict,
     Severity,
@@ -260,6 +261,7 @@ def _steps_to_pb(s: StepEvidence) -> pb.StepEvidence:
         cudagraph_mode=s.cudagraph_mode,
         enforce_eager=s.enforce_eager,
         spec=None if s.spec is None else _spec_to_pb(s.spec),
+        raised=s.raised,
     )
 
 
@@ -320,6 +322,7 @@ def _steps_from_pb(msg: pb.StepEvidence, at: str) -> StepEvidence:
         cudagraph_mode=msg.cudagraph_mode if msg.HasField("cudagraph_mode") else None,
         enforce_eager=msg.enforce_eager if msg.HasField("enforce_eager") else None,
         spec=_spec_from_pb(msg.spec, f"{at}.spec") if msg.HasField("spec") else None,
+        raised=_count(msg.raised, f"{at}.raised"),
     )
 
 
@@ -444,6 +447,7 @@ def _process_to_pb(p: ProcessReport) -> pb.ProcessReport:
         runner_log=[
             pb.LogLine(level=x.level, logger=x.logger, message=x.message) for x in p.runner_log
         ],
+        roles=list(p.roles),
     )
 
 
@@ -600,7 +604,20 @@ def _process_from_pb(msg: pb.ProcessReport, at: str) -> ProcessReport:
             else None
         ),
         runner_log=tuple(LogLine(x.level, x.logger, x.message) for x in msg.runner_log),
+        roles=_roles_from_pb(msg.roles, f"{at}.roles"),
     )
+
+
+_MAX_ROLES = 16  # roles of one process (vLLM's layouts give at most three)
+
+
+def _roles_from_pb(values: Iterable[str], at: str) -> tuple[str, ...]:
+    roles = _texts(values, at)
+    if len(roles) > _MAX_ROLES:
+        _fail(at, f"more than {_MAX_ROLES} roles")
+    for i, r in enumerate(roles):
+        _text(r, f"{at}[{i}]")
+    return tuple(sorted(set(roles)))
 
 
 _NATIVE_STATES = frozenset({"same", "replaced", "deleted", "unreadable"})
@@ -707,7 +724,33 @@ def _span_to_pb(b: RequestSpan) -> pb.RequestSpan:
         last_step=b.last_step, steps=b.steps, tokens=b.tokens, first_unix=b.first_unix,
         last_unix=b.last_unix, manifest_first=b.manifest_first, manifest_last=b.manifest_last,
         runner=b.runner, hooks=dict(b.hooks), finished=b.finished,
+        spec=None if b.spec is None else _request_spec_to_pb(b.spec),
     )  # fmt: skip
+
+
+def _request_spec_to_pb(s: RequestSpec) -> pb.RequestSpec:
+    return pb.RequestSpec(
+        drafts=s.drafts, draft_tokens=s.draft_tokens, accepted_tokens=s.accepted_tokens,
+        accepted_per_position=s.accepted_per_position, emitted_tokens=s.emitted_tokens,
+    )  # fmt: skip
+
+
+_MAX_POSITIONS = 64  # accepted_per_position entries (the probe keeps 8)
+
+
+def _request_spec_from_pb(msg: pb.RequestSpec, at: str) -> RequestSpec:
+    if len(msg.accepted_per_position) > _MAX_POSITIONS:
+        _fail(f"{at}.accepted_per_position", f"more than {_MAX_POSITIONS} positions")
+    return RequestSpec(
+        drafts=_count(msg.drafts, f"{at}.drafts"),
+        draft_tokens=_count(msg.draft_tokens, f"{at}.draft_tokens"),
+        accepted_tokens=_count(msg.accepted_tokens, f"{at}.accepted_tokens"),
+        accepted_per_position=tuple(
+            _count(v, f"{at}.accepted_per_position[{i}]")
+            for i, v in enumerate(msg.accepted_per_position)
+        ),
+        emitted_tokens=_count(msg.emitted_tokens, f"{at}.emitted_tokens"),
+    )
 
 
 def _span_from_pb(msg: pb.RequestSpan, at: str) -> RequestSpan:
@@ -736,6 +779,7 @@ def _span_from_pb(msg: pb.RequestSpan, at: str) -> RequestSpan:
             )
         ),
         finished=msg.finished,
+        spec=_request_spec_from_pb(msg.spec, f"{at}.spec") if msg.HasField("spec") else None,
     )
 
 

@@ -56,7 +56,7 @@ class RunnerEvidence(_message.Message):
     def __init__(self, cls: _Optional[str] = ..., file: _Optional[str] = ..., sha256: _Optional[str] = ..., mro: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StepEvidence(_message.Message):
-    __slots__ = ("total", "productive", "empty", "tokens_scheduled", "requests_scheduled", "requests_max", "last_step_unix_ns", "prefill_steps", "decode_steps", "prefill_tokens", "decode_tokens", "dummy_steps", "compilation_mode", "cudagraph_mode", "enforce_eager", "spec")
+    __slots__ = ("total", "productive", "empty", "tokens_scheduled", "requests_scheduled", "requests_max", "last_step_unix_ns", "prefill_steps", "decode_steps", "prefill_tokens", "decode_tokens", "dummy_steps", "compilation_mode", "cudagraph_mode", "enforce_eager", "spec", "raised")
     TOTAL_FIELD_NUMBER: _ClassVar[int]
     PRODUCTIVE_FIELD_NUMBER: _ClassVar[int]
     EMPTY_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +73,7 @@ class StepEvidence(_message.Message):
     CUDAGRAPH_MODE_FIELD_NUMBER: _ClassVar[int]
     ENFORCE_EAGER_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
+    RAISED_FIELD_NUMBER: _ClassVar[int]
     total: int
     productive: int
     empty: int
@@ -89,7 +90,8 @@ class StepEvidence(_message.Message):
     cudagraph_mode: str
     enforce_eager: bool
     spec: SpecEvidence
-    def __init__(self, total: _Optional[int] = ..., productive: _Optional[int] = ..., empty: _Optional[int] = ..., tokens_scheduled: _Optional[int] = ..., requests_scheduled: _Optional[int] = ..., requests_max: _Optional[int] = ..., last_step_unix_ns: _Optional[int] = ..., prefill_steps: _Optional[int] = ..., decode_steps: _Optional[int] = ..., prefill_tokens: _Optional[int] = ..., decode_tokens: _Optional[int] = ..., dummy_steps: _Optional[int] = ..., compilation_mode: _Optional[str] = ..., cudagraph_mode: _Optional[str] = ..., enforce_eager: _Optional[bool] = ..., spec: _Optional[_Union[SpecEvidence, _Mapping]] = ...) -> None: ...
+    raised: int
+    def __init__(self, total: _Optional[int] = ..., productive: _Optional[int] = ..., empty: _Optional[int] = ..., tokens_scheduled: _Optional[int] = ..., requests_scheduled: _Optional[int] = ..., requests_max: _Optional[int] = ..., last_step_unix_ns: _Optional[int] = ..., prefill_steps: _Optional[int] = ..., decode_steps: _Optional[int] = ..., prefill_tokens: _Optional[int] = ..., decode_tokens: _Optional[int] = ..., dummy_steps: _Optional[int] = ..., compilation_mode: _Optional[str] = ..., cudagraph_mode: _Optional[str] = ..., enforce_eager: _Optional[bool] = ..., spec: _Optional[_Union[SpecEvidence, _Mapping]] = ..., raised: _Optional[int] = ...) -> None: ...
 
 class SpecEvidence(_message.Message):
     __slots__ = ("on", "method", "num_speculative_tokens", "steps", "drafts", "draft_tokens", "accepted_tokens", "emitted_tokens", "unread_steps", "accepted_per_position")
@@ -182,7 +184,7 @@ class FileEntry(_message.Message):
     def __init__(self, path: _Optional[str] = ..., sha256: _Optional[str] = ..., size: _Optional[int] = ..., kind: _Optional[str] = ..., module: _Optional[str] = ..., at: _Optional[str] = ...) -> None: ...
 
 class ProcessReport(_message.Message):
-    __slots__ = ("key", "ns_pid", "ppid", "start_time", "role", "rank", "container_id", "cmdline", "exe", "probe_present", "probe_errors", "runner", "steps", "hooks", "manifest_digest", "files_included", "files", "runner_file_sha256_now", "disagreements", "native_mappings", "provenance", "drift", "stack_witness", "runner_log")
+    __slots__ = ("key", "ns_pid", "ppid", "start_time", "role", "rank", "container_id", "cmdline", "exe", "probe_present", "probe_errors", "runner", "steps", "hooks", "manifest_digest", "files_included", "files", "runner_file_sha256_now", "disagreements", "native_mappings", "provenance", "drift", "stack_witness", "runner_log", "roles")
     KEY_FIELD_NUMBER: _ClassVar[int]
     NS_PID_FIELD_NUMBER: _ClassVar[int]
     PPID_FIELD_NUMBER: _ClassVar[int]
@@ -207,6 +209,7 @@ class ProcessReport(_message.Message):
     DRIFT_FIELD_NUMBER: _ClassVar[int]
     STACK_WITNESS_FIELD_NUMBER: _ClassVar[int]
     RUNNER_LOG_FIELD_NUMBER: _ClassVar[int]
+    ROLES_FIELD_NUMBER: _ClassVar[int]
     key: ProcessKey
     ns_pid: int
     ppid: int
@@ -231,7 +234,8 @@ class ProcessReport(_message.Message):
     drift: _containers.RepeatedCompositeFieldContainer[Drift]
     stack_witness: StackWitness
     runner_log: _containers.RepeatedCompositeFieldContainer[LogLine]
-    def __init__(self, key: _Optional[_Union[ProcessKey, _Mapping]] = ..., ns_pid: _Optional[int] = ..., ppid: _Optional[int] = ..., start_time: _Optional[float] = ..., role: _Optional[str] = ..., rank: _Optional[int] = ..., container_id: _Optional[str] = ..., cmdline: _Optional[_Iterable[str]] = ..., exe: _Optional[str] = ..., probe_present: _Optional[bool] = ..., probe_errors: _Optional[_Iterable[str]] = ..., runner: _Optional[_Union[RunnerEvidence, _Mapping]] = ..., steps: _Optional[_Union[StepEvidence, _Mapping]] = ..., hooks: _Optional[_Iterable[_Union[HookEvidence, _Mapping]]] = ..., manifest_digest: _Optional[str] = ..., files_included: _Optional[bool] = ..., files: _Optional[_Iterable[_Union[FileEntry, _Mapping]]] = ..., runner_file_sha256_now: _Optional[str] = ..., disagreements: _Optional[_Iterable[_Union[FileDisagreement, _Mapping]]] = ..., native_mappings: _Optional[_Iterable[_Union[NativeMapping, _Mapping]]] = ..., provenance: _Optional[_Union[Provenance, _Mapping]] = ..., drift: _Optional[_Iterable[_Union[Drift, _Mapping]]] = ..., stack_witness: _Optional[_Union[StackWitness, _Mapping]] = ..., runner_log: _Optional[_Iterable[_Union[LogLine, _Mapping]]] = ...) -> None: ...
+    roles: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, key: _Optional[_Union[ProcessKey, _Mapping]] = ..., ns_pid: _Optional[int] = ..., ppid: _Optional[int] = ..., start_time: _Optional[float] = ..., role: _Optional[str] = ..., rank: _Optional[int] = ..., container_id: _Optional[str] = ..., cmdline: _Optional[_Iterable[str]] = ..., exe: _Optional[str] = ..., probe_present: _Optional[bool] = ..., probe_errors: _Optional[_Iterable[str]] = ..., runner: _Optional[_Union[RunnerEvidence, _Mapping]] = ..., steps: _Optional[_Union[StepEvidence, _Mapping]] = ..., hooks: _Optional[_Iterable[_Union[HookEvidence, _Mapping]]] = ..., manifest_digest: _Optional[str] = ..., files_included: _Optional[bool] = ..., files: _Optional[_Iterable[_Union[FileEntry, _Mapping]]] = ..., runner_file_sha256_now: _Optional[str] = ..., disagreements: _Optional[_Iterable[_Union[FileDisagreement, _Mapping]]] = ..., native_mappings: _Optional[_Iterable[_Union[NativeMapping, _Mapping]]] = ..., provenance: _Optional[_Union[Provenance, _Mapping]] = ..., drift: _Optional[_Iterable[_Union[Drift, _Mapping]]] = ..., stack_witness: _Optional[_Union[StackWitness, _Mapping]] = ..., runner_log: _Optional[_Iterable[_Union[LogLine, _Mapping]]] = ..., roles: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StackWitness(_message.Message):
     __slots__ = ("samples", "runner_file_hits", "runner_file", "top_files", "error")
@@ -365,7 +369,7 @@ class TargetReport(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., target: _Optional[str] = ..., seq: _Optional[int] = ..., nonce: _Optional[str] = ..., sent_unix: _Optional[float] = ..., processes: _Optional[_Iterable[_Union[ProcessReport, _Mapping]]] = ..., gone: _Optional[_Iterable[_Union[ProcessKey, _Mapping]]] = ..., collected_unix: _Optional[float] = ..., containers: _Optional[_Iterable[_Union[ContainerInfo, _Mapping]]] = ..., unobservable: _Optional[_Iterable[str]] = ..., spans: _Optional[_Iterable[_Union[RequestSpan, _Mapping]]] = ..., request_ids: _Optional[_Iterable[_Union[RequestId, _Mapping]]] = ...) -> None: ...
 
 class RequestSpan(_message.Message):
-    __slots__ = ("process", "internal_id", "first_step", "last_step", "steps", "tokens", "first_unix", "last_unix", "manifest_first", "manifest_last", "runner", "hooks", "finished")
+    __slots__ = ("process", "internal_id", "first_step", "last_step", "steps", "tokens", "first_unix", "last_unix", "manifest_first", "manifest_last", "runner", "hooks", "finished", "spec")
     class HooksEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -386,6 +390,7 @@ class RequestSpan(_message.Message):
     RUNNER_FIELD_NUMBER: _ClassVar[int]
     HOOKS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
     process: ProcessKey
     internal_id: str
     first_step: int
@@ -399,7 +404,22 @@ class RequestSpan(_message.Message):
     runner: str
     hooks: _containers.ScalarMap[str, int]
     finished: bool
-    def __init__(self, process: _Optional[_Union[ProcessKey, _Mapping]] = ..., internal_id: _Optional[str] = ..., first_step: _Optional[int] = ..., last_step: _Optional[int] = ..., steps: _Optional[int] = ..., tokens: _Optional[int] = ..., first_unix: _Optional[float] = ..., last_unix: _Optional[float] = ..., manifest_first: _Optional[str] = ..., manifest_last: _Optional[str] = ..., runner: _Optional[str] = ..., hooks: _Optional[_Mapping[str, int]] = ..., finished: _Optional[bool] = ...) -> None: ...
+    spec: RequestSpec
+    def __init__(self, process: _Optional[_Union[ProcessKey, _Mapping]] = ..., internal_id: _Optional[str] = ..., first_step: _Optional[int] = ..., last_step: _Optional[int] = ..., steps: _Optional[int] = ..., tokens: _Optional[int] = ..., first_unix: _Optional[float] = ..., last_unix: _Optional[float] = ..., manifest_first: _Optional[str] = ..., manifest_last: _Optional[str] = ..., runner: _Optional[str] = ..., hooks: _Optional[_Mapping[str, int]] = ..., finished: _Optional[bool] = ..., spec: _Optional[_Union[RequestSpec, _Mapping]] = ...) -> None: ...
+
+class RequestSpec(_message.Message):
+    __slots__ = ("drafts", "draft_tokens", "accepted_tokens", "accepted_per_position", "emitted_tokens")
+    DRAFTS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_PER_POSITION_FIELD_NUMBER: _ClassVar[int]
+    EMITTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    drafts: int
+    draft_tokens: int
+    accepted_tokens: int
+    accepted_per_position: _containers.RepeatedScalarFieldContainer[int]
+    emitted_tokens: int
+    def __init__(self, drafts: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., emitted_tokens: _Optional[int] = ...) -> None: ...
 
 class RequestId(_message.Message):
     __slots__ = ("process", "internal_id", "external_id", "unix")
