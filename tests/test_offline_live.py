@@ -249,10 +249,18 @@ def test_one_process_layout_is_front_end_engine_and_worker_with_full_evidence(
     assert any("no API server" in n for n in doc["notes"]), doc["notes"]
     ok = verdict(doc["processes"], offline_policy("worker"))
     assert passes(ok), [(f.id, f.message) for f in ok.findings]
-    # the report names this process by the role that runs steps (worker), so only a policy
-    # that names api_server itself can hold it to one: PENDING, never a pass
-    held = verdict(doc["processes"], offline_policy("api_server", "worker"))
-    assert held.verdict.value == "PENDING" and I.EVIDENCE_ROLE_MISSING in ids(held)
+    both = verdict(doc["processes"], offline_policy("offline", "engine_core", "worker"))
+    assert passes(both), [(f.id, f.message) for f in both.findings]
+    # the report names this process by the role that runs steps (worker) and carries every
+    # role it plays, so the default policy tells it from a server whose API server is out
+    # of view: PENDING for want of an API server, as in the multi-process layout
+    (report,) = [p["report"] for p in doc["processes"] if p["pid"] == single.pid]
+    assert report["role"] == "worker" and report["roles"] == ["engine_core", "offline", "worker"]
+    for policy in (offline_policy(), offline_policy("api_server", "worker")):
+        held = verdict(doc["processes"], policy)
+        assert held.verdict.value == "PENDING" and I.EVIDENCE_ROLE_MISSING in ids(held)
+        (f,) = [f for f in held.findings if f.id == I.EVIDENCE_ROLE_MISSING]
+        assert "offline" in f.context["roles_present"], f.context
 
 
 # -- (c) a script that drives the executor directly -----------------------------------------
@@ -298,3 +306,33 @@ def test_direct_executor_driver_counts_each_call_once_and_has_no_front_end_id(
     assert any("have no front-end id" in n for n in doc["notes"]), doc["notes"]
     ok = verdict(doc["processes"], offline_policy("worker"))
     assert passes(ok), [(f.id, f.message) for f in ok.findings]
+
+
+def test_a_driver_calling_execute_model_twice_has_that_call_not_counted_and_said(
+    single: OfflineScript,
+) -> None:
+    """The issue's driver, written for the one-phase protocol: execute_model returns None, it
+    calls execute_model again for its output and vLLM raises. That call ran no step: the
+    counts are those of the steps that ran, the call is counted as raised, ``inspect`` notes
+    it with vLLM's error, and the policy warns (``liveness.steps.raised``) without failing
+    the steps that did run."""
+    before = single.inspect()
+    b = by_role(before["processes"], "worker")
+    done = single.command("misuse")
+    (error,) = done["raised"]
+    assert "sample_tokens() must be called after execute_model() returns None" in error, error
+    assert done["completion_tokens"] == [6, 6], done
+    doc = single.inspect()
+    a = by_role(doc["processes"], "worker")
+    calls, none = done["execute_model_calls"], done["returned_none"]
+    assert delta(b, a, "total") == calls and delta(b, a, "productive") == none
+    assert delta(b, a, "raised") == 1
+    assert a["steps"]["errors"][-1]["error"] == error
+    hb, ha = hook_by_name(b, "step"), hook_by_name(a, "step")
+    # the hook on the runner's execute_model was entered by the raised call too (vLLM raises
+    # inside it): a fire is counted for each entry, a step only for a call that ran one
+    assert ha["fired"] - hb["fired"] == calls + 1
+    (note,) = [n for n in a["notes"] if "raised" in n]
+    assert note.startswith(f"{a['steps']['raised']} execute_model call(s) raised") and error in note
+    v = verdict(doc["processes"], offline_policy("worker"))
+    assert passes(v) and I.STEPS_RAISED in ids(v), [(f.id, f.message) for f in v.findings]

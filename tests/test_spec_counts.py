@@ -47,6 +47,7 @@ def so(
     spec: dict[str, list[int]] | None = None,
     invalid: dict[str, int] | None = None,
     new: tuple[str, ...] = (),
+    finished: tuple[str, ...] = (),
 ) -> types.SimpleNamespace:
     return types.SimpleNamespace(
         total_num_scheduled_tokens=sum(counts.values()),
@@ -55,6 +56,7 @@ def so(
         scheduled_spec_decode_tokens=spec or {},
         scheduled_cached_reqs=types.SimpleNamespace(req_ids=[r for r in counts if r not in new]),
         num_invalid_spec_tokens=invalid,
+        finished_req_ids=set(finished),
     )
 
 

@@ -12,7 +12,10 @@ STATE_DIR/go-N that appears runs command N (its text) and writes STATE_DIR/done-
   requests go straight into the engine core's scheduler (no front end, so no request id of
   the LLM's), and each step calls ``executor.execute_model(scheduler_output)``, which under
   the two-phase protocol returns None and leaves the output to ``sample_tokens`` (one
-  process only: the executor must be in this process).
+  process only: the executor must be in this process);
+* ``misuse``: ``direct``, by a driver written for the one-phase protocol: on the first step
+  where execute_model returns None it calls execute_model again for the output it expected
+  (vLLM raises), then recovers with sample_tokens; the error is in the result.
 
 MODE ``embed``: the same model as a pooling (embedding) model, one prompt at a time: there
 ``execute_model`` returns the output itself and ``sample_tokens`` is never called.
@@ -67,9 +70,9 @@ def embed(llm: Any) -> dict[str, Any]:
     return {"prompt_tokens": prompt, "completion_tokens": [0] * len(PROMPTS)}
 
 
-def direct(llm: Any) -> dict[str, Any]:
+def direct(llm: Any, misuse: bool = False) -> dict[str, Any]:
     """Drive the executor by hand: scheduler output in, execute_model, then sample_tokens
-    when execute_model left the output to it."""
+    when execute_model left the output to it. MISUSE: once, call execute_model again first."""
     from vllm import SamplingParams
     from vllm.v1.engine import EngineCoreRequest
 
@@ -92,6 +95,7 @@ def direct(llm: Any) -> dict[str, Any]:
         request, _ = core.preprocess_add_request(req)
         core.scheduler.add_request(request)
     steps = returned_none = sampled = 0
+    raised: list[str] = []
     generated: dict[str, int] = {}
     while core.scheduler.has_requests():
         so = core.scheduler.schedule()
@@ -99,6 +103,12 @@ def direct(llm: Any) -> dict[str, Any]:
         steps += 1
         if out is None:  # the two-phase protocol: the output comes from sample_tokens
             returned_none += 1
+            if misuse and not raised:
+                try:
+                    executor.execute_model(so)  # "where is my output?"
+                    raised.append("(it did not raise)")
+                except Exception as e:  # noqa: BLE001 - what the driver saw
+                    raised.append(f"{type(e).__name__}: {e}")
             out = executor.sample_tokens(core.scheduler.get_grammar_bitmask(so))
             sampled += 1
         for rid, toks in zip(out.req_ids, out.sampled_token_ids, strict=False):
@@ -110,6 +120,7 @@ def direct(llm: Any) -> dict[str, Any]:
         "execute_model_calls": steps,
         "returned_none": returned_none,
         "sample_tokens_calls": sampled,
+        "raised": raised,
     }
 
 
@@ -146,7 +157,10 @@ def main() -> None:
             continue
         command = go.read_text().strip()
         try:
-            result = direct(llm) if command == "direct" else run(llm)
+            if command in ("direct", "misuse"):
+                result = direct(llm, misuse=command == "misuse")
+            else:
+                result = run(llm)
         except Exception as e:  # noqa: BLE001 - the test shows it
             result = {"error": f"{type(e).__name__}: {e}"}
         write(state / f"done-{n}.json", result)

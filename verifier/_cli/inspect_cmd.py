@@ -166,7 +166,9 @@ def render(pairs: list[tuple[ProcessEvidence, ProcessReport]]) -> str:
         )
         lines.append(
             f"           prefill {s['prefill']} ({s['prefill_tokens']} tokens)  decode "
-            f"{s['decode']} ({s['decode_tokens']} tokens)  dummy {s['dummy']}{mode}"
+            f"{s['decode']} ({s['decode_tokens']} tokens)  dummy {s['dummy']}"
+            + (f"  raised {s['raised']}" if s.get("raised") else "")
+            + mode
         )
         lines.extend(_speculation_lines(s["speculation"]))
         for x in r["log"]:

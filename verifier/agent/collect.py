@@ -127,6 +127,7 @@ def _probe_parts(
         cudagraph_mode=_opt_str(g.get("cudagraph_mode")),
         enforce_eager=eager if isinstance(eager, bool) else None,
         spec=_spec(p),
+        raised=s.raised,
     )
     hooks = tuple(
         HookEvidence(
@@ -196,6 +197,7 @@ def report_with_judgement(
         exe=ident.exe,
         probe_present=ev.probe is not None,
         native_mappings=mappings,
+        roles=tuple(ev.roles),
     )
     if ev.probe is None:
         return base, None

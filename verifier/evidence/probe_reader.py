@@ -68,6 +68,7 @@ class Steps:
     prefill_tokens: int = 0
     decode_tokens: int = 0
     dummy_steps: int = 0
+    raised: int = 0  # execute_model calls that raised: taken back, not counted as steps
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,9 @@ class ProbeState:
     spec: Speculation | None = None
     # vLLM's log lines about the model runner (why it chose the one it did), in order.
     runner_log: tuple[LogLine, ...] = ()
+    # The first execute_model errors (the probe journals a few; steps.raised counts all):
+    # step (the number it would have had), error ("RuntimeError: ...").
+    step_errors: tuple[tuple[int, str], ...] = ()
 
     @property
     def role(self) -> tuple[str | None, int | None]:
@@ -202,6 +206,7 @@ def steps_of(slots: list[int]) -> Steps:
         prefill_tokens=slots[L.S_TOKENS_PREFILL],
         decode_tokens=slots[L.S_TOKENS_DECODE],
         dummy_steps=slots[L.S_STEPS_DUMMY],
+        raised=slots[L.S_STEPS_RAISED],
     )
 
 
@@ -463,6 +468,11 @@ def read_probe_dir(directory: Path, cache: JournalCache | None = None) -> ProbeS
         graph=next((r for r in reversed(records) if r.get("k") == "graph"), {}),
         spec=_speculation(records, slots),
         runner_log=_log_lines(records),
+        step_errors=tuple(
+            (_int(r.get("step")), str(r.get("error")))
+            for r in records
+            if r.get("k") == "step_raised"
+        ),
         fileless=tuple(
             (str(r.get("module")), str(r.get("claimed")))
             for r in records

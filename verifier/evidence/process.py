@@ -19,6 +19,18 @@ OFFLINE_FRONT_END_NOTE = (
     "carry the script's own ids, never a client's X-Request-Id; the steps run in the "
     "processes under it"
 )
+
+
+def raised_note(raised: int, errors: tuple[tuple[int, str], ...] = ()) -> str:
+    """What RAISED execute_model calls that raised mean for the counts."""
+    first = f"; the first: {errors[0][1]}" if errors else ""
+    return (
+        f"{raised} execute_model call(s) raised and are not counted as steps (a driver that "
+        "calls execute_model again before sample_tokens, or expects its output where the "
+        f"two-phase protocol returns none, gets this){first}"
+    )
+
+
 OFFLINE_ONE_PROCESS_NOTE = (
     "offline use in one process (VLLM_ENABLE_V1_MULTIPROCESSING=0): this process is the "
     "front end (vllm.LLM / LLMEngine), the engine core and the worker; no API server, so "
@@ -138,12 +150,14 @@ class ProcessEvidence:
     @property
     def notes(self) -> list[str]:
         """Where this process's evidence is weaker than a server's, said plainly."""
+        out = []
         roles = set(self.roles)
-        if OFFLINE not in roles:
-            return []
-        if roles & {"engine_core", "worker"}:
-            return [OFFLINE_ONE_PROCESS_NOTE]
-        return [OFFLINE_FRONT_END_NOTE]
+        if OFFLINE in roles:
+            one = roles & {"engine_core", "worker"}
+            out.append(OFFLINE_ONE_PROCESS_NOTE if one else OFFLINE_FRONT_END_NOTE)
+        if self.probe is not None and self.probe.steps.raised:
+            out.append(raised_note(self.probe.steps.raised, self.probe.step_errors))
+        return out
 
     def as_dict(self) -> dict[str, Any]:
         ident, p = self.identity, self.probe
@@ -197,6 +211,8 @@ class ProcessEvidence:
                 "prefill_tokens": p.steps.prefill_tokens if p else None,
                 "decode_tokens": p.steps.decode_tokens if p else None,
                 "dummy": p.steps.dummy_steps if p else None,
+                "raised": p.steps.raised if p else None,
+                "errors": [{"step": n, "error": e} for n, e in p.step_errors] if p else [],
                 "graph": dict(p.graph) if p else {},
                 "speculation": _speculation(p),
             },

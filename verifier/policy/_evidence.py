@@ -86,7 +86,7 @@ def of_role(
 ) -> tuple[list[ProcessReport], list[Finding]]:
     """The processes of ROLE, and PENDING findings for what cannot be judged (callers judge
     only the probed ones: see ``probed``)."""
-    procs = [p for p in ordered(snap.processes) if p.role == role]
+    procs = [p for p in ordered(snap.processes) if role in p.all_roles]
     if not procs:
         return [], [_missing(snap, role, needed_by, f"{role} process")]
     return procs, _unprobed(procs, snap, ctx, needed_by)

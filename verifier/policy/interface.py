@@ -59,6 +59,7 @@ NATIVE_REPLACED = "provenance.native.replaced"
 NATIVE_DELETED = "provenance.native.deleted"
 NATIVE_UNREADABLE = "provenance.native.unreadable"
 STEPS_INSUFFICIENT = "liveness.steps.insufficient"
+STEPS_RAISED = "liveness.steps.raised"
 HOOK_NOT_DECLARED = "liveness.hook.not_declared"
 HOOK_NOT_LOADED = "liveness.hook.not_loaded"
 HOOK_UNRESOLVED = "liveness.hook.unresolved"
@@ -164,6 +165,11 @@ FINDINGS: dict[str, FindingKind] = {
     ),
     STEPS_INSUFFICIENT: FindingKind(
         Severity.PENDING, "", "a judged process has run fewer productive steps than min_steps"
+    ),
+    STEPS_RAISED: FindingKind(
+        Severity.WARNING,
+        "",
+        "execute_model raised in a process (a driver misusing the step protocol): not counted",
     ),
     HOOK_NOT_DECLARED: FindingKind(
         Severity.ERROR, "min_steps", "the probe in the process was not told about the hook"

@@ -84,16 +84,18 @@ class ViewsAgree:
 @dataclass(frozen=True)
 class ProbeRequired:
     """``evidence.probe_absent`` for each process of a required role that has no probe;
-    ``evidence.probe_errors`` (a warning) for each probe that recorded errors of its own.
+    ``evidence.probe_errors`` (a warning) for each probe that recorded errors of its own;
+    ``liveness.steps.raised`` (a warning) for each process whose ``execute_model`` raised.
 
     ``api_server`` must also be there when the policy names it (EXPLICIT), and under the
     default whenever an ``offline`` front end (vllm.LLM in a script) reported: a target
     without an API server (offline use, a script driving the engine or the executor) then
     gives ``evidence.role_missing`` (PENDING), never a silent pass, since none of its
     requests carries a client's id. A policy for such a target leaves ``api_server`` out of
-    require_probe and names the roles it has. (Engine core and worker may be one process,
-    reported as ``worker``, or the runner may live in the engine core: the hook and runner
-    rules judge the processes that run steps, wherever they are.)"""
+    require_probe and names the roles it has. A process plays every role in its ``roles``:
+    offline use in one process reports as ``worker`` with ``offline`` and ``engine_core``
+    among its roles, so it is told apart from a server whose API server is out of view. (The
+    hook and runner rules judge the processes that run steps, wherever they are.)"""
 
     roles: tuple[str, ...] = I.DEFAULT_REQUIRE_PROBE
     explicit: bool = False  # the policy's own [evidence] require_probe, not the default
@@ -103,7 +105,9 @@ class ProbeRequired:
 
     def evaluate(self, snapshot: I.TargetSnapshot, ctx: I.EvalContext) -> list[Finding]:
         out: list[Finding] = []
-        present = {p.role for p in snapshot.processes}
+        # every role a process plays: offline use in one process reports as a worker that is
+        # also the offline front end (and the engine core)
+        present = {r for p in snapshot.processes for r in p.all_roles}
         front = self.explicit or "offline" in present
         if "api_server" in self.roles and front and "api_server" not in present:
             out.append(
@@ -146,6 +150,21 @@ class ProbeRequired:
                         **E.base(p),
                         errors=list(p.probe_errors[: E.SHOWN]),
                         error_count=len(p.probe_errors),
+                    )
+                )
+            raised = p.steps.raised if p.steps is not None else 0
+            if raised and p.role not in I.IGNORED_ROLES:
+                out.append(
+                    E.finding(
+                        I.STEPS_RAISED,
+                        Severity.WARNING,
+                        f"{raised} execute_model call(s) raised in {E.name(p)} and are not "
+                        "counted as steps: a driver that calls execute_model again before "
+                        "sample_tokens, or expects its output where the two-phase protocol "
+                        "returns none, gets this",
+                        snapshot,
+                        **E.base(p),
+                        raised=raised,
                     )
                 )
         return out

@@ -115,6 +115,18 @@ def step(
         _core.report_error("bindings", f"{type(e).__name__}: {e}")
 
 
+def take_back(total: int) -> None:
+    """Drop step TOTAL's entry (its ``execute_model`` raised: it ran no step), unless the
+    writer is folding now or has folded it already (then its requests keep one step more)."""
+    if not _fold_lock.acquire(blocking=False):
+        return
+    try:
+        if _log and _log[-1][0] == total:
+            _log.pop()
+    finally:
+        _fold_lock.release()
+
+
 def fold(block: bool = True) -> None:
     """Fold the logged steps into the table of open requests, closing the finished ones
     into records. Consecutive steps that scheduled the same tokens to the same requests (a

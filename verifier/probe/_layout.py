@@ -103,6 +103,7 @@ S_SPEC_DRAFT_TOKENS = 31  # draft tokens verified (less grammar-invalidated ones
 S_SPEC_ACCEPTED = 32  # draft tokens accepted
 S_SPEC_EMITTED = 33  # tokens the runner output sampled, every request, every step
 S_SPEC_UNREAD = 34  # steps with drafts whose runner output carried no sampled tokens to read
+S_STEPS_RAISED = 35  # execute_model calls that raised: taken back, not counted as steps
 S_SPEC_POS_BASE = 40  # accepted drafts at position i: S_SPEC_POS_BASE + i, i < SPEC_POSITIONS
 SPEC_POSITIONS = 8  # positions counted (a deeper draft's later positions are not)
 PHASE_PREFILL = 1

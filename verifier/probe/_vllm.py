@@ -53,6 +53,8 @@ _runner_seen: set[type] = set()
 _dummy_depth = 0  # > 0 inside a counted dummy step (a nested one is not counted again)
 _warming = 0  # > 0 while the worker's warm-up runs: its execute_model calls are dummy steps
 _spec_on = False  # the live config has a speculative config: steps count drafts (_spec)
+RAISED_LOGGED_MAX = 8  # execute_model errors journaled per process (all are counted)
+_raised_logged = 0
 
 
 _wrappers: set[Callable[..., Any]] = set()  # this module's wrappers (by identity)
@@ -232,6 +234,51 @@ def _count_step(
         bind(so, total, now)
 
 
+def _take_back(so: Any, before: tuple[int, int, Any], error: BaseException) -> None:
+    """Undo the counts of a step whose ``execute_model`` raised: the call ran no step (vLLM
+    raises "sample_tokens() must be called after execute_model() returns None" at once when a
+    driver calls it twice in a row; an error inside a real step ends the engine). It is
+    counted in ``S_STEPS_RAISED`` instead, the latest step's phase is put back, and its
+    bindings entry is dropped if the writer has not folded it yet. The first few errors are
+    journaled (``{"k": "step_raised"}``). Runs while the step is still marked open, so a
+    reader never judges the counts in between. Never raises."""
+    global _raised_logged
+    try:
+        c = _core.COUNTERS
+        total = c[L.S_STEPS_TOTAL]
+        c[L.S_STEPS_RAISED] += 1
+        n = getattr(so, "total_num_scheduled_tokens", 0) or 0
+        if n > 0:
+            c[L.S_STEPS_PRODUCTIVE] -= 1
+            c[L.S_TOKENS_SCHEDULED] -= n
+            c[L.S_REQUESTS_SCHEDULED] -= len(getattr(so, "num_scheduled_tokens", ()) or ())
+            prefill, decode = split_tokens(so, n)
+            if prefill:
+                c[L.S_STEPS_PREFILL] -= 1
+                c[L.S_TOKENS_PREFILL] -= prefill
+            if decode:
+                c[L.S_STEPS_DECODE] -= 1
+                c[L.S_TOKENS_DECODE] -= decode
+        else:
+            c[L.S_STEPS_EMPTY] -= 1
+        c[L.S_STEPS_TOTAL] = total - 1
+        c[L.S_CURRENT_PHASE] = before[1]
+        _bindings.take_back(total)
+        _spec.scheduled(before[2])  # the step still waiting for its output, if any
+        if _raised_logged < RAISED_LOGGED_MAX:
+            _raised_logged += 1
+            _core.state().remember(
+                {
+                    "k": "step_raised",
+                    "step": total,
+                    "error": f"{type(error).__name__}: {error}"[:500],
+                    "t": time.time(),
+                }
+            )
+    except Exception as e:  # noqa: BLE001 - a probe never raises into a step
+        _core.report_error("steps", f"take back: {type(e).__name__}: {e}")
+
+
 def _wrap_worker_class(cls: type) -> None:
     """Wrap the step and set-up methods of a concrete worker class (once per class)."""
     if cls.__dict__.get("__verifier_probe_wrapped__"):
@@ -246,8 +293,12 @@ def _wrap_worker_class(cls: type) -> None:
                 # warm-up (V2 kernel warm-up drives the worker) or padding: not a step
                 return _dummy_call(orig_exec, self, (scheduler_output, *args), kwargs)
             c = _core.COUNTERS
+            before = c[L.S_IN_STEP], c[L.S_CURRENT_PHASE], _spec._pending
+            c[L.S_IN_STEP] = 1  # not nested: execute_model and sample_tokens take turns
+            counted = False
             try:
                 _count_step(scheduler_output)
+                counted = True
                 if not recorded:
                     recorded = True
                     record_runner(self)
@@ -255,18 +306,26 @@ def _wrap_worker_class(cls: type) -> None:
                     _spec.scheduled(scheduler_output)
             except Exception as e:  # noqa: BLE001 - a probe never raises into a step
                 _core.report_error("steps", f"{type(e).__name__}: {e}")
-            c[L.S_IN_STEP] = 1  # not nested: execute_model and sample_tokens take turns
             out, returned = None, False
             try:
                 out = orig_exec(self, scheduler_output, *args, **kwargs)
                 returned = True
                 if _spec_on:  # before the step may close: its counts are in when it does
                     _spec_output(out)
+            except BaseException as e:
+                if counted:
+                    _take_back(scheduler_output, before, e)
+                raise
             finally:
                 # Two-phase protocol: execute_model returned nothing, the step goes on in
                 # sample_tokens (where the sampler's hooks fire): it stays open until then,
-                # so that a reader does not judge the step before its fires are in.
-                c[L.S_IN_STEP] = 1 if returned and out is None else 0
+                # so that a reader does not judge the step before its fires are in. A call
+                # that raised leaves the mark as it found it (a step still waiting for its
+                # sample_tokens stays open).
+                if returned:
+                    c[L.S_IN_STEP] = 1 if out is None else 0
+                else:
+                    c[L.S_IN_STEP] = before[0]
                 if _device._counters:
                     _read_device()
             return out
