@@ -15,6 +15,7 @@ import functools
 import os
 import sys
 import tempfile
+import time
 import timeit
 from collections.abc import Callable
 from pathlib import Path
@@ -114,7 +115,6 @@ def bindings_arms(bare: Any, probed: Any) -> dict[str, dict[str, float]]:
     starts. The bindings' per-request work (``_bindings.fold``, done by the probe's writer
     thread) is timed apart, after each bindings timing, per step it folds."""
     import itertools
-    import time
 
     from _stats import summary
 
@@ -195,10 +195,12 @@ def spec_arms() -> dict[str, dict[str, float]]:
     step of 8 requests without speculation, and one where each of the 8 requests verifies 3
     draft tokens (ngram, k = 3) and accepts 2 (3 tokens sampled each). The probed arms run
     with speculation on or off in the live config (``_vllm._spec_on``, set between timings),
-    so "spec off" is the field check alone. Interleaved."""
+    so "spec off" is the field check alone. The spec-on arms run with the per-request log
+    (``_spec.BIND``) on, except the one marked "no per-request log"; the writer thread's
+    work on that log (``_bindings._fold_spec``) is timed apart, per step. Interleaved."""
     from _stats import summary
 
-    from verifier.probe import _vllm
+    from verifier.probe import _bindings, _spec, _vllm
 
     ngram = type("Spec", (), {"method": "ngram", "num_speculative_tokens": 3})()
     plain_so = SchedulerOutput(tokens=8, reqs=8)
@@ -223,22 +225,37 @@ def spec_arms() -> dict[str, dict[str, float]]:
         _vllm._wrap_worker_class(type(probed))
         run(probed, so)()  # the first step records the runner (and its speculative config)
         workers[name] = (run(bare, so), run(probed, so))
-    arms: dict[str, tuple[bool, Callable[[], object]]] = {
-        "two-phase bare step, 8 requests decode": (False, workers["decode"][0]),
-        "two-phase probed step, 8 requests decode, spec off": (False, workers["decode"][1]),
-        "two-phase bare step, 8 requests x 3 drafts": (False, workers["spec decode"][0]),
-        "two-phase probed step, 8 requests x 3 drafts, spec on": (True, workers["spec decode"][1]),
-        "two-phase probed step, 8 requests decode, spec on": (True, workers["decode"][1]),
+    log = _bindings.spec_step
+    drafts = "two-phase probed step, 8 requests x 3 drafts, spec on"
+    arms: dict[str, tuple[bool, Any, Callable[[], object]]] = {
+        "two-phase bare step, 8 requests decode": (False, None, workers["decode"][0]),
+        "two-phase probed step, 8 requests decode, spec off": (False, None, workers["decode"][1]),
+        "two-phase bare step, 8 requests x 3 drafts": (False, None, workers["spec decode"][0]),
+        drafts: (True, log, workers["spec decode"][1]),
+        f"{drafts}, no per-request log": (True, None, workers["spec decode"][1]),
+        "two-phase probed step, 8 requests decode, spec on": (True, log, workers["decode"][1]),
     }
-    results: dict[str, list[float]] = {k: [] for k in arms}
-    saved = _vllm._spec_on
+    fold_key = "per-request fold per step (writer thread), 8 requests x 3 drafts"
+    results: dict[str, list[float]] = {k: [] for k in [*arms, fold_key]}
+    saved = _vllm._spec_on, _spec.BIND
+    # the probe's writer thread folds the logs every 0.5 s: it waits on this lock meanwhile,
+    # so the fold timed here is the whole of each timing's log
+    _bindings._fold_lock.acquire()
     try:
         for _ in range(ROUNDS):
-            for name, (on, fn) in arms.items():
-                _vllm._spec_on = on
+            for name, (on, bind, fn) in arms.items():
+                _vllm._spec_on, _spec.BIND = on, bind
+                _bindings._spec_log.clear()
                 results[name].append(timeit.timeit(fn, number=N) / N * 1e9)
+                if name == drafts:
+                    t0 = time.perf_counter_ns()
+                    _bindings._fold_spec(len(_bindings._spec_log))
+                    results[fold_key].append((time.perf_counter_ns() - t0) / N)
+                _bindings._spec_log.clear()
+                _bindings._spec_open.clear()
     finally:
-        _vllm._spec_on = saved
+        _vllm._spec_on, _spec.BIND = saved
+        _bindings._fold_lock.release()
     return {k: summary(v) for k, v in results.items()}
 
 
@@ -309,6 +326,12 @@ def main() -> None:
             f"speculation off, {on_plain - base:.0f} ns on (a step without drafts), "
             f"{on - base_spec:.0f} ns on with 8 x 3 drafts "
             f"({(on - base_spec) / (off - base):.2f}x the spec-off overhead)"
+        )
+        no_log = s["two-phase probed step, 8 requests x 3 drafts, spec on, no per-request log"]
+        fold = s["per-request fold per step (writer thread), 8 requests x 3 drafts"]["median"]
+        print(
+            f"  per-request speculation counts: +{on - no_log['median']:.0f} ns in the step "
+            f"(the log), +{fold:.0f} ns per step in the writer thread"
         )
         for n in (1, 10, 100):
             cost = (

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from verifier.evidence.bindings_reader import BindingsReader, ExternalId, RequestSpan
+from verifier.model import RequestSpec
 from verifier.probe import _layout as L
 
 
@@ -58,6 +59,19 @@ def test_reads_both_kinds_and_then_only_what_was_appended(tmp_path: Path) -> Non
     assert ext == [ExternalId("b", "e", 6, "x")]
 
 
+SPEC = {"drafts": 4, "draft_tokens": 12, "accepted": 7, "emitted": 15, "pos": [4, 2, 1]}
+
+
+def test_a_request_record_with_speculation_counts_carries_them(tmp_path: Path) -> None:
+    append(tmp_path, line(req("a", spec=SPEC)) + line(req("b")))
+    spans, _ = BindingsReader().read(tmp_path)
+    assert spans[0].spec == RequestSpec(
+        drafts=4, draft_tokens=12, accepted_tokens=7, accepted_per_position=(4, 2, 1),
+        emitted_tokens=15,
+    )  # fmt: skip
+    assert spans[1].spec is None  # speculation off, or an older probe
+
+
 def test_partial_last_line_waits_for_its_end(tmp_path: Path) -> None:
     whole = line(req("a"))
     append(tmp_path, whole[:20])
@@ -79,6 +93,10 @@ def test_malformed_lines_are_skipped_and_counted(tmp_path: Path) -> None:
         line({"k": "ext", "id": "a"}),  # no ext
         b"\xff\xfe\n",
         line(req("x", n=True)),  # a bool is no count
+        line(req("x", spec=[1, 2])),  # speculation counts must be an object
+        line(req("x", spec={**SPEC, "accepted": -1})),
+        line(req("x", spec={**SPEC, "pos": [1] * 9})),  # more positions than the probe keeps
+        line(req("x", spec={k: v for k, v in SPEC.items() if k != "emitted"})),
     ]
     append(tmp_path, b"".join(bad) + line(req("good")) + line({"k": "future", "x": 1}) + b"\n")
     r = BindingsReader()

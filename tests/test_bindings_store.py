@@ -14,7 +14,7 @@ import pytest
 from tests.helpers import Backend, verifier_cli
 from tests.test_policy_engine import worker
 from verifier import wire
-from verifier.model import ProcessKey, RequestId, RequestSpan, TargetReport
+from verifier.model import ProcessKey, RequestId, RequestSpan, RequestSpec, TargetReport
 from verifier.server.audit_queries import NotFound, find_file, find_request
 from verifier.server.bindings import client_id
 from verifier.server.db import open_database
@@ -26,10 +26,16 @@ M1, M2 = "sha256:" + "3" * 64, "sha256:" + "4" * 64
 API = ProcessKey("boot", 10, 100)
 
 
-def spans_for(w_key: ProcessKey, T: float) -> tuple[RequestSpan, ...]:
+SPEC = RequestSpec(drafts=9, draft_tokens=24, accepted_tokens=13, accepted_per_position=(7, 4, 2),
+                   emitted_tokens=30)  # fmt: skip
+
+
+def spans_for(
+    w_key: ProcessKey, T: float, spec: RequestSpec | None = SPEC
+) -> tuple[RequestSpan, ...]:
     return (
         RequestSpan(w_key, "cmpl-alpha-0-1a2b", 5, 20, 16, 31, T + 0.5, T + 1.0, M1, M1,
-                    "vllm.v1.worker.cpu_model_runner.CPUModelRunner", (("h", 16),)),
+                    "vllm.v1.worker.cpu_model_runner.CPUModelRunner", (("h", 16),), spec=spec),
         RequestSpan(w_key, "cmpl-beta-0-3c4d", 18, 40, 23, 30, T + 0.9, T + 1.5, M1, M2,
                     "vllm.v1.worker.cpu_model_runner.CPUModelRunner", (("h", 0),)),
     )  # fmt: skip
@@ -42,8 +48,9 @@ def ids_for(t: float) -> tuple[RequestId, ...]:
     )
 
 
-def stocked(target: str) -> ProcessKey:
-    """A run, a report with a worker and its manifest, and a batch of two bindings."""
+def stocked(target: str, spec: RequestSpec | None = SPEC) -> ProcessKey:
+    """A run, a report with a worker and its manifest, and a batch of two bindings (the first
+    with speculation counts SPEC)."""
     w = replace(worker(), manifest_digest=M1, container_id="c" * 64)
     assert w.files
     s = Store(target)
@@ -57,13 +64,13 @@ def stocked(target: str) -> ProcessKey:
             StoredReport("a", 1, "serving", T + 2, body),
             {M1: files_to_rows(w.files)},
             processes_seen((w,)),
-            spans_for(w.key, T),
+            spans_for(w.key, T, spec),
             ids_for(T),
         )
         assert stored
         again = s.save_report(  # a retransmitted report: stored once, its batch too
             StoredReport("a", 1, "serving", T + 3, body), {}, processes_seen((w,)),
-            spans_for(w.key, T), ids_for(T),
+            spans_for(w.key, T, spec), ids_for(T),
         )  # fmt: skip
         assert not again
         v = s.verify_ledger()
@@ -92,8 +99,11 @@ def test_a_request_is_found_by_any_of_its_ids(backend: Backend) -> None:
             assert got.manifests == [M1] and got.manifests_stored == [True]
             assert got.container_id == "c" * 64 and (got.steps, got.tokens) == (16, 31)
             assert [(r["run"], r["verdict"]) for r in got.runs] == [("all", "PASS")]
+            assert got.spec == {"drafts": 9, "draft_tokens": 24, "accepted": 13, "emitted": 30,
+                                "pos": [7, 4, 2]}  # fmt: skip
         (beta,) = find_request(db, "beta")
         assert beta.manifests == [M1, M2] and beta.manifests_stored == [True, False]
+        assert beta.spec is None  # speculation not recorded for it
         with pytest.raises(NotFound):
             find_request(db, "gamma")  # negative control: never sent
     finally:
@@ -130,6 +140,10 @@ BINDING_TAMPERING = [
     ("smuggle a binding", "INSERT INTO bindings SELECT * FROM bindings WHERE internal_id = "
      "'cmpl-alpha-0-1a2b'", "the stored bindings was changed"),
     ("delete the batch", "DELETE FROM binding_batches", "the stored bindings was changed"),
+    ("edit speculation counts", "UPDATE bindings SET spec_json = REPLACE(spec_json, "
+     "'\"accepted\":13', '\"accepted\":23')", "the stored bindings was changed"),
+    ("drop speculation counts", "UPDATE bindings SET spec_json = NULL",
+     "the stored bindings was changed"),
 ]  # fmt: skip
 
 
@@ -142,7 +156,7 @@ def test_tampered_bindings_are_caught(backend: Backend, name: str, sql: str, say
         sql = sql.replace("SELECT *", "SELECT nextval('bindings_rowid_seq'), batch, target, "
                           "boot_id, pid, start_ticks, internal_id, first_step, last_step, steps, "
                           "tokens, first_unix, last_unix, manifest_first, manifest_last, runner, "
-                          "hooks_json, finished")  # fmt: skip
+                          "hooks_json, finished, spec_json")  # fmt: skip
     backend.sql(sql)
     v = backend.check()
     assert not v.ok and says in (v.problem or ""), v
@@ -154,8 +168,16 @@ def test_audit_request_cli(backend: Backend) -> None:
     assert out.returncode == 0, out.stderr
     (got,) = json.loads(out.stdout)
     assert got["internal_id"] == "cmpl-alpha-0-1a2b" and got["hooks"] == {"h": 16}
+    assert got["spec"]["accepted"] == 13
+    out = verifier_cli("audit", "request", "alpha", "--db", backend.target)
+    assert out.returncode == 0, out.stderr
+    assert (
+        "speculation: 9 draft(s), 24 draft tokens, 13 accepted (54%; per position [7, 4, 2]), "
+        "30 tokens emitted" in out.stdout
+    ), out.stdout
     out = verifier_cli("audit", "request", "beta", "--db", backend.target)
     assert out.returncode == 0 and "CPUModelRunner" in out.stdout and M2 in out.stdout
+    assert "speculation" not in out.stdout
     assert "not stored: between reports" in out.stdout
     out = verifier_cli("audit", "request", "gamma", "--db", backend.target)
     assert out.returncode == 6 and "no stored request binding" in out.stderr, out.stderr
@@ -217,3 +239,44 @@ def find_request_via(target: str, query: str) -> RequestSpan:
     return RequestSpan(key, got.internal_id, got.first_step, got.last_step, got.steps, got.tokens,
                        got.first_unix, got.last_unix, got.manifests[0], got.manifests[-1],
                        got.runner)  # fmt: skip
+
+
+def test_a_database_from_before_speculation_counts_keeps_its_digests_and_is_upgraded(
+    backend: Backend,
+) -> None:
+    """A database made before ``bindings.spec_json`` existed: read-only audits read it as it
+    is, the ledger walk still passes (a NULL trailing column is not part of a row's digest),
+    and the verifier adds the column on open, after which new bindings carry their counts."""
+    key = stocked(backend.target, spec=None)
+    backend.sql("ALTER TABLE bindings DROP COLUMN spec_json")
+    assert backend.check().ok
+    db = open_database(backend.target, read_only=True)
+    try:
+        assert not db.has_column("bindings", "spec_json")
+        (alpha,) = find_request(db, "alpha")
+        assert alpha.spec is None and alpha.hooks == {"h": 16}
+    finally:
+        db.close()
+    s = Store(backend.target)
+    try:
+        assert s.columns_added == ["bindings.spec_json"]
+        assert s.verify_ledger().ok
+        t = time.time()
+        body = wire.report_to_bytes(TargetReport("a", "serving", 2, "", t, ()))
+        spec = replace(spans_for(key, t)[0], internal_id="cmpl-gamma-0-5e6f")
+        assert s.save_report(StoredReport("a", 2, "serving", t, body), {}, (), (spec,), ())
+        assert s.verify_ledger().ok
+    finally:
+        s.close()
+    again = Store(backend.target)
+    again.close()
+    assert again.columns_added == []  # once
+    db = open_database(backend.target, read_only=True)
+    try:
+        (gamma,) = find_request(db, "cmpl-gamma-0-5e6f")
+    finally:
+        db.close()
+    assert gamma.spec == {"drafts": 9, "draft_tokens": 24, "accepted": 13, "emitted": 30,
+                          "pos": [7, 4, 2]}  # fmt: skip
+    backend.sql("UPDATE bindings SET spec_json = NULL")  # negative control: now it counts
+    assert not backend.check().ok

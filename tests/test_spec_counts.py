@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from verifier.evidence.probe_reader import _speculation
-from verifier.probe import _core, _spec, _vllm
+from verifier.probe import _bindings, _core, _spec, _vllm
 from verifier.probe import _layout as L
 
 
@@ -256,3 +256,82 @@ def test_spec_slots_do_not_overlap_other_slots() -> None:
     pos = set(range(L.S_SPEC_POS_BASE, L.S_SPEC_POS_BASE + L.SPEC_POSITIONS))
     assert not pos & set(named), sorted(pos & set(named))
     assert len(named) == len([k for k in vars(L) if k.startswith(("S_", "H_"))]) - 1
+
+
+@pytest.fixture
+def bindings(journal: FakeState, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Request bindings on, as in a served process, without the writer thread or a file."""
+    monkeypatch.setattr(_vllm, "_bind_step", _bindings.step)
+    monkeypatch.setattr(_spec, "BIND", _bindings.spec_step)
+    monkeypatch.setattr(_bindings, "_start_writer", lambda: None)
+    monkeypatch.setattr(_bindings, "_hooks", [(), ()])
+    parts = (_bindings._log, _bindings._open, _bindings._spec_log, _bindings._spec_open)
+    for part in (*parts, _bindings._buf):
+        part.clear()
+    yield
+    for part in (*parts, _bindings._buf):
+        part.clear()
+
+
+def closed() -> dict[str, dict[str, Any]]:
+    """The request records folded so far, by id."""
+    _bindings.fold()
+    return {r["id"]: r for r in map(_bindings._record, _bindings._buf)}
+
+
+@pytest.mark.parametrize("two_phase", [True, False], ids=["two-phase", "one-phase"])
+def test_each_request_gets_its_share_and_the_shares_add_up_to_the_totals(
+    bindings: None, two_phase: bool
+) -> None:
+    w = make_worker(NGRAM, two_phase=two_phase)
+    serve(w, two_phase=two_phase)
+    assert closed() == {}  # nothing closes before vLLM announces the finish
+    step(w, so({}, finished=("a", "b")), output({}), two_phase=two_phase)
+    got = closed()
+    assert got["a"]["spec"] == {"drafts": 2, "draft_tokens": 6, "accepted": 4, "emitted": 7,
+                                "pos": [2, 1, 1]}  # fmt: skip
+    # b: one draft token invalidated by a grammar, none accepted on the second step
+    assert got["b"]["spec"] == {"drafts": 2, "draft_tokens": 4, "accepted": 2, "emitted": 5,
+                                "pos": [1, 1]}  # fmt: skip
+    total = {k: sum(r["spec"][k] for r in got.values()) for k in ("drafts", "accepted", "emitted")}
+    assert total == {"drafts": EXPECTED["drafts"], "accepted": EXPECTED["accepted"],
+                     "emitted": EXPECTED["emitted"]}  # fmt: skip
+    assert sum(r["spec"]["draft_tokens"] for r in got.values()) == EXPECTED["tokens"]
+    assert [sum(r["spec"]["pos"][p] if p < len(r["spec"]["pos"]) else 0 for r in got.values())
+            for p in range(4)] == EXPECTED["pos"]  # fmt: skip
+    assert not _bindings._spec_open and not _bindings._spec_log  # nothing left behind
+
+
+def test_a_request_closed_at_exit_keeps_its_share(bindings: None) -> None:
+    w = make_worker(NGRAM)
+    serve(w)
+    _bindings.fold()
+    with _bindings._fold_lock:
+        _bindings._close(list(_bindings._open), "open", _bindings.snapshot())
+    got = {r["id"]: r for r in map(_bindings._record, _bindings._buf)}
+    assert got["a"]["end"] == "open" and got["a"]["spec"]["accepted"] == 4
+
+
+def test_without_speculation_a_request_record_has_no_spec(bindings: None) -> None:
+    w = make_worker(None)
+    step(w, so({"a": 4}, spec={"a": [1, 2]}, new=("a",)), output({"a": [7, 8, 9]}))
+    step(w, so({}, finished=("a",)), output({}))
+    (rec,) = closed().values()
+    assert "spec" not in rec and rec["n"] == 1
+
+
+def test_an_asynchronous_output_is_shared_out_when_collected(bindings: None) -> None:
+    class AsyncOut:
+        def __init__(self, out: Any) -> None:
+            self.out = out
+
+        def get_output(self) -> Any:
+            return self.out
+
+    w = make_worker(NGRAM)
+    a = AsyncOut(output({"a": [1, 2, 5]}))
+    step(w, so({"a": 4}, spec={"a": [1, 2, 3]}, new=("a",)), a)
+    a.get_output()  # vLLM collects the output before it can announce the finish
+    step(w, so({}, finished=("a",)), output({}))
+    assert closed()["a"]["spec"] == {"drafts": 1, "draft_tokens": 3, "accepted": 2,
+                                     "emitted": 3, "pos": [1, 1]}  # fmt: skip

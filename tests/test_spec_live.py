@@ -11,6 +11,7 @@ import json
 import re
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,10 +20,14 @@ import pytest
 
 from tests.conftest import SPEC_PROPOSE, SPEC_REJECT, V1_STEP
 from tests.helpers import REPO, hook_by_name, inspect_json, verifier_cli
+from tests.test_gate_e2e import Daemon
 from verifier import wire
+from verifier.evidence.bindings_reader import BindingsReader
+from verifier.evidence.bindings_reader import RequestSpan as ProbeSpan
 from verifier.model import Severity, Verdict
 from verifier.policy import TargetSnapshot, load_policy
 from verifier.policy import interface as I
+from verifier.probe._layout import process_dir_name
 from verifier.testing.server import VllmServer
 
 pytestmark = pytest.mark.vllm
@@ -138,6 +143,47 @@ def test_probe_totals_equal_vllm_spec_decode_counters(spec_server: VllmServer) -
     assert gen <= sp["emitted_tokens"] <= gen + len(PROMPTS) * K, (sp, theirs)
 
 
+def test_each_request_has_its_share_and_the_shares_add_up_to_the_totals(
+    spec_server: VllmServer,
+) -> None:
+    """Per request: each finished request's bindings record carries its drafts, draft tokens,
+    accepted tokens (per position) and emitted tokens; summed over the requests they are the
+    process's totals, which the test above holds equal to vLLM's /metrics."""
+    w, _ = the_worker(spec_server)
+    reader = BindingsReader()
+    spans: list[ProbeSpan] = []
+    deadline = time.monotonic() + 15
+    while True:  # the writer thread writes finished requests within about a second
+        spans += reader.read(
+            Path(w["probe"]["dir"]) / process_dir_name(w["pid"], w["start_ticks"])
+        )[0]
+        if len(spans) >= len(PROMPTS) or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    w, _ = the_worker(spec_server)  # the totals now: no request is in flight
+    sp = w["steps"]["speculation"]
+    assert len(spans) >= len(PROMPTS) and all(s.finished for s in spans), spans
+    shares = [s.spec for s in spans]
+    assert all(x is not None for x in shares), spans
+    got = [x for x in shares if x is not None]
+    assert sum(x.drafts for x in got) == sp["drafts"] > 0
+    assert sum(x.draft_tokens for x in got) == sp["draft_tokens"]
+    assert sum(x.accepted_tokens for x in got) == sp["accepted_tokens"] > 0
+    assert sum(x.emitted_tokens for x in got) == sp["emitted_tokens"]
+    per_pos = [sum(x.accepted_per_position[i] for x in got if i < len(x.accepted_per_position))
+               for i in range(K)]  # fmt: skip
+    assert per_pos == sp["accepted_per_position"], (per_pos, sp)
+    for s in spans:
+        x = s.spec
+        assert x is not None
+        # a request's own counts hold together: every accepted token is at some position, no
+        # request verifies drafts on more steps than served it, and it emitted its tokens
+        assert sum(x.accepted_per_position) == x.accepted_tokens <= x.draft_tokens, s
+        assert x.drafts < s.steps and x.emitted_tokens >= MAX_TOKENS, s
+    # not all alike: the prompts draft and accept differently
+    assert len({(x.drafts, x.accepted_tokens) for x in got}) > 1, got
+
+
 def test_evidence_records_speculation_method_k_and_runner(spec_server: VllmServer) -> None:
     w, _ = the_worker(spec_server)
     sp = w["steps"]["speculation"]
@@ -240,3 +286,54 @@ def test_speculative_hooks_fail_without_speculation(vllm_server: VllmServer) -> 
         assert v.verdict == Verdict.FAIL, (name, v.findings)
         errors = {f.id for f in v.findings if f.severity == Severity.ERROR}
         assert errors and errors <= expected, (name, errors)
+
+
+def test_audit_request_shows_a_request_s_speculation_through_agent_and_verifier(
+    spec_server: VllmServer, tmp_path: Path
+) -> None:
+    """Which drafts served which request, end to end: a client's request on the speculative
+    server, the real agent reading its bindings, the real verifier storing them over gRPC,
+    and ``verifier audit request <X-Request-Id>`` naming its speculation counts."""
+    client = f"spec-audit-{uuid.uuid4().hex[:8]}"
+    addr, db = f"unix:{tmp_path}/verifier.sock", tmp_path / "db.sqlite3"
+    serve = Daemon(
+        ["serve", "--listen", addr, "--db", str(db), "--report-interval", "0.5"],
+        tmp_path / "serve.log",
+    ).start()
+    agent = None
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "verifier.sock").exists():
+            assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
+            time.sleep(0.1)
+        agent = Daemon(
+            [
+                *("agent", "--verifier", addr, "--target", "spec-0", "--pid", str(spec_server.pid)),
+                *("--interval", "0.5", "--spool", str(tmp_path / "spool")),
+            ],
+            tmp_path / "agent.log",
+        ).start()
+        spec_server.complete(PROMPTS[0], max_tokens=MAX_TOKENS, headers={"X-Request-Id": client})
+        deadline = time.monotonic() + 60
+        while True:
+            out = verifier_cli("audit", "request", client, "--db", str(db), "--json")
+            if out.returncode == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert out.returncode == 0, out.stderr + (tmp_path / "agent.log").read_text()[-2000:]
+        (served,) = json.loads(out.stdout)
+        sp = served["spec"]
+        assert sp is not None and sp["drafts"] > 0 and sp["emitted"] >= MAX_TOKENS, served
+        assert sum(sp["pos"]) == sp["accepted"] <= sp["draft_tokens"], sp
+        assert served["external_ids"] == [f"cmpl-{client}-0"], served
+        text = verifier_cli("audit", "request", client, "--db", str(db))
+        assert f"speculation: {sp['drafts']} draft(s), {sp['draft_tokens']} draft tokens" in (
+            text.stdout
+        ), text.stdout
+        ok = verifier_cli("audit", "verify", "--db", str(db))
+        assert ok.returncode == 0, ok.stdout + ok.stderr
+    finally:
+        if agent is not None and agent.proc is not None:
+            agent.stop()
+        if serve.proc is not None:
+            serve.stop()

@@ -18,7 +18,7 @@ from tests.test_spec_counts import NGRAM, FakeState, config, journal, output, so
 from verifier.evidence.probe_reader import steps_of
 from verifier.model import Severity, Verdict
 from verifier.policy import interface as I
-from verifier.probe import _bindings, _core, _vllm
+from verifier.probe import _bindings, _core, _spec, _vllm
 from verifier.probe import _layout as L
 
 __all__ = ["journal"]  # the fixture, imported for these tests
@@ -96,6 +96,7 @@ def test_a_raised_call_leaves_no_bindings_entry_and_no_spec_counts(
     journal: FakeState, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_vllm, "_bind_step", _bindings.step)
+    monkeypatch.setattr(_spec, "BIND", None)
     _bindings._log.clear()
     try:
         w = make_worker(NGRAM)

@@ -190,6 +190,14 @@ def run_request(args: argparse.Namespace) -> int:
             print(f"  manifest {m}" + ("" if stored else "  (not stored: between reports)"))
         hooks = ", ".join(f"{k} {v}" for k, v in sorted(s.hooks.items())) or "none declared"
         print(f"  hook fires over its steps: {hooks}")
+        if s.spec is not None:
+            sp = s.spec
+            rate = f"{sp['accepted'] / sp['draft_tokens']:.0%}" if sp["draft_tokens"] else "-"
+            print(
+                f"  speculation: {sp['drafts']} draft(s), {sp['draft_tokens']} draft tokens, "
+                f"{sp['accepted']} accepted ({rate}; per position {sp['pos'] or []}), "
+                f"{sp['emitted']} tokens emitted"
+            )
         if s.not_pristine:
             print(f"  files not pristine: {len(s.not_pristine)}")
             for f in s.not_pristine[:20]:

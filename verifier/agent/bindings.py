@@ -123,6 +123,7 @@ class Bindings:
             runner=runner,
             hooks=tuple(sorted(s.hooks.items())),
             finished=s.finished,
+            spec=s.spec,
         )
 
     def _digest(self, journal: Path, files: int, journals: JournalCache) -> str:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from verifier.model import RequestSpec
 from verifier.probe import _layout as L
 
 MAX_READ = 64 << 20  # bytes read per call and file; the rest on the next call
@@ -41,6 +42,7 @@ class RequestSpan:
     files_last: int  # ... and at its last step
     hooks: dict[str, int]  # hook name -> fires from its first step to its close
     finished: bool  # False: still open when the process exited
+    spec: RequestSpec | None = None  # speculative decoding (None: off, or an older probe)
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,27 @@ def _span(rec: dict[str, Any]) -> RequestSpan:
         files_last=_int(rec["f1"]),
         hooks={_str(k): _int(v) for k, v in hooks.items()},
         finished=end == "finished",
+        spec=_spec(rec.get("spec")),
+    )
+
+
+def _spec(raw: Any) -> RequestSpec | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ValueError(raw)
+    pos = raw["pos"]
+    if not isinstance(pos, list) or len(pos) > L.SPEC_POSITIONS:
+        raise ValueError(pos)
+    counts = [_int(raw[k]) for k in ("drafts", "draft_tokens", "accepted", "emitted")]
+    if min(counts) < 0 or any(_int(p) < 0 for p in pos):
+        raise ValueError(raw)
+    return RequestSpec(
+        drafts=counts[0],
+        draft_tokens=counts[1],
+        accepted_tokens=counts[2],
+        accepted_per_position=tuple(_int(p) for p in pos),
+        emitted_tokens=counts[3],
     )
 
 

@@ -55,6 +55,11 @@ FLUSH_INTERVAL_S = 0.5
 _log: deque[tuple[int, int, int, Any, Any, Any]] = deque()
 # Open requests by internal id: [s0, s1, n, tok, t0, t1, f0, f1, hook snapshot at s0].
 _open: dict[str, list[Any]] = {}
+# Speculative steps not folded yet (only while speculation is on): (scheduled_spec_decode_tokens,
+# num_invalid_spec_tokens, req_id_to_index, sampled_token_ids) of one step, by reference.
+_spec_log: deque[tuple[Any, Any, Any, Any]] = deque()
+# Speculation per open request: [drafts, draft tokens, accepted, emitted, accepted at 0, ...].
+_spec_open: dict[str, list[int]] = {}
 _hooks: list[Any] = [(), ()]  # hook names, their slot bases (declaration order)
 _last_snap: list[Any] = [None]  # the latest hook snapshot folded (fallback for a new id)
 # Records waiting to be written: ("req", ...) tuples or ready "ext" dicts.
@@ -115,6 +120,50 @@ def step(
         _core.report_error("bindings", f"{type(e).__name__}: {e}")
 
 
+def spec_step(
+    spec: Any,
+    invalid: Any,
+    index: Any,
+    sampled: Any,
+    _spec_log: deque[tuple[Any, Any, Any, Any]] = _spec_log,
+) -> None:
+    """Log one speculative step's drafts and sampled tokens (references: vLLM builds them
+    anew each step and does not change them afterwards) for ``fold`` to share out per request.
+    ``_spec`` calls it where it counts the step, before the step's requests can be announced
+    finished (vLLM announces a finish in a later step's scheduler output)."""
+    _spec_log.append((spec, invalid, index, sampled))
+
+
+def _fold_spec(count: int, _positions: int = L.SPEC_POSITIONS) -> None:
+    """Share COUNT logged speculative steps out to their requests, as ``_spec`` counts the
+    process's totals: a request with drafts and sampled tokens has one draft, its draft tokens
+    (less invalid ones), ``sampled - 1`` accepted, positions ``0 .. accepted - 1``; every
+    request in the output has its sampled tokens emitted."""
+    table = _spec_open
+    for _ in range(count):
+        spec, invalid, index, sampled = _spec_log.popleft()
+        n_out = len(sampled)
+        for rid, i in index.items():
+            if i < n_out:
+                e = table.get(rid)
+                if e is None:
+                    e = table[rid] = [0] * (4 + _positions)
+                e[3] += len(sampled[i])
+        for rid, draft in (spec or {}).items():
+            i = index.get(rid)
+            if i is None or i >= n_out or not draft:
+                continue
+            n = len(sampled[i])
+            if not n:
+                continue
+            e = table[rid]
+            e[0] += 1
+            e[1] += len(draft) - (invalid.get(rid, 0) if invalid else 0)
+            e[2] += n - 1
+            for p in range(min(n - 1, _positions)):
+                e[4 + p] += 1
+
+
 def take_back(total: int) -> None:
     """Drop step TOTAL's entry (its ``execute_model`` raised: it ran no step), unless the
     writer is folding now or has folded it already (then its requests keep one step more)."""
@@ -136,29 +185,12 @@ def fold(block: bool = True) -> None:
         return
     try:
         _start_writer()
-        run: Any = None  # num_scheduled_tokens of the run, its first step and its length
-        first: Any = None
-        length = 0
-        last: Any = None
-        while _log:
-            step, now, files, nst, fin, snap = _log.popleft()
-            if snap is not None:
-                _last_snap[0] = snap
-            if run is not None and nst == run:
-                length += 1
-                last = (step, now, files)
-            else:
-                if run:
-                    _apply(run, first, length, last)
-                run, length = nst, 1
-                first = last = (step, now, files, _last_snap[0])
-            if fin:
-                if run:
-                    _apply(run, first, length, last)
-                run = None
-                _close(fin, "finished", snap or _last_snap[0])
-        if run:
-            _apply(run, first, length, last)
+        # The steps logged so far, and then every speculative step logged by now: a request's
+        # finish is logged after its last output was, so its counts are all in when it closes.
+        steps = len(_log)
+        if _spec_log:
+            _fold_spec(len(_spec_log))
+        _fold_steps(steps)
         _core.COUNTERS[L.S_BIND_OPEN] = len(_open)
     except Exception as e:  # noqa: BLE001 - a probe never raises into vLLM
         _core.report_error("bindings", f"fold: {type(e).__name__}: {e}")
@@ -166,6 +198,33 @@ def fold(block: bool = True) -> None:
         _fold_lock.release()
     if len(_buf) >= BATCH:
         flush(block=block)
+
+
+def _fold_steps(steps: int) -> None:
+    """Fold the first STEPS logged steps (the caller holds the fold lock)."""
+    run: Any = None  # num_scheduled_tokens of the run, its first step and its length
+    first: Any = None
+    length = 0
+    last: Any = None
+    for _ in range(steps):
+        step, now, files, nst, fin, snap = _log.popleft()
+        if snap is not None:
+            _last_snap[0] = snap
+        if run is not None and nst == run:
+            length += 1
+            last = (step, now, files)
+        else:
+            if run:
+                _apply(run, first, length, last)
+            run, length = nst, 1
+            first = last = (step, now, files, _last_snap[0])
+        if fin:
+            if run:
+                _apply(run, first, length, last)
+            run = None
+            _close(fin, "finished", snap or _last_snap[0])
+    if run:
+        _apply(run, first, length, last)
 
 
 def _apply(nst: dict[str, int], first: Any, length: int, last: Any) -> None:
@@ -196,19 +255,20 @@ def _close(ids: Iterable[str], end: str, snap: Any) -> None:
     """Close the open entries of IDS into records waiting to be written."""
     for rid in ids:
         e = _open.pop(rid, None)
+        spec = _spec_open.pop(rid, None) if _spec_open else None
         if e is not None:  # else never scheduled here, or not tracked (overflow)
-            _buf.append(("req", rid, e, snap, end))
+            _buf.append(("req", rid, e, snap, end, spec))
 
 
 def _record(item: Any) -> dict[str, Any]:
     if isinstance(item, dict):
         return item
-    _, rid, e, snap, end = item
+    _, rid, e, snap, end, spec = item
     s0, s1, n, tok, t0, t1, f0, f1, snap0 = e
     names, fires = snap if snap is not None else ((), ())
     fires0 = snap0[1] if snap0 is not None else ()
     hooks = {name: fires[i] - (fires0[i] if i < len(fires0) else 0) for i, name in enumerate(names)}
-    return {
+    rec = {
         "k": "req",
         "id": rid,
         "s0": s0,
@@ -222,6 +282,18 @@ def _record(item: Any) -> dict[str, Any]:
         "hooks": hooks,
         "end": end,
     }
+    if spec is not None:
+        pos = spec[4:]
+        while pos and not pos[-1]:
+            pos.pop()
+        rec["spec"] = {
+            "drafts": spec[0],
+            "draft_tokens": spec[1],
+            "accepted": spec[2],
+            "emitted": spec[3],
+            "pos": pos,
+        }
+    return rec
 
 
 def _open_fd() -> int:
@@ -325,6 +397,8 @@ def _after_fork() -> None:
     _fold_lock = threading.Lock()
     _log.clear()
     _open.clear()
+    _spec_log.clear()
+    _spec_open.clear()
     _hooks[:] = [(), ()]
     _last_snap[0] = None
     _buf.clear()

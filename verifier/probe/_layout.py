@@ -17,7 +17,9 @@ Each probed process owns one directory, ``<probe dir>/<pid>-<start ticks>/``, ho
     exit, when still open)::
 
         {"k":"req","id":INTERNAL,"s0":int,"s1":int,"n":int,"tok":int,"t0":ns,"t1":ns,
-         "f0":int,"f1":int,"hooks":{"name":fires,...},"end":"finished"|"open"}
+         "f0":int,"f1":int,"hooks":{"name":fires,...},"end":"finished"|"open"
+         [,"spec":{"drafts":int,"draft_tokens":int,"accepted":int,"emitted":int,
+                   "pos":[int,...]}]}
 
     ``id``: the engine's internal request id; ``s0``/``s1``: the process's ``steps_total``
     at the first and the last step that scheduled it; ``n``: steps that scheduled it;
@@ -28,7 +30,10 @@ Each probed process owns one directory, ``<probe dir>/<pid>-<start ticks>/``, ho
     its close (all fires of the process in that window, shared with whatever else ran in
     it; a hook declared later counts from zero); ``end``: ``finished`` (the id came back in
     ``finished_req_ids``: completed, stopped or aborted) or ``open`` (the process exited
-    first).
+    first); ``spec`` (only while speculation is on): the request's share of the process's
+    ``S_SPEC_*`` counts, counted the same way (``drafts``: its steps that verified drafts;
+    ``pos``: accepted drafts per position, trailing zeros left out; ``emitted``: tokens
+    sampled for it).
   - in the API server, one per engine request it submits::
 
         {"k":"ext","id":INTERNAL,"ext":EXTERNAL,"t":ns[,"xrid":X_REQUEST_ID]}

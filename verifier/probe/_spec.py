@@ -13,6 +13,11 @@ are the counts behind ``vllm:spec_decode_num_drafts_total``, ``…_num_draft_tok
 cannot see (a request aborted while its step ran, preempted output discarded as stale) vLLM
 leaves out and the probe counts: the totals agree on ordinary runs.
 
+Per request: each counted step is also handed to ``_bindings.spec_step`` (references only),
+which shares the same counts out to the step's requests off the step, in the writer thread;
+each request's bindings record carries its share (``"spec"``), and the shares add up to the
+process's totals.
+
 The step wrappers (``_vllm``) call ``scheduled`` at ``execute_model`` and ``output`` on what
 ``execute_model`` or ``sample_tokens`` returned, and only while the live config has a
 speculative config (``ON``): a step without speculation costs one global check.
@@ -36,6 +41,9 @@ from verifier.probe import _core
 from verifier.probe import _layout as L
 
 LOG_MAX = 32
+# Where each counted step is also logged for the per-request counts (``_bindings.spec_step``;
+# None: request bindings are off).
+BIND: Callable[[Any, Any, Any, Any], None] | None = None
 _pending: Any = None  # the scheduler output of the step whose output is not counted yet
 _logged = 0
 _factory_installed = False
@@ -113,9 +121,12 @@ def count(
     sampled = getattr(out, "sampled_token_ids", None) or ()
     c[_emitted] += sum(map(len, sampled))
     spec = getattr(so, "scheduled_spec_decode_tokens", None)
+    index = getattr(out, "req_id_to_index", None) or {}
+    bind = BIND
+    if bind is not None and index:
+        bind(spec, getattr(so, "num_invalid_spec_tokens", None), index, sampled)
     if not spec:
         return
-    index = getattr(out, "req_id_to_index", None) or {}
     if getattr(so, "num_invalid_spec_tokens", None) or not all(spec.values()):
         _count_each(c, spec, so.num_invalid_spec_tokens, index, sampled)
         return

@@ -564,7 +564,9 @@ def install() -> None:
     _postimport.when_imported("vllm.logger", lambda _: _spec.install_log_capture())
     if not bindings_enabled():
         _bind_step = None
+        _spec.BIND = None
         return
+    _spec.BIND = _bindings.spec_step
     _postimport.when_imported("vllm.v1.engine.output_processor", _bindings.on_output_processor)
     _postimport.when_imported("vllm.entrypoints.serve.engine.serving", _bindings.on_serving)
 

@@ -186,6 +186,9 @@ class Served:
     hooks: dict[str, int]
     not_pristine: list[dict[str, Any]]  # files of that process whose origin is not pristine
     runs: list[dict[str, Any]]  # each run covering the target: its verdict at the time
+    # Speculative decoding of the request: drafts, draft_tokens, accepted, emitted, pos
+    # (accepted per position). None: speculation off, or not recorded.
+    spec: dict[str, Any] | None = None
 
 
 def _internal_ids(db: Database, query: str) -> dict[str, list[str]]:
@@ -220,13 +223,14 @@ def find_request(db: Database, query: str) -> list[Served]:
     runs = _runs(db)
     out: list[Served] = []
     seen: set[tuple[Any, ...]] = set()
+    spec = "spec_json" if db.has_column("bindings", "spec_json") else "NULL"
+    columns = (
+        "target, boot_id, pid, start_ticks, first_step, last_step, steps, tokens, first_unix, "
+        f"last_unix, manifest_first, manifest_last, runner, hooks_json, finished, {spec}"
+    )  # fixed names (spec: a column name or NULL)
+    sql = f"SELECT {columns} FROM bindings WHERE internal_id = ? ORDER BY first_unix"  # noqa: S608
     for internal, external in ids.items():
-        for row in db.execute(
-            "SELECT target, boot_id, pid, start_ticks, first_step, last_step, steps, tokens, "
-            "first_unix, last_unix, manifest_first, manifest_last, runner, hooks_json, finished "
-            "FROM bindings WHERE internal_id = ? ORDER BY first_unix",
-            (internal,),
-        ):
+        for row in db.execute(sql, (internal,)):
             # The same record sent twice (an agent killed after spooling a report and before
             # saving its read offsets resends it) is one request served once.
             if tuple(row) in seen:
@@ -248,7 +252,7 @@ def _served(
     db: Database, runs: list[tuple[str, Policy]], internal: str, external: list[str],
     row: tuple[Any, ...],
 ) -> Served:  # fmt: skip
-    (target, boot, pid, ticks, s0, s1, n, tok, t0, t1, m0, m1, runner, hooks, fin) = row
+    (target, boot, pid, ticks, s0, s1, n, tok, t0, t1, m0, m1, runner, hooks, fin, spec) = row
     manifests = [m0] if m0 == m1 else [m0, m1]
     stored = [
         db.execute("SELECT 1 FROM manifests WHERE digest = ?", (m,)).fetchone() is not None
@@ -266,6 +270,7 @@ def _served(
         int(tok), float(t0), float(t1), bool(fin), manifests, stored, json.loads(hooks),
         _not_pristine(db, target, boot, int(pid), int(ticks), float(t1)),
         _verdicts_at(db, runs, target, container, float(t1)),
+        None if spec is None else json.loads(spec),
     )  # fmt: skip
 
 

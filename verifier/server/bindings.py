@@ -18,16 +18,27 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from verifier.model import RequestId, RequestSpan
+from verifier.model import RequestId, RequestSpan, RequestSpec
 from verifier.server.db import Database
 
 SPAN_COLUMNS = (
     "batch, target, boot_id, pid, start_ticks, internal_id, first_step, last_step, steps, "
-    "tokens, first_unix, last_unix, manifest_first, manifest_last, runner, hooks_json, finished"
+    "tokens, first_unix, last_unix, manifest_first, manifest_last, runner, hooks_json, finished, "
+    "spec_json"
 )
 ID_COLUMNS = "batch, target, internal_id, external_id, client_id, at_unix"
+
+
+def span_select(db: Database) -> str:
+    """SPAN_COLUMNS for a SELECT: a database made before ``spec_json`` existed, opened read
+    only (so not upgraded), reads NULL there."""
+    if db.has_column("bindings", "spec_json"):
+        return SPAN_COLUMNS
+    return SPAN_COLUMNS.replace("spec_json", "NULL AS spec_json")
+
+
 # Fixed column lists, no input: S608 does not apply.
-INSERT_SPAN = f"INSERT INTO bindings ({SPAN_COLUMNS}) VALUES ({', '.join('?' * 17)})"  # noqa: S608
+INSERT_SPAN = f"INSERT INTO bindings ({SPAN_COLUMNS}) VALUES ({', '.join('?' * 18)})"  # noqa: S608
 INSERT_ID = f"INSERT INTO request_ids ({ID_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)"  # noqa: S608
 
 # The OpenAI server's id prefixes (vllm/entrypoints/**/serving.py): "<prefix>-<base id>", the
@@ -60,12 +71,23 @@ def hooks_json(hooks: tuple[tuple[str, int], ...]) -> str:
     return "{" + ",".join(f"{_name(k)}:{int(v)}" for k, v in sorted(hooks)) + "}"
 
 
+def spec_json(s: RequestSpec | None) -> str | None:
+    """A request's speculative decoding as stored (None: off, or not recorded)."""
+    if s is None:
+        return None
+    return (
+        f'{{"accepted":{int(s.accepted_tokens)},"drafts":{int(s.drafts)},'
+        f'"draft_tokens":{int(s.draft_tokens)},"emitted":{int(s.emitted_tokens)},'
+        f'"pos":[{",".join(str(int(p)) for p in s.accepted_per_position)}]}}'
+    )
+
+
 def span_row(batch: str, target: str, b: RequestSpan) -> tuple[Any, ...]:
     hooks = hooks_json(b.hooks)
     return (
         batch, target, b.process.boot_id, b.process.pid, b.process.start_ticks, b.internal_id,
         b.first_step, b.last_step, b.steps, b.tokens, float(b.first_unix), float(b.last_unix),
-        b.manifest_first, b.manifest_last, b.runner, hooks, int(b.finished),
+        b.manifest_first, b.manifest_last, b.runner, hooks, int(b.finished), spec_json(b.spec),
     )  # fmt: skip
 
 
@@ -106,9 +128,19 @@ def store_batch(  # noqa: PLR0917 - one call site, inside the store's transactio
     return span_rows, id_rows
 
 
+def _canonical(row: Sequence[Any]) -> list[Any]:
+    """ROW without its trailing NULLs: a column added later (``spec_json``) is NULL in rows
+    stored before it existed, and leaving NULLs out keeps their digests what they were."""
+    out = list(row)
+    while out and out[-1] is None:
+        out.pop()
+    return out
+
+
 def rows_bytes(rows: Iterable[Sequence[Any]]) -> bytes:
-    """The canonical bytes of rows in order: one compact JSON array of arrays."""
-    return json.dumps([list(r) for r in rows], separators=(",", ":")).encode()
+    """The canonical bytes of rows in order: one compact JSON array of arrays (a row's
+    trailing NULL columns left out)."""
+    return json.dumps([_canonical(r) for r in rows], separators=(",", ":")).encode()
 
 
 def rows_sha256(rows: Iterable[Sequence[Any]]) -> str:
@@ -122,7 +154,7 @@ def stored_batches(db: Database) -> Iterator[tuple[str, str, float, str, str]]:
     transaction, one writer at a time). Streams the rows, holding one batch's rows at a time
     and two digests per batch. Rows of no stored batch (inserted behind the ledger's back) come
     last, with an empty target."""
-    spans = dict(_digests(db, f"SELECT {SPAN_COLUMNS} FROM bindings ORDER BY rowid"))  # noqa: S608
+    spans = dict(_digests(db, f"SELECT {span_select(db)} FROM bindings ORDER BY rowid"))  # noqa: S608
     ids = dict(_digests(db, f"SELECT {ID_COLUMNS} FROM request_ids ORDER BY rowid"))  # noqa: S608
     empty = rows_sha256(())
     for ref, target, received in list(

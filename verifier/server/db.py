@@ -104,6 +104,9 @@ class Database:
     def has_table(self, table: str) -> bool:
         raise NotImplementedError
 
+    def has_column(self, table: str, column: str) -> bool:
+        raise NotImplementedError
+
     def close(self) -> None:
         raise NotImplementedError
 
@@ -150,6 +153,10 @@ class SQLiteDatabase(Database):
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
         ).fetchone()
         return row is not None
+
+    def has_column(self, table: str, column: str) -> bool:
+        rows = self._db.execute("SELECT name FROM pragma_table_info(?)", (table,)).fetchall()
+        return any(r[0] == column for r in rows)
 
     @contextlib.contextmanager
     def snapshot(self) -> Iterator[None]:
@@ -253,6 +260,14 @@ class PostgresDatabase(Database):
     def has_table(self, table: str) -> bool:
         row = self._db.execute("SELECT to_regclass(%s)", (table,)).fetchone()
         return row is not None and row[0] is not None
+
+    def has_column(self, table: str, column: str) -> bool:
+        row = self._db.execute(
+            "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
+            "AND table_name = %s AND column_name = %s",
+            (table, column),
+        ).fetchone()
+        return row is not None
 
     def close(self) -> None:
         self._db.close()

@@ -55,7 +55,8 @@ class _Export:
             raise audit_queries.NotFound(f"no stored batch of bindings {ref}")
         agent_id, seq = json.loads(ref)
         spans = self.db.execute(
-            f"SELECT {bindings.SPAN_COLUMNS} FROM bindings WHERE batch = ? ORDER BY rowid",  # noqa: S608
+            f"SELECT {bindings.span_select(self.db)} FROM bindings WHERE batch = ? "  # noqa: S608
+            "ORDER BY rowid",
             (ref,),
         ).fetchall()
         ids = self.db.execute(

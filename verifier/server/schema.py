@@ -13,6 +13,11 @@ is storage order in both.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from verifier.server.db import Database
+
 _TABLES = """
 CREATE TABLE IF NOT EXISTS runs (
     {rowid}
@@ -88,7 +93,8 @@ CREATE TABLE IF NOT EXISTS bindings (
     manifest_last TEXT NOT NULL,
     runner TEXT NOT NULL,
     hooks_json TEXT NOT NULL,
-    finished BIGINT NOT NULL
+    finished BIGINT NOT NULL,
+    spec_json TEXT
 );
 CREATE INDEX IF NOT EXISTS bindings_by_internal ON bindings (internal_id);
 CREATE INDEX IF NOT EXISTS bindings_by_batch ON bindings (batch);
@@ -148,3 +154,19 @@ POSTGRES = _TABLES.format(
 
 def for_kind(kind: str) -> str:
     return POSTGRES if kind == "postgresql" else SQLITE
+
+
+# Columns added after their table was first released: (table, column, type). A database made
+# before one exists gets it, NULL in its old rows (which the ledger's row digests leave out).
+ADDED_COLUMNS = (("bindings", "spec_json", "TEXT"),)
+
+
+def add_columns(db: Database) -> list[str]:
+    """Add every ``ADDED_COLUMNS`` column DB lacks (inside the caller's transaction); the
+    ``table.column`` names added."""
+    added = []
+    for table, column, kind in ADDED_COLUMNS:
+        if not db.has_column(table, column):
+            db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")  # fixed names
+            added.append(f"{table}.{column}")
+    return added

@@ -87,11 +87,16 @@ class Store:
             self._db.close()
             raise ConfigError(f"verifier database {self.path} is corrupt: {integrity}")
         self._lock = threading.Lock()
+        self.columns_added: list[str] = []
+        self._tx([], self._add_columns)
         self.backfilled = 0
         self._tx([], self._backfill)
         self.reindexed = 0
         if needs_rebuild(self._db):
             self._tx([], self._reindex)
+
+    def _add_columns(self, db: Database) -> None:
+        self.columns_added = schema.add_columns(db)
 
     def _backfill(self, db: Database) -> None:
         self.backfilled = ledger.backfill(db, time.time())
