@@ -6,6 +6,7 @@ served no request yet: the run must be PENDING then, never PASS.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import signal
@@ -57,6 +58,52 @@ class Daemon:
         code = self.proc.wait(timeout=30)
         self.proc = None
         return code
+
+
+class Local:
+    """A real verifier on a unix socket in DIR (SQLite in DIR/db.sqlite3), and agents started
+    against it; everything stopped on exit (see ``local_verifier``)."""
+
+    def __init__(self, d: Path) -> None:
+        self.dir, self.addr, self.db = d, f"unix:{d}/verifier.sock", d / "db.sqlite3"
+        self.daemons: list[Daemon] = []
+
+    def agent(self, target: str, pid: int) -> Daemon:
+        """An agent reporting process PID (and its tree) as TARGET every 0.5 s."""
+        a = Daemon(
+            [
+                *("agent", "--verifier", self.addr, "--target", target, "--pid", str(pid)),
+                *("--interval", "0.5", "--spool", str(self.dir / f"spool-{target}")),
+            ],
+            self.dir / f"agent-{target}.log",
+        ).start()
+        self.daemons.append(a)
+        return a
+
+    def logs(self) -> str:
+        return "".join(p.read_text()[-3000:] for p in sorted(self.dir.glob("*.log")))
+
+
+@contextlib.contextmanager
+def local_verifier(d: Path) -> Iterator[Local]:
+    """``verifier serve`` on a unix socket in D, ready when the socket is; it and every agent
+    started through it are stopped on exit."""
+    v = Local(d)
+    serve = Daemon(
+        ["serve", "--listen", v.addr, "--db", str(v.db), "--report-interval", "0.5"],
+        d / "serve.log",
+    ).start()
+    v.daemons.append(serve)
+    try:
+        deadline = time.monotonic() + 30
+        while not (d / "verifier.sock").exists():
+            assert time.monotonic() < deadline, (d / "serve.log").read_text()
+            time.sleep(0.1)
+        yield v
+    finally:
+        for daemon in reversed(v.daemons):
+            if daemon.proc is not None:
+                daemon.stop()
 
 
 @pytest.fixture(scope="module")

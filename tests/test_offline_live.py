@@ -28,7 +28,7 @@ from tests.offline import (
     passes,
     verdict,
 )
-from tests.test_gate_e2e import Daemon
+from tests.test_gate_e2e import local_verifier
 from verifier.evidence.process import OFFLINE_FRONT_END_NOTE, OFFLINE_ONE_PROCESS_NOTE
 from verifier.policy import interface as I
 
@@ -179,25 +179,7 @@ def test_agent_and_gate_pass_an_offline_run_and_hold_a_server_policy_pending(
     multi: tuple[OfflineScript, dict[str, Any]], tmp_path: Path
 ) -> None:
     script = multi[0]
-    addr = f"unix:{tmp_path}/verifier.sock"
-    serve = Daemon(
-        [
-            "serve",
-            "--listen",
-            addr,
-            "--db",
-            str(tmp_path / "db.sqlite3"),
-            "--report-interval",
-            "0.5",
-        ],
-        tmp_path / "serve.log",
-    ).start()
-    agent = None
-    try:
-        deadline = time.monotonic() + 30
-        while not (tmp_path / "verifier.sock").exists():
-            assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
-            time.sleep(0.1)
+    with local_verifier(tmp_path) as v:
         target = '[targets]\nnames = ["offline-0"]\n'
         runs = {
             "offline": offline_policy("offline", "engine_core", "worker"),
@@ -206,28 +188,17 @@ def test_agent_and_gate_pass_an_offline_run_and_hold_a_server_policy_pending(
         for name, text in runs.items():
             path = tmp_path / f"{name}.toml"
             path.write_text(text.replace("version = 1\n", f"version = 1\n{target}"))
-            out = verifier_cli("run", "register", name, "--policy", str(path), "--verifier", addr)
+            out = verifier_cli("run", "register", name, "--policy", str(path), "--verifier", v.addr)
             assert out.returncode == 0, out.stderr
-        agent = Daemon(
-            [
-                *("agent", "--verifier", addr, "--target", "offline-0", "--pid", str(script.pid)),
-                *("--interval", "0.5", "--spool", str(tmp_path / "spool")),
-            ],
-            tmp_path / "agent.log",
-        ).start()
-        passed = verifier_cli("wait", "offline", "--timeout", "90", "--verifier", addr)
-        assert passed.returncode == 0, passed.stderr + (tmp_path / "agent.log").read_text()[-3000:]
+        v.agent("offline-0", script.pid)
+        passed = verifier_cli("wait", "offline", "--timeout", "90", "--verifier", v.addr)
+        assert passed.returncode == 0, passed.stderr + v.logs()
         assert "run offline: PASS" in passed.stdout
-        held = verifier_cli("wait", "server", "--timeout", "3", "--verifier", addr)
+        held = verifier_cli("wait", "server", "--timeout", "3", "--verifier", v.addr)
         assert held.returncode == 5, held.stdout + held.stderr
         assert "still PENDING" in held.stderr
-        status = verifier_cli("status", "server", "--verifier", addr, "--json")
+        status = verifier_cli("status", "server", "--verifier", v.addr, "--json")
         assert I.EVIDENCE_ROLE_MISSING in status.stdout and "api_server" in status.stdout
-    finally:
-        if agent is not None and agent.proc is not None:
-            agent.stop()
-        if serve.proc is not None:
-            serve.stop()
 
 
 # -- (b) offline LLM in one process --------------------------------------------------------

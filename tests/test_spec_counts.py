@@ -82,6 +82,16 @@ def config(spec: Any) -> Any:
 NGRAM = types.SimpleNamespace(method="ngram", num_speculative_tokens=3)
 
 
+class AsyncOut:
+    """An AsyncModelRunnerOutput: the output comes from get_output, which vLLM calls later."""
+
+    def __init__(self, out: Any) -> None:
+        self.out = out
+
+    def get_output(self) -> Any:
+        return self.out
+
+
 def make_worker(spec: Any, *, two_phase: bool = True) -> Any:
     """A fresh worker class (the probe wraps classes) whose runner returns the queued outputs:
     from sample_tokens (V1's two phases) or from execute_model itself."""
@@ -182,13 +192,6 @@ def test_execute_model_returning_the_output_counts_the_same(journal: FakeState) 
 def test_an_asynchronous_output_is_counted_when_collected(journal: FakeState) -> None:
     """Async scheduling: sample_tokens returns an AsyncModelRunnerOutput; vLLM's output
     thread calls its get_output later. Nothing is counted before that, everything after."""
-
-    class AsyncOut:
-        def __init__(self, out: Any) -> None:
-            self.out = out
-
-        def get_output(self) -> Any:
-            return self.out
 
     w = make_worker(NGRAM)
     pending = []
@@ -321,13 +324,6 @@ def test_without_speculation_a_request_record_has_no_spec(bindings: None) -> Non
 
 
 def test_an_asynchronous_output_is_shared_out_when_collected(bindings: None) -> None:
-    class AsyncOut:
-        def __init__(self, out: Any) -> None:
-            self.out = out
-
-        def get_output(self) -> Any:
-            return self.out
-
     w = make_worker(NGRAM)
     a = AsyncOut(output({"a": [1, 2, 5]}))
     step(w, so({"a": 4}, spec={"a": [1, 2, 3]}, new=("a",)), a)

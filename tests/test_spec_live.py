@@ -20,7 +20,7 @@ import pytest
 
 from tests.conftest import SPEC_PROPOSE, SPEC_REJECT, V1_STEP
 from tests.helpers import REPO, hook_by_name, inspect_json, verifier_cli
-from tests.test_gate_e2e import Daemon
+from tests.test_gate_e2e import local_verifier
 from verifier import wire
 from verifier.evidence.bindings_reader import BindingsReader
 from verifier.evidence.bindings_reader import RequestSpan as ProbeSpan
@@ -295,45 +295,24 @@ def test_audit_request_shows_a_request_s_speculation_through_agent_and_verifier(
     server, the real agent reading its bindings, the real verifier storing them over gRPC,
     and ``verifier audit request <X-Request-Id>`` naming its speculation counts."""
     client = f"spec-audit-{uuid.uuid4().hex[:8]}"
-    addr, db = f"unix:{tmp_path}/verifier.sock", tmp_path / "db.sqlite3"
-    serve = Daemon(
-        ["serve", "--listen", addr, "--db", str(db), "--report-interval", "0.5"],
-        tmp_path / "serve.log",
-    ).start()
-    agent = None
-    try:
-        deadline = time.monotonic() + 30
-        while not (tmp_path / "verifier.sock").exists():
-            assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
-            time.sleep(0.1)
-        agent = Daemon(
-            [
-                *("agent", "--verifier", addr, "--target", "spec-0", "--pid", str(spec_server.pid)),
-                *("--interval", "0.5", "--spool", str(tmp_path / "spool")),
-            ],
-            tmp_path / "agent.log",
-        ).start()
+    with local_verifier(tmp_path) as v:
+        v.agent("spec-0", spec_server.pid)
         spec_server.complete(PROMPTS[0], max_tokens=MAX_TOKENS, headers={"X-Request-Id": client})
         deadline = time.monotonic() + 60
         while True:
-            out = verifier_cli("audit", "request", client, "--db", str(db), "--json")
+            out = verifier_cli("audit", "request", client, "--db", str(v.db), "--json")
             if out.returncode == 0 or time.monotonic() > deadline:
                 break
             time.sleep(1)
-        assert out.returncode == 0, out.stderr + (tmp_path / "agent.log").read_text()[-2000:]
+        assert out.returncode == 0, out.stderr + v.logs()
         (served,) = json.loads(out.stdout)
         sp = served["spec"]
         assert sp is not None and sp["drafts"] > 0 and sp["emitted"] >= MAX_TOKENS, served
         assert sum(sp["pos"]) == sp["accepted"] <= sp["draft_tokens"], sp
         assert served["external_ids"] == [f"cmpl-{client}-0"], served
-        text = verifier_cli("audit", "request", client, "--db", str(db))
+        text = verifier_cli("audit", "request", client, "--db", str(v.db))
         assert f"speculation: {sp['drafts']} draft(s), {sp['draft_tokens']} draft tokens" in (
             text.stdout
         ), text.stdout
-        ok = verifier_cli("audit", "verify", "--db", str(db))
+        ok = verifier_cli("audit", "verify", "--db", str(v.db))
         assert ok.returncode == 0, ok.stdout + ok.stderr
-    finally:
-        if agent is not None and agent.proc is not None:
-            agent.stop()
-        if serve.proc is not None:
-            serve.stop()

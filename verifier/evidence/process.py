@@ -19,6 +19,11 @@ OFFLINE_FRONT_END_NOTE = (
     "carry the script's own ids, never a client's X-Request-Id; the steps run in the "
     "processes under it"
 )
+OFFLINE_ONE_PROCESS_NOTE = (
+    "offline use in one process (VLLM_ENABLE_V1_MULTIPROCESSING=0): this process is the "
+    "front end (vllm.LLM / LLMEngine), the engine core and the worker; no API server, so "
+    "its requests carry the script's own ids, never a client's X-Request-Id"
+)
 
 
 def raised_note(raised: int, errors: tuple[tuple[int, str], ...] = ()) -> str:
@@ -30,12 +35,6 @@ def raised_note(raised: int, errors: tuple[tuple[int, str], ...] = ()) -> str:
         f"two-phase protocol returns none, gets this){first}"
     )
 
-
-OFFLINE_ONE_PROCESS_NOTE = (
-    "offline use in one process (VLLM_ENABLE_V1_MULTIPROCESSING=0): this process is the "
-    "front end (vllm.LLM / LLMEngine), the engine core and the worker; no API server, so "
-    "its requests carry the script's own ids, never a client's X-Request-Id"
-)
 
 _TITLE = re.compile(r"^VLLM::(?P<name>[A-Za-z]+)(?:_.*?TP(?P<tp>\d+))?")
 
