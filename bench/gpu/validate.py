@@ -113,6 +113,41 @@ def step_deltas(before: str, after: str) -> list[dict[str, object]]:
     return out
 
 
+def request_spec(inspect_out: str) -> list[dict[str, object]]:
+    """Per process with speculation on: its finished requests' speculation shares (the
+    ``"spec"`` of each ``"req"`` record in its bindings.jsonl) summed, beside the process's
+    totals (``steps.speculation``): issue 11's per-request counts, which must add up."""
+    rows: list[dict[str, object]] = []
+    for p in json.loads(inspect_out)["processes"]:
+        sp = (p.get("steps") or {}).get("speculation") or {}
+        pdir = (p.get("probe") or {}).get("dir")
+        if not sp.get("on") or not pdir:
+            continue
+        path = Path(pdir) / f"{p['pid']}-{p['start_ticks']}" / "bindings.jsonl"
+        sums = {"requests": 0, "without_spec": 0, "drafts": 0, "draft_tokens": 0,
+                "accepted": 0, "emitted": 0}  # fmt: skip
+        pos: list[int] = []
+        for line in path.read_text().splitlines() if path.exists() else []:
+            rec = json.loads(line)
+            if rec.get("k") != "req":
+                continue
+            sums["requests"] += 1
+            share = rec.get("spec")
+            if share is None:
+                sums["without_spec"] += 1
+                continue
+            for k in ("drafts", "draft_tokens", "accepted", "emitted"):
+                sums[k] += share[k]
+            for i, n in enumerate(share["pos"]):
+                pos[i : i + 1] = [(pos[i] if i < len(pos) else 0) + n]
+        totals = {k: sp.get(k) for k in ("drafts", "draft_tokens", "accepted_tokens",
+                                         "emitted_tokens", "accepted_per_position")}  # fmt: skip
+        rows.append({"pid": p["pid"], "role": p.get("role"), "rank": p.get("rank"),
+                     "request_sums": {**sums, "accepted_per_position": pos},
+                     "process_totals": totals})  # fmt: skip
+    return rows
+
+
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [PY, "-m", "verifier", *args],
@@ -266,6 +301,10 @@ def main() -> int:  # noqa: PLR0912, PLR0915 - one arm, step by step, all output
             ]
         except (ValueError, KeyError, TypeError) as e:
             summary["inspect_error"] = f"{type(e).__name__}: {e}; {ins.stderr[-300:]}"
+        try:
+            summary["per_request_spec"] = request_spec(ins.stdout)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            summary["per_request_spec"] = f"{type(e).__name__}: {e}"
     except Exception as e:  # noqa: BLE001 - the summary and the files must come back
         summary["error"] = f"{type(e).__name__}: {e}"
     finally:
