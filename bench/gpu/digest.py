@@ -15,7 +15,18 @@ from pathlib import Path
 def digest(arm: Path, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     summary = json.loads((arm / "summary.json").read_text())
-    summary.pop("processes", None)  # the digest below keeps what the verdicts need
+    # the digest below keeps what the verdicts need; of each process, how its engine stepped
+    # and its speculation totals
+    summary["engines"] = [
+        {
+            "pid": p.get("pid"),
+            "role": p.get("role"),
+            "engine": p.get("engine"),
+            "speculation": (p.get("steps") or {}).get("speculation"),
+        }
+        for p in summary.pop("processes", None) or []
+        if isinstance(p, dict)
+    ]
     if isinstance(summary.get("client"), dict):
         summary["client"].pop("sample", None)
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
