@@ -37,6 +37,7 @@ bench: setup      ## benchmarks; results belong in BENCHMARKS.md
 	$(PY) bench/hook_fire.py
 	$(PY) bench/step_cost.py
 	$(PY) bench/server_throughput.py
+	$(PY) bench/server_throughput.py --speculative
 	$(PY) bench/gate_latency.py
 	$(PY) bench/agents_scale.py
 	$(PY) bench/hash_scan.py
