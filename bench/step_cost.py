@@ -237,9 +237,12 @@ def spec_arms() -> dict[str, dict[str, float]]:
     }
     fold_key = "per-request fold per step (writer thread), 8 requests x 3 drafts"
     results: dict[str, list[float]] = {k: [] for k in [*arms, fold_key]}
-    saved = _vllm._spec_on, _spec.BIND
-    # the probe's writer thread folds the logs every 0.5 s: it waits on this lock meanwhile,
-    # so the fold timed here is the whole of each timing's log
+    saved = _vllm._spec_on, _spec.BIND, _bindings.LOG_MAX
+    # The probe's writer thread folds the logs every 0.5 s: it waits on this lock meanwhile,
+    # so the fold timed here is the whole of each timing's log. No fold inside the timed
+    # steps either (as in bindings_arms), and the steps' own bindings log is dropped after
+    # each timing: left to the writer, it would be folded during the timings that follow.
+    _bindings.LOG_MAX = 1 << 40
     _bindings._fold_lock.acquire()
     try:
         for _ in range(ROUNDS):
@@ -253,8 +256,9 @@ def spec_arms() -> dict[str, dict[str, float]]:
                     results[fold_key].append((time.perf_counter_ns() - t0) / N)
                 _bindings._spec_log.clear()
                 _bindings._spec_open.clear()
+                _bindings._log.clear()
     finally:
-        _vllm._spec_on, _spec.BIND = saved
+        _vllm._spec_on, _spec.BIND, _bindings.LOG_MAX = saved
         _bindings._fold_lock.release()
     return {k: summary(v) for k, v in results.items()}
 

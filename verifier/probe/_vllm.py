@@ -55,6 +55,8 @@ _warming = 0  # > 0 while the worker's warm-up runs: its execute_model calls are
 _spec_on = False  # the live config has a speculative config: steps count drafts (_spec)
 RAISED_LOGGED_MAX = 8  # execute_model errors journaled per process (all are counted)
 _raised_logged = 0
+_waiting = False  # the latest execute_model returned None: its step waits for sample_tokens
+_step_phase = 0  # the latest step's phase bits (S_CURRENT_PHASE), kept here to put back
 
 
 _wrappers: set[Callable[..., Any]] = set()  # this module's wrappers (by identity)
@@ -198,9 +200,9 @@ def _count_step(
     _reqs_max: int = L.S_REQUESTS_MAX,
     _phase: int = L.S_CURRENT_PHASE,
     _last: int = L.S_LAST_STEP_UNIX_NS,
-) -> None:
-    """Count one step. It runs on every step: slot numbers are bound as defaults and each
-    shared slot is touched as few times as the counts allow."""
+) -> int:
+    """Count one step; its phase bits. It runs on every step: slot numbers are bound as
+    defaults and each shared slot is touched as few times as the counts allow."""
     c = _core.COUNTERS
     total = c[_total] + 1
     c[_total] = total
@@ -225,16 +227,17 @@ def _count_step(
         c[_phase] = phase
     else:
         c[L.S_STEPS_EMPTY] += 1
-        c[_phase] = 0
+        c[_phase] = phase = 0
     if total == 1:
         c[L.S_FIRST_STEP_UNIX_NS] = now
     c[_last] = now
     bind = _bind_step
     if bind is not None:
         bind(so, total, now)
+    return phase
 
 
-def _take_back(so: Any, before: tuple[int, int, Any], error: BaseException) -> None:
+def _take_back(so: Any, before: tuple[bool, int, Any], error: BaseException) -> None:
     """Undo the counts of a step whose ``execute_model`` raised: the call ran no step (vLLM
     raises "sample_tokens() must be called after execute_model() returns None" at once when a
     driver calls it twice in a row; an error inside a real step ends the engine). It is
@@ -262,9 +265,10 @@ def _take_back(so: Any, before: tuple[int, int, Any], error: BaseException) -> N
         else:
             c[L.S_STEPS_EMPTY] -= 1
         c[L.S_STEPS_TOTAL] = total - 1
-        c[L.S_CURRENT_PHASE] = before[1]
+        c[L.S_CURRENT_PHASE] = max(before[1], 0)
         _bindings.take_back(total)
-        _spec.scheduled(before[2])  # the step still waiting for its output, if any
+        if _spec_on:
+            _spec.scheduled(before[2])  # the step still waiting for its output, if any
         if _raised_logged < RAISED_LOGGED_MAX:
             _raised_logged += 1
             _core.state().remember(
@@ -286,48 +290,52 @@ def _wrap_worker_class(cls: type) -> None:
     orig_exec = getattr(cls, "execute_model", None)
     if orig_exec is not None and not _ours(orig_exec):
         recorded = False
+        in_step = L.S_IN_STEP  # slot numbers bound here: no module lookups in the step
 
         def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
             nonlocal recorded
+            global _waiting, _step_phase
             if _warming or _dummy_depth or kwargs.get("dummy_run"):
                 # warm-up (V2 kernel warm-up drives the worker) or padding: not a step
                 return _dummy_call(orig_exec, self, (scheduler_output, *args), kwargs)
             c = _core.COUNTERS
-            before = c[L.S_IN_STEP], c[L.S_CURRENT_PHASE], _spec._pending
-            c[L.S_IN_STEP] = 1  # not nested: execute_model and sample_tokens take turns
-            counted = False
+            c[in_step] = 1  # not nested: execute_model and sample_tokens take turns
+            phase = -1  # not counted (yet)
+            pending = None
             try:
-                _count_step(scheduler_output)
-                counted = True
+                phase = _count_step(scheduler_output)
                 if not recorded:
                     recorded = True
                     record_runner(self)
                 if _spec_on:
+                    pending = _spec._pending
                     _spec.scheduled(scheduler_output)
             except Exception as e:  # noqa: BLE001 - a probe never raises into a step
                 _core.report_error("steps", f"{type(e).__name__}: {e}")
-            out, returned = None, False
             try:
                 out = orig_exec(self, scheduler_output, *args, **kwargs)
-                returned = True
-                if _spec_on:  # before the step may close: its counts are in when it does
-                    _spec_output(out)
             except BaseException as e:
-                if counted:
-                    _take_back(scheduler_output, before, e)
-                raise
-            finally:
-                # Two-phase protocol: execute_model returned nothing, the step goes on in
-                # sample_tokens (where the sampler's hooks fire): it stays open until then,
-                # so that a reader does not judge the step before its fires are in. A call
-                # that raised leaves the mark as it found it (a step still waiting for its
-                # sample_tokens stays open).
-                if returned:
-                    c[L.S_IN_STEP] = 1 if out is None else 0
-                else:
-                    c[L.S_IN_STEP] = before[0]
+                # It ran no step: its counts are taken back, and the in-step mark is left as
+                # it was (a step still waiting for its sample_tokens stays open).
+                if phase >= 0:
+                    _take_back(scheduler_output, (_waiting, _step_phase, pending), e)
+                c[in_step] = 1 if _waiting else 0
                 if _device._counters:
                     _read_device()
+                raise
+            if _spec_on:  # before the step may close: its counts are in when it does
+                _spec_output(out)
+            # Two-phase protocol: execute_model returned nothing, the step goes on in
+            # sample_tokens (where the sampler's hooks fire): it stays open until then, so
+            # that a reader does not judge the step before its fires are in.
+            _step_phase = phase
+            if out is None:
+                _waiting = True
+            else:
+                _waiting = False
+                c[in_step] = 0
+            if _device._counters:
+                _read_device()
             return out
 
         functools.update_wrapper(execute_model, orig_exec)
@@ -424,6 +432,7 @@ def _mark_in_step(cls: type, name: str) -> None:
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         if _warming or _dummy_depth:
             return orig(self, *args, **kwargs)  # warm-up: not in a step
+        global _waiting
         c = _core.COUNTERS
         c[L.S_IN_STEP] = 1
         try:
@@ -432,6 +441,7 @@ def _mark_in_step(cls: type, name: str) -> None:
                 _spec_output(out)
             return out
         finally:
+            _waiting = False
             c[L.S_IN_STEP] = 0
 
     functools.update_wrapper(wrapper, orig)
