@@ -9,10 +9,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -37,10 +38,15 @@ on = "decode"
 """
 
 
+class Stack(NamedTuple):
+    addr: str
+    dir: Path
+    server: VllmServer
+    agent: Daemon
+
+
 @pytest.fixture(scope="module")
-def stack(
-    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[str, Path, VllmServer]]:
+def stack(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     d = tmp_path_factory.mktemp("window")
     server = VllmServer(
         tiny_model,
@@ -70,7 +76,7 @@ def stack(
             "run", "register", "lp", "--policy", str(d / "p.toml"), "--verifier", addr
         )
         assert out.returncode == 0, out.stderr
-        yield addr, d, server
+        yield Stack(addr, d, server, agent)
     finally:
         if agent is not None and agent.proc is not None:
             agent.stop()
@@ -96,8 +102,8 @@ def results(d: Path, name: str) -> Path:
     return path
 
 
-def test_window_where_the_hook_kept_pace_is_sealed(stack: tuple[str, Path, VllmServer]) -> None:
-    addr, d, server = stack
+def test_window_where_the_hook_kept_pace_is_sealed(stack: Stack) -> None:
+    addr, d, server, _ = stack
     ask(server, 2, logprobs=True)  # every decode step so far asked for logprobs
     code, text = cli(addr, "window", "lp", "--out", str(d / "w1.json"), "--timeout", "60")
     assert code == 0, text
@@ -116,8 +122,39 @@ def test_window_where_the_hook_kept_pace_is_sealed(stack: tuple[str, Path, VllmS
     assert f"fired {row['fired']} on {row['steps']} decode steps during the window" in text
 
 
-def test_window_without_steps_is_not_a_pass(stack: tuple[str, Path, VllmServer]) -> None:
-    addr, d, _ = stack
+def test_window_opens_on_reports_read_after_it_was_asked(stack: Stack) -> None:
+    """Steps that ran before `window` was called are not in the window, even when the verifier's
+    latest report predates them: with the agent paused, a request runs, and `window` must wait
+    (timing out, exit 5) rather than open on the older report's counts; once the agent reports
+    again the window opens on counts that include that request, so an idle window then has no
+    steps. Opened on the older report, the seal would count the request's four decode steps as
+    the window's and call it held."""
+    addr, d, server, agent = stack
+    ask(server, 1, logprobs=True)
+    code, text = cli(addr, "wait", "lp", "--timeout", "60")  # the run PASSes on what came so far
+    assert code == 0, text
+    assert agent.proc is not None
+    agent.proc.send_signal(signal.SIGSTOP)
+    try:
+        ask(server, 1, logprobs=True)  # 4 decode steps that no report has carried yet
+        code, text = cli(addr, "window", "lp", "--out", str(d / "w5.json"), "--timeout", "3")
+        assert code == 5, text
+        assert "run lp PASSes, but no report read after the wait began arrived" in text
+        assert not (d / "w5.json").exists()
+    finally:
+        agent.proc.send_signal(signal.SIGCONT)
+    code, text = cli(addr, "window", "lp", "--out", str(d / "w5.json"), "--timeout", "60")
+    assert code == 0, text
+    res = results(d, "r5.json")
+    code, text = cli(addr, "seal", "lp", "--window", str(d / "w5.json"), "--results", str(res))
+    assert code == 1, text
+    st = json.loads((d / "r5.json.seal.json").read_text())
+    assert {f["id"] for f in st["findings"]} == {"window.no_steps"}, st["findings"]
+    assert all(r["steps"] == 0 for r in st["hooks"].values()), st["hooks"]
+
+
+def test_window_without_steps_is_not_a_pass(stack: Stack) -> None:
+    addr, d, _, _ = stack
     code, text = cli(addr, "window", "lp", "--out", str(d / "w0.json"), "--timeout", "60")
     assert code == 0, text
     res = results(d, "r0.json")  # nothing ran while "measuring"
@@ -129,9 +166,9 @@ def test_window_without_steps_is_not_a_pass(stack: tuple[str, Path, VllmServer])
 
 
 def test_hook_that_stops_firing_mid_window_fails_the_seal(
-    stack: tuple[str, Path, VllmServer],
+    stack: Stack,
 ) -> None:
-    addr, d, server = stack
+    addr, d, server, _ = stack
     code, text = cli(addr, "window", "lp", "--out", str(d / "w2.json"), "--timeout", "60")
     assert code == 0, text  # the gate passes at the start
     ask(server, 1, logprobs=True)
@@ -150,8 +187,8 @@ def test_hook_that_stops_firing_mid_window_fails_the_seal(
     assert ctx["fired"] < ctx["steps"]
 
 
-def test_seal_refuses_bad_input(stack: tuple[str, Path, VllmServer]) -> None:
-    addr, d, _ = stack
+def test_seal_refuses_bad_input(stack: Stack) -> None:
+    addr, d, _, _ = stack
     code, text = cli(
         addr, "seal", "lp", "--window", str(d / "nope.json"), "--results", str(d / "r1.json")
     )
@@ -171,19 +208,17 @@ HALF = POLICY.replace('on = "decode"\n', 'on = "decode"\nmin_fires_per_productiv
 
 
 def test_harness_block_where_a_hook_stops_fails_and_seals_why(
-    stack: tuple[str, Path, VllmServer],
+    stack: Stack,
 ) -> None:
     """The harness context manager (verifier.gate.measurement) with results: the gate passes
-    on entry, the logprobs hook stops firing inside the block, and leaving the block raises
-    GateFailed although the run itself still PASSes (over the process's life the hook fired
-    on at least half of the decode steps, which this run's policy asks), after writing the
-    results' statement with the window.hook_lagged finding."""
-    from verifier.client import VerifierClient
+        on entry, the logprobs hook stops firing inside the block, and leaving the block raises
+        GateFailed although the run itself still PASSes (over the process's life the hook fired
+        on at least half of the decode steps, which this run's policy asks), after writing the
+        results' statement with the window.hook_lagged finding. The block opens on evidence read
+    after it was entered: the 16 firing steps just before it are not the block's."""
     from verifier.gate import GateFailed, measurement
-    from verifier.server.address import resolve
-    from verifier.window import fresh_status
 
-    addr, d, server = stack
+    addr, d, server, _ = stack
     assert 'name = "logprobs"\non = "decode"\nmin_fires_per_productive_step = 0.5' in HALF
     (d / "half.toml").write_text(HALF)
     out = verifier_cli(
@@ -191,10 +226,7 @@ def test_harness_block_where_a_hook_stops_fails_and_seals_why(
     )
     assert out.returncode == 0, out.stderr
     ask(server, 4, logprobs=True)  # 16 decode steps, every one firing
-    asked = time.time()
-    with VerifierClient(resolve(addr)) as client:  # the block starts on evidence from now
-        fresh_status(client, "lp_half", asked + 1.0, 60)
-    res = results(d, "r3.json")
+    res = results(d, "r3.json")  # the block opens on evidence read after it was entered
     with (
         pytest.raises(GateFailed, match="liveness did not hold during the block") as failed,
         measurement("lp_half", address=addr, timeout_s=60, results=res) as m,

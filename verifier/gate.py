@@ -48,22 +48,40 @@ def wait_for(
     timeout_s: float,
     poll_s: float = 0.2,
     on_progress: Callable[[RunVerdict], None] | None = None,
+    *,
+    since: float | None = None,
 ) -> RunVerdict:
-    """Poll RUN until PASS (returned) or FAIL (GateFailed); TimeoutError_ after TIMEOUT_S."""
+    """Poll RUN until PASS (returned) or FAIL (GateFailed); TimeoutError_ after TIMEOUT_S.
+
+    With SINCE (unix time), the PASS returned rests on evidence every target read at or
+    after SINCE: a measurement window opens on counts from its start, not on the last report
+    before it (which can be a report interval or more older, and would let steps from before
+    the window count in it). A FAIL ends the wait however old its evidence."""
     deadline = time.monotonic() + timeout_s
     while True:
         verdict = client.status(run)
         if on_progress is not None:
             on_progress(verdict)
-        if verdict.verdict == Verdict.PASS:
+        fresh = since is None or _fresh(verdict, since)
+        if verdict.verdict == Verdict.PASS and fresh:
             return verdict
         if verdict.verdict == Verdict.FAIL:
             raise GateFailed(f"run {run} FAILED: {first_reason(verdict)}", verdict)
         if time.monotonic() >= deadline:
             state = verdict.verdict.value
+            if verdict.verdict == Verdict.PASS:
+                raise TimeoutError_(
+                    f"run {run} PASSes, but no report read after the wait began arrived "
+                    f"within {timeout_s:g} s"
+                )
             reason = first_reason(verdict)
             raise TimeoutError_(f"run {run} still {state} after {timeout_s:g} s: {reason}")
         time.sleep(poll_s)
+
+
+def _fresh(verdict: RunVerdict, since: float) -> bool:
+    """Every target's evidence was read at or after SINCE (and there is a target)."""
+    return bool(verdict.targets) and all((t.report_unix or 0) >= since for t in verdict.targets)
 
 
 _RANK = {Severity.ERROR: 0, Severity.PENDING: 1, Severity.WARNING: 2, Severity.INFO: 3}
@@ -116,9 +134,9 @@ def measurement(
     (RESULTS, when given, must exist by then: its statement is written beside it). TLS and
     token come from VERIFIER_TLS_CA / _CERT / _KEY / VERIFIER_TOKEN when set."""
     with VerifierClient(resolve(address), tls=client_tls(None, None, None, None)) as client:
-        before = wait_for(client, run, timeout_s)
-        m = Measurement(run, before)
         t0 = time.time()
+        before = wait_for(client, run, timeout_s, since=t0)
+        m = Measurement(run, before)
         yield m
         t1 = time.time()
         after = fresh_status(client, run, t1, timeout_s)

@@ -25,9 +25,10 @@ def add_parser(sub: Any) -> None:
     w = sub.add_parser(
         "window",
         help="open a measurement window: wait for PASS and save the counts at its start",
-        description="Block until RUN PASSes (like `verifier wait`), then save its verdict, with "
-        "every hook's fires and step counts, to --out: the start of a measurement window "
-        "that `verifier seal` closes. Exit codes as for wait.",
+        description="Block until RUN PASSes (like `verifier wait`) on reports read after the "
+        "command began, then save that verdict, with every hook's fires and step counts, to "
+        "--out: the start of a measurement window that `verifier seal` closes. Exit codes as "
+        "for wait.",
     )
     w.add_argument("run")
     w.add_argument("--out", required=True, metavar="FILE", help="where to save the window")
@@ -50,13 +51,16 @@ def add_parser(sub: Any) -> None:
 
 
 def open_window(args: argparse.Namespace) -> int:
+    import time
+
     from verifier.client import VerifierClient
     from verifier.gate import wait_for
     from verifier.server.address import resolve
     from verifier.window import save_start
 
+    asked = time.time()
     with VerifierClient(resolve(args.verifier), tls=tls_from(args)) as client:
-        verdict = wait_for(client, args.run, args.timeout)
+        verdict = wait_for(client, args.run, args.timeout, since=asked)
     save_start(Path(args.out), verdict)
     print(f"window on run {args.run} opened ({args.out})")
     return 0
