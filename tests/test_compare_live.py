@@ -20,7 +20,11 @@ import pytest
 from tests.helpers import REPO, verifier_cli
 from verifier.testing.server import VllmServer
 
-pytestmark = pytest.mark.vllm
+# The module's samples fixture boots four servers in the first test's setup (about 4 minutes
+# on two cores, next to the session's idle server). pytest-timeout's 600 s per test would cut
+# it off before a boot that never becomes ready fails on its own (VllmServer's 300 s limit, with
+# the log tail and every process's stacks), leaving no trace of where it hung.
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(4 * 300 + 300)]
 
 SECONDS = "4"
 BOOTS = (1, 2, 3, 4)  # A: 1 and 3; A': 2 and 4 (alternating, as bench/compare_boots.py)

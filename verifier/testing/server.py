@@ -129,7 +129,10 @@ class VllmServer:
             except (urllib.error.URLError, OSError):
                 pass
             time.sleep(0.5)
-        raise ServerError(f"vLLM not ready after {self.ready_timeout_s:.0f} s:\n{self.log_tail()}")
+        raise ServerError(
+            f"vLLM not ready after {self.ready_timeout_s:.0f} s:\n{self.log_tail()}\n"
+            f"{tree_stacks(self.proc.pid)}"
+        )
 
     def log_tail(self, n: int = 40) -> str:
         try:
@@ -191,6 +194,33 @@ class VllmServer:
         self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def tree_stacks(root: int) -> str:
+    """Every thread's Python stack in ROOT and every process under it (py-spy), to say where
+    a start that never became ready is stuck: the probe, vLLM, or the machine."""
+    from verifier.evidence.procfs import ProcFS
+    from verifier.evidence.stacks import py_spy
+
+    exe = py_spy()
+    if exe is None:
+        return "(no py-spy to show the stacks)"
+    parts = []
+    for pid in ProcFS().descendants(root):
+        try:
+            out = subprocess.run(
+                [exe, "dump", "--pid", str(pid)],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
+            parts.append(f"--- py-spy dump --pid {pid} (exit {out.returncode})\n{out.stdout}")
+            if out.returncode != 0:
+                parts.append(out.stderr.strip())
+        except (OSError, subprocess.TimeoutExpired) as e:
+            parts.append(f"--- pid {pid}: py-spy failed: {e}")
+    return "\n".join(parts)
 
 
 def _group_alive(pgid: int) -> bool:
