@@ -31,7 +31,7 @@ from verifier.errors import Error, TimeoutError_
 from verifier.model import RunVerdict, Severity, Verdict
 from verifier.security.tls import client_tls
 from verifier.server.address import resolve
-from verifier.window import fresh_status, pace, statement
+from verifier.window import fresh_status, is_fresh, pace, statement
 
 
 class GateFailed(Error):
@@ -49,21 +49,24 @@ def wait_for(
     poll_s: float = 0.2,
     on_progress: Callable[[RunVerdict], None] | None = None,
     *,
-    since: float | None = None,
+    fresh: bool = False,
 ) -> RunVerdict:
     """Poll RUN until PASS (returned) or FAIL (GateFailed); TimeoutError_ after TIMEOUT_S.
 
-    With SINCE (unix time), the PASS returned rests on evidence every target read at or
-    after SINCE: a measurement window opens on counts from its start, not on the last report
-    before it (which can be a report interval or more older, and would let steps from before
-    the window count in it). A FAIL ends the wait however old its evidence."""
+    FRESH: the PASS returned rests on evidence every target read after the wait began (the
+    verifier's clock at its first answer, so a client whose clock is off does not shift it):
+    a measurement window opens on counts from its start, not on the last report before it
+    (which can be a report interval or more older, and would let steps from before the
+    window count in it). A FAIL ends the wait however old its evidence."""
     deadline = time.monotonic() + timeout_s
+    since: float | None = None
     while True:
         verdict = client.status(run)
         if on_progress is not None:
             on_progress(verdict)
-        fresh = since is None or _fresh(verdict, since)
-        if verdict.verdict == Verdict.PASS and fresh:
+        if fresh and since is None:
+            since = verdict.evaluated_unix
+        if verdict.verdict == Verdict.PASS and (since is None or is_fresh(verdict, since)):
             return verdict
         if verdict.verdict == Verdict.FAIL:
             raise GateFailed(f"run {run} FAILED: {first_reason(verdict)}", verdict)
@@ -77,11 +80,6 @@ def wait_for(
             reason = first_reason(verdict)
             raise TimeoutError_(f"run {run} still {state} after {timeout_s:g} s: {reason}")
         time.sleep(poll_s)
-
-
-def _fresh(verdict: RunVerdict, since: float) -> bool:
-    """Every target's evidence was read at or after SINCE (and there is a target)."""
-    return bool(verdict.targets) and all((t.report_unix or 0) >= since for t in verdict.targets)
 
 
 _RANK = {Severity.ERROR: 0, Severity.PENDING: 1, Severity.WARNING: 2, Severity.INFO: 3}
@@ -135,11 +133,11 @@ def measurement(
     token come from VERIFIER_TLS_CA / _CERT / _KEY / VERIFIER_TOKEN when set."""
     with VerifierClient(resolve(address), tls=client_tls(None, None, None, None)) as client:
         t0 = time.time()
-        before = wait_for(client, run, timeout_s, since=t0)
+        before = wait_for(client, run, timeout_s, fresh=True)
         m = Measurement(run, before)
         yield m
         t1 = time.time()
-        after = fresh_status(client, run, t1, timeout_s)
+        after = fresh_status(client, run, timeout_s)
         m.after = after
         rows, found = pace(before, after)
         m.summary = {

@@ -116,12 +116,22 @@ def pace(
     return rows, found
 
 
-def fresh_status(client: VerifierClient, run: str, since: float, timeout_s: float) -> RunVerdict:
-    """RUN's verdict once every target's evidence was received after SINCE (unix time)."""
+def is_fresh(verdict: RunVerdict, since: float) -> bool:
+    """Every target's evidence was read at or after SINCE (verifier clock), and there is one."""
+    return bool(verdict.targets) and all((t.report_unix or 0) >= since for t in verdict.targets)
+
+
+def fresh_status(client: VerifierClient, run: str, timeout_s: float) -> RunVerdict:
+    """RUN's verdict once every target's evidence was read after this call began: after the
+    verifier's clock at its first answer (a client's own clock may be off from the verifier's,
+    which dates the evidence)."""
     deadline = time.monotonic() + timeout_s
+    since: float | None = None
     while True:
         v = client.status(run)
-        if v.targets and all((t.report_unix or 0) >= since for t in v.targets):
+        if since is None:
+            since = v.evaluated_unix
+        if is_fresh(v, since):
             return v
         if time.monotonic() >= deadline:
             raise TimeoutError_(

@@ -51,24 +51,19 @@ def add_parser(sub: Any) -> None:
 
 
 def open_window(args: argparse.Namespace) -> int:
-    import time
-
     from verifier.client import VerifierClient
     from verifier.gate import wait_for
     from verifier.server.address import resolve
     from verifier.window import save_start
 
-    asked = time.time()
     with VerifierClient(resolve(args.verifier), tls=tls_from(args)) as client:
-        verdict = wait_for(client, args.run, args.timeout, since=asked)
+        verdict = wait_for(client, args.run, args.timeout, fresh=True)
     save_start(Path(args.out), verdict)
     print(f"window on run {args.run} opened ({args.out})")
     return 0
 
 
 def seal(args: argparse.Namespace) -> int:
-    import time
-
     from verifier.client import VerifierClient
     from verifier.server.address import resolve
     from verifier.window import fresh_status, load_start, statement
@@ -79,9 +74,8 @@ def seal(args: argparse.Namespace) -> int:
     opened, start = load_start(Path(args.window))
     if start.run != args.run:
         raise UsageError(f"{args.window} is a window on run {start.run}, not {args.run}")
-    asked = time.time()
     with VerifierClient(resolve(args.verifier), tls=tls_from(args)) as client:
-        end = fresh_status(client, args.run, asked, args.timeout)
+        end = fresh_status(client, args.run, args.timeout)
     body, held = statement(args.run, opened, start, end, results)
     out = Path(args.out) if args.out else results.with_name(results.name + ".seal.json")
     out.write_text(json.dumps(body, indent=2) + "\n")
