@@ -88,7 +88,7 @@ def test_python_process_without_probe_is_reported_as_such(plain_python: int) -> 
 def test_help_documents_the_exit_codes() -> None:
     out = verifier_cli("--help")
     assert out.returncode == 0
-    for line in ("0  success", "2  usage", "4  unavailable", "5  timeout"):
+    for line in ("0  success", "2  usage", "4  unavailable", "5  timeout", "10 not authorized"):
         assert line in out.stdout
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from tests.helpers import REPO, verifier_cli
+from verifier.errors import ExitCode, exit_codes_help, exit_codes_table
 
 README = (REPO / "README.md").read_text()
 
@@ -16,11 +17,18 @@ def test_readme_inspect_synopsis_matches_help() -> None:
     assert "verifier inspect --pid N [--tree] [--json]" in README
 
 
-def test_readme_exit_codes_match_the_cli_epilog() -> None:
+def test_readme_exit_codes_table_is_the_exit_code_contract() -> None:
+    """The README's "Exit codes" table is exactly ``ExitCode`` rendered (every code, in order,
+    with its meaning and the commands that return it)."""
+    section = README[README.index("| code | meaning |", README.index("### Exit codes")) :]
+    table = section[: section.index("\n\n") + 1]
+    assert exit_codes_table() == table
+
+
+def test_help_epilog_is_the_exit_code_contract() -> None:
     epilog = verifier_cli("--help").stdout
-    for code, meaning in re.findall(r"^\| (\d) \| ([^|]+?) \|$", README, flags=re.M):
-        first_word = meaning.split(":")[0].split()[0]
-        assert re.search(rf"^\s+{code}\s+{first_word}", epilog, flags=re.M), (code, meaning)
+    assert exit_codes_help().strip() in epilog
+    assert [int(c) for c in re.findall(r"^  (\d+) +\S", epilog, flags=re.M)] == list(ExitCode)
 
 
 def test_every_make_target_in_the_readme_exists() -> None:

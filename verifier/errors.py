@@ -1,53 +1,170 @@
-"""One error hierarchy; every error knows its exit code and explains itself in one line.
+"""One error hierarchy and the exit-code contract, in one place.
 
-Exit codes are a contract (README "Exit codes"):
+:class:`ExitCode` is the contract: every code the CLI can return, with what it means and
+which commands return it. The CLI's ``--help`` epilog and the README's "Exit codes" table
+are both rendered from it (a test checks the README against :func:`exit_codes_table`).
 
-====  =====================================================================
-0     success (for checks: PASS)
-1     a check ran and failed (FAIL)
-2     usage: bad arguments, or a target that is not what the command needs
-      (for example a pid that is not a Python process)
-3     start-up or configuration error
-4     unavailable: the target or service cannot be reached (no such pid,
-      permission denied, verifier unreachable)
-5     timeout
-====  =====================================================================
-
-Library code raises these; only the CLI turns them into an exit status.
+Each code above 0 has exactly one base error class here; every other error in the package
+derives from exactly one of them and never sets ``exit_code`` itself (a test walks the
+package and checks both). Library code raises these; only the CLI turns them into an exit
+status (``verifier._cli.main``: one ``except Error``).
 """
 
 from __future__ import annotations
 
+from enum import IntEnum
+from typing import ClassVar
+
+
+class ExitCode(IntEnum):
+    """What a ``verifier`` command's exit status means."""
+
+    meaning: str
+    when: str
+
+    def __new__(cls, value: int, meaning: str, when: str = "") -> ExitCode:
+        member = int.__new__(cls, value)
+        member._value_ = value
+        member.meaning = meaning
+        member.when = when
+        return member
+
+    OK = 0, "success"
+    FAILED = (
+        1,
+        "a check ran and failed",
+        "`wait`: the run FAILed; `status`: some run FAILs; `seal`: the window did not hold; "
+        "`diff`: the two differ; `sample`: no step ran; `audit verify`: the ledger does not "
+        "match",
+    )
+    USAGE = 2, "usage: bad arguments, or a pid that is not a Python process"
+    CONFIG = 3, "start-up or configuration error"
+    UNAVAILABLE = 4, "unavailable: no such process, permission denied, service unreachable"
+    TIMEOUT = 5, "timeout", "`wait`"
+    NOT_FOUND = (
+        6,
+        "not found: nothing in the records matches",
+        "`audit request`, `audit file`, `audit run`, `audit export`",
+    )
+    BUNDLE_INVALID = (
+        7,
+        "an attestation bundle is corrupted or does not verify",
+        "`audit verify BUNDLE`",
+    )
+    WRONG_KEY = (
+        8,
+        "an attestation was signed by another key than the one given",
+        "`audit verify BUNDLE`",
+    )
+    DATABASE_UNREACHABLE = 9, "the verifier's database (PostgreSQL) cannot be reached"
+    NOT_AUTHORIZED = 10, "not authorized: the verifier refused the caller's credentials or role"
+
+    def describe(self) -> str:
+        """The meaning with the commands that return it, as the README's table says it."""
+        return f"{self.meaning} ({self.when})" if self.when else self.meaning
+
+
+def exit_codes_help() -> str:
+    """The ``exit codes:`` epilog of ``verifier --help``."""
+    return "exit codes:\n" + "".join(f"  {c.value:<2} {c.meaning}\n" for c in ExitCode)
+
+
+def exit_codes_table() -> str:
+    """The README's "Exit codes" table (Markdown)."""
+    rows = "".join(f"| {c.value} | {c.describe()} |\n" for c in ExitCode)
+    return "| code | meaning |\n|---|---|\n" + rows
+
+
+# The base error of each code ---------------------------------------------------------------
+
 
 class Error(Exception):
-    """Base of every error the CLI reports as one line."""
+    """Base of every error the CLI reports as one line (a bare ``Error``: exit 1)."""
 
-    exit_code = 1
+    exit_code: ClassVar[ExitCode] = ExitCode.FAILED
 
     def explain(self) -> str:
         return str(self)
 
 
+class CheckFailed(Error):
+    """A check ran and failed: the gate, a window's seal, the ledger, a comparison."""
+
+    exit_code = ExitCode.FAILED
+
+
 class UsageError(Error):
-    exit_code = 2
+    exit_code = ExitCode.USAGE
 
 
 class ConfigError(Error):
-    exit_code = 3
+    exit_code = ExitCode.CONFIG
 
 
 class UnavailableError(Error):
-    exit_code = 4
+    exit_code = ExitCode.UNAVAILABLE
 
 
-class TimeoutError_(Error):
-    exit_code = 5
+class TimeoutError_(Error):  # the builtin TimeoutError is another thing
+    exit_code = ExitCode.TIMEOUT
+
+
+class NotFound(Error):
+    """An audit query found nothing in the records."""
+
+    exit_code = ExitCode.NOT_FOUND
+
+
+class BundleCorrupt(Error):
+    """An attestation bundle is damaged, incomplete, or a check over it fails."""
+
+    exit_code = ExitCode.BUNDLE_INVALID
+
+    def __init__(self, problem: str, location: str = "") -> None:
+        super().__init__(f"{location}: {problem}" if location else problem)
+        self.problem = problem
+        self.location = location
+
+
+class WrongKey(Error):
+    """The signatures are not by the key given (made by another key)."""
+
+    exit_code = ExitCode.WRONG_KEY
+
+    def __init__(self, problem: str, location: str = "") -> None:
+        super().__init__(f"{location}: {problem}" if location else problem)
+        self.problem = problem
+        self.location = location
+
+
+class DatabaseUnreachable(Error):
+    """The PostgreSQL server could not be reached or refused the connection."""
+
+    exit_code = ExitCode.DATABASE_UNREACHABLE
 
 
 class NotAuthorized(Error):
     """The verifier refused the caller: no valid credentials, or not allowed to do this."""
 
-    exit_code = 10
+    exit_code = ExitCode.NOT_AUTHORIZED
+
+
+BASES: dict[ExitCode, type[Error]] = {
+    ExitCode.FAILED: CheckFailed,
+    ExitCode.USAGE: UsageError,
+    ExitCode.CONFIG: ConfigError,
+    ExitCode.UNAVAILABLE: UnavailableError,
+    ExitCode.TIMEOUT: TimeoutError_,
+    ExitCode.NOT_FOUND: NotFound,
+    ExitCode.BUNDLE_INVALID: BundleCorrupt,
+    ExitCode.WRONG_KEY: WrongKey,
+    ExitCode.DATABASE_UNREACHABLE: DatabaseUnreachable,
+    ExitCode.NOT_AUTHORIZED: NotAuthorized,
+}
+"""The one base error of every non-zero exit code."""
+
+
+# Errors about processes (raised by the evidence collectors) ---------------------------------
 
 
 class NoSuchProcess(UnavailableError):

@@ -27,16 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from verifier.client import VerifierClient
-from verifier.errors import Error, TimeoutError_
+from verifier.errors import CheckFailed, TimeoutError_
 from verifier.model import RunVerdict, Severity, Verdict
 from verifier.security.tls import client_tls
 from verifier.server.address import resolve
 from verifier.window import fresh_status, is_fresh, pace, statement
 
 
-class GateFailed(Error):
-    exit_code = 1
-
+class GateFailed(CheckFailed):
     def __init__(self, message: str, verdict: RunVerdict | None = None) -> None:
         super().__init__(message)
         self.verdict = verdict

@@ -9,12 +9,12 @@ import json
 import time
 from typing import Any
 
-from verifier.errors import ConfigError, Error, UsageError
+from verifier.errors import CheckFailed, ConfigError, UsageError
 from verifier.server.db import Database, open_database
 
 
-class LedgerBroken(Error):
-    exit_code = 1
+class LedgerBroken(CheckFailed):
+    """The ledger does not match what is stored."""
 
 
 def add_parser(sub: Any) -> None:

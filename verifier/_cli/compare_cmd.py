@@ -20,7 +20,7 @@ from verifier.compare import (
     render,
     sample_values,
 )
-from verifier.errors import Error, UsageError
+from verifier.errors import CheckFailed, UsageError
 from verifier.evidence.probe_reader import JournalCache
 from verifier.evidence.process import ProcessEvidence, read_process, read_tree
 from verifier.evidence.procfs import ProcFS
@@ -67,8 +67,8 @@ def add_parser(sub: Any) -> None:
     c.set_defaults(handler=run_compare)
 
 
-class NothingMeasured(Error):
-    exit_code = 1
+class NothingMeasured(CheckFailed):
+    """No step ran in a sample: there is nothing to measure."""
 
 
 def _stepper(procfs: ProcFS, pid: int) -> ProcessEvidence:

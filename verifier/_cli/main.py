@@ -21,22 +21,9 @@ from verifier._cli import (
     status_cmd,
     window_cmd,
 )
-from verifier.errors import Error
+from verifier.errors import Error, exit_codes_help
 
-EXIT_CODES = """\
-exit codes:
-  0  success
-  1  a check ran and failed
-  2  usage: bad arguments, or a pid that is not a Python process
-  3  start-up or configuration error
-  4  unavailable: no such process, permission denied, service unreachable
-  5  timeout
-  6  not found (audit queries: nothing in the records matches)
-  7  an attestation bundle is corrupted or does not verify
-  8  an attestation was signed by another key than the one given
-  9  the verifier's database (PostgreSQL) cannot be reached
-  10 not authorized: the verifier refused the caller's credentials or role
-"""
+EXIT_CODES = exit_codes_help()
 
 
 def build_parser() -> argparse.ArgumentParser:

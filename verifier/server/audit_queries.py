@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verifier import wire
-from verifier.errors import Error
+from verifier.errors import CheckFailed, NotFound
 from verifier.policy import Policy, PolicyError, load_policy
 from verifier.server.bindings import client_id
 from verifier.server.db import Database
@@ -23,12 +23,8 @@ from verifier.server.db import Database
 _SHA = re.compile(r"[0-9a-f]{64}")
 
 
-class NotFound(Error):
-    exit_code = 6
-
-
-class CorruptRecord(Error):
-    exit_code = 1
+class CorruptRecord(CheckFailed):
+    """A stored record that no longer decodes."""
 
 
 @dataclass

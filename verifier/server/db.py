@@ -22,15 +22,9 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
-from verifier.errors import ConfigError, Error
+from verifier.errors import ConfigError, DatabaseUnreachable
 
 URL_SCHEMES = ("postgresql://", "postgres://")
-
-
-class DatabaseUnreachable(Error):
-    """The PostgreSQL server could not be reached or refused the connection."""
-
-    exit_code = 9
 
 
 class Rows(Protocol):

@@ -20,6 +20,7 @@ from verifier.audit import bundle as B
 from verifier.audit import statement as st
 from verifier.audit.dsse import b64encode
 from verifier.audit.keys import Ed25519PrivateKey
+from verifier.errors import NotFound
 from verifier.server import audit_queries, bindings, ledger
 from verifier.server.db import Database
 
@@ -42,7 +43,7 @@ class _Export:
             return
         seq = self.entry(kind, ref)
         if seq is None:
-            raise audit_queries.NotFound(f"the {kind} {ref} has no ledger entry")
+            raise NotFound(f"the {kind} {ref} has no ledger entry")
         self.done.add((kind, ref))
         self.seqs.add(seq)
         self.attestations.append(B.Attestation(seq, content, ptype, pred))
@@ -52,7 +53,7 @@ class _Export:
             "SELECT target, received_unix FROM binding_batches WHERE ref = ?", (ref,)
         ).fetchone()
         if head is None:
-            raise audit_queries.NotFound(f"no stored batch of bindings {ref}")
+            raise NotFound(f"no stored batch of bindings {ref}")
         agent_id, seq = json.loads(ref)
         spans = self.db.execute(
             f"SELECT {bindings.span_select(self.db)} FROM bindings WHERE batch = ? "  # noqa: S608
@@ -110,7 +111,7 @@ class _Export:
             (name,),
         ).fetchone()
         if row is None:
-            raise audit_queries.NotFound(f"no run named {name!r} in this database")
+            raise NotFound(f"no run named {name!r} in this database")
         name, policy, digest, source, created = row
         content = B.content(
             "run", name=name, policy=policy, digest=digest, source=source, created=float(created)
@@ -157,7 +158,7 @@ def export(
         ex.run(name, vid)
     tree = B.tree_from_db(db)
     if tree.size == 0:
-        raise audit_queries.NotFound("the ledger is empty: nothing to export")
+        raise NotFound("the ledger is empty: nothing to export")
     since = latest_checkpoint_size(db, tree.size)
     entries = B.entries_from_db(db, {*ex.seqs, tree.size})
     return B.build_bundle(
