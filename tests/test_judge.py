@@ -120,7 +120,8 @@ def test_stale_pyc_rewritten_by_its_loader_is_not_drift(tmp_path: Path) -> None:
         assert ev.probe is not None
         entries = [f for f in ev.probe.files if f.path == str(pyc)]
         assert entries and entries[0].at == "rejected"  # the loader read it and rejected it
-        assert pyc.stat().st_ctime_ns > int((entries[0].t or 0) * 1e9)  # and rewrote it since
+        hashed = ev.probe.hashed_at.get(str(pyc), 0.0)
+        assert pyc.stat().st_ctime_ns > int(hashed * 1e9)  # and rewrote it since
         files = tuple(
             FileEntry(f.path, f.sha256, f.size, f.kind, f.module, f.at) for f in ev.probe.files
         )

@@ -86,7 +86,8 @@ def test_invalid_names_are_a_disagreement_not_a_crash(procfs: ProcFS, path: str)
 def test_the_whole_judgement_survives_hostile_names(procfs: ProcFS, path: str) -> None:
     """Origins (RECORD lookups), bytecode and fileless checks too, with the path as a source,
     a pyc, a sys.path entry and a fileless module's claim."""
-    from verifier.evidence.probe_reader import ProbeState, Steps
+    from verifier.evidence.probe_reader import ProbeState
+    from verifier.model import StepEvidence
 
     pyc = path.rstrip("\0") + "/__pycache__/x.cpython-311.pyc"
     files = (
@@ -95,7 +96,7 @@ def test_the_whole_judgement_survives_hostile_names(procfs: ProcFS, path: str) -
     )
     probe = ProbeState(
         directory="/x", pid=PID, start_ticks=1, mode="", shared=False, roles=[], runner=None,
-        steps=Steps(0, 0, 0, 0, 0, 0, 0, 0), hooks=[], files=[], errors=[], error_count=0,
+        steps=StepEvidence(0, 0, 0, 0, 0, 0, 0), hooks=(), files=(), errors=[], error_count=0,
         manifest_digest="", interp={"stdlib": path, "path": [path, "/usr/lib"]},
         fileless=(("m", path),),
     )  # fmt: skip

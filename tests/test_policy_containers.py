@@ -17,10 +17,10 @@ from verifier.agent.containers import (
     POD_UID_ENV,
     ContainerDirectory,
     OwnPod,
-    container_of,
     parse_downward_labels,
 )
 from verifier.agent.runner import Agent, AgentConfig
+from verifier.evidence.container import container_of
 from verifier.evidence.procfs import ProcFS
 from verifier.model import ContainerInfo, ProcessReport, Severity, TargetVerdict, Verdict
 from verifier.policy import PolicyError, TargetSnapshot

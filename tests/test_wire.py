@@ -24,6 +24,7 @@ from verifier.model import (
     Finding,
     HookCount,
     HookEvidence,
+    LogLine,
     NativeMapping,
     Origin,
     ProcessKey,
@@ -34,6 +35,7 @@ from verifier.model import (
     RunnerEvidence,
     RunVerdict,
     Severity,
+    SpecEvidence,
     StackWitness,
     StepEvidence,
     TargetReport,
@@ -111,6 +113,8 @@ def full_process() -> ProcessReport:
                 device_fired=0,  # present and zero: not the same as None
                 device_base=0,
                 device_base_step=1,
+                source="env",
+                device="cuda:0",
             ),
             HookEvidence(
                 name="api_only",
@@ -332,6 +336,24 @@ def test_absent_optionals_are_distinct_from_zero_and_empty() -> None:
     assert back[0].files[2].module == ""  # type: ignore[index]
 
 
+def test_speculation_whose_config_was_unreadable_round_trips_as_unknown() -> None:
+    """SpecEvidence.on None (the probe could not read the config) is not on=False, and the
+    counts made meanwhile travel with it."""
+    full = full_process().steps
+    assert full is not None
+    steps = dataclasses.replace(
+        full,
+        spec=SpecEvidence(on=None, steps=3, drafts=4, draft_tokens=9, emitted_tokens=12),
+    )
+    off = dataclasses.replace(steps, spec=SpecEvidence(on=False))
+    for s in (steps, off):
+        report = TargetReport(
+            "a", "t", 1, "n", 1.0, (dataclasses.replace(bare_process(), steps=s),)
+        )
+        back = wire.report_from_pb(_via_bytes(wire.report_to_pb(report))).processes[0].steps
+        assert back == s
+
+
 def test_runner_without_file_round_trips() -> None:
     runner = RunnerEvidence("pkg.Runner", None, None)
     process = dataclasses.replace(bare_process(), runner=runner)
@@ -414,6 +436,8 @@ def test_every_domain_field_has_a_wire_field() -> None:
         (RunnerEvidence, pb.RunnerEvidence),
         (StepEvidence, pb.StepEvidence),
         (HookEvidence, pb.HookEvidence),
+        (SpecEvidence, pb.SpecEvidence),
+        (LogLine, pb.LogLine),
         (FileEntry, pb.FileEntry),
         (ProcessReport, pb.ProcessReport),
         (NativeMapping, pb.NativeMapping),

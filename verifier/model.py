@@ -65,7 +65,7 @@ class SpecEvidence:
     built with and the drafts its steps verified, counted from the same per-step data vLLM's
     scheduler counts its ``vllm:spec_decode_*`` metrics from."""
 
-    on: bool  # the live config has a speculative config
+    on: bool | None  # the live config has a speculative config (None: it was not readable)
     method: str | None = None  # e.g. "ngram", "eagle"
     num_speculative_tokens: int | None = None
     steps: int = 0  # steps that verified drafts for at least one request
@@ -88,6 +88,8 @@ class LogLine:
 
 @dataclass(frozen=True)
 class StepEvidence:
+    """The engine steps a process ran, counted by its probe (not by any hook)."""
+
     total: int
     productive: int
     empty: int
@@ -112,6 +114,9 @@ class StepEvidence:
 
 @dataclass(frozen=True)
 class HookEvidence:
+    """A declared hook in one process: whether it could fire (loaded, wrapped, its class
+    instantiated) and how often it did, next to the steps it fired in."""
+
     name: str
     target: str  # "module:qualname", "module", or "" for an API-only hook
     module_loaded: bool
@@ -134,6 +139,8 @@ class HookEvidence:
     # number (the productive step count then): the count before the measured steps.
     device_base: int | None = None
     device_base_step: int | None = None
+    source: str = ""  # how it was declared: "env" (VERIFIER_HOOKS) | "api" (verifier.probe.hook)
+    device: str | None = None  # where its device-side counter lives (e.g. "cuda:0")
 
     def device_on_steps(self) -> tuple[int, int] | None:
         """(device count, productive steps) since the base was read, given PRODUCTIVE steps in
@@ -145,12 +152,14 @@ class HookEvidence:
 
 @dataclass(frozen=True)
 class FileEntry:
+    """One file a process loaded, as its probe hashed it (an entry of its manifest)."""
+
     path: str
-    sha256: str | None
-    size: int
+    sha256: str | None  # None: it could not be read
+    size: int  # -1: unknown
     kind: str  # source | bytecode | extension | data
     module: str | None
-    at: str  # load | snapshot | late
+    at: str  # when it was hashed: load | snapshot | deferred | late | rejected
 
 
 @dataclass(frozen=True)

@@ -284,7 +284,7 @@ def _spec_from_pb(msg: pb.SpecEvidence, at: str) -> SpecEvidence:
     # Counters read while steps run: no cross-field checks (a read between two slot updates
     # of one step is not a malformed report).
     return SpecEvidence(
-        on=msg.on,
+        on=msg.on if msg.HasField("on") else None,
         method=msg.method if msg.HasField("method") else None,
         num_speculative_tokens=(
             _count(msg.num_speculative_tokens, f"{at}.num_speculative_tokens")
@@ -346,6 +346,8 @@ def _hook_to_pb(h: HookEvidence) -> pb.HookEvidence:
         device_fired=h.device_fired,
         device_base=h.device_base,
         device_base_step=h.device_base_step,
+        source=h.source,
+        device=h.device,
     )
 
 
@@ -379,6 +381,8 @@ def _hook_from_pb(msg: pb.HookEvidence, at: str) -> HookEvidence:
             if msg.HasField("device_base_step")
             else None
         ),
+        source=msg.source,
+        device=msg.device if msg.HasField("device") else None,
     )
 
 

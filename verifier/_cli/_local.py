@@ -10,11 +10,11 @@ from pathlib import Path
 import structlog
 
 from verifier import wire
-from verifier.agent.collect import still_running, to_report
 from verifier.errors import ConfigError, ProcessExited, UsageError
 from verifier.evidence.hashing import Hasher
-from verifier.evidence.process import ProcessEvidence, read_process, read_tree
+from verifier.evidence.process import ProcessEvidence, read_process, read_tree, still_running
 from verifier.evidence.procfs import ProcFS
+from verifier.evidence.report import to_report
 from verifier.model import ProcessReport
 
 # Preference when one process of a tree stands for it: the one that runs the model.

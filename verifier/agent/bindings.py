@@ -19,33 +19,19 @@ import json
 import os
 from collections import deque
 from pathlib import Path
-from typing import Any
 
 import structlog
 
 from verifier.evidence.bindings_reader import BindingsReader, ExternalId
 from verifier.evidence.bindings_reader import RequestSpan as ProbeSpan
-from verifier.evidence.probe_reader import FileRecord, JournalCache, _files
+from verifier.evidence.probe_reader import JournalCache, manifest_digest_at
 from verifier.evidence.process import ProcessEvidence
-from verifier.manifest import merkle_root
 from verifier.model import ProcessKey, RequestId, RequestSpan
 from verifier.probe import _layout as L
 
 log = structlog.get_logger("verifier.agent.bindings")
 
 PER_REPORT = 20_000  # bindings in one report; the rest wait for the next
-
-
-def manifest_at(records: list[dict[str, Any]], files: int) -> str:
-    """The manifest digest of the journal's first FILES file records."""
-    picked: list[dict[str, Any]] = []
-    for rec in records:
-        if len(picked) >= files:
-            break
-        if rec.get("k") == "file":
-            picked.append(rec)
-    chosen: list[FileRecord] = _files(picked)
-    return merkle_root((f.path, f.sha256) for f in chosen if f.sha256)
 
 
 class Bindings:
@@ -131,7 +117,7 @@ class Bindings:
         got = self._digests.get(key)
         if got is None:
             cached = journals.records(journal)
-            got = manifest_at(cached.records, files) if cached is not None else ""
+            got = manifest_digest_at(cached.records, files) if cached is not None else ""
             if len(self._digests) > 10_000:
                 self._digests.clear()
             self._digests[key] = got

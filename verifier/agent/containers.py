@@ -24,7 +24,7 @@ from typing import Final
 import structlog
 
 from verifier.errors import UnavailableError
-from verifier.evidence.container import ContainerRef, next_to_reader, resolve_container
+from verifier.evidence.container import ContainerRef, next_to_reader
 from verifier.evidence.docker_api import (
     ContainerNotFound,
     DockerAPI,
@@ -121,19 +121,6 @@ class OwnPod:
         if self.namespace:
             out[POD_NAMESPACE_LABEL] = self.namespace
         return tuple(sorted(out.items()))
-
-
-def container_of(procfs: ProcFS, pid: int) -> ContainerRef | None:
-    """PID's container, or None (a host process, or /proc would not say)."""
-    try:
-        cgroup = procfs.cgroup(pid)
-    except (UnavailableError, OSError):
-        cgroup = None
-    try:
-        mountinfo = procfs.mountinfo(pid)
-    except (UnavailableError, OSError):
-        mountinfo = None
-    return resolve_container(cgroup, mountinfo)
 
 
 class ContainerDirectory:

@@ -25,19 +25,21 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from verifier import wire
 from verifier.agent.bindings import Bindings
-from verifier.agent.collect import discover, report_with_judgement, still_running
-from verifier.agent.containers import ContainerDirectory, OwnPod, container_of
+from verifier.agent.containers import ContainerDirectory, OwnPod
+from verifier.agent.discover import discover
 from verifier.agent.spool import Spool
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
 from verifier.errors import UnavailableError
+from verifier.evidence.container import container_of
 from verifier.evidence.distindex import DistIndex
 from verifier.evidence.docker_api import DEFAULT_SOCKET
 from verifier.evidence.hashing import Hasher
 from verifier.evidence.judge import Judgement, dist_index
 from verifier.evidence.probe_reader import JournalCache
-from verifier.evidence.process import ProcessEvidence
+from verifier.evidence.process import ProcessEvidence, still_running
 from verifier.evidence.procfs import ProcFS
+from verifier.evidence.report import report_with_judgement
 from verifier.evidence.stacks import Witnesses
 from verifier.metrics import AgentMetrics, serve_metrics
 from verifier.model import ProcessKey, ProcessReport, TargetReport

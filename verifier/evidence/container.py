@@ -37,6 +37,7 @@ Decisions:
   files counts.
 
 Nothing here raises on malformed input: what cannot be read says nothing (None).
+:func:`container_of` reads both files of one process through ``/proc``.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Final
+
+from verifier.errors import UnavailableError
+from verifier.evidence.procfs import ProcFS
 
 RUNTIMES: Final = ("docker", "containerd", "cri-o", "podman", "unknown")
 
@@ -303,3 +307,16 @@ def container_id_from_cgroup(text: str) -> str | None:
     callers that want only the id; see :func:`container_from_cgroup`."""
     ref = container_from_cgroup(text)
     return ref.id if ref is not None else None
+
+
+def container_of(procfs: ProcFS, pid: int) -> ContainerRef | None:
+    """PID's container, or None (a host process, or /proc would not say)."""
+    try:
+        cgroup = procfs.cgroup(pid)
+    except (UnavailableError, OSError):
+        cgroup = None
+    try:
+        mountinfo = procfs.mountinfo(pid)
+    except (UnavailableError, OSError):
+        mountinfo = None
+    return resolve_container(cgroup, mountinfo)

@@ -170,7 +170,7 @@ def judge(
     process, whose manifest-only part is kept if the manifest and the native mappings are
     unchanged. NATIVE: the process's native mappings, if already read (else read here: the
     hasher's cache answers for the inodes already hashed)."""
-    hashed_at = {f.path: f.t for f in probe.files if f.t is not None}
+    hashed_at = probe.hashed_at
     disagreements, drift = cross_check(
         procfs, pid, files, hasher, start_time=start_time, hashed_at=hashed_at
     )

@@ -1,7 +1,14 @@
-"""Read a probe's state directory (journal + shared counters) without its cooperation."""
+"""Read a probe's state directory (journal + shared counters) without its cooperation.
+
+The evidence it reads is returned as ``verifier.model`` types (steps, hooks, files, the live
+runner, speculation, vLLM's log lines): the same values the agent reports. ``ProbeState``
+adds what only the journal holds (the probe's mode, roles, errors, the interpreter's layout,
+the raw graph record, the runner's worker and step-method files), for ``verifier inspect``.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -12,100 +19,17 @@ from pathlib import Path
 from typing import Any
 
 from verifier.manifest import merkle_root
+from verifier.model import (
+    FileEntry,
+    HookEvidence,
+    LogLine,
+    RunnerEvidence,
+    SpecEvidence,
+    StepEvidence,
+)
 from verifier.probe import _layout as L
 
 ROLE_RANK = {"worker": 3, "engine_core": 2, "api_server": 1}
-
-
-@dataclass(frozen=True)
-class FileRecord:
-    path: str
-    sha256: str | None
-    size: int
-    kind: str  # source | bytecode | extension | data
-    module: str | None
-    at: str  # load | snapshot | deferred | late | rejected
-    inherited: bool = False
-    t: float | None = None  # when the probe hashed it (the process's wall clock)
-
-
-@dataclass(frozen=True)
-class HookRecord:
-    name: str
-    target: str
-    source: str  # env | api
-    module_loaded: bool
-    wrapped: bool
-    owner: str | None  # the wrapped class (for methods) or function target
-    how: str | None  # method | function | decorator | None (module-only hook)
-    unresolved: str | None
-    instantiated_class: str | None
-    fired: int
-    fired_productive: int  # fires while the process's latest step was productive
-    first_step: int | None
-    last_step: int | None
-    fired_prefill: int = 0
-    fired_decode: int = 0
-    fired_outside: int = 0
-    device_fired: int | None = None  # its device-side counter, as last read (None: has none)
-    device: str | None = None  # where that counter lives
-    device_base: int | None = None  # its value right after the first productive step
-    device_base_step: int | None = None  # that step's number (productive steps then)
-
-
-@dataclass(frozen=True)
-class Steps:
-    total: int
-    productive: int
-    empty: int
-    tokens_scheduled: int
-    requests_scheduled: int
-    requests_max: int
-    first_step_unix_ns: int
-    last_step_unix_ns: int
-    prefill_steps: int = 0
-    decode_steps: int = 0
-    prefill_tokens: int = 0
-    decode_tokens: int = 0
-    dummy_steps: int = 0
-    raised: int = 0  # execute_model calls that raised: taken back, not counted as steps
-
-
-@dataclass(frozen=True)
-class Speculation:
-    """Speculative decoding in the process that runs the model: the config the runner was
-    built with (``on`` None: not readable) and the counts made from each step's drafts and
-    sampled tokens (see ``verifier.probe._spec``)."""
-
-    on: bool | None
-    method: str | None = None
-    num_speculative_tokens: int | None = None
-    steps: int = 0  # steps that verified drafts
-    drafts: int = 0  # (request, step) pairs that verified drafts
-    draft_tokens: int = 0
-    accepted_tokens: int = 0
-    emitted_tokens: int = 0  # tokens sampled (every request and step while speculation is on)
-    unread_steps: int = 0  # steps with drafts whose output carried no sampled tokens
-    accepted_per_position: tuple[int, ...] = ()  # the first L.SPEC_POSITIONS positions
-
-
-@dataclass(frozen=True)
-class LogLine:
-    """A line vLLM logged in the process (the probe keeps those about the model runner)."""
-
-    level: str
-    logger: str
-    message: str
-
-
-@dataclass(frozen=True)
-class Runner:
-    cls: str
-    file: str | None
-    sha256: str | None
-    worker: str | None
-    methods: dict[str, Any]
-    mro: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -118,10 +42,10 @@ class ProbeState:
     mode: str
     shared: bool
     roles: list[dict[str, Any]]
-    runner: Runner | None
-    steps: Steps
-    hooks: list[HookRecord]
-    files: list[FileRecord]
+    runner: RunnerEvidence | None
+    steps: StepEvidence  # with the graph mode and speculation the runner was recorded with
+    hooks: tuple[HookEvidence, ...]
+    files: tuple[FileEntry, ...]
     errors: list[dict[str, Any]]
     error_count: int
     manifest_digest: str
@@ -131,10 +55,15 @@ class ProbeState:
     interp: dict[str, Any] = field(default_factory=dict)
     # Modules that claim a file (__file__ or spec.origin) where there is none: module, claimed.
     fileless: tuple[tuple[str, str], ...] = ()
-    # The compile / graph mode the runner ran in (enforce_eager, compilation_mode, ...).
+    # The compile / graph mode the runner ran in, as journaled (enforce_eager,
+    # compilation_mode, cudagraph_mode, device); ``steps`` carries the typed fields.
     graph: dict[str, Any] = field(default_factory=dict)
-    # Speculative decoding, when the runner was recorded (None: no runner recorded).
-    spec: Speculation | None = None
+    # The live runner's worker class and, per step method, the class and file defining it
+    # (None: no runner recorded).
+    runner_worker: str | None = None
+    runner_methods: dict[str, Any] = field(default_factory=dict)
+    # When the probe hashed each file (the process's wall clock), by path, where recorded.
+    hashed_at: dict[str, float] = field(default_factory=dict)
     # vLLM's log lines about the model runner (why it chose the one it did), in order.
     runner_log: tuple[LogLine, ...] = ()
     # The first execute_model errors (the probe journals a few; steps.raised counts all):
@@ -186,20 +115,20 @@ def read_settled(path: Path) -> list[int] | None:
     return slots
 
 
-def steps_of(slots: list[int]) -> Steps:
+def steps_of(slots: list[int]) -> StepEvidence:
     """The step counts of SLOTS, without the step still open in them (if any): its counts
-    are taken when it starts, its fires are not all in yet."""
+    are taken when it starts, its fires are not all in yet. (The graph mode and speculation
+    come from the journal: ``read_probe_dir`` adds them.)"""
     open_ = 1 if slots[L.S_IN_STEP] else 0
     phase = slots[L.S_CURRENT_PHASE] if open_ else 0
     productive = 1 if phase & L.PHASE_PRODUCTIVE else 0
-    return Steps(
+    return StepEvidence(
         total=max(0, slots[L.S_STEPS_TOTAL] - open_),
         productive=max(0, slots[L.S_STEPS_PRODUCTIVE] - productive),
         empty=max(0, slots[L.S_STEPS_EMPTY] - (open_ - productive)),
         tokens_scheduled=slots[L.S_TOKENS_SCHEDULED],
         requests_scheduled=slots[L.S_REQUESTS_SCHEDULED],
         requests_max=slots[L.S_REQUESTS_MAX],
-        first_step_unix_ns=slots[L.S_FIRST_STEP_UNIX_NS],
         last_step_unix_ns=slots[L.S_LAST_STEP_UNIX_NS],
         prefill_steps=max(0, slots[L.S_STEPS_PREFILL] - (1 if phase & L.PHASE_PREFILL else 0)),
         decode_steps=max(0, slots[L.S_STEPS_DECODE] - (1 if phase & L.PHASE_DECODE else 0)),
@@ -239,7 +168,8 @@ class _Cached:
     offset: int  # bytes of complete lines consumed
     prefix_sha256: bytes  # of those bytes: the cache is used only while they are unchanged
     records: list[dict[str, Any]]
-    files: list[FileRecord]
+    files: tuple[FileEntry, ...]
+    hashed_at: dict[str, float]
     digest: str
 
 
@@ -269,7 +199,7 @@ class JournalCache:
             # An edit in place of what was already parsed (a tampered record) is seen too.
             or hashlib.sha256(raw[: entry.offset]).digest() != entry.prefix_sha256
         ):
-            entry = _Cached(ino, 0, hashlib.sha256(b"").digest(), [], [], merkle_root([]))
+            entry = _Cached(ino, 0, hashlib.sha256(b"").digest(), [], (), {}, merkle_root([]))
         new = raw[entry.offset :]
         complete = new[: new.rfind(b"\n") + 1]
         entry.offset += len(complete)
@@ -277,8 +207,8 @@ class JournalCache:
         fresh = _parse(complete.split(b"\n"))
         entry.records.extend(fresh)
         if any(r.get("k") == "file" for r in fresh):
-            entry.files = _files(entry.records)
-            entry.digest = merkle_root((f.path, f.sha256) for f in entry.files if f.sha256)
+            entry.files, entry.hashed_at = _files(entry.records)
+            entry.digest = _digest(entry.files)
         self._entries[str(path)] = entry
         return entry
 
@@ -319,7 +249,7 @@ def _hook_record(h: dict[str, Any], k: object, rec: dict[str, Any]) -> None:
             h["device_base"], h["device_base_step"] = value, step
 
 
-def _hooks(records: list[dict[str, Any]], slots: list[int]) -> list[HookRecord]:
+def _hooks(records: list[dict[str, Any]], slots: list[int]) -> tuple[HookEvidence, ...]:
     by_name: dict[str, dict[str, Any]] = {}
     for rec in records:
         k, name = rec.get("k"), rec.get("name")
@@ -345,7 +275,7 @@ def _hooks(records: list[dict[str, Any]], slots: list[int]) -> list[HookRecord]:
             decode = slots[slot + L.HK_FIRES_DECODE]
             outside = slots[slot + L.HK_FIRES_OUTSIDE]
         out.append(
-            HookRecord(
+            HookEvidence(
                 name=name,
                 target=str(h.get("target") or ""),
                 source=str(h.get("source") or ""),
@@ -368,37 +298,59 @@ def _hooks(records: list[dict[str, Any]], slots: list[int]) -> list[HookRecord]:
                 device_base_step=_opt_count(h.get("device_base_step")) if "device" in h else None,
             )
         )
-    return out
+    return tuple(out)
 
 
-def _files(records: list[dict[str, Any]]) -> list[FileRecord]:
-    latest: dict[str, FileRecord] = {}
+def _files(records: list[dict[str, Any]]) -> tuple[tuple[FileEntry, ...], dict[str, float]]:
+    """The manifest a journal's file records describe (the latest record of each path), and
+    when the probe hashed each file (the process's wall clock; where the record says)."""
+    latest: dict[str, FileEntry] = {}
+    hashed_at: dict[str, float] = {}
     for rec in records:
         if rec.get("k") != "file" or not isinstance(rec.get("path"), str):
             continue
+        t = rec.get("t")
+        if isinstance(t, (int, float)):
+            hashed_at[rec["path"]] = t
+        else:
+            hashed_at.pop(rec["path"], None)
         sha = rec.get("sha256")
         size = rec.get("size")
-        latest[rec["path"]] = FileRecord(
+        latest[rec["path"]] = FileEntry(
             path=rec["path"],
             sha256=sha if isinstance(sha, str) else None,
             size=size if isinstance(size, int) else -1,
             kind=str(rec.get("kind", "")),
             module=rec.get("module") if isinstance(rec.get("module"), str) else None,
             at=str(rec.get("at", "")),
-            inherited=bool(rec.get("inherited")),
-            t=rec["t"] if isinstance(rec.get("t"), (int, float)) else None,
         )
-    return sorted(latest.values(), key=lambda f: f.path)
+    return tuple(sorted(latest.values(), key=lambda f: f.path)), hashed_at
 
 
-def _speculation(records: list[dict[str, Any]], slots: list[int]) -> Speculation | None:
+def _digest(files: tuple[FileEntry, ...]) -> str:
+    return merkle_root((f.path, f.sha256) for f in files if f.sha256)
+
+
+def manifest_digest_at(records: list[dict[str, Any]], files: int) -> str:
+    """The manifest digest of a journal's first FILES file records (what was loaded when a
+    step that saw FILES of them ran)."""
+    picked: list[dict[str, Any]] = []
+    for rec in records:
+        if len(picked) >= files:
+            break
+        if rec.get("k") == "file":
+            picked.append(rec)
+    return _digest(_files(picked)[0])
+
+
+def _speculation(records: list[dict[str, Any]], slots: list[int]) -> SpecEvidence | None:
     rec = next((r for r in reversed(records) if r.get("k") == "spec"), None)
     if rec is None:
         return None
     on = rec.get("on")
     k = _opt_count(rec.get("num_speculative_tokens"))
     positions = min(k if k is not None else L.SPEC_POSITIONS, L.SPEC_POSITIONS)
-    return Speculation(
+    return SpecEvidence(
         on=on if isinstance(on, bool) else None,
         method=_opt_str(rec.get("method")),
         num_speculative_tokens=k,
@@ -422,6 +374,33 @@ def _log_lines(records: list[dict[str, Any]]) -> tuple[LogLine, ...]:
     )
 
 
+def _runner(rec: dict[str, Any]) -> RunnerEvidence | None:
+    """The live runner a ``runner`` record names (None: no runner recorded)."""
+    if not rec:
+        return None
+    mro = rec.get("mro")
+    return RunnerEvidence(
+        cls=str(rec.get("class")),
+        file=_opt_str(rec.get("file")),
+        sha256=_opt_str(rec.get("sha256")),
+        mro=tuple(str(c) for c in mro) if isinstance(mro, list) else (),
+    )
+
+
+def _with_graph(
+    steps: StepEvidence, graph: dict[str, Any], spec: SpecEvidence | None
+) -> StepEvidence:
+    """STEPS with the mode they ran in (a ``graph`` record) and their speculation."""
+    eager = graph.get("enforce_eager")
+    return dataclasses.replace(
+        steps,
+        compilation_mode=_opt_str(graph.get("compilation_mode")),
+        cudagraph_mode=_opt_str(graph.get("cudagraph_mode")),
+        enforce_eager=eager if isinstance(eager, bool) else None,
+        spec=spec,
+    )
+
+
 def read_probe_dir(directory: Path, cache: JournalCache | None = None) -> ProbeState | None:
     """Parse one probe directory; None when it holds no probe state. CACHE: reuse what an
     earlier read of the same journal parsed (counters are always read fresh). The journal is
@@ -430,26 +409,18 @@ def read_probe_dir(directory: Path, cache: JournalCache | None = None) -> ProbeS
     cached = cache.records(journal) if cache is not None else None
     if cached is not None:
         records, files, digest = cached.records, cached.files, cached.digest
+        hashed_at = cached.hashed_at
     else:
         records = read_journal(journal)
-        files = _files(records)
-        digest = merkle_root((f.path, f.sha256) for f in files if f.sha256)
+        files, hashed_at = _files(records)
+        digest = _digest(files)
     start = next((r for r in records if r.get("k") == "start"), None)
     if start is None:
         return None
     slots = read_settled(directory / L.COUNTERS_FILE) or [0] * L.N_SLOTS
-    runner_rec = next((r for r in reversed(records) if r.get("k") == "runner"), None)
-    runner = None
-    if runner_rec is not None:
-        methods, mro = runner_rec.get("methods"), runner_rec.get("mro")
-        runner = Runner(
-            cls=str(runner_rec.get("class")),
-            file=_opt_str(runner_rec.get("file")),
-            sha256=_opt_str(runner_rec.get("sha256")),
-            worker=_opt_str(runner_rec.get("worker")),
-            methods=methods if isinstance(methods, dict) else {},
-            mro=tuple(str(c) for c in mro) if isinstance(mro, list) else (),
-        )
+    runner_rec: dict[str, Any] = next((r for r in reversed(records) if r.get("k") == "runner"), {})
+    graph: dict[str, Any] = next((r for r in reversed(records) if r.get("k") == "graph"), {})
+    methods = runner_rec.get("methods")
     return ProbeState(
         directory=str(directory),
         pid=_int(start.get("pid")),
@@ -457,16 +428,18 @@ def read_probe_dir(directory: Path, cache: JournalCache | None = None) -> ProbeS
         mode=str(start.get("mode", "")),
         shared=bool(start.get("shared")),
         roles=[r for r in records if r.get("k") == "role"],
-        runner=runner,
-        steps=steps_of(slots),
+        runner=_runner(runner_rec),
+        steps=_with_graph(steps_of(slots), graph, _speculation(records, slots)),
         hooks=_hooks(records, slots),
         files=files,
+        hashed_at=hashed_at,
         errors=[r for r in records if r.get("k") == "error"],
         error_count=slots[L.S_PROBE_ERRORS],
         manifest_digest=digest,
         interp=next((r for r in reversed(records) if r.get("k") == "interp"), {}),
-        graph=next((r for r in reversed(records) if r.get("k") == "graph"), {}),
-        spec=_speculation(records, slots),
+        graph=graph,
+        runner_worker=_opt_str(runner_rec.get("worker")),
+        runner_methods=methods if isinstance(methods, dict) else {},
         runner_log=_log_lines(records),
         step_errors=tuple(
             (_int(r.get("step")), str(r.get("error")))

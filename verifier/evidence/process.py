@@ -9,8 +9,9 @@ from typing import Any
 
 from verifier.errors import NotPythonProcess, UnavailableError
 from verifier.evidence.bindings_reader import BindingsReader
-from verifier.evidence.probe_reader import HookRecord, JournalCache, ProbeState, read_probe_dir
+from verifier.evidence.probe_reader import JournalCache, ProbeState, read_probe_dir
 from verifier.evidence.procfs import ProcessIdentity, ProcFS
+from verifier.model import HookEvidence
 from verifier.probe import _layout as L
 
 OFFLINE = "offline"  # the front end of vllm.LLM (LLMEngine) in a script: no API server
@@ -51,7 +52,7 @@ IDLE = "idle"  # no fires and no steps in this process: nothing to conclude here
 class HookView:
     """A hook as judged in one process, with that process's step counts beside the fire count."""
 
-    record: HookRecord
+    record: HookEvidence
     steps: int
     productive: int
     status: str
@@ -88,7 +89,7 @@ class HookView:
         }
 
 
-def judge_hook(rec: HookRecord, probe: ProbeState) -> HookView:
+def judge_hook(rec: HookEvidence, probe: ProbeState) -> HookView:
     """Classify one hook in one process; an empty count always says why it is empty."""
     steps, productive = probe.steps.total, probe.steps.productive
     live_is = None
@@ -189,8 +190,8 @@ class ProcessEvidence:
                 "class": runner.cls if runner else None,
                 "file": runner.file if runner else None,
                 "sha256": runner.sha256 if runner else None,
-                "worker": runner.worker if runner else None,
-                "methods": runner.methods if runner else {},
+                "worker": p.runner_worker if p else None,
+                "methods": p.runner_methods if p else {},
                 # vLLM's own log lines about the model runner (why it chose this one)
                 "log": [
                     {"level": x.level, "logger": x.logger, "message": x.message}
@@ -227,7 +228,7 @@ class ProcessEvidence:
 
 def _speculation(p: ProbeState | None) -> dict[str, Any] | None:
     """Speculative decoding as the probe recorded it; None: not recorded (no runner)."""
-    sp = p.spec if p else None
+    sp = p.steps.spec if p else None
     if sp is None:
         return None
     return {
@@ -388,3 +389,11 @@ def tree_notes(evidence: list[ProcessEvidence]) -> tuple[list[str], dict[str, in
             "executor's execute_model directly), so only the engine's internal ids name them"
         )
     return notes, counts
+
+
+def still_running(procfs: ProcFS, ev: ProcessEvidence) -> bool:
+    """Whether the process EV describes is still there (same pid, same start)."""
+    try:
+        return procfs.identity(ev.identity.pid).start_ticks == ev.identity.start_ticks
+    except (UnavailableError, OSError):
+        return False

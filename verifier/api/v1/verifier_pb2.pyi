@@ -128,7 +128,7 @@ class LogLine(_message.Message):
     def __init__(self, level: _Optional[str] = ..., logger: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class HookEvidence(_message.Message):
-    __slots__ = ("name", "target", "module_loaded", "wrapped", "owner", "how", "unresolved", "instantiated_class", "fired", "fired_productive", "first_step", "last_step", "fired_prefill", "fired_decode", "fired_outside", "device_fired", "device_base", "device_base_step")
+    __slots__ = ("name", "target", "module_loaded", "wrapped", "owner", "how", "unresolved", "instantiated_class", "fired", "fired_productive", "first_step", "last_step", "fired_prefill", "fired_decode", "fired_outside", "device_fired", "device_base", "device_base_step", "source", "device")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     MODULE_LOADED_FIELD_NUMBER: _ClassVar[int]
@@ -147,6 +147,8 @@ class HookEvidence(_message.Message):
     DEVICE_FIRED_FIELD_NUMBER: _ClassVar[int]
     DEVICE_BASE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_BASE_STEP_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
     name: str
     target: str
     module_loaded: bool
@@ -165,7 +167,9 @@ class HookEvidence(_message.Message):
     device_fired: int
     device_base: int
     device_base_step: int
-    def __init__(self, name: _Optional[str] = ..., target: _Optional[str] = ..., module_loaded: _Optional[bool] = ..., wrapped: _Optional[bool] = ..., owner: _Optional[str] = ..., how: _Optional[str] = ..., unresolved: _Optional[str] = ..., instantiated_class: _Optional[str] = ..., fired: _Optional[int] = ..., fired_productive: _Optional[int] = ..., first_step: _Optional[int] = ..., last_step: _Optional[int] = ..., fired_prefill: _Optional[int] = ..., fired_decode: _Optional[int] = ..., fired_outside: _Optional[int] = ..., device_fired: _Optional[int] = ..., device_base: _Optional[int] = ..., device_base_step: _Optional[int] = ...) -> None: ...
+    source: str
+    device: str
+    def __init__(self, name: _Optional[str] = ..., target: _Optional[str] = ..., module_loaded: _Optional[bool] = ..., wrapped: _Optional[bool] = ..., owner: _Optional[str] = ..., how: _Optional[str] = ..., unresolved: _Optional[str] = ..., instantiated_class: _Optional[str] = ..., fired: _Optional[int] = ..., fired_productive: _Optional[int] = ..., first_step: _Optional[int] = ..., last_step: _Optional[int] = ..., fired_prefill: _Optional[int] = ..., fired_decode: _Optional[int] = ..., fired_outside: _Optional[int] = ..., device_fired: _Optional[int] = ..., device_base: _Optional[int] = ..., device_base_step: _Optional[int] = ..., source: _Optional[str] = ..., device: _Optional[str] = ...) -> None: ...
 
 class FileEntry(_message.Message):
     __slots__ = ("path", "sha256", "size", "kind", "module", "at")

@@ -1,0 +1,88 @@
+"""One process's report: its probe's evidence (``verifier.model`` types, as the reader
+returns them) with the agent's own ``/proc`` evidence added and the files judged. The agent
+and the local commands (``inspect``, ``diff``, ``policy init``) build reports here alike."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from verifier.evidence.container import container_of
+from verifier.evidence.distindex import DistIndex
+from verifier.evidence.hashing import Hasher
+from verifier.evidence.judge import Judgement, judge
+from verifier.evidence.native import native_mappings
+from verifier.evidence.process import ProcessEvidence
+from verifier.evidence.procfs import ProcFS
+from verifier.model import ProcessKey, ProcessReport
+
+
+def to_report(procfs: ProcFS, ev: ProcessEvidence, hasher: Hasher | None = None) -> ProcessReport:
+    """One process's report with the agent's own /proc evidence added (everything judged now)."""
+    return report_with_judgement(procfs, ev, hasher)[0]
+
+
+def report_with_judgement(
+    procfs: ProcFS,
+    ev: ProcessEvidence,
+    hasher: Hasher | None = None,
+    *,
+    previous: Judgement | None = None,
+    index: DistIndex | None = None,
+    reuse: Judgement | None = None,
+) -> tuple[ProcessReport, Judgement | None]:
+    """One process's report with the agent's own /proc evidence added. HASHER: reuse one so
+    unchanged files are answered from its cache. PREVIOUS: the last judgement of its files, to
+    reuse instead of re-checking every file (None: check now). INDEX: the process's
+    distribution index, to reuse (see ``judge.dist_index``). REUSE: an earlier judgement whose
+    manifest-only part (origins, bytecode) is kept while the manifest is unchanged."""
+    ident = ev.identity
+    ref = container_of(procfs, ident.pid)
+    container = ref.id if ref else None
+    hasher = hasher or Hasher()
+    mappings = native_mappings(procfs, ident.pid, hasher)
+    base = ProcessReport(
+        key=ProcessKey(ident.boot_id, ident.pid, ident.start_ticks),
+        ns_pid=ident.ns_pid,
+        ppid=ident.ppid,
+        start_time=ident.start_time,
+        role=ev.role,
+        rank=ev.rank,
+        container_id=container,
+        cmdline=ident.cmdline,
+        exe=ident.exe,
+        probe_present=ev.probe is not None,
+        native_mappings=mappings,
+        roles=tuple(ev.roles),
+    )
+    probe = ev.probe
+    if probe is None:
+        return base, None
+    runner = probe.runner
+    now = None
+    if runner is not None and runner.file:
+        now = hasher.hash_file(str(procfs.in_root(ident.pid, runner.file))).sha256
+    judged = previous or judge(
+        procfs,
+        ident.pid,
+        probe,
+        probe.files,
+        hasher,
+        start_time=ident.start_time,
+        index=index,
+        reuse=reuse,
+    )
+    report = dataclasses.replace(
+        base,
+        probe_errors=tuple(f"[{e.get('where')}] {e.get('msg')}" for e in probe.errors),
+        runner=runner,
+        steps=probe.steps,
+        hooks=probe.hooks,
+        manifest_digest=probe.manifest_digest,
+        files=probe.files,
+        runner_file_sha256_now=now,
+        disagreements=judged.disagreements,
+        provenance=judged.provenance,
+        drift=judged.drift,
+        runner_log=probe.runner_log,
+    )
+    return report, judged
