@@ -43,7 +43,7 @@ from verifier.evidence.distindex import DistIndex
 from verifier.evidence.native import executable_files
 from verifier.evidence.probe_reader import ProbeState, _parse, read_journal, read_probe_dir
 from verifier.evidence.procfs import ProcFS
-from verifier.model import FileEntry, TargetReport
+from verifier.model import FileEntry, ProcessKey, ProcessReport, TargetReport
 from verifier.policy import PolicyError, load_policy
 from verifier.probe import _layout as L
 
@@ -642,6 +642,17 @@ def _check_probe_state(state: ProbeState | None) -> None:
     state.role  # noqa: B018 - the property reads roles
 
 
+def _report_of(state: ProbeState) -> None:
+    """What the agent sends of STATE encodes: the reader's values are the report's values."""
+    report = ProcessReport(
+        key=ProcessKey("boot", 1, 0), ns_pid=1, ppid=0, start_time=0.0, role="worker",
+        rank=None, container_id=None, cmdline=(), exe="", probe_present=True,
+        runner=state.runner, steps=state.steps, hooks=state.hooks,
+        manifest_digest=state.manifest_digest, files=state.files, runner_log=state.runner_log,
+    )  # fmt: skip
+    wire.process_to_json(report)
+
+
 @FUZZ
 @given(
     records=st.lists(_RECORD, max_size=8).map(lambda rs: [{"k": "start"}, *rs]),
@@ -663,6 +674,7 @@ def test_probe_dir_records_of_wrong_types_never_raise(
         state = read_probe_dir(Path(d))
         _check_probe_state(state)
         assert state is not None
+        _report_of(state)
         (Path(d) / "1").mkdir()
         (Path(d) / "1" / "environ").write_bytes(b"HOME=/root\0")
         context(ProcFS(d), 1, state)

@@ -15,12 +15,12 @@ it as ``start`` and does not send the same records again.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from verifier.evidence.probe_reader import load_record
 from verifier.model import RequestSpec
 from verifier.probe import _layout as L
 
@@ -159,7 +159,7 @@ class BindingsReader:
             if not line.strip():
                 continue
             try:
-                rec = json.loads(line)
+                rec = load_record(line)
                 kind = rec["k"]
                 if kind == "req":
                     spans.append(_span(rec))

@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import struct
 import time
 from dataclasses import dataclass, field
@@ -139,13 +140,43 @@ def steps_of(slots: list[int]) -> StepEvidence:
     )
 
 
+# A \uD800-\uDFFF escape, which may decode to a lone surrogate: a file name's undecodable bytes
+# (Python's surrogateescape) or a hostile string, valid JSON either way.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _valid_unicode(v: Any) -> Any:
+    """V with every string that is not valid Unicode escaped (a lone surrogate becomes the
+    six characters ``\udcff``): what the wire (protobuf strings are UTF-8) can carry, and
+    still distinct from any other string."""
+    if isinstance(v, str):
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            return v.encode("utf-8", "backslashreplace").decode("utf-8")
+        return v
+    if isinstance(v, list):
+        return [_valid_unicode(x) for x in v]
+    if isinstance(v, dict):
+        return {_valid_unicode(k): _valid_unicode(x) for k, x in v.items()}
+    return v
+
+
+def load_record(line: bytes) -> Any:
+    """One JSON line written by the probed process (``json.loads``; raises ValueError or
+    RecursionError as it does). Strings that are not valid Unicode come back escaped (see
+    ``_valid_unicode``), so whatever a journal says can be reported."""
+    rec = json.loads(line)
+    return _valid_unicode(rec) if _SURROGATE_ESCAPE.search(line) else rec
+
+
 def _parse(lines: list[bytes]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for line in lines:
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
+            rec = load_record(line)
         except (ValueError, RecursionError):  # garbled, not UTF-8, or nested too deep
             continue
         if isinstance(rec, dict):
