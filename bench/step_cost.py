@@ -298,7 +298,8 @@ def main() -> None:
             def step(self) -> None:
                 return None
 
-        _firsthit.install(Target, "step", _hooks.declare("first_hit", "", "api"), "first_hit")
+        first = _hooks.declare("first_hit", "", "api")
+        _firsthit.install(Target, "step", _hooks._fire, first, "first_hit")
         hit, plain_t = Target(), type("Plain", (), {"step": lambda self: None})()
         hit.step()  # its first call: fires once and steps aside
         arms["plain call"] = plain_t.step

@@ -18,20 +18,21 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from verifier.probe import _core
 
 _TOOL_NAME = "verifier-probe"
-_by_code: dict[Any, tuple[int, str]] = {}  # 3.12+: code object -> (slot base, hook name)
+Fire = Callable[[int], None]  # counts one fire of the hook whose slots start at its argument
+# 3.12+: code object -> (how to fire, slot base, hook name)
+_by_code: dict[Any, tuple[Fire, int, str]] = {}
 _tool: int | None = None
 
 
-def _hit(base: int, name: str) -> None:
-    from verifier.probe import _hooks  # imported late: _hooks imports this module
-
+def _hit(fire: Fire, base: int, name: str) -> None:
     try:
-        _hooks._fire(base)
+        fire(base)
         _core.state().remember({"k": "first_hit", "name": name})
     except Exception as e:  # noqa: BLE001 - a probe never raises into the hooked code
         _core.report_error("first_hit", f"{name!r}: {type(e).__name__}: {e}")
@@ -60,8 +61,10 @@ def _monitoring_tool() -> int | None:
     return _tool
 
 
-def install(owner: Any, attr: str, base: int, name: str) -> str:
-    """Watch OWNER.ATTR's first call; returns how ("monitoring" or "one-shot")."""
+def install(owner: Any, attr: str, fire: Fire, base: int, name: str) -> str:
+    """Watch OWNER.ATTR's first call, then count it with FIRE(BASE) (``_hooks`` passes its
+    own counter in: this module does not import it); returns how ("monitoring" or
+    "one-shot")."""
     raw = next(
         (k.__dict__[attr] for k in getattr(owner, "__mro__", ()) if attr in k.__dict__),
         None,
@@ -75,7 +78,7 @@ def install(owner: Any, attr: str, base: int, name: str) -> str:
     tool = _monitoring_tool()
     if tool is not None:
         mon = sys.monitoring  # type: ignore[attr-defined,unused-ignore]
-        _by_code[code] = (base, name)
+        _by_code[code] = (fire, base, name)
         mon.set_local_events(tool, code, mon.events.PY_START)
         return "monitoring"
 
@@ -89,7 +92,7 @@ def install(owner: Any, attr: str, base: int, name: str) -> str:
                 # Put the original back: later calls do not pass here at all. (When another
                 # wrapper was put around this one since, it stays, and this one passes through.)
                 setattr(owner, attr, raw)
-            _hit(base, name)
+            _hit(fire, base, name)
         return fn(*args, **kwargs)
 
     functools.update_wrapper(once, fn)

@@ -330,7 +330,7 @@ def _apply(decl: HookDecl, base: int, module: ModuleType) -> None:
                 {
                     "k": "first_hit_armed",
                     "name": decl.name,
-                    "via": _firsthit.install(owner, attr, base, decl.name),
+                    "via": _firsthit.install(owner, attr, _fire, base, decl.name),
                 }
             )
             if isinstance(owner, type):
