@@ -18,8 +18,8 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from verifier.ledger.interface import Database
 from verifier.model import RequestId, RequestSpan, RequestSpec
-from verifier.server.db import Database
 
 SPAN_COLUMNS = (
     "batch, target, boot_id, pid, start_ticks, internal_id, first_step, last_step, steps, "

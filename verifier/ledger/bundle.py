@@ -13,7 +13,7 @@ Format (``"bundle": 1``)::
      "contents":  [{"kind": K, "fields": {...}}, ...]   (one per statement, same order),
      "consistency": {"size": M, "root": hex, "proof": [hex, ...]}   (optional)}
 
-Merkle leaves are the entries' hashes as raw 32 bytes (:mod:`verifier.audit.merkle`). Each
+Merkle leaves are the entries' hashes as raw 32 bytes (:mod:`verifier.ledger.merkle`). Each
 statement's predicate carries ``ledger: {seq, kind, ref, hash}``, its one subject's sha256 is
 that entry's ``subject``, and its content recomputes that subject with the ledger's own
 functions (:data:`CONTENT_KINDS`, one subject function per kind; :func:`register_kind` adds
@@ -27,13 +27,13 @@ import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from verifier.audit import dsse, merkle
-from verifier.audit import statement as st
-from verifier.audit.errors import BundleCorrupt, WrongKey
-from verifier.audit.keys import Ed25519PrivateKey, Ed25519PublicKey, key_id
-from verifier.server import ledger
+from verifier.ledger import chain, dsse, merkle
+from verifier.ledger import statement as st
+from verifier.ledger.errors import BundleCorrupt, WrongKey
+from verifier.ledger.interface import Database
+from verifier.ledger.keys import Ed25519PrivateKey, Ed25519PublicKey, key_id
 
 FORMAT = 1
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -59,7 +59,7 @@ class LedgerEntry:
         seq, at, kind, ref, subject, prev, h = row
         return cls(int(seq), float(at), str(kind), str(ref), str(subject), str(prev), str(h))
 
-    def fields(self) -> ledger.Entry:
+    def fields(self) -> chain.Entry:
         return (self.seq, self.at, self.kind, self.ref, self.subject, self.prev)
 
     def to_json(self) -> dict[str, Any]:
@@ -78,20 +78,14 @@ class LedgerEntry:
         return bytes.fromhex(self.hash)
 
 
-class _Database(Protocol):
-    """verifier.server.db.Database or a sqlite3 connection: read-only use."""
-
-    def execute(self, sql: str, args: Sequence[Any], /) -> Any: ...
-
-
-def tree_from_db(db: _Database, size: int | None = None) -> merkle.Tree:
+def tree_from_db(db: Database, size: int | None = None) -> merkle.Tree:
     """The Merkle tree over the ledger's first SIZE entries (all by default), in seq order."""
     sql = "SELECT hash FROM ledger ORDER BY seq"
     rows = db.execute(sql + " LIMIT ?", (size,)) if size is not None else db.execute(sql, ())
     return merkle.Tree(bytes.fromhex(h) for (h,) in rows)
 
 
-def entries_from_db(db: _Database, seqs: Iterable[int]) -> list[LedgerEntry]:
+def entries_from_db(db: Database, seqs: Iterable[int]) -> list[LedgerEntry]:
     wanted = sorted(set(seqs))
     out = []
     for seq in wanted:
@@ -193,16 +187,16 @@ def _report_subject(f: Fields) -> str:
             body = dsse.b64decode(f.text("body_b64"))
         except ValueError as e:
             raise BundleCorrupt(f"field body_b64: {e}", f.where) from None
-        return ledger.report_subject(agent_id, seq, target, received, body)
-    # The digest alone: the same layout as ledger.report_subject (tests hold them together).
-    return ledger._sha("report", agent_id, seq, target, received, f.sha256_of("body"))
+        return chain.report_subject(agent_id, seq, target, received, body)
+    # The digest alone: the same layout as chain.report_subject (tests hold them together).
+    return chain.sha("report", agent_id, seq, target, received, f.sha256_of("body"))
 
 
 def _bindings_subject(f: Fields) -> str:
     """A batch of request bindings (the one that came with report SEQ of AGENT_ID): the same
-    layout as ``ledger.bindings_subject`` (tests hold them together)."""
-    ref = ledger.report_ref(f.text("agent_id"), f.integer("seq"))
-    return ledger._sha(
+    layout as ``chain.bindings_subject`` (tests hold them together)."""
+    ref = chain.report_ref(f.text("agent_id"), f.integer("seq"))
+    return chain.sha(
         "bindings",
         ref,
         f.text("target"),
@@ -214,28 +208,28 @@ def _bindings_subject(f: Fields) -> str:
 
 register_kind(
     "run",
-    lambda f: ledger.run_subject(
+    lambda f: chain.run_subject(
         f.text("name"), f.text("policy"), f.text("digest"), f.text("source"), f.number("created")
     ),
-    lambda f: ledger.run_ref(f.text("name")),
+    lambda f: chain.run_ref(f.text("name")),
 )
 register_kind(
-    "manifest", lambda f: ledger.manifest_subject(f.text("files_json")), lambda f: f.text("digest")
+    "manifest", lambda f: chain.manifest_subject(f.text("files_json")), lambda f: f.text("digest")
 )
 register_kind(
-    "report", _report_subject, lambda f: ledger.report_ref(f.text("agent_id"), f.integer("seq"))
+    "report", _report_subject, lambda f: chain.report_ref(f.text("agent_id"), f.integer("seq"))
 )
 register_kind(
     "verdict",
-    lambda f: ledger.verdict_subject(
+    lambda f: chain.verdict_subject(
         f.text("run"), f.number("at"), f.text("verdict"), f.text("detail_json")
     ),
-    lambda f: ledger.verdict_ref(f.text("run"), f.number("at")),
+    lambda f: chain.verdict_ref(f.text("run"), f.number("at")),
 )
 register_kind(
     "bindings",
     _bindings_subject,
-    lambda f: ledger.report_ref(f.text("agent_id"), f.integer("seq")),
+    lambda f: chain.report_ref(f.text("agent_id"), f.integer("seq")),
 )
 
 
@@ -302,7 +296,7 @@ def build_bundle(
     for e in by_seq.values():
         if tree.leaf_hash(e.seq - 1) != merkle.leaf_hash(e.leaf):
             raise ValueError(f"entry {e.seq} is not leaf {e.seq - 1} of the tree")
-        if ledger.entry_hash(e.fields()) != e.hash:
+        if chain.entry_hash(e.fields()) != e.hash:
             raise ValueError(f"entry {e.seq} does not match its hash")
     root = tree.root(size).hex()
     vid = verifier_id or key_id(key)
@@ -496,9 +490,9 @@ class _Check:
                 raise BundleCorrupt(f"out of order: after seq {last.seq}", where)
             if e.seq > r.size:
                 raise BundleCorrupt(f"beyond the checkpoint's {r.size} entries", where)
-            if ledger.entry_hash(e.fields()) != e.hash:
+            if chain.entry_hash(e.fields()) != e.hash:
                 raise BundleCorrupt("its fields do not match its hash", where)
-            if e.seq == 1 and e.prev != ledger.GENESIS:
+            if e.seq == 1 and e.prev != chain.GENESIS:
                 raise BundleCorrupt("the first entry does not start the chain", where)
             if last is not None and e.seq == last.seq + 1 and e.prev != last.hash:
                 raise BundleCorrupt(f"does not follow entry {last.seq}", where)
@@ -506,7 +500,7 @@ class _Check:
             last = e
         r.entries = len(by_seq)
         if r.size == 0:
-            if by_seq or r.head != ledger.GENESIS or r.root != merkle.EMPTY_ROOT.hex():
+            if by_seq or r.head != chain.GENESIS or r.root != merkle.EMPTY_ROOT.hex():
                 raise BundleCorrupt("an empty checkpoint with entries or a head", "checkpoint")
         elif r.size not in by_seq:
             raise BundleCorrupt(f"the head entry {r.size} is not included", "entries")
