@@ -26,12 +26,10 @@ from verifier.ledger.bundle import (
     Attestation,
     LedgerEntry,
     build_bundle,
-    check_bundle,
     content,
     dump,
     entries_from_db,
     tree_from_db,
-    verify_bundle,
 )
 from verifier.ledger.errors import (
     BundleCorrupt,
@@ -41,6 +39,7 @@ from verifier.ledger.errors import (
     NotEd25519,
     WrongKey,
 )
+from verifier.ledger.verify_bundle import check_bundle, verify_bundle
 from verifier.server import schema
 from verifier.server.db import SQLiteDatabase
 

@@ -41,8 +41,8 @@ from verifier.evidence.native import executable_files
 from verifier.evidence.probe_reader import ProbeState, _parse, read_journal, read_probe_dir
 from verifier.evidence.procfs import ProcFS
 from verifier.ledger import dsse
-from verifier.ledger.bundle import check_bundle, verify_bundle
 from verifier.ledger.errors import BundleCorrupt, WrongKey
+from verifier.ledger.verify_bundle import check_bundle, verify_bundle
 from verifier.model import FileEntry, TargetReport
 from verifier.policy import PolicyError, load_policy
 from verifier.probe import _layout as L

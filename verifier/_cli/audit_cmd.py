@@ -280,10 +280,10 @@ def run_offline_verify(bundle_path: str, key_path: str, as_json: bool) -> int:
     (exit 7), :class:`WrongKey` (8), or a key or file error (3)."""
     from pathlib import Path
 
-    from verifier.ledger.bundle import check_bundle
     from verifier.ledger.errors import BundleCorrupt, BundleMissing, WrongKey
     from verifier.ledger.keys import load_public_key
     from verifier.ledger.statement import rfc3339
+    from verifier.ledger.verify_bundle import check_bundle
 
     key = load_public_key(Path(key_path))
     path = Path(bundle_path)

@@ -10,7 +10,8 @@ against the database or offline from an export (docs/audit.md).
 - :mod:`~verifier.ledger.keys`: the verifier's Ed25519 key
 - :mod:`~verifier.ledger.dsse`: DSSE v1 envelopes
 - :mod:`~verifier.ledger.statement`: in-toto Statement v1 and the project's predicates
-- :mod:`~verifier.ledger.bundle`: the export bundle, built and verified
+- :mod:`~verifier.ledger.bundle`: the export bundle: its entries, content kinds, building it
+- :mod:`~verifier.ledger.verify_bundle`: checking a bundle offline, with the public key alone
 - :mod:`~verifier.ledger.export`: the bundle for some requests and runs of a database
 - :mod:`~verifier.ledger.queries`: audit queries (a request, a file, a run) over a database
 - :mod:`~verifier.ledger.errors`: what can go wrong with keys and bundles
