@@ -1,9 +1,10 @@
 """The audit ledger: an append-only hash chain over everything the verifier stores.
 
-Every run (with its policy), manifest, report and recorded verdict gets one ledger entry in
-the same transaction that stores it: ``(seq, at, kind, ref, subject, prev, hash)``, where
-``subject`` is the sha256 of the stored content, ``prev`` the previous entry's hash and
-``hash`` the sha256 of all of these. :func:`verify` walks the chain and re-derives every
+Every run (with its policy), manifest, report, recorded verdict and batch of request bindings
+(:mod:`verifier.ledger.bindings`, which this module reads and which never imports it) gets one
+ledger entry in the same transaction that stores it: ``(seq, at, kind, ref, subject, prev,
+hash)``, where ``subject`` is the sha256 of the stored content, ``prev`` the previous entry's
+hash and ``hash`` the sha256 of all of these. :func:`verify` walks the chain and re-derives every
 subject from the content tables, so editing, deleting or reordering a row, in the content or
 in the ledger, and inserting content behind the ledger's back, each name the first entry that
 no longer matches.
@@ -19,6 +20,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from verifier.ledger import bindings
 from verifier.ledger.interface import Database
 
 GENESIS = "0" * 64
@@ -113,9 +115,7 @@ def _contents(db: Database) -> Iterator[tuple[str, str, str, float]]:
         "SELECT run, at_unix, verdict, detail_json FROM verdicts ORDER BY rowid"
     ):
         yield "verdict", verdict_ref(run, at), verdict_subject(run, at, verdict, detail), at
-    from verifier.ledger.bindings import stored_batches
-
-    for ref, target, received, spans, ids in stored_batches(db):
+    for ref, target, received, spans, ids in bindings.stored_batches(db):
         yield "bindings", ref, bindings_subject(ref, target, received, spans, ids), received
 
 

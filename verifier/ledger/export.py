@@ -22,7 +22,7 @@ from verifier.ledger import bundle as B
 from verifier.ledger import statement as st
 from verifier.ledger.dsse import b64encode
 from verifier.ledger.interface import Database
-from verifier.ledger.keys import Ed25519PrivateKey
+from verifier.ledger.keys import Ed25519PrivateKey, key_id
 
 
 class _Export:
@@ -148,8 +148,6 @@ def export(
     verifier_id: str | None = None,
 ) -> dict[str, Any]:
     """The bundle for REQUESTS and RUNS (both may be empty: then only the signed checkpoint)."""
-    from verifier.ledger.keys import key_id
-
     vid = verifier_id or key_id(key)
     ex = _Export(db)
     for r in requests:
