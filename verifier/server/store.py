@@ -29,6 +29,7 @@ from verifier.server.index import (
     ProcessSeen,
     index_manifest,
     index_processes,
+    index_requests,
     needs_rebuild,
     rebuild,
 )
@@ -248,6 +249,7 @@ class Store:
                 span_rows, id_rows = bindings.store_batch(
                     db, batch, rep.target, spans, request_ids, rep.received_unix
                 )
+                index_requests(db, rep.target, spans)
                 subject = chain.bindings_subject(
                     batch, rep.target, rep.received_unix,
                     bindings.rows_sha256(span_rows), bindings.rows_sha256(id_rows),
