@@ -16,9 +16,7 @@ from verifier.errors import BASES, Error, ExitCode
 def _all_error_classes() -> set[type[Error]]:
     """Every subclass of ``Error`` defined anywhere in the package (every module imported)."""
     for mod in pkgutil.walk_packages(verifier.__path__, "verifier."):
-        if mod.name.startswith(("verifier.probe", "verifier.api")) or mod.name.endswith(
-            "__main__"
-        ):
+        if mod.name.startswith(("verifier.probe", "verifier.api")) or mod.name.endswith("__main__"):
             continue  # the stdlib-only probe, generated protobuf, and `python -m` entry points
         importlib.import_module(mod.name)
     found: set[type[Error]] = set()
