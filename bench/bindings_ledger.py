@@ -12,7 +12,7 @@ sends) is outside both clocks, turning them into rows is inside the store's.
 Queries: the database is filled through ``Store.save_report`` to ROWS bindings (synthetic:
 TARGETS targets of PROCS processes, MANIFESTS manifests of FILES files shared among them), then
 QUERIES lookups by the client's id and by a file's sha256 go through the same functions the
-CLI calls (``audit_queries.find_request`` / ``find_file``); p50 / p99 / max in ms.
+CLI calls (``verifier.ledger.queries.find_request`` / ``find_file``); p50 / p99 / max in ms.
 
 Usage: bench/bindings_ledger.py [--backend sqlite|postgresql|both] [--rows N] [--queries N]
 """
@@ -35,8 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _stats import print_rows, summary
 
 from verifier import wire
+from verifier.ledger import bindings
+from verifier.ledger.queries import find_file, find_request
 from verifier.model import ProcessKey, RequestId, RequestSpan, TargetReport
-from verifier.server import audit_queries, bindings
 from verifier.server.db import open_database
 from verifier.server.index import ProcessSeen
 from verifier.server.store import Store, StoredReport
@@ -201,13 +202,13 @@ def queries(target: str, label: str, rows: int, n: int) -> None:
     for _ in range(n):
         i = rng.randrange(total)
         t1 = time.perf_counter()
-        (got,) = audit_queries.find_request(db, f"req{i}")
+        (got,) = find_request(db, f"req{i}")
         lat["by request id"].append((time.perf_counter() - t1) * 1e3)
         assert got.internal_id == f"cmpl-req{i}-0-{i:08x}"
         f = rng.randrange(FILES)
         m = rng.randrange(MANIFESTS)
         t1 = time.perf_counter()
-        hits = audit_queries.find_file(db, sha(f"{f}" if f % 10 else f"{f}/{m}"))
+        hits = find_file(db, sha(f"{f}" if f % 10 else f"{f}/{m}"))
         lat["by file sha256"].append((time.perf_counter() - t1) * 1e3)
         assert hits
     db.close()

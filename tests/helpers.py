@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verifier.server import ledger
+from verifier.ledger import chain
 from verifier.server.db import open_database
 
 REPO = Path(__file__).resolve().parent.parent
@@ -66,10 +66,10 @@ class Backend:
         finally:
             db.close()
 
-    def check(self) -> ledger.Verification:
+    def check(self) -> chain.Verification:
         db = open_database(self.target, read_only=True)
         try:
-            return ledger.verify(db)
+            return chain.verify(db)
         finally:
             db.close()
 

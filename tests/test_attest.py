@@ -19,20 +19,19 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from tests.helpers import verifier_cli
-from verifier.audit import dsse, keys, merkle
-from verifier.audit import statement as st
-from verifier.audit.bundle import (
+from verifier._cli.audit_cmd import run_offline_verify
+from verifier.ledger import chain, dsse, keys, merkle
+from verifier.ledger import statement as st
+from verifier.ledger.bundle import (
     Attestation,
     LedgerEntry,
     build_bundle,
-    check_bundle,
     content,
     dump,
     entries_from_db,
     tree_from_db,
-    verify_bundle,
 )
-from verifier.audit.errors import (
+from verifier.ledger.errors import (
     BundleCorrupt,
     KeyExists,
     KeyFileMissing,
@@ -40,8 +39,8 @@ from verifier.audit.errors import (
     NotEd25519,
     WrongKey,
 )
-from verifier.audit.verify_cli import run_offline_verify
-from verifier.server import ledger, schema
+from verifier.ledger.verify_bundle import check_bundle, verify_bundle
+from verifier.server import schema
 from verifier.server.db import SQLiteDatabase
 
 # Merkle ----------------------------------------------------------------------------------
@@ -288,16 +287,16 @@ def test_keygen_cli(tmp_path: Path) -> None:
 
 
 def _bindings_subject(ref: str, target: str, received: float, spans: str, ids: str) -> str:
-    """ledger.bindings_subject where the ledger has it (its layout, which the bundle's
+    """chain.bindings_subject where the ledger has it (its layout, which the bundle's
     "bindings" content kind recomputes), else that layout written out."""
-    fn = getattr(ledger, "bindings_subject", None)
+    fn = getattr(chain, "bindings_subject", None)
     if fn is not None:
         return str(fn(ref, target, received, spans, ids))
-    return ledger._sha("bindings", ref, target, received, spans, ids)
+    return chain.sha("bindings", ref, target, received, spans, ids)
 
 
 class Ledger:
-    """A ledger built with ledger.append (the verifier's own code), and its contents."""
+    """A ledger built with chain.append (the verifier's own code), and its contents."""
 
     def __init__(self) -> None:
         self.db = SQLiteDatabase(":memory:")
@@ -305,7 +304,7 @@ class Ledger:
         self.contents: dict[int, dict[str, Any]] = {}
 
     def add(self, at: float, kind: str, ref: str, subject: str, c: dict[str, Any]) -> int:
-        ledger.append(self.db, at, kind, ref, subject)
+        chain.append(self.db, at, kind, ref, subject)
         seq = int(self.db.execute("SELECT max(seq) FROM ledger").fetchone()[0])
         self.contents[seq] = c
         return seq
@@ -315,33 +314,33 @@ def _ledger(filler: int = 20) -> Ledger:
     lg = Ledger()
     policy, digest = "[run]\nname='r1'\n", "d" * 64
     lg.add(
-        100.0, "run", ledger.run_ref("r1"), ledger.run_subject("r1", policy, digest, "cli", 100.0),
+        100.0, "run", chain.run_ref("r1"), chain.run_subject("r1", policy, digest, "cli", 100.0),
         content("run", name="r1", policy=policy, digest=digest, source="cli", created=100.0),
     )  # fmt: skip
     files = json.dumps([["vllm/x.py", "a" * 64]])
-    lg.add(101.0, "manifest", "m" * 64, ledger.manifest_subject(files),
+    lg.add(101.0, "manifest", "m" * 64, chain.manifest_subject(files),
            content("manifest", files_json=files, digest="m" * 64))  # fmt: skip
     for i in range(filler):
         body = b"report %d" % i
         lg.add(
-            102.0 + i, "report", ledger.report_ref("agent-1", i),
-            ledger.report_subject("agent-1", i, "t1", 102.0 + i, body),
+            102.0 + i, "report", chain.report_ref("agent-1", i),
+            chain.report_subject("agent-1", i, "t1", 102.0 + i, body),
             content("report", agent_id="agent-1", seq=i, target="t1", received=102.0 + i,
                     body_b64=dsse.b64encode(body)),
         )  # fmt: skip
     detail = json.dumps({"findings": []})
-    lg.add(500.5, "verdict", ledger.verdict_ref("r1", 500.5),
-           ledger.verdict_subject("r1", 500.5, "PASS", detail),
+    lg.add(500.5, "verdict", chain.verdict_ref("r1", 500.5),
+           chain.verdict_subject("r1", 500.5, "PASS", detail),
            content("verdict", run="r1", at=500.5, verdict="PASS", detail_json=detail))  # fmt: skip
     spans, ids = '["span",1]\n', '["req-1"]\n["req-2"]\n'
-    lg.add(501.0, "bindings", ledger.report_ref("agent-1", 5),
-           _bindings_subject(ledger.report_ref("agent-1", 5), "t1", 501.0,
+    lg.add(501.0, "bindings", chain.report_ref("agent-1", 5),
+           _bindings_subject(chain.report_ref("agent-1", 5), "t1", 501.0,
                              hashlib.sha256(spans.encode()).hexdigest(),
                              hashlib.sha256(ids.encode()).hexdigest()),
            content("bindings", agent_id="agent-1", seq=5, target="t1", received=501.0,
                    spans_text=spans, ids_b64=dsse.b64encode(ids.encode())))  # fmt: skip
-    lg.add(502.0, "report", ledger.report_ref("agent-1", 99),
-           ledger.report_subject("agent-1", 99, "t1", 502.0, b"last"),
+    lg.add(502.0, "report", chain.report_ref("agent-1", 99),
+           chain.report_subject("agent-1", 99, "t1", 502.0, b"last"),
            content("report", agent_id="agent-1", seq=99, target="t1", received=502.0,
                    body_sha256=hashlib.sha256(b"last").hexdigest()))  # fmt: skip
     return lg
@@ -405,10 +404,10 @@ def test_a_checkpoint_over_part_of_the_ledger_verifies() -> None:
 
 
 def test_report_by_digest_matches_the_ledgers_report_subject() -> None:
-    """The body_sha256 form recomputes the same subject as ledger.report_subject."""
-    from verifier.audit.bundle import content_subject
+    """The body_sha256 form recomputes the same subject as chain.report_subject."""
+    from verifier.ledger.bundle import content_subject
 
-    want = ledger.report_subject("a", 3, "t", 1.5, b"xyz")
+    want = chain.report_subject("a", 3, "t", 1.5, b"xyz")
     by_body = content("report", agent_id="a", seq=3, target="t", received=1.5,
                       body_b64=dsse.b64encode(b"xyz"))  # fmt: skip
     by_digest = content("report", agent_id="a", seq=3, target="t", received=1.5,
@@ -462,7 +461,7 @@ def _mut(name: str) -> Callable[[dict[str, Any]], None]:
         # bundle, so no chain link catches it): its inclusion proof fails instead
         e = b["entries"][4]
         e["subject"] = _flip_hex(e["subject"])
-        e["hash"] = ledger.entry_hash(
+        e["hash"] = chain.entry_hash(
             (e["seq"], e["at"], e["kind"], e["ref"], e["subject"], e["prev"])
         )
         b["proofs"][str(e["seq"])] = b["proofs"].pop(str(e["seq"]))
@@ -600,7 +599,7 @@ def test_offline_verify_cli_function(tmp_path: Path, capsys: pytest.CaptureFixtu
         run_offline_verify(str(path), str(tmp_path / "k"), as_json=False)
     with pytest.raises(KeyFileMissing):
         run_offline_verify(str(path), str(tmp_path / "nope"), as_json=False)
-    from verifier.audit.errors import BundleMissing
+    from verifier.ledger.errors import BundleMissing
 
     with pytest.raises(BundleMissing):
         run_offline_verify(str(tmp_path / "nope.json"), str(tmp_path / "k.pub"), as_json=False)
@@ -611,5 +610,5 @@ def test_bundle_of_a_real_ledger_entry_list() -> None:
     lg = _ledger(2)
     rows = lg.db.execute("SELECT * FROM ledger ORDER BY seq").fetchall()
     es = [LedgerEntry.from_row(r) for r in rows]
-    assert all(ledger.entry_hash(e.fields()) == e.hash for e in es)
+    assert all(chain.entry_hash(e.fields()) == e.hash for e in es)
     assert all(b.prev == a.hash for a, b in itertools.pairwise(es))

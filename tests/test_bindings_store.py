@@ -15,9 +15,9 @@ from tests.helpers import Backend, verifier_cli
 from tests.test_policy_engine import worker
 from verifier import wire
 from verifier.errors import NotFound
+from verifier.ledger.bindings import client_id
+from verifier.ledger.queries import find_file, find_request
 from verifier.model import ProcessKey, RequestId, RequestSpan, RequestSpec, TargetReport
-from verifier.server.audit_queries import find_file, find_request
-from verifier.server.bindings import client_id
 from verifier.server.db import open_database
 from verifier.server.evaluate import files_to_rows
 from verifier.server.index import processes_seen

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from tests.helpers import Backend, verifier_cli
 from tests.test_bindings_store import stocked
-from verifier.audit.keys import generate, load_private_key, save_keypair
-from verifier.server import ledger
+from verifier.ledger import chain
+from verifier.ledger.keys import generate, load_private_key, save_keypair
 from verifier.server.db import open_database
 from verifier.server.store import Store
 
@@ -99,11 +99,11 @@ def test_a_ledger_rewritten_behind_a_signed_checkpoint_is_named(
     db = open_database(backend.target)
     db.execute("UPDATE reports SET target = 'elsewhere' WHERE seq = 1")
     rows = db.execute("SELECT seq, at_unix, kind, ref FROM ledger ORDER BY seq").fetchall()
-    content = {(k, r): sub for k, r, sub, _ in ledger._contents(db)}
-    prev = ledger.GENESIS
+    content = {(k, r): sub for k, r, sub, _ in chain._contents(db)}
+    prev = chain.GENESIS
     for seq, at, kind, ref in rows:
         subject = content[(kind, ref)]
-        h = ledger.entry_hash((seq, at, kind, ref, subject, prev))
+        h = chain.entry_hash((seq, at, kind, ref, subject, prev))
         db.execute(
             "UPDATE ledger SET subject = ?, prev = ?, hash = ? WHERE seq = ?",
             (subject, prev, h, seq),

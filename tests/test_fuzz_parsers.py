@@ -26,9 +26,6 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from verifier import wire
-from verifier.audit import dsse
-from verifier.audit.bundle import check_bundle, verify_bundle
-from verifier.audit.errors import BundleCorrupt, WrongKey
 from verifier.errors import NoSuchProcess
 from verifier.evidence import bytecode as bc
 from verifier.evidence.bindings_reader import BindingsReader, ExternalId, RequestSpan
@@ -43,6 +40,9 @@ from verifier.evidence.distindex import DistIndex
 from verifier.evidence.native import executable_files
 from verifier.evidence.probe_reader import ProbeState, _parse, read_journal, read_probe_dir
 from verifier.evidence.procfs import ProcFS
+from verifier.ledger import dsse
+from verifier.ledger.errors import BundleCorrupt, WrongKey
+from verifier.ledger.verify_bundle import check_bundle, verify_bundle
 from verifier.model import FileEntry, ProcessKey, ProcessReport, TargetReport
 from verifier.policy import PolicyError, load_policy
 from verifier.probe import _layout as L

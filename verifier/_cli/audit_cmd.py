@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import time
 from typing import Any
 
@@ -134,7 +135,7 @@ def _when(t: float) -> str:
 
 
 def run_file(args: argparse.Namespace) -> int:
-    from verifier.server.audit_queries import find_file
+    from verifier.ledger.queries import find_file
 
     db = _open(args.db)
     try:
@@ -162,7 +163,7 @@ def run_file(args: argparse.Namespace) -> int:
 
 
 def run_request(args: argparse.Namespace) -> int:
-    from verifier.server.audit_queries import find_request
+    from verifier.ledger.queries import find_request
 
     db = _open(args.db)
     try:
@@ -210,7 +211,7 @@ def run_request(args: argparse.Namespace) -> int:
 
 
 def run_run(args: argparse.Namespace) -> int:
-    from verifier.server.audit_queries import run_summary
+    from verifier.ledger.queries import run_summary
 
     db = _open(args.db)
     try:
@@ -232,9 +233,9 @@ def run_run(args: argparse.Namespace) -> int:
 def run_export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from verifier.audit.bundle import dump
-    from verifier.audit.keys import load_private_key
-    from verifier.server.export import export
+    from verifier.ledger.bundle import dump
+    from verifier.ledger.export import export
+    from verifier.ledger.keys import load_private_key
 
     key = load_private_key(Path(args.key))
     db = _open(args.db)
@@ -267,22 +268,59 @@ def run_verify(args: argparse.Namespace) -> int:
             raise UsageError("give either BUNDLE (offline) or --db (online), not both")
         if args.key is None:
             raise UsageError("an offline check needs the verifier's public key: --key KEY.pub")
-        from verifier.audit.verify_cli import run_offline_verify
-
         return run_offline_verify(args.bundle, args.key, args.json)
     if args.db is None:
         raise UsageError("give --db (check the database online) or BUNDLE --key (offline)")
     return _verify_online(args)
 
 
+def run_offline_verify(bundle_path: str, key_path: str, as_json: bool) -> int:
+    """Verify the bundle at BUNDLE_PATH with the public key at KEY_PATH; print what was checked
+    (JSON with AS_JSON, also on failure). 0 when it verifies; raises :class:`BundleCorrupt`
+    (exit 7), :class:`WrongKey` (8), or a key or file error (3)."""
+    from pathlib import Path
+
+    from verifier.ledger.errors import BundleCorrupt, BundleMissing, WrongKey
+    from verifier.ledger.keys import load_public_key
+    from verifier.ledger.statement import rfc3339
+    from verifier.ledger.verify_bundle import check_bundle
+
+    key = load_public_key(Path(key_path))
+    path = Path(bundle_path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise BundleMissing(f"{path}: no such bundle file") from None
+    except OSError as e:
+        raise BundleMissing(f"{path}: cannot read the bundle: {e.strerror}") from None
+    r = check_bundle(data, key)
+    if as_json:
+        print(json.dumps(r.to_json(), indent=2))
+    else:
+        for line in r.checks:
+            print(f"ok    {line}")
+        if r.ok:
+            print(
+                f"bundle verifies: ledger of {r.size} entries at {rfc3339(r.at_unix)} "
+                f"(verifier {r.verifier_id}), root {r.root}, head {r.head}"
+            )
+    sys.stdout.flush()
+    if r.ok:
+        return 0
+    problem, location = r.problem or "does not verify", r.location or ""
+    if r.exit_code == WrongKey.exit_code:
+        raise WrongKey(problem, f"{path}: {location}" if location else str(path))
+    raise BundleCorrupt(problem, f"{path}: {location}" if location else str(path))
+
+
 def _verify_online(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from verifier.server import checkpoints, ledger
+    from verifier.ledger import chain, checkpoints
 
     key = None
     if args.key is not None:
-        from verifier.audit.keys import load_public_key
+        from verifier.ledger.keys import load_public_key
 
         key = load_public_key(Path(args.key))
     db = _open(args.db)
@@ -295,7 +333,7 @@ def _verify_online(args: argparse.Namespace) -> int:
                 "opens it)"
             )
         with db.snapshot():
-            result = ledger.verify(db)
+            result = chain.verify(db)
             held, cp_problem = checkpoints.check(db, key)
     except db.errors as e:
         raise ConfigError(f"{path}: cannot read the database: {e}") from e

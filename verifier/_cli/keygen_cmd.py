@@ -23,7 +23,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run_keygen(args: argparse.Namespace) -> int:
-    from verifier.audit import keys
+    from verifier.ledger import keys
 
     key = keys.generate()
     pub = keys.save_keypair(key, args.out, force=args.force)

@@ -87,7 +87,7 @@ class VerifierServer:
             raise
         self._key = None
         if config.signing_key is not None:
-            from verifier.audit.keys import load_private_key
+            from verifier.ledger.keys import load_private_key
 
             try:
                 self._key = load_private_key(config.signing_key)

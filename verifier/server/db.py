@@ -19,20 +19,13 @@ import re
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from verifier.errors import ConfigError, DatabaseUnreachable
+from verifier.ledger.interface import Rows
 
 URL_SCHEMES = ("postgresql://", "postgres://")
-
-
-class Rows(Protocol):
-    def fetchone(self) -> Any: ...
-
-    def fetchall(self) -> list[Any]: ...
-
-    def __iter__(self) -> Iterator[Any]: ...
 
 
 def is_url(target: str | Path) -> bool:
@@ -49,7 +42,8 @@ def redact(url: str) -> str:
 
 
 class Database:
-    """One connection. ``execute`` takes ``?`` placeholders in either dialect."""
+    """One connection. ``execute`` takes ``?`` placeholders in either dialect. Each subclass is
+    a ``verifier.ledger.interface.Database`` (the part of it the ledger uses)."""
 
     kind = ""
     errors: tuple[type[Exception], ...] = ()

@@ -13,10 +13,12 @@ they can be rebuilt from it, ``rebuild``).
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from verifier.model import RequestSpan
 from verifier.server.db import Database
 
 
@@ -75,6 +77,22 @@ def index_processes(db: Database, target: str, at: float, processes: Sequence[Pr
             for p in processes
         ],
     )  # fmt: skip
+
+
+def index_requests(db: Database, target: str, spans: Sequence[RequestSpan]) -> None:
+    """Count SPANS (request bindings of TARGET, stored in the same transaction) as requests
+    served by their process under the manifest of their first step (what `audit file`
+    counts)."""
+    if not spans:
+        return
+    served = Counter(
+        (b.process.boot_id, b.process.pid, b.process.start_ticks, b.manifest_first) for b in spans
+    )
+    db.executemany(
+        "UPDATE processes SET requests = requests + ? WHERE target = ? AND boot_id = ? "
+        "AND pid = ? AND start_ticks = ? AND manifest = ?",
+        [(n, target, *k) for k, n in served.items()],
+    )
 
 
 def needs_rebuild(db: Database) -> bool:

@@ -6,8 +6,8 @@ acknowledged only after its transaction commits, so a verifier killed after ackn
 loses nothing. Manifests are content-addressed by their Merkle digest: a thousand processes
 loading the same files store the list once; each file hash and path is stored once however
 many manifests list it (``blobs``, ``paths``, ``manifest_files``: the index file queries
-use). Every stored row also gets an entry in the hash-chained audit ledger (``ledger.py``) in
-the same transaction, so no row exists outside the chain.
+use). Every stored row also gets an entry in the hash-chained audit ledger
+(``verifier.ledger.chain``) in the same transaction, so no row exists outside the chain.
 """
 
 from __future__ import annotations
@@ -21,20 +21,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from verifier.errors import ConfigError, UsageError
+from verifier.ledger import bindings, chain
 from verifier.model import RequestId, RequestSpan
-from verifier.server import bindings, ledger, schema
+from verifier.server import schema
 from verifier.server.db import Database, open_database
 from verifier.server.index import (
     ProcessSeen,
     index_manifest,
     index_processes,
+    index_requests,
     needs_rebuild,
     rebuild,
 )
 
 if TYPE_CHECKING:  # signing needs `cryptography`, imported only when a key is used
-    from verifier.audit.keys import Ed25519PrivateKey
-    from verifier.server.checkpoints import Checkpoint
+    from verifier.ledger.checkpoints import Checkpoint
+    from verifier.ledger.keys import Ed25519PrivateKey
 
 RUN_COLUMNS = "name, policy_toml, policy_digest, source, created_unix"
 
@@ -99,14 +101,14 @@ class Store:
         self.columns_added = schema.add_columns(db)
 
     def _backfill(self, db: Database) -> None:
-        self.backfilled = ledger.backfill(db, time.time())
+        self.backfilled = chain.backfill(db, time.time())
 
     def _reindex(self, db: Database) -> None:
         self.reindexed = rebuild(db)
 
     def sign_checkpoint(self, key: Ed25519PrivateKey) -> Checkpoint | None:
         """Sign and store the ledger's current tree head (None: nothing new to sign)."""
-        from verifier.server import checkpoints
+        from verifier.ledger import checkpoints
 
         out: list[Checkpoint | None] = [None]
 
@@ -116,10 +118,10 @@ class Store:
         self._tx([], sign)
         return out[0]
 
-    def verify_ledger(self) -> ledger.Verification:
-        """Walk the audit ledger against the stored rows (see ``ledger.verify``)."""
+    def verify_ledger(self) -> chain.Verification:
+        """Walk the audit ledger against the stored rows (see ``chain.verify``)."""
         with self._lock:
-            return ledger.verify(self._db)
+            return chain.verify(self._db)
 
     def close(self) -> None:
         with self._lock:
@@ -169,8 +171,8 @@ class Store:
                     row,
                 )
             ],
-            lambda db: ledger.append(
-                db, rec.created_unix, "run", ledger.run_ref(name), ledger.run_subject(*row)
+            lambda db: chain.append(
+                db, rec.created_unix, "run", chain.run_ref(name), chain.run_subject(*row)
             ),
         )
         return rec
@@ -231,27 +233,28 @@ class Store:
                 db.execute(
                     "INSERT INTO manifests (digest, files_json) VALUES (?, ?)", (d, files_json)
                 )
-                subject = ledger.manifest_subject(files_json)
-                ledger.append(db, rep.received_unix, "manifest", d, subject)
+                subject = chain.manifest_subject(files_json)
+                chain.append(db, rep.received_unix, "manifest", d, subject)
                 index_manifest(db, d, f)
             db.execute(
                 "INSERT INTO reports (agent_id, seq, target, received_unix, report) "
                 "VALUES (?, ?, ?, ?, ?)",
                 row,
             )
-            ref = ledger.report_ref(rep.agent_id, rep.seq)
-            ledger.append(db, rep.received_unix, "report", ref, ledger.report_subject(*row))
+            ref = chain.report_ref(rep.agent_id, rep.seq)
+            chain.append(db, rep.received_unix, "report", ref, chain.report_subject(*row))
             index_processes(db, rep.target, rep.received_unix, processes)
             if spans or request_ids:
-                batch = ledger.bindings_ref(rep.agent_id, rep.seq)
+                batch = chain.bindings_ref(rep.agent_id, rep.seq)
                 span_rows, id_rows = bindings.store_batch(
                     db, batch, rep.target, spans, request_ids, rep.received_unix
                 )
-                subject = ledger.bindings_subject(
+                index_requests(db, rep.target, spans)
+                subject = chain.bindings_subject(
                     batch, rep.target, rep.received_unix,
                     bindings.rows_sha256(span_rows), bindings.rows_sha256(id_rows),
                 )  # fmt: skip
-                ledger.append(db, rep.received_unix, "bindings", batch, subject)
+                chain.append(db, rep.received_unix, "bindings", batch, subject)
 
         self._tx([], store)
         return True
@@ -300,12 +303,12 @@ class Store:
                     (run, at, verdict, detail_json),
                 )
             ],
-            lambda db: ledger.append(
+            lambda db: chain.append(
                 db,
                 at,
                 "verdict",
-                ledger.verdict_ref(run, at),
-                ledger.verdict_subject(run, at, verdict, detail_json),
+                chain.verdict_ref(run, at),
+                chain.verdict_subject(run, at, verdict, detail_json),
             ),
         )
         return True

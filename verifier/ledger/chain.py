@@ -1,9 +1,10 @@
 """The audit ledger: an append-only hash chain over everything the verifier stores.
 
-Every run (with its policy), manifest, report and recorded verdict gets one ledger entry in
-the same transaction that stores it: ``(seq, at, kind, ref, subject, prev, hash)``, where
-``subject`` is the sha256 of the stored content, ``prev`` the previous entry's hash and
-``hash`` the sha256 of all of these. :func:`verify` walks the chain and re-derives every
+Every run (with its policy), manifest, report, recorded verdict and batch of request bindings
+(:mod:`verifier.ledger.bindings`, which this module reads and which never imports it) gets one
+ledger entry in the same transaction that stores it: ``(seq, at, kind, ref, subject, prev,
+hash)``, where ``subject`` is the sha256 of the stored content, ``prev`` the previous entry's
+hash and ``hash`` the sha256 of all of these. :func:`verify` walks the chain and re-derives every
 subject from the content tables, so editing, deleting or reordering a row, in the content or
 in the ledger, and inserting content behind the ledger's back, each name the first entry that
 no longer matches.
@@ -19,13 +20,16 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from verifier.server.db import Database
+from verifier.ledger import bindings
+from verifier.ledger.interface import Database
 
 GENESIS = "0" * 64
 KINDS = ("run", "manifest", "report", "verdict", "bindings")
 
 
-def _sha(*parts: object) -> str:
+def sha(*parts: object) -> str:
+    """The hex sha256 of PARTS as compact JSON: every subject and entry hash is one (the
+    bundle's content kinds recompute subjects with it)."""
     return hashlib.sha256(json.dumps(parts, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -33,7 +37,7 @@ Entry = tuple[int, float, str, str, str, str]  # seq, at, kind, ref, subject, pr
 
 
 def entry_hash(e: Entry) -> str:
-    return _sha(*e)
+    return sha(*e)
 
 
 # What each kind's subject covers, and how to find its content again ----------------------
@@ -44,11 +48,11 @@ def run_ref(name: str) -> str:
 
 
 def run_subject(name: str, policy: str, digest: str, source: str, created: float) -> str:
-    return _sha("run", name, policy, digest, source, created)
+    return sha("run", name, policy, digest, source, created)
 
 
 def manifest_subject(files_json: str) -> str:
-    return _sha("manifest", files_json)
+    return sha("manifest", files_json)
 
 
 def report_ref(agent_id: str, seq: int) -> str:
@@ -56,7 +60,7 @@ def report_ref(agent_id: str, seq: int) -> str:
 
 
 def report_subject(agent_id: str, seq: int, target: str, received: float, body: bytes) -> str:
-    return _sha("report", agent_id, seq, target, received, hashlib.sha256(body).hexdigest())
+    return sha("report", agent_id, seq, target, received, hashlib.sha256(body).hexdigest())
 
 
 def verdict_ref(run: str, at: float) -> str:
@@ -64,7 +68,7 @@ def verdict_ref(run: str, at: float) -> str:
 
 
 def verdict_subject(run: str, at: float, verdict: str, detail_json: str) -> str:
-    return _sha("verdict", run, at, verdict, detail_json)
+    return sha("verdict", run, at, verdict, detail_json)
 
 
 def bindings_ref(agent_id: str, seq: int) -> str:
@@ -75,7 +79,7 @@ def bindings_ref(agent_id: str, seq: int) -> str:
 def bindings_subject(
     ref: str, target: str, received: float, spans_sha256: str, ids_sha256: str
 ) -> str:
-    return _sha("bindings", ref, target, received, spans_sha256, ids_sha256)
+    return sha("bindings", ref, target, received, spans_sha256, ids_sha256)
 
 
 def append(db: Database, at: float, kind: str, ref: str, subject: str) -> str:
@@ -111,9 +115,7 @@ def _contents(db: Database) -> Iterator[tuple[str, str, str, float]]:
         "SELECT run, at_unix, verdict, detail_json FROM verdicts ORDER BY rowid"
     ):
         yield "verdict", verdict_ref(run, at), verdict_subject(run, at, verdict, detail), at
-    from verifier.server.bindings import stored_batches
-
-    for ref, target, received, spans, ids in stored_batches(db):
+    for ref, target, received, spans, ids in bindings.stored_batches(db):
         yield "bindings", ref, bindings_subject(ref, target, received, spans, ids), received
 
 

@@ -1,4 +1,4 @@
-"""``verifier audit export``: a signed bundle (``verifier.audit.bundle``) of what the ledger
+"""``verifier audit export``: a signed bundle (``verifier.ledger.bundle``) of what the ledger
 says about some requests and runs, verifiable offline with the verifier's public key.
 
 For each request: the batch of bindings that holds its span (every row of the batch, so its
@@ -16,13 +16,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from verifier.audit import bundle as B
-from verifier.audit import statement as st
-from verifier.audit.dsse import b64encode
-from verifier.audit.keys import Ed25519PrivateKey
 from verifier.errors import NotFound
-from verifier.server import audit_queries, bindings, ledger
-from verifier.server.db import Database
+from verifier.ledger import bindings, chain, queries
+from verifier.ledger import bundle as B
+from verifier.ledger import statement as st
+from verifier.ledger.dsse import b64encode
+from verifier.ledger.interface import Database
+from verifier.ledger.keys import Ed25519PrivateKey, key_id
 
 
 class _Export:
@@ -83,7 +83,7 @@ class _Export:
         self.add("manifest", digest, content, st.RUNTIME_EVIDENCE, pred)
 
     def request(self, query: str) -> None:
-        for s in audit_queries.find_request(self.db, query):
+        for s in queries.find_request(self.db, query):
             summary = {
                 "request": s.internal_id, "external_ids": s.external_ids, "runner": s.runner,
                 "manifests": s.manifests, "hooks": s.hooks, "steps": [s.first_step, s.last_step],
@@ -122,7 +122,7 @@ class _Export:
             "SELECT at_unix, verdict, detail_json FROM verdicts WHERE run = ? ORDER BY rowid",
             (name,),
         ).fetchall():
-            ref = ledger.verdict_ref(name, at)
+            ref = chain.verdict_ref(name, at)
             findings = json.loads(detail).get("run", [])
             pred = st.gate_decision(
                 verifier_id=verifier_id, time_verified=float(at),
@@ -148,8 +148,6 @@ def export(
     verifier_id: str | None = None,
 ) -> dict[str, Any]:
     """The bundle for REQUESTS and RUNS (both may be empty: then only the signed checkpoint)."""
-    from verifier.audit.keys import key_id
-
     vid = verifier_id or key_id(key)
     ex = _Export(db)
     for r in requests:

@@ -21,8 +21,8 @@ from typing import Any
 
 from cryptography.exceptions import InvalidSignature
 
-from verifier.audit.errors import BundleCorrupt, WrongKey
-from verifier.audit.keys import Ed25519PrivateKey, Ed25519PublicKey, key_id
+from verifier.ledger.errors import BundleCorrupt, WrongKey
+from verifier.ledger.keys import Ed25519PrivateKey, Ed25519PublicKey, key_id
 
 
 def pae(payload_type: str, payload: bytes) -> bytes:

@@ -14,7 +14,7 @@ Predicate types (URIs in the project's namespace, versioned):
   when, against which policy digest, which run, with which result.
 
 Every predicate bound to a ledger entry carries ``ledger: {seq, kind, ref, hash}``; see
-:mod:`verifier.audit.bundle` for how that binding is checked.
+:mod:`verifier.ledger.verify_bundle` for how that binding is checked.
 """
 
 from __future__ import annotations

@@ -14,12 +14,11 @@ import functools
 import hashlib
 import json
 import re
-from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from verifier.ledger.interface import Database
 from verifier.model import RequestId, RequestSpan, RequestSpec
-from verifier.server.db import Database
 
 SPAN_COLUMNS = (
     "batch, target, boot_id, pid, start_ticks, internal_id, first_step, last_step, steps, "
@@ -103,7 +102,8 @@ def store_batch(  # noqa: PLR0917 - one call site, inside the store's transactio
     ids: Sequence[RequestId],
     received: float,
 ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-    """Insert one batch (inside the caller's transaction); its rows, for the ledger subject."""
+    """Insert one batch (inside the caller's transaction); its rows, for the ledger subject.
+    The index of requests served per process (``verifier.server.index``) is the caller's."""
     span_rows = [span_row(batch, target, b) for b in spans]
     id_rows = [id_row(batch, target, r) for r in ids]
     db.execute(
@@ -113,16 +113,6 @@ def store_batch(  # noqa: PLR0917 - one call site, inside the store's transactio
     )
     if span_rows:
         db.executemany(INSERT_SPAN, span_rows)
-        # The index: requests served per process and manifest (what `audit file` counts).
-        served = Counter(
-            (b.process.boot_id, b.process.pid, b.process.start_ticks, b.manifest_first)
-            for b in spans
-        )
-        db.executemany(
-            "UPDATE processes SET requests = requests + ? WHERE target = ? AND boot_id = ? "
-            "AND pid = ? AND start_ticks = ? AND manifest = ?",
-            [(n, target, *k) for k, n in served.items()],
-        )
     if id_rows:
         db.executemany(INSERT_ID, id_rows)
     return span_rows, id_rows

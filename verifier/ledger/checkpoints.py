@@ -11,10 +11,10 @@ import json
 import time
 from dataclasses import dataclass
 
-from verifier.audit import dsse, merkle
-from verifier.audit import statement as st
-from verifier.audit.keys import Ed25519PrivateKey, Ed25519PublicKey, key_id
-from verifier.server.db import Database
+from verifier.ledger import dsse, merkle
+from verifier.ledger import statement as st
+from verifier.ledger.interface import Database
+from verifier.ledger.keys import Ed25519PrivateKey, Ed25519PublicKey, key_id
 
 
 @dataclass(frozen=True)

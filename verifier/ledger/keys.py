@@ -18,7 +18,7 @@ from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from verifier.audit.errors import KeyExists, KeyFileMissing, KeyNotWritten, NotAKey, NotEd25519
+from verifier.ledger.errors import KeyExists, KeyFileMissing, KeyNotWritten, NotAKey, NotEd25519
 
 __all__ = [
     "Ed25519PrivateKey",

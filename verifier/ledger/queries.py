@@ -3,8 +3,9 @@ client, external or internal id), which processes loaded a file (by sha256 or pa
 requests they served, and a run's history. They read a database opened read-only, so an
 auditor can run them on a copy (SQLite) or a read-only role (PostgreSQL) with no verifier.
 
-Every lookup goes through an index (``index.py``, ``bindings.py``): a request by id is a few
-index probes, a file by hash or path one probe per table, whatever the number of bindings.
+Every lookup goes through an index (the tables ``verifier.server.index`` and
+:mod:`verifier.ledger.bindings` keep): a request by id is a few index probes, a file by hash
+or path one probe per table, whatever the number of bindings.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from typing import Any
 
 from verifier import wire
 from verifier.errors import CheckFailed, NotFound
+from verifier.ledger.bindings import client_id
+from verifier.ledger.interface import Database
 from verifier.policy import Policy, PolicyError, load_policy
-from verifier.server.bindings import client_id
-from verifier.server.db import Database
 
 _SHA = re.compile(r"[0-9a-f]{64}")
 
