@@ -25,7 +25,7 @@ import grpc
 from verifier import wire
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
-from verifier.client import VerifierClient
+from verifier.client.api import VerifierClient
 from verifier.manifest import merkle_root
 from verifier.model import (
     FileEntry,

@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _stats import print_rows, summary
 
 from verifier.agent.runner import Agent, AgentConfig
-from verifier.client import VerifierClient
-from verifier.gate import wait_for
+from verifier.client.api import VerifierClient
+from verifier.client.gate import wait_for
 from verifier.server.app import ServeConfig, VerifierServer
 
 TARGET = """

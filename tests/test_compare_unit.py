@@ -1,7 +1,7 @@
-"""The arithmetic under `verifier compare` (verifier/compare.py) and the measurement window's
-pace check (verifier/window.py ``pace``), on hand-made numbers: the noise floor from replicate
-boots, one boot per arm (floor unknown), differences beyond and within the floor; fires and
-judged steps during a window, lag, no steps, a restarted process."""
+"""The arithmetic under `verifier compare` (verifier/compare.py) and the measurement
+window's pace check (verifier/client/window.py ``pace``), on hand-made numbers: the noise
+floor from replicate boots, one boot per arm (floor unknown), differences beyond and within
+the floor; fires and judged steps during a window, lag, no steps, a restarted process."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 
 from verifier import compare as C
-from verifier.errors import ConfigError
-from verifier.model import HookCount, RunVerdict, TargetVerdict, Verdict
-from verifier.window import (
+from verifier.client.window import (
     WINDOW_HOOK_LAGGED,
     WINDOW_NO_STEPS,
     WINDOW_PROCESS_CHANGED,
     pace,
 )
+from verifier.errors import ConfigError
+from verifier.model import HookCount, RunVerdict, TargetVerdict, Verdict
 
 M = "tokens_per_s"
 

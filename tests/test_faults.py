@@ -38,7 +38,7 @@ from verifier.agent import runner
 from verifier.agent.runner import Agent, AgentConfig
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
-from verifier.client import VerifierClient
+from verifier.client.api import VerifierClient
 from verifier.model import TargetReport, Verdict
 from verifier.server.app import ServeConfig, VerifierServer
 from verifier.server.db import open_database

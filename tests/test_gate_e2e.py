@@ -363,7 +363,7 @@ def test_golden_boot_policy_from_the_live_server_passes(
 def test_harness_context_manager_waits_then_checks_liveness_held(
     address: tuple[str, Path, Daemon], agent: Daemon, vllm_server: VllmServer
 ) -> None:
-    from verifier.gate import GateFailed, measurement
+    from verifier.client.gate import GateFailed, measurement
 
     addr, _, _ = address
     with measurement("live", address=addr, timeout_s=60) as m:

@@ -8,9 +8,9 @@ import pytest
 
 from tests.helpers import Backend
 from verifier.agent.spool import Spool
+from verifier.client.address import normalize
 from verifier.errors import ConfigError, UsageError
 from verifier.evidence.container import container_id_from_cgroup
-from verifier.server.address import normalize
 from verifier.server.store import RunExists, Store, StoredReport, UnknownRun
 
 CID = "0123456789abcdef" * 4

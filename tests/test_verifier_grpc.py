@@ -22,7 +22,7 @@ from verifier import wire
 from verifier.agent.runner import Agent, AgentConfig
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
-from verifier.client import VerifierClient
+from verifier.client.api import VerifierClient
 from verifier.errors import UnavailableError, UsageError
 from verifier.manifest import merkle_root
 from verifier.model import FileEntry, ProcessKey, ProcessReport, TargetReport, Verdict

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from verifier._cli.common import add_verifier_option, tls_from
-from verifier.server.address import resolve
+from verifier.client.address import resolve
 
 
 def add_parser(sub: Any) -> None:

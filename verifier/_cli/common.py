@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from verifier.client.address import DEFAULT_ADDRESS, ENV_ADDRESS
 from verifier.security.tls import ClientTLS, client_tls
-from verifier.server.address import DEFAULT_ADDRESS, ENV_ADDRESS
 
 
 def add_verifier_option(p: argparse.ArgumentParser) -> None:

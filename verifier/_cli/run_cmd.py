@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from verifier._cli.common import add_verifier_option, tls_from
+from verifier.client.address import resolve
 from verifier.errors import ConfigError
-from verifier.server.address import resolve
 
 
 def add_parser(sub: Any) -> None:
@@ -32,7 +32,7 @@ def add_parser(sub: Any) -> None:
 
 
 def register(args: argparse.Namespace) -> int:
-    from verifier.client import VerifierClient
+    from verifier.client.api import VerifierClient
     from verifier.policy import load_policy
 
     try:
@@ -47,7 +47,7 @@ def register(args: argparse.Namespace) -> int:
 
 
 def list_runs(args: argparse.Namespace) -> int:
-    from verifier.client import VerifierClient
+    from verifier.client.api import VerifierClient
 
     with VerifierClient(resolve(args.verifier), tls=tls_from(args)) as client:
         for name, digest, created, verdict in client.list_runs():

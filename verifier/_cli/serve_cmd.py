@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from verifier.server.address import DEFAULT_ADDRESS, normalize
+from verifier.client.address import DEFAULT_ADDRESS, normalize
 
 
 def add_parser(sub: Any) -> None:

@@ -61,8 +61,8 @@ def render(v: RunVerdict) -> str:
 
 
 def status(args: argparse.Namespace) -> int:
-    from verifier.client import VerifierClient
-    from verifier.server.address import resolve
+    from verifier.client.address import resolve
+    from verifier.client.api import VerifierClient
 
     with VerifierClient(resolve(args.verifier), tls=tls_from(args)) as client:
         names = [args.run] if args.run else [r[0] for r in client.list_runs()]
@@ -76,9 +76,9 @@ def status(args: argparse.Namespace) -> int:
 
 
 def wait(args: argparse.Namespace) -> int:
-    from verifier.client import VerifierClient
-    from verifier.gate import wait_for
-    from verifier.server.address import resolve
+    from verifier.client.address import resolve
+    from verifier.client.api import VerifierClient
+    from verifier.client.gate import wait_for
 
     tty = sys.stderr.isatty()
     last: list[str] = []

@@ -51,10 +51,10 @@ def add_parser(sub: Any) -> None:
 
 
 def open_window(args: argparse.Namespace) -> int:
-    from verifier.client import VerifierClient
-    from verifier.gate import wait_for
-    from verifier.server.address import resolve
-    from verifier.window import save_start
+    from verifier.client.address import resolve
+    from verifier.client.api import VerifierClient
+    from verifier.client.gate import wait_for
+    from verifier.client.window import save_start
 
     with VerifierClient(resolve(args.verifier), tls=tls_from(args)) as client:
         verdict = wait_for(client, args.run, args.timeout, fresh=True)
@@ -64,9 +64,9 @@ def open_window(args: argparse.Namespace) -> int:
 
 
 def seal(args: argparse.Namespace) -> int:
-    from verifier.client import VerifierClient
-    from verifier.server.address import resolve
-    from verifier.window import fresh_status, load_start, statement
+    from verifier.client.address import resolve
+    from verifier.client.api import VerifierClient
+    from verifier.client.window import fresh_status, load_start, statement
 
     results = Path(args.results)
     if not results.is_file():

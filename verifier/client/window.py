@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from verifier import wire
-from verifier.client import VerifierClient
+from verifier.client.api import VerifierClient
 from verifier.errors import ConfigError, TimeoutError_
 from verifier.model import HookCount, RunVerdict, Verdict
 

@@ -1,6 +1,6 @@
 """The measurement gate, for harnesses: block until PASS, then check liveness held.
 
-    from verifier.gate import measurement
+    from verifier.client import measurement
 
     with measurement("my-run", address="127.0.0.1:50551", timeout_s=120,
                      results=Path("results.json")) as m:
@@ -10,7 +10,7 @@
 
 ``wait_for`` raises ``GateFailed`` (exit 1) on FAIL and ``TimeoutError_`` (exit 5) on timeout;
 an unreachable verifier raises ``UnavailableError`` (exit 4). The block is a measurement
-window (``verifier.window``): on leaving it the run is checked again, on evidence received
+window (``verifier.client.window``): on leaving it the run is checked again, on evidence received
 after the block ended; it must still PASS, and every hook must have kept pace with the steps
 it is judged on during the block, or ``GateFailed`` is raised (after the statement, if any,
 is written).
@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verifier.client import VerifierClient
+from verifier.client.address import resolve
+from verifier.client.api import VerifierClient
+from verifier.client.window import fresh_status, is_fresh, pace, statement
 from verifier.errors import CheckFailed, TimeoutError_
 from verifier.model import RunVerdict, Severity, Verdict
 from verifier.security.tls import client_tls
-from verifier.server.address import resolve
-from verifier.window import fresh_status, is_fresh, pace, statement
 
 
 class GateFailed(CheckFailed):

@@ -1,0 +1,19 @@
+"""The client side of the verifier: what a benchmark harness and the CLI's client commands use.
+
+- :mod:`~verifier.client.address`: where the verifier listens and where clients find it
+  (``HOST:PORT``, ``unix:PATH`` or a socket path; ``--verifier``, ``VERIFIER_ADDRESS``)
+- :mod:`~verifier.client.api`: :class:`VerifierClient`, the gRPC calls with errors translated
+  into the exit-code contract
+- :mod:`~verifier.client.gate`: the measurement gate (:func:`wait_for`, the
+  :func:`measurement` context manager)
+- :mod:`~verifier.client.window`: measurement windows (open, pace, seal)
+
+A harness needs one import::
+
+    from verifier.client import measurement
+"""
+
+from verifier.client.api import VerifierClient
+from verifier.client.gate import GateFailed, Measurement, measurement, wait_for
+
+__all__ = ["GateFailed", "Measurement", "VerifierClient", "measurement", "wait_for"]
