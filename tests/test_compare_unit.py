@@ -17,7 +17,9 @@ from verifier.client.window import (
     WINDOW_HOOK_LAGGED,
     WINDOW_NO_STEPS,
     WINDOW_PROCESS_CHANGED,
+    load_start,
     pace,
+    save_start,
 )
 from verifier.errors import ConfigError
 from verifier.model import HookCount, RunVerdict, TargetVerdict, Verdict
@@ -218,3 +220,19 @@ def test_pace_judges_each_hook_and_process_on_its_own_counts() -> None:
     assert [(f.id, f.context["name"], f.context["pid"]) for f in found] == [
         (WINDOW_HOOK_LAGGED, "b", 7)
     ]
+
+
+def test_a_window_file_round_trips_and_an_older_one_is_named(tmp_path: Path) -> None:
+    """A window's start is saved in the one JSON form of a verdict and read back whole; a file
+    from before that form (window 1) gets a clear error, not a field-by-field complaint."""
+    start = rv(hc(8, 8), hc(3, 9, pid=8, min_fires=0.5))
+    path = tmp_path / "w.json"
+    save_start(path, start)
+    assert load_start(path)[1] == start
+    assert json.loads(path.read_text())["window"] == 2
+    path.write_text(json.dumps({"window": 1, "opened_unix": 1.0, "verdict": {"run": "r"}}))
+    with pytest.raises(ConfigError, match=r"older verifier .* open the window again"):
+        load_start(path)
+    path.write_text(json.dumps({"window": 2, "opened_unix": 1.0, "verdict": {"run": "r"}}))
+    with pytest.raises(ConfigError, match=r"verdict\.policy_digest: required, but absent"):
+        load_start(path)

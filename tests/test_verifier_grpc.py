@@ -158,6 +158,8 @@ def test_unknown_run_and_bad_policy_are_usage_and_config_errors(
             client.register_run(
                 "bad", POLICY.replace("[[hooks]]", "colour = 1\n[[hooks]]"), "p.toml"
             )
+        with pytest.raises(UsageError, match=r"invalid get_run_status\.name: required"):
+            client.status("")
 
 
 def test_unreachable_verifier_is_unavailable(tmp_path: Path) -> None:

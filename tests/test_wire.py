@@ -4,6 +4,7 @@ and a message that cannot describe a valid value is rejected with the field and 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -812,8 +813,8 @@ def test_status_response_without_verdict_is_rejected() -> None:
         ),
         (
             wire.register_run_request_from_pb,
-            pb.RegisterRunRequest(name="r"),
-            "register_run.policy_toml",
+            pb.RegisterRunRequest(policy_toml="version = 1"),
+            "register_run.name",
         ),
         (
             wire.register_run_response_from_pb,
@@ -856,3 +857,73 @@ def test_request_spec_with_a_negative_count_is_refused() -> None:
     msg.spans[0].spec.accepted_per_position.extend([1] * 70)
     with pytest.raises(wire.WireError, match="more than 64 positions"):
         wire.report_from_pb(msg)
+
+
+# The one JSON form of a verdict (status --json, wait --json, window files) -------------------
+
+
+def test_run_verdict_json_round_trips_and_reads_as_people_read_it() -> None:
+    rv = run_verdict()
+    data = json.loads(json.dumps(wire.run_verdict_to_json(rv)))  # what a file holds
+    assert wire.run_verdict_from_json(data) == rv
+    hook = data["targets"][0]["hooks"][0]
+    assert (hook["fired_on_productive_steps"], hook["productive_steps"], hook["on"]) == (
+        48,
+        48,
+        "decode",
+    )
+    assert (data["verdict"], data["targets"][0]["findings"][0]["severity"]) == ("FAIL", "error")
+    assert data["targets"][0]["findings"][0]["context"]["nested"] == {
+        "list": [1, "two", [3.0]],
+        "empty": {},
+    }
+
+
+def test_status_json_is_the_one_verdict_form() -> None:
+    """`status --json` prints exactly run_verdict_to_json for each run (no second form)."""
+    from verifier._cli import status_cmd
+
+    assert "verdict_json" not in vars(status_cmd)
+    assert not hasattr(wire, "run_verdict_to_pb_json")
+
+
+@pytest.mark.parametrize(
+    ("edit", "field", "reason"),
+    [
+        (lambda d: d.pop("run"), "run_verdict.run", "required, but absent"),
+        (lambda d: d.update(verdict="OK"), "run_verdict.verdict", "got 'OK'"),
+        (lambda d: d.update(evaluated_unix="now"), "run_verdict.evaluated_unix", "a number"),
+        (lambda d: d.update(evaluated_unix=-1.0), "run_verdict.evaluated_unix", ">= 0"),
+        (lambda d: d["targets"][0]["hooks"][0].update(pid=0), ".hooks[0].pid", ">= 1"),
+        (lambda d: d["targets"][0]["hooks"][0].update(fired=True), ".hooks[0].fired", "integer"),
+        (
+            lambda d: d["targets"][0]["hooks"][0].update(fired_on_decode_steps=-3),
+            ".hooks[0].fired_decode",
+            ">= 0",
+        ),
+        (lambda d: d["targets"][0].update(findings={}), "targets[0].findings", "a list"),
+        (lambda d: d["findings"][0].update(severity="fatal"), "findings[0].severity", "fatal"),
+        (lambda d: d["findings"][0].update(context=[]), "findings[0].context", "JSON object"),
+        (lambda d: d["targets"].append(7), "targets[3]", "JSON object"),
+    ],
+)
+def test_a_malformed_verdict_json_is_refused_naming_the_field(
+    edit: Any, field: str, reason: str
+) -> None:
+    data = json.loads(json.dumps(wire.run_verdict_to_json(run_verdict())))
+    edit(data)
+    with pytest.raises(wire.WireError) as e:
+        wire.run_verdict_from_json(data)
+    assert field in e.value.field and reason in e.value.reason, (e.value.field, e.value.reason)
+
+
+def test_a_verdict_json_that_is_not_an_object_is_refused() -> None:
+    with pytest.raises(wire.WireError, match="must be a JSON object, not list"):
+        wire.run_verdict_from_json([])
+
+
+def test_an_empty_policy_is_left_to_the_policy_loader() -> None:
+    """The registration's structure is the wire's; what a policy says (nothing, here) is the
+    loader's to name, with its line and key (the servicer loads it before storing the run)."""
+    reg = wire.register_run_request_from_pb(pb.RegisterRunRequest(name="r"))
+    assert (reg.name, reg.policy_toml) == ("r", "")

@@ -7,7 +7,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from verifier._cli.common import add_verifier_option, tls_from
+from verifier._cli.common import add_verifier_option, positive_seconds, tls_from
 from verifier.client.address import resolve
 
 
@@ -24,7 +24,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--agent-id", help="agent identity (default: HOSTNAME/TARGET)")
     p.add_argument("--pid", type=int, help="only report this process and its descendants")
     p.add_argument(
-        "--interval", type=float, help="seconds between reports (default: the verifier's)"
+        "--interval",
+        type=positive_seconds,
+        metavar="S",
+        help="seconds between reports (default: the verifier's)",
     )
     p.add_argument(
         "--spool", type=Path, default=Path(".verifier-agent-spool"), help="spool directory"

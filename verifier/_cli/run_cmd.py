@@ -41,8 +41,8 @@ def register(args: argparse.Namespace) -> int:
         raise ConfigError(f"cannot read policy {args.policy}: {e.strerror}") from e
     load_policy(text, str(args.policy))  # fail fast, with file and line, before any RPC
     with VerifierClient(resolve(args.verifier), tls=tls_from(args)) as client:
-        name, digest = client.register_run(args.name, text, str(args.policy))
-    print(f"registered run {name} with policy {digest}")
+        run = client.register_run(args.name, text, str(args.policy))
+    print(f"registered run {run.name} with policy {run.policy_digest}")
     return 0
 
 
@@ -50,7 +50,9 @@ def list_runs(args: argparse.Namespace) -> int:
     from verifier.client.api import VerifierClient
 
     with VerifierClient(resolve(args.verifier), tls=tls_from(args)) as client:
-        for name, digest, created, verdict in client.list_runs():
-            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created))
-            sys.stdout.write(f"{name}  {verdict.value}  {digest[:19]}  registered {when}\n")
+        for r in client.list_runs():
+            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.created_unix))
+            sys.stdout.write(
+                f"{r.name}  {r.verdict.value}  {r.policy_digest[:19]}  registered {when}\n"
+            )
     return 0

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from verifier._cli.common import positive_seconds
 from verifier.client.address import DEFAULT_ADDRESS, normalize
 
 
@@ -26,7 +27,11 @@ def add_parser(sub: Any) -> None:
         "(user:password@host:port/dbname) for a fleet",
     )
     p.add_argument(
-        "--report-interval", type=float, default=0.5, help="seconds between agent reports"
+        "--report-interval",
+        type=positive_seconds,
+        default=0.5,
+        metavar="S",
+        help="seconds between agent reports (default 0.5)",
     )
     p.add_argument(
         "--run",

@@ -7,7 +7,8 @@ import json
 import sys
 from typing import Any
 
-from verifier._cli.common import add_verifier_option, tls_from, verdict_json
+from verifier import wire
+from verifier._cli.common import add_verifier_option, tls_from
 from verifier.model import RunVerdict
 
 
@@ -65,10 +66,10 @@ def status(args: argparse.Namespace) -> int:
     from verifier.client.api import VerifierClient
 
     with VerifierClient(resolve(args.verifier), tls=tls_from(args)) as client:
-        names = [args.run] if args.run else [r[0] for r in client.list_runs()]
+        names = [args.run] if args.run else [r.name for r in client.list_runs()]
         verdicts = [client.status(n) for n in names]
     if args.json:
-        json.dump({"runs": [verdict_json(v) for v in verdicts]}, sys.stdout, indent=2)
+        json.dump({"runs": [wire.run_verdict_to_json(v) for v in verdicts]}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         sys.stdout.write("".join(render(v) for v in verdicts) or "no runs registered\n")

@@ -28,7 +28,6 @@ from verifier.agent.bindings import Bindings
 from verifier.agent.containers import ContainerDirectory, OwnPod
 from verifier.agent.discover import discover
 from verifier.agent.spool import Spool
-from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
 from verifier.errors import UnavailableError
 from verifier.evidence.container import container_of
@@ -231,8 +230,9 @@ class Agent:
 
     # transport -------------------------------------------------------------------------
     def hello(self) -> None:
-        resp = self.stub.Hello(
-            pb.HelloRequest(agent_id=self.config.agent_id, targets=[self.config.target]), timeout=5
+        hello = wire.AgentHello(self.config.agent_id, (self.config.target,))
+        resp = wire.hello_response_from_pb(
+            self.stub.Hello(wire.hello_request_to_pb(hello), timeout=5)
         )
         self.nonce = resp.nonce
         if self.floor is None:
@@ -240,7 +240,7 @@ class Agent:
             if self.seq < resp.last_seq:
                 self.seq = resp.last_seq
                 self.spool.save_counter(self.seq)
-        if self.config.interval_s is None and resp.report_interval_s > 0:
+        if self.config.interval_s is None:
             self.interval = resp.report_interval_s
         log.info("connected", verifier=self.config.verifier, interval_s=self.interval)
 
@@ -255,8 +255,8 @@ class Agent:
             report = dataclasses.replace(report, nonce=self.nonce or "", sent_unix=sent)
             self.metrics.sent.inc()
             try:
-                resp = self.stub.Report(
-                    pb.ReportRequest(report=wire.report_to_pb(report)), timeout=10
+                resp = wire.report_response_from_pb(
+                    self.stub.Report(wire.report_request_to_pb(report), timeout=10)
                 )
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
@@ -347,6 +347,13 @@ class Agent:
                     spooled=len(self.spool),
                     retry_in_s=backoff,
                 )
+                wait = backoff
+                backoff = min(backoff * 2, self.config.max_backoff_s)
+            except wire.WireError as e:
+                # The verifier answered something that is not a valid reply (another
+                # version, or not a verifier): evidence stays spooled, retried like an outage.
+                self.nonce = None
+                log.error("verifier_reply_malformed", reason=str(e), spooled=len(self.spool))
                 wait = backoff
                 backoff = min(backoff * 2, self.config.max_backoff_s)
             self.stop_event.wait(wait)

@@ -11,7 +11,7 @@ from verifier import wire
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
 from verifier.errors import ConfigError, Error, NotAuthorized, UnavailableError, UsageError
-from verifier.model import RunVerdict, Verdict
+from verifier.model import RunVerdict
 from verifier.security.tls import ClientTLS, client_channel
 
 T = TypeVar("T")
@@ -58,19 +58,15 @@ class VerifierClient:
         except grpc.RpcError as e:
             raise _translate(self.address, e) from None
 
-    def register_run(self, name: str, policy_toml: str, source: str) -> tuple[str, str]:
-        """Register NAME with a policy; returns (name, policy digest)."""
-        req = pb.RegisterRunRequest(name=name, policy_toml=policy_toml, source=source)
-        resp = self._call(self.stub.RegisterRun, req)
-        return resp.name, resp.policy_digest
+    def register_run(self, name: str, policy_toml: str, source: str) -> wire.RegisteredRun:
+        """Register NAME with a policy (the same policy again is a no-op)."""
+        req = wire.register_run_request_to_pb(wire.RunRegistration(name, policy_toml, source))
+        return wire.register_run_response_from_pb(self._call(self.stub.RegisterRun, req))
 
     def status(self, run: str) -> RunVerdict:
-        resp = self._call(self.stub.GetRunStatus, pb.GetRunStatusRequest(name=run))
-        return wire.run_verdict_from_pb(resp.verdict)
+        req = wire.get_run_status_request_to_pb(run)
+        return wire.get_run_status_response_from_pb(self._call(self.stub.GetRunStatus, req))
 
-    def list_runs(self) -> list[tuple[str, str, float, Verdict]]:
+    def list_runs(self) -> tuple[wire.RunSummary, ...]:
         resp = self._call(self.stub.ListRuns, pb.ListRunsRequest())
-        return [
-            (r.name, r.policy_digest, r.created_unix, wire.verdict_from_pb(r.verdict))
-            for r in resp.runs
-        ]
+        return wire.list_runs_response_from_pb(resp)

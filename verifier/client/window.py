@@ -140,17 +140,30 @@ def fresh_status(client: VerifierClient, run: str, timeout_s: float) -> RunVerdi
         time.sleep(0.2)
 
 
+WINDOW_FILE_VERSION = 2  # 1: the verdict in protobuf's JSON mapping (before one JSON form)
+
+
 def save_start(path: Path, verdict: RunVerdict) -> None:
-    data = {"window": 1, "opened_unix": time.time(), "verdict": wire.run_verdict_to_json(verdict)}
+    data = {
+        "window": WINDOW_FILE_VERSION,
+        "opened_unix": time.time(),
+        "verdict": wire.run_verdict_to_json(verdict),
+    }
     path.write_text(json.dumps(data, indent=2) + "\n")
 
 
 def load_start(path: Path) -> tuple[float, RunVerdict]:
     try:
         data = json.loads(path.read_text())
-        if not isinstance(data, dict) or data.get("window") != 1:
+        version = data.get("window") if isinstance(data, dict) else None
+        if version == 1:
+            raise ValueError(
+                "written by an older verifier (window file 1): open the window again with "
+                "`verifier window`"
+            )
+        if version != WINDOW_FILE_VERSION:
             raise ValueError("not a window file written by `verifier window`")
-        return float(data["opened_unix"]), wire.run_verdict_from_json(data["verdict"])
+        return float(data["opened_unix"]), wire.run_verdict_from_json(data["verdict"], "verdict")
     except FileNotFoundError as e:
         raise ConfigError(f"{path}: no such window file (open one with `verifier window`)") from e
     except (OSError, ValueError, KeyError, TypeError, wire.WireError) as e:

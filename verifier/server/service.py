@@ -65,23 +65,22 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
 
     # agents ----------------------------------------------------------------------------
     def Hello(self, request: pb.HelloRequest, context: grpc.ServicerContext) -> pb.HelloResponse:
-        if not request.agent_id:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "agent_id is required")
-        self.auth.require_agent(context, request.agent_id, request.targets)
+        try:
+            hello = wire.hello_request_from_pb(request)
+        except wire.WireError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed hello: {e}")
+        self.auth.require_agent(context, hello.agent_id, hello.targets)
         nonce = secrets.token_hex(16)
         with self._lock:
-            self._nonces[request.agent_id] = nonce
-        log.info("hello", agent=request.agent_id, targets=list(request.targets))
-        return pb.HelloResponse(
-            nonce=nonce,
-            report_interval_s=self.report_interval_s,
-            last_seq=self.store.last_seq(request.agent_id),
-        )
+            self._nonces[hello.agent_id] = nonce
+        log.info("hello", agent=hello.agent_id, targets=list(hello.targets))
+        reply = wire.HelloReply(nonce, self.report_interval_s, self.store.last_seq(hello.agent_id))
+        return wire.hello_response_to_pb(reply)
 
     def Report(self, request: pb.ReportRequest, context: grpc.ServicerContext) -> pb.ReportResponse:
         received = time.monotonic()
         try:
-            report = wire.report_from_pb(request.report)
+            report = wire.report_request_from_pb(request)
         except wire.WireError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed report: {e}")
         structlog.contextvars.bind_contextvars(  # every line about this report names it
@@ -97,13 +96,12 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
                 )
             if report.seq <= self.store.last_seq(report.agent_id):
                 self.metrics.report("duplicate")
-                return pb.ReportResponse(accepted=True, seq=report.seq, nonce=expected)
+                return wire.report_response_to_pb(wire.ReportAck(True, report.seq, expected))
             manifests, need = self._manifests(report, context)
             if need:
                 self.metrics.report("need_manifests")
-                return pb.ReportResponse(
-                    accepted=False, seq=report.seq, nonce=expected, need_manifests=need
-                )
+                ack = wire.ReportAck(False, report.seq, expected, tuple(need))
+                return wire.report_response_to_pb(ack)
             stripped = dataclasses.replace(
                 report,
                 processes=tuple(dataclasses.replace(p, files=None) for p in report.processes),
@@ -139,7 +137,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
             nonce = secrets.token_hex(16)
             self._nonces[report.agent_id] = nonce
         self.dirty.set()
-        return pb.ReportResponse(accepted=True, seq=report.seq, nonce=nonce)
+        return wire.report_response_to_pb(wire.ReportAck(True, report.seq, nonce))
 
     def _manifests(
         self, report: TargetReport, context: grpc.ServicerContext
@@ -178,15 +176,14 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         self, request: pb.RegisterRunRequest, context: grpc.ServicerContext
     ) -> pb.RegisterRunResponse:
         self.auth.require_role(context, OPERATOR)
-        if not request.name:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "run name is required")
         try:
-            load_policy(request.policy_toml, request.source or "<policy>")
+            reg = wire.register_run_request_from_pb(request)
+        except wire.WireError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed registration: {e}")
+        try:
+            load_policy(reg.policy_toml, reg.source or "<policy>")
             rec = self.store.register_run(
-                request.name,
-                request.policy_toml,
-                policy_digest(request.policy_toml),
-                request.source,
+                reg.name, reg.policy_toml, policy_digest(reg.policy_toml), reg.source
             )
         except PolicyError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, e.explain())
@@ -194,18 +191,21 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
             context.abort(grpc.StatusCode.ALREADY_EXISTS, e.explain())
         log.info("run_registered", run=rec.name, policy=rec.policy_digest)
         self.dirty.set()
-        return pb.RegisterRunResponse(
-            name=rec.name, policy_digest=rec.policy_digest, created_unix=rec.created_unix
-        )
+        registered = wire.RegisteredRun(rec.name, rec.policy_digest, rec.created_unix)
+        return wire.register_run_response_to_pb(registered)
 
     def GetRunStatus(
         self, request: pb.GetRunStatusRequest, context: grpc.ServicerContext
     ) -> pb.GetRunStatusResponse:
         self.auth.require_role(context, READ_ROLES)
         try:
-            run = self.store.get_run(request.name)
+            name = wire.get_run_status_request_from_pb(request)
+        except wire.WireError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed status request: {e}")
+        try:
+            run = self.store.get_run(name)
             if run is None:  # get_run raises UnknownRun; this only narrows the type
-                raise UnknownRun(f"no run named {request.name!r}")
+                raise UnknownRun(f"no run named {name!r}")
             verdict = self.evaluator.run_verdict(run, time.time())
         except UnknownRun as e:
             context.abort(grpc.StatusCode.NOT_FOUND, e.explain())
@@ -213,7 +213,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
             context.abort(grpc.StatusCode.INTERNAL, e.explain())
         self.store.record_verdict(run.name, verdict.verdict.value, verdict_detail(verdict))
         self.metrics.verdict(run.name, verdict.verdict.value)
-        return pb.GetRunStatusResponse(verdict=wire.run_verdict_to_pb(verdict))
+        return wire.get_run_status_response_to_pb(verdict)
 
     def ListRuns(
         self, request: pb.ListRunsRequest, context: grpc.ServicerContext
@@ -221,18 +221,16 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         self.auth.require_role(context, READ_ROLES)
         now = time.time()
         snaps = self.evaluator.snapshots()
-        out = []
-        for run in self.store.list_runs():
-            verdict = self.evaluator.run_verdict(run, now, snaps)
-            out.append(
-                pb.RunSummary(
-                    name=run.name,
-                    policy_digest=run.policy_digest,
-                    created_unix=run.created_unix,
-                    verdict=wire.verdict_to_pb(verdict.verdict),
-                )
+        out = [
+            wire.RunSummary(
+                run.name,
+                run.policy_digest,
+                run.created_unix,
+                self.evaluator.run_verdict(run, now, snaps).verdict,
             )
-        return pb.ListRunsResponse(runs=out)
+            for run in self.store.list_runs()
+        ]
+        return wire.list_runs_response_to_pb(out)
 
     def refresh_verdicts(self) -> None:
         """Re-evaluate every run after new evidence; history records each change."""

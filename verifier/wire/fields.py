@@ -1,0 +1,91 @@
+"""Field checks shared by every converter, the one error they raise, and the wire's limits.
+
+Each check takes the value and AT, the field's path in the message (``report.processes[0]
+.key.pid``), and raises :class:`WireError` (a usage error, exit code 2) naming it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from typing import NoReturn
+
+from verifier.errors import UsageError
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+"""The gRPC message size limit of the server and every client, both directions (a worker's
+full manifest, tens of thousands of files, is a few MiB)."""
+
+GRPC_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+)
+"""Channel and server options that apply :data:`MAX_MESSAGE_BYTES`."""
+
+MAX_TEXT = 4096  # any one name, label or reason
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")  # verifier.model.merkle_root
+
+
+class WireError(UsageError):
+    """A received message that does not describe a valid domain value."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"invalid {field}: {reason}")
+        self.field = field  # path of the offending field, e.g. "report.processes[0].key.pid"
+        self.reason = reason
+
+
+def fail(at: str, reason: str) -> NoReturn:
+    raise WireError(at, reason)
+
+
+def required(value: str, at: str) -> str:
+    if not value:
+        fail(at, "required, but empty")
+    return value
+
+
+def count(value: int, at: str, minimum: int = 0) -> int:
+    if value < minimum:
+        fail(at, f"must be >= {minimum}, got {value}")
+    return value
+
+
+def finite_time(value: float, at: str) -> float:
+    if not math.isfinite(value) or value < 0:
+        fail(at, f"must be a finite time >= 0, got {value}")
+    return value
+
+
+def ratio(value: float, at: str) -> float:
+    if not math.isfinite(value) or value < 0:
+        fail(at, f"must be a finite number >= 0, got {value}")
+    return value
+
+
+def sha256_hex(value: str, at: str) -> str:
+    if not _SHA256_HEX.fullmatch(value):
+        fail(at, f"not a lowercase hex sha256: {value!r}")
+    return value
+
+
+def digest(value: str, at: str) -> str:
+    if not _DIGEST.fullmatch(value):
+        fail(at, f"not a manifest digest 'sha256:<hex>': {value!r}")
+    return value
+
+
+def texts(values: Iterable[str], at: str) -> tuple[str, ...]:
+    return tuple(required(v, f"{at}[{i}]") for i, v in enumerate(values))
+
+
+def text(value: str, at: str) -> str:
+    if len(value) > MAX_TEXT:
+        fail(at, f"longer than {MAX_TEXT} characters")
+    return value
+
+
+def reject_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not JSON")
