@@ -23,7 +23,7 @@ from verifier.agent.runner import Agent, AgentConfig
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
 from verifier.client.api import VerifierClient
-from verifier.errors import UnavailableError, UsageError
+from verifier.errors import ConfigError, UnavailableError, UsageError
 from verifier.manifest import merkle_root
 from verifier.model import FileEntry, ProcessKey, ProcessReport, TargetReport, Verdict
 from verifier.server.app import ServeConfig, VerifierServer
@@ -158,6 +158,10 @@ def test_unknown_run_and_bad_policy_are_usage_and_config_errors(
             client.register_run(
                 "bad", POLICY.replace("[[hooks]]", "colour = 1\n[[hooks]]"), "p.toml"
             )
+        # A policy error through the API is exit 3 too, whatever the loader's message says
+        # (this one does not contain the word "policy"; it used to come back as exit 2).
+        with pytest.raises(ConfigError, match=r"empty\.toml: version: required key is missing"):
+            client.register_run("empty", "", "empty.toml")
         with pytest.raises(UsageError, match=r"invalid get_run_status\.name: required"):
             client.status("")
 

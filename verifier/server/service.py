@@ -186,7 +186,9 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
                 reg.name, reg.policy_toml, policy_digest(reg.policy_toml), reg.source
             )
         except PolicyError as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, e.explain())
+            # "invalid policy" is what the client's translation reads as a configuration
+            # error (exit 3): a policy's own message need not contain the word.
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid policy: {e.explain()}")
         except RunExists as e:
             context.abort(grpc.StatusCode.ALREADY_EXISTS, e.explain())
         log.info("run_registered", run=rec.name, policy=rec.policy_digest)
