@@ -115,26 +115,25 @@ class NotFound(Error):
     exit_code = ExitCode.NOT_FOUND
 
 
-class BundleCorrupt(Error):
+class _Located(Exception):
+    """Mixed into an error about one place in a document: ``location: problem``."""
+
+    def __init__(self, problem: str, location: str = "") -> None:
+        super().__init__(f"{location}: {problem}" if location else problem)
+        self.problem = problem
+        self.location = location
+
+
+class BundleCorrupt(_Located, Error):
     """An attestation bundle is damaged, incomplete, or a check over it fails."""
 
     exit_code = ExitCode.BUNDLE_INVALID
 
-    def __init__(self, problem: str, location: str = "") -> None:
-        super().__init__(f"{location}: {problem}" if location else problem)
-        self.problem = problem
-        self.location = location
 
-
-class WrongKey(Error):
+class WrongKey(_Located, Error):
     """The signatures are not by the key given (made by another key)."""
 
     exit_code = ExitCode.WRONG_KEY
-
-    def __init__(self, problem: str, location: str = "") -> None:
-        super().__init__(f"{location}: {problem}" if location else problem)
-        self.problem = problem
-        self.location = location
 
 
 class DatabaseUnreachable(Error):

@@ -14,7 +14,7 @@ back (README "JSON output").
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 from google.protobuf import json_format
 
@@ -121,54 +121,39 @@ class _Reader:
 
     def __init__(self, data: object, at: str) -> None:
         if not isinstance(data, dict):
-            self.fail(at, f"must be a JSON object, not {type(data).__name__}")
+            F.fail(at, f"must be a JSON object, not {type(data).__name__}")
         self.data: dict[str, Any] = data
         self.at = at
 
-    @staticmethod
-    def fail(at: str, reason: str) -> NoReturn:
-        F.fail(at, reason)
-
-    def _get(self, key: str) -> Any:
+    def _get(self, key: str, types: tuple[type, ...], what: str) -> Any:
+        """KEY's value, which must be one of TYPES (a bool is never a number here)."""
         if key not in self.data:
-            self.fail(f"{self.at}.{key}", "required, but absent")
-        return self.data[key]
+            F.fail(f"{self.at}.{key}", "required, but absent")
+        v = self.data[key]
+        if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
+            F.fail(f"{self.at}.{key}", f"must be {what}, not {type(v).__name__}")
+        return v
 
     def string(self, key: str) -> str:
-        v = self._get(key)
-        if not isinstance(v, str):
-            self.fail(f"{self.at}.{key}", f"must be a string, not {type(v).__name__}")
-        return v
+        return str(self._get(key, (str,), "a string"))
 
     def integer(self, key: str) -> int:
-        v = self._get(key)
-        if not isinstance(v, int) or isinstance(v, bool):
-            self.fail(f"{self.at}.{key}", f"must be an integer, not {type(v).__name__}")
-        return v
+        return int(self._get(key, (int,), "an integer"))
+
+    def number(self, key: str) -> float:
+        return float(self._get(key, (int, float), "a number"))
+
+    def array(self, key: str) -> list[Any]:
+        return list(self._get(key, (list,), "a list"))
+
+    def obj(self, key: str) -> dict[str, Any]:
+        return dict(self._get(key, (dict,), "a JSON object"))
 
     def opt_integer(self, key: str) -> int | None:
         return None if self.data.get(key) is None else self.integer(key)
 
-    def number(self, key: str) -> float:
-        v = self._get(key)
-        if not isinstance(v, (int, float)) or isinstance(v, bool):
-            self.fail(f"{self.at}.{key}", f"must be a number, not {type(v).__name__}")
-        return float(v)
-
     def opt_number(self, key: str) -> float | None:
         return None if self.data.get(key) is None else self.number(key)
-
-    def array(self, key: str) -> list[Any]:
-        v = self._get(key)
-        if not isinstance(v, list):
-            self.fail(f"{self.at}.{key}", f"must be a list, not {type(v).__name__}")
-        return v
-
-    def obj(self, key: str) -> dict[str, Any]:
-        v = self._get(key)
-        if not isinstance(v, dict):
-            self.fail(f"{self.at}.{key}", f"must be a JSON object, not {type(v).__name__}")
-        return v
 
 
 def _enum(cls: type[E], text: str, at: str) -> E:
