@@ -27,7 +27,7 @@ from verifier.evidence.bindings_reader import RequestSpan as ProbeSpan
 from verifier.model import Severity, Verdict
 from verifier.policy import TargetSnapshot, load_policy
 from verifier.policy import interface as I
-from verifier.probe._layout import process_dir_name
+from verifier.probe.layout import process_dir_name
 from verifier.testing.server import VllmServer
 
 pytestmark = pytest.mark.vllm

@@ -19,7 +19,7 @@ from verifier.evidence.probe_reader import steps_of
 from verifier.model import Severity, Verdict
 from verifier.policy import interface as I
 from verifier.probe import _bindings, _core, _spec, _vllm
-from verifier.probe import _layout as L
+from verifier.probe import layout as L
 
 __all__ = ["journal"]  # the fixture, imported for these tests
 

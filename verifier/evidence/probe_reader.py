@@ -28,7 +28,7 @@ from verifier.model import (
     SpecEvidence,
     StepEvidence,
 )
-from verifier.probe import _layout as L
+from verifier.probe import layout as L
 
 ROLE_RANK = {"worker": 3, "engine_core": 2, "api_server": 1}
 
