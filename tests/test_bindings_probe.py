@@ -20,7 +20,7 @@ from verifier.evidence.probe_reader import read_counters, read_probe_dir
 from verifier.evidence.process import read_tree
 from verifier.evidence.procfs import ProcFS
 from verifier.probe import layout as L
-from verifier.testing.server import VllmServer
+from verifier.testing.vllm_server import VllmServer
 
 pytestmark = pytest.mark.vllm
 

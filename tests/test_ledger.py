@@ -150,7 +150,7 @@ def test_audit_cli_names_a_missing_foreign_or_unreachable_database(tmp_path: Pat
     (tmp_path / "junk.sqlite3").write_bytes(b"not a database at all" * 100)
     out = verifier_cli("audit", "verify", "--db", str(tmp_path / "junk.sqlite3"))
     assert out.returncode == 3 and "Traceback" not in out.stderr, out.stderr
-    from verifier.testing.server import free_port
+    from verifier.testing.vllm_server import free_port
 
     url = f"postgresql://postgres:secret@127.0.0.1:{free_port()}/verifier"  # nobody listens
     for args in (["audit", "verify"], ["audit", "run", "r"], ["audit", "request", "x"]):

@@ -16,7 +16,7 @@ from verifier import wire
 from verifier.model import ProcessReport
 from verifier.policy import TargetSnapshot, load_policy
 from verifier.policy import interface as I
-from verifier.testing.server import VllmServer
+from verifier.testing.vllm_server import VllmServer
 
 pytestmark = pytest.mark.vllm
 

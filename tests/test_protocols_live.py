@@ -45,7 +45,7 @@ from tests.offline import (
     verdict,
 )
 from verifier.policy import interface as I
-from verifier.testing.server import VllmServer
+from verifier.testing.vllm_server import VllmServer
 
 pytestmark = pytest.mark.vllm
 

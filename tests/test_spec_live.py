@@ -28,7 +28,7 @@ from verifier.model import Severity, Verdict
 from verifier.policy import TargetSnapshot, load_policy
 from verifier.policy import interface as I
 from verifier.probe.layout import process_dir_name
-from verifier.testing.server import VllmServer
+from verifier.testing.vllm_server import VllmServer
 
 pytestmark = pytest.mark.vllm
 

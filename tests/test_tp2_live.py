@@ -16,7 +16,7 @@ from tests.helpers import REPO, hook_by_name, inspect_json
 from verifier import wire
 from verifier.policy import TargetSnapshot, load_policy
 from verifier.policy import interface as I
-from verifier.testing.server import VllmServer
+from verifier.testing.vllm_server import VllmServer
 
 pytestmark = pytest.mark.vllm
 RANK0_PLUGIN = REPO / "tests" / "data" / "rank0_plugin"
