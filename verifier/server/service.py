@@ -20,12 +20,12 @@ from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
 from verifier.errors import Error
 from verifier.manifest import merkle_root
-from verifier.metrics import VerifierMetrics
 from verifier.model import RunVerdict, TargetReport
 from verifier.policy import PolicyError, load_policy, policy_digest
 from verifier.security.auth import READ_ROLES, Authorizer
 from verifier.server.evaluate import Evaluator, files_to_rows
 from verifier.server.index import processes_seen
+from verifier.server.metrics import VerifierMetrics
 from verifier.server.store import RunExists, Store, StoredReport, UnknownRun
 
 log = structlog.get_logger("verifier.serve")
