@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verifier.manifest import merkle_root
 from verifier.model import (
     FileEntry,
     HookEvidence,
@@ -27,6 +26,7 @@ from verifier.model import (
     RunnerEvidence,
     SpecEvidence,
     StepEvidence,
+    merkle_root,
 )
 from verifier.probe import layout as L
 

@@ -19,8 +19,7 @@ from verifier import wire
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
 from verifier.errors import Error
-from verifier.manifest import merkle_root
-from verifier.model import RunVerdict, TargetReport
+from verifier.model import RunVerdict, TargetReport, merkle_root
 from verifier.policy import PolicyError, load_policy, policy_digest
 from verifier.security.auth import READ_ROLES, Authorizer
 from verifier.server.evaluate import Evaluator, files_to_rows
