@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _stats import print_rows, summary
 
 from verifier.agent.runner import Agent, AgentConfig
-from verifier.testing.server import VllmServer
+from verifier.testing.vllm_server import VllmServer
 
 REPO = Path(__file__).resolve().parents[1]
 ROUNDS = 5

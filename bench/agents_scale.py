@@ -26,7 +26,6 @@ from verifier import wire
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
 from verifier.client.api import VerifierClient
-from verifier.manifest import merkle_root
 from verifier.model import (
     FileEntry,
     HookEvidence,
@@ -35,6 +34,7 @@ from verifier.model import (
     RunnerEvidence,
     StepEvidence,
     TargetReport,
+    merkle_root,
 )  # fmt: skip
 
 DURATION = 10.0

@@ -37,7 +37,7 @@ from _stats import print_rows, summary
 from verifier import wire
 from verifier.ledger import bindings
 from verifier.ledger.queries import find_file, find_request
-from verifier.model import ProcessKey, RequestId, RequestSpan, TargetReport
+from verifier.model import FileEntry, ProcessKey, RequestId, RequestSpan, TargetReport
 from verifier.server.db import open_database
 from verifier.server.index import ProcessSeen
 from verifier.server.store import Store, StoredReport
@@ -58,14 +58,14 @@ def sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def manifest_files(m: int) -> list[dict[str, object]]:
+def manifest_files(m: int) -> tuple[FileEntry, ...]:
     # Most files shared by every manifest (the same wheel), a tenth particular to each.
-    return [
-        {"path": f"/venv/lib/python3.11/site-packages/pkg/mod{i}.py",
-         "sha256": sha(f"{i}" if i % 10 else f"{i}/{m}"), "size": 100, "kind": "source",
-         "module": f"pkg.mod{i}", "at": "import"}
+    return tuple(
+        FileEntry(path=f"/venv/lib/python3.11/site-packages/pkg/mod{i}.py",
+                  sha256=sha(f"{i}" if i % 10 else f"{i}/{m}"), size=100, kind="source",
+                  module=f"pkg.mod{i}", at="import")
         for i in range(FILES)
-    ]  # fmt: skip
+    )  # fmt: skip
 
 
 def digest(m: int) -> str:

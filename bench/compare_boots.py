@@ -16,7 +16,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from verifier.testing.server import VllmServer
+from verifier.testing.vllm_server import VllmServer
 
 REPO = Path(__file__).resolve().parents[1]
 BOOTS = 4

@@ -30,7 +30,7 @@ from _stats import print_rows, summary
 
 from verifier.evidence.hashing import Hasher
 from verifier.evidence.procfs import ProcFS
-from verifier.testing.server import VllmServer
+from verifier.testing.vllm_server import VllmServer
 
 REPO = Path(__file__).resolve().parents[1]
 ROUNDS = 5

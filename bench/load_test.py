@@ -55,7 +55,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from verifier import wire
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
-from verifier.manifest import merkle_root
 from verifier.model import (
     FileEntry,
     HookEvidence,
@@ -66,6 +65,7 @@ from verifier.model import (
     RunnerEvidence,
     StepEvidence,
     TargetReport,
+    merkle_root,
 )  # fmt: skip
 
 RUN = "load"

@@ -16,7 +16,7 @@ import pytest
 
 from tests.helpers import REPO, Backend
 from verifier.testing.postgres import PostgresServer, PostgresUnavailable
-from verifier.testing.server import VllmServer
+from verifier.testing.vllm_server import VllmServer
 
 V2_STEP = "vllm.v1.worker.gpu.model_runner:GPUModelRunner.execute_model"
 V1_STEP = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.execute_model"

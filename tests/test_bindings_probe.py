@@ -19,8 +19,8 @@ from verifier.evidence.bindings_reader import BindingsReader, ExternalId, Reques
 from verifier.evidence.probe_reader import read_counters, read_probe_dir
 from verifier.evidence.process import read_tree
 from verifier.evidence.procfs import ProcFS
-from verifier.probe import _layout as L
-from verifier.testing.server import VllmServer
+from verifier.probe import layout as L
+from verifier.testing.vllm_server import VllmServer
 
 pytestmark = pytest.mark.vllm
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from verifier.evidence.bindings_reader import BindingsReader, ExternalId, RequestSpan
 from verifier.model import RequestSpec
-from verifier.probe import _layout as L
+from verifier.probe import layout as L
 
 
 def req(rid: str, end: str = "finished", **over: Any) -> dict[str, Any]:

@@ -19,7 +19,6 @@ from verifier.ledger.bindings import client_id
 from verifier.ledger.queries import find_file, find_request
 from verifier.model import ProcessKey, RequestId, RequestSpan, RequestSpec, TargetReport
 from verifier.server.db import open_database
-from verifier.server.evaluate import files_to_rows
 from verifier.server.index import processes_seen
 from verifier.server.store import Store, StoredReport
 
@@ -63,7 +62,7 @@ def stocked(target: str, spec: RequestSpec | None = SPEC) -> ProcessKey:
         body = wire.report_to_bytes(TargetReport("a", "serving", 1, "", T + 2, (w,)))
         stored = s.save_report(
             StoredReport("a", 1, "serving", T + 2, body),
-            {M1: files_to_rows(w.files)},
+            {M1: w.files},
             processes_seen((w,)),
             spans_for(w.key, T, spec),
             ids_for(T),

@@ -34,7 +34,7 @@ from verifier.model import (
     Verdict,
 )
 from verifier.policy import TargetSnapshot, load_policy
-from verifier.policy import interface as I
+from verifier.policy import findings as F
 
 SCRIPT = "import sys, time, mod_a{extra}; open(sys.argv[1], 'w').write('ok'); time.sleep(600)"
 
@@ -255,24 +255,24 @@ def test_policy_init_from_stored_report_declares_patches(tmp_path: Path) -> None
     # The policy loads with the real loader and passes the evidence it was written from ...
     verdict, ids = judge(text, stored_report(stored))
     assert verdict == Verdict.PASS, ids
-    assert (I.PATCH_DECLARED, Severity.INFO, str(core)) in ids  # the patch rule judged it
+    assert (F.PATCH_DECLARED, Severity.INFO, str(core)) in ids  # the patch rule judged it
     # ... and fails once the patched file, or the pinned unknown file, holds other bytes.
     core.write_bytes(b"VALUE = 'patched again'\n")
     with spawn(tmp_path, code, site, pkg) as pid:
         other = stored_report(store(pid, tmp_path / "boot-core.json"))
     verdict, ids = judge(text, other)
     assert verdict == Verdict.FAIL
-    assert (I.PATCH_UNDECLARED, Severity.ERROR, str(core)) in ids
-    assert (I.PATCH_DECLARED, Severity.INFO, str(core)) not in ids
-    assert (I.FILE_HASH_MISMATCH, Severity.ERROR, str(usermod)) not in ids
+    assert (F.PATCH_UNDECLARED, Severity.ERROR, str(core)) in ids
+    assert (F.PATCH_DECLARED, Severity.INFO, str(core)) not in ids
+    assert (F.FILE_HASH_MISMATCH, Severity.ERROR, str(usermod)) not in ids
     core.write_bytes(patched)
     usermod.write_bytes(b"USER = 2\n")
     with spawn(tmp_path, code, site, pkg) as pid:
         other = stored_report(store(pid, tmp_path / "boot-user.json"))
     verdict, ids = judge(text, other)
     assert verdict == Verdict.FAIL
-    assert (I.FILE_HASH_MISMATCH, Severity.ERROR, str(usermod)) in ids
-    assert (I.PATCH_DECLARED, Severity.INFO, str(core)) in ids  # the patch is as declared
+    assert (F.FILE_HASH_MISMATCH, Severity.ERROR, str(usermod)) in ids
+    assert (F.PATCH_DECLARED, Severity.INFO, str(core)) in ids  # the patch is as declared
 
 
 def _report(hooks: tuple[HookEvidence, ...], steps: StepEvidence | None) -> ProcessReport:

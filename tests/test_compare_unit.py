@@ -1,4 +1,4 @@
-"""The arithmetic under `verifier compare` (verifier/compare.py) and the measurement
+"""The arithmetic under `verifier compare` (verifier/measure/compare.py) and the measurement
 window's pace check (verifier/client/window.py ``pace``), on hand-made numbers: the noise
 floor from replicate boots, one boot per arm (floor unknown), differences beyond and within
 the floor; fires and judged steps during a window, lag, no steps, a restarted process."""
@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from verifier import compare as C
 from verifier.client.window import (
     WINDOW_HOOK_LAGGED,
     WINDOW_NO_STEPS,
@@ -22,6 +21,7 @@ from verifier.client.window import (
     save_start,
 )
 from verifier.errors import ConfigError
+from verifier.measure import compare as C
 from verifier.model import HookCount, RunVerdict, TargetVerdict, Verdict
 
 M = "tokens_per_s"

@@ -6,7 +6,7 @@ subprocesses (or the real servicer over real gRPC) and kills with real signals; 
 The target is a small Python process with the real probe (``fake worker``): it declares a hook,
 runs five engine "steps" through the probe's own worker wrapping and then waits, so a policy
 PASSes on it without vLLM. Request bindings are appended to its probe's ``bindings.jsonl``
-(the format in ``verifier/probe/_layout.py``) while the agent reads it.
+(the format in ``verifier/probe/layout.py``) while the agent reads it.
 
 What each test shows, and what was lost: docs/faults.md.
 """

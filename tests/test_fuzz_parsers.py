@@ -45,7 +45,7 @@ from verifier.ledger.errors import BundleCorrupt, WrongKey
 from verifier.ledger.verify_bundle import check_bundle, verify_bundle
 from verifier.model import FileEntry, ProcessKey, ProcessReport, TargetReport
 from verifier.policy import PolicyError, load_policy
-from verifier.probe import _layout as L
+from verifier.probe import layout as L
 
 FUZZ_EXAMPLES = int(os.environ.get("VERIFIER_FUZZ_EXAMPLES", "200"))
 FUZZ = settings(

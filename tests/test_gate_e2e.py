@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import inspect_json, verifier_cli
-from verifier.testing.server import VllmServer
+from verifier.testing.vllm_server import VllmServer
 
 pytestmark = pytest.mark.vllm
 

@@ -20,7 +20,7 @@ from verifier.evidence.process import read_process
 from verifier.evidence.procfs import ProcFS
 from verifier.evidence.report import to_report
 from verifier.model import ProcessKey, ProcessReport, TargetReport
-from verifier.probe import _layout as L
+from verifier.probe import layout as L
 
 
 def _report(p: ProcessReport) -> TargetReport:

@@ -16,10 +16,11 @@ import pytest
 from tests.helpers import Backend, verifier_cli
 from tests.test_gate_e2e import Daemon
 from verifier.ledger import chain
+from verifier.model import FileEntry
 from verifier.server.db import open_database
 from verifier.server.store import Store, StoredReport
 
-FILES = [{"path": "/x.py", "sha256": "a" * 64}]
+FILES = (FileEntry("/x.py", "a" * 64, 1, "source", "x", "load"),)
 
 
 def populated(target: str | Path) -> str:
@@ -150,7 +151,7 @@ def test_audit_cli_names_a_missing_foreign_or_unreachable_database(tmp_path: Pat
     (tmp_path / "junk.sqlite3").write_bytes(b"not a database at all" * 100)
     out = verifier_cli("audit", "verify", "--db", str(tmp_path / "junk.sqlite3"))
     assert out.returncode == 3 and "Traceback" not in out.stderr, out.stderr
-    from verifier.testing.server import free_port
+    from verifier.testing.vllm_server import free_port
 
     url = f"postgresql://postgres:secret@127.0.0.1:{free_port()}/verifier"  # nobody listens
     for args in (["audit", "verify"], ["audit", "run", "r"], ["audit", "request", "x"]):
@@ -213,7 +214,6 @@ def test_audit_file_queries_and_their_errors(backend: Backend) -> None:
     from tests.test_policy_engine import worker
     from verifier import wire
     from verifier.model import TargetReport
-    from verifier.server.evaluate import files_to_rows
     from verifier.server.index import processes_seen
 
     w = replace(worker(), manifest_digest="sha256:" + "3" * 64, container_id="c" * 64)
@@ -229,7 +229,7 @@ def test_audit_file_queries_and_their_errors(backend: Backend) -> None:
         body = wire.report_to_bytes(TargetReport("a", "serving", 1, "", 100.0, (w,)))
         s.save_report(
             StoredReport("a", 1, "serving", 100.0, body),
-            {"sha256:" + "3" * 64: files_to_rows(w.files)},
+            {"sha256:" + "3" * 64: w.files},
             processes_seen((w,)),
         )
     finally:

@@ -15,8 +15,8 @@ from tests.helpers import hook_by_name, inspect_json
 from verifier import wire
 from verifier.model import ProcessReport
 from verifier.policy import TargetSnapshot, load_policy
-from verifier.policy import interface as I
-from verifier.testing.server import VllmServer
+from verifier.policy import findings as F
+from verifier.testing.vllm_server import VllmServer
 
 pytestmark = pytest.mark.vllm
 
@@ -130,7 +130,7 @@ def hook_policy(name: str, on: str) -> str:
 
 def test_hook_that_fires_only_at_start_up_fails_on_decode(vllm_server: VllmServer) -> None:
     found = judged(vllm_server, hook_policy("v1_load", "decode"))
-    (hit,) = [c for i, c in found if i == I.HOOK_OUTSIDE_STEPS_ONLY]
+    (hit,) = [c for i, c in found if i == F.HOOK_OUTSIDE_STEPS_ONLY]
     assert hit["fired_outside_steps"] == hit["fired"] >= 1 and hit["decode_steps"] > 0
 
 
@@ -142,27 +142,27 @@ def test_hook_that_fires_only_during_warm_up_fails_on_decode(
     cache exists and before the first step) fired, yet never on a decode step: FAIL, with its
     fired count and the step counts beside it."""
     found = judged(vllm_server, hook_policy("warm", "decode"))
-    (hit,) = [c for i, c in found if i == I.HOOK_OUTSIDE_STEPS_ONLY]
+    (hit,) = [c for i, c in found if i == F.HOOK_OUTSIDE_STEPS_ONLY]
     assert hit["hook"] == "warm" and hit["target"].endswith("CPUWorker.compile_or_warm_up_model")
     assert hit["fired"] == hit["fired_outside_steps"] == 1
     assert (hit["fired_decode"], hit["fired_prefill"], hit["fired_productive"]) == (0, 0, 0)
     assert hit["decode_steps"] > 0 and hit["productive_steps"] >= hit["decode_steps"]
     assert hit["total_steps"] >= hit["productive_steps"]
-    assert [i for i, _ in found if i.startswith("liveness.hook")] == [I.HOOK_OUTSIDE_STEPS_ONLY]
+    assert [i for i, _ in found if i.startswith("liveness.hook")] == [F.HOOK_OUTSIDE_STEPS_ONLY]
 
 
 def test_step_hook_passes_on_decode_with_fires_equal_to_decode_steps(
     vllm_server: VllmServer,
 ) -> None:
     found = judged(vllm_server, hook_policy("v1_step", "decode"))
-    assert [i for i, _ in found if i.startswith("liveness.")] == [I.HOOK_FIRING]
-    (c,) = [c for i, c in found if i == I.HOOK_FIRING]
+    assert [i for i, _ in found if i.startswith("liveness.")] == [F.HOOK_FIRING]
+    (c,) = [c for i, c in found if i == F.HOOK_FIRING]
     assert c["fired_decode"] == c["decode_steps"] > 0
 
 
 def test_hook_on_a_class_never_instantiated_fails_on_decode(vllm_server: VllmServer) -> None:
     found = judged(vllm_server, hook_policy("v2_step", "decode"))
-    assert I.HOOK_NOT_INSTANTIATED in [i for i, _ in found]
+    assert F.HOOK_NOT_INSTANTIATED in [i for i, _ in found]
 
 
 def test_copy_of_a_report_with_decode_fires_removed_fails(vllm_server: VllmServer) -> None:
@@ -177,7 +177,7 @@ def test_copy_of_a_report_with_decode_fires_removed_fails(vllm_server: VllmServe
     reports = [dataclasses.replace(r, hooks=hooks) if r is w else r for r in reports]
     snap = TargetSnapshot("cpu", tuple(reports), time.time())
     v = load_policy(hook_policy("v1_step", "decode")).evaluate_target(snap, now=time.time())
-    assert I.HOOK_FIRE_RATIO_LOW in [f.id for f in v.findings]
+    assert F.HOOK_FIRE_RATIO_LOW in [f.id for f in v.findings]
 
 
 def test_device_counter_on_the_model_forward_keeps_pace_with_its_fires(
@@ -205,4 +205,4 @@ def test_first_hit_hook_fired_once_inside_a_step_and_passes(
     assert first["fired"] == 1  # however many steps ran since
     assert first["fired_outside_steps"] == 0 and first["first_step"] >= 1  # inside a step
     found = judged(vllm_server, 'version = 1\n[[hooks]]\nname = "v1_first"\n')
-    assert [i for i, _ in found if i.startswith("liveness.")] == [I.HOOK_FIRING]
+    assert [i for i, _ in found if i.startswith("liveness.")] == [F.HOOK_FIRING]

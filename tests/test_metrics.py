@@ -19,8 +19,9 @@ import pytest
 
 from tests.test_gate_e2e import Daemon
 from verifier.errors import ConfigError
-from verifier.metrics import CONTENT_TYPE, MetricsServer, Registry, parse_listen
-from verifier.testing.server import free_port
+from verifier.metrics.http import MetricsServer, parse_listen
+from verifier.metrics.registry import CONTENT_TYPE, Registry
+from verifier.testing.vllm_server import free_port
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")

@@ -30,7 +30,7 @@ from tests.offline import (
 )
 from tests.test_gate_e2e import local_verifier
 from verifier.evidence.process import OFFLINE_FRONT_END_NOTE, OFFLINE_ONE_PROCESS_NOTE
-from verifier.policy import interface as I
+from verifier.policy import findings as F
 
 pytestmark = pytest.mark.vllm
 
@@ -151,21 +151,21 @@ def test_multi_process_layout_passes_an_offline_policy_and_fails_its_negative_co
     procs = multi[1]["processes"]
     ok = verdict(procs, offline_policy("offline", "engine_core", "worker"))
     assert passes(ok), [(f.id, f.message) for f in ok.findings]
-    assert ids(ok).count(I.HOOK_FIRING) == 2
+    assert ids(ok).count(F.HOOK_FIRING) == 2
     # the default require_probe names api_server: never a silent pass without one
     default = verdict(procs, offline_policy())
-    assert default.verdict.value == "PENDING" and I.EVIDENCE_ROLE_MISSING in ids(default)
-    (missing,) = [f for f in default.findings if f.id == I.EVIDENCE_ROLE_MISSING]
+    assert default.verdict.value == "PENDING" and F.EVIDENCE_ROLE_MISSING in ids(default)
+    (missing,) = [f for f in default.findings if f.id == F.EVIDENCE_ROLE_MISSING]
     assert missing.context["role"] == "api_server" and "offline" in missing.message
     explicit = verdict(procs, offline_policy("api_server", "worker"))
-    assert explicit.verdict.value == "PENDING" and I.EVIDENCE_ROLE_MISSING in ids(explicit)
+    assert explicit.verdict.value == "PENDING" and F.EVIDENCE_ROLE_MISSING in ids(explicit)
     # a hook on a runner class never instantiated, one whose module is never imported, and a
     # wrong runner expectation each FAIL on the same real evidence
     roles = ("engine_core", "worker")
     dead = verdict(procs, offline_policy(*roles, hooks=("step", "v2_step")))
-    assert dead.verdict.value == "FAIL" and I.HOOK_NOT_INSTANTIATED in ids(dead)
+    assert dead.verdict.value == "FAIL" and F.HOOK_NOT_INSTANTIATED in ids(dead)
     unloaded = verdict(procs, offline_policy(*roles, hooks=("user_step",)))
-    assert unloaded.verdict.value == "FAIL" and I.HOOK_NOT_LOADED in ids(unloaded)
+    assert unloaded.verdict.value == "FAIL" and F.HOOK_NOT_LOADED in ids(unloaded)
     wrong = verdict(
         procs, offline_policy(*roles, runner="vllm.v1.worker.gpu.model_runner.GPUModelRunner")
     )
@@ -198,7 +198,7 @@ def test_agent_and_gate_pass_an_offline_run_and_hold_a_server_policy_pending(
         assert held.returncode == 5, held.stdout + held.stderr
         assert "still PENDING" in held.stderr
         status = verifier_cli("status", "server", "--verifier", v.addr, "--json")
-        assert I.EVIDENCE_ROLE_MISSING in status.stdout and "api_server" in status.stdout
+        assert F.EVIDENCE_ROLE_MISSING in status.stdout and "api_server" in status.stdout
 
 
 # -- (b) offline LLM in one process --------------------------------------------------------
@@ -229,8 +229,8 @@ def test_one_process_layout_is_front_end_engine_and_worker_with_full_evidence(
     assert report["role"] == "worker" and report["roles"] == ["engine_core", "offline", "worker"]
     for policy in (offline_policy(), offline_policy("api_server", "worker")):
         held = verdict(doc["processes"], policy)
-        assert held.verdict.value == "PENDING" and I.EVIDENCE_ROLE_MISSING in ids(held)
-        (f,) = [f for f in held.findings if f.id == I.EVIDENCE_ROLE_MISSING]
+        assert held.verdict.value == "PENDING" and F.EVIDENCE_ROLE_MISSING in ids(held)
+        (f,) = [f for f in held.findings if f.id == F.EVIDENCE_ROLE_MISSING]
         assert "offline" in f.context["roles_present"], f.context
 
 
@@ -306,4 +306,4 @@ def test_a_driver_calling_execute_model_twice_has_that_call_not_counted_and_said
     (note,) = [n for n in a["notes"] if "raised" in n]
     assert note.startswith(f"{a['steps']['raised']} execute_model call(s) raised") and error in note
     v = verdict(doc["processes"], offline_policy("worker"))
-    assert passes(v) and I.STEPS_RAISED in ids(v), [(f.id, f.message) for f in v.findings]
+    assert passes(v) and F.STEPS_RAISED in ids(v), [(f.id, f.message) for f in v.findings]

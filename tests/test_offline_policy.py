@@ -8,7 +8,7 @@ import dataclasses
 
 from tests.test_policy_engine import HOOK_V1, api, engine, ids, judge, proc, worker
 from verifier.model import ProcessReport, Verdict
-from verifier.policy import interface as I
+from verifier.policy import findings as F
 
 
 def offline(pid: int = 50) -> ProcessReport:
@@ -22,15 +22,15 @@ def evidence(roles: str) -> str:
 def test_offline_front_end_under_the_default_policy_is_pending_for_want_of_an_api_server() -> None:
     v = judge(HOOK_V1, offline(), engine(), worker())
     assert v.verdict == Verdict.PENDING
-    assert ids(v) == [I.EVIDENCE_ROLE_MISSING]
-    (f,) = [f for f in v.findings if f.id == I.EVIDENCE_ROLE_MISSING]
+    assert ids(v) == [F.EVIDENCE_ROLE_MISSING]
+    (f,) = [f for f in v.findings if f.id == F.EVIDENCE_ROLE_MISSING]
     assert f.context["role"] == "api_server" and "offline" in f.message
     assert f.context["roles_present"] == ["engine_core", "offline", "worker"]
 
 
 def test_policy_naming_api_server_holds_any_target_without_one_pending() -> None:
     v = judge(evidence('"api_server", "worker"'), worker())
-    assert v.verdict == Verdict.PENDING and ids(v) == [I.EVIDENCE_ROLE_MISSING]
+    assert v.verdict == Verdict.PENDING and ids(v) == [F.EVIDENCE_ROLE_MISSING]
 
 
 def test_policy_naming_the_offline_roles_passes_offline_use() -> None:
@@ -53,7 +53,7 @@ def test_offline_front_end_without_a_probe_fails_when_its_role_is_required() -> 
         engine(),
         worker(),
     )
-    assert v.verdict == Verdict.FAIL and I.EVIDENCE_PROBE_ABSENT in ids(v)
+    assert v.verdict == Verdict.FAIL and F.EVIDENCE_PROBE_ABSENT in ids(v)
 
 
 def one_process() -> ProcessReport:
@@ -67,8 +67,8 @@ def test_one_process_offline_under_the_default_policy_is_pending_like_the_multi_
 ):
     v = judge(HOOK_V1, one_process())
     assert v.verdict == Verdict.PENDING
-    assert ids(v) == [I.EVIDENCE_ROLE_MISSING]
-    (f,) = [f for f in v.findings if f.id == I.EVIDENCE_ROLE_MISSING]
+    assert ids(v) == [F.EVIDENCE_ROLE_MISSING]
+    (f,) = [f for f in v.findings if f.id == F.EVIDENCE_ROLE_MISSING]
     assert f.context["roles_present"] == ["engine_core", "offline", "worker"]
     assert "offline" in f.message
 

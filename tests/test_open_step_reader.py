@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from verifier.evidence import probe_reader as R
-from verifier.probe import _layout as L
+from verifier.probe import layout as L
 
 
 def write(path: Path, **slots: int) -> None:

@@ -34,7 +34,7 @@ from verifier.model import (
     Severity,
     Verdict,
 )
-from verifier.policy import interface as I
+from verifier.policy import findings as F
 
 ALPHA = b"VALUE = 1\n"
 ALPHA_INIT = b"from alpha.core import VALUE\n"
@@ -926,13 +926,13 @@ def test_malformed_record_row_is_a_finding(world: World) -> None:
     procs = (replace(api(), provenance=prov), replace(engine(), provenance=prov), report)
     verdict, ids = judged(*procs, policy=BASE + '[provenance]\npristine = ["beta"]\n')
     assert verdict == Verdict.FAIL
-    assert (I.PROVENANCE_NOT_PRISTINE, Severity.ERROR) in ids
+    assert (F.PROVENANCE_NOT_PRISTINE, Severity.ERROR) in ids
     assert (DRIFT_RECORD_UNREADABLE, Severity.WARNING) in ids
     # another distribution's broken RECORD is a warning only (controls: it is reported, and
     # without the fault the same evidence passes)
     verdict, ids = judged(*procs, policy=BASE + '[provenance]\npristine = ["alpha"]\n')
     assert (DRIFT_RECORD_UNREADABLE, Severity.WARNING) in ids
-    assert (I.PROVENANCE_NOT_PRISTINE, Severity.ERROR) not in ids
+    assert (F.PROVENANCE_NOT_PRISTINE, Severity.ERROR) not in ids
     clean = (*procs[:2], replace(report, drift=()))
     verdict, ids = judged(*clean, policy=BASE + '[provenance]\npristine = ["beta"]\n')
     assert verdict == Verdict.PASS, ids

@@ -12,7 +12,7 @@ import pytest
 
 from tests.test_policy_engine import hook, ids, judge, only, steps, worker
 from verifier.model import HookEvidence, Severity, Verdict
-from verifier.policy import interface as I
+from verifier.policy import findings as F
 from verifier.policy import load_policy
 from verifier.policy.interface import PolicyError
 
@@ -36,7 +36,7 @@ def test_device_count_passes_a_hook_that_python_never_saw_fire() -> None:
     h = fwd(device_fired=307, device_base=300, device_base_step=1)
     v = judge(DEVICE, worker(step=graphs(), hooks=(h,)))
     assert (v.verdict, ids(v)) == (Verdict.PASS, [])
-    f = only(v, I.HOOK_FIRING)
+    f = only(v, F.HOOK_FIRING)
     assert {k: f.context[k] for k in ("device_fires_on_steps", "steps_judged", "fired")} == {
         "device_fires_on_steps": 7,
         "steps_judged": 7,
@@ -48,8 +48,8 @@ def test_device_count_passes_a_hook_that_python_never_saw_fire() -> None:
 def test_the_same_evidence_counted_in_python_fails_and_names_the_graph_mode() -> None:
     h = fwd(device_fired=307, device_base=300, device_base_step=1)
     v = judge(PYTHON, worker(step=graphs(), hooks=(h,)))
-    assert (v.verdict, ids(v)) == (Verdict.FAIL, [I.HOOK_NOT_FIRING])
-    f = only(v, I.HOOK_NOT_FIRING)
+    assert (v.verdict, ids(v)) == (Verdict.FAIL, [F.HOOK_NOT_FIRING])
+    f = only(v, F.HOOK_NOT_FIRING)
     assert f.context["graph_mode"] == "VLLM_COMPILE / FULL_AND_PIECEWISE"
     assert "CUDA graphs" in f.message and 'count = "device"' in f.message
 
@@ -57,13 +57,13 @@ def test_the_same_evidence_counted_in_python_fails_and_names_the_graph_mode() ->
 def test_python_hook_that_fired_only_at_capture_fails_outside_steps_only() -> None:
     h = fwd(fired=51, fired_outside=51)
     v = judge(PYTHON, worker(step=graphs(), hooks=(h,)))
-    assert (v.verdict, ids(v)) == (Verdict.FAIL, [I.HOOK_OUTSIDE_STEPS_ONLY])
-    assert "graph capture" in only(v, I.HOOK_OUTSIDE_STEPS_ONLY).message
+    assert (v.verdict, ids(v)) == (Verdict.FAIL, [F.HOOK_OUTSIDE_STEPS_ONLY])
+    assert "graph capture" in only(v, F.HOOK_OUTSIDE_STEPS_ONLY).message
 
 
 def test_eager_steps_add_no_graph_hint() -> None:
     v = judge(PYTHON, worker(hooks=(fwd(),)))
-    f = only(v, I.HOOK_NOT_FIRING)
+    f = only(v, F.HOOK_NOT_FIRING)
     assert "graph_mode" not in f.context and "CUDA graphs" not in f.message
 
 
@@ -72,42 +72,42 @@ def test_warm_up_ticks_alone_never_pass() -> None:
     although 300 > 8 productive steps would pass a count that credited warm-up."""
     h = fwd(device_fired=300, device_base=300, device_base_step=1)
     v = judge(DEVICE, worker(step=graphs(), hooks=(h,)))
-    assert (v.verdict, ids(v)) == (Verdict.FAIL, [I.HOOK_NOT_FIRING])
-    assert only(v, I.HOOK_NOT_FIRING).context["device_base"] == 300
+    assert (v.verdict, ids(v)) == (Verdict.FAIL, [F.HOOK_NOT_FIRING])
+    assert only(v, F.HOOK_NOT_FIRING).context["device_base"] == 300
 
 
 def test_a_counter_that_fell_behind_fails_fire_ratio_low() -> None:
     h = fwd(device_fired=303, device_base=300, device_base_step=1)  # 3 on 7 steps
     v = judge(DEVICE, worker(step=graphs(), hooks=(h,)))
-    assert (v.verdict, ids(v)) == (Verdict.FAIL, [I.HOOK_FIRE_RATIO_LOW])
-    assert only(v, I.HOOK_FIRE_RATIO_LOW).context["ratio"] == pytest.approx(3 / 7)
+    assert (v.verdict, ids(v)) == (Verdict.FAIL, [F.HOOK_FIRE_RATIO_LOW])
+    assert only(v, F.HOOK_FIRE_RATIO_LOW).context["ratio"] == pytest.approx(3 / 7)
 
 
 def test_no_device_counter_fails_naming_how_to_declare_one() -> None:
     h = hook("fwd", fired=10, fired_productive=8)  # firing in Python, no counter
     v = judge(DEVICE, worker(hooks=(h,)))
-    assert (v.verdict, ids(v)) == (Verdict.FAIL, [I.HOOK_NO_DEVICE_COUNTER])
-    assert "@device" in only(v, I.HOOK_NO_DEVICE_COUNTER).message
+    assert (v.verdict, ids(v)) == (Verdict.FAIL, [F.HOOK_NO_DEVICE_COUNTER])
+    assert "@device" in only(v, F.HOOK_NO_DEVICE_COUNTER).message
 
 
 def test_before_the_base_is_read_the_count_is_pending() -> None:
     h = fwd(device_fired=300)  # counter exists, no productive step read yet
     v = judge(DEVICE, worker(step=graphs(), hooks=(h,)))
     assert v.verdict == Verdict.PENDING
-    assert ids(v) == [I.STEPS_INSUFFICIENT]
+    assert ids(v) == [F.STEPS_INSUFFICIENT]
 
 
 def test_too_few_steps_after_the_base_are_pending() -> None:
     h = fwd(device_fired=310, device_base=300, device_base_step=8)  # 0 steps after it
     v = judge(DEVICE, worker(step=graphs(), hooks=(h,)))
-    assert (v.verdict, ids(v)) == (Verdict.PENDING, [I.STEPS_INSUFFICIENT])
+    assert (v.verdict, ids(v)) == (Verdict.PENDING, [F.STEPS_INSUFFICIENT])
 
 
 def test_a_hook_whose_module_never_loaded_fails_as_before() -> None:
     h = fwd(module_loaded=False, device_fired=None)
     v = judge(DEVICE, worker(hooks=(h,)))
-    assert ids(v) == [I.HOOK_NOT_LOADED]
-    assert only(v, I.HOOK_NOT_LOADED).severity == Severity.ERROR
+    assert ids(v) == [F.HOOK_NOT_LOADED]
+    assert only(v, F.HOOK_NOT_LOADED).severity == Severity.ERROR
 
 
 @pytest.mark.parametrize(
@@ -127,8 +127,8 @@ def test_python_and_device_counts_of_one_hook_are_judged_each() -> None:
     verdict is FAIL with only the Python entry's finding."""
     h = fwd(device_fired=307, device_base=300, device_base_step=1)
     v = judge(DEVICE + PYTHON, worker(step=graphs(), hooks=(h,)))
-    assert (v.verdict, ids(v)) == (Verdict.FAIL, [I.HOOK_NOT_FIRING])
+    assert (v.verdict, ids(v)) == (Verdict.FAIL, [F.HOOK_NOT_FIRING])
     assert [f.id for f in v.findings if f.id.startswith("liveness.hook")] == [
-        I.HOOK_FIRING,
-        I.HOOK_NOT_FIRING,
+        F.HOOK_FIRING,
+        F.HOOK_NOT_FIRING,
     ]

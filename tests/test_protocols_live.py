@@ -44,8 +44,8 @@ from tests.offline import (
     passes,
     verdict,
 )
-from verifier.policy import interface as I
-from verifier.testing.server import VllmServer
+from verifier.policy import findings as F
+from verifier.testing.vllm_server import VllmServer
 
 pytestmark = pytest.mark.vllm
 
@@ -93,7 +93,7 @@ def test_two_phase_steps_counted_once_and_both_phases_fire_on_every_decode_step(
         assert fires(b, a, hook, "fired_on_decode_steps") == delta(b, a, "decode"), hook
         assert fires(b, a, hook, "fired_on_prefill_steps") == 3, hook
     v = verdict(procs, hook_policy(("v1_step", "decode"), ("v1_sample", "decode")))
-    assert ids(v).count(I.HOOK_FIRING) == 2, [(f.id, f.message) for f in v.findings]
+    assert ids(v).count(F.HOOK_FIRING) == 2, [(f.id, f.message) for f in v.findings]
 
 
 # -- one-phase: a pooling model --------------------------------------------------------------
@@ -128,7 +128,7 @@ def test_one_phase_pooling_counts_each_step_once_and_never_calls_sample_tokens(
     ok = verdict(procs, hook_policy(("step", "productive"), roles='"worker"'))
     assert passes(ok), [(f.id, f.message) for f in ok.findings]
     dead = verdict(procs, hook_policy(("sample", "productive"), roles='"worker"'))
-    assert dead.verdict.value == "FAIL" and I.HOOK_NOT_FIRING in ids(dead)
+    assert dead.verdict.value == "FAIL" and F.HOOK_NOT_FIRING in ids(dead)
 
 
 def test_async_scheduling_requested_on_the_cpu_is_recorded_as_off(embed: OfflineScript) -> None:

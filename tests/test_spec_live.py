@@ -26,9 +26,9 @@ from verifier.evidence.bindings_reader import BindingsReader
 from verifier.evidence.bindings_reader import RequestSpan as ProbeSpan
 from verifier.model import Severity, Verdict
 from verifier.policy import TargetSnapshot, load_policy
-from verifier.policy import interface as I
-from verifier.probe._layout import process_dir_name
-from verifier.testing.server import VllmServer
+from verifier.policy import findings as F
+from verifier.probe.layout import process_dir_name
+from verifier.testing.vllm_server import VllmServer
 
 pytestmark = pytest.mark.vllm
 
@@ -213,7 +213,7 @@ def test_runner_switch_finding_names_the_cause_vllm_logged(spec_server: VllmServ
     _, procs = the_worker(spec_server)
     v = judge(procs, f'version = 1\n[runner]\nexpect_class = "{V2_CPU_RUNNER}"\n')
     assert v.verdict == Verdict.FAIL
-    (f,) = [f for f in v.findings if f.id == I.RUNNER_UNEXPECTED]
+    (f,) = [f for f in v.findings if f.id == F.RUNNER_UNEXPECTED]
     assert "using the V1 model runner instead" in f.context["cause"], f.context
     assert f"; cause: {f.context['cause']} (vLLM WARNING" in f.message, f.message
     assert f.context["speculation"] == "ngram"
@@ -247,7 +247,7 @@ def test_drafter_and_rejection_sampler_fire_on_decode_steps(spec_server: VllmSer
     assert reject["fired_on_productive_steps"] == w["steps"]["productive"], reject
     v = judge(procs, hooks_policy("propose", "reject"))
     assert v.verdict == Verdict.PASS, v.findings
-    firing = sorted(f.context["hook"] for f in v.findings if f.id == I.HOOK_FIRING)
+    firing = sorted(f.context["hook"] for f in v.findings if f.id == F.HOOK_FIRING)
     assert firing == ["propose", "reject"], v.findings
     assert [f.id for f in v.findings if f.severity != Severity.INFO] == []
 
@@ -279,8 +279,8 @@ def test_speculative_hooks_fail_without_speculation(vllm_server: VllmServer) -> 
     assert reject["status"] == "not_instantiated", reject
     assert propose["status"] in ("not_loaded", "not_instantiated"), propose
     for name, expected in (
-        ("spec_reject", {I.HOOK_NOT_INSTANTIATED}),
-        ("spec_propose", {I.HOOK_NOT_LOADED, I.HOOK_NOT_INSTANTIATED}),
+        ("spec_reject", {F.HOOK_NOT_INSTANTIATED}),
+        ("spec_propose", {F.HOOK_NOT_LOADED, F.HOOK_NOT_INSTANTIATED}),
     ):
         v = judge(procs, hooks_policy(name))
         assert v.verdict == Verdict.FAIL, (name, v.findings)

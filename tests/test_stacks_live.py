@@ -15,8 +15,8 @@ from verifier.agent.runner import Agent, AgentConfig
 from verifier.evidence.stacks import Witnesses, dump_files, py_spy
 from verifier.model import ProcessReport
 from verifier.policy import TargetSnapshot, load_policy
-from verifier.policy import interface as I
-from verifier.testing.server import VllmServer
+from verifier.policy import findings as F
+from verifier.testing.vllm_server import VllmServer
 
 pytestmark = pytest.mark.vllm
 
@@ -71,10 +71,10 @@ def test_stack_samples_catch_the_runner_step_file(vllm_server: VllmServer, tmp_p
     assert worker.runner is not None and w.runner_file == worker.runner.file
     assert (w.runner_file or "").endswith("vllm/v1/worker/gpu_model_runner.py")
     assert 0 < w.runner_file_hits <= w.samples
-    assert judge(procs) == [(I.RUNNER_WITNESSED, "info")]
+    assert judge(procs) == [(F.RUNNER_WITNESSED, "info")]
     # the control: the same evidence without the samples is not a pass
     bare = [dataclasses.replace(p, stack_witness=None) for p in procs]
-    assert judge(bare) == [(I.RUNNER_UNWITNESSED, "pending")]
+    assert judge(bare) == [(F.RUNNER_UNWITNESSED, "pending")]
 
 
 def test_no_py_spy_and_no_process_are_reasons_not_crashes() -> None:

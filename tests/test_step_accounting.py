@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from verifier.probe import _core, _hooks, _vllm
-from verifier.probe import _layout as L
+from verifier.probe import layout as L
 
 HOOK = L.hook_slot(0)
 

@@ -17,9 +17,9 @@ from tests.test_policy_engine import ids, judge, steps, worker
 from tests.test_spec_counts import NGRAM, FakeState, config, journal, output, so
 from verifier.evidence.probe_reader import steps_of
 from verifier.model import Severity, Verdict
-from verifier.policy import interface as I
+from verifier.policy import findings as F
 from verifier.probe import _bindings, _core, _spec, _vllm
-from verifier.probe import _layout as L
+from verifier.probe import layout as L
 
 __all__ = ["journal"]  # the fixture, imported for these tests
 
@@ -115,8 +115,8 @@ def test_a_process_with_raised_calls_gets_a_warning_naming_the_misuse() -> None:
     w = worker(step=replace(steps(), raised=2))
     v = judge('[[hooks]]\nname = "v1_step"\n', w)
     assert v.verdict == Verdict.PASS  # a warning: the counted steps are still right
-    assert ids(v) == [I.STEPS_RAISED]
-    (f,) = [f for f in v.findings if f.id == I.STEPS_RAISED]
+    assert ids(v) == [F.STEPS_RAISED]
+    (f,) = [f for f in v.findings if f.id == F.STEPS_RAISED]
     assert f.severity == Severity.WARNING and f.context["raised"] == 2
     assert "execute_model again before sample_tokens" in f.message
     assert ids(judge('[[hooks]]\nname = "v1_step"\n', worker())) == []  # control

@@ -15,8 +15,8 @@ from tests.conftest import V1_STEP
 from tests.helpers import REPO, hook_by_name, inspect_json
 from verifier import wire
 from verifier.policy import TargetSnapshot, load_policy
-from verifier.policy import interface as I
-from verifier.testing.server import VllmServer
+from verifier.policy import findings as F
+from verifier.testing.vllm_server import VllmServer
 
 pytestmark = pytest.mark.vllm
 RANK0_PLUGIN = REPO / "tests" / "data" / "rank0_plugin"
@@ -66,7 +66,7 @@ def test_policy_judges_each_rank_on_its_own_counts(
     snap = TargetSnapshot("tp2", tuple(reports), time.time())
     policy = 'version = 1\n[[hooks]]\nname = "step"\non = "decode"\n'
     v = load_policy(policy).evaluate_target(snap, now=snap.received_unix)
-    firing = [f for f in v.findings if f.id == I.HOOK_FIRING]
+    firing = [f for f in v.findings if f.id == F.HOOK_FIRING]
     assert sorted(f.context["rank"] for f in firing) == [0, 1]
     assert sorted((h.rank, h.fired_decode, h.decode_steps) for h in v.hooks) == [
         (0, 8, 8),
@@ -91,6 +91,6 @@ def test_a_hook_alive_on_rank_0_only_fails_naming_rank_1(
     v = load_policy(policy).evaluate_target(snap, now=snap.received_unix)
     assert v.verdict.value == "FAIL"
     errors = [(f.id, f.context["rank"]) for f in v.findings if f.id.startswith("liveness.hook")]
-    assert sorted(errors) == [(I.HOOK_FIRING, 0), (I.HOOK_NOT_FIRING, 1)]
-    dead = next(f for f in v.findings if f.id == I.HOOK_NOT_FIRING)
+    assert sorted(errors) == [(F.HOOK_FIRING, 0), (F.HOOK_NOT_FIRING, 1)]
+    dead = next(f for f in v.findings if f.id == F.HOOK_NOT_FIRING)
     assert "rank 1" in dead.message and dead.context["productive_steps"] > 0

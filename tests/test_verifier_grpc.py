@@ -24,8 +24,7 @@ from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
 from verifier.client.api import VerifierClient
 from verifier.errors import ConfigError, UnavailableError, UsageError
-from verifier.manifest import merkle_root
-from verifier.model import FileEntry, ProcessKey, ProcessReport, TargetReport, Verdict
+from verifier.model import FileEntry, ProcessKey, ProcessReport, TargetReport, Verdict, merkle_root
 from verifier.server.app import ServeConfig, VerifierServer
 
 SHA = "ab" * 32

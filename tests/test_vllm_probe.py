@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import MALFORMED_ENTRY, V1_STEP, V2_STEP
 from tests.helpers import hook_by_name, inspect_json, verifier_cli
-from verifier.testing.server import VllmServer
+from verifier.testing.vllm_server import VllmServer
 
 pytestmark = pytest.mark.vllm
 

@@ -19,7 +19,7 @@ import pytest
 
 from tests.helpers import REPO, verifier_cli
 from tests.test_gate_e2e import Daemon
-from verifier.testing.server import VllmServer
+from verifier.testing.vllm_server import VllmServer
 
 pytestmark = pytest.mark.vllm
 

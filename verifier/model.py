@@ -1,7 +1,11 @@
-"""Domain types shared by the agent, the verifier, the policy engine and the CLI.
+"""Domain types shared by the agent, the verifier, the policy engine and the CLI. It is one
+module because it is one vocabulary: the types every part shares (and the digest one of them
+is defined by); what acts on them lives elsewhere.
 
-Frozen dataclasses, stdlib only. Generated protobuf never appears here: ``verifier/wire.py``
-is the only place that maps these to and from ``verifier.api.v1`` messages.
+Frozen dataclasses, and the manifest digest (``merkle_root``) that
+``ProcessReport.manifest_digest`` is defined as; stdlib only. Generated protobuf never appears
+here: ``verifier/wire.py`` is the only place that maps these to and from ``verifier.api.v1``
+messages.
 
 Vocabulary (see ``../shared/DESIGN.md``): a *target* is one serving container or host process
 group, identified by the name an agent reports it under; a *process* is one live process of a
@@ -11,7 +15,8 @@ target; a *verdict* is PASS, FAIL, PENDING or STALE with *findings* that say why
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import hashlib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -162,6 +167,32 @@ class FileEntry:
     at: str  # when it was hashed: load | snapshot | deferred | late | rejected
 
 
+def _merkle_leaf(path: str, sha256_hex: str) -> bytes:
+    return hashlib.sha256(b"\x00" + path.encode() + b"\x00" + sha256_hex.encode()).digest()
+
+
+def merkle_root(entries: Iterable[tuple[str, str]]) -> str:
+    """``sha256:<hex>`` root over ENTRIES (path, sha256 hex), order-independent: the manifest
+    digest, a Merkle root over the sorted (path, sha256) entries of loaded files.
+
+    Leaves are ``sha256(0x00 || path || 0x00 || sha256-hex)``, inner nodes
+    ``sha256(0x01 || left || right)``; an odd node is carried up unchanged; the empty
+    manifest's root is ``sha256(b"")``.
+    """
+    level = [_merkle_leaf(p, h) for p, h in sorted(set(entries))]
+    if not level:
+        return "sha256:" + hashlib.sha256(b"").hexdigest()
+    while len(level) > 1:
+        nxt = [
+            hashlib.sha256(b"\x01" + level[i] + level[i + 1]).digest()
+            for i in range(0, len(level) - 1, 2)
+        ]
+        if len(level) % 2:
+            nxt.append(level[-1])
+        level = nxt
+    return "sha256:" + level[0].hex()
+
+
 @dataclass(frozen=True)
 class NativeMapping:
     """A file-backed executable mapping: the mapped inode's hash and the path's state now."""
@@ -291,6 +322,7 @@ class ProcessReport:
     runner: RunnerEvidence | None = None
     steps: StepEvidence | None = None
     hooks: tuple[HookEvidence, ...] = ()
+    # merkle_root over the (path, sha256) of the files it loaded, unreadable ones left out.
     manifest_digest: str | None = None
     # None: the agent sent the digest only (the verifier already has this manifest).
     files: tuple[FileEntry, ...] | None = None

@@ -10,7 +10,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from verifier.compare import (
+from verifier.errors import CheckFailed, UsageError
+from verifier.evidence.probe_reader import JournalCache
+from verifier.evidence.process import ProcessEvidence, read_process, read_tree
+from verifier.evidence.procfs import ProcFS
+from verifier.measure.compare import (
     CONFIDENCES,
     DEFAULT_CONFIDENCE,
     METRICS,
@@ -20,10 +24,6 @@ from verifier.compare import (
     render,
     sample_values,
 )
-from verifier.errors import CheckFailed, UsageError
-from verifier.evidence.probe_reader import JournalCache
-from verifier.evidence.process import ProcessEvidence, read_process, read_tree
-from verifier.evidence.procfs import ProcFS
 
 
 def add_parser(sub: Any) -> None:

@@ -27,7 +27,7 @@ from verifier.evidence.bindings_reader import RequestSpan as ProbeSpan
 from verifier.evidence.probe_reader import JournalCache, manifest_digest_at
 from verifier.evidence.process import ProcessEvidence
 from verifier.model import ProcessKey, RequestId, RequestSpan
-from verifier.probe import _layout as L
+from verifier.probe import layout as L
 
 log = structlog.get_logger("verifier.agent.bindings")
 

@@ -27,6 +27,7 @@ from verifier import wire
 from verifier.agent.bindings import Bindings
 from verifier.agent.containers import ContainerDirectory, OwnPod
 from verifier.agent.discover import discover
+from verifier.agent.metrics import AgentMetrics
 from verifier.agent.spool import Spool
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
 from verifier.errors import UnavailableError
@@ -40,7 +41,7 @@ from verifier.evidence.process import ProcessEvidence, still_running
 from verifier.evidence.procfs import ProcFS
 from verifier.evidence.report import report_with_judgement
 from verifier.evidence.stacks import Witnesses
-from verifier.metrics import AgentMetrics, serve_metrics
+from verifier.metrics.http import serve_metrics
 from verifier.model import ProcessKey, ProcessReport, TargetReport
 from verifier.security.tls import ClientTLS, client_channel
 

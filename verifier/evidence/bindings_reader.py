@@ -1,6 +1,6 @@
 """Read a probe's ``bindings.jsonl`` incrementally: only what was appended since the last read.
 
-The file is append-only (format in ``verifier.probe._layout``). The reader keeps, per file
+The file is append-only (format in ``verifier.probe.layout``). The reader keeps, per file
 path, the inode and the byte offset of the complete lines it consumed:
 
 * a partial last line is left for the next read;
@@ -22,7 +22,7 @@ from typing import Any
 
 from verifier.evidence.probe_reader import load_record
 from verifier.model import RequestSpec
-from verifier.probe import _layout as L
+from verifier.probe import layout as L
 
 MAX_READ = 64 << 20  # bytes read per call and file; the rest on the next call
 

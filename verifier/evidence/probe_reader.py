@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verifier.manifest import merkle_root
 from verifier.model import (
     FileEntry,
     HookEvidence,
@@ -27,8 +26,9 @@ from verifier.model import (
     RunnerEvidence,
     SpecEvidence,
     StepEvidence,
+    merkle_root,
 )
-from verifier.probe import _layout as L
+from verifier.probe import layout as L
 
 ROLE_RANK = {"worker": 3, "engine_core": 2, "api_server": 1}
 

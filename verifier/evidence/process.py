@@ -12,7 +12,7 @@ from verifier.evidence.bindings_reader import BindingsReader
 from verifier.evidence.probe_reader import JournalCache, ProbeState, read_probe_dir
 from verifier.evidence.procfs import ProcessIdentity, ProcFS
 from verifier.model import HookEvidence
-from verifier.probe import _layout as L
+from verifier.probe import layout as L
 
 OFFLINE = "offline"  # the front end of vllm.LLM (LLMEngine) in a script: no API server
 OFFLINE_FRONT_END_NOTE = (

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verifier.errors import NoSuchProcess, ProcessAccessDenied
-from verifier.probe import _layout as L
+from verifier.probe import layout as L
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from verifier.model import FileEntry, Finding, ProcessReport, Severity
+from verifier.policy import findings as F
 from verifier.policy import interface as I
 
 SHOWN = 10  # paths or errors listed in a finding's context before "... and N more"
@@ -57,7 +58,7 @@ def _unprobed(
     ``evidence.probe_absent`` (an ERROR); any other role gets a PENDING finding here."""
     return [
         finding(
-            I.EVIDENCE_UNPROBED,
+            F.EVIDENCE_UNPROBED,
             Severity.PENDING,
             f"{name(p)} has no probe and {p.role} is not in require_probe, so {needed_by} "
             "cannot be judged there",
@@ -72,7 +73,7 @@ def _unprobed(
 
 def _missing(snap: I.TargetSnapshot, role: str | None, needed_by: str, what: str) -> Finding:
     return finding(
-        I.EVIDENCE_ROLE_MISSING,
+        F.EVIDENCE_ROLE_MISSING,
         Severity.PENDING,
         f"no {what} is in the report of target {snap.target}, and {needed_by} needs one",
         snap,
@@ -135,7 +136,7 @@ def with_files(
     known = [p for p in procs if p.files is not None]
     pending = [
         finding(
-            I.EVIDENCE_MANIFEST_UNRESOLVED,
+            F.EVIDENCE_MANIFEST_UNRESOLVED,
             Severity.PENDING,
             f"the report for {name(p)} carries only its manifest digest, not its files, so "
             f"{needed_by} cannot be judged there",
@@ -160,7 +161,7 @@ def insufficient(p: ProcessReport, snap: I.TargetSnapshot, ctx: I.EvalContext) -
     """One per process (the engine merges identical findings from several rules)."""
     s = productive(p)
     return finding(
-        I.STEPS_INSUFFICIENT,
+        F.STEPS_INSUFFICIENT,
         Severity.PENDING,
         f"{name(p)} has run {s} productive steps, fewer than min_steps {ctx.min_steps}, so "
         "its liveness cannot be judged yet",

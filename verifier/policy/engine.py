@@ -16,6 +16,7 @@ from verifier.model import (
     Verdict,
     combine,
 )
+from verifier.policy import findings as F
 from verifier.policy import interface as I
 from verifier.policy.rules_container import (
     container_findings,
@@ -96,7 +97,7 @@ class Policy:
         if snap.authenticated_as is None and not self.evidence.unsafe_allow_unauthenticated:
             findings.append(
                 Finding(
-                    I.EVIDENCE_UNAUTHENTICATED,
+                    F.EVIDENCE_UNAUTHENTICATED,
                     Severity.PENDING,
                     f"nobody vouches for who sent target {snap.target}'s evidence (a verifier "
                     "in --insecure mode on a network address, or a report stored before this "
@@ -112,7 +113,7 @@ class Policy:
         if not snap.processes:
             findings.append(
                 Finding(
-                    I.EVIDENCE_NO_PROCESSES,
+                    F.EVIDENCE_NO_PROCESSES,
                     Severity.PENDING,
                     f"target {snap.target} reported no processes",
                     snap.target,
@@ -165,7 +166,7 @@ def evaluate_run(
         what = f"; not reported: {', '.join(missing)}" if missing else ""
         findings.append(
             Finding(
-                I.EVIDENCE_NO_REPORT,
+                F.EVIDENCE_NO_REPORT,
                 Severity.PENDING,
                 f"{len(latest)} selected target(s) of run {run} reported, fewer than the "
                 f"{need} it needs{what}",

@@ -13,6 +13,7 @@ import re
 import tomllib
 from typing import Any
 
+from verifier.policy import findings as F
 from verifier.policy import interface as I
 from verifier.policy._locate import Path, key_lines, line_of
 from verifier.policy.engine import Policy
@@ -368,7 +369,7 @@ def _provenance(doc: _Doc, data: dict[str, Any]) -> tuple[list[I.Rule], frozense
             if c in canon[:i]:
                 raise doc.error(("provenance", "pristine", i), f"{names[i]!r} is listed twice")
         pristine = tuple(canon)
-        allow = p.strings("allow", choices=I.ALLOWABLE_DRIFT) or ()
+        allow = p.strings("allow", choices=F.ALLOWABLE_DRIFT) or ()
     patches = []
     seen: set[tuple[str, str]] = set()
     for t in _entries(doc, data, "patches", ("distribution", "path", "sha256", "note")):

@@ -11,6 +11,7 @@ from typing import Any
 
 from verifier.model import FileEntry, Finding, LogLine, ProcessReport, Severity
 from verifier.policy import _evidence as E
+from verifier.policy import findings as F
 from verifier.policy import interface as I
 from verifier.policy.rules_evidence import NativeIntact, ProbeRequired, ViewsAgree
 from verifier.policy.rules_hooks import HookFires
@@ -59,7 +60,7 @@ class RunnerWitnessed:
             if w is not None and w.runner_file_hits > 0:
                 out.append(
                     E.finding(
-                        I.RUNNER_WITNESSED,
+                        F.RUNNER_WITNESSED,
                         Severity.INFO,
                         f"{w.runner_file_hits} of {w.samples} stack samples of {E.name(p)} "
                         f"caught it in {w.runner_file}",
@@ -72,7 +73,7 @@ class RunnerWitnessed:
             why = f" ({context['error']})" if context["error"] else ""
             out.append(
                 E.finding(
-                    I.RUNNER_UNWITNESSED,
+                    F.RUNNER_UNWITNESSED,
                     Severity.ERROR if many else Severity.PENDING,
                     f"no stack sample of {E.name(p)} has caught a thread in the runner's step "
                     f"file yet ({context['samples']} samples while steps ran){why}",
@@ -132,7 +133,7 @@ class ExpectRunner:
             if p.runner is None:
                 out.append(
                     E.finding(
-                        I.RUNNER_UNKNOWN,
+                        F.RUNNER_UNKNOWN,
                         Severity.PENDING,
                         f"{E.name(p)} has no live runner recorded yet, so it cannot be checked "
                         f"against the expected {self.expect_class}",
@@ -159,7 +160,7 @@ class ExpectRunner:
                 spec = p.steps.spec if p.steps is not None else None
                 out.append(
                     E.finding(
-                        I.RUNNER_UNEXPECTED,
+                        F.RUNNER_UNEXPECTED,
                         Severity.ERROR if enough else Severity.PENDING,
                         f"the live runner in {E.name(p)} is {p.runner.cls}, not the expected "
                         f"{self.expect_class}{why}",
@@ -245,7 +246,7 @@ class RequireFile:
                 context = {"pids": [p.key.pid for p in group], "role": None, "rank": None}
             return [
                 E.finding(
-                    I.FILE_NOT_LOADED,
+                    F.FILE_NOT_LOADED,
                     Severity.ERROR if E.serving(snap, ctx) else Severity.PENDING,
                     f"no loaded file matches {self.spec.describe()} in {where}",
                     snap,
@@ -271,7 +272,7 @@ class RequireFile:
                 if actual is not None and actual != self.sha256:
                     out.append(
                         E.finding(
-                            I.FILE_HASH_MISMATCH,
+                            F.FILE_HASH_MISMATCH,
                             Severity.ERROR,
                             f"{e.path} loaded in {E.name(p)} has sha256 {E.short_sha(actual)}..., "
                             f"not the expected {E.short_sha(self.sha256)}...",
@@ -298,7 +299,7 @@ class RequireFile:
         else:
             why = f"only as {', '.join(sorted({e.kind for e in mine}))}, not as source"
         return E.finding(
-            I.FILE_UNVERIFIABLE,
+            F.FILE_UNVERIFIABLE,
             Severity.PENDING,
             f"files matching {self.spec.describe()} are loaded in {E.name(p)} but {why}, so "
             "the expected sha256 cannot be checked",
@@ -334,7 +335,7 @@ class ForbidFile:
             if hits:
                 out.append(
                     E.finding(
-                        I.FILE_FORBIDDEN,
+                        F.FILE_FORBIDDEN,
                         Severity.ERROR,
                         f"{E.name(p)} loaded {hits[0].path}, which matches the forbidden "
                         f"{self.spec.describe()}",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 
 from verifier.model import ContainerInfo, Finding, ProcessReport, Severity
+from verifier.policy import findings as F
 from verifier.policy import interface as I
 
 # The keys the CRI runtimes label containers with, and the agent gives its pod's containers
@@ -83,7 +84,7 @@ def container_findings(spec: str, snap: I.TargetSnapshot) -> list[Finding]:
             why = (info.docker_error if info else None) or "the agent sent no Docker API data"
             out.append(
                 Finding(
-                    I.EVIDENCE_CONTAINER_UNKNOWN,
+                    F.EVIDENCE_CONTAINER_UNKNOWN,
                     Severity.PENDING,
                     f"target {snap.target} is bound to container {spec!r}, and pid {p.key.pid} "
                     f"runs in container {cid[:12]} whose name and labels are unknown: {why}",
@@ -95,7 +96,7 @@ def container_findings(spec: str, snap: I.TargetSnapshot) -> list[Finding]:
         where = _container(cid, info)
         out.append(
             Finding(
-                I.EVIDENCE_CONTAINER_MISMATCH,
+                F.EVIDENCE_CONTAINER_MISMATCH,
                 Severity.ERROR,
                 f"target {snap.target} is bound to container {spec!r}, but pid {p.key.pid} "
                 f"({p.role}) runs in {where if cid else 'no container'}: evidence from another "
@@ -110,7 +111,7 @@ def container_findings(spec: str, snap: I.TargetSnapshot) -> list[Finding]:
 def unobservable_findings(snap: I.TargetSnapshot) -> list[Finding]:
     return [
         Finding(
-            I.EVIDENCE_UNOBSERVABLE,
+            F.EVIDENCE_UNOBSERVABLE,
             Severity.PENDING,
             f"target {snap.target} is not fully observable: {why}",
             snap.target,
@@ -148,7 +149,7 @@ def stale_finding(snap: I.TargetSnapshot, age: float, freshness_s: float) -> Fin
             "it), or the agent stopped or cannot reach the verifier"
         )
     return Finding(
-        I.EVIDENCE_STALE,
+        F.EVIDENCE_STALE,
         Severity.PENDING,
         f"the latest report of target {snap.target} is {age:.1f} s old, older than the "
         f"policy's freshness_s {freshness_s:g}; {came}, and nothing has reported since: {why}",

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from verifier.model import Finding, Severity
 from verifier.policy import _evidence as E
+from verifier.policy import findings as F
 from verifier.policy import interface as I
 
 
@@ -29,7 +30,7 @@ class ViewsAgree:
                 # Only the probe's word on what this process loaded: never enough for PASS.
                 out.append(
                     E.finding(
-                        I.PROVENANCE_UNJUDGED,
+                        F.PROVENANCE_UNJUDGED,
                         Severity.PENDING,
                         f"the agent has not judged the files of {E.name(p)} from outside the "
                         "process, so only the probe's own record speaks for them",
@@ -42,7 +43,7 @@ class ViewsAgree:
                 first = p.disagreements[0]
                 out.append(
                     E.finding(
-                        I.EVIDENCE_DISAGREEMENT,
+                        F.EVIDENCE_DISAGREEMENT,
                         Severity.ERROR,
                         f"{len(p.disagreements)} file(s) of {E.name(p)} differ between the "
                         f"probe's record and the agent's view through /proc, e.g. {first.path} "
@@ -66,7 +67,7 @@ class ViewsAgree:
                 continue
             out.append(
                 E.finding(
-                    I.EVIDENCE_DISAGREEMENT,
+                    F.EVIDENCE_DISAGREEMENT,
                     Severity.ERROR,
                     f"the runner file {r.file} of {E.name(p)} hashed {r.sha256[:12]} in the "
                     f"process when loaded but {now[:12]} through /proc now: it changed after "
@@ -112,7 +113,7 @@ class ProbeRequired:
         if "api_server" in self.roles and front and "api_server" not in present:
             out.append(
                 E.finding(
-                    I.EVIDENCE_ROLE_MISSING,
+                    F.EVIDENCE_ROLE_MISSING,
                     Severity.PENDING,
                     f"no api_server process is in the report of target {snapshot.target}, and "
                     "[evidence] require_probe names api_server (the default does): offline "
@@ -130,7 +131,7 @@ class ProbeRequired:
             if p.role in self.roles and not p.probe_present:
                 out.append(
                     E.finding(
-                        I.EVIDENCE_PROBE_ABSENT,
+                        F.EVIDENCE_PROBE_ABSENT,
                         Severity.ERROR,
                         f"{E.name(p)} has no probe, so what it loaded, its runner and its "
                         "hooks are unknown",
@@ -142,7 +143,7 @@ class ProbeRequired:
             elif p.probe_present and p.probe_errors and p.role not in I.IGNORED_ROLES:
                 out.append(
                     E.finding(
-                        I.EVIDENCE_PROBE_ERRORS,
+                        F.EVIDENCE_PROBE_ERRORS,
                         Severity.WARNING,
                         f"the probe in {E.name(p)} recorded {len(p.probe_errors)} error(s), "
                         f"the first: {p.probe_errors[0]}",
@@ -156,7 +157,7 @@ class ProbeRequired:
             if raised and p.role not in I.IGNORED_ROLES:
                 out.append(
                     E.finding(
-                        I.STEPS_RAISED,
+                        F.STEPS_RAISED,
                         Severity.WARNING,
                         f"{raised} execute_model call(s) raised in {E.name(p)} and are not "
                         "counted as steps: a driver that calls execute_model again before "
@@ -172,12 +173,12 @@ class ProbeRequired:
 
 _NATIVE = {
     "replaced": (
-        I.NATIVE_REPLACED,
+        F.NATIVE_REPLACED,
         Severity.ERROR,
         "now holds other bytes than the inode it mapped",
     ),
-    "deleted": (I.NATIVE_DELETED, Severity.ERROR, "was deleted from disk while mapped"),
-    "unreadable": (I.NATIVE_UNREADABLE, Severity.WARNING, "could not be read as mapped"),
+    "deleted": (F.NATIVE_DELETED, Severity.ERROR, "was deleted from disk while mapped"),
+    "unreadable": (F.NATIVE_UNREADABLE, Severity.WARNING, "could not be read as mapped"),
 }
 
 

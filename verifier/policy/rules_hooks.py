@@ -12,6 +12,7 @@ from typing import Any
 
 from verifier.model import Finding, HookCount, HookEvidence, ProcessReport, Severity
 from verifier.policy import _evidence as E
+from verifier.policy import findings as F
 from verifier.policy import interface as I
 
 
@@ -155,7 +156,7 @@ class HookFires:
         if h.fired == 0:
             return [
                 E.finding(
-                    I.HOOK_NOT_FIRING,
+                    F.HOOK_NOT_FIRING,
                     Severity.ERROR,
                     f"hook {self.name} never fired in {where} although it ran {s} {kind} "
                     f"steps ({E.total(p)} in all){_graph_hint(graphs)}",
@@ -166,7 +167,7 @@ class HookFires:
         if fires == 0 and h.fired == h.fired_outside:
             return [
                 E.finding(
-                    I.HOOK_OUTSIDE_STEPS_ONLY,
+                    F.HOOK_OUTSIDE_STEPS_ONLY,
                     Severity.ERROR,
                     f"hook {self.name} fired {h.fired} times in {where}, all outside engine "
                     f"steps (start-up, warm-up or graph capture), and never on its {s} {kind} "
@@ -185,7 +186,7 @@ class HookFires:
         if low:
             return [
                 E.finding(
-                    I.HOOK_FIRE_RATIO_LOW,
+                    F.HOOK_FIRE_RATIO_LOW,
                     Severity.ERROR,
                     f"hook {self.name} fired on {fires} of {s} {kind} steps in "
                     f"{where} ({ratio:.2f} per step; the policy needs "
@@ -196,7 +197,7 @@ class HookFires:
             ]
         return [
             E.finding(
-                I.HOOK_FIRING,
+                F.HOOK_FIRING,
                 Severity.INFO,
                 f"hook {self.name} fired {h.fired} times in {where}, {fires} of them "
                 f"on its {s} {kind} steps",
@@ -222,7 +223,7 @@ class HookFires:
         if h.device_fired is None:
             return [
                 E.finding(
-                    I.HOOK_NO_DEVICE_COUNTER,
+                    F.HOOK_NO_DEVICE_COUNTER,
                     Severity.ERROR,
                     f"hook {self.name} has no device counter in {where} (fired {h.fired} times "
                     f"in Python on {E.productive(p)} productive steps): the policy counts it on "
@@ -245,12 +246,12 @@ class HookFires:
             f"warm-up, profiling or capture; {h.fired} Python fires)"
         )
         if fires == 0:
-            return [E.finding(I.HOOK_NOT_FIRING, Severity.ERROR,
+            return [E.finding(F.HOOK_NOT_FIRING, Severity.ERROR,
                               f"hook {self.name}: {counted}", snap, **context)]  # fmt: skip
         if ratio < self.min_fires_per_productive_step:
             return [
                 E.finding(
-                    I.HOOK_FIRE_RATIO_LOW,
+                    F.HOOK_FIRE_RATIO_LOW,
                     Severity.ERROR,
                     f"hook {self.name}: {counted}; the policy needs "
                     f"{self.min_fires_per_productive_step:g}",
@@ -258,7 +259,7 @@ class HookFires:
                     **context,
                 )
             ]
-        return [E.finding(I.HOOK_FIRING, Severity.INFO, f"hook {self.name}: {counted}",
+        return [E.finding(F.HOOK_FIRING, Severity.INFO, f"hook {self.name}: {counted}",
                           snap, **context)]  # fmt: skip
 
     def _decided(
@@ -267,27 +268,27 @@ class HookFires:
         """The statuses that need no steps to decide: PENDING until min_steps, ERROR after."""
         if h is None:
             return (
-                I.HOOK_NOT_DECLARED,
+                F.HOOK_NOT_DECLARED,
                 f"hook {self.name} is not declared in {where}: the probe there was not told "
                 "about it (VERIFIER_HOOKS or hook.fire)",
             )
         if not h.module_loaded:
             module = h.target.partition(":")[0] or "(none)"
             return (
-                I.HOOK_NOT_LOADED,
+                F.HOOK_NOT_LOADED,
                 f"hook {self.name} never fired in {where}: its module {module} was never "
                 "imported there",
             )
         if h.unresolved is not None:
             return (
-                I.HOOK_UNRESOLVED,
+                F.HOOK_UNRESOLVED,
                 f"hook {self.name} never fired in {where}: its module was imported but its "
                 f"target was not found ({h.unresolved})",
             )
         if h.how == "method" and h.instantiated_class is None and h.fired == 0:
             runner = f"the live runner is {live}" if live else "no live runner is recorded"
             return (
-                I.HOOK_NOT_INSTANTIATED,
+                F.HOOK_NOT_INSTANTIATED,
                 f"hook {self.name} never fired in {where}: its class {_hook_owner(h)} was never "
                 f"instantiated; {runner}",
             )

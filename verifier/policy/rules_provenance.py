@@ -20,6 +20,7 @@ from verifier.model import (
     Severity,
 )
 from verifier.policy import _evidence as E
+from verifier.policy import findings as F
 from verifier.policy import interface as I
 
 
@@ -104,7 +105,7 @@ class OriginsReported:
             counts = ", ".join(f"{o} {n}" for o, n in prov.counts)
             out.append(
                 E.finding(
-                    I.PROVENANCE_ORIGINS,
+                    F.PROVENANCE_ORIGINS,
                     Severity.INFO,
                     f"{E.name(p)} loaded {counts}",
                     snapshot,
@@ -166,7 +167,7 @@ class Pristine:
             if dist not in loaded and not unjudged:
                 out.append(
                     E.finding(
-                        I.PROVENANCE_NOT_LOADED,
+                        F.PROVENANCE_NOT_LOADED,
                         Severity.ERROR if E.serving(snapshot, ctx) else Severity.PENDING,
                         f"no process of the target loaded a file of distribution {dist}, which "
                         "the policy requires pristine",
@@ -188,7 +189,7 @@ class Pristine:
             if dist in self.distributions:
                 out.append(
                     E.finding(
-                        I.PROVENANCE_NOT_PRISTINE,
+                        F.PROVENANCE_NOT_PRISTINE,
                         Severity.ERROR,
                         f"{E.name(p)}: {dist} must be pristine, but what its installer wrote "
                         f"could not be read, so its files cannot be judged: {d.detail}",
@@ -213,7 +214,7 @@ class Pristine:
                 if declared is not None and declared.sha256 == f.sha256:
                     out.append(
                         E.finding(
-                            I.PATCH_DECLARED,
+                            F.PATCH_DECLARED,
                             Severity.INFO,
                             f"{E.name(p)} runs the declared patch of {f.record_path} "
                             f"({f.distribution})",
@@ -231,7 +232,7 @@ class Pristine:
                 )
                 out.append(
                     E.finding(
-                        I.PATCH_UNDECLARED,
+                        F.PATCH_UNDECLARED,
                         Severity.ERROR,
                         f"{E.name(p)} loaded {f.path} with sha256 {E.short_sha(f.sha256)}, "
                         + (
@@ -250,7 +251,7 @@ class Pristine:
             else:
                 out.append(
                     E.finding(
-                        I.PROVENANCE_NOT_PRISTINE,
+                        F.PROVENANCE_NOT_PRISTINE,
                         Severity.ERROR,
                         f"{E.name(p)} loaded {f.path} of {f.distribution}, which must be "
                         f"pristine, but it is {f.origin}: {f.reason}",
@@ -272,7 +273,7 @@ class Pristine:
             if hits:
                 out.append(
                     E.finding(
-                        I.PATCH_NOT_APPLIED,
+                        F.PATCH_NOT_APPLIED,
                         Severity.ERROR,
                         f"{E.name(p)} loaded {hits[0].path} as published: the declared patch "
                         f"of {patch.path} ({patch.distribution}) is not applied",

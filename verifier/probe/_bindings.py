@@ -1,5 +1,5 @@
 """Request bindings: which engine steps served which request, and which external id is which
-internal one. Both go to the process's ``bindings.jsonl`` (format in ``_layout``).
+internal one. Both go to the process's ``bindings.jsonl`` (format in ``layout``).
 
 * In the process that runs engine steps, ``step()`` (called from ``_vllm._count_step``) keeps
   one open entry per internal request id seen in ``scheduler_output.num_scheduled_tokens``
@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from verifier.probe import _core
-from verifier.probe import _layout as L
+from verifier.probe import layout as L
 
 MAX_OPEN = 100_000  # open requests tracked at once; beyond that, S_BIND_OVERFLOW counts
 LOG_MAX = 1024  # steps logged before the step itself folds them in

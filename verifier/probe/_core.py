@@ -14,8 +14,8 @@ import shutil
 import threading
 from collections.abc import Callable
 
-from verifier.probe import _layout as L
 from verifier.probe import _postimport
+from verifier.probe import layout as L
 from verifier.probe._state import ProbeState
 
 STATE: ProbeState | None = None

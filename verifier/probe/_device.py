@@ -35,7 +35,7 @@ import sys
 from typing import Any
 
 from verifier.probe import _core
-from verifier.probe import _layout as L
+from verifier.probe import layout as L
 
 _counters: dict[int, Any] = {}  # hook slot base -> counter tensor
 _pending: dict[int, tuple[Any, Any]] = {}  # CUDA: base -> (pinned host copy, event)

@@ -39,7 +39,7 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 from verifier.probe import _core, _device, _firsthit, _postimport
-from verifier.probe import _layout as L
+from verifier.probe import layout as L
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from verifier.probe import _core, _hooks, _imports, _vllm
-from verifier.probe import _layout as L
+from verifier.probe import layout as L
 
 _started_pid = 0
 

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 from verifier.probe import _core
-from verifier.probe import _layout as L
+from verifier.probe import layout as L
 
 LOG_MAX = 32
 # Where each counted step is also logged for the per-request counts (``_bindings.spec_step``;

@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any
 
-from verifier.probe import _layout as L
+from verifier.probe import layout as L
 
 PROBE_VERSION = "0.1.0"
 

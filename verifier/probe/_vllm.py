@@ -43,7 +43,7 @@ from collections.abc import Callable
 from typing import Any
 
 from verifier.probe import _bindings, _core, _device, _postimport, _spec
-from verifier.probe import _layout as L
+from verifier.probe import layout as L
 
 STEP_METHODS = ("execute_model", "sample_tokens")
 DUMMY_METHOD = "_dummy_run"  # on the runner class (V1 and V2)

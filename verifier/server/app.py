@@ -22,11 +22,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from verifier import wire
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
 from verifier.errors import ConfigError
-from verifier.metrics import MetricsServer, RpcObserver, serve_metrics
+from verifier.metrics.http import MetricsServer, serve_metrics
 from verifier.policy import PolicyError, load_policy, policy_digest
 from verifier.security.auth import Authorizer, load_tokens
 from verifier.security.tls import ServerTLS, is_local, warn_insecure
 from verifier.server.db import redact
+from verifier.server.metrics import RpcObserver
 from verifier.server.service import VerifierService
 from verifier.server.store import RunExists, Store
 

@@ -4,31 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any
 
 from verifier import wire
 from verifier.model import FileEntry, RunVerdict, TargetReport
 from verifier.policy import Policy, evaluate_run, load_policy
 from verifier.policy.interface import TargetSnapshot
 from verifier.server.store import RunRecord, Store
-
-
-def _files(rows: list[dict[str, Any]]) -> tuple[FileEntry, ...]:
-    return tuple(FileEntry(**r) for r in rows)
-
-
-def files_to_rows(files: tuple[FileEntry, ...]) -> list[dict[str, Any]]:
-    return [
-        {
-            "path": f.path,
-            "sha256": f.sha256,
-            "size": f.size,
-            "kind": f.kind,
-            "module": f.module,
-            "at": f.at,
-        }
-        for f in files
-    ]
 
 
 class Evaluator:
@@ -55,8 +36,7 @@ class Evaluator:
             return ()
         got = self._manifests.get(digest)
         if got is None:
-            rows = self.store.get_manifest(digest)
-            got = _files(rows) if rows is not None else ()
+            got = self.store.get_manifest(digest) or ()
             self._manifests[digest] = got
         return got
 

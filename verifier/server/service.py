@@ -19,13 +19,12 @@ from verifier import wire
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
 from verifier.errors import Error
-from verifier.manifest import merkle_root
-from verifier.metrics import VerifierMetrics
-from verifier.model import RunVerdict, TargetReport
+from verifier.model import FileEntry, RunVerdict, TargetReport, merkle_root
 from verifier.policy import PolicyError, load_policy, policy_digest
 from verifier.security.auth import READ_ROLES, Authorizer
-from verifier.server.evaluate import Evaluator, files_to_rows
+from verifier.server.evaluate import Evaluator
 from verifier.server.index import processes_seen
+from verifier.server.metrics import VerifierMetrics
 from verifier.server.store import RunExists, Store, StoredReport, UnknownRun
 
 log = structlog.get_logger("verifier.serve")
@@ -141,8 +140,8 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
 
     def _manifests(
         self, report: TargetReport, context: grpc.ServicerContext
-    ) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
-        manifests: dict[str, list[dict[str, Any]]] = {}
+    ) -> tuple[dict[str, tuple[FileEntry, ...]], list[str]]:
+        manifests: dict[str, tuple[FileEntry, ...]] = {}
         need: list[str] = []
         for p in report.processes:
             digest = p.manifest_digest
@@ -160,7 +159,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
                     f"pid {p.key.pid}: manifest digest {digest} does not match its files "
                     f"({actual})",
                 )
-            manifests[digest] = files_to_rows(p.files)
+            manifests[digest] = p.files
         return manifests, need
 
     def _known_manifest(self, digest: str) -> bool:

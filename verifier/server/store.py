@@ -15,14 +15,14 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from verifier.errors import ConfigError, UsageError
 from verifier.ledger import bindings, chain
-from verifier.model import RequestId, RequestSpan
+from verifier.model import FileEntry, RequestId, RequestSpan
 from verifier.server import schema
 from verifier.server.db import Database, open_database
 from verifier.server.index import (
@@ -65,6 +65,27 @@ class StoredReport:
     target: str
     received_unix: float
     report: bytes
+
+
+def _manifest_rows(files: Sequence[FileEntry]) -> list[dict[str, Any]]:
+    """A manifest as it is stored (``manifests.files_json``, hashed into the ledger): one JSON
+    object per file, keys in this order."""
+    return [
+        {
+            "path": f.path,
+            "sha256": f.sha256,
+            "size": f.size,
+            "kind": f.kind,
+            "module": f.module,
+            "at": f.at,
+        }
+        for f in files
+    ]
+
+
+def _manifest_files(rows: list[dict[str, Any]]) -> tuple[FileEntry, ...]:
+    """``_manifest_rows`` read back."""
+    return tuple(FileEntry(**r) for r in rows)
 
 
 class Store:
@@ -195,12 +216,12 @@ class Store:
     def has_manifest(self, digest: str) -> bool:
         return bool(self._query("SELECT 1 FROM manifests WHERE digest = ?", (digest,)))
 
-    def get_manifest(self, digest: str) -> list[dict[str, Any]] | None:
+    def get_manifest(self, digest: str) -> tuple[FileEntry, ...] | None:
         rows = self._query("SELECT files_json FROM manifests WHERE digest = ?", (digest,))
         if not rows:
             return None
         files: list[dict[str, Any]] = json.loads(rows[0][0])
-        return files
+        return _manifest_files(files)
 
     # reports ---------------------------------------------------------------------------
     def last_seq(self, agent_id: str) -> int:
@@ -210,7 +231,7 @@ class Store:
     def save_report(
         self,
         rep: StoredReport,
-        manifests: dict[str, list[dict[str, Any]]],
+        manifests: Mapping[str, Sequence[FileEntry]],
         processes: Sequence[ProcessSeen] = (),
         spans: Sequence[RequestSpan] = (),
         request_ids: Sequence[RequestId] = (),
@@ -229,13 +250,14 @@ class Store:
             for d, f in manifests.items():  # content-addressed: each digest once
                 if db.execute("SELECT 1 FROM manifests WHERE digest = ?", (d,)).fetchone():
                     continue
-                files_json = json.dumps(f)
+                rows = _manifest_rows(f)
+                files_json = json.dumps(rows)
                 db.execute(
                     "INSERT INTO manifests (digest, files_json) VALUES (?, ?)", (d, files_json)
                 )
                 subject = chain.manifest_subject(files_json)
                 chain.append(db, rep.received_unix, "manifest", d, subject)
-                index_manifest(db, d, f)
+                index_manifest(db, d, rows)
             db.execute(
                 "INSERT INTO reports (agent_id, seq, target, received_unix, report) "
                 "VALUES (?, ?, ?, ?, ?)",

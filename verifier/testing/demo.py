@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from verifier.testing.server import VllmServer, _group_alive
+from verifier.testing.vllm_server import VllmServer, _group_alive
 
 REPO = Path(__file__).resolve().parents[2]
 USER_MODULE = '''"""A user's hook module; vLLM never imports it."""

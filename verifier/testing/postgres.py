@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from verifier.testing.server import free_port
+from verifier.testing.vllm_server import free_port
 
 
 class PostgresUnavailable(RuntimeError):

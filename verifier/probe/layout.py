@@ -1,4 +1,6 @@
-"""The on-disk contract between the probe (writer) and its readers.
+"""The on-disk contract between the probe (writer) and its readers (``verifier.evidence``,
+and the agent that runs them): slot numbers, file names, environment variable names. It is
+public on purpose: the probe and every reader import it, so the format has one definition.
 
 Each probed process owns one directory, ``<probe dir>/<pid>-<start ticks>/``, holding:
 

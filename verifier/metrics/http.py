@@ -1,0 +1,82 @@
+"""The metrics endpoint: ``GET /metrics`` in the text format, served by the standard
+library's ``http.server`` from a daemon thread (``--metrics-listen``)."""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import structlog
+
+from verifier.errors import ConfigError
+from verifier.metrics.registry import CONTENT_TYPE, Registry
+
+log = structlog.get_logger("verifier.metrics")
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """HOST:PORT, [IPv6]:PORT, :PORT or PORT (loopback when no host is given)."""
+    host, sep, port = value.rpartition(":")
+    if not sep:
+        host, port = "", value
+    host = host.strip("[]") or "127.0.0.1"
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"--metrics-listen {value!r}: expected HOST:PORT or PORT")
+    return host, int(port)
+
+
+class MetricsServer:
+    """GET /metrics (the text format) from a daemon thread; anything else is 404."""
+
+    def __init__(self, listen: str, registry: Registry) -> None:
+        host, port = parse_listen(listen)
+        render = registry.render
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path.split("?")[0] not in ("/metrics", "/"):
+                    self.send_error(404, "only /metrics is served here")
+                    return
+                body = render().encode()
+                self.send_response(200)
+                self.send_header("Content-Type", CONTENT_TYPE)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass  # scrapes every few seconds are not worth a log line
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            address_family = _family(host)
+
+        try:
+            self.httpd = Server((host, port), Handler)
+        except OSError as e:
+            raise ConfigError(f"--metrics-listen {listen}: cannot listen: {e.strerror}") from e
+        self.port = int(self.httpd.server_address[1])
+        self.address = f"{host}:{self.port}"
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever, name="metrics-http", daemon=True
+        )
+
+    def start(self) -> MetricsServer:
+        self._thread.start()
+        log.info("metrics_serving", listen=self.address)
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _family(host: str) -> Any:
+    import socket
+
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def serve_metrics(listen: str | None, registry: Registry) -> MetricsServer | None:
+    return MetricsServer(listen, registry).start() if listen else None

@@ -1,0 +1,253 @@
+"""The finding catalogue: every finding id the policy engine can produce, and what each means.
+
+Ids are stable: tools and people match on them. ``FINDINGS`` says, per id, its severity once
+enough evidence is in, what must happen first (until then it is PENDING) and what it means;
+docs/policy.md carries the same table (a test checks it). The rules (``rules*.py``) produce
+these findings through the rule interface (``interface.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from verifier.model import (
+    DRIFT_BYTECODE_SOURCELESS,
+    DRIFT_BYTECODE_STALE,
+    DRIFT_BYTECODE_UNCHECKED,
+    DRIFT_BYTECODE_UNVERIFIED,
+    DRIFT_IDS,
+    DRIFT_MODIFIED_AFTER_LOAD,
+    DRIFT_MODULE_FILELESS,
+    DRIFT_MODULE_SHADOWED,
+    DRIFT_RECORD_UNREADABLE,
+    Severity,
+)
+
+# Finding ids. Stable: tools and people match on them.
+EVIDENCE_STALE = "evidence.stale"
+EVIDENCE_NO_REPORT = "evidence.no_report"
+EVIDENCE_NO_PROCESSES = "evidence.no_processes"
+EVIDENCE_PROBE_ABSENT = "evidence.probe_absent"
+EVIDENCE_PROBE_ERRORS = "evidence.probe_errors"
+EVIDENCE_UNPROBED = "evidence.unprobed"
+EVIDENCE_MANIFEST_UNRESOLVED = "evidence.manifest_unresolved"
+EVIDENCE_ROLE_MISSING = "evidence.role_missing"
+EVIDENCE_DISAGREEMENT = "evidence.disagreement"
+EVIDENCE_CONTAINER_MISMATCH = "evidence.container_mismatch"
+EVIDENCE_CONTAINER_UNKNOWN = "evidence.container_unknown"
+EVIDENCE_UNOBSERVABLE = "evidence.unobservable"
+EVIDENCE_UNAUTHENTICATED = "evidence.unauthenticated"
+NATIVE_REPLACED = "provenance.native.replaced"
+NATIVE_DELETED = "provenance.native.deleted"
+NATIVE_UNREADABLE = "provenance.native.unreadable"
+STEPS_INSUFFICIENT = "liveness.steps.insufficient"
+STEPS_RAISED = "liveness.steps.raised"
+HOOK_NOT_DECLARED = "liveness.hook.not_declared"
+HOOK_NOT_LOADED = "liveness.hook.not_loaded"
+HOOK_UNRESOLVED = "liveness.hook.unresolved"
+HOOK_NOT_INSTANTIATED = "liveness.hook.not_instantiated"
+HOOK_NOT_FIRING = "liveness.hook.not_firing"
+HOOK_FIRE_RATIO_LOW = "liveness.hook.fire_ratio_low"
+HOOK_OUTSIDE_STEPS_ONLY = "liveness.hook.outside_steps_only"
+HOOK_NO_DEVICE_COUNTER = "liveness.hook.no_device_counter"
+HOOK_FIRING = "liveness.hook.firing"
+RUNNER_UNKNOWN = "liveness.runner.unknown"
+RUNNER_UNEXPECTED = "liveness.runner.unexpected"
+RUNNER_UNWITNESSED = "liveness.runner.unwitnessed"
+RUNNER_WITNESSED = "liveness.runner.witnessed"
+FILE_NOT_LOADED = "provenance.file.not_loaded"
+FILE_HASH_MISMATCH = "provenance.file.hash_mismatch"
+FILE_UNVERIFIABLE = "provenance.file.unverifiable"
+FILE_FORBIDDEN = "provenance.file.forbidden"
+PROVENANCE_UNJUDGED = "provenance.unjudged"
+PROVENANCE_ORIGINS = "provenance.origins"
+PROVENANCE_NOT_PRISTINE = "provenance.not_pristine"
+PROVENANCE_NOT_LOADED = "provenance.distribution.not_loaded"
+PATCH_DECLARED = "provenance.patch.declared"
+PATCH_UNDECLARED = "provenance.patch.undeclared"
+PATCH_NOT_APPLIED = "provenance.patch.not_applied"
+# Always WARNING, so never in [provenance] allow
+_UNCONFIRMED_DRIFT = (DRIFT_BYTECODE_UNVERIFIED, DRIFT_RECORD_UNREADABLE)
+ALLOWABLE_DRIFT = tuple(d for d in DRIFT_IDS if d not in _UNCONFIRMED_DRIFT)
+
+
+@dataclass(frozen=True)
+class FindingKind:
+    severity: Severity  # once enough evidence is in (see ``pending_before``)
+    pending_before: str  # "" or what must happen first; until then the finding is PENDING
+    meaning: str
+
+
+# Every id the engine can produce; docs/policy.md carries the same table (a test checks it).
+FINDINGS: dict[str, FindingKind] = {
+    EVIDENCE_STALE: FindingKind(
+        Severity.PENDING, "", "the target's latest report is older than freshness_s (STALE)"
+    ),
+    EVIDENCE_NO_REPORT: FindingKind(
+        Severity.PENDING, "", "fewer selected targets reported than the run needs (run level)"
+    ),
+    EVIDENCE_NO_PROCESSES: FindingKind(Severity.PENDING, "", "the target reported no processes"),
+    EVIDENCE_UNOBSERVABLE: FindingKind(
+        Severity.PENDING,
+        "",
+        "the agent could not see or read what it should (no vLLM process in its PID namespace, "
+        "/proc refused)",
+    ),
+    EVIDENCE_UNAUTHENTICATED: FindingKind(
+        Severity.PENDING,
+        "",
+        "nobody vouches for who sent the evidence (a verifier in --insecure mode on a network "
+        "address, or evidence stored before a restart and not yet renewed)",
+    ),
+    EVIDENCE_CONTAINER_MISMATCH: FindingKind(
+        Severity.ERROR,
+        "",
+        "a process of a target bound in [targets.containers] runs in another container (or none)",
+    ),
+    EVIDENCE_CONTAINER_UNKNOWN: FindingKind(
+        Severity.PENDING,
+        "",
+        "a binding by container name or label cannot be checked: the agent has no Docker API",
+    ),
+    EVIDENCE_PROBE_ABSENT: FindingKind(
+        Severity.ERROR, "", "a process whose role is in require_probe has no probe"
+    ),
+    EVIDENCE_PROBE_ERRORS: FindingKind(
+        Severity.WARNING, "", "the probe in a process recorded errors of its own"
+    ),
+    EVIDENCE_UNPROBED: FindingKind(
+        Severity.PENDING,
+        "",
+        "a rule needs a process whose role is not in require_probe and that has no probe",
+    ),
+    EVIDENCE_MANIFEST_UNRESOLVED: FindingKind(
+        Severity.PENDING, "", "a process's file list was not resolved (digest only)"
+    ),
+    EVIDENCE_ROLE_MISSING: FindingKind(
+        Severity.PENDING, "", "a rule needs a role and no process of that role reported"
+    ),
+    NATIVE_REPLACED: FindingKind(
+        Severity.ERROR, "", "a mapped native library's path now holds other bytes than mapped"
+    ),
+    NATIVE_DELETED: FindingKind(
+        Severity.ERROR, "", "a mapped native library was deleted from disk while mapped"
+    ),
+    NATIVE_UNREADABLE: FindingKind(
+        Severity.WARNING, "", "a native mapping could not be read, so its bytes are unknown"
+    ),
+    EVIDENCE_DISAGREEMENT: FindingKind(
+        Severity.ERROR,
+        "",
+        "the probe (in-process) and the agent (through /proc) saw different bytes for one file",
+    ),
+    STEPS_INSUFFICIENT: FindingKind(
+        Severity.PENDING, "", "a judged process has run fewer productive steps than min_steps"
+    ),
+    STEPS_RAISED: FindingKind(
+        Severity.WARNING,
+        "",
+        "execute_model raised in a process (a driver misusing the step protocol): not counted",
+    ),
+    HOOK_NOT_DECLARED: FindingKind(
+        Severity.ERROR, "min_steps", "the probe in the process was not told about the hook"
+    ),
+    HOOK_NOT_LOADED: FindingKind(
+        Severity.ERROR, "min_steps", "the hook's module was never imported in the process"
+    ),
+    HOOK_UNRESOLVED: FindingKind(
+        Severity.ERROR, "min_steps", "the hook's module was imported but its target is missing"
+    ),
+    HOOK_NOT_INSTANTIATED: FindingKind(
+        Severity.ERROR, "min_steps", "the hook's class never had an instance and never fired"
+    ),
+    HOOK_NOT_FIRING: FindingKind(
+        Severity.ERROR, "", "the hook is loaded but fired 0 times while min_steps steps ran"
+    ),
+    HOOK_FIRE_RATIO_LOW: FindingKind(
+        Severity.ERROR,
+        "",
+        "fired_productive / productive steps is below min_fires_per_productive_step",
+    ),
+    HOOK_OUTSIDE_STEPS_ONLY: FindingKind(
+        Severity.ERROR,
+        "",
+        "the hook fired, but only outside engine steps (start-up, warm-up), never on its steps",
+    ),
+    HOOK_NO_DEVICE_COUNTER: FindingKind(
+        Severity.ERROR,
+        "",
+        'count = "device": the hook has no device-side counter (declare it @device)',
+    ),
+    HOOK_FIRING: FindingKind(
+        Severity.INFO, "", "the hook fired often enough (its counts, for the record)"
+    ),
+    RUNNER_UNKNOWN: FindingKind(
+        Severity.PENDING, "", "no live runner is recorded in a process that runs steps"
+    ),
+    RUNNER_UNEXPECTED: FindingKind(
+        Severity.ERROR, "min_steps", "the live runner's class is not expect_class"
+    ),
+    RUNNER_UNWITNESSED: FindingKind(
+        Severity.ERROR,
+        "200 stack samples",
+        "no out-of-process stack sample caught a thread in the live runner's step file",
+    ),
+    RUNNER_WITNESSED: FindingKind(
+        Severity.INFO, "", "stack samples caught the runner's step file executing (the record)"
+    ),
+    FILE_NOT_LOADED: FindingKind(
+        Severity.ERROR, "min_steps (any process)", "no loaded file matches a [[files]] entry"
+    ),
+    FILE_HASH_MISMATCH: FindingKind(
+        Severity.ERROR, "", "a matching loaded file's sha256 is not the expected one"
+    ),
+    FILE_UNVERIFIABLE: FindingKind(
+        Severity.PENDING, "", "matching files exist but none of a kind whose hash can be compared"
+    ),
+    FILE_FORBIDDEN: FindingKind(Severity.ERROR, "", "a loaded file matches a [[forbid]] entry"),
+    DRIFT_MODIFIED_AFTER_LOAD: FindingKind(
+        Severity.ERROR, "", "a loaded file's bytes on disk changed after the process started"
+    ),
+    DRIFT_BYTECODE_STALE: FindingKind(
+        Severity.ERROR, "", "bytecode the interpreter used was compiled from other source"
+    ),
+    DRIFT_BYTECODE_UNVERIFIED: FindingKind(
+        Severity.WARNING, "", "bytecode that may be stale could not be compared with its source"
+    ),
+    DRIFT_BYTECODE_UNCHECKED: FindingKind(
+        Severity.ERROR, "", "an unchecked-hash pyc was used (never compared with its source)"
+    ),
+    DRIFT_BYTECODE_SOURCELESS: FindingKind(
+        Severity.ERROR, "", "a module ran from a .pyc with no source beside it"
+    ),
+    DRIFT_MODULE_SHADOWED: FindingKind(
+        Severity.ERROR, "", "a module was loaded from elsewhere than where its distribution put it"
+    ),
+    DRIFT_MODULE_FILELESS: FindingKind(
+        Severity.ERROR, "", "a module claims to come from a file that does not exist"
+    ),
+    DRIFT_RECORD_UNREADABLE: FindingKind(
+        Severity.WARNING, "", "an installer's RECORD, METADATA or direct_url.json is unreadable"
+    ),
+    PROVENANCE_ORIGINS: FindingKind(
+        Severity.INFO, "", "a process's files per provenance class, and each non-pristine file"
+    ),
+    PROVENANCE_UNJUDGED: FindingKind(
+        Severity.PENDING, "", "the agent has not judged the provenance of a process's files"
+    ),
+    PROVENANCE_NOT_PRISTINE: FindingKind(
+        Severity.ERROR, "", "a file of a pristine-required distribution is not pristine"
+    ),
+    PROVENANCE_NOT_LOADED: FindingKind(
+        Severity.ERROR, "min_steps", "no process loaded a file of a pristine-required distribution"
+    ),
+    PATCH_DECLARED: FindingKind(
+        Severity.INFO, "", "a patched file matches its [[patches]] entry (for the record)"
+    ),
+    PATCH_UNDECLARED: FindingKind(
+        Severity.ERROR, "", "a file of a pristine-required distribution differs from RECORD"
+    ),
+    PATCH_NOT_APPLIED: FindingKind(
+        Severity.ERROR, "", "a [[patches]] file was loaded with its published bytes"
+    ),
+}
