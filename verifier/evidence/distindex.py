@@ -1,5 +1,9 @@
 """The installed distributions a process can see, and what their installers wrote down.
 
+Size: one module because the parsers of the three installer files (RECORD, METADATA,
+direct_url.json) are private to the one index that reads them per site directory, on demand;
+apart, they would be a module of helpers no one else may call.
+
 Installers write down what they installed: every distribution's ``RECORD`` (PEP 376/627)
 lists its files with their sha256, and ``direct_url.json`` (PEP 610) says when it was
 installed from a local directory or file rather than an index. ``DistIndex`` reads those

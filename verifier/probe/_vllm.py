@@ -1,5 +1,9 @@
 """vLLM integration: process role, the live model runner, and engine-step counting.
 
+Size: one module because the wrappers it installs on vLLM's classes share state that every
+engine step reads (the live runner, speculation on or off, the open step); in one namespace
+those reads stay global lookups on the hot path, and the installation order stays in one place.
+
 Everything is installed through post-import watches, so nothing here imports vLLM itself:
 
 * ``vllm.v1.engine.core``: ``EngineCore.__init__`` marks the process ``engine_core``; its first
