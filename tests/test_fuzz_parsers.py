@@ -37,8 +37,9 @@ from verifier.evidence.container import (
     resolve_container,
 )
 from verifier.evidence.distindex import DistIndex
+from verifier.evidence.journal import _parse, read_journal
 from verifier.evidence.native import executable_files
-from verifier.evidence.probe_reader import ProbeState, _parse, read_journal, read_probe_dir
+from verifier.evidence.probe_reader import ProbeState, read_probe_dir
 from verifier.evidence.procfs import ProcFS
 from verifier.ledger import dsse
 from verifier.ledger.errors import BundleCorrupt, WrongKey

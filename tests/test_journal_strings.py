@@ -15,7 +15,8 @@ from pathlib import Path
 from tests.helpers import probe_env, wait_ready
 from verifier import wire
 from verifier.evidence.bindings_reader import BindingsReader
-from verifier.evidence.probe_reader import load_record, read_probe_dir
+from verifier.evidence.journal import load_record
+from verifier.evidence.probe_reader import read_probe_dir
 from verifier.evidence.process import read_process
 from verifier.evidence.procfs import ProcFS
 from verifier.evidence.report import to_report

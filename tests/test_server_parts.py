@@ -112,7 +112,7 @@ def test_bad_addresses_are_usage_errors(bad: str) -> None:
 def test_journal_cache_reads_only_appends_and_restarts_on_a_new_journal(tmp_path: Path) -> None:
     import json
 
-    from verifier.evidence.probe_reader import JournalCache
+    from verifier.evidence.journal import JournalCache
 
     journal = tmp_path / "journal.jsonl"
 
@@ -132,7 +132,12 @@ def test_journal_cache_reads_only_appends_and_restarts_on_a_new_journal(tmp_path
         f.write(tampered)
     edited = cache.records(journal)
     assert edited is not None and edited.files[0].sha256 == f"{7:064x}"
+    assert (
+        edited.rewritten
+        == "changed in the bytes already read after the agent had read 354 bytes of it"
+    )
     journal.unlink()
-    journal.write_text(rec(9))  # a new journal (new inode): read from the start
-    third = cache.records(journal)
-    assert third is not None and [f.path for f in third.files] == ["/f9"]
+    journal.write_text(rec(9))  # a new journal (new inode): read from the start, and the edit
+    third = cache.records(journal)  # is remembered with every record read before it
+    assert third is not None and [f.path for f in third.files] == ["/f1", "/f2", "/f3", "/f9"]
+    assert third.rewritten == edited.rewritten

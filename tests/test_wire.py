@@ -17,8 +17,10 @@ from verifier.model import (
     DRIFT_BYTECODE_STALE,
     DRIFT_MODULE_FILELESS,
     DRIFT_RECORD_UNREADABLE,
+    EVIDENCE_JOURNAL_EDITED,
     ContainerInfo,
     Drift,
+    EvidenceProblem,
     FileDisagreement,
     FileEntry,
     FileOrigin,
@@ -182,6 +184,7 @@ def full_process() -> ProcessReport:
             Drift(DRIFT_RECORD_UNREADABLE, "/site/t-1.dist-info/RECORD", None, "1 malformed row"),
         ),
         roles=("engine_core", "offline", "worker"),
+        evidence_problems=(EvidenceProblem(EVIDENCE_JOURNAL_EDITED, "record 7 carries seq 9"),),
     )
 
 
@@ -439,6 +442,7 @@ def test_every_domain_field_has_a_wire_field() -> None:
         (HookEvidence, pb.HookEvidence),
         (SpecEvidence, pb.SpecEvidence),
         (LogLine, pb.LogLine),
+        (EvidenceProblem, pb.EvidenceProblem),
         (FileEntry, pb.FileEntry),
         (ProcessReport, pb.ProcessReport),
         (NativeMapping, pb.NativeMapping),
@@ -927,3 +931,12 @@ def test_an_empty_policy_is_left_to_the_policy_loader() -> None:
     loader's to name, with its line and key (the servicer loads it before storing the run)."""
     reg = wire.register_run_request_from_pb(pb.RegisterRunRequest(name="r"))
     assert (reg.name, reg.policy_toml) == ("r", "")
+
+
+def test_an_unknown_evidence_problem_is_refused() -> None:
+    """A problem id the verifier does not know cannot slip in (the policy turns every known
+    one into an ERROR finding)."""
+    msg = wire.report_to_pb(TargetReport("a", "t", 1, "n", 1.0, (full_process(),)))
+    msg.processes[0].evidence_problems[0].id = "evidence.all_good"
+    with pytest.raises(wire.WireError, match=r"unknown evidence problem 'evidence\.all_good'"):
+        wire.report_from_pb(msg)

@@ -1,10 +1,11 @@
-"""Domain types shared by the agent, the verifier, the policy engine and the CLI. It is one
-module because it is one vocabulary: the types every part shares (and the digest one of them
-is defined by); what acts on them lives elsewhere.
+"""Domain types shared by the agent, the verifier, the policy engine and the CLI.
+
+Size: one module because it is one vocabulary: the types every part shares (and the digest
+one of them is defined by); what acts on them lives elsewhere.
 
 Frozen dataclasses, and the manifest digest (``merkle_root``) that
 ``ProcessReport.manifest_digest`` is defined as; stdlib only. Generated protobuf never appears
-here: ``verifier/wire.py`` is the only place that maps these to and from ``verifier.api.v1``
+here: ``verifier/wire/`` is the only place that maps these to and from ``verifier.api.v1``
 messages.
 
 Vocabulary (see ``../shared/DESIGN.md``): a *target* is one serving container or host process
@@ -270,6 +271,22 @@ DRIFT_IDS = (
     DRIFT_RECORD_UNREADABLE,
 )
 
+# Evidence problems (stable ids; the policy turns each into an ERROR finding): the evidence
+# itself is not what its writer wrote, whatever it says.
+# the probe's journal is not the one it wrote (a record deleted, inserted, reordered, cut off,
+# or changed after the agent read it)
+EVIDENCE_JOURNAL_EDITED = "evidence.journal.edited"
+EVIDENCE_PROBLEM_IDS = (EVIDENCE_JOURNAL_EDITED,)
+
+
+@dataclass(frozen=True)
+class EvidenceProblem:
+    """Something the agent found wrong with a process's evidence itself, not with what it
+    says: the probe's journal edited, state that is not the process's own."""
+
+    id: str  # one of EVIDENCE_PROBLEM_IDS
+    detail: str  # one sentence: what was seen
+
 
 @dataclass(frozen=True)
 class Drift:
@@ -342,6 +359,8 @@ class ProcessReport:
     # Every role the probe recorded, sorted (``role`` is the most specific). Offline use in
     # one process is ("engine_core", "offline", "worker"). Empty: only ``role`` is known.
     roles: tuple[str, ...] = ()
+    # What the agent found wrong with this evidence itself (never PASS while there is one).
+    evidence_problems: tuple[EvidenceProblem, ...] = ()
 
     @property
     def all_roles(self) -> frozenset[str]:

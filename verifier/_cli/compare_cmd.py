@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from verifier.errors import CheckFailed, UsageError
-from verifier.evidence.probe_reader import JournalCache
+from verifier.evidence.journal import JournalCache
 from verifier.evidence.process import ProcessEvidence, read_process, read_tree
 from verifier.evidence.procfs import ProcFS
 from verifier.measure.compare import (

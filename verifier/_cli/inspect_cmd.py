@@ -126,6 +126,13 @@ def _speculation_lines(sp: dict[str, Any] | None) -> list[str]:
     ]
 
 
+def _note_lines(d: dict[str, Any]) -> list[str]:
+    """Where a process's evidence is weaker than a server's, and why its journal cannot be
+    trusted (evidence.journal.edited)."""
+    notes = [f"  NOTE     {note}" for note in d["notes"]]
+    return notes + [f"  JOURNAL EDITED  {x}" for x in d["probe"]["journal_problems"]]
+
+
 def render(pairs: list[tuple[ProcessEvidence, ProcessReport]]) -> str:
     """Human-readable table, one block per process."""
     lines: list[str] = []
@@ -140,8 +147,7 @@ def render(pairs: list[tuple[ProcessEvidence, ProcessReport]]) -> str:
             lines.append(f"  cmdline  {' '.join(ev.identity.cmdline)[:120]}")
             lines.append("")
             continue
-        for note in d["notes"]:
-            lines.append(f"  NOTE     {note}")
+        lines.extend(_note_lines(d))
         e = d["engine"]
         if e:
             lines.append(

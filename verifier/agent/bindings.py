@@ -24,7 +24,7 @@ import structlog
 
 from verifier.evidence.bindings_reader import BindingsReader, ExternalId
 from verifier.evidence.bindings_reader import RequestSpan as ProbeSpan
-from verifier.evidence.probe_reader import JournalCache, manifest_digest_at
+from verifier.evidence.journal import JournalCache, manifest_digest_at
 from verifier.evidence.process import ProcessEvidence
 from verifier.model import ProcessKey, RequestId, RequestSpan
 from verifier.probe import layout as L

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from verifier.errors import NotPythonProcess, ProcessAccessDenied, UnavailableError
-from verifier.evidence.probe_reader import JournalCache
+from verifier.evidence.journal import JournalCache
 from verifier.evidence.process import ProcessEvidence, read_process
 from verifier.evidence.procfs import ProcFS
 

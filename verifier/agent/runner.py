@@ -35,8 +35,8 @@ from verifier.evidence.container import container_of
 from verifier.evidence.distindex import DistIndex
 from verifier.evidence.docker_api import DEFAULT_SOCKET
 from verifier.evidence.hashing import Hasher
+from verifier.evidence.journal import JournalCache
 from verifier.evidence.judge import Judgement, dist_index
-from verifier.evidence.probe_reader import JournalCache
 from verifier.evidence.process import ProcessEvidence, still_running
 from verifier.evidence.procfs import ProcFS
 from verifier.evidence.report import report_with_judgement

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verifier.evidence.probe_reader import load_record
+from verifier.evidence.journal import load_record
 from verifier.model import RequestSpec
 from verifier.probe import layout as L
 

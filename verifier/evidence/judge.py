@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from verifier.errors import UnavailableError
 from verifier.evidence import bytecode, origins
 from verifier.evidence.distindex import DistIndex
 from verifier.evidence.hashing import Hasher
@@ -131,7 +132,7 @@ def context(procfs: ProcFS, pid: int, probe: ProbeState) -> origins.Context:
     path = [p for p in listed if isinstance(p, str) and p] if isinstance(listed, list) else []
     try:
         environ = procfs.environ(pid)
-    except OSError:
+    except (UnavailableError, OSError):  # gone, or not readable: no cache dirs from it
         environ = {}
     return origins.Context(
         stdlib_dirs=tuple(stdlib),

@@ -9,16 +9,19 @@ the raw graph record, the runner's worker and step-method files), for ``verifier
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-import os
-import re
 import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from verifier.evidence.journal import (
+    JournalCache,
+    digest_of,
+    journal_problems,
+    manifest_of,
+    read_journal,
+)
 from verifier.model import (
     FileEntry,
     HookEvidence,
@@ -26,7 +29,6 @@ from verifier.model import (
     RunnerEvidence,
     SpecEvidence,
     StepEvidence,
-    merkle_root,
 )
 from verifier.probe import layout as L
 
@@ -65,6 +67,9 @@ class ProbeState:
     runner_methods: dict[str, Any] = field(default_factory=dict)
     # When the probe hashed each file (the process's wall clock), by path, where recorded.
     hashed_at: dict[str, float] = field(default_factory=dict)
+    # Why the journal is not the one the probe wrote (a record deleted, inserted, reordered,
+    # cut off, or changed after the agent read it): empty when nothing says so.
+    journal_problems: tuple[str, ...] = ()
     # vLLM's log lines about the model runner (why it chose the one it did), in order.
     runner_log: tuple[LogLine, ...] = ()
     # The first execute_model errors (the probe journals a few; steps.raised counts all):
@@ -138,114 +143,6 @@ def steps_of(slots: list[int]) -> StepEvidence:
         dummy_steps=slots[L.S_STEPS_DUMMY],
         raised=slots[L.S_STEPS_RAISED],
     )
-
-
-# A \uD800-\uDFFF escape, which may decode to a lone surrogate: a file name's undecodable bytes
-# (Python's surrogateescape) or a hostile string, valid JSON either way.
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-
-
-def _valid_unicode(v: Any) -> Any:
-    """V with every string that is not valid Unicode escaped (a lone surrogate becomes the
-    six characters ``\udcff``): what the wire (protobuf strings are UTF-8) can carry, and
-    still distinct from any other string."""
-    if isinstance(v, str):
-        try:
-            v.encode("utf-8")
-        except UnicodeEncodeError:
-            return v.encode("utf-8", "backslashreplace").decode("utf-8")
-        return v
-    if isinstance(v, list):
-        return [_valid_unicode(x) for x in v]
-    if isinstance(v, dict):
-        return {_valid_unicode(k): _valid_unicode(x) for k, x in v.items()}
-    return v
-
-
-def load_record(line: bytes) -> Any:
-    """One JSON line written by the probed process (``json.loads``; raises ValueError or
-    RecursionError as it does). Strings that are not valid Unicode come back escaped (see
-    ``_valid_unicode``), so whatever a journal says can be reported."""
-    rec = json.loads(line)
-    return _valid_unicode(rec) if _SURROGATE_ESCAPE.search(line) else rec
-
-
-def _parse(lines: list[bytes]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for line in lines:
-        if not line.strip():
-            continue
-        try:
-            rec = load_record(line)
-        except (ValueError, RecursionError):  # garbled, not UTF-8, or nested too deep
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
-
-
-def read_journal(path: Path) -> list[dict[str, Any]]:
-    """Complete JSON records of a journal; a partial or garbled line is skipped."""
-    try:
-        raw = path.read_bytes()
-    except OSError:
-        return []
-    return _parse(raw.split(b"\n"))
-
-
-@dataclass
-class _Cached:
-    ino: int
-    offset: int  # bytes of complete lines consumed
-    prefix_sha256: bytes  # of those bytes: the cache is used only while they are unchanged
-    records: list[dict[str, Any]]
-    files: tuple[FileEntry, ...]
-    hashed_at: dict[str, float]
-    digest: str
-
-
-class JournalCache:
-    """Parses each journal once and then only what was appended. The journal is append-only:
-    a different inode, a shorter file, or any change to the bytes already parsed (checked by
-    their sha256 on every read, about a millisecond for a worker's journal) means it is parsed
-    again from the start. Files and the manifest digest are recomputed only when new file
-    records arrived. For a reader that looks at the same processes again and again (the agent)."""
-
-    def __init__(self) -> None:
-        self._entries: dict[str, _Cached] = {}
-
-    def records(self, path: Path) -> _Cached | None:
-        try:
-            with path.open("rb") as f:
-                ino = os.fstat(f.fileno()).st_ino
-                raw = f.read()
-        except OSError:
-            self._entries.pop(str(path), None)
-            return None
-        entry = self._entries.get(str(path))
-        if (
-            entry is None
-            or entry.ino != ino
-            or len(raw) < entry.offset
-            # An edit in place of what was already parsed (a tampered record) is seen too.
-            or hashlib.sha256(raw[: entry.offset]).digest() != entry.prefix_sha256
-        ):
-            entry = _Cached(ino, 0, hashlib.sha256(b"").digest(), [], (), {}, merkle_root([]))
-        new = raw[entry.offset :]
-        complete = new[: new.rfind(b"\n") + 1]
-        entry.offset += len(complete)
-        entry.prefix_sha256 = hashlib.sha256(raw[: entry.offset]).digest()
-        fresh = _parse(complete.split(b"\n"))
-        entry.records.extend(fresh)
-        if any(r.get("k") == "file" for r in fresh):
-            entry.files, entry.hashed_at = _files(entry.records)
-            entry.digest = _digest(entry.files)
-        self._entries[str(path)] = entry
-        return entry
-
-    def forget_missing(self, alive: set[str]) -> None:
-        for key in [k for k in self._entries if k not in alive]:
-            del self._entries[key]
 
 
 def _opt_count(v: object) -> int | None:
@@ -332,48 +229,6 @@ def _hooks(records: list[dict[str, Any]], slots: list[int]) -> tuple[HookEvidenc
     return tuple(out)
 
 
-def _files(records: list[dict[str, Any]]) -> tuple[tuple[FileEntry, ...], dict[str, float]]:
-    """The manifest a journal's file records describe (the latest record of each path), and
-    when the probe hashed each file (the process's wall clock; where the record says)."""
-    latest: dict[str, FileEntry] = {}
-    hashed_at: dict[str, float] = {}
-    for rec in records:
-        if rec.get("k") != "file" or not isinstance(rec.get("path"), str):
-            continue
-        t = rec.get("t")
-        if isinstance(t, (int, float)):
-            hashed_at[rec["path"]] = t
-        else:
-            hashed_at.pop(rec["path"], None)
-        sha = rec.get("sha256")
-        size = rec.get("size")
-        latest[rec["path"]] = FileEntry(
-            path=rec["path"],
-            sha256=sha if isinstance(sha, str) else None,
-            size=size if isinstance(size, int) else -1,
-            kind=str(rec.get("kind", "")),
-            module=rec.get("module") if isinstance(rec.get("module"), str) else None,
-            at=str(rec.get("at", "")),
-        )
-    return tuple(sorted(latest.values(), key=lambda f: f.path)), hashed_at
-
-
-def _digest(files: tuple[FileEntry, ...]) -> str:
-    return merkle_root((f.path, f.sha256) for f in files if f.sha256)
-
-
-def manifest_digest_at(records: list[dict[str, Any]], files: int) -> str:
-    """The manifest digest of a journal's first FILES file records (what was loaded when a
-    step that saw FILES of them ran)."""
-    picked: list[dict[str, Any]] = []
-    for rec in records:
-        if len(picked) >= files:
-            break
-        if rec.get("k") == "file":
-            picked.append(rec)
-    return _digest(_files(picked)[0])
-
-
 def _speculation(records: list[dict[str, Any]], slots: list[int]) -> SpecEvidence | None:
     rec = next((r for r in reversed(records) if r.get("k") == "spec"), None)
     if rec is None:
@@ -432,23 +287,50 @@ def _with_graph(
     )
 
 
+def _read_journal(
+    journal: Path, cache: JournalCache | None
+) -> tuple[list[dict[str, Any]], tuple[FileEntry, ...], dict[str, float], str, str | None]:
+    """Records, files, when each was hashed, manifest digest, and how it was seen rewritten."""
+    cached = cache.records(journal) if cache is not None else None
+    if cached is not None:
+        return cached.records, cached.files, cached.hashed_at, cached.digest, cached.rewritten
+    records = read_journal(journal)
+    files, hashed_at = manifest_of(records)
+    return records, files, hashed_at, digest_of(files), None
+
+
+JOURNAL_SETTLE_TRIES = 10  # reads while one record counted by the probe is not in the journal
+JOURNAL_SETTLE_PAUSE_S = 0.005  # ... at this pause (a write takes microseconds)
+
+
 def read_probe_dir(directory: Path, cache: JournalCache | None = None) -> ProbeState | None:
     """Parse one probe directory; None when it holds no probe state. CACHE: reuse what an
     earlier read of the same journal parsed (counters are always read fresh). The journal is
-    written by the probed process: a field of the wrong type reads as absent, never raises."""
-    journal = directory / L.JOURNAL_FILE
-    cached = cache.records(journal) if cache is not None else None
-    if cached is not None:
-        records, files, digest = cached.records, cached.files, cached.digest
-        hashed_at = cached.hashed_at
-    else:
-        records = read_journal(journal)
-        files, hashed_at = _files(records)
-        digest = _digest(files)
+    written by the probed process: a field of the wrong type reads as absent, never raises;
+    a journal that is not the one the probe wrote (``journal_problems``) is read as it is,
+    and ``ProbeState.journal_problems`` says why it cannot be trusted."""
+    journal, counters = directory / L.JOURNAL_FILE, directory / L.COUNTERS_FILE
+    # The probe counts a record before it writes it, under one lock: read the count, the
+    # journal, the count again, and an honest journal holds between the first count less the
+    # one record that may be mid-write, and the second count.
+    for _ in range(JOURNAL_SETTLE_TRIES):
+        before = read_counters(counters)
+        records, files, hashed_at, digest, rewritten = _read_journal(journal, cache)
+        slots = read_settled(counters)
+        counted = None
+        if before is not None and slots is not None:
+            counted = (before[L.S_JOURNAL_RECORDS], slots[L.S_JOURNAL_RECORDS])
+        # One record short of the first count: it may be mid-write (a few microseconds), or
+        # the last record was deleted. Read again until it arrives; if it never does, the
+        # shortfall is reported.
+        if counted is None or rewritten or len(records) != counted[0] - 1:
+            break
+        time.sleep(JOURNAL_SETTLE_PAUSE_S)
+    problems = tuple(journal_problems(records, counted, rewritten))
+    slots = slots or [0] * L.N_SLOTS
     start = next((r for r in records if r.get("k") == "start"), None)
     if start is None:
         return None
-    slots = read_settled(directory / L.COUNTERS_FILE) or [0] * L.N_SLOTS
     runner_rec: dict[str, Any] = next((r for r in reversed(records) if r.get("k") == "runner"), {})
     graph: dict[str, Any] = next((r for r in reversed(records) if r.get("k") == "graph"), {})
     methods = runner_rec.get("methods")
@@ -464,6 +346,7 @@ def read_probe_dir(directory: Path, cache: JournalCache | None = None) -> ProbeS
         hooks=_hooks(records, slots),
         files=files,
         hashed_at=hashed_at,
+        journal_problems=problems,
         errors=[r for r in records if r.get("k") == "error"],
         error_count=slots[L.S_PROBE_ERRORS],
         manifest_digest=digest,

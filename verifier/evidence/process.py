@@ -9,7 +9,8 @@ from typing import Any
 
 from verifier.errors import NotPythonProcess, UnavailableError
 from verifier.evidence.bindings_reader import BindingsReader
-from verifier.evidence.probe_reader import JournalCache, ProbeState, read_probe_dir
+from verifier.evidence.journal import JournalCache
+from verifier.evidence.probe_reader import ProbeState, read_probe_dir
 from verifier.evidence.procfs import ProcessIdentity, ProcFS
 from verifier.model import HookEvidence
 from verifier.probe import layout as L
@@ -185,6 +186,8 @@ class ProcessEvidence:
                 if p
                 else [],
                 "note": self.note,
+                # why its journal is not the one it wrote (evidence.journal.edited)
+                "journal_problems": list(p.journal_problems) if p else [],
             },
             "runner": {
                 "class": runner.cls if runner else None,

@@ -13,7 +13,12 @@ from verifier.evidence.judge import Judgement, judge
 from verifier.evidence.native import native_mappings
 from verifier.evidence.process import ProcessEvidence
 from verifier.evidence.procfs import ProcFS
-from verifier.model import ProcessKey, ProcessReport
+from verifier.model import (
+    EVIDENCE_JOURNAL_EDITED,
+    EvidenceProblem,
+    ProcessKey,
+    ProcessReport,
+)
 
 
 def to_report(procfs: ProcFS, ev: ProcessEvidence, hasher: Hasher | None = None) -> ProcessReport:
@@ -84,5 +89,8 @@ def report_with_judgement(
         provenance=judged.provenance,
         drift=judged.drift,
         runner_log=probe.runner_log,
+        evidence_problems=tuple(
+            EvidenceProblem(EVIDENCE_JOURNAL_EDITED, why) for why in probe.journal_problems
+        ),
     )
     return report, judged

@@ -20,6 +20,7 @@ from verifier.model import (
     DRIFT_MODULE_FILELESS,
     DRIFT_MODULE_SHADOWED,
     DRIFT_RECORD_UNREADABLE,
+    EVIDENCE_JOURNAL_EDITED,
     Severity,
 )
 
@@ -139,6 +140,12 @@ FINDINGS: dict[str, FindingKind] = {
         Severity.ERROR,
         "",
         "the probe (in-process) and the agent (through /proc) saw different bytes for one file",
+    ),
+    EVIDENCE_JOURNAL_EDITED: FindingKind(
+        Severity.ERROR,
+        "",
+        "a probe's journal is not the one it wrote: a record deleted, inserted, reordered, cut "
+        "off, or changed after the agent read it",
     ),
     STEPS_INSUFFICIENT: FindingKind(
         Severity.PENDING, "", "a judged process has run fewer productive steps than min_steps"

@@ -18,6 +18,7 @@ from verifier.policy import interface as I
 from verifier.policy._locate import Path, key_lines, line_of
 from verifier.policy.engine import Policy
 from verifier.policy.rules import (
+    EvidenceIntact,
     ExpectRunner,
     FileSpec,
     ForbidFile,
@@ -447,6 +448,7 @@ def load_policy(text: str, source: str = "<policy>") -> Policy:
             ),
             ViewsAgree(),
             NativeIntact(),
+            EvidenceIntact(),
             DriftFree(allow),
             *rules,
             OriginsReported(),  # last: the record of origins closes each target's findings

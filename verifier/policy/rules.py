@@ -13,10 +13,11 @@ from verifier.model import FileEntry, Finding, LogLine, ProcessReport, Severity
 from verifier.policy import _evidence as E
 from verifier.policy import findings as F
 from verifier.policy import interface as I
-from verifier.policy.rules_evidence import NativeIntact, ProbeRequired, ViewsAgree
+from verifier.policy.rules_evidence import EvidenceIntact, NativeIntact, ProbeRequired, ViewsAgree
 from verifier.policy.rules_hooks import HookFires
 
 __all__ = [
+    "EvidenceIntact",
     "ExpectRunner",
     "FileSpec",
     "ForbidFile",

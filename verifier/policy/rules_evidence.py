@@ -83,6 +83,36 @@ class ViewsAgree:
 
 
 @dataclass(frozen=True)
+class EvidenceIntact:
+    """``evidence.journal.edited`` (and every other evidence problem the agent reports) as an
+    ERROR: evidence that is not what its writer wrote cannot pass, whatever it says. Always
+    on."""
+
+    def describe(self) -> str:
+        return "the evidence is what the probe wrote"
+
+    def evaluate(self, snapshot: I.TargetSnapshot, ctx: I.EvalContext) -> list[Finding]:
+        out: list[Finding] = []
+        for p in E.ordered(snapshot.processes):
+            by_id: dict[str, list[str]] = {}
+            for x in p.evidence_problems:
+                by_id.setdefault(x.id, []).append(x.detail)
+            for problem_id, details in by_id.items():
+                out.append(
+                    E.finding(
+                        problem_id,
+                        Severity.ERROR,
+                        f"the evidence of {E.name(p)} cannot be trusted: {details[0]}"
+                        + (f" (+{len(details) - 1} more)" if len(details) > 1 else ""),
+                        snapshot,
+                        **E.base(p),
+                        problems=details[: E.SHOWN],
+                    )
+                )
+        return out
+
+
+@dataclass(frozen=True)
 class ProbeRequired:
     """``evidence.probe_absent`` for each process of a required role that has no probe;
     ``evidence.probe_errors`` (a warning) for each probe that recorded errors of its own;

@@ -47,7 +47,8 @@ class ProbeState:
         self.start_ticks = _self_start_ticks()
         self.mode = mode
         self.lock = threading.Lock()
-        self._files_lock = threading.Lock()
+        self._journal_lock = threading.Lock()  # a record's seq is its place in the journal
+        self._seq = 0
         self.hook_names: dict[str, int] = {}
         self.declared: list[tuple[str, str, str]] = []
         self.replay: list[dict[str, Any]] = []  # records a forked child inherits
@@ -98,22 +99,32 @@ class ProbeState:
         )
 
     def emit(self, record: dict[str, Any]) -> None:
-        """Append one record to the journal (one ``write``; never raises)."""
+        """Append one record to the journal (one ``write``; never raises). Under one lock
+        (imports, the sweeper and hooks emit from several threads) the record gets ``seq``,
+        its index in the journal, and is counted in ``S_JOURNAL_RECORDS`` once written (and
+        in ``S_FILES_RECORDED`` when it is a file record): a reader can then tell a journal
+        with a line deleted, inserted, reordered or cut off from the one written here."""
         if self._fd < 0:
             return
         record.setdefault("t", time.time())
-        try:
-            line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
-            if record.get("k") != "file":
+        with self._journal_lock:
+            seq = self._seq
+            try:
+                record["seq"] = seq
+                line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
+                # Counted before it is written: a reader that finds the count ahead of the
+                # journal reads again; one that found a record not yet counted would take it
+                # for a forgery.
+                self._seq = seq + 1
+                self.counters[L.S_JOURNAL_RECORDS] = seq + 1
                 os.write(self._fd, line)
+            except (OSError, TypeError, ValueError):
+                self._seq = seq
+                self.counters[L.S_JOURNAL_RECORDS] = seq
+                self.errors += 1
                 return
-            # S_FILES_RECORDED is the number of file records in the journal, in journal
-            # order: written and counted under one lock (imports and the sweeper both emit).
-            with self._files_lock:
-                os.write(self._fd, line)
+            if record.get("k") == "file":
                 self.counters[L.S_FILES_RECORDED] += 1
-        except (OSError, TypeError, ValueError):
-            self.errors += 1
 
     def remember(self, record: dict[str, Any]) -> None:
         """Journal a record that a forked child must inherit (files, hook status)."""

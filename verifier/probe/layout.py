@@ -9,7 +9,10 @@ Each probed process owns one directory, ``<probe dir>/<pid>-<start ticks>/``, ho
   maps or reads it at any time without the probe's cooperation.
 * ``journal.jsonl``: an append-only log of JSON records (one per line): process start,
   every file the import system read with its hash, hook declarations and state changes,
-  role, live runner, probe errors. A reader tolerates a partial last line.
+  role, live runner, probe errors. A reader tolerates a partial last line. Every record
+  carries ``seq``, its index in the journal (0 for ``start``), and ``S_JOURNAL_RECORDS``
+  counts the records written, so a line deleted, reordered, inserted or cut off is seen
+  (layout 3; a reader of layout 3 takes a journal without them as edited).
 * ``bindings.jsonl``: an append-only log of request bindings (one JSON object per line,
   written in batches; a reader tolerates a partial last line; records are in close order, and
   two batches may land out of order). Written by ``_bindings``; read by
@@ -67,7 +70,7 @@ JOURNAL_FILE = "journal.jsonl"
 BINDINGS_FILE = "bindings.jsonl"
 
 MAGIC = 0x5646595052424531  # "VFYPRBE1"
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3  # 3: journal records numbered (seq), S_JOURNAL_RECORDS
 SLOT_BYTES = 8
 N_SLOTS = 4096
 
@@ -111,6 +114,7 @@ S_SPEC_ACCEPTED = 32  # draft tokens accepted
 S_SPEC_EMITTED = 33  # tokens the runner output sampled, every request, every step
 S_SPEC_UNREAD = 34  # steps with drafts whose runner output carried no sampled tokens to read
 S_STEPS_RAISED = 35  # execute_model calls that raised: taken back, not counted as steps
+S_JOURNAL_RECORDS = 36  # records written to journal.jsonl (the next record's seq)
 S_SPEC_POS_BASE = 40  # accepted drafts at position i: S_SPEC_POS_BASE + i, i < SPEC_POSITIONS
 SPEC_POSITIONS = 8  # positions counted (a deeper draft's later positions are not)
 PHASE_PREFILL = 1

@@ -8,7 +8,9 @@ from collections.abc import Iterable
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.model import (
     DRIFT_IDS,
+    EVIDENCE_PROBLEM_IDS,
     Drift,
+    EvidenceProblem,
     FileDisagreement,
     FileEntry,
     FileOrigin,
@@ -263,6 +265,9 @@ def process_to_pb(p: ProcessReport) -> pb.ProcessReport:
             pb.LogLine(level=x.level, logger=x.logger, message=x.message) for x in p.runner_log
         ],
         roles=list(p.roles),
+        evidence_problems=[
+            pb.EvidenceProblem(id=x.id, detail=x.detail) for x in p.evidence_problems
+        ],
     )
 
 
@@ -420,7 +425,17 @@ def process_from_pb(msg: pb.ProcessReport, at: str) -> ProcessReport:
         ),
         runner_log=tuple(LogLine(x.level, x.logger, x.message) for x in msg.runner_log),
         roles=_roles_from_pb(msg.roles, f"{at}.roles"),
+        evidence_problems=tuple(
+            _problem_from_pb(x, f"{at}.evidence_problems[{i}]")
+            for i, x in enumerate(msg.evidence_problems)
+        ),
     )
+
+
+def _problem_from_pb(msg: pb.EvidenceProblem, at: str) -> EvidenceProblem:
+    if msg.id not in EVIDENCE_PROBLEM_IDS:
+        F.fail(f"{at}.id", f"unknown evidence problem {msg.id!r}")
+    return EvidenceProblem(id=msg.id, detail=F.text(msg.detail, f"{at}.detail"))
 
 
 _MAX_ROLES = 16  # roles of one process (vLLM's layouts give at most three)
