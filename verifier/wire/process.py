@@ -1,5 +1,6 @@
 """``ProcessReport`` and its parts (runner, steps, speculation, hooks, files, native
-mappings, disagreements, provenance, drift, stack witness) to and from their messages."""
+mappings, disagreements, provenance, drift, stack witness; code chains in ``code.py``) to and
+from their messages."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from verifier.model import (
     StepEvidence,
 )
 from verifier.wire import fields as F
+from verifier.wire.code import chain_from_pb, chain_to_pb
 
 
 def key_to_pb(key: ProcessKey) -> pb.ProcessKey:
@@ -263,6 +265,7 @@ def process_to_pb(p: ProcessReport) -> pb.ProcessReport:
             pb.LogLine(level=x.level, logger=x.logger, message=x.message) for x in p.runner_log
         ],
         roles=list(p.roles),
+        code=[chain_to_pb(c) for c in p.code],
     )
 
 
@@ -420,6 +423,7 @@ def process_from_pb(msg: pb.ProcessReport, at: str) -> ProcessReport:
         ),
         runner_log=tuple(LogLine(x.level, x.logger, x.message) for x in msg.runner_log),
         roles=_roles_from_pb(msg.roles, f"{at}.roles"),
+        code=tuple(chain_from_pb(c, f"{at}.code[{i}]") for i, c in enumerate(msg.code)),
     )
 
 
