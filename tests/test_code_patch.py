@@ -97,6 +97,17 @@ def apply(kind):
         R.step.__module__ = "target_mod"
     elif kind == "borrowed":
         R.step = target_mod.Other.step  # pristine, same file, another class's definition
+    elif kind == "probe_code":
+        # Hide behind the probe: keep its wrapper object (left out of every chain), swap its
+        # code for one with the same free variables that never calls the original.
+        R.__dict__["step"].__code__ = _swrapper(None, None, None).__code__
+
+
+def _swrapper(compiling, base, fn):
+    def swrapper(*args, **kwargs):
+        return (compiling, base, fn) and -1
+
+    return swrapper
 
 
 def helper(x):
@@ -281,6 +292,22 @@ def test_pristine_definition_of_another_class_is_not_the_owners(mods: Path, tmp_
     assert layer.code_qualname == "Other.step" and layer.check == "patched"
     (detail,) = _patched(report)
     assert "not Runner.step of" in detail
+
+
+def test_code_swapped_into_the_probes_own_wrapper_is_not_left_out(
+    mods: Path, tmp_path: Path
+) -> None:
+    """Variation: the probe's wrappers are left out of chains, so an attacker swaps the code
+    of the probe's own wrapper. It is then no longer the probe's (known by object and code):
+    its layer is recorded, from attacker.py, running in the probe's module namespace."""
+    report, chain = _hooked(mods, tmp_path, "probe_code")
+    assert chain.probe_layers == 0
+    assert [(x.code_qualname, x.check) for x in chain.layers] == [
+        ("_swrapper.<locals>.swrapper", "patched"),
+        ("Runner.step", "verified"),
+    ]
+    (detail,) = _patched(report)
+    assert "runs in the namespace of" in detail and "verifier/probe/_hooks.py" in detail
 
 
 # ------------------------------------------------------------- the live runner, as called
