@@ -29,6 +29,7 @@ from verifier import wire
 from verifier.errors import NoSuchProcess
 from verifier.evidence import bytecode as bc
 from verifier.evidence.bindings_reader import BindingsReader, ExternalId, RequestSpan
+from verifier.evidence.codecheck import CodeCache, check_chains
 from verifier.evidence.container import (
     RUNTIMES,
     ContainerRef,
@@ -595,11 +596,13 @@ def test_envelope_verify_raises_only_corrupt_or_wrong_key(value: Any, field: str
 
 _RECORD_KINDS = ["start", "file", "hook", "hook_loaded", "hook_wrapped", "hook_unresolved",
                  "hook_instantiated", "device_counter", "runner", "role", "interp", "graph",
-                 "fileless", "error"]  # fmt: skip
+                 "fileless", "error", "code"]  # fmt: skip
 _RECORD_KEYS = ["pid", "start_ticks", "mode", "shared", "path", "sha256", "size", "kind",
                 "module", "at", "t", "inherited", "name", "target", "source", "slot", "owner",
                 "how", "msg", "class", "device", "file", "worker", "methods", "mro", "role",
-                "rank", "claimed", "where", "stdlib", "prefix"]  # fmt: skip
+                "rank", "claimed", "where", "stdlib", "prefix", "subject", "via", "attr",
+                "layers", "owner_module", "owner_qualname", "owner_file", "probe_layers",
+                "python", "optimize", "absent"]  # fmt: skip
 _RECORD = st.fixed_dictionaries(
     {"k": st.sampled_from(_RECORD_KINDS)},
     optional={k: JSON_VALUES for k in _RECORD_KEYS},
@@ -643,6 +646,13 @@ def _check_probe_state(state: ProbeState | None) -> None:
     state.role  # noqa: B018 - the property reads roles
 
 
+def _with_code(chains: Any) -> ProcessReport:
+    return ProcessReport(
+        key=ProcessKey("boot", 1, 0), ns_pid=1, ppid=0, start_time=0.0, role="worker",
+        rank=None, container_id=None, cmdline=(), exe="", probe_present=True, code=chains,
+    )  # fmt: skip
+
+
 def _report_of(state: ProbeState) -> None:
     """What the agent sends of STATE encodes: the reader's values are the report's values."""
     report = ProcessReport(
@@ -650,6 +660,7 @@ def _report_of(state: ProbeState) -> None:
         rank=None, container_id=None, cmdline=(), exe="", probe_present=True,
         runner=state.runner, steps=state.steps, hooks=state.hooks,
         manifest_digest=state.manifest_digest, files=state.files, runner_log=state.runner_log,
+        code=state.code,
     )  # fmt: skip
     wire.process_to_json(report)
 
@@ -664,6 +675,11 @@ def _report_of(state: ProbeState) -> None:
 @example(records=[{"k": "start"}, {"k": "hook", "name": "h", "slot": 64},
                   {"k": "hook_wrapped", "name": "h", "how": 7, "owner": []}], junk=[])  # fmt: skip
 @example(records=[{"k": "start", "start_ticks": 1e400}], junk=[])
+@example(records=[{"k": "start"}, {"k": "code", "subject": "s", "via": "class", "attr": "a",
+                   "t": 1e400, "optimize": -1, "probe_layers": 2**70,
+                   "layers": [{"kind": 3, "line": 2**64, "held": "y", "sha256": "A" * 64,
+                               "file": "/x\u0000y", "globals_file": "/x\u0000y"},
+                              7, {"cut": 1}] * 20}], junk=[])  # fmt: skip
 def test_probe_dir_records_of_wrong_types_never_raise(
     records: list[dict[str, Any]], junk: list[bytes]
 ) -> None:
@@ -676,6 +692,11 @@ def test_probe_dir_records_of_wrong_types_never_raise(
         _check_probe_state(state)
         assert state is not None
         _report_of(state)
+        # The agent's verification of what the records say runs (files read under D only).
+        chains, _ = check_chains(
+            state.code, state.files, lambda p: Path(d) / p.lstrip("/"), cache=CodeCache(0)
+        )
+        wire.process_to_json(_with_code(chains))
         (Path(d) / "1").mkdir()
         (Path(d) / "1" / "environ").write_bytes(b"HOME=/root\0")
         context(ProcFS(d), 1, state)

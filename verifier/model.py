@@ -249,6 +249,60 @@ class Provenance:
         return dict(self.counts).get(origin, 0)
 
 
+@dataclass(frozen=True)
+class CodeLayer:
+    """One layer of what runs when a method is called (``CodeChain``), outermost first: a
+    function, or what a wrapper, bound method, partial or callable object calls next. The
+    probe records it; the agent sets ``check`` and ``detail``."""
+
+    # function | method | staticmethod | classmethod | partial | object | builtin | other, or
+    # cut: the chain was cut here (too many layers)
+    kind: str
+    via: str  # how the layer above reaches it: attribute | __wrapped__ | __func__ | func | probe
+    held: bool | None = None  # the layer above holds it (closure, __func__, func); None: first
+    module: str | None = None  # the object's __module__ (functools.wraps copies it)
+    qualname: str | None = None  # the object's __qualname__ (copied by functools.wraps too)
+    # Its Python code (a function's, or a callable object's __call__); None: it has none.
+    code_qualname: str | None = None  # co_qualname: where the code was compiled, not a label
+    name: str | None = None  # co_name
+    file: str | None = None  # co_filename
+    line: int | None = None  # co_firstlineno (a decorated function's first decorator line)
+    sha256: str | None = None  # verifier.probe.layout.code_digest of the code
+    globals_file: str | None = None  # __file__ of the module namespace it runs in
+    check: str = ""  # the agent's: verified | patched | unverified | "" (nothing to check)
+    detail: str = ""  # why, when not verified
+
+
+@dataclass(frozen=True)
+class CodeChain:
+    """What actually runs when a step method or a declared hook target is called, in one
+    process: the probe's record (every layer but the probe's own wrappers) and the agent's
+    verdict on it. ``status`` is ``patched`` when a layer is not its file's own definition
+    (or the innermost is not the owner's), ``unverified`` when that could not be told."""
+
+    subject: str  # runner.execute_model | runner.sample_tokens | worker.<method> | hook:NAME
+    via: str  # class (as the class resolves the attribute) | instance (set on the live object)
+    attr: str
+    owner_module: str | None  # the class (or module) whose own definition should run
+    owner_qualname: str | None  # "" for a module-level function
+    owner_file: str | None
+    layers: tuple[CodeLayer, ...]
+    probe_layers: int = 0  # the probe's own wrappers, left out of layers
+    changes: int = 1  # records of this chain: > 1 when what runs changed while it ran
+    recorded_unix: float = 0.0  # when the probe recorded it (the process's clock)
+    python: str = ""  # the process's Python, major.minor
+    optimize: int = 0  # its sys.flags.optimize (the code depends on it)
+    status: str = ""  # the agent's: verified | patched | unverified | "" (not judged)
+    detail: str = ""  # why, when not verified: names the layer
+    distribution: str | None = None  # canonical name of the distribution owning owner_file
+
+    @property
+    def owner(self) -> str:
+        """``module.Qual`` of the owner (the module's name for a module-level function)."""
+        q = self.owner_qualname
+        return f"{self.owner_module}.{q}" if q else str(self.owner_module)
+
+
 # Drift ids (stable; the policy engine turns each Drift into a finding with this id).
 DRIFT_MODIFIED_AFTER_LOAD = "provenance.drift.modified_after_load"
 DRIFT_BYTECODE_STALE = "provenance.bytecode.stale"
@@ -260,6 +314,10 @@ DRIFT_MODULE_FILELESS = "provenance.module.fileless"
 # a RECORD, METADATA or direct_url.json (or a site directory) that could not be read or
 # parsed: what it would have said about the files is unknown (path: that file)
 DRIFT_RECORD_UNREADABLE = "provenance.record.unreadable"
+# the code that runs a step method or hook target is not its file's own definition (path: the
+# owner's file), or could not be verified against its file (another Python, unreadable)
+DRIFT_CODE_PATCHED = "provenance.code.patched"
+DRIFT_CODE_UNVERIFIED = "provenance.code.unverified"
 DRIFT_IDS = (
     DRIFT_MODIFIED_AFTER_LOAD,
     DRIFT_BYTECODE_STALE,
@@ -269,6 +327,8 @@ DRIFT_IDS = (
     DRIFT_MODULE_SHADOWED,
     DRIFT_MODULE_FILELESS,
     DRIFT_RECORD_UNREADABLE,
+    DRIFT_CODE_PATCHED,
+    DRIFT_CODE_UNVERIFIED,
 )
 
 # Evidence problems (stable ids; the policy turns each into an ERROR finding): the evidence
@@ -361,6 +421,9 @@ class ProcessReport:
     roles: tuple[str, ...] = ()
     # What the agent found wrong with this evidence itself (never PASS while there is one).
     evidence_problems: tuple[EvidenceProblem, ...] = ()
+    # What runs each step method and declared hook target, as the probe recorded it, each
+    # verified by the agent against its file (its status, and a drift when not verified).
+    code: tuple[CodeChain, ...] = ()
 
     @property
     def all_roles(self) -> frozenset[str]:

@@ -26,9 +26,12 @@ the hook table (every fire count with the process's step count beside it), the n
 loaded files and their manifest digest. Then what this tool judges from outside the process,
 as the agent does: files per provenance class (pristine, patched, editable, generated, stdlib,
 unknown, added; native libraries of a distribution included, judged as mapped) with every
-file that is not pristine and why, drift (stale bytecode, shadowed
-modules, files modified after load, ...), native libraries replaced or deleted while mapped,
-and files the probe and /proc disagree on. A Python process without the probe is still
+file that is not pristine and why, what runs each step method of the live runner and
+worker and each declared hook target (every layer, outermost first: file, first line, a
+digest of its code, checked against its file: verified, patched or unverified), drift (stale
+bytecode, shadowed modules, files modified after load, code that is not its file's
+definition, ...), native libraries replaced or deleted while mapped, and files the probe and
+/proc disagree on. A Python process without the probe is still
 reported, with "probe absent".
 
 --json output is also a stored report: `verifier diff` and `verifier policy init` read it
@@ -92,6 +95,8 @@ def judged_dict(r: ProcessReport) -> dict[str, Any]:
             "files": [dataclasses.asdict(f) for f in prov.files],
         },
         "drift": [dataclasses.asdict(d) for d in r.drift],
+        # each chain with the agent's verdict: status, and each layer's check
+        "code": [dataclasses.asdict(c) for c in r.code],
         "disagreements": [dataclasses.asdict(d) for d in r.disagreements],
         "native": [dataclasses.asdict(n) for n in r.native_mappings],
         "report": wire.process_to_json(r),
@@ -241,6 +246,7 @@ def render_judgement(r: ProcessReport) -> list[str]:
         for f in prov.files:
             dist = f" [{f.distribution} {f.version}]" if f.distribution else ""
             lines.append(f"    {f.origin:<9} {f.path}{dist}: {f.reason}")
+    lines.extend(render_code(r))
     for d in r.drift:
         lines.append(f"  DRIFT    {d.id}: {d.detail}")
     bad = [n for n in r.native_mappings if n.state != "same"]
@@ -255,6 +261,30 @@ def render_judgement(r: ProcessReport) -> list[str]:
             f"  DISAGREE {g.path}: {g.reason} (probe {_short(g.sha256_in_process)}, "
             f"agent {_short(g.sha256_agent)})"
         )
+    return lines
+
+
+def render_code(r: ProcessReport) -> list[str]:
+    """What runs each step method and hook target: one line per chain with its status, then
+    one per layer (outermost first) with where its code comes from and its check."""
+    lines = []
+    for c in r.code:
+        on = " (on the live object)" if c.via == "instance" else ""
+        probe = f", {c.probe_layers} probe wrapper(s) left out" if c.probe_layers else ""
+        changed = f", changed {c.changes - 1} time(s)" if c.changes > 1 else ""
+        dist = f" [{c.distribution}]" if c.distribution else ""
+        lines.append(
+            f"  code     {c.subject}{on}: {c.owner}.{c.attr}{dist} "
+            f"{(c.status or 'unjudged').upper()}{probe}{changed}"
+        )
+        for i, x in enumerate(c.layers):
+            where = f"{x.file}:{x.line}" if x.file else "(no Python code)"
+            sha = f" {_short(x.sha256)}" if x.sha256 else ""
+            lines.append(
+                f"    {i} {x.kind:<9} {x.code_qualname or x.qualname or '?'} {where}{sha}"
+                + (f"  {x.check}" if x.check else "")
+                + (f": {x.detail}" if x.detail else "")
+            )
     return lines
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from verifier.evidence.code_records import chains
 from verifier.evidence.journal import (
     JournalCache,
     digest_of,
@@ -23,6 +24,7 @@ from verifier.evidence.journal import (
     read_journal,
 )
 from verifier.model import (
+    CodeChain,
     FileEntry,
     HookEvidence,
     LogLine,
@@ -75,6 +77,9 @@ class ProbeState:
     # The first execute_model errors (the probe journals a few; steps.raised counts all):
     # step (the number it would have had), error ("RuntimeError: ...").
     step_errors: tuple[tuple[int, str], ...] = ()
+    # What runs each step method and declared hook target, as recorded (not yet verified:
+    # ``codecheck.check_chains``).
+    code: tuple[CodeChain, ...] = ()
 
     @property
     def role(self) -> tuple[str | None, int | None]:
@@ -365,4 +370,5 @@ def read_probe_dir(directory: Path, cache: JournalCache | None = None) -> ProbeS
             for r in records
             if r.get("k") == "fileless"
         ),
+        code=chains(records),
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -220,6 +221,9 @@ class ProcessEvidence:
                 "speculation": _speculation(p),
             },
             "hooks": [h.as_dict() for h in self.hooks],
+            # What runs each step method and declared hook target, layer by layer, as the
+            # probe recorded it (inspect shows it as verified against the files: its "code").
+            "code": [dataclasses.asdict(c) for c in p.code] if p else [],
             "manifest": {
                 "digest": p.manifest_digest if p else None,
                 "files": len(p.files) if p else None,

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from verifier.evidence.codecheck import check_chains
 from verifier.evidence.container import container_of
 from verifier.evidence.distindex import DistIndex
 from verifier.evidence.hashing import Hasher
-from verifier.evidence.judge import Judgement, judge
+from verifier.evidence.judge import Judgement, dist_index, judge
 from verifier.evidence.native import native_mappings
 from verifier.evidence.process import ProcessEvidence
 from verifier.evidence.procfs import ProcFS
@@ -39,7 +40,8 @@ def report_with_judgement(
     unchanged files are answered from its cache. PREVIOUS: the last judgement of its files, to
     reuse instead of re-checking every file (None: check now). INDEX: the process's
     distribution index, to reuse (see ``judge.dist_index``). REUSE: an earlier judgement whose
-    manifest-only part (origins, bytecode) is kept while the manifest is unchanged."""
+    manifest-only part (origins, bytecode) is kept while the manifest is unchanged. The code
+    that runs each step method and hook target is verified every time (``codecheck``)."""
     ident = ev.identity
     ref = container_of(procfs, ident.pid)
     container = ref.id if ref else None
@@ -62,6 +64,7 @@ def report_with_judgement(
     probe = ev.probe
     if probe is None:
         return base, None
+    index = index or dist_index(procfs, ident.pid)
     runner = probe.runner
     now = None
     if runner is not None and runner.file:
@@ -76,6 +79,12 @@ def report_with_judgement(
         index=index,
         reuse=reuse,
     )
+    # What runs the step methods and hook targets: verified on every report (a chain can
+    # change without any file changing; compiled files are cached).
+    code, code_drift = check_chains(
+        probe.code, probe.files, lambda path: procfs.in_root(ident.pid, path), index=index
+    )
+    drift = sorted((*judged.drift, *code_drift), key=lambda d: (d.id, d.path))
     report = dataclasses.replace(
         base,
         probe_errors=tuple(f"[{e.get('where')}] {e.get('msg')}" for e in probe.errors),
@@ -87,10 +96,11 @@ def report_with_judgement(
         runner_file_sha256_now=now,
         disagreements=judged.disagreements,
         provenance=judged.provenance,
-        drift=judged.drift,
+        drift=tuple(drift),
         runner_log=probe.runner_log,
         evidence_problems=tuple(
             EvidenceProblem(EVIDENCE_JOURNAL_EDITED, why) for why in probe.journal_problems
         ),
+        code=code,
     )
     return report, judged

@@ -15,6 +15,8 @@ from verifier.model import (
     DRIFT_BYTECODE_STALE,
     DRIFT_BYTECODE_UNCHECKED,
     DRIFT_BYTECODE_UNVERIFIED,
+    DRIFT_CODE_PATCHED,
+    DRIFT_CODE_UNVERIFIED,
     DRIFT_IDS,
     DRIFT_MODIFIED_AFTER_LOAD,
     DRIFT_MODULE_FILELESS,
@@ -68,7 +70,7 @@ PATCH_DECLARED = "provenance.patch.declared"
 PATCH_UNDECLARED = "provenance.patch.undeclared"
 PATCH_NOT_APPLIED = "provenance.patch.not_applied"
 # Always WARNING, so never in [provenance] allow
-_UNCONFIRMED_DRIFT = (DRIFT_BYTECODE_UNVERIFIED, DRIFT_RECORD_UNREADABLE)
+_UNCONFIRMED_DRIFT = (DRIFT_BYTECODE_UNVERIFIED, DRIFT_RECORD_UNREADABLE, DRIFT_CODE_UNVERIFIED)
 ALLOWABLE_DRIFT = tuple(d for d in DRIFT_IDS if d not in _UNCONFIRMED_DRIFT)
 
 
@@ -235,6 +237,16 @@ FINDINGS: dict[str, FindingKind] = {
     ),
     DRIFT_RECORD_UNREADABLE: FindingKind(
         Severity.WARNING, "", "an installer's RECORD, METADATA or direct_url.json is unreadable"
+    ),
+    DRIFT_CODE_PATCHED: FindingKind(
+        Severity.ERROR,
+        "",
+        "the code that runs a step method or hook target is not its file's own definition",
+    ),
+    DRIFT_CODE_UNVERIFIED: FindingKind(
+        Severity.WARNING,
+        "",
+        "the code that runs a step method or hook target could not be verified against its file",
     ),
     PROVENANCE_ORIGINS: FindingKind(
         Severity.INFO, "", "a process's files per provenance class, and each non-pristine file"

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from verifier.model import (
     DRIFT_BYTECODE_UNVERIFIED,
+    DRIFT_CODE_UNVERIFIED,
     DRIFT_RECORD_UNREADABLE,
     Finding,
     Origin,
@@ -33,7 +34,9 @@ def _judged(p: ProcessReport) -> bool:
     return p.probe_present and p.role not in I.IGNORED_ROLES
 
 
-_UNCONFIRMED = frozenset({DRIFT_BYTECODE_UNVERIFIED, DRIFT_RECORD_UNREADABLE})
+_UNCONFIRMED = frozenset(
+    {DRIFT_BYTECODE_UNVERIFIED, DRIFT_RECORD_UNREADABLE, DRIFT_CODE_UNVERIFIED}
+)
 
 
 def dist_info_name(path: str) -> str | None:
@@ -140,8 +143,10 @@ class Pristine:
     """``[provenance] pristine``: every loaded file of these distributions is pristine (its
     RECORD hash) or a declared patch with its declared hash; a declared patch whose file is
     loaded with the published bytes was not applied. A file added into a package folder of
-    one (``added``) is not pristine unless a patch declares it with its bytes, and a RECORD
-    or METADATA of one that could not be read leaves its files unjudged: not pristine."""
+    one (``added``) is not pristine unless a patch declares it with its bytes, a RECORD or
+    METADATA of one that could not be read leaves its files unjudged, and code running one of
+    its step methods or hook targets that could not be verified against its files
+    (``provenance.code.unverified``) is not known to be its own: not pristine."""
 
     distributions: tuple[str, ...]  # canonical names
     patches: tuple[Patch, ...] = ()
@@ -199,6 +204,22 @@ class Pristine:
                         distribution=dist,
                         origin=None,
                         reason=d.detail,
+                    )
+                )
+        for c in p.code:
+            if c.status == "unverified" and c.distribution in self.distributions:
+                out.append(
+                    E.finding(
+                        F.PROVENANCE_NOT_PRISTINE,
+                        Severity.ERROR,
+                        f"{E.name(p)}: {c.distribution} must be pristine, but {c.detail}",
+                        snapshot,
+                        **E.base(p),
+                        path=c.owner_file,
+                        distribution=c.distribution,
+                        origin=None,
+                        reason=c.detail,
+                        subject=c.subject,
                     )
                 )
         for f in prov.files:

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from verifier.probe import _core
+from verifier.probe import _code, _core
 
 _TOOL_NAME = "verifier-probe"
 Fire = Callable[[int], None]  # counts one fire of the hook whose slots start at its argument
@@ -97,6 +97,7 @@ def install(owner: Any, attr: str, fire: Fire, base: int, name: str) -> str:
 
     functools.update_wrapper(once, fn)
     once.__verifier_probe__ = True  # type: ignore[attr-defined]
+    _code.own(once, fn)
     installed: Any = once
     if isinstance(raw, staticmethod):
         installed = staticmethod(once)

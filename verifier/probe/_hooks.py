@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, TypeVar
 
-from verifier.probe import _core, _device, _firsthit, _postimport
+from verifier.probe import _code, _core, _device, _firsthit, _postimport
 from verifier.probe import layout as L
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -204,6 +204,7 @@ def counting(fn: F, base: int, device: str | None = None) -> F:
         wrapper = swrapper
     functools.update_wrapper(wrapper, fn)
     wrapper.__verifier_probe__ = True  # type: ignore[attr-defined]
+    _code.own(wrapper, fn)
     return wrapper  # type: ignore[return-value]
 
 
@@ -283,6 +284,7 @@ def _track_instances(owner: type, name: str) -> None:
             orig(self, *args, **kwargs)
 
     functools.update_wrapper(__init__, orig)
+    _code.own(__init__, orig)
     owner.__init__ = __init__  # type: ignore[misc]
 
 
@@ -347,6 +349,7 @@ def _apply(decl: HookDecl, base: int, module: ModuleType) -> None:
         st.error("VERIFIER_HOOKS", f"hook {decl.name!r}: cannot wrap {decl.target}: {e}")
         return
     st.remember({"k": "hook_wrapped", "name": decl.name, "owner": where, "how": how})
+    _code.watch(f"hook:{decl.name}", owner, attr)
 
 
 def apply_env(text: str) -> None:

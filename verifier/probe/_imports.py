@@ -25,7 +25,7 @@ import time
 from importlib.machinery import ExtensionFileLoader, SourceFileLoader
 from typing import Any
 
-from verifier.probe import _core, _device, _postimport
+from verifier.probe import _code, _core, _device, _postimport
 
 SWEEP_INTERVAL_S = 1.0
 
@@ -214,7 +214,8 @@ def _interp_record() -> dict[str, Any] | None:
 
 
 def sweep() -> None:
-    """One pass: pending post-import callbacks, extension hashes, unseen modules."""
+    """One pass: pending post-import callbacks, extension hashes, unseen modules, and the
+    code that runs each watched method (``_code``)."""
     _postimport.flush()
     st = _core.state()
     interp = _interp_record()
@@ -248,6 +249,7 @@ def sweep() -> None:
                 }
             )
     _sweep_modules(st)
+    _code.recheck()  # what runs the watched methods: journaled again if it changed
 
 
 def _sweep_modules(st: Any) -> None:

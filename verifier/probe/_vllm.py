@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from verifier.probe import _bindings, _core, _device, _postimport, _spec
+from verifier.probe import _bindings, _code, _core, _device, _postimport, _spec
 from verifier.probe import layout as L
 
 STEP_METHODS = ("execute_model", "sample_tokens")
@@ -68,9 +68,10 @@ _wrappers: set[Callable[..., Any]] = set()  # this module's wrappers (by identit
 
 def _mark(fn: Callable[..., Any]) -> None:
     """Note FN as one of this module's wrappers (and mark it as the probe's, like every probe
-    wrapper)."""
+    wrapper; ``functools.update_wrapper`` has set what it wraps)."""
     fn.__verifier_probe__ = True  # type: ignore[attr-defined]
     _wrappers.add(fn)
+    _code.own(fn, getattr(fn, "__wrapped__", None))
 
 
 def _ours(fn: Any) -> bool:
@@ -157,6 +158,11 @@ def record_runner(worker: Any) -> None:
             "mro": [_qualified(k) for k in cls.__mro__],
         }
     )
+    for m in STEP_METHODS:  # what runs them, as the worker calls them (``_code``)
+        if hasattr(cls, m):
+            _code.watch(f"runner.{m}", cls, m, instance=runner)
+        if hasattr(type(worker), m):
+            _code.watch(f"worker.{m}", type(worker), m, instance=worker)
 
 
 def split_tokens(so: Any, total: int) -> tuple[int, int]:

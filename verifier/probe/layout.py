@@ -50,6 +50,26 @@ Each probed process owns one directory, ``<probe dir>/<pid>-<start ticks>/``, ho
     of an ``n > 1`` request); ``xrid``: the client's raw ``X-Request-Id`` header, when the
     request came through an OpenAI serving class that read it.
 
+Among the journal's records, ``{"k":"code"}`` says which code object runs one step method
+or declared hook target (``_code``): ``subject`` (``runner.execute_model``,
+``worker.sample_tokens``, ``hook:NAME``), ``via`` (``class``: the attribute as its class
+resolves it; ``instance``: an attribute set on the live object itself, which shadows the
+class's), the ``owner`` whose definition it should be (``owner_module``, ``owner_qualname``,
+``owner_file``; ``owner_qualname`` is empty for a module-level function), ``attr``,
+``probe_layers`` (the probe's own wrappers, left out), ``python`` (``major.minor``),
+``optimize`` (``sys.flags.optimize``), ``absent`` (the instance attribute is gone again) and
+``layers``, outermost first: ``kind`` (``function``, ``method``, ``staticmethod``,
+``classmethod``, ``partial``, ``object``, ``builtin``, ``other``), ``via`` (how it was
+reached from the layer above: ``attribute``, ``__wrapped__``, ``__func__``, ``func``, or
+``probe``: what one of the probe's own wrappers calls),
+``held`` (whether the layer above holds it where it calls it from: its closure, its
+``__func__`` or ``func``; None for the first), ``module``, ``qualname`` (the object's
+``__module__`` and ``__qualname__``) and, for one with Python code (a function, or an
+object's ``__call__``), ``code_qualname``, ``name``, ``file``, ``line`` (``co_qualname``,
+``co_name``, ``co_filename``, ``co_firstlineno``), ``sha256`` (``code_digest``) and
+``globals_file`` (``__file__`` of the namespace it runs in); ``cut`` marks a chain cut after 16
+layers. A new record is written when what runs changes.
+
 The pid in the name is the pid in the probe's own PID namespace; the start time (clock ticks
 since boot, field 22 of ``/proc/<pid>/stat``) disambiguates pid reuse.
 
@@ -57,6 +77,10 @@ Stdlib only, no side effects at import: both the probe and the readers import th
 """
 
 from __future__ import annotations
+
+import hashlib
+from types import CodeType
+from typing import Any
 
 ENV_PROBE_DIR = "VERIFIER_PROBE_DIR"
 ENV_HOOKS = "VERIFIER_HOOKS"
@@ -153,3 +177,79 @@ def stat_fields(stat: bytes) -> list[bytes]:
 def start_ticks(stat: bytes) -> int:
     """Start time in clock ticks since boot (field 22) from a ``/proc/<pid>/stat`` line."""
     return int(stat_fields(stat)[19])
+
+
+# The fields of a code object that ``code_digest`` covers, in order. ``co_filename`` is left
+# out: a ``code`` record names the file beside the digest, and the agent compiles that file.
+CODE_FIELDS = (
+    "co_argcount",
+    "co_posonlyargcount",
+    "co_kwonlyargcount",
+    "co_stacksize",
+    "co_flags",
+    "co_code",
+    "co_names",
+    "co_varnames",
+    "co_freevars",
+    "co_cellvars",
+    "co_name",
+    "co_qualname",
+    "co_firstlineno",
+    "co_linetable",
+    "co_exceptiontable",
+    "co_consts",
+)
+
+
+def code_digest(code: CodeType) -> str:
+    """sha256 (hex) of CODE's fields (``CODE_FIELDS``), nested code objects and constants
+    included, in an encoding of its own: the same for the code the process runs and for the
+    code an outside party gets by compiling the same source under the same Python and
+    optimization level. (``marshal.dumps`` is not: it writes references for objects that are
+    shared in memory, which differ between the two.) ``co_code`` is the bytecode as
+    compiled, whatever the interpreter specialized since."""
+    h = hashlib.sha256()
+    _feed(h, code, 0)
+    return h.hexdigest()
+
+
+def _feed(h: Any, v: object, depth: int) -> None:
+    if depth > 200:  # deeper than any compiler nests: not from a source file
+        h.update(b"!")
+        return
+    if isinstance(v, CodeType):
+        h.update(b"C")
+        for name in CODE_FIELDS:
+            _feed(h, getattr(v, name, None), depth + 1)
+    elif v is None:
+        h.update(b"N")
+    elif v is Ellipsis:
+        h.update(b"E")
+    elif isinstance(v, bool):
+        h.update(b"T" if v else b"F")
+    elif isinstance(v, (tuple, frozenset)):
+        parts = []
+        for x in v:
+            sub = hashlib.sha256()
+            _feed(sub, x, depth + 1)
+            parts.append(sub.digest())
+        if isinstance(v, frozenset):
+            parts.sort()  # a set's order in memory is not its source's
+        h.update((b"(" if isinstance(v, tuple) else b"{") + b"%d:" % len(parts) + b"".join(parts))
+    else:
+        tag, data = _scalar(v)
+        h.update(tag + b"%d:" % len(data) + data)
+
+
+def _scalar(v: object) -> tuple[bytes, bytes]:
+    if isinstance(v, int):
+        return b"I", str(v).encode()
+    if isinstance(v, float):
+        return b"D", v.hex().encode()
+    if isinstance(v, complex):
+        return b"J", f"{v.real.hex()},{v.imag.hex()}".encode()
+    if isinstance(v, str):
+        return b"S", v.encode("utf-8", "surrogatepass")
+    if isinstance(v, bytes):
+        return b"B", v
+    return b"?", f"{type(v).__qualname__}:{v!r}".encode("utf-8", "backslashreplace")

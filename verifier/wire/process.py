@@ -1,5 +1,6 @@
 """``ProcessReport`` and its parts (runner, steps, speculation, hooks, files, native
-mappings, disagreements, provenance, drift, stack witness) to and from their messages."""
+mappings, disagreements, provenance, drift, stack witness; code chains in ``code.py``) to and
+from their messages."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from verifier.model import (
     StepEvidence,
 )
 from verifier.wire import fields as F
+from verifier.wire.code import chain_from_pb, chain_to_pb
 
 
 def key_to_pb(key: ProcessKey) -> pb.ProcessKey:
@@ -268,6 +270,7 @@ def process_to_pb(p: ProcessReport) -> pb.ProcessReport:
         evidence_problems=[
             pb.EvidenceProblem(id=x.id, detail=x.detail) for x in p.evidence_problems
         ],
+        code=[chain_to_pb(c) for c in p.code],
     )
 
 
@@ -429,6 +432,7 @@ def process_from_pb(msg: pb.ProcessReport, at: str) -> ProcessReport:
             _problem_from_pb(x, f"{at}.evidence_problems[{i}]")
             for i, x in enumerate(msg.evidence_problems)
         ),
+        code=tuple(chain_from_pb(c, f"{at}.code[{i}]") for i, c in enumerate(msg.code)),
     )
 
 

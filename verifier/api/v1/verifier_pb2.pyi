@@ -188,7 +188,7 @@ class FileEntry(_message.Message):
     def __init__(self, path: _Optional[str] = ..., sha256: _Optional[str] = ..., size: _Optional[int] = ..., kind: _Optional[str] = ..., module: _Optional[str] = ..., at: _Optional[str] = ...) -> None: ...
 
 class ProcessReport(_message.Message):
-    __slots__ = ("key", "ns_pid", "ppid", "start_time", "role", "rank", "container_id", "cmdline", "exe", "probe_present", "probe_errors", "runner", "steps", "hooks", "manifest_digest", "files_included", "files", "runner_file_sha256_now", "disagreements", "native_mappings", "provenance", "drift", "stack_witness", "runner_log", "roles", "evidence_problems")
+    __slots__ = ("key", "ns_pid", "ppid", "start_time", "role", "rank", "container_id", "cmdline", "exe", "probe_present", "probe_errors", "runner", "steps", "hooks", "manifest_digest", "files_included", "files", "runner_file_sha256_now", "disagreements", "native_mappings", "provenance", "drift", "stack_witness", "runner_log", "roles", "evidence_problems", "code")
     KEY_FIELD_NUMBER: _ClassVar[int]
     NS_PID_FIELD_NUMBER: _ClassVar[int]
     PPID_FIELD_NUMBER: _ClassVar[int]
@@ -215,6 +215,7 @@ class ProcessReport(_message.Message):
     RUNNER_LOG_FIELD_NUMBER: _ClassVar[int]
     ROLES_FIELD_NUMBER: _ClassVar[int]
     EVIDENCE_PROBLEMS_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
     key: ProcessKey
     ns_pid: int
     ppid: int
@@ -241,7 +242,8 @@ class ProcessReport(_message.Message):
     runner_log: _containers.RepeatedCompositeFieldContainer[LogLine]
     roles: _containers.RepeatedScalarFieldContainer[str]
     evidence_problems: _containers.RepeatedCompositeFieldContainer[EvidenceProblem]
-    def __init__(self, key: _Optional[_Union[ProcessKey, _Mapping]] = ..., ns_pid: _Optional[int] = ..., ppid: _Optional[int] = ..., start_time: _Optional[float] = ..., role: _Optional[str] = ..., rank: _Optional[int] = ..., container_id: _Optional[str] = ..., cmdline: _Optional[_Iterable[str]] = ..., exe: _Optional[str] = ..., probe_present: _Optional[bool] = ..., probe_errors: _Optional[_Iterable[str]] = ..., runner: _Optional[_Union[RunnerEvidence, _Mapping]] = ..., steps: _Optional[_Union[StepEvidence, _Mapping]] = ..., hooks: _Optional[_Iterable[_Union[HookEvidence, _Mapping]]] = ..., manifest_digest: _Optional[str] = ..., files_included: _Optional[bool] = ..., files: _Optional[_Iterable[_Union[FileEntry, _Mapping]]] = ..., runner_file_sha256_now: _Optional[str] = ..., disagreements: _Optional[_Iterable[_Union[FileDisagreement, _Mapping]]] = ..., native_mappings: _Optional[_Iterable[_Union[NativeMapping, _Mapping]]] = ..., provenance: _Optional[_Union[Provenance, _Mapping]] = ..., drift: _Optional[_Iterable[_Union[Drift, _Mapping]]] = ..., stack_witness: _Optional[_Union[StackWitness, _Mapping]] = ..., runner_log: _Optional[_Iterable[_Union[LogLine, _Mapping]]] = ..., roles: _Optional[_Iterable[str]] = ..., evidence_problems: _Optional[_Iterable[_Union[EvidenceProblem, _Mapping]]] = ...) -> None: ...
+    code: _containers.RepeatedCompositeFieldContainer[CodeChain]
+    def __init__(self, key: _Optional[_Union[ProcessKey, _Mapping]] = ..., ns_pid: _Optional[int] = ..., ppid: _Optional[int] = ..., start_time: _Optional[float] = ..., role: _Optional[str] = ..., rank: _Optional[int] = ..., container_id: _Optional[str] = ..., cmdline: _Optional[_Iterable[str]] = ..., exe: _Optional[str] = ..., probe_present: _Optional[bool] = ..., probe_errors: _Optional[_Iterable[str]] = ..., runner: _Optional[_Union[RunnerEvidence, _Mapping]] = ..., steps: _Optional[_Union[StepEvidence, _Mapping]] = ..., hooks: _Optional[_Iterable[_Union[HookEvidence, _Mapping]]] = ..., manifest_digest: _Optional[str] = ..., files_included: _Optional[bool] = ..., files: _Optional[_Iterable[_Union[FileEntry, _Mapping]]] = ..., runner_file_sha256_now: _Optional[str] = ..., disagreements: _Optional[_Iterable[_Union[FileDisagreement, _Mapping]]] = ..., native_mappings: _Optional[_Iterable[_Union[NativeMapping, _Mapping]]] = ..., provenance: _Optional[_Union[Provenance, _Mapping]] = ..., drift: _Optional[_Iterable[_Union[Drift, _Mapping]]] = ..., stack_witness: _Optional[_Union[StackWitness, _Mapping]] = ..., runner_log: _Optional[_Iterable[_Union[LogLine, _Mapping]]] = ..., roles: _Optional[_Iterable[str]] = ..., evidence_problems: _Optional[_Iterable[_Union[EvidenceProblem, _Mapping]]] = ..., code: _Optional[_Iterable[_Union[CodeChain, _Mapping]]] = ...) -> None: ...
 
 class EvidenceProblem(_message.Message):
     __slots__ = ("id", "detail")
@@ -250,6 +252,70 @@ class EvidenceProblem(_message.Message):
     id: str
     detail: str
     def __init__(self, id: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class CodeChain(_message.Message):
+    __slots__ = ("subject", "via", "attr", "owner_module", "owner_qualname", "owner_file", "layers", "probe_layers", "changes", "recorded_unix", "python", "optimize", "status", "detail", "distribution")
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    VIA_FIELD_NUMBER: _ClassVar[int]
+    ATTR_FIELD_NUMBER: _ClassVar[int]
+    OWNER_MODULE_FIELD_NUMBER: _ClassVar[int]
+    OWNER_QUALNAME_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FILE_FIELD_NUMBER: _ClassVar[int]
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
+    PROBE_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    RECORDED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    PYTHON_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    DISTRIBUTION_FIELD_NUMBER: _ClassVar[int]
+    subject: str
+    via: str
+    attr: str
+    owner_module: str
+    owner_qualname: str
+    owner_file: str
+    layers: _containers.RepeatedCompositeFieldContainer[CodeLayer]
+    probe_layers: int
+    changes: int
+    recorded_unix: float
+    python: str
+    optimize: int
+    status: str
+    detail: str
+    distribution: str
+    def __init__(self, subject: _Optional[str] = ..., via: _Optional[str] = ..., attr: _Optional[str] = ..., owner_module: _Optional[str] = ..., owner_qualname: _Optional[str] = ..., owner_file: _Optional[str] = ..., layers: _Optional[_Iterable[_Union[CodeLayer, _Mapping]]] = ..., probe_layers: _Optional[int] = ..., changes: _Optional[int] = ..., recorded_unix: _Optional[float] = ..., python: _Optional[str] = ..., optimize: _Optional[int] = ..., status: _Optional[str] = ..., detail: _Optional[str] = ..., distribution: _Optional[str] = ...) -> None: ...
+
+class CodeLayer(_message.Message):
+    __slots__ = ("kind", "via", "held", "module", "qualname", "code_qualname", "name", "file", "line", "sha256", "globals_file", "check", "detail")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    VIA_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    MODULE_FIELD_NUMBER: _ClassVar[int]
+    QUALNAME_FIELD_NUMBER: _ClassVar[int]
+    CODE_QUALNAME_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    LINE_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    GLOBALS_FILE_FIELD_NUMBER: _ClassVar[int]
+    CHECK_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    via: str
+    held: bool
+    module: str
+    qualname: str
+    code_qualname: str
+    name: str
+    file: str
+    line: int
+    sha256: str
+    globals_file: str
+    check: str
+    detail: str
+    def __init__(self, kind: _Optional[str] = ..., via: _Optional[str] = ..., held: _Optional[bool] = ..., module: _Optional[str] = ..., qualname: _Optional[str] = ..., code_qualname: _Optional[str] = ..., name: _Optional[str] = ..., file: _Optional[str] = ..., line: _Optional[int] = ..., sha256: _Optional[str] = ..., globals_file: _Optional[str] = ..., check: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class StackWitness(_message.Message):
     __slots__ = ("samples", "runner_file_hits", "runner_file", "top_files", "error")
