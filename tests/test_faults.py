@@ -31,7 +31,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.helpers import Backend, probe_env, verifier_cli
+from tests.helpers import Backend, probe_env, state_dir, verifier_cli
 from tests.test_gate_e2e import Daemon
 from verifier import wire
 from verifier.agent import runner
@@ -132,7 +132,8 @@ def worker(tmp_path: Path) -> Iterator[FakeWorker]:
                             stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
-        (probe,) = (tmp_path / "probe").glob(f"{proc.pid}-*")
+        probe = state_dir(tmp_path / "probe", proc.pid)
+        assert probe.is_dir(), probe
         fw = FakeWorker(proc, probe)
         yield fw
         fw.stop_bindings()

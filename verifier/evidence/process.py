@@ -179,6 +179,7 @@ class ProcessEvidence:
             "probe": {
                 "present": p is not None,
                 "dir": self.probe_dir,
+                "state_dir": p.directory if p else None,
                 "mode": p.mode if p else None,
                 "shared_memory": p.shared if p else None,
                 "errors": [{"where": e.get("where"), "msg": e.get("msg")} for e in p.errors]
@@ -301,17 +302,27 @@ def probe_dirs_of(procfs: ProcFS, pid: int) -> list[str]:
     return list(out)
 
 
+def state_dir_names(procfs: ProcFS, ident: ProcessIdentity) -> list[str]:
+    """The names IDENT's probe state may have, in the order tried: the name a probe gives it
+    (boot id, PID namespace, pid, start time), then an older probe's ``<pid>-<start ticks>``."""
+    pid_ns = procfs.pid_ns(ident.pid)
+    names = [] if pid_ns is None else [
+        L.process_dir_name(ident.boot_id, pid_ns, ident.ns_pid, ident.start_ticks)
+    ]  # fmt: skip
+    return [*names, L.legacy_dir_name(ident.ns_pid, ident.start_ticks)]
+
+
 def read_process(procfs: ProcFS, pid: int, cache: JournalCache | None = None) -> ProcessEvidence:
     """Evidence for PID. Raises NoSuchProcess / NotPythonProcess / ProcessAccessDenied."""
     ident = procfs.identity(pid)
     if not procfs.is_python(pid):
         raise NotPythonProcess(pid, ident.exe)
     pdirs = probe_dirs_of(procfs, pid)
-    name = L.process_dir_name(ident.ns_pid, ident.start_ticks)
+    names = state_dir_names(procfs, ident)
     probe = None
     pdir = pdirs[0]
-    candidates = [(d, procfs.in_root(pid, d) / name) for d in pdirs]
-    candidates += [(d, Path(d) / name) for d in pdirs]
+    candidates = [(d, procfs.in_root(pid, d) / n) for d in pdirs for n in names]
+    candidates += [(d, Path(d) / n) for d in pdirs for n in names]
     for where, candidate in candidates:
         try:
             probe = read_probe_dir(candidate, cache)

@@ -93,6 +93,20 @@ class ProcFS:
     def maps(self, pid: int) -> str:
         return self._read(pid, "maps").decode(errors="replace")
 
+    def pid_ns(self, pid: int) -> int | None:
+        """The inode of PID's PID namespace (``/proc/<pid>/ns/pid``); None where the tree has
+        no such link (a captured tree) or it reads as something else."""
+        try:
+            link = os.readlink(self.root / str(pid) / "ns" / "pid")
+        except PermissionError as e:
+            raise ProcessAccessDenied(pid, "ns/pid") from e
+        except OSError:
+            return None
+        try:
+            return L.ns_inode(link)
+        except ValueError:
+            return None
+
     def cgroup(self, pid: int) -> str:
         return self._read(pid, "cgroup").decode(errors="replace")
 
