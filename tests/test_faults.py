@@ -48,9 +48,12 @@ from verifier.testing.postgres import PostgresServer
 AGENT_ID = "fault-agent"
 RUNNER = "class Runner:\n    def execute_model(self, so):\n        return None\n"
 CHILD = """\
-import sys, verifier.probe as p
+import os, sys, verifier.probe as p
 p.start()
-from verifier.probe import _vllm
+from verifier.probe import _core, _vllm
+# Its bindings.jsonl is held open here, as the probe's writer holds it (a reader takes only a
+# file the process holds for its own); the test appends the records (FakeWorker).
+bindings = os.open(os.path.join(_core.STATE.dir, "bindings.jsonl"), os.O_WRONLY | os.O_CREAT)
 import fakerunner
 
 class SchedulerOutput:

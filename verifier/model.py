@@ -342,6 +342,8 @@ class ProcessReport:
     # Every role the probe recorded, sorted (``role`` is the most specific). Offline use in
     # one process is ("engine_core", "offline", "worker"). Empty: only ``role`` is known.
     roles: tuple[str, ...] = ()
+    # State dirs under its name, refused: it does not hold their files ("<dir>: <why>" each)
+    probe_unbound: tuple[str, ...] = ()
 
     @property
     def all_roles(self) -> frozenset[str]:

@@ -4,6 +4,8 @@ The evidence it reads is returned as ``verifier.model`` types (steps, hooks, fil
 runner, speculation, vLLM's log lines): the same values the agent reports. ``ProbeState``
 adds what only the journal holds (the probe's mode, roles, errors, the interpreter's layout,
 the raw graph record, the runner's worker and step-method files), for ``verifier inspect``.
+Given the process the directory must belong to (``binding.Holder``), only files that process
+holds are read.
 """
 
 from __future__ import annotations
@@ -13,12 +15,13 @@ import hashlib
 import json
 import os
 import re
-import struct
-import time
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from verifier.evidence.binding import FileId, Holder, symlink
+from verifier.evidence.counters import read_settled, steps_of
 from verifier.model import (
     FileEntry,
     HookEvidence,
@@ -70,6 +73,11 @@ class ProbeState:
     # The first execute_model errors (the probe journals a few; steps.raised counts all):
     # step (the number it would have had), error ("RuntimeError: ...").
     step_errors: tuple[tuple[int, str], ...] = ()
+    # Read bound to its process (``binding``): the (device, inode) of the bindings.jsonl the
+    # process holds (empty: none yet), the only one a reader may take for its own. None: the
+    # directory was read without a process to bind it to.
+    bindings_file: frozenset[tuple[int, int]] | None = None
+    journal_file: tuple[int, int] | None = None  # likewise: the journal's (device, inode)
 
     @property
     def role(self) -> tuple[str | None, int | None]:
@@ -79,65 +87,6 @@ class ProbeState:
         best = max(self.roles, key=lambda r: ROLE_RANK.get(str(r.get("role")), 0))
         rank = best.get("rank")
         return str(best.get("role")), rank if isinstance(rank, int) else None
-
-
-def read_counters(path: Path) -> list[int] | None:
-    """The counter slots, or None if the file is missing or not (yet) a probe's."""
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return None
-    n = len(data) // L.SLOT_BYTES
-    if n < L.HOOK_BASE:
-        return None
-    slots = list(struct.unpack(f"={n}Q", data[: n * L.SLOT_BYTES]))
-    if slots[L.H_MAGIC] != L.MAGIC or slots[L.H_VERSION] != L.LAYOUT_VERSION:
-        return None
-    return slots
-
-
-SETTLE_TRIES = 40  # re-reads while a step is open (execute_model .. sample_tokens) ...
-SETTLE_PAUSE_S = 0.0025  # ... at this pause: at most about 0.1 s per read
-
-
-def read_settled(path: Path) -> list[int] | None:
-    """The counter slots read between two steps where possible. A step is counted when it
-    starts and its hooks fire as it runs (the sampler's in ``sample_tokens``, its second
-    phase), so a read inside a step sees the step without all of its fires: a hook that fires
-    on every step would look one fire short, and a gate could FAIL on it. While the probe
-    marks a step open, read again, briefly; if it stays open (a long step, or a process
-    stopped inside one), ``steps_of`` leaves the open step out of the judged counts."""
-    slots = read_counters(path)
-    for _ in range(SETTLE_TRIES):
-        if slots is None or not slots[L.S_IN_STEP]:
-            return slots
-        time.sleep(SETTLE_PAUSE_S)
-        slots = read_counters(path)
-    return slots
-
-
-def steps_of(slots: list[int]) -> StepEvidence:
-    """The step counts of SLOTS, without the step still open in them (if any): its counts
-    are taken when it starts, its fires are not all in yet. (The graph mode and speculation
-    come from the journal: ``read_probe_dir`` adds them.)"""
-    open_ = 1 if slots[L.S_IN_STEP] else 0
-    phase = slots[L.S_CURRENT_PHASE] if open_ else 0
-    productive = 1 if phase & L.PHASE_PRODUCTIVE else 0
-    return StepEvidence(
-        total=max(0, slots[L.S_STEPS_TOTAL] - open_),
-        productive=max(0, slots[L.S_STEPS_PRODUCTIVE] - productive),
-        empty=max(0, slots[L.S_STEPS_EMPTY] - (open_ - productive)),
-        tokens_scheduled=slots[L.S_TOKENS_SCHEDULED],
-        requests_scheduled=slots[L.S_REQUESTS_SCHEDULED],
-        requests_max=slots[L.S_REQUESTS_MAX],
-        last_step_unix_ns=slots[L.S_LAST_STEP_UNIX_NS],
-        prefill_steps=max(0, slots[L.S_STEPS_PREFILL] - (1 if phase & L.PHASE_PREFILL else 0)),
-        decode_steps=max(0, slots[L.S_STEPS_DECODE] - (1 if phase & L.PHASE_DECODE else 0)),
-        prefill_tokens=slots[L.S_TOKENS_PREFILL],
-        decode_tokens=slots[L.S_TOKENS_DECODE],
-        dummy_steps=slots[L.S_STEPS_DUMMY],
-        raised=slots[L.S_STEPS_RAISED],
-    )
 
 
 # A \uD800-\uDFFF escape, which may decode to a lone surrogate: a file name's undecodable bytes
@@ -186,15 +135,32 @@ def _parse(lines: list[bytes]) -> list[dict[str, Any]]:
 
 def read_journal(path: Path) -> list[dict[str, Any]]:
     """Complete JSON records of a journal; a partial or garbled line is skipped."""
+    got = _read_file(path)
+    return _parse(got[0].split(b"\n")) if got is not None else []
+
+
+def _read_file(path: Path) -> tuple[bytes, FileId] | None:
+    """PATH's bytes and (device, inode), read from one descriptor; None when it cannot be
+    opened (missing, or a symbolic link: a probe writes regular files only)."""
     try:
-        raw = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        return []
-    return _parse(raw.split(b"\n"))
+        return None
+    try:
+        st = os.fstat(fd)
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks), (st.st_dev, st.st_ino)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 @dataclass
 class _Cached:
+    dev: int
     ino: int
     offset: int  # bytes of complete lines consumed
     prefix_sha256: bytes  # of those bytes: the cache is used only while they are unchanged
@@ -215,22 +181,20 @@ class JournalCache:
         self._entries: dict[str, _Cached] = {}
 
     def records(self, path: Path) -> _Cached | None:
-        try:
-            with path.open("rb") as f:
-                ino = os.fstat(f.fileno()).st_ino
-                raw = f.read()
-        except OSError:
+        got = _read_file(path)
+        if got is None:
             self._entries.pop(str(path), None)
             return None
+        raw, (dev, ino) = got
         entry = self._entries.get(str(path))
         if (
             entry is None
-            or entry.ino != ino
+            or (entry.dev, entry.ino) != (dev, ino)
             or len(raw) < entry.offset
             # An edit in place of what was already parsed (a tampered record) is seen too.
             or hashlib.sha256(raw[: entry.offset]).digest() != entry.prefix_sha256
         ):
-            entry = _Cached(ino, 0, hashlib.sha256(b"").digest(), [], (), {}, merkle_root([]))
+            entry = _Cached(dev, ino, 0, hashlib.sha256(b"").digest(), [], (), {}, merkle_root([]))
         new = raw[entry.offset :]
         complete = new[: new.rfind(b"\n") + 1]
         entry.offset += len(complete)
@@ -432,23 +396,41 @@ def _with_graph(
     )
 
 
-def read_probe_dir(directory: Path, cache: JournalCache | None = None) -> ProbeState | None:
+def read_probe_dir(
+    directory: Path, cache: JournalCache | None = None, holder: Holder | None = None
+) -> ProbeState | None:
     """Parse one probe directory; None when it holds no probe state. CACHE: reuse what an
     earlier read of the same journal parsed (counters are always read fresh). The journal is
-    written by the probed process: a field of the wrong type reads as absent, never raises."""
+    written by the probed process: a field of the wrong type reads as absent, never raises.
+    HOLDER: the process the directory must belong to; raises ``binding.Unbound`` when the
+    files are not the ones it holds (see ``binding``), and reads only the files checked. A
+    probe with private counters (``shared: false``) is read without counts then."""
     journal = directory / L.JOURNAL_FILE
+    if holder is not None and journal.is_symlink():
+        raise symlink(L.JOURNAL_FILE)
     cached = cache.records(journal) if cache is not None else None
     if cached is not None:
         records, files, digest = cached.records, cached.files, cached.digest
-        hashed_at = cached.hashed_at
+        hashed_at, fid = cached.hashed_at, (cached.dev, cached.ino)
     else:
-        records = read_journal(journal)
+        got = _read_file(journal)
+        records = _parse(got[0].split(b"\n")) if got is not None else []
+        fid = got[1] if got is not None else (0, 0)
         files, hashed_at = _files(records)
         digest = _digest(files)
     start = next((r for r in records if r.get("k") == "start"), None)
     if start is None:
         return None
-    slots = read_settled(directory / L.COUNTERS_FILE) or [0] * L.N_SLOTS
+    bindings: frozenset[FileId] | None = None
+    if holder is not None:
+        holder.check_journal(fid, start)
+        opened: dict[str, Any] = next(
+            (r for r in reversed(records) if r.get("k") == "bindings_fd"), {}
+        )
+        bindings = _bindings_file(directory, holder, opened.get("fd"))
+    private = holder is not None and start.get("shared") is False
+    slots = None if private else read_settled(directory / L.COUNTERS_FILE, holder)
+    slots = slots or [0] * L.N_SLOTS
     runner_rec: dict[str, Any] = next((r for r in reversed(records) if r.get("k") == "runner"), {})
     graph: dict[str, Any] = next((r for r in reversed(records) if r.get("k") == "graph"), {})
     methods = runner_rec.get("methods")
@@ -482,4 +464,20 @@ def read_probe_dir(directory: Path, cache: JournalCache | None = None) -> ProbeS
             for r in records
             if r.get("k") == "fileless"
         ),
+        bindings_file=bindings,
+        journal_file=fid if holder is not None else None,
     )
+
+
+def _bindings_file(directory: Path, holder: Holder, hint: object) -> frozenset[FileId]:
+    """The (device, inode) of DIRECTORY's ``bindings.jsonl`` when HOLDER holds it open (empty:
+    there is none yet); raises ``Unbound`` for one it does not hold. HINT: the descriptor the
+    probe journaled for it."""
+    try:
+        st = os.lstat(directory / L.BINDINGS_FILE)
+    except OSError:
+        return frozenset()
+    if stat.S_ISLNK(st.st_mode):
+        raise symlink(L.BINDINGS_FILE)
+    holder.check_bindings((st.st_dev, st.st_ino), hint)
+    return frozenset({(st.st_dev, st.st_ino)})

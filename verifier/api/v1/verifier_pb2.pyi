@@ -188,7 +188,7 @@ class FileEntry(_message.Message):
     def __init__(self, path: _Optional[str] = ..., sha256: _Optional[str] = ..., size: _Optional[int] = ..., kind: _Optional[str] = ..., module: _Optional[str] = ..., at: _Optional[str] = ...) -> None: ...
 
 class ProcessReport(_message.Message):
-    __slots__ = ("key", "ns_pid", "ppid", "start_time", "role", "rank", "container_id", "cmdline", "exe", "probe_present", "probe_errors", "runner", "steps", "hooks", "manifest_digest", "files_included", "files", "runner_file_sha256_now", "disagreements", "native_mappings", "provenance", "drift", "stack_witness", "runner_log", "roles")
+    __slots__ = ("key", "ns_pid", "ppid", "start_time", "role", "rank", "container_id", "cmdline", "exe", "probe_present", "probe_errors", "runner", "steps", "hooks", "manifest_digest", "files_included", "files", "runner_file_sha256_now", "disagreements", "native_mappings", "provenance", "drift", "stack_witness", "runner_log", "roles", "probe_unbound")
     KEY_FIELD_NUMBER: _ClassVar[int]
     NS_PID_FIELD_NUMBER: _ClassVar[int]
     PPID_FIELD_NUMBER: _ClassVar[int]
@@ -214,6 +214,7 @@ class ProcessReport(_message.Message):
     STACK_WITNESS_FIELD_NUMBER: _ClassVar[int]
     RUNNER_LOG_FIELD_NUMBER: _ClassVar[int]
     ROLES_FIELD_NUMBER: _ClassVar[int]
+    PROBE_UNBOUND_FIELD_NUMBER: _ClassVar[int]
     key: ProcessKey
     ns_pid: int
     ppid: int
@@ -239,7 +240,8 @@ class ProcessReport(_message.Message):
     stack_witness: StackWitness
     runner_log: _containers.RepeatedCompositeFieldContainer[LogLine]
     roles: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, key: _Optional[_Union[ProcessKey, _Mapping]] = ..., ns_pid: _Optional[int] = ..., ppid: _Optional[int] = ..., start_time: _Optional[float] = ..., role: _Optional[str] = ..., rank: _Optional[int] = ..., container_id: _Optional[str] = ..., cmdline: _Optional[_Iterable[str]] = ..., exe: _Optional[str] = ..., probe_present: _Optional[bool] = ..., probe_errors: _Optional[_Iterable[str]] = ..., runner: _Optional[_Union[RunnerEvidence, _Mapping]] = ..., steps: _Optional[_Union[StepEvidence, _Mapping]] = ..., hooks: _Optional[_Iterable[_Union[HookEvidence, _Mapping]]] = ..., manifest_digest: _Optional[str] = ..., files_included: _Optional[bool] = ..., files: _Optional[_Iterable[_Union[FileEntry, _Mapping]]] = ..., runner_file_sha256_now: _Optional[str] = ..., disagreements: _Optional[_Iterable[_Union[FileDisagreement, _Mapping]]] = ..., native_mappings: _Optional[_Iterable[_Union[NativeMapping, _Mapping]]] = ..., provenance: _Optional[_Union[Provenance, _Mapping]] = ..., drift: _Optional[_Iterable[_Union[Drift, _Mapping]]] = ..., stack_witness: _Optional[_Union[StackWitness, _Mapping]] = ..., runner_log: _Optional[_Iterable[_Union[LogLine, _Mapping]]] = ..., roles: _Optional[_Iterable[str]] = ...) -> None: ...
+    probe_unbound: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, key: _Optional[_Union[ProcessKey, _Mapping]] = ..., ns_pid: _Optional[int] = ..., ppid: _Optional[int] = ..., start_time: _Optional[float] = ..., role: _Optional[str] = ..., rank: _Optional[int] = ..., container_id: _Optional[str] = ..., cmdline: _Optional[_Iterable[str]] = ..., exe: _Optional[str] = ..., probe_present: _Optional[bool] = ..., probe_errors: _Optional[_Iterable[str]] = ..., runner: _Optional[_Union[RunnerEvidence, _Mapping]] = ..., steps: _Optional[_Union[StepEvidence, _Mapping]] = ..., hooks: _Optional[_Iterable[_Union[HookEvidence, _Mapping]]] = ..., manifest_digest: _Optional[str] = ..., files_included: _Optional[bool] = ..., files: _Optional[_Iterable[_Union[FileEntry, _Mapping]]] = ..., runner_file_sha256_now: _Optional[str] = ..., disagreements: _Optional[_Iterable[_Union[FileDisagreement, _Mapping]]] = ..., native_mappings: _Optional[_Iterable[_Union[NativeMapping, _Mapping]]] = ..., provenance: _Optional[_Union[Provenance, _Mapping]] = ..., drift: _Optional[_Iterable[_Union[Drift, _Mapping]]] = ..., stack_witness: _Optional[_Union[StackWitness, _Mapping]] = ..., runner_log: _Optional[_Iterable[_Union[LogLine, _Mapping]]] = ..., roles: _Optional[_Iterable[str]] = ..., probe_unbound: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StackWitness(_message.Message):
     __slots__ = ("samples", "runner_file_hits", "runner_file", "top_files", "error")
