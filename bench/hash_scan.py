@@ -44,8 +44,7 @@ def file_list() -> list[str]:
             capture_output=True, text=True, check=True,
         )  # fmt: skip
         worker = next(p for p in json.loads(out.stdout)["processes"] if p["role"] == "worker")
-        probe_dir = Path(worker["probe"]["dir"])
-        journal = next(probe_dir.glob(f"{worker['ns_pid']}-*")) / "journal.jsonl"
+        journal = Path(worker["probe"]["state_dir"]) / "journal.jsonl"
         paths = [json.loads(line).get("path") for line in journal.read_text().splitlines()]
         files = [p for p in paths if isinstance(p, str)]
         files += ProcFS().executable_mappings(worker["pid"])

@@ -42,11 +42,33 @@ def hook_by_name(proc: dict[str, Any], name: str) -> dict[str, Any]:
     return matches[0]
 
 
+def state_name(pid: int) -> str:
+    """The name of live process PID's probe state directory, derived here from /proc on its
+    own (not through ``probe.layout``): ``<boot id, 8 hex>-<PID namespace inode>-<pid in its
+    namespace>-<start ticks>``."""
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip().replace("-", "")[:8]
+    pid_ns = os.readlink(f"/proc/{pid}/ns/pid").removeprefix("pid:[").removesuffix("]")
+    status = Path(f"/proc/{pid}/status").read_text()
+    ns_pid = next(ln.split()[-1] for ln in status.split("\n") if ln.startswith("NSpid:"))
+    stat = Path(f"/proc/{pid}/stat").read_bytes()
+    ticks = stat[stat.rindex(b")") + 2 :].split()[19].decode()
+    return f"{boot}-{pid_ns}-{ns_pid}-{ticks}"
+
+
+def state_dir(probe_dir: Path, pid: int) -> Path:
+    """Live process PID's probe state directory under PROBE_DIR (see ``state_name``)."""
+    return probe_dir / state_name(pid)
+
+
 def probe_env(probe_dir: Path, **extra: str) -> dict[str, str]:
+    """The environment of a probed child. A PYTHONPATH in EXTRA keeps this checkout after it,
+    so the child runs the probe under test (not another copy the interpreter finds first)."""
     env = dict(os.environ)
     for key in ("VERIFIER_HOOKS", "VERIFIER_PROBE_EARLY", "VERIFIER_PROBE_DISABLE"):
         env.pop(key, None)
     env["VERIFIER_PROBE_DIR"] = str(probe_dir)
+    if "PYTHONPATH" in extra:
+        extra = {**extra, "PYTHONPATH": os.pathsep.join([extra["PYTHONPATH"], str(REPO)])}
     env.update(extra)
     return env
 

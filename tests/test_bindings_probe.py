@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from verifier.evidence.bindings_reader import BindingsReader, ExternalId, RequestSpan
-from verifier.evidence.probe_reader import read_counters, read_probe_dir
+from verifier.evidence.counters import read_counters
+from verifier.evidence.probe_reader import read_probe_dir
 from verifier.evidence.process import read_tree
 from verifier.evidence.procfs import ProcFS
 from verifier.probe import layout as L

@@ -31,7 +31,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.helpers import Backend, probe_env, verifier_cli
+from tests.helpers import Backend, probe_env, state_dir, verifier_cli
 from tests.test_gate_e2e import Daemon
 from verifier import wire
 from verifier.agent import runner
@@ -46,26 +46,37 @@ from verifier.server.store import Store, StoredReport
 from verifier.testing.postgres import PostgresServer
 
 AGENT_ID = "fault-agent"
-RUNNER = "class Runner:\n    def execute_model(self, so):\n        return None\n"
+RUNNER = """\
+class Runner:
+    def execute_model(self, so):
+        return None
+
+
+class Worker:
+    rank = 0
+    local_rank = 0
+
+    def __init__(self):
+        self.model_runner = Runner()
+
+    def execute_model(self, so):
+        return self.model_runner.execute_model(so)
+"""
 CHILD = """\
-import sys, verifier.probe as p
+import os, sys, verifier.probe as p
 p.start()
-from verifier.probe import _vllm
+from verifier.probe import _core, _vllm
+# Its bindings.jsonl is held open here, as the probe's writer holds it (a reader takes only a
+# file the process holds for its own); the test appends the records (FakeWorker).
+bindings = os.open(os.path.join(_core.STATE.dir, "bindings.jsonl"), os.O_WRONLY | os.O_CREAT)
 import fakerunner
 
 class SchedulerOutput:
     total_num_scheduled_tokens = 1
     num_scheduled_tokens = {"r": 1}
 
-class Worker:
-    rank = 0
-    local_rank = 0
-    def __init__(self):
-        self.model_runner = fakerunner.Runner()
-    def execute_model(self, so):
-        return self.model_runner.execute_model(so)
-
-w = Worker()
+# The worker is defined in a file, as vLLM's is: code from no file is provenance.code.patched.
+w = fakerunner.Worker()
 _vllm._worker_initialised(w)  # what vLLM's WorkerBase.__init__ triggers: role, step counting
 for _ in range(5):
     w.execute_model(SchedulerOutput())
@@ -132,7 +143,8 @@ def worker(tmp_path: Path) -> Iterator[FakeWorker]:
                             stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
-        (probe,) = (tmp_path / "probe").glob(f"{proc.pid}-*")
+        probe = state_dir(tmp_path / "probe", proc.pid)
+        assert probe.is_dir(), probe
         fw = FakeWorker(proc, probe)
         yield fw
         fw.stop_bindings()

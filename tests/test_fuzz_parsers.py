@@ -38,10 +38,10 @@ from verifier.evidence.container import (
     resolve_container,
 )
 from verifier.evidence.distindex import DistIndex
-from verifier.evidence.journal import _parse, read_journal
+from verifier.evidence.journal import parse, read_journal
 from verifier.evidence.native import executable_files
 from verifier.evidence.probe_reader import ProbeState, read_probe_dir
-from verifier.evidence.procfs import ProcFS
+from verifier.evidence.procfs import ProcFS, mapped_files
 from verifier.ledger import dsse
 from verifier.ledger.errors import BundleCorrupt, WrongKey
 from verifier.ledger.verify_bundle import check_bundle, verify_bundle
@@ -151,6 +151,41 @@ def test_maps_paths_round_trip(paths: list[str], inode: int, deleted: bool) -> N
     got = [e.path + (" (deleted)" if e.unlinked and not deleted else "") for e in execs]
     assert got == list(dict.fromkeys(want))
     assert all(e.inode == inode for e in execs)
+
+
+@FUZZ
+@given(data=st.binary(max_size=2000), inode=st.integers(min_value=0, max_value=2**64))
+@example(data=b"1-2 rw-s 0 00:1a 7 /dev/shm/x\n1-2 r--p 0 zz:1 7 /bad\n", inode=7)
+def test_mapped_files_of_any_maps_never_raise(data: bytes, inode: int) -> None:
+    """``procfs.mapped_files`` over any text (what the state binding reads): well-formed
+    (device, inode) pairs only; looking for one inode finds what the whole scan finds of it."""
+    text = data.decode(errors="replace")
+    every = mapped_files(text)
+    assert all(isinstance(d, int) and isinstance(i, int) and i > 0 for d, i in every)
+    assert mapped_files(text, inode) == {f for f in every if f[1] == inode}
+
+
+@FUZZ
+@given(
+    names=st.lists(_MAP_PATH, min_size=1, max_size=4),
+    real=st.tuples(st.integers(0, 4095), st.integers(0, 2**20 - 1), st.integers(1, 2**63)),
+    fake=st.tuples(st.integers(0, 4095), st.integers(0, 2**20 - 1), st.integers(1, 2**63)),
+)
+def test_a_mapped_file_name_cannot_forge_a_mapping(
+    names: list[str], real: tuple[int, int, int], fake: tuple[int, int, int]
+) -> None:
+    """A process's mapped files may be named by anyone: a name that spells another mapping's
+    device and inode (as maps prints them) adds nothing to what the binding sees mapped."""
+    spelled = f" {fake[0]:02x}:{fake[1]:02x} {fake[2]} "
+    lines = [
+        f"{0x1000 * i:x}-{0x1000 * i + 0x800:x} rw-s 00000000 {real[0]:02x}:{real[1]:02x} "
+        f"{real[2]}      {n}{spelled}{n}"
+        for i, n in enumerate(names, 1)
+    ]
+    text = "\n".join(lines) + "\n"
+    want = {(os.makedev(real[0], real[1]), real[2])}
+    assert mapped_files(text) == want
+    assert mapped_files(text, fake[2]) == (want if fake[2] == real[2] else set())
 
 
 def _stat_line(comm: bytes, ppid: int, ticks: int) -> bytes:
@@ -619,7 +654,7 @@ def _journal_bytes(records: list[Any], junk: list[bytes]) -> bytes:
 @example(DEEP_JSON)
 @example(b'{"k": "start", "pid": 1}\n' + b"[" * 5000 + b"\n")
 def test_journal_bytes_never_raise(data: bytes) -> None:
-    assert all(isinstance(r, dict) for r in _parse(data.split(b"\n")))
+    assert all(isinstance(r, dict) for r in parse(data.split(b"\n")))
     with tempfile.TemporaryDirectory() as d:
         (Path(d) / L.JOURNAL_FILE).write_bytes(data)
         assert all(isinstance(r, dict) for r in read_journal(Path(d) / L.JOURNAL_FILE))

@@ -172,15 +172,20 @@ def test_a_record_appended_by_something_else_is_an_edited_journal(child: Child) 
     assert any("added by something else" in x for x in _edited(child.report()))
 
 
-def test_a_journal_replaced_by_a_new_file_is_an_edited_journal(child: Child) -> None:
+def test_a_journal_replaced_by_a_new_file_is_not_the_processs_evidence(child: Child) -> None:
     """Variation: a new file renamed over the journal (another inode). The probe keeps writing
-    into the old, unlinked one, so whatever it records next never reaches a reader."""
+    into the old, unlinked one; the process does not hold the new one, so it is not its
+    evidence at all (``evidence.probe_state.unbound``, the state is refused)."""
     lines = child.lines()
     del lines[_forbidden_line(lines)]
     tmp = child.journal.with_name("new")
     tmp.write_text("".join(_renumbered(lines)))
     tmp.replace(child.journal)
-    assert _edited(child.report())
+    report = child.report()
+    assert not report.probe_present
+    assert any("does not hold its journal.jsonl open" in x for x in report.probe_unbound)
+    verdict, ids = _verdict(report)
+    assert (verdict, "evidence.probe_state.unbound" in ids) == (Verdict.FAIL, True)
 
 
 def test_a_consistent_rewrite_after_the_agent_read_it_is_seen_and_the_record_kept(

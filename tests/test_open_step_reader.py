@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from verifier.evidence import probe_reader as R
+from verifier.evidence import counters as R
 from verifier.probe import layout as L
 
 

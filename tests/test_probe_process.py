@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tests.helpers import hook_by_name, inspect_json, probe_env
+from tests.helpers import hook_by_name, inspect_json, probe_env, state_dir, state_name
 
 USER_MODULE = """
 class Base:
@@ -160,7 +160,7 @@ def test_api_fire_and_decorator_count_without_declaration(tmp_path: Path) -> Non
 
 
 def _journal(tmp_path: Path, pid: int) -> list[dict[str, Any]]:
-    (d,) = [p for p in (tmp_path / "probe").iterdir() if p.name.startswith(f"{pid}-")]
+    d = state_dir(tmp_path / "probe", pid)
     return [json.loads(line) for line in (d / "journal.jsonl").read_text().splitlines()]
 
 
@@ -229,7 +229,8 @@ def test_forked_child_gets_its_own_counters_and_inherits_the_manifest(tmp_path: 
 
 def test_state_directory_is_removed_at_exit_and_dead_ones_collected(tmp_path: Path) -> None:
     probe_dir = tmp_path / "probe"
-    (probe_dir / "999999999-1").mkdir(parents=True)  # a pid that cannot exist
+    boot, pid_ns = state_name(os.getpid()).split("-")[:2]  # the child's boot and namespace
+    (probe_dir / f"{boot}-{pid_ns}-999999999-1").mkdir(parents=True)  # a pid that cannot exist
     code = (
         "import json, os, verifier.probe as p; p.start()\n"
         "print(json.dumps([os.getpid(), os.listdir(os.environ['VERIFIER_PROBE_DIR'])]))"
@@ -242,5 +243,5 @@ def test_state_directory_is_removed_at_exit_and_dead_ones_collected(tmp_path: Pa
         check=True,
     )
     pid, listed = json.loads(out.stdout)
-    assert len(listed) == 1 and listed[0].startswith(f"{pid}-")
+    assert len(listed) == 1 and listed[0].split("-")[:3] == [boot, pid_ns, str(pid)]
     assert os.listdir(probe_dir) == []

@@ -27,7 +27,6 @@ from verifier.evidence.bindings_reader import RequestSpan as ProbeSpan
 from verifier.model import Severity, Verdict
 from verifier.policy import TargetSnapshot, load_policy
 from verifier.policy import findings as F
-from verifier.probe.layout import process_dir_name
 from verifier.testing.vllm_server import VllmServer
 
 pytestmark = pytest.mark.vllm
@@ -154,9 +153,7 @@ def test_each_request_has_its_share_and_the_shares_add_up_to_the_totals(
     spans: list[ProbeSpan] = []
     deadline = time.monotonic() + 15
     while True:  # the writer thread writes finished requests within about a second
-        spans += reader.read(
-            Path(w["probe"]["dir"]) / process_dir_name(w["pid"], w["start_ticks"])
-        )[0]
+        spans += reader.read(Path(w["probe"]["state_dir"]))[0]
         if len(spans) >= len(PROMPTS) or time.monotonic() > deadline:
             break
         time.sleep(0.3)

@@ -15,7 +15,7 @@ import pytest
 
 from tests.test_policy_engine import ids, judge, steps, worker
 from tests.test_spec_counts import NGRAM, FakeState, config, journal, output, so
-from verifier.evidence.probe_reader import steps_of
+from verifier.evidence.counters import steps_of
 from verifier.model import Severity, Verdict
 from verifier.policy import findings as F
 from verifier.probe import _bindings, _core, _spec, _vllm

@@ -424,6 +424,8 @@ class ProcessReport:
     # What runs each step method and declared hook target, as the probe recorded it, each
     # verified by the agent against its file (its status, and a drift when not verified).
     code: tuple[CodeChain, ...] = ()
+    # State dirs under its name, refused: it does not hold their files ("<dir>: <why>" each)
+    probe_unbound: tuple[str, ...] = ()
 
     @property
     def all_roles(self) -> frozenset[str]:

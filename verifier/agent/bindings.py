@@ -75,15 +75,16 @@ class Bindings:
             if ev.probe is None:
                 continue
             directory = Path(ev.probe.directory)
-            spans, ids = self.reader.read(directory)
+            spans, ids = self.reader.read(directory, ev.probe.bindings_file)
             if not spans and not ids:
                 continue
             ident = ev.identity
             key = ProcessKey(ident.boot_id, ident.pid, ident.start_ticks)
             runner = ev.probe.runner.cls if ev.probe.runner is not None else ""
             journal = directory / L.JOURNAL_FILE
+            bound = ev.probe.journal_file
             for s in spans:
-                self._spans.append(self._span(key, s, runner, journal, journals))
+                self._spans.append(self._span(key, s, runner, (journal, bound), journals))
             for r in ids:
                 self._ids.append(_request_id(key, r))
         n = min(self.per_report, len(self._spans))
@@ -93,7 +94,12 @@ class Bindings:
         return spans_out, ids_out
 
     def _span(
-        self, key: ProcessKey, s: ProbeSpan, runner: str, journal: Path, journals: JournalCache
+        self,
+        key: ProcessKey,
+        s: ProbeSpan,
+        runner: str,
+        journal: tuple[Path, tuple[int, int] | None],
+        journals: JournalCache,
     ) -> RequestSpan:
         return RequestSpan(
             process=key,
@@ -104,19 +110,26 @@ class Bindings:
             tokens=s.tokens,
             first_unix=s.first_unix_ns / 1e9,
             last_unix=s.last_unix_ns / 1e9,
-            manifest_first=self._digest(journal, s.files_first, journals),
-            manifest_last=self._digest(journal, s.files_last, journals),
+            manifest_first=self._digest(journal[0], s.files_first, journals, journal[1]),
+            manifest_last=self._digest(journal[0], s.files_last, journals, journal[1]),
             runner=runner,
             hooks=tuple(sorted(s.hooks.items())),
             finished=s.finished,
             spec=s.spec,
         )
 
-    def _digest(self, journal: Path, files: int, journals: JournalCache) -> str:
+    def _digest(
+        self, journal: Path, files: int, journals: JournalCache, bound: tuple[int, int] | None
+    ) -> str:
+        """The manifest digest of the first FILES file records of JOURNAL ("": unknown). BOUND:
+        the journal's (device, inode) as checked against its process; another file under its
+        name (swapped in since) is not read."""
         key = (str(journal), files)
         got = self._digests.get(key)
         if got is None:
             cached = journals.records(journal)
+            if cached is not None and bound is not None and (cached.dev, cached.ino) != bound:
+                return ""
             got = manifest_digest_at(cached.records, files) if cached is not None else ""
             if len(self._digests) > 10_000:
                 self._digests.clear()

@@ -12,8 +12,9 @@ from verifier.evidence.procfs import ProcFS
 
 
 def is_vllm_candidate(ev: ProcessEvidence) -> bool:
-    """A process the agent reports: it has a probe, or its command line names vLLM."""
-    if ev.probe is not None:
+    """A process the agent reports: it has a probe, or its command line names vLLM, or probe
+    state was planted under its name (refused: said, not dropped, whatever it runs)."""
+    if ev.probe is not None or ev.unbound:
         return True
     return any("vllm" in a.lower() for a in ev.identity.cmdline)
 

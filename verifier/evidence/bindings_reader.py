@@ -137,13 +137,19 @@ class BindingsReader:
         """Resume PATH (a ``bindings.jsonl``) at OFFSET while its inode is INODE."""
         self._offsets[str(path)] = (inode, offset)
 
-    def read(self, probe_dir: Path) -> tuple[list[RequestSpan], list[ExternalId]]:
-        """Records appended to PROBE_DIR's ``bindings.jsonl`` since the previous call."""
+    def read(
+        self, probe_dir: Path, allowed: frozenset[tuple[int, int]] | None = None
+    ) -> tuple[list[RequestSpan], list[ExternalId]]:
+        """Records appended to PROBE_DIR's ``bindings.jsonl`` since the previous call.
+        ALLOWED: the (device, inode) the file must have (``ProbeState.bindings_file``: the file
+        its process holds open); another file there is not read (nor its offset moved)."""
         path = Path(probe_dir) / L.BINDINGS_FILE
         key = str(path)
         try:
-            with path.open("rb") as f:
+            with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as f:
                 st = os.fstat(f.fileno())
+                if allowed is not None and (st.st_dev, st.st_ino) not in allowed:
+                    return [], []
                 ino, offset = self._offsets.get(key, (st.st_ino, 0))
                 if ino != st.st_ino or st.st_size < offset:
                     ino, offset = st.st_ino, 0  # replaced or truncated: a new file

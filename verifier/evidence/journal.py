@@ -52,7 +52,7 @@ def load_record(line: bytes) -> Any:
     return _valid_unicode(rec) if _SURROGATE_ESCAPE.search(line) else rec
 
 
-def _parse(lines: list[bytes]) -> list[dict[str, Any]]:
+def parse(lines: list[bytes]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for line in lines:
         if not line.strip():
@@ -66,17 +66,37 @@ def _parse(lines: list[bytes]) -> list[dict[str, Any]]:
     return out
 
 
+FileId = tuple[int, int]  # (device, inode)
+
+
 def read_journal(path: Path) -> list[dict[str, Any]]:
     """Complete JSON records of a journal; a partial or garbled line is skipped."""
+    got = read_file(path)
+    return parse(got[0].split(b"\n")) if got is not None else []
+
+
+def read_file(path: Path) -> tuple[bytes, FileId] | None:
+    """PATH's bytes and (device, inode), read from one descriptor; None when it cannot be
+    opened (missing, or a symbolic link: a probe writes regular files only)."""
     try:
-        raw = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        return []
-    return _parse(raw.split(b"\n"))
+        return None
+    try:
+        st = os.fstat(fd)
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks), (st.st_dev, st.st_ino)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 @dataclass
 class _Cached:
+    dev: int
     ino: int
     offset: int  # bytes of complete lines consumed
     prefix_sha256: bytes  # of those bytes: the cache is used only while they are unchanged
@@ -103,18 +123,18 @@ class JournalCache:
         self._entries: dict[str, _Cached] = {}
 
     def records(self, path: Path) -> _Cached | None:
-        try:
-            with path.open("rb") as f:
-                ino = os.fstat(f.fileno()).st_ino
-                raw = f.read()
-        except OSError:
+        got = read_file(path)
+        if got is None:
             self._entries.pop(str(path), None)
             return None
+        raw, (dev, ino) = got
         entry = self._entries.get(str(path))
         seen: list[dict[str, Any]] = []
         why = None
         if entry is not None:
-            if entry.ino != ino:
+            if (entry.dev, entry.ino) != (dev, ino):
+                # (a process that exec'd itself also starts a new journal under its name:
+                # what it ran before the exec is then gone from its evidence, and said so)
                 why = "replaced by another file"
             elif len(raw) < entry.offset:
                 why = f"cut to {len(raw)} bytes"
@@ -125,13 +145,13 @@ class JournalCache:
                 why = f"{why} after the agent had read {entry.offset} bytes of it"
                 seen, why = entry.records, entry.rewritten or why
         if entry is None or why is not None:
-            entry = _Cached(ino, 0, hashlib.sha256(b"").digest(), [], (), {}, merkle_root([]))
+            entry = _Cached(dev, ino, 0, hashlib.sha256(b"").digest(), [], (), {}, merkle_root([]))
             entry.rewritten = why
         new = raw[entry.offset :]
         complete = new[: new.rfind(b"\n") + 1]
         entry.offset += len(complete)
         entry.prefix_sha256 = hashlib.sha256(raw[: entry.offset]).digest()
-        fresh = _parse(complete.split(b"\n"))
+        fresh = parse(complete.split(b"\n"))
         if seen:
             entry.records = _union(seen, fresh)
         else:

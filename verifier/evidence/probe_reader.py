@@ -4,24 +4,30 @@ The evidence it reads is returned as ``verifier.model`` types (steps, hooks, fil
 runner, speculation, vLLM's log lines): the same values the agent reports. ``ProbeState``
 adds what only the journal holds (the probe's mode, roles, errors, the interpreter's layout,
 the raw graph record, the runner's worker and step-method files), for ``verifier inspect``.
+Given the process the directory must belong to (``binding.Holder``), only files that process
+holds are read.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import struct
+import os
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from verifier.evidence.binding import FileId, Holder, symlink
 from verifier.evidence.code_records import chains
+from verifier.evidence.counters import read_counters, read_settled, steps_of
 from verifier.evidence.journal import (
     JournalCache,
     digest_of,
     journal_problems,
     manifest_of,
-    read_journal,
+    parse,
+    read_file,
 )
 from verifier.model import (
     CodeChain,
@@ -80,6 +86,11 @@ class ProbeState:
     # What runs each step method and declared hook target, as recorded (not yet verified:
     # ``codecheck.check_chains``).
     code: tuple[CodeChain, ...] = ()
+    # Read bound to its process (``binding``): the (device, inode) of the bindings.jsonl the
+    # process holds (empty: none yet), the only one a reader may take for its own. None: the
+    # directory was read without a process to bind it to.
+    bindings_file: frozenset[tuple[int, int]] | None = None
+    journal_file: tuple[int, int] | None = None  # likewise: the journal's (device, inode)
 
     @property
     def role(self) -> tuple[str | None, int | None]:
@@ -89,65 +100,6 @@ class ProbeState:
         best = max(self.roles, key=lambda r: ROLE_RANK.get(str(r.get("role")), 0))
         rank = best.get("rank")
         return str(best.get("role")), rank if isinstance(rank, int) else None
-
-
-def read_counters(path: Path) -> list[int] | None:
-    """The counter slots, or None if the file is missing or not (yet) a probe's."""
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return None
-    n = len(data) // L.SLOT_BYTES
-    if n < L.HOOK_BASE:
-        return None
-    slots = list(struct.unpack(f"={n}Q", data[: n * L.SLOT_BYTES]))
-    if slots[L.H_MAGIC] != L.MAGIC or slots[L.H_VERSION] != L.LAYOUT_VERSION:
-        return None
-    return slots
-
-
-SETTLE_TRIES = 40  # re-reads while a step is open (execute_model .. sample_tokens) ...
-SETTLE_PAUSE_S = 0.0025  # ... at this pause: at most about 0.1 s per read
-
-
-def read_settled(path: Path) -> list[int] | None:
-    """The counter slots read between two steps where possible. A step is counted when it
-    starts and its hooks fire as it runs (the sampler's in ``sample_tokens``, its second
-    phase), so a read inside a step sees the step without all of its fires: a hook that fires
-    on every step would look one fire short, and a gate could FAIL on it. While the probe
-    marks a step open, read again, briefly; if it stays open (a long step, or a process
-    stopped inside one), ``steps_of`` leaves the open step out of the judged counts."""
-    slots = read_counters(path)
-    for _ in range(SETTLE_TRIES):
-        if slots is None or not slots[L.S_IN_STEP]:
-            return slots
-        time.sleep(SETTLE_PAUSE_S)
-        slots = read_counters(path)
-    return slots
-
-
-def steps_of(slots: list[int]) -> StepEvidence:
-    """The step counts of SLOTS, without the step still open in them (if any): its counts
-    are taken when it starts, its fires are not all in yet. (The graph mode and speculation
-    come from the journal: ``read_probe_dir`` adds them.)"""
-    open_ = 1 if slots[L.S_IN_STEP] else 0
-    phase = slots[L.S_CURRENT_PHASE] if open_ else 0
-    productive = 1 if phase & L.PHASE_PRODUCTIVE else 0
-    return StepEvidence(
-        total=max(0, slots[L.S_STEPS_TOTAL] - open_),
-        productive=max(0, slots[L.S_STEPS_PRODUCTIVE] - productive),
-        empty=max(0, slots[L.S_STEPS_EMPTY] - (open_ - productive)),
-        tokens_scheduled=slots[L.S_TOKENS_SCHEDULED],
-        requests_scheduled=slots[L.S_REQUESTS_SCHEDULED],
-        requests_max=slots[L.S_REQUESTS_MAX],
-        last_step_unix_ns=slots[L.S_LAST_STEP_UNIX_NS],
-        prefill_steps=max(0, slots[L.S_STEPS_PREFILL] - (1 if phase & L.PHASE_PREFILL else 0)),
-        decode_steps=max(0, slots[L.S_STEPS_DECODE] - (1 if phase & L.PHASE_DECODE else 0)),
-        prefill_tokens=slots[L.S_TOKENS_PREFILL],
-        decode_tokens=slots[L.S_TOKENS_DECODE],
-        dummy_steps=slots[L.S_STEPS_DUMMY],
-        raised=slots[L.S_STEPS_RAISED],
-    )
 
 
 def _opt_count(v: object) -> int | None:
@@ -294,48 +246,73 @@ def _with_graph(
 
 def _read_journal(
     journal: Path, cache: JournalCache | None
-) -> tuple[list[dict[str, Any]], tuple[FileEntry, ...], dict[str, float], str, str | None]:
-    """Records, files, when each was hashed, manifest digest, and how it was seen rewritten."""
+) -> tuple[list[dict[str, Any]], tuple[FileEntry, ...], dict[str, float], str, str | None, FileId]:
+    """Records, files, when each was hashed, manifest digest, how the journal was seen
+    rewritten, and which file it is (device, inode; (0, 0): none could be read)."""
     cached = cache.records(journal) if cache is not None else None
     if cached is not None:
-        return cached.records, cached.files, cached.hashed_at, cached.digest, cached.rewritten
-    records = read_journal(journal)
+        fid = (cached.dev, cached.ino)
+        return (
+            cached.records, cached.files, cached.hashed_at, cached.digest, cached.rewritten, fid
+        )  # fmt: skip
+    got = read_file(journal)
+    records = parse(got[0].split(b"\n")) if got is not None else []
     files, hashed_at = manifest_of(records)
-    return records, files, hashed_at, digest_of(files), None
+    return records, files, hashed_at, digest_of(files), None, got[1] if got else (0, 0)
 
 
 JOURNAL_SETTLE_TRIES = 10  # reads while one record counted by the probe is not in the journal
 JOURNAL_SETTLE_PAUSE_S = 0.005  # ... at this pause (a write takes microseconds)
 
 
-def read_probe_dir(directory: Path, cache: JournalCache | None = None) -> ProbeState | None:
+def read_probe_dir(
+    directory: Path, cache: JournalCache | None = None, holder: Holder | None = None
+) -> ProbeState | None:
     """Parse one probe directory; None when it holds no probe state. CACHE: reuse what an
     earlier read of the same journal parsed (counters are always read fresh). The journal is
     written by the probed process: a field of the wrong type reads as absent, never raises;
     a journal that is not the one the probe wrote (``journal_problems``) is read as it is,
-    and ``ProbeState.journal_problems`` says why it cannot be trusted."""
+    and ``ProbeState.journal_problems`` says why it cannot be trusted.
+    HOLDER: the process the directory must belong to; raises ``binding.Unbound`` when the
+    files are not the ones it holds (see ``binding``), and reads only the files checked. A
+    probe with private counters (``shared: false``) is read without counts then."""
     journal, counters = directory / L.JOURNAL_FILE, directory / L.COUNTERS_FILE
+    if holder is not None and journal.is_symlink():
+        raise symlink(L.JOURNAL_FILE)
     # The probe counts a record before it writes it, under one lock: read the count, the
     # journal, the count again, and an honest journal holds between the first count less the
     # one record that may be mid-write, and the second count.
     for _ in range(JOURNAL_SETTLE_TRIES):
         before = read_counters(counters)
-        records, files, hashed_at, digest, rewritten = _read_journal(journal, cache)
-        slots = read_settled(counters)
-        counted = None
-        if before is not None and slots is not None:
-            counted = (before[L.S_JOURNAL_RECORDS], slots[L.S_JOURNAL_RECORDS])
+        records, files, hashed_at, digest, rewritten, fid = _read_journal(journal, cache)
+        after = read_counters(counters)
         # One record short of the first count: it may be mid-write (a few microseconds), or
         # the last record was deleted. Read again until it arrives; if it never does, the
         # shortfall is reported.
-        if counted is None or rewritten or len(records) != counted[0] - 1:
+        if before is None or after is None or rewritten:
+            break
+        if len(records) != before[L.S_JOURNAL_RECORDS] - 1:
             break
         time.sleep(JOURNAL_SETTLE_PAUSE_S)
-    problems = tuple(journal_problems(records, counted, rewritten))
-    slots = slots or [0] * L.N_SLOTS
     start = next((r for r in records if r.get("k") == "start"), None)
     if start is None:
         return None
+    bindings: frozenset[FileId] | None = None
+    if holder is not None:
+        holder.check_journal(fid, start)
+        opened: dict[str, Any] = next(
+            (r for r in reversed(records) if r.get("k") == "bindings_fd"), {}
+        )
+        bindings = _bindings_file(directory, holder, opened.get("fd"))
+    private = holder is not None and start.get("shared") is False
+    # Read once more, bound to the process and between two steps: the counts judged, and
+    # (read after the journal) the probe's count of records to hold the journal against.
+    slots = None if private else read_settled(counters, holder)
+    counted = None
+    if before is not None and slots is not None:
+        counted = (before[L.S_JOURNAL_RECORDS], slots[L.S_JOURNAL_RECORDS])
+    problems = tuple(journal_problems(records, counted, rewritten))
+    slots = slots or [0] * L.N_SLOTS
     runner_rec: dict[str, Any] = next((r for r in reversed(records) if r.get("k") == "runner"), {})
     graph: dict[str, Any] = next((r for r in reversed(records) if r.get("k") == "graph"), {})
     methods = runner_rec.get("methods")
@@ -371,4 +348,20 @@ def read_probe_dir(directory: Path, cache: JournalCache | None = None) -> ProbeS
             if r.get("k") == "fileless"
         ),
         code=chains(records),
+        bindings_file=bindings,
+        journal_file=fid if holder is not None else None,
     )
+
+
+def _bindings_file(directory: Path, holder: Holder, hint: object) -> frozenset[FileId]:
+    """The (device, inode) of DIRECTORY's ``bindings.jsonl`` when HOLDER holds it open (empty:
+    there is none yet); raises ``Unbound`` for one it does not hold. HINT: the descriptor the
+    probe journaled for it."""
+    try:
+        st = os.lstat(directory / L.BINDINGS_FILE)
+    except OSError:
+        return frozenset()
+    if stat.S_ISLNK(st.st_mode):
+        raise symlink(L.BINDINGS_FILE)
+    holder.check_bindings((st.st_dev, st.st_ino), hint)
+    return frozenset({(st.st_dev, st.st_ino)})

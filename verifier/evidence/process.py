@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from verifier.errors import NotPythonProcess, UnavailableError
+from verifier.evidence.binding import Holder, Unbound
 from verifier.evidence.bindings_reader import BindingsReader
 from verifier.evidence.journal import JournalCache
 from verifier.evidence.probe_reader import ProbeState, read_probe_dir
@@ -26,6 +27,12 @@ OFFLINE_ONE_PROCESS_NOTE = (
     "offline use in one process (VLLM_ENABLE_V1_MULTIPROCESSING=0): this process is the "
     "front end (vllm.LLM / LLMEngine), the engine core and the worker; no API server, so "
     "its requests carry the script's own ids, never a client's X-Request-Id"
+)
+
+
+PRIVATE_COUNTERS_NOTE = (
+    "the probe could not create shared state (its counters are private to the process, see "
+    "its errors): steps and hook fires cannot be read from outside and read as zero"
 )
 
 
@@ -127,6 +134,9 @@ class ProcessEvidence:
     probe: ProbeState | None
     probe_dir: str
     note: str | None = None
+    # State directories found under this process's name and refused, each "<dir>: <why>":
+    # the process does not hold their files (``binding``). Only when ``probe`` is None.
+    unbound: tuple[str, ...] = ()
 
     @property
     def hooks(self) -> list[HookView]:
@@ -159,6 +169,8 @@ class ProcessEvidence:
             out.append(OFFLINE_ONE_PROCESS_NOTE if one else OFFLINE_FRONT_END_NOTE)
         if self.probe is not None and self.probe.steps.raised:
             out.append(raised_note(self.probe.steps.raised, self.probe.step_errors))
+        if self.probe is not None and not self.probe.shared:
+            out.append(PRIVATE_COUNTERS_NOTE)
         return out
 
     def as_dict(self) -> dict[str, Any]:
@@ -181,6 +193,8 @@ class ProcessEvidence:
             "probe": {
                 "present": p is not None,
                 "dir": self.probe_dir,
+                "state_dir": p.directory if p else None,
+                "unbound": list(self.unbound),
                 "mode": p.mode if p else None,
                 "shared_memory": p.shared if p else None,
                 "errors": [{"where": e.get("where"), "msg": e.get("msg")} for e in p.errors]
@@ -288,8 +302,9 @@ def probe_dirs_of(procfs: ProcFS, pid: int) -> list[str]:
     setproctitle, which on Linux reuses the argv+environ block for the title: afterwards
     ``/proc/<pid>/environ`` shows zeros or other bytes (seen in containers: EngineCore's
     showed variables vLLM set later and not the probe's), while the environment the process
-    really runs with is the one its parent handed down. The state directory's name carries
-    the pid and start time, so trying several places cannot pick another process's state."""
+    really runs with is the one its parent handed down. Trying several places cannot pick
+    another process's state: a directory is taken only when the process holds its files
+    (``binding``)."""
     out: dict[str, None] = {}
     seen: set[int] = set()
     while pid > 0 and pid not in seen and len(seen) < 16:
@@ -308,36 +323,64 @@ def probe_dirs_of(procfs: ProcFS, pid: int) -> list[str]:
     return list(out)
 
 
+def state_dir_names(procfs: ProcFS, ident: ProcessIdentity) -> list[str]:
+    """The names IDENT's probe state may have, in the order tried: the name a probe gives it
+    (boot id, PID namespace, pid, start time), then an older probe's ``<pid>-<start ticks>``."""
+    pid_ns = procfs.pid_ns(ident.pid)
+    names = [] if pid_ns is None else [
+        L.process_dir_name(ident.boot_id, pid_ns, ident.ns_pid, ident.start_ticks)
+    ]  # fmt: skip
+    return [*names, L.legacy_dir_name(ident.ns_pid, ident.start_ticks)]
+
+
 def read_process(procfs: ProcFS, pid: int, cache: JournalCache | None = None) -> ProcessEvidence:
-    """Evidence for PID. Raises NoSuchProcess / NotPythonProcess / ProcessAccessDenied."""
+    """Evidence for PID. Raises NoSuchProcess / NotPythonProcess / ProcessAccessDenied (also
+    when a state directory is found and /proc will not show what PID holds: its binding cannot
+    be checked). A directory under PID's name whose files PID does not hold is refused, and
+    said (``unbound``): PID is then reported without a probe."""
     ident = procfs.identity(pid)
     if not procfs.is_python(pid):
         raise NotPythonProcess(pid, ident.exe)
     pdirs = probe_dirs_of(procfs, pid)
-    name = L.process_dir_name(ident.ns_pid, ident.start_ticks)
+    names = state_dir_names(procfs, ident)
+    holder = Holder(procfs, pid, ident.ns_pid, ident.start_ticks)
     probe = None
     pdir = pdirs[0]
-    candidates = [(d, procfs.in_root(pid, d) / name) for d in pdirs]
-    candidates += [(d, Path(d) / name) for d in pdirs]
+    candidates = [(d, procfs.in_root(pid, d) / n) for d in pdirs for n in names]
+    candidates += [(d, Path(d) / n) for d in pdirs for n in names]
+    refused: dict[tuple[int, int], str] = {}  # by the directory's (device, inode): seen once
     for where, candidate in candidates:
         try:
-            probe = read_probe_dir(candidate, cache)
+            probe = read_probe_dir(candidate, cache, holder)
         except PermissionError:
             probe = None
+        except Unbound as e:
+            try:
+                st = candidate.stat()
+            except OSError:
+                continue
+            refused.setdefault((st.st_dev, st.st_ino), f"{candidate}: {e.why}")
+            continue
         if probe is not None:
             pdir = where
             break
     role, rank = probe.role if probe else (None, None)
     if role is None:
         role, rank = _role_from_title(ident)
+    unbound = () if probe is not None else tuple(refused.values())
     note = None
-    if probe is None:
+    if unbound:
+        note = (
+            "probe absent: state found under this process's name is not its own (the kernel "
+            f"does not show the process holding its files), refused: {'; '.join(unbound)}"
+        )
+    elif probe is None:
         note = (
             f"probe absent: no state for this process under {' or '.join(pdirs)} (is the "
             "package installed in "
             "its environment, and was it started by vLLM's plugin loader or VERIFIER_PROBE_EARLY?)"
         )
-    return ProcessEvidence(ident, role, rank, probe, pdir, note)
+    return ProcessEvidence(ident, role, rank, probe, pdir, note, unbound)
 
 
 def read_tree(procfs: ProcFS, pid: int, skipped: list[str] | None = None) -> list[ProcessEvidence]:
@@ -370,7 +413,7 @@ def tree_notes(evidence: list[ProcessEvidence]) -> tuple[list[str], dict[str, in
     for ev in evidence:
         if ev.probe is None:
             continue
-        got, ids = BindingsReader().read(Path(ev.probe.directory))
+        got, ids = BindingsReader().read(Path(ev.probe.directory), ev.probe.bindings_file)
         spans.update((s.internal_id, None) for s in got)
         for e in ids:
             exts[e.internal_id] = exts.get(e.internal_id, False) or e.x_request_id is not None

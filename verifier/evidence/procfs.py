@@ -93,6 +93,57 @@ class ProcFS:
     def maps(self, pid: int) -> str:
         return self._read(pid, "maps").decode(errors="replace")
 
+    def pid_ns(self, pid: int) -> int | None:
+        """The inode of PID's PID namespace (``/proc/<pid>/ns/pid``); None where the tree has
+        no such link (a captured tree) or it reads as something else."""
+        try:
+            link = os.readlink(self.root / str(pid) / "ns" / "pid")
+        except PermissionError as e:
+            raise ProcessAccessDenied(pid, "ns/pid") from e
+        except OSError:
+            return None
+        try:
+            return L.ns_inode(link)
+        except ValueError:
+            return None
+
+    def mapped_files(self, pid: int) -> frozenset[tuple[int, int]]:
+        """(device, inode) of every file PID has mapped, as ``/proc/<pid>/maps`` shows them
+        (what the kernel holds, whatever the files' names are now)."""
+        return mapped_files(self.maps(pid))
+
+    def open_file(self, pid: int, fd: int) -> tuple[int, int] | None:
+        """(device, inode) of the file PID holds as descriptor FD; None when it holds none."""
+        try:
+            st = os.stat(self.root / str(pid) / "fd" / str(fd))
+        except PermissionError as e:
+            raise ProcessAccessDenied(pid, "fd") from e
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def open_files(self, pid: int, names: frozenset[str]) -> frozenset[tuple[int, int]]:
+        """(device, inode) of the files PID holds open whose name (the last part of the fd's
+        link) is in NAMES: ``stat`` through ``/proc/<pid>/fd/N`` gives the very file the fd
+        refers to, renamed or not. A deleted file's link ends in `` (deleted)``: left out."""
+        fds = self.root / str(pid) / "fd"
+        try:
+            entries = os.listdir(fds)
+        except (FileNotFoundError, ProcessLookupError) as e:
+            raise NoSuchProcess(pid) from e
+        except PermissionError as e:
+            raise ProcessAccessDenied(pid, "fd") from e
+        out: set[tuple[int, int]] = set()
+        for fd in entries:
+            try:
+                if os.readlink(fds / fd).rpartition("/")[2] not in names:
+                    continue
+                st = os.stat(fds / fd)
+            except OSError:
+                continue  # closed meanwhile
+            out.add((st.st_dev, st.st_ino))
+        return frozenset(out)
+
     def cgroup(self, pid: int) -> str:
         return self._read(pid, "cgroup").decode(errors="replace")
 
@@ -158,3 +209,32 @@ class ProcFS:
             out.extend(kids.get(out[i], []))
             i += 1
         return out
+
+
+def mapped_files(maps: str, inode: int | None = None) -> frozenset[tuple[int, int]]:
+    """(device, inode) of the file-backed mappings in MAPS (a ``/proc/<pid>/maps`` text), all
+    of them or only those of INODE. Lines split on ``\n`` only (not ``splitlines()``: see
+    native.py); a line of another shape is skipped. Looking for one inode, only the lines that
+    contain its number are parsed (a few of thousands)."""
+    out: set[tuple[int, int]] = set()
+    if inode is None:
+        lines = maps.split("\n")
+    else:
+        lines, needle, at = [], f" {inode} ", maps.find(f" {inode} ")
+        while at >= 0:
+            start = maps.rfind("\n", 0, at) + 1
+            end = maps.find("\n", at)
+            lines.append(maps[start : end if end >= 0 else len(maps)])
+            at = maps.find(needle, end) if end >= 0 else -1
+    for line in lines:
+        parts = line.split(maxsplit=5)
+        if len(parts) < 5:
+            continue
+        major, colon, minor = parts[3].partition(":")
+        try:
+            ino = int(parts[4])
+            if colon and ino > 0 and inode in (None, ino):
+                out.add((os.makedev(int(major, 16), int(minor, 16)), ino))
+        except (ValueError, OverflowError):
+            continue
+    return frozenset(out)

@@ -58,6 +58,7 @@ def report_with_judgement(
         cmdline=ident.cmdline,
         exe=ident.exe,
         probe_present=ev.probe is not None,
+        probe_unbound=ev.unbound,
         native_mappings=mappings,
         roles=tuple(ev.roles),
     )

@@ -32,6 +32,7 @@ EVIDENCE_NO_REPORT = "evidence.no_report"
 EVIDENCE_NO_PROCESSES = "evidence.no_processes"
 EVIDENCE_PROBE_ABSENT = "evidence.probe_absent"
 EVIDENCE_PROBE_ERRORS = "evidence.probe_errors"
+EVIDENCE_PROBE_UNBOUND = "evidence.probe_state.unbound"
 EVIDENCE_UNPROBED = "evidence.unprobed"
 EVIDENCE_MANIFEST_UNRESOLVED = "evidence.manifest_unresolved"
 EVIDENCE_ROLE_MISSING = "evidence.role_missing"
@@ -117,6 +118,12 @@ FINDINGS: dict[str, FindingKind] = {
     ),
     EVIDENCE_PROBE_ERRORS: FindingKind(
         Severity.WARNING, "", "the probe in a process recorded errors of its own"
+    ),
+    EVIDENCE_PROBE_UNBOUND: FindingKind(
+        Severity.ERROR,
+        "",
+        "probe state found under a process's name is not its own (the process does not hold "
+        "its files): planted or stale evidence, refused",
     ),
     EVIDENCE_UNPROBED: FindingKind(
         Severity.PENDING,

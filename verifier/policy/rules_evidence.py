@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from verifier.model import Finding, Severity
+from verifier.model import Finding, ProcessReport, Severity
 from verifier.policy import _evidence as E
 from verifier.policy import findings as F
 from verifier.policy import interface as I
@@ -115,6 +115,8 @@ class EvidenceIntact:
 @dataclass(frozen=True)
 class ProbeRequired:
     """``evidence.probe_absent`` for each process of a required role that has no probe;
+    ``evidence.probe_state.unbound`` for each process whose name a foreign state directory
+    carried (see ``unbound_finding``);
     ``evidence.probe_errors`` (a warning) for each probe that recorded errors of its own;
     ``liveness.steps.raised`` (a warning) for each process whose ``execute_model`` raised.
 
@@ -158,6 +160,8 @@ class ProbeRequired:
                 )
             )
         for p in E.ordered(snapshot.processes):
+            if p.probe_unbound:
+                out.append(unbound_finding(p, snapshot))
             if p.role in self.roles and not p.probe_present:
                 out.append(
                     E.finding(
@@ -199,6 +203,24 @@ class ProbeRequired:
                     )
                 )
         return out
+
+
+def unbound_finding(p: ProcessReport, snapshot: I.TargetSnapshot) -> Finding:
+    """``evidence.probe_state.unbound`` (ERROR, whatever the process's role): a state directory
+    under P's name that P does not hold. Someone who can write to the probe dir planted it (or
+    it is a dead process's, which garbage collection would have removed): evidence offered
+    for a process that is not the process's is an attack on the verdict, not a gap that more
+    waiting fills, so it FAILs rather than waits."""
+    return E.finding(
+        F.EVIDENCE_PROBE_UNBOUND,
+        Severity.ERROR,
+        f"probe state found for {E.name(p)} is not its own and was refused (the process does "
+        f"not hold its files): {p.probe_unbound[0]}"
+        + (f" (and {len(p.probe_unbound) - 1} more)" if len(p.probe_unbound) > 1 else ""),
+        snapshot,
+        **E.base(p),
+        refused=list(p.probe_unbound[: E.SHOWN]),
+    )
 
 
 _NATIVE = {

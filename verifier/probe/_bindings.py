@@ -297,17 +297,28 @@ def _record(item: Any) -> dict[str, Any]:
 
 
 def _open_fd() -> int:
+    """This process's ``bindings.jsonl``, created on first use, held open from then on (a
+    reader takes it for the process's own only while the process holds it). A file already
+    there was not created by this process (it is created once per process, in a directory
+    created fresh): it is never written into, and the records are dropped (said once)."""
     global _fd, _fd_pid
     pid = os.getpid()
-    if _fd_pid == pid and _fd >= 0:
-        return _fd
+    if _fd_pid == pid:
+        if _fd >= 0:
+            return _fd
+        raise OSError(f"{L.BINDINGS_FILE} refused earlier in this process")
     st = _core.state()
-    _fd = os.open(
-        os.path.join(st.dir, L.BINDINGS_FILE),
-        os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
-        0o644,
-    )
+    try:
+        _fd = os.open(
+            os.path.join(st.dir, L.BINDINGS_FILE),
+            os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o644,
+        )
+    except (FileExistsError, IsADirectoryError):
+        _fd, _fd_pid = -1, pid  # planted: refused for good
+        raise
     _fd_pid = pid
+    st.emit({"k": "bindings_fd", "fd": _fd})  # a reader's hint (see layout)
     return _fd
 
 
@@ -316,6 +327,7 @@ def flush(block: bool = True) -> int:
     step): give up at once when another thread is writing."""
     if not _flush_lock.acquire(blocking=block):
         return 0
+    refused_before = _fd_pid == os.getpid() and _fd < 0
     try:
         items = []
         while _buf:
@@ -330,7 +342,8 @@ def flush(block: bool = True) -> int:
         _core.COUNTERS[L.S_BIND_WRITTEN] += len(items)
         return len(items)
     except Exception as e:  # noqa: BLE001 - a probe never raises into vLLM
-        _core.report_error("bindings", f"write: {type(e).__name__}: {e}")
+        if not refused_before:
+            _core.report_error("bindings", f"write: {type(e).__name__}: {e}")
         return 0
     finally:
         _flush_lock.release()
@@ -392,9 +405,15 @@ def at_exit() -> None:
 def _after_fork() -> None:
     """A forked child has none of its parent's requests (nor its writer thread, nor, should
     that thread have held them at the fork, free locks)."""
-    global _flush_lock, _fold_lock
+    global _flush_lock, _fold_lock, _fd
     _flush_lock = threading.Lock()
     _fold_lock = threading.Lock()
+    if _fd >= 0:  # the parent's file: not the child's to hold (it opens its own)
+        try:
+            os.close(_fd)
+        except OSError:
+            pass
+        _fd = -1
     _log.clear()
     _open.clear()
     _spec_log.clear()

@@ -4,6 +4,12 @@ One ``ProbeState`` exists per process (``current()``); after ``fork`` the child 
 one for its own pid (registered with ``os.register_at_fork``). Nothing here raises into the
 caller: a failure to create the shared files degrades to private in-memory counters and is
 recorded as an error record (and in the ``S_PROBE_ERRORS`` slot).
+
+The state directory is named for the process (boot id, PID namespace, pid, start time: see
+``layout``) and is always created fresh, with its files: one already there under this name is
+either this very process's from before an ``exec`` (its mapping and its journal went with the
+old image) or planted by someone else, and is removed rather than written into. A reader then
+knows the files the process holds (mapped, open) are files the probe created.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import array
 import json
 import mmap
 import os
+import shutil
 import sys
 import threading
 import time
@@ -39,6 +46,42 @@ def _boot_id() -> str:
         return ""
 
 
+def _pid_ns() -> int:
+    """The inode of this process's PID namespace (0: unknown)."""
+    try:
+        return L.ns_inode(os.readlink("/proc/self/ns/pid"))
+    except (OSError, ValueError):
+        return 0
+
+
+def identity() -> tuple[str, int]:
+    """This process's boot id and PID namespace inode: what its state directory's name and
+    garbage collection (``_core._gc_dead``) go by."""
+    return _boot_id(), _pid_ns()
+
+
+# Files of the state directory are created by the probe, never opened when already there (a
+# file planted in advance, or a link to another process's, is never written into).
+_CREATE = os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _fresh_dir(root: str, path: str) -> None:
+    """Create PATH (under ROOT, created if missing) as a new, empty directory. Something already
+    there under this process's name is removed first (see the module docstring). Raises
+    OSError when that cannot be done."""
+    os.makedirs(root, mode=0o755, exist_ok=True)
+    try:
+        os.mkdir(path, 0o755)
+        return
+    except FileExistsError:
+        pass
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
+    os.mkdir(path, 0o755)
+
+
 class ProbeState:
     """Counters (``counters``, a memoryview of unsigned 64-bit slots) and the journal."""
 
@@ -53,7 +96,9 @@ class ProbeState:
         self.declared: list[tuple[str, str, str]] = []
         self.replay: list[dict[str, Any]] = []  # records a forked child inherits
         self.errors = 0
-        self.dir = os.path.join(probe_dir, L.process_dir_name(self.pid, self.start_ticks))
+        self.boot_id, self.pid_ns = identity()
+        name = L.process_dir_name(self.boot_id, self.pid_ns, self.pid, self.start_ticks)
+        self.dir = os.path.join(probe_dir, name)
         self._fd = -1
         self._mmap: mmap.mmap | None = None
         self.shared = False
@@ -61,14 +106,12 @@ class ProbeState:
             memoryview(array.array("Q", bytes(L.SLOT_BYTES * L.N_SLOTS))).cast("B").cast("Q")
         )
         try:
-            os.makedirs(self.dir, mode=0o755, exist_ok=True)
+            _fresh_dir(probe_dir, self.dir)
             self._fd = os.open(
-                os.path.join(self.dir, L.JOURNAL_FILE),
-                os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
-                0o644,
+                os.path.join(self.dir, L.JOURNAL_FILE), os.O_WRONLY | os.O_APPEND | _CREATE, 0o644
             )
             cpath = os.path.join(self.dir, L.COUNTERS_FILE)
-            cfd = os.open(cpath, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            cfd = os.open(cpath, os.O_RDWR | _CREATE, 0o644)
             try:
                 os.ftruncate(cfd, L.SLOT_BYTES * L.N_SLOTS)
                 self._mmap = mmap.mmap(cfd, L.SLOT_BYTES * L.N_SLOTS, mmap.MAP_SHARED)
@@ -88,13 +131,15 @@ class ProbeState:
                 "k": "start",
                 "pid": self.pid,
                 "start_ticks": self.start_ticks,
-                "boot_id": _boot_id(),
+                "boot_id": self.boot_id,
+                "pid_ns": self.pid_ns,
                 "argv": list(sys.argv),
                 "executable": sys.executable,
                 "python": sys.version.split()[0],
                 "probe": PROBE_VERSION,
                 "mode": mode,
                 "shared": self.shared,
+                "fd": self._fd,  # the journal's descriptor: a reader's hint (see layout)
             }
         )
 

@@ -2,7 +2,8 @@
 and the agent that runs them): slot numbers, file names, environment variable names. It is
 public on purpose: the probe and every reader import it, so the format has one definition.
 
-Each probed process owns one directory, ``<probe dir>/<pid>-<start ticks>/``, holding:
+Each probed process owns one directory, ``<probe dir>/<boot>-<pid ns>-<pid>-<start ticks>/``
+(``process_dir_name``), holding:
 
 * ``counters``: a fixed-size file mapped into memory by the probe (shared memory when the
   probe dir is on ``/dev/shm``, the default). Native-endian unsigned 64-bit slots. A reader
@@ -70,8 +71,27 @@ object's ``__call__``), ``code_qualname``, ``name``, ``file``, ``line`` (``co_qu
 ``globals_file`` (``__file__`` of the namespace it runs in); ``cut`` marks a chain cut after 16
 layers. A new record is written when what runs changes.
 
-The pid in the name is the pid in the probe's own PID namespace; the start time (clock ticks
-since boot, field 22 of ``/proc/<pid>/stat``) disambiguates pid reuse.
+The name says whose state it is: ``<boot>`` is the first 8 hex digits of the kernel's boot id
+(``/proc/sys/kernel/random/boot_id``), ``<pid ns>`` the inode of the process's PID namespace
+(``/proc/self/ns/pid``), ``<pid>`` its pid in that namespace, ``<start ticks>`` its start time
+(clock ticks since boot, field 22 of ``/proc/<pid>/stat``), which tells pid reuse apart. Two
+containers that share ``/dev/shm`` can each have a pid 1 started in the same tick: the PID
+namespace keeps their directories apart, and the boot id keeps a directory left from an
+earlier boot (a probe dir on disk) from passing for a live process's. Older probes named the
+directory ``<pid>-<start ticks>`` (``legacy_dir_name``): readers may still look there.
+
+A name is a claim, not a proof. The probe creates its directory and files itself (a directory
+already there under its name is removed first, never written into) and holds them for its
+whole life: ``counters`` mapped (MAP_SHARED), ``journal.jsonl`` and ``bindings.jsonl`` open. A
+reader accepts a directory as a process's state only when the kernel shows that process
+holding those very files (``verifier.evidence.binding``); anyone may create a directory with
+any name. The journal says which descriptors hold them (``fd`` in the ``start`` record, a
+``bindings_fd`` record when ``bindings.jsonl`` is opened): a hint that spares a reader looking
+at every descriptor, checked like everything else.
+
+Garbage collection (``probe._core``) removes only directories whose name says they are of
+this boot and this process's PID namespace and whose process is gone, or of another boot;
+never another namespace's, never a legacy name (it carries no namespace).
 
 Stdlib only, no side effects at import: both the probe and the readers import this module.
 """
@@ -80,7 +100,7 @@ from __future__ import annotations
 
 import hashlib
 from types import CodeType
-from typing import Any
+from typing import Any, NamedTuple
 
 ENV_PROBE_DIR = "VERIFIER_PROBE_DIR"
 ENV_HOOKS = "VERIFIER_HOOKS"
@@ -164,9 +184,56 @@ def hook_slot(index: int) -> int:
     return HOOK_BASE + HOOK_STRIDE * index
 
 
-def process_dir_name(pid: int, start_ticks: int) -> str:
-    """Directory name of one process's probe state."""
+UNKNOWN_BOOT = "00000000"  # the boot part of a name when the boot id could not be read
+
+
+def boot_prefix(boot_id: str) -> str:
+    """The boot part of a state directory's name: the first 8 hex digits of BOOT_ID (a UUID as
+    ``/proc/sys/kernel/random/boot_id`` gives it), lowercase; ``UNKNOWN_BOOT`` without them."""
+    digits = "".join(c for c in boot_id.lower() if c in "0123456789abcdef")
+    return digits[:8] if len(digits) >= 8 else UNKNOWN_BOOT
+
+
+def ns_inode(link: str) -> int:
+    """The inode of a namespace from its ``/proc/<pid>/ns/<kind>`` link text (``pid:[4026531836]``).
+    Raises ValueError for any other text."""
+    kind, bracket, rest = link.partition(":[")
+    if not kind or not bracket or not rest.endswith("]") or not rest[:-1].isdigit():
+        raise ValueError(f"not a namespace link: {link!r}")
+    return int(rest[:-1])
+
+
+def process_dir_name(boot_id: str, pid_ns: int, pid: int, start_ticks: int) -> str:
+    """Directory name of one process's probe state: ``<boot>-<pid ns>-<pid>-<start ticks>``.
+    PID_NS: the inode of its PID namespace (0: unknown); PID: its pid in that namespace."""
+    return f"{boot_prefix(boot_id)}-{pid_ns}-{pid}-{start_ticks}"
+
+
+def legacy_dir_name(pid: int, start_ticks: int) -> str:
+    """The name older probes gave a process's state: ``<pid>-<start ticks>``. It carries no
+    PID namespace: two processes in two namespaces can share it."""
     return f"{pid}-{start_ticks}"
+
+
+class DirName(NamedTuple):
+    """A state directory's name, parsed. ``boot`` and ``pid_ns`` are None for a legacy name."""
+
+    boot: str | None
+    pid_ns: int | None
+    pid: int
+    start_ticks: int
+
+
+def parse_dir_name(name: str) -> DirName | None:
+    """NAME as a state directory's name (either form); None when it is not one."""
+    parts = name.split("-")
+    if len(parts) == 2 and all(p.isdigit() and p.isascii() for p in parts):
+        return DirName(None, None, int(parts[0]), int(parts[1]))
+    if len(parts) != 4 or len(parts[0]) != 8 or not all(c in "0123456789abcdef" for c in parts[0]):
+        return None
+    if not all(p.isdigit() and p.isascii() for p in parts[1:]):
+        return None
+    return DirName(parts[0], int(parts[1]), int(parts[2]), int(parts[3]))
 
 
 def stat_fields(stat: bytes) -> list[bytes]:
