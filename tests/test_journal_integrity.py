@@ -26,7 +26,7 @@ from verifier.evidence.probe_reader import read_probe_dir
 from verifier.evidence.process import read_process
 from verifier.evidence.procfs import ProcFS
 from verifier.evidence.report import to_report
-from verifier.model import EVIDENCE_JOURNAL_EDITED, ProcessReport, Verdict
+from verifier.model import EVIDENCE_JOURNAL_EDITED, EVIDENCE_PROBE_UNBOUND, ProcessReport, Verdict
 from verifier.policy import TargetSnapshot, load_policy
 from verifier.probe import layout as L
 
@@ -183,7 +183,8 @@ def test_a_journal_replaced_by_a_new_file_is_not_the_processs_evidence(child: Ch
     tmp.replace(child.journal)
     report = child.report()
     assert not report.probe_present
-    assert any("does not hold its journal.jsonl open" in x for x in report.probe_unbound)
+    unbound = [x.detail for x in report.evidence_problems if x.id == EVIDENCE_PROBE_UNBOUND]
+    assert any("does not hold its journal.jsonl open" in x for x in unbound)
     verdict, ids = _verdict(report)
     assert (verdict, "evidence.probe_state.unbound" in ids) == (Verdict.FAIL, True)
 

@@ -34,7 +34,7 @@ from verifier.evidence.probe_reader import read_probe_dir
 from verifier.evidence.process import read_process
 from verifier.evidence.procfs import ProcessIdentity, ProcFS
 from verifier.evidence.report import to_report
-from verifier.model import ProcessReport, TargetVerdict, Verdict
+from verifier.model import EVIDENCE_PROBE_UNBOUND, ProcessReport, TargetVerdict, Verdict
 from verifier.policy import TargetSnapshot, load_policy
 from verifier.probe import layout as L
 
@@ -50,6 +50,11 @@ POLICY = textwrap.dedent(
     """
 )
 UNBOUND = "evidence.probe_state.unbound"
+
+
+def _unbound(report: ProcessReport) -> tuple[str, ...]:
+    """The refused state directories a report names (its evidence problems of that kind)."""
+    return tuple(x.detail for x in report.evidence_problems if x.id == EVIDENCE_PROBE_UNBOUND)
 
 
 @contextmanager
@@ -153,12 +158,12 @@ def test_a_forged_state_for_an_unprobed_process_is_refused_and_fails_the_verdict
     assert sorted(Path(u.split(": ", 1)[0]).name for u in ev.unbound) == sorted(both)
     assert ev.note is not None and "is not its own" in ev.note
     assert ev.as_dict()["probe"]["unbound"] == list(ev.unbound)
-    assert (report.probe_present, report.probe_unbound) == (False, ev.unbound)
+    assert (report.probe_present, _unbound(report)) == (False, ev.unbound)
     v = verdict(report)
     assert v.verdict == Verdict.FAIL
     assert {UNBOUND, "evidence.probe_absent"} <= ids(v)
     (f,) = [f for f in v.findings if f.id == UNBOUND]
-    assert f.context["refused"] == list(ev.unbound) and f.context["pid"] == proc.pid
+    assert f.context["problems"] == list(ev.unbound) and f.context["pid"] == proc.pid
     assert both[0] in f.message
 
 
@@ -172,7 +177,7 @@ def test_negative_control_a_probed_process_reads_as_its_own_and_passes(tmp_path:
     assert ev.probe is not None and ev.unbound == () and ev.note is None
     assert Path(ev.probe.directory).name == name
     assert ev.probe.bindings_file == frozenset() and ev.probe.journal_file is not None
-    assert (report.probe_present, report.probe_unbound) == (True, ())
+    assert (report.probe_present, _unbound(report)) == (True, ())
     assert UNBOUND not in ids(verdict(report))
 
 

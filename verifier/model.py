@@ -336,7 +336,10 @@ DRIFT_IDS = (
 # the probe's journal is not the one it wrote (a record deleted, inserted, reordered, cut off,
 # or changed after the agent read it)
 EVIDENCE_JOURNAL_EDITED = "evidence.journal.edited"
-EVIDENCE_PROBLEM_IDS = (EVIDENCE_JOURNAL_EDITED,)
+# probe state under the process's name that the process does not hold (planted, or stale):
+# refused, and the process is reported without a probe
+EVIDENCE_PROBE_UNBOUND = "evidence.probe_state.unbound"
+EVIDENCE_PROBLEM_IDS = (EVIDENCE_JOURNAL_EDITED, EVIDENCE_PROBE_UNBOUND)
 
 
 @dataclass(frozen=True)
@@ -424,8 +427,6 @@ class ProcessReport:
     # What runs each step method and declared hook target, as the probe recorded it, each
     # verified by the agent against its file (its status, and a drift when not verified).
     code: tuple[CodeChain, ...] = ()
-    # State dirs under its name, refused: it does not hold their files ("<dir>: <why>" each)
-    probe_unbound: tuple[str, ...] = ()
 
     @property
     def all_roles(self) -> frozenset[str]:

@@ -16,6 +16,7 @@ from verifier.evidence.process import ProcessEvidence
 from verifier.evidence.procfs import ProcFS
 from verifier.model import (
     EVIDENCE_JOURNAL_EDITED,
+    EVIDENCE_PROBE_UNBOUND,
     EvidenceProblem,
     ProcessKey,
     ProcessReport,
@@ -58,7 +59,7 @@ def report_with_judgement(
         cmdline=ident.cmdline,
         exe=ident.exe,
         probe_present=ev.probe is not None,
-        probe_unbound=ev.unbound,
+        evidence_problems=tuple(EvidenceProblem(EVIDENCE_PROBE_UNBOUND, x) for x in ev.unbound),
         native_mappings=mappings,
         roles=tuple(ev.roles),
     )
@@ -99,9 +100,8 @@ def report_with_judgement(
         provenance=judged.provenance,
         drift=tuple(drift),
         runner_log=probe.runner_log,
-        evidence_problems=tuple(
-            EvidenceProblem(EVIDENCE_JOURNAL_EDITED, why) for why in probe.journal_problems
-        ),
+        evidence_problems=base.evidence_problems
+        + tuple(EvidenceProblem(EVIDENCE_JOURNAL_EDITED, why) for why in probe.journal_problems),
         code=code,
     )
     return report, judged

@@ -23,6 +23,7 @@ from verifier.model import (
     DRIFT_MODULE_SHADOWED,
     DRIFT_RECORD_UNREADABLE,
     EVIDENCE_JOURNAL_EDITED,
+    EVIDENCE_PROBE_UNBOUND,
     Severity,
 )
 
@@ -32,7 +33,6 @@ EVIDENCE_NO_REPORT = "evidence.no_report"
 EVIDENCE_NO_PROCESSES = "evidence.no_processes"
 EVIDENCE_PROBE_ABSENT = "evidence.probe_absent"
 EVIDENCE_PROBE_ERRORS = "evidence.probe_errors"
-EVIDENCE_PROBE_UNBOUND = "evidence.probe_state.unbound"
 EVIDENCE_UNPROBED = "evidence.unprobed"
 EVIDENCE_MANIFEST_UNRESOLVED = "evidence.manifest_unresolved"
 EVIDENCE_ROLE_MISSING = "evidence.role_missing"

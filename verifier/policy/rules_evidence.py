@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from verifier.model import Finding, ProcessReport, Severity
+from verifier.model import EVIDENCE_JOURNAL_EDITED, EVIDENCE_PROBE_UNBOUND, Finding, Severity
 from verifier.policy import _evidence as E
 from verifier.policy import findings as F
 from verifier.policy import interface as I
@@ -82,14 +82,28 @@ class ViewsAgree:
         return out
 
 
+# How each evidence problem reads in a finding ({name}: the process, as E.name says it).
+_PROBLEMS = {
+    EVIDENCE_JOURNAL_EDITED: "the probe's journal of {name} is not the one the probe wrote",
+    # Someone who can write to the probe dir planted it (or it is a dead process's, which
+    # garbage collection would have removed): evidence offered for a process that is not the
+    # process's is an attack on the verdict, not a gap that more waiting fills.
+    EVIDENCE_PROBE_UNBOUND: (
+        "probe state found for {name} is not its own and was refused (the process does not "
+        "hold its files)"
+    ),
+}
+
+
 @dataclass(frozen=True)
 class EvidenceIntact:
-    """``evidence.journal.edited`` (and every other evidence problem the agent reports) as an
-    ERROR: evidence that is not what its writer wrote cannot pass, whatever it says. Always
-    on."""
+    """Every evidence problem the agent reports (``evidence.journal.edited``,
+    ``evidence.probe_state.unbound``) as an ERROR, whatever the process's role: evidence that
+    is not what its writer wrote, or not the process's at all, cannot pass, and waiting does
+    not make it so. Always on."""
 
     def describe(self) -> str:
-        return "the evidence is what the probe wrote"
+        return "the evidence is what the probe wrote, and the process's own"
 
     def evaluate(self, snapshot: I.TargetSnapshot, ctx: I.EvalContext) -> list[Finding]:
         out: list[Finding] = []
@@ -98,12 +112,13 @@ class EvidenceIntact:
             for x in p.evidence_problems:
                 by_id.setdefault(x.id, []).append(x.detail)
             for problem_id, details in by_id.items():
+                what = _PROBLEMS.get(problem_id, "the evidence of {name} cannot be trusted")
+                more = f" (and {len(details) - 1} more)" if len(details) > 1 else ""
                 out.append(
                     E.finding(
                         problem_id,
                         Severity.ERROR,
-                        f"the evidence of {E.name(p)} cannot be trusted: {details[0]}"
-                        + (f" (+{len(details) - 1} more)" if len(details) > 1 else ""),
+                        f"{what.format(name=E.name(p))}: {details[0]}{more}",
                         snapshot,
                         **E.base(p),
                         problems=details[: E.SHOWN],
@@ -160,8 +175,6 @@ class ProbeRequired:
                 )
             )
         for p in E.ordered(snapshot.processes):
-            if p.probe_unbound:
-                out.append(unbound_finding(p, snapshot))
             if p.role in self.roles and not p.probe_present:
                 out.append(
                     E.finding(
@@ -203,24 +216,6 @@ class ProbeRequired:
                     )
                 )
         return out
-
-
-def unbound_finding(p: ProcessReport, snapshot: I.TargetSnapshot) -> Finding:
-    """``evidence.probe_state.unbound`` (ERROR, whatever the process's role): a state directory
-    under P's name that P does not hold. Someone who can write to the probe dir planted it (or
-    it is a dead process's, which garbage collection would have removed): evidence offered
-    for a process that is not the process's is an attack on the verdict, not a gap that more
-    waiting fills, so it FAILs rather than waits."""
-    return E.finding(
-        F.EVIDENCE_PROBE_UNBOUND,
-        Severity.ERROR,
-        f"probe state found for {E.name(p)} is not its own and was refused (the process does "
-        f"not hold its files): {p.probe_unbound[0]}"
-        + (f" (and {len(p.probe_unbound) - 1} more)" if len(p.probe_unbound) > 1 else ""),
-        snapshot,
-        **E.base(p),
-        refused=list(p.probe_unbound[: E.SHOWN]),
-    )
 
 
 _NATIVE = {

@@ -188,7 +188,7 @@ class FileEntry(_message.Message):
     def __init__(self, path: _Optional[str] = ..., sha256: _Optional[str] = ..., size: _Optional[int] = ..., kind: _Optional[str] = ..., module: _Optional[str] = ..., at: _Optional[str] = ...) -> None: ...
 
 class ProcessReport(_message.Message):
-    __slots__ = ("key", "ns_pid", "ppid", "start_time", "role", "rank", "container_id", "cmdline", "exe", "probe_present", "probe_errors", "runner", "steps", "hooks", "manifest_digest", "files_included", "files", "runner_file_sha256_now", "disagreements", "native_mappings", "provenance", "drift", "stack_witness", "runner_log", "roles", "evidence_problems", "code", "probe_unbound")
+    __slots__ = ("key", "ns_pid", "ppid", "start_time", "role", "rank", "container_id", "cmdline", "exe", "probe_present", "probe_errors", "runner", "steps", "hooks", "manifest_digest", "files_included", "files", "runner_file_sha256_now", "disagreements", "native_mappings", "provenance", "drift", "stack_witness", "runner_log", "roles", "evidence_problems", "code")
     KEY_FIELD_NUMBER: _ClassVar[int]
     NS_PID_FIELD_NUMBER: _ClassVar[int]
     PPID_FIELD_NUMBER: _ClassVar[int]
@@ -216,7 +216,6 @@ class ProcessReport(_message.Message):
     ROLES_FIELD_NUMBER: _ClassVar[int]
     EVIDENCE_PROBLEMS_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
-    PROBE_UNBOUND_FIELD_NUMBER: _ClassVar[int]
     key: ProcessKey
     ns_pid: int
     ppid: int
@@ -244,8 +243,7 @@ class ProcessReport(_message.Message):
     roles: _containers.RepeatedScalarFieldContainer[str]
     evidence_problems: _containers.RepeatedCompositeFieldContainer[EvidenceProblem]
     code: _containers.RepeatedCompositeFieldContainer[CodeChain]
-    probe_unbound: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, key: _Optional[_Union[ProcessKey, _Mapping]] = ..., ns_pid: _Optional[int] = ..., ppid: _Optional[int] = ..., start_time: _Optional[float] = ..., role: _Optional[str] = ..., rank: _Optional[int] = ..., container_id: _Optional[str] = ..., cmdline: _Optional[_Iterable[str]] = ..., exe: _Optional[str] = ..., probe_present: _Optional[bool] = ..., probe_errors: _Optional[_Iterable[str]] = ..., runner: _Optional[_Union[RunnerEvidence, _Mapping]] = ..., steps: _Optional[_Union[StepEvidence, _Mapping]] = ..., hooks: _Optional[_Iterable[_Union[HookEvidence, _Mapping]]] = ..., manifest_digest: _Optional[str] = ..., files_included: _Optional[bool] = ..., files: _Optional[_Iterable[_Union[FileEntry, _Mapping]]] = ..., runner_file_sha256_now: _Optional[str] = ..., disagreements: _Optional[_Iterable[_Union[FileDisagreement, _Mapping]]] = ..., native_mappings: _Optional[_Iterable[_Union[NativeMapping, _Mapping]]] = ..., provenance: _Optional[_Union[Provenance, _Mapping]] = ..., drift: _Optional[_Iterable[_Union[Drift, _Mapping]]] = ..., stack_witness: _Optional[_Union[StackWitness, _Mapping]] = ..., runner_log: _Optional[_Iterable[_Union[LogLine, _Mapping]]] = ..., roles: _Optional[_Iterable[str]] = ..., evidence_problems: _Optional[_Iterable[_Union[EvidenceProblem, _Mapping]]] = ..., code: _Optional[_Iterable[_Union[CodeChain, _Mapping]]] = ..., probe_unbound: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, key: _Optional[_Union[ProcessKey, _Mapping]] = ..., ns_pid: _Optional[int] = ..., ppid: _Optional[int] = ..., start_time: _Optional[float] = ..., role: _Optional[str] = ..., rank: _Optional[int] = ..., container_id: _Optional[str] = ..., cmdline: _Optional[_Iterable[str]] = ..., exe: _Optional[str] = ..., probe_present: _Optional[bool] = ..., probe_errors: _Optional[_Iterable[str]] = ..., runner: _Optional[_Union[RunnerEvidence, _Mapping]] = ..., steps: _Optional[_Union[StepEvidence, _Mapping]] = ..., hooks: _Optional[_Iterable[_Union[HookEvidence, _Mapping]]] = ..., manifest_digest: _Optional[str] = ..., files_included: _Optional[bool] = ..., files: _Optional[_Iterable[_Union[FileEntry, _Mapping]]] = ..., runner_file_sha256_now: _Optional[str] = ..., disagreements: _Optional[_Iterable[_Union[FileDisagreement, _Mapping]]] = ..., native_mappings: _Optional[_Iterable[_Union[NativeMapping, _Mapping]]] = ..., provenance: _Optional[_Union[Provenance, _Mapping]] = ..., drift: _Optional[_Iterable[_Union[Drift, _Mapping]]] = ..., stack_witness: _Optional[_Union[StackWitness, _Mapping]] = ..., runner_log: _Optional[_Iterable[_Union[LogLine, _Mapping]]] = ..., roles: _Optional[_Iterable[str]] = ..., evidence_problems: _Optional[_Iterable[_Union[EvidenceProblem, _Mapping]]] = ..., code: _Optional[_Iterable[_Union[CodeChain, _Mapping]]] = ...) -> None: ...
 
 class EvidenceProblem(_message.Message):
     __slots__ = ("id", "detail")
