@@ -485,3 +485,21 @@ def test_the_cache_is_bounded_and_keeps_the_newest() -> None:
     nothing = CompileCache(limit=0)
     nothing.put(keys[0], pycfile.Checked(loaded=True))
     assert len(nothing) == 0
+
+
+def test_a_pyc_is_rejected_only_if_every_read_of_it_was() -> None:
+    from verifier.evidence.journal import manifest_of
+
+    def rec(sha: str, at: str, t: float) -> dict[str, object]:
+        return {"k": "file", "path": "/p/__pycache__/m.pyc", "kind": "bytecode", "sha256": sha,
+                "size": 1, "module": "m", "at": at, "t": t}  # fmt: skip
+
+    honest = [rec("a", "load", 1.0), rec("a", "rejected", 1.0)]
+    assert [f.at for f in manifest_of(honest)[0]] == ["rejected"]
+    # Used (forged bytes F), then made stale and read and rejected again (other bytes H).
+    covered = [rec("f", "load", 1.0), rec("h", "load", 2.0), rec("h", "rejected", 2.0)]
+    files, hashed_at = manifest_of(covered)
+    assert [(f.sha256, f.at) for f in files] == [("f", "load")]
+    assert hashed_at == {"/p/__pycache__/m.pyc": 1.0}
+    again = [rec("f", "load", 1.0), rec("f", "load", 2.0), rec("f", "rejected", 2.0)]
+    assert [(f.sha256, f.at) for f in manifest_of(again)[0]] == [("f", "load")]

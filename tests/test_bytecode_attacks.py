@@ -187,6 +187,8 @@ def test_honest_pycs_are_shown_compiled_from_their_source_and_pristine(
     got = run(tmp_path, site)
     assert got.result == repr("published")
     for pyc in (pyc_of(core), pyc_of(site / "fakedist" / "__init__.py")):
+        [entry] = [f for f in got.report.files or () if f.path == str(pyc)]
+        assert entry.at == "load"  # used (a checked-hash pyc too: its source read is a check)
         assert drift_ids(got.report, pyc) == set()  # an unchecked one too: its code was shown
         assert origin_of(got.report, pyc) == ("pristine", "fakedist")
     verdict, found = judged(got.report)
@@ -238,6 +240,20 @@ def test_stale_pyc_touched_after_its_source_was_rewritten(tmp_path: Path) -> Non
     assert_caught(got, pyc_of(core))
 
 
+def test_checked_hash_pyc_with_the_sources_hash_and_other_code(tmp_path: Path) -> None:
+    """PEP 552 flags 3: the loader reads the source and checks the hash in the header, which
+    says nothing about the code after it. Before: the probe took the source read for a
+    rejection (``at: "rejected"``), so the pyc was not judged, nor even counted."""
+    site = tmp_path / "site"
+    core = install(site)
+    pyc_of(core).write_bytes(forge(core, EVIL, flags=3))
+    got = run(tmp_path, site)
+    assert got.result == repr("evil!!!!!")
+    [entry] = [f for f in got.report.files or () if f.path == str(pyc_of(core))]
+    assert entry.at == "load"  # the probe: used, not rejected
+    assert_caught(got, pyc_of(core))
+
+
 def test_unchecked_hash_pyc_with_the_sources_hash_and_other_code(tmp_path: Path) -> None:
     """PEP 552 flags 1, never checked: stale, and unchecked too (what the interpreter skipped
     is what would have caught it)."""
@@ -269,4 +285,34 @@ def test_source_touched_after_load_does_not_hide_a_forged_pyc(tmp_path: Path) ->
     touch = "import os\nos.utime(m.__file__, (1, 1))\n"
     got = run(tmp_path, site, after=touch)
     assert got.result == repr("evil!!!!!")
+    assert_caught(got, pyc_of(core))
+
+
+# the forged module covering its own tracks ----------------------------------------------------
+
+
+SELF_READ = "__loader__.get_data(__spec__.origin)\n" + EVIL
+REJECT_LATER = (
+    "import os\n"
+    "st = os.stat(__spec__.origin)\n"
+    "os.utime(__spec__.origin, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))\n"
+    "__loader__.get_code(__name__)  # now stale: read, rejected, its source read\n"
+    "os.utime(__spec__.origin, ns=(st.st_atime_ns, st.st_mtime_ns))\n"
+    + EVIL
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("code", [SELF_READ, REJECT_LATER], ids=["reads-source", "get-code"])
+def test_forged_pyc_cannot_have_itself_recorded_as_rejected(tmp_path: Path, code: str) -> None:
+    """The probe calls a pyc rejected when its loader reads the source right after it. The
+    forged code reads its own source first thing (through its loader, as the loader would), or
+    makes itself stale and has its loader's get_code reject it a second time. Before: the
+    latest record said "rejected", and a rejected pyc is never judged."""
+    site = tmp_path / "site"
+    core = install(site)
+    pyc_of(core).write_bytes(forge(core, code))
+    got = run(tmp_path, site)
+    assert got.result == repr("evil!!!!!")
+    [entry] = [f for f in got.report.files or () if f.path == str(pyc_of(core))]
+    assert entry.at == "load"
     assert_caught(got, pyc_of(core))
