@@ -487,6 +487,15 @@ def test_the_cache_is_bounded_and_keeps_the_newest() -> None:
     assert len(nothing) == 0
 
 
+def test_an_entry_costs_a_few_hundred_bytes(tmp_path: Path) -> None:
+    # What bounds the cache's memory: the default limit times this (about 20 MB).
+    cache = CompileCache()
+    files = [entry(write_module(tmp_path / f"p{i}")[1], module=f"p{i}") for i in range(50)]
+    assert ids(files, cache=cache) == [] and len(cache) == 50
+    assert cache.footprint() / len(cache) < 400
+    assert cache.limit * 400 < 30e6
+
+
 def test_a_pyc_is_rejected_only_if_every_read_of_it_was() -> None:
     from verifier.evidence.journal import manifest_of
 

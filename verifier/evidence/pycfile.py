@@ -14,6 +14,7 @@ import _imp
 import hashlib
 import marshal
 import os
+import sys
 import warnings
 from dataclasses import dataclass
 from itertools import islice
@@ -31,7 +32,7 @@ Outcome = tuple[bool, str] | None
 Identity = tuple[str, int, int, int, int, int]  # path, dev, ino, size, mtime_ns, ctime_ns
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Checked:
     """What comparing one loaded pyc with its source found, as cached. LOADED: the pyc still
     held the bytes the process loaded (when False nothing else was looked at: a pyc changed
@@ -57,8 +58,8 @@ def cache_key(pyc: Identity, source: Identity, optimize: int, loaded_sha256: str
 class CompileCache:
     """Comparisons keyed by ``cache_key``: a file whose bytes changed changed its ctime, so a
     rescan of unchanged files costs a lookup. Bounded to LIMIT entries (0: caches nothing):
-    when full, the older half is dropped (a few hundred bytes an entry: about 15 MB at the
-    default limit, several times the pycs of a vLLM container)."""
+    when full, the older half is dropped. An entry takes about 300 bytes (``footprint``), so
+    the default limit, several times the pycs of a vLLM container, bounds it near 20 MB."""
 
     def __init__(self, limit: int = 1 << 16) -> None:
         self.limit = limit
@@ -77,6 +78,15 @@ class CompileCache:
 
     def clear(self) -> None:
         self._checked.clear()
+
+    def footprint(self) -> int:
+        """The bytes the cache holds (its table, keys, entries and their strings)."""
+        total = sys.getsizeof(self._checked)
+        for key, c in self._checked.items():
+            total += sys.getsizeof(key) + sys.getsizeof(c) + sys.getsizeof(c.source_sha256)
+            if c.outcome is not None:
+                total += sys.getsizeof(c.outcome) + sys.getsizeof(c.outcome[1])
+        return total
 
     def __len__(self) -> int:
         return len(self._checked)
