@@ -8,6 +8,7 @@ import hashlib
 import importlib.util
 import marshal
 import os
+import platform
 import py_compile
 import subprocess
 import sys
@@ -512,3 +513,19 @@ def test_a_pyc_is_rejected_only_if_every_read_of_it_was() -> None:
     assert hashed_at == {"/p/__pycache__/m.pyc": 1.0}
     again = [rec("f", "load", 1.0), rec("f", "load", 2.0), rec("f", "rejected", 2.0)]
     assert [(f.sha256, f.at) for f in manifest_of(again)[0]] == [("f", "load")]
+
+
+def test_other_code_under_another_python_release_is_unverified(tmp_path: Path) -> None:
+    # One magic number covers every 3.11.x; a patch release may compile differently, so other
+    # code is no proof of a forgery then: unverified (and not pristine), not stale.
+    src, pyc = write_module(tmp_path / "stale")
+    make_stale(src, pyc)
+    ours = platform.python_version()
+    assert ids([entry(pyc)]) == [DRIFT_BYTECODE_STALE]
+    assert [d.id for d in check_bytecode([entry(pyc)], Path, python=ours)] == [DRIFT_BYTECODE_STALE]
+    drifts = check_bytecode([entry(pyc)], Path, python="3.11.0")
+    assert [d.id for d in drifts] == [DRIFT_BYTECODE_UNVERIFIED]
+    assert f"the process runs Python 3.11.0 and this verifier {ours}" in drifts[0].detail
+    _, fresh = write_module(tmp_path / "fresh")
+    same = judge_bytecode([entry(fresh)], Path, python="3.11.0")
+    assert same.drift == () and str(fresh) in same.compiled_from  # equal code is proof anyway

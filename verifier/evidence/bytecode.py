@@ -21,7 +21,10 @@ matches means the source changed after load, which does not make the code that r
 source's). A pyc that cannot be compared is ``provenance.bytecode.unverified`` (WARNING):
 bytecode of another Python than the agent's (its magic number; the agent can only compile
 for its own), a source missing or unreadable now, code that cannot be compiled or
-unmarshalled. An unchecked-hash pyc that is not shown to be its source's is also
+unmarshalled, or other code when the process runs another Python release than the agent
+(one magic number covers every 3.11.x, but a patch release may change what the compiler
+emits, line tables included, so other code is then no proof of a forgery). An unchecked-hash
+pyc that is not shown to be its source's is also
 ``provenance.bytecode.unchecked`` (ERROR: nothing checked it, the interpreter neither); one
 shown to be compiled from its source is no finding, since that comparison proves more than
 the hash check the interpreter skipped. A ``.pyc`` outside ``__pycache__`` was loaded without
@@ -47,6 +50,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import platform
 import posixpath
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -124,6 +128,7 @@ def judge_bytecode(
     to_host: Callable[[str], Path],
     *,
     cache: CompileCache | None = SHARED_CACHE,
+    python: str | None = None,
 ) -> BytecodeJudgement:
     """Each bytecode file one process ran, compared with its source: the drifts (at most one
     per id and path) and the pycs shown to be compiled from their source.
@@ -131,9 +136,13 @@ def judge_bytecode(
     FILES: the process's manifest (only ``kind == "bytecode"`` entries read ``at == "load"``
     are judged). TO_HOST maps a path as the process sees it to one this code can read
     (``/proc/<pid>/root/<path>`` in production). CACHE: where comparisons are kept between
-    calls (None: nowhere). Never raises on odd files: what cannot be read is either nothing to
-    report (a pyc changed or gone since load: the cross-check's) or an *unverified* finding."""
-    judge = _Judge(files, to_host, cache)
+    calls (None: nowhere). PYTHON: the process's Python release as its probe recorded it
+    (``3.11.2``; None: unknown, taken as this one): when it is not this verifier's, other code
+    is *unverified*, not *stale*. Never raises on odd files: what cannot be read is either
+    nothing to report (a pyc changed or gone since load: the cross-check's) or an *unverified*
+    finding."""
+    other = python if python is not None and python != platform.python_version() else None
+    judge = _Judge(files, to_host, cache, other)
     found: dict[tuple[str, str], Drift] = {}
     shown: dict[str, str] = {}
     for entry in files:
@@ -155,9 +164,10 @@ def check_bytecode(
     to_host: Callable[[str], Path],
     *,
     cache: CompileCache | None = SHARED_CACHE,
+    python: str | None = None,
 ) -> list[Drift]:
     """The drifts of ``judge_bytecode``."""
-    return list(judge_bytecode(files, to_host, cache=cache).drift)
+    return list(judge_bytecode(files, to_host, cache=cache, python=python).drift)
 
 
 class _Judge:
@@ -168,9 +178,11 @@ class _Judge:
         files: Sequence[FileEntry],
         to_host: Callable[[str], Path],
         cache: CompileCache | None,
+        other_python: str | None,
     ) -> None:
         self.to_host = to_host
         self.cache = cache
+        self.other_python = other_python  # the process's release, when not this verifier's
         self.sources = {f.module: f.path for f in files if f.kind == "source" and f.module}
 
     def entry(self, entry: FileEntry) -> tuple[list[Drift], str | None]:
@@ -216,7 +228,7 @@ class _Judge:
             return _unverified(pyc, _unreadable(pyc, e)), None
         if checked is None:
             return _unverified(pyc, f"{pyc.source} changed while it was read"), None
-        return _verdict(pyc, src_st, checked)
+        return _verdict(pyc, src_st, checked, self.other_python)
 
     def check(self, pyc: _Pyc, src_st: os.stat_result) -> Checked | None:
         """PYC compared with its source, through the cache (None: the source changed while
@@ -249,15 +261,25 @@ class _Judge:
         return checked
 
 
-def _verdict(pyc: _Pyc, src_st: os.stat_result, checked: Checked) -> tuple[list[Drift], str | None]:
-    """The drifts a comparison makes, and the source's sha256 if the code is the source's."""
+def _verdict(
+    pyc: _Pyc, src_st: os.stat_result, checked: Checked, other_python: str | None
+) -> tuple[list[Drift], str | None]:
+    """The drifts a comparison makes, and the source's sha256 if the code is the source's
+    (OTHER_PYTHON: the process's release, when not this verifier's)."""
     if not checked.loaded:
         return [], None  # it changed since load: the cross-check reports it
     outcome = checked.outcome
     if outcome is None:
         return [], checked.source_sha256
     found: list[tuple[str, str]]
-    if outcome[0]:
+    if outcome[0] and other_python is not None:
+        detail = (
+            f"{pyc.entry.path} holds other code than {pyc.source} compiles to here{outcome[1]}, "
+            f"but the process runs Python {other_python} and this verifier "
+            f"{platform.python_version()}: their compilers may differ, so it cannot be told"
+        )
+        found = [(DRIFT_BYTECODE_UNVERIFIED, detail)]
+    elif outcome[0]:
         found = [(DRIFT_BYTECODE_STALE, _stale(pyc, src_st, checked, outcome[1]))]
     elif outcome[1] == _FOREIGN:
         found = [(DRIFT_BYTECODE_UNVERIFIED, _foreign(pyc))]

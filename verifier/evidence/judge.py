@@ -221,7 +221,9 @@ def _static(
     to_host = _to_host(procfs, pid)
     index = index or DistIndex(to_host)
     ran = tuple(f for f in files if f.at != "rejected")  # a pyc its loader read and rejected
-    code = bytecode.judge_bytecode(ran, to_host)
+    version = probe.interp.get("version")  # written by the process: a string, or anything
+    python = version if isinstance(version, str) else None
+    code = bytecode.judge_bytecode(ran, to_host, python=python)
     ctx = context(procfs, pid, probe)
     provenance, drift = origins.classify(ran, index, ctx, native, code.compiled_from)
     drift += code.drift
