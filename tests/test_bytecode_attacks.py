@@ -205,6 +205,28 @@ def test_honest_optimized_pyc_under_python_o_is_compared_at_its_level(tmp_path: 
     assert origin_of(got.report, pyc_of(core, 1)) == ("pristine", "fakedist")
 
 
+@pytest.mark.parametrize("flags", [0, 3], ids=["timestamp", "checked-hash"])
+def test_a_pyc_its_loader_rejects_is_recorded_rejected_and_never_judged(
+    tmp_path: Path, flags: int
+) -> None:
+    """Other code whose header does not match the source (another mtime; another hash): the
+    loader rejects it and compiles the source, so the probe records the pyc rejected, and it
+    is neither drift nor counted (the source ran, pristine)."""
+    site = tmp_path / "site"
+    core = install(site)
+    forged = bytearray(forge(core, EVIL, flags=flags))
+    forged[8] ^= 0xFF  # the mtime's low byte, or the hash's first byte
+    pyc_of(core).write_bytes(bytes(forged))
+    got = run(tmp_path, site)
+    assert got.result == repr("published")
+    [entry] = [f for f in got.report.files or () if f.path == str(pyc_of(core))]
+    assert entry.at == "rejected"
+    assert drift_ids(got.report, pyc_of(core)) == set()
+    assert origin_of(got.report, core) == ("pristine", "fakedist")
+    verdict, found = judged(got.report)
+    assert verdict == Verdict.PASS, found
+
+
 # the attacks ----------------------------------------------------------------------------------
 
 
