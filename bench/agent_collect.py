@@ -13,14 +13,29 @@ ROUNDS times each:
               cross-check from the hash cache, the manifest-only judgement reused
   report      a warm agent between full checks (what most reports cost)
 The sidecar's average CPU at the default 0.5 s interval is (9 x report + recheck) / 5 s.
+
+Bytecode (issue 18): every pyc a process ran is compiled from its source and compared. Over
+the same processes' manifests, interleaved with the arms above (its cache emptied in "cold",
+so a cold agent compiles everything):
+  pyc headers      per pyc a 16-byte read of it and a stat of its source: the old default,
+                   which compiled only pycs whose timestamps were suspicious (the baseline)
+  compile only     compile() of each source of a pyc once (the processes share them), nothing
+                   else: the floor
+  bytecode cold    judge_bytecode with an empty cache: every pyc read, hashed, its source
+                   read, compiled and compared (the processes share one cache, as the agent)
+  bytecode cached  the same again, nothing changed: what a rejudge costs
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,6 +43,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _stats import print_rows, summary
 
 from verifier.agent.runner import Agent, AgentConfig
+from verifier.evidence import bytecode
+from verifier.evidence.procfs import ProcFS
+from verifier.evidence.pycfile import CompileCache, read_head
+from verifier.model import FileEntry, TargetReport
 from verifier.testing.vllm_server import VllmServer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,7 +67,87 @@ def timed(fn: object) -> float:
     return time.perf_counter() - t0
 
 
+Manifest = tuple[int, tuple[FileEntry, ...]]  # a process's pid and the files it ran
+
+
+def manifests(report: TargetReport) -> list[Manifest]:
+    """Each process's pid and the files it ran (a pyc its loader rejected did not)."""
+    return [
+        (p.key.pid, tuple(f for f in p.files or () if f.at != "rejected")) for p in report.processes
+    ]
+
+
+def judge_all(ran: list[Manifest], cache: CompileCache) -> None:
+    """judge_bytecode over every process, one cache for all (as the agent)."""
+    procfs = ProcFS()
+    for pid, files in ran:
+
+        def to_host(path: str, pid: int = pid) -> Path:
+            return procfs.in_root(pid, path)
+
+        bytecode.judge_bytecode(files, to_host, cache=cache)
+
+
+def bytecode_arms(report: TargetReport) -> tuple[dict[str, Callable[[], object]], int, int]:
+    """The bytecode arms over REPORT's processes, the pycs judged in all and the distinct
+    sources compiled."""
+    procfs = ProcFS()
+    ran = manifests(report)
+    pycs = [
+        (procfs.in_root(pid, f.path), procfs.in_root(pid, src), src)
+        for pid, files in ran
+        for f in files
+        if f.kind == "bytecode" and f.at == "load"
+        and (src := _source(f.path)) is not None
+    ]  # fmt: skip
+    # One host path per source as the processes see it: the processes share those files.
+    sources = sorted({src: str(host) for _, host, src in pycs}.values())
+
+    def judge(cache: CompileCache) -> None:
+        judge_all(ran, cache)
+
+    def headers() -> None:
+        for pyc, src, _ in pycs:
+            try:
+                read_head(pyc)
+                os.stat(src)
+            except OSError:
+                pass
+
+    def compile_only() -> None:
+        for src in sources:
+            with contextlib.suppress(OSError, SyntaxError, ValueError):
+                compile(Path(src).read_bytes(), src, "exec", dont_inherit=True)
+
+    warm = CompileCache()
+    judge(warm)
+    arms: dict[str, Callable[[], object]] = {
+        "pyc headers": headers,
+        "compile only": compile_only,
+        "bytecode cold": lambda: judge(CompileCache()),
+        "bytecode cached": lambda: judge(warm),
+    }
+    return arms, len(pycs), len(sources)
+
+
+def _source(pyc: str) -> str | None:
+    head, name = os.path.split(pyc)
+    if os.path.basename(head) != "__pycache__":
+        return None
+    return os.path.join(os.path.dirname(head), name.partition(".")[0] + ".py")
+
+
+def cache_bytes(report: TargetReport) -> tuple[int, int]:
+    """Entries and bytes a compile cache holds once it judged REPORT."""
+    cache = CompileCache()
+    judge_all(manifests(report), cache)
+    return len(cache), cache.footprint()
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="interleaved rounds")
+    rounds = parser.parse_args().rounds
     with VllmServer(REPO / ".cache" / "tiny-llama", scratch_parent=REPO / ".scratch") as server, \
             tempfile.TemporaryDirectory() as tmp:  # fmt: skip
         for i in range(4):
@@ -68,6 +167,7 @@ def main() -> None:
             subprocess.run(f"xargs -0 sha256sum < {listing} > /dev/null", shell=True, check=True)  # noqa: S602
 
         def cold() -> None:
+            bytecode.SHARED_CACHE.clear()  # a fresh agent process: nothing compiled yet
             a = agent(server.pid, spool / f"cold-{time.monotonic_ns()}", 0.0)
             a.collect()
             a.channel.close()
@@ -78,27 +178,39 @@ def main() -> None:
                 warm_rejudge._checked[key] = (digest, at, replace(judged, static_key=None))
             warm_rejudge.collect()
 
+        pyc_arms, n_pycs, n_sources = bytecode_arms(report)
         arms = {
             "sha256sum": sha256sum,
             "cold": cold,
             "rejudge": rejudge,
             "recheck": warm_recheck.collect,
             "report": warm_report.collect,
+            **pyc_arms,
         }
         results: dict[str, list[float]] = {k: [] for k in arms}
-        for _ in range(ROUNDS):
+        for _ in range(rounds):
             for name, fn in arms.items():
                 results[name].append(timed(fn))
         procs = len(report.processes)
         print(
             f"agent collect() over the tiny server's {procs} processes, {len(files)} distinct "
-            f"loaded files; {ROUNDS} interleaved rounds, seconds"
+            f"loaded files; {rounds} interleaved rounds, seconds"
         )
         stats = {k: summary(v) for k, v in results.items()}
         print_rows(stats, fmt="6.3f")
         base = stats["sha256sum"]["median"]
         for k in ("cold", "rejudge", "recheck", "report"):
             print(f"  {k} / sha256sum = {stats[k]['median'] / base:.3f}")
+        print(f"  bytecode: {n_pycs} loaded pycs in all processes, {n_sources} distinct")
+        for k in pyc_arms:
+            per = stats[k]["median"] / max(n_pycs, 1) * 1e6
+            once = stats[k]["median"] / max(n_sources, 1) * 1e6
+            print(f"  {k}: {per:.1f} us per loaded pyc, {once:.1f} us per distinct one")
+        head = stats["pyc headers"]["median"]
+        for k in ("bytecode cold", "bytecode cached"):
+            print(f"  {k} / pyc headers = {stats[k]['median'] / head:.2f}")
+        entries, held = cache_bytes(report)
+        print(f"  compile cache after one judgement: {entries} entries, {held / 1e6:.1f} MB")
         per_window = (RECHECK_S / INTERVAL_S - 1) * stats["report"]["median"] + stats["recheck"][
             "median"
         ]

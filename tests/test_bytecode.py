@@ -1,10 +1,14 @@
-"""check_bytecode against real pycs written by py_compile, and one a real interpreter runs."""
+"""judge_bytecode against real pycs written by py_compile, and one a real interpreter runs.
+Every loaded pyc is compared with its source; the attacks on a live probed process are in
+tests/test_bytecode_attacks.py."""
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import marshal
 import os
+import platform
 import py_compile
 import subprocess
 import sys
@@ -16,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from verifier.evidence import bytecode, pycfile
-from verifier.evidence.bytecode import check_bytecode
+from verifier.evidence.bytecode import check_bytecode, judge_bytecode
 from verifier.evidence.pycfile import CompileCache
 from verifier.model import (
     DRIFT_BYTECODE_SOURCELESS,
@@ -92,21 +96,25 @@ def entry(path: Path | str, data_from: Path | None = None, **kw: str | None) -> 
 def ids(
     files: list[FileEntry],
     to_host: Callable[[str], Path] = Path,
-    compare_all: bool = False,
     cache: CompileCache | None = bytecode.SHARED_CACHE,
 ) -> list[str]:
     """The sorted ids of the drifts check_bytecode finds in FILES."""
-    drifts = check_bytecode(files, to_host, compare_all=compare_all, cache=cache)
+    drifts = check_bytecode(files, to_host, cache=cache)
     return sorted(d.id for d in drifts)
+
+
+def shown(files: list[FileEntry], cache: CompileCache | None = None) -> dict[str, str]:
+    """The pycs judge_bytecode shows to be compiled from their source, and the source's hash."""
+    return dict(judge_bytecode(files, Path, cache=cache).compiled_from)
 
 
 def test_fresh_timestamp_pyc_has_no_drift(tmp_path: Path) -> None:
     _, pyc = write_module(tmp_path / "pkg")
     cache = CompileCache()
-    assert ids([entry(pyc)]) == []
-    # Compiling and comparing it anyway finds the same code: no false positive.
-    assert ids([entry(pyc)], compare_all=True, cache=cache) == []
+    # Compiled and compared (as every loaded pyc is): the same code, no false positive.
+    assert ids([entry(pyc)], cache=cache) == []
     assert len(cache) == 1
+    assert shown([entry(pyc)]) == {str(pyc): hashlib.sha256(OLD).hexdigest()}
 
 
 def test_source_rewritten_with_mtime_restored_is_stale(tmp_path: Path) -> None:
@@ -167,11 +175,24 @@ def test_source_warnings_do_not_escape_or_count(tmp_path: Path) -> None:
     assert ids([entry(pyc)]) == []  # pytest turns an escaped warning into an error
 
 
-def test_unchecked_hash_pyc_matching_is_only_unchecked(tmp_path: Path) -> None:
-    _, pyc = write_module(tmp_path / "pkg", mode=UNCHECKED)
-    drifts = check_bytecode([entry(pyc)], Path)
-    assert [d.id for d in drifts] == [DRIFT_BYTECODE_UNCHECKED]
-    assert "embedded source hash matches" in drifts[0].detail
+def test_unchecked_hash_pyc_shown_compiled_from_its_source_is_no_finding(tmp_path: Path) -> None:
+    # The interpreter never checked it, but its code was compared here: the stronger proof.
+    src, pyc = write_module(tmp_path / "pkg", mode=UNCHECKED)
+    assert ids([entry(pyc)]) == []
+    assert shown([entry(pyc)]) == {str(pyc): hashlib.sha256(src.read_bytes()).hexdigest()}
+    # A comment changes the source's hash, not its code: still no finding.
+    src.write_bytes(OLD + b"# a comment\n")
+    assert ids([entry(pyc)]) == []
+
+
+def test_unchecked_hash_pyc_whose_hash_matches_but_code_does_not(tmp_path: Path) -> None:
+    src, pyc = write_module(tmp_path / "pkg", mode=UNCHECKED)
+    forged = pyc.read_bytes()[: pycfile.HEADER] + marshal.dumps(compile(NEW, str(src), "exec"))
+    pyc.write_bytes(forged)
+    drifts = {d.id: d.detail for d in check_bytecode([entry(pyc)], Path)}
+    assert sorted(drifts) == [DRIFT_BYTECODE_STALE, DRIFT_BYTECODE_UNCHECKED]
+    assert "embedded source hash matches" in drifts[DRIFT_BYTECODE_UNCHECKED]
+    assert shown([entry(pyc)]) == {}
 
 
 def test_unchecked_hash_pyc_with_changed_source_is_unchecked_and_stale(tmp_path: Path) -> None:
@@ -185,8 +206,9 @@ def test_unchecked_hash_pyc_with_changed_source_is_unchecked_and_stale(tmp_path:
 
 def test_checked_hash_pyc_matching_has_no_drift(tmp_path: Path) -> None:
     _, pyc = write_module(tmp_path / "pkg", mode=CHECKED)
-    assert ids([entry(pyc)]) == []
-    assert ids([entry(pyc)], compare_all=True, cache=CompileCache()) == []
+    cache = CompileCache()
+    assert ids([entry(pyc)], cache=cache) == []
+    assert len(cache) == 1  # compared, not trusted for its header
 
 
 def test_checked_hash_pyc_with_changed_source_is_stale(tmp_path: Path) -> None:
@@ -195,12 +217,14 @@ def test_checked_hash_pyc_with_changed_source_is_stale(tmp_path: Path) -> None:
     assert ids([entry(pyc)]) == [DRIFT_BYTECODE_STALE]
 
 
-def test_checked_hash_pyc_whose_source_was_read_at_load_is_not_stale(tmp_path: Path) -> None:
-    # The import system read the source to check the hash: it compiled the source instead.
+def test_checked_hash_pyc_whose_source_changed_after_load_is_stale(tmp_path: Path) -> None:
+    # The probe says it was used (not rejected): the code that ran is not the source's now.
     src, pyc = write_module(tmp_path / "pkg", mode=CHECKED)
     src.write_bytes(NEW)
-    source_read = entry(src, kind="source")
-    assert ids([entry(pyc), source_read]) == []
+    drifts = check_bytecode([entry(pyc), entry(src, kind="source")], Path)
+    assert [d.id for d in drifts] == [DRIFT_BYTECODE_STALE]
+    assert "or the source changed since" in drifts[0].detail
+    assert ids([entry(pyc, at="rejected")]) == []  # one its loader rejected never ran
 
 
 def test_hash_based_pyc_of_another_python_is_unverified(tmp_path: Path) -> None:
@@ -262,33 +286,42 @@ def test_pyc_under_a_pycache_prefix_is_judged_against_the_probes_source(tmp_path
     assert ids([entry(pyc)]) == [DRIFT_BYTECODE_SOURCELESS]  # no source known
 
 
-def test_candidate_of_another_python_is_unverified(tmp_path: Path) -> None:
-    src, pyc = write_module(tmp_path / "pkg")
-    data = pyc.read_bytes()
-    pyc.write_bytes(b"\x00\x00\r\n" + data[4:])
-    make_stale(src, pyc)
-    drifts = check_bytecode([entry(pyc)], Path)
-    assert [d.id for d in drifts] == [DRIFT_BYTECODE_UNVERIFIED]
-    assert f"{src} changed (ctime) after" in drifts[0].detail
+def test_timestamp_pyc_of_another_python_is_unverified(tmp_path: Path) -> None:
+    # Fresh or stale, the agent cannot compile for another Python: never shown, never pristine.
+    for stale in (False, True):
+        src, pyc = write_module(tmp_path / f"pkg{stale}")
+        data = pyc.read_bytes()
+        pyc.write_bytes(b"\x00\x00\r\n" + data[4:])
+        if stale:
+            make_stale(src, pyc)
+        drifts = check_bytecode([entry(pyc)], Path)
+        assert [d.id for d in drifts] == [DRIFT_BYTECODE_UNVERIFIED]
+        assert "bytecode of another Python (magic 00000d0a" in drifts[0].detail
+        assert shown([entry(pyc)]) == {}
 
 
-def test_missing_source_is_no_drift(tmp_path: Path) -> None:
-    found = []
-    for mode in (TIMESTAMP, CHECKED):
+def test_missing_source_is_unverified(tmp_path: Path) -> None:
+    # Used at load (the probe says so), deleted since: it can no longer be shown to be its
+    # source's, so it is a finding (a warning) and not pristine.
+    for mode in (TIMESTAMP, CHECKED, UNCHECKED):
         src, pyc = write_module(tmp_path / mode.name, mode=mode)
-        make_stale(src, pyc)
         src.unlink()
-        found += check_bytecode([entry(pyc)], Path)
-    assert found == []
+        drifts = {d.id: d.detail for d in check_bytecode([entry(pyc)], Path)}
+        also = [DRIFT_BYTECODE_UNCHECKED] if mode is UNCHECKED else []
+        assert sorted(drifts) == sorted([DRIFT_BYTECODE_UNVERIFIED, *also])
+        assert f"{src} is missing now" in drifts[DRIFT_BYTECODE_UNVERIFIED]
 
 
-def test_truncated_pyc_is_no_drift(tmp_path: Path) -> None:
+def test_truncated_pyc_is_no_drift_or_unverified(tmp_path: Path) -> None:
     _, pyc = write_module(tmp_path / "header")
-    pyc.write_bytes(pyc.read_bytes()[:10])
+    pyc.write_bytes(pyc.read_bytes()[:10])  # no interpreter accepts this header
+    assert ids([entry(pyc)]) == []
     src2, pyc2 = write_module(tmp_path / "body")
     pyc2.write_bytes(pyc2.read_bytes()[: pycfile.HEADER + 5])
-    make_stale(src2, pyc2)  # a candidate whose code cannot be unmarshalled
-    assert ids([entry(pyc), entry(pyc2)]) == []
+    make_stale(src2, pyc2)  # importing it failed: nothing ran, but nothing is shown either
+    drifts = check_bytecode([entry(pyc2)], Path)
+    assert [d.id for d in drifts] == [DRIFT_BYTECODE_UNVERIFIED]
+    assert "cannot be unmarshalled" in drifts[0].detail
 
 
 def test_bad_flags_are_no_drift(tmp_path: Path) -> None:
@@ -353,7 +386,7 @@ def test_cached_outcome_is_not_compiled_again(
     def no_compile(*args: object) -> None:
         raise AssertionError("compiled again")
 
-    monkeypatch.setattr(pycfile, "compare", no_compile)
+    monkeypatch.setattr(bytecode, "compare", no_compile)
     assert ids([entry(pyc)], cache=cache) == [DRIFT_BYTECODE_STALE]
     st = src.stat()
     os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))  # same times, a new ctime: a new key
@@ -385,3 +418,114 @@ def test_interpreter_runs_a_stale_pyc_and_it_is_reported(tmp_path: Path) -> None
     assert src.read_bytes() == NEW
     drifts = check_bytecode([entry(pyc)], Path)
     assert [(d.id, d.path) for d in drifts] == [(DRIFT_BYTECODE_STALE, str(pyc))]
+
+
+def test_source_whose_mtime_moved_after_load_does_not_hide_a_stale_pyc(tmp_path: Path) -> None:
+    # The probe says the pyc ran; its header no longer matching the source says only that the
+    # source's stat changed since, not that the interpreter rejected it.
+    src, pyc = write_module(tmp_path / "pkg")
+    make_stale(src, pyc)
+    os.utime(src, (1, 1))
+    drifts = check_bytecode([entry(pyc)], Path)
+    assert [d.id for d in drifts] == [DRIFT_BYTECODE_STALE]
+    assert "the source's size or mtime changed since" in drifts[0].detail
+
+
+def test_an_edit_of_the_pyc_is_a_new_key_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, pyc = write_module(tmp_path / "pkg")
+    cache = CompileCache()
+    assert ids([entry(pyc)], cache=cache) == []
+
+    def no_compile(*args: object) -> None:
+        raise AssertionError("compiled again")
+
+    monkeypatch.setattr(bytecode, "compare", no_compile)
+    assert ids([entry(pyc)], cache=cache) == []  # a rescan: a stat and a 16-byte read
+    st = pyc.stat()
+    os.utime(pyc, ns=(st.st_atime_ns, st.st_mtime_ns))  # same bytes and times, a new ctime
+    with pytest.raises(AssertionError, match="compiled again"):
+        check_bytecode([entry(pyc)], Path, cache=cache)
+
+
+def test_processes_that_see_the_same_files_share_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two processes of one container: other /proc/<pid>/root prefixes, the same files.
+    _, pyc = write_module(tmp_path / "root" / "app" / "pkg")
+    (tmp_path / "other").symlink_to(tmp_path / "root")
+    in_process = "/" + str(pyc.relative_to(tmp_path / "root"))
+    cache = CompileCache()
+    first = judge_bytecode(
+        [entry(in_process, data_from=pyc)], lambda p: tmp_path / "root" / p.lstrip("/"), cache=cache
+    )
+    assert first.drift == () and in_process in first.compiled_from
+
+    def no_compile(*args: object) -> None:
+        raise AssertionError("compiled again")
+
+    monkeypatch.setattr(bytecode, "compare", no_compile)
+    second = judge_bytecode(
+        [entry(in_process, data_from=pyc)],
+        lambda p: tmp_path / "other" / p.lstrip("/"),
+        cache=cache,
+    )
+    assert second == first and len(cache) == 1
+
+
+def test_the_cache_is_bounded_and_keeps_the_newest() -> None:
+    cache = CompileCache(limit=4)
+    keys = [
+        pycfile.cache_key(("/p", i, i, 1, 1, 1), ("/s", i, i, 1, 1, 1), 0, "") for i in range(9)
+    ]
+    for k in keys:
+        cache.put(k, pycfile.Checked(loaded=True))
+    assert len(cache) <= 4
+    assert cache.get(keys[-1]) is not None and cache.get(keys[0]) is None
+    nothing = CompileCache(limit=0)
+    nothing.put(keys[0], pycfile.Checked(loaded=True))
+    assert len(nothing) == 0
+
+
+def test_an_entry_costs_a_few_hundred_bytes(tmp_path: Path) -> None:
+    # What bounds the cache's memory: the default limit times this (about 20 MB).
+    cache = CompileCache()
+    files = [entry(write_module(tmp_path / f"p{i}")[1], module=f"p{i}") for i in range(50)]
+    assert ids(files, cache=cache) == [] and len(cache) == 50
+    assert cache.footprint() / len(cache) < 400
+    assert cache.limit * 400 < 30e6
+
+
+def test_a_pyc_is_rejected_only_if_every_read_of_it_was() -> None:
+    from verifier.evidence.journal import manifest_of
+
+    def rec(sha: str, at: str, t: float) -> dict[str, object]:
+        return {"k": "file", "path": "/p/__pycache__/m.pyc", "kind": "bytecode", "sha256": sha,
+                "size": 1, "module": "m", "at": at, "t": t}  # fmt: skip
+
+    honest = [rec("a", "load", 1.0), rec("a", "rejected", 1.0)]
+    assert [f.at for f in manifest_of(honest)[0]] == ["rejected"]
+    # Used (forged bytes F), then made stale and read and rejected again (other bytes H).
+    covered = [rec("f", "load", 1.0), rec("h", "load", 2.0), rec("h", "rejected", 2.0)]
+    files, hashed_at = manifest_of(covered)
+    assert [(f.sha256, f.at) for f in files] == [("f", "load")]
+    assert hashed_at == {"/p/__pycache__/m.pyc": 1.0}
+    again = [rec("f", "load", 1.0), rec("f", "load", 2.0), rec("f", "rejected", 2.0)]
+    assert [(f.sha256, f.at) for f in manifest_of(again)[0]] == [("f", "load")]
+
+
+def test_other_code_under_another_python_release_is_unverified(tmp_path: Path) -> None:
+    # One magic number covers every 3.11.x; a patch release may compile differently, so other
+    # code is no proof of a forgery then: unverified (and not pristine), not stale.
+    src, pyc = write_module(tmp_path / "stale")
+    make_stale(src, pyc)
+    ours = platform.python_version()
+    assert ids([entry(pyc)]) == [DRIFT_BYTECODE_STALE]
+    assert [d.id for d in check_bytecode([entry(pyc)], Path, python=ours)] == [DRIFT_BYTECODE_STALE]
+    drifts = check_bytecode([entry(pyc)], Path, python="3.11.0")
+    assert [d.id for d in drifts] == [DRIFT_BYTECODE_UNVERIFIED]
+    assert f"the process runs Python 3.11.0 and this verifier {ours}" in drifts[0].detail
+    _, fresh = write_module(tmp_path / "fresh")
+    same = judge_bytecode([entry(fresh)], Path, python="3.11.0")
+    assert same.drift == () and str(fresh) in same.compiled_from  # equal code is proof anyway

@@ -138,9 +138,13 @@ class World:
     def site(self) -> str:
         return self.p("lib/python3.11/site-packages")
 
-    def run(self, *site_dirs: str) -> tuple[Provenance, list[Drift], DistIndex]:
+    def run(
+        self, *site_dirs: str, compiled_from: dict[str, str] | None = None
+    ) -> tuple[Provenance, list[Drift], DistIndex]:
+        """Classify the loaded files; COMPILED_FROM: the pycs shown to be compiled from their
+        source (pyc path -> the source's sha256), as ``judge_bytecode`` says."""
         index = self.index()
-        prov, drift = classify(self.files, index, self.ctx(*site_dirs))
+        prov, drift = classify(self.files, index, self.ctx(*site_dirs), (), compiled_from)
         return prov, drift, index
 
 
@@ -407,8 +411,27 @@ def test_bytecode_takes_class_of_pristine_source_in_manifest(world: World) -> No
     code = world.write(pyc(world, src), b"\x00bytecode")
     world.load(world.p(src), module="alpha.core", at="deferred")
     world.load(code, module="alpha.core", kind="bytecode")
-    prov, drift, _ = world.run()
+    prov, drift, _ = world.run(compiled_from={code: sha(ALPHA)})
     assert prov.count(Origin.PRISTINE) == 2 and prov.files == () and drift == []
+
+
+def test_bytecode_of_a_pristine_source_is_pristine_only_when_shown_compiled_from_it(
+    world: World,
+) -> None:
+    """Not compared (or stale, or another Python's: nothing in COMPILED_FROM), or compared
+    with other bytes than the RECORD's: the pyc is unknown, still of its distribution."""
+    src = "lib/python3.11/site-packages/alpha/core.py"
+    code = world.write(pyc(world, src), b"\x00bytecode")
+    world.load(world.p(src), module="alpha.core", at="deferred")
+    world.load(code, module="alpha.core", kind="bytecode")
+    for shown in (None, {}, {code: sha(b"VALUE = 2\n")}):
+        prov, drift, _ = world.run(compiled_from=shown)
+        assert prov.count(Origin.PRISTINE) == 1 and prov.count(Origin.UNKNOWN) == 1
+        f = only(prov, code)
+        assert (f.origin, f.distribution, f.version) == (Origin.UNKNOWN, "alpha", "1.0")
+        assert f.reason.startswith(f"bytecode of {world.p(src)}, which is pristine (sha256")
+        assert "not shown to be compiled from it" in f.reason
+        assert prov.distributions == (("alpha", "1.0", 2),) and drift == []
 
 
 def test_bytecode_takes_class_of_patched_source_in_manifest(world: World) -> None:
@@ -430,12 +453,15 @@ def test_bytecode_whose_source_was_not_loaded_uses_record(world: World) -> None:
     world.load(code, module="alpha.core", kind="bytecode")
     stray = world.write(world.p("other/__pycache__/s.cpython-311.pyc"), b"\x00")
     world.load(stray, module="s", kind="bytecode")
-    prov, drift, _ = world.run()
+    prov, drift, _ = world.run(compiled_from={code: sha(ALPHA), stray: sha(b"")})
     assert prov.count(Origin.PRISTINE) == 1
     assert code not in by_path(prov)
     f = only(prov, stray)  # control: its source is nobody's
     assert f.origin == Origin.UNKNOWN and f.reason.startswith("bytecode of")
     assert drift == []
+    # Shown compiled from other bytes than the RECORD lists: not pristine.
+    prov, _, _ = world.run(compiled_from={code: sha(b"VALUE = 2\n")})
+    assert only(prov, code).origin == Origin.UNKNOWN
 
 
 def test_bytecode_of_editable_source(world: World) -> None:

@@ -238,7 +238,9 @@ class FileOrigin:
 @dataclass(frozen=True)
 class Provenance:
     """Per-class counts over every loaded file, and each file that is not pristine or stdlib
-    (bytecode counts under the class of its source: it is derived from it)."""
+    (bytecode counts under the class of its source, being derived from it, except that it is
+    pristine only when its code was shown to be compiled from the published source: one not
+    shown so is ``unknown``, with its distribution)."""
 
     counts: tuple[tuple[str, int], ...]  # (origin, files), every Origin, in Origin order
     files: tuple[FileOrigin, ...]  # the files whose origin is not pristine or stdlib

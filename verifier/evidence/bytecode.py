@@ -1,34 +1,48 @@
-"""Bytecode a live process loaded that does not correspond to its source (PEP 552).
+"""Bytecode a live process ran, shown to be compiled from the source beside it, or a finding
+(PEP 552).
 
 The probe records every ``.pyc`` the import system read (``kind: "bytecode"``, ``at: "load"``,
-the sha256 of exactly the bytes it unmarshalled). Each one is judged here against the file now
-at its source path, as the process sees it:
+the sha256 of exactly the bytes it unmarshalled) and marks one its loader rejected
+(``at: "rejected"``: the loader compiled the source instead). Every other one ran, and each is
+judged here against the file now at its source path, as the process sees it: its code must be
+what that source compiles to, at the optimization level its name carries. Nothing weaker
+counts, because every check the interpreter makes can be met by a pyc of other code:
 
-* a ``.pyc`` outside ``__pycache__`` was loaded without source (``SourcelessFileLoader``):
-  there is nothing to compare it with (``provenance.bytecode.sourceless``);
-* a **timestamp** pyc (flags 0) is trusted by the interpreter when the source's size and mtime
-  equal the ones in its header. Both can be restored after the source's bytes were rewritten,
-  but the source's ctime cannot: a source whose ctime is later than the pyc's mtime (or a pyc
-  whose mtime was set later than its own ctime) makes the pyc a *candidate*, confirmed by
-  compiling the source and comparing code objects (``provenance.bytecode.stale``). A pyc of
-  another Python cannot be compared that way (``provenance.bytecode.unverified``);
-* a **hash-based** pyc (flags 1 or 3) embeds a hash of the source it was compiled from, which is
-  compared with the source now. An *unchecked* one (flags 1) is never compared with its source
-  by the interpreter, so it is reported whatever the hash says
-  (``provenance.bytecode.unchecked``).
+* a **timestamp** pyc (flags 0) is used when its header holds the source's size and mtime:
+  a forged pyc can hold them, written after the source (so no timestamp says it is older),
+  and a stale one can be ``touch``\\ed after its source was rewritten with its mtime put back;
+* a **checked-hash** pyc (flags 3) is used when its header holds the source's hash, which
+  says nothing of the code after the header;
+* an **unchecked-hash** pyc (flags 1) is used whatever the source holds.
 
-The common path costs one ``stat`` of the source and one 16-byte read (and ``fstat``) of the
-pyc. A pyc is hashed, to make sure it still holds the bytes the process loaded, only before a
-finding is reported about it or its source is compiled; a source is compiled only for a
-candidate, and each outcome is cached under both files' identity (path, device, inode, size,
-mtime, ctime), trusting what ``hashing.py`` trusts: ctime cannot be set from user space.
+So the source of every pyc that ran is compiled and the code objects compared: other code is
+``provenance.bytecode.stale`` (ERROR), whatever the header says (a header that no longer
+matches means the source changed after load, which does not make the code that ran its
+source's). A pyc that cannot be compared is ``provenance.bytecode.unverified`` (WARNING):
+bytecode of another Python than the agent's (its magic number; the agent can only compile
+for its own), a source missing or unreadable now, code that cannot be compiled or
+unmarshalled, or other code when the process runs another Python release than the agent
+(one magic number covers every 3.11.x, but a patch release may change what the compiler
+emits, line tables included, so other code is then no proof of a forgery). An unchecked-hash
+pyc that is not shown to be its source's is also
+``provenance.bytecode.unchecked`` (ERROR: nothing checked it, the interpreter neither); one
+shown to be compiled from its source is no finding, since that comparison proves more than
+the hash check the interpreter skipped. A ``.pyc`` outside ``__pycache__`` was loaded without
+source (``SourcelessFileLoader``): there is nothing to compare it with
+(``provenance.bytecode.sourceless``).
 
-What the candidate rule does not see: a pyc whose mtime is later than its source's ctime while
-holding other code, i.e. one written (or merely touched) after the source was rewritten, and a
-hash-based pyc whose header hash matches but whose code does not. ``compare_all=True`` compiles
-the source of every pyc the interpreter accepted, which catches those too (one compile each).
-Files extracted from an image layer keep their archived mtime but get a new ctime, so there
-every timestamp pyc is a candidate and is compiled once (the cache makes later scans cheap).
+``judge_bytecode`` also returns, for each pyc shown to be compiled from its source, the sha256
+of the source bytes it was compared with: ``origins.classify`` counts a pyc as pristine only
+when its RECORD lists that hash for the source.
+
+Cost: a compile costs about what importing the module cost (milliseconds), so each comparison
+is cached (``pycfile.CompileCache``, bounded) under both files' identity (the path as the
+process sees it, device, inode, size, mtime, ctime), the optimization level and the sha256
+the pyc was loaded with, trusting what ``hashing.py`` trusts: ctime cannot be set from user
+space, so a file whose bytes changed has a new key. A rescan costs one ``stat`` of the source
+and one 16-byte read (and ``fstat``) of the pyc; the processes of one container share the
+entries, so a file is compiled once per boot, not once per process. A pyc is read whole and
+hashed (it must still hold the bytes the process loaded) only when it is not cached.
 """
 
 from __future__ import annotations
@@ -36,8 +50,9 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import platform
 import posixpath
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,14 +60,16 @@ from verifier.evidence.pycfile import (
     FLAG_CHECK,
     FLAG_HASH,
     HEADER,
+    Checked,
     CompileCache,
-    Outcome,
-    compare_cached,
+    cache_key,
+    compare,
     hash_matches,
     identity,
     optimization,
     read,
     read_head,
+    read_stable,
     stamp_matches,
     u32,
 )
@@ -66,8 +83,20 @@ from verifier.model import (
 )
 
 _MISSING = (FileNotFoundError, NotADirectoryError)
+_FLAGS = (0, FLAG_HASH, FLAG_HASH | FLAG_CHECK)  # any other flags: the interpreter rejects it
+_FOREIGN = "\0foreign"  # an outcome's why: bytecode of another Python (detail built per pyc)
 
 SHARED_CACHE = CompileCache()  # the default: one agent process judges many scans
+
+
+@dataclass(frozen=True)
+class BytecodeJudgement:
+    """The drifts of one process's loaded pycs, and COMPILED_FROM: for each pyc shown to hold
+    the code its source compiles to (its path as the process sees it), the sha256 (hex) of
+    the source bytes it was compared with. A pyc not in it was not shown to be its source's."""
+
+    drift: tuple[Drift, ...]
+    compiled_from: Mapping[str, str]
 
 
 @dataclass(frozen=True)
@@ -82,37 +111,63 @@ class _Pyc:
     head: bytes  # its first 16 bytes, as read now
     stat: os.stat_result  # of the pyc, now
 
+    @property
+    def hash_based(self) -> bool:
+        return bool(u32(self.head, 4) & FLAG_HASH)
+
+    @property
+    def unchecked(self) -> bool:
+        return u32(self.head, 4) == FLAG_HASH
+
     def drift(self, id_: str, detail: str) -> Drift:
         return Drift(id_, self.entry.path, self.entry.module, detail)
+
+
+def judge_bytecode(
+    files: Sequence[FileEntry],
+    to_host: Callable[[str], Path],
+    *,
+    cache: CompileCache | None = SHARED_CACHE,
+    python: str | None = None,
+) -> BytecodeJudgement:
+    """Each bytecode file one process ran, compared with its source: the drifts (at most one
+    per id and path) and the pycs shown to be compiled from their source.
+
+    FILES: the process's manifest (only ``kind == "bytecode"`` entries read ``at == "load"``
+    are judged). TO_HOST maps a path as the process sees it to one this code can read
+    (``/proc/<pid>/root/<path>`` in production). CACHE: where comparisons are kept between
+    calls (None: nowhere). PYTHON: the process's Python release as its probe recorded it
+    (``3.11.2``; None: unknown, taken as this one): when it is not this verifier's, other code
+    is *unverified*, not *stale*. Never raises on odd files: what cannot be read is either
+    nothing to report (a pyc changed or gone since load: the cross-check's) or an *unverified*
+    finding."""
+    other = python if python is not None and python != platform.python_version() else None
+    judge = _Judge(files, to_host, cache, other)
+    found: dict[tuple[str, str], Drift] = {}
+    shown: dict[str, str] = {}
+    for entry in files:
+        if entry.kind != "bytecode" or entry.at != "load":
+            continue
+        try:
+            drifts, source_sha = judge.entry(entry)
+        except (OSError, ValueError):  # an odd path (NUL byte, unencodable): nothing to judge
+            drifts, source_sha = [], None
+        for d in drifts:
+            found.setdefault((d.id, d.path), d)
+        if source_sha is not None:
+            shown[entry.path] = source_sha
+    return BytecodeJudgement(tuple(found.values()), shown)
 
 
 def check_bytecode(
     files: Sequence[FileEntry],
     to_host: Callable[[str], Path],
     *,
-    compare_all: bool = False,
     cache: CompileCache | None = SHARED_CACHE,
+    python: str | None = None,
 ) -> list[Drift]:
-    """Drifts of the bytecode files one process loaded, at most one per (id, path).
-
-    FILES: the process's manifest (only ``kind == "bytecode"`` entries read ``at == "load"``
-    are judged). TO_HOST maps a path as the process sees it to one this code can read
-    (``/proc/<pid>/root/<path>`` in production). COMPARE_ALL: also compile the source of every
-    pyc whose header the interpreter accepted, not only the candidates (slow). CACHE: where
-    compile outcomes are kept between calls (None: nowhere). Never raises on odd files: what
-    cannot be read is either nothing to report or an *unverified* finding."""
-    judge = _Judge(files, to_host, compare_all, cache)
-    found: dict[tuple[str, str], Drift] = {}
-    for entry in files:
-        if entry.kind != "bytecode" or entry.at != "load":
-            continue
-        try:
-            drifts = judge.entry(entry)
-        except (OSError, ValueError):  # an odd path (NUL byte, unencodable): nothing to judge
-            drifts = []
-        for d in drifts:
-            found.setdefault((d.id, d.path), d)
-    return list(found.values())
+    """The drifts of ``judge_bytecode``."""
+    return list(judge_bytecode(files, to_host, cache=cache, python=python).drift)
 
 
 class _Judge:
@@ -122,181 +177,133 @@ class _Judge:
         self,
         files: Sequence[FileEntry],
         to_host: Callable[[str], Path],
-        compare_all: bool,
         cache: CompileCache | None,
+        other_python: str | None,
     ) -> None:
         self.to_host = to_host
-        self.compare_all = compare_all
         self.cache = cache
-        # Sources the import system read itself (to compile them, or to check a hash).
-        self.read_at_load = {f.path for f in files if f.kind == "source" and f.at == "load"}
+        self.other_python = other_python  # the process's release, when not this verifier's
         self.sources = {f.module: f.path for f in files if f.kind == "source" and f.module}
 
-    def entry(self, entry: FileEntry) -> list[Drift]:
-        """The drifts of one loaded pyc."""
-        parent, name = posixpath.split(entry.path)
-        if posixpath.basename(parent) == "__pycache__":
-            source = posixpath.join(posixpath.dirname(parent), name.partition(".")[0] + ".py")
-        elif name.count(".") >= 2 and entry.module and entry.module in self.sources:
-            # A tagged name outside __pycache__ (``mod.cpython-311.pyc``) is no sourceless
-            # module: it was written under sys.pycache_prefix; the probe saw its source.
-            source = self.sources[entry.module]
-        else:
+    def entry(self, entry: FileEntry) -> tuple[list[Drift], str | None]:
+        """The drifts of one loaded pyc, and the sha256 of the source it was shown to be
+        compiled from (None: not shown)."""
+        source = self.source_of(entry)
+        if source is None:
             detail = (
                 f"{entry.path} was loaded as bytecode with no source beside it (not in "
                 "__pycache__), so there is no source to compare it with"
             )
-            return [Drift(DRIFT_BYTECODE_SOURCELESS, entry.path, entry.module, detail)]
+            return [Drift(DRIFT_BYTECODE_SOURCELESS, entry.path, entry.module, detail)], None
         host = self.to_host(entry.path)
         try:
             head, st = read_head(host)
         except OSError:
-            return []  # gone or unreadable now: the cross-check reports a changed pyc
-        if len(head) < HEADER:
-            return []  # the interpreter cannot have used a pyc this short: it changed since
+            return [], None  # gone or unreadable now: the cross-check reports a changed pyc
+        if len(head) < HEADER or u32(head, 4) not in _FLAGS:
+            return [], None  # the interpreter rejects such a pyc: it is not what ran
+        name = posixpath.basename(entry.path)
         pyc = _Pyc(entry, host, source, self.to_host(source), optimization(name), head, st)
-        flags = u32(head, 4)
-        if flags == 0:
-            return self.timestamp(pyc)
-        if flags in (FLAG_HASH, FLAG_HASH | FLAG_CHECK):
-            return self.hash_based(pyc)
-        return []  # invalid flags: the interpreter rejects such a pyc
+        return self.against_source(pyc)
 
-    def timestamp(self, pyc: _Pyc) -> list[Drift]:
-        """A timestamp pyc whose header matches its source now, if it is a candidate."""
+    def source_of(self, entry: FileEntry) -> str | None:
+        """The source of a loaded pyc, as the process sees it (None: it has none)."""
+        parent, name = posixpath.split(entry.path)
+        if posixpath.basename(parent) == "__pycache__":
+            return posixpath.join(posixpath.dirname(parent), name.partition(".")[0] + ".py")
+        if name.count(".") >= 2 and entry.module and entry.module in self.sources:
+            # A tagged name outside __pycache__ (``mod.cpython-311.pyc``) is no sourceless
+            # module: it was written under sys.pycache_prefix; the probe saw its source.
+            return self.sources[entry.module]
+        return None
+
+    def against_source(self, pyc: _Pyc) -> tuple[list[Drift], str | None]:
+        """``entry`` for a pyc the interpreter can have used: compared with its source."""
         try:
             src_st = os.stat(pyc.source_host)
+            checked = self.check(pyc, src_st)
         except _MISSING:
-            return []  # deleted after load (a pyc in __pycache__ is used beside its source only)
+            return _unverified(pyc, f"{pyc.source} is missing now"), None
         except OSError as e:
-            return _if_loaded(pyc, [(DRIFT_BYTECODE_UNVERIFIED, _unreadable(pyc, e))])
-        if not stamp_matches(pyc.head, src_st):
-            return []  # the interpreter would not accept it now: the source changed after load
-        why = _candidacy(pyc, src_st)
-        if why is None and not self.compare_all:
-            return []
-        return self.confirm(pyc, src_st, why)
+            return _unverified(pyc, _unreadable(pyc, e)), None
+        if checked is None:
+            return _unverified(pyc, f"{pyc.source} changed while it was read"), None
+        return _verdict(pyc, src_st, checked, self.other_python)
 
-    def confirm(self, pyc: _Pyc, src_st: os.stat_result, why: str | None) -> list[Drift]:
-        """Compile the source of a timestamp candidate and compare; WHY it is one (None: it
-        is compared because compare_all asks)."""
-        loaded = _loaded(pyc)
-        if loaded is None:
-            return []
-        data, pyc_st = loaded
+    def check(self, pyc: _Pyc, src_st: os.stat_result) -> Checked | None:
+        """PYC compared with its source, through the cache (None: the source changed while
+        it was read; the next scan judges it). Raises OSError when the source is unreadable."""
+        sha = pyc.entry.sha256 or ""
+        key = cache_key(
+            identity(pyc.entry.path, pyc.stat), identity(pyc.source, src_st), pyc.optimize, sha
+        )
+        hit = self.cache.get(key) if self.cache is not None else None
+        if hit is not None:
+            return hit
+        data = _loaded(pyc)
+        if data is None:
+            return Checked(loaded=False)  # not cached: an error reading it may be transient
         if data[:4] != importlib.util.MAGIC_NUMBER:
-            detail = _foreign(pyc) + (f", and {why}" if why else "")
-            return [pyc.drift(DRIFT_BYTECODE_UNVERIFIED, detail)]
-        try:
-            source, st = read(pyc.source_host)
-        except _MISSING:
-            return []
-        except OSError as e:
-            return [pyc.drift(DRIFT_BYTECODE_UNVERIFIED, _unreadable(pyc, e))]
-        if identity("", st) != identity("", src_st):
-            return []  # changed while judged: the next scan judges it
-        found = _found(
-            pyc,
-            self.compare(pyc, data, pyc_st, source, st),
-            lambda note: (
-                f"{pyc.entry.path} was compiled from other source than {pyc.source} "
-                f"holds{note}; size and mtime match, so the interpreter used it"
-            ),
-        )
-        return [pyc.drift(id_, detail) for id_, detail in found]
-
-    def hash_based(self, pyc: _Pyc) -> list[Drift]:
-        """A hash-based pyc: its embedded source hash against the source now."""
-        unchecked = not u32(pyc.head, 4) & FLAG_CHECK
-        out: list[tuple[str, str]] = []
-        try:
-            source, src_st = read(pyc.source_host)
-        except _MISSING:
-            if not unchecked:
-                return []  # deleted after load (reported elsewhere)
-            return _if_loaded(pyc, [_unchecked(pyc, f"{pyc.source} is missing now")])
-        except OSError as e:
-            out.append((DRIFT_BYTECODE_UNVERIFIED, _unreadable(pyc, e)))
-            state = f"{pyc.source} cannot be read now ({_reason(e)})"
-            return _if_loaded(pyc, out + ([_unchecked(pyc, state)] if unchecked else []))
-        # The hash is keyed with the magic number of the Python that wrote it: another Python's
-        # pyc that matches is as good a proof; one that does not may use another hash function.
-        ours = pyc.head[:4] == importlib.util.MAGIC_NUMBER
-        if hash_matches(pyc.head, source):
-            state = f"its embedded source hash matches {pyc.source} now"
-            if self.compare_all and ours:
-                out += self.compare_hash_matching(pyc, source, src_st, unchecked)
-        elif ours:
-            state = f"its embedded source hash does not match {pyc.source} now"
-            # A checked pyc whose source the import system read at load was compared by the
-            # interpreter itself: it compiled the source instead, or the source changed since.
-            if unchecked or pyc.source not in self.read_at_load:
-                out.append((DRIFT_BYTECODE_STALE, _hash_stale(pyc, "", unchecked)))
+            checked = Checked(loaded=True, outcome=(False, _FOREIGN))
         else:
-            state = f"whether its embedded source hash matches {pyc.source} is unknown"
-            detail = f"{_foreign(pyc)}, nor its source hash computed"
-            out.append((DRIFT_BYTECODE_UNVERIFIED, detail))
-        if unchecked:
-            out.append(_unchecked(pyc, state))
-        return _if_loaded(pyc, out)
-
-    def compare_hash_matching(
-        self, pyc: _Pyc, source: bytes, src_st: os.stat_result, unchecked: bool
-    ) -> list[tuple[str, str]]:
-        """compare_all for a hash-based pyc whose hash matches: is its code the source's?"""
-        loaded = _loaded(pyc)
-        if loaded is None:
-            return []
-        return _found(
-            pyc,
-            self.compare(pyc, loaded[0], loaded[1], source, src_st),
-            lambda note: _hash_stale(
-                pyc, f" although its embedded source hash matches{note}", unchecked
-            ),
-        )
-
-    def compare(
-        self,
-        pyc: _Pyc,
-        data: bytes,
-        pyc_st: os.stat_result,
-        source: bytes,
-        src_st: os.stat_result,
-    ) -> Outcome:
-        """Whether DATA holds the code SOURCE compiles to (``compare``), through the cache."""
-        key = (
-            identity(str(pyc.host), pyc_st),
-            identity(str(pyc.source_host), src_st),
-            pyc.optimize,
-        )
-        return compare_cached(
-            self.cache, key, data, source, filename=pyc.source, optimize=pyc.optimize
-        )
+            got = read_stable(pyc.source_host)
+            if got is None or identity("", got[1]) != identity("", src_st):
+                return None
+            source = got[0]
+            checked = Checked(
+                loaded=True,
+                outcome=compare(data, source, pyc.source, pyc.optimize),
+                source_sha256=hashlib.sha256(source).hexdigest(),
+                hash_matches=hash_matches(pyc.head, source) if pyc.hash_based else None,
+            )
+        if self.cache is not None:
+            self.cache.put(key, checked)
+        return checked
 
 
-def _candidacy(pyc: _Pyc, src_st: os.stat_result) -> str | None:
-    """Why a timestamp pyc the interpreter accepts may hold other code than its source (None:
-    nothing suggests it). Writing a file or setting its times moves its ctime to now."""
-    written = pyc.stat.st_mtime_ns
-    if src_st.st_ctime_ns > written:
-        return f"{pyc.source} changed (ctime) after {pyc.entry.path} was written (mtime)"
-    if written > pyc.stat.st_ctime_ns:
-        return f"the mtime of {pyc.entry.path} was set later than its ctime"
-    return None
-
-
-def _found(pyc: _Pyc, outcome: Outcome, stale: Callable[[str], str]) -> list[tuple[str, str]]:
-    """The finding an OUTCOME makes; STALE gives the detail of a stale pyc from its note."""
+def _verdict(
+    pyc: _Pyc, src_st: os.stat_result, checked: Checked, other_python: str | None
+) -> tuple[list[Drift], str | None]:
+    """The drifts a comparison makes, and the source's sha256 if the code is the source's
+    (OTHER_PYTHON: the process's release, when not this verifier's)."""
+    if not checked.loaded:
+        return [], None  # it changed since load: the cross-check reports it
+    outcome = checked.outcome
     if outcome is None:
+        return [], checked.source_sha256
+    found: list[tuple[str, str]]
+    if outcome[0] and other_python is not None:
+        detail = (
+            f"{pyc.entry.path} holds other code than {pyc.source} compiles to here{outcome[1]}, "
+            f"but the process runs Python {other_python} and this verifier "
+            f"{platform.python_version()}: their compilers may differ, so it cannot be told"
+        )
+        found = [(DRIFT_BYTECODE_UNVERIFIED, detail)]
+    elif outcome[0]:
+        found = [(DRIFT_BYTECODE_STALE, _stale(pyc, src_st, checked, outcome[1]))]
+    elif outcome[1] == _FOREIGN:
+        found = [(DRIFT_BYTECODE_UNVERIFIED, _foreign(pyc))]
+    else:
+        found = [(DRIFT_BYTECODE_UNVERIFIED, _uncompilable(pyc, outcome[1]))]
+    if pyc.unchecked:
+        found.append(_unchecked(pyc, checked.hash_matches))
+    return [pyc.drift(id_, detail) for id_, detail in found], None
+
+
+def _unverified(pyc: _Pyc, detail: str) -> list[Drift]:
+    """An unverified pyc (and unchecked, if it is), if it still holds the bytes the process
+    loaded (else nothing: the cross-check reports a changed pyc)."""
+    if _loaded(pyc) is None:
         return []
-    if not outcome[0]:
-        return [(DRIFT_BYTECODE_UNVERIFIED, _uncompilable(pyc, outcome[1]))]
-    return [(DRIFT_BYTECODE_STALE, stale(outcome[1]))]
+    found = [(DRIFT_BYTECODE_UNVERIFIED, detail)]
+    if pyc.unchecked:
+        found.append(_unchecked(pyc, None))
+    return [pyc.drift(id_, d) for id_, d in found]
 
 
-def _loaded(pyc: _Pyc) -> tuple[bytes, os.stat_result] | None:
-    """The whole pyc now and its stat, if it still holds the bytes the process loaded and is
-    the file whose header was read; None otherwise (a changed pyc is reported elsewhere)."""
+def _loaded(pyc: _Pyc) -> bytes | None:
+    """The whole pyc now, if it still holds the bytes the process loaded and is the file whose
+    header was read; None otherwise (a changed pyc is reported elsewhere)."""
     try:
         data, st = read(pyc.host)
     except OSError:
@@ -305,32 +312,37 @@ def _loaded(pyc: _Pyc) -> tuple[bytes, os.stat_result] | None:
         return None
     if data[:HEADER] != pyc.head or identity("", st) != identity("", pyc.stat):
         return None
-    return data, st
+    return data
 
 
-def _if_loaded(pyc: _Pyc, found: list[tuple[str, str]]) -> list[Drift]:
-    """FOUND as drifts if the pyc still holds the bytes the process loaded, else none."""
-    if not found or _loaded(pyc) is None:
-        return []
-    return [pyc.drift(id_, detail) for id_, detail in found]
+def _stale(pyc: _Pyc, src_st: os.stat_result, checked: Checked, note: str) -> str:
+    """Why PYC, whose code is not its source's, was used all the same."""
+    head = f"{pyc.entry.path} was compiled from other source than {pyc.source} holds{note}"
+    if not pyc.hash_based:
+        if stamp_matches(pyc.head, src_st):
+            return f"{head}; size and mtime match, so the interpreter used it"
+        return f"{head}; the process used it, and the source's size or mtime changed since"
+    if pyc.unchecked:
+        return f"{head}; the interpreter never checks it, so it used it"
+    if checked.hash_matches:
+        return f"{head}, although its embedded source hash matches, so the interpreter used it"
+    return (
+        f"{head}; the process used it (--check-hash-based-pycs never, or the source changed since)"
+    )
 
 
-def _unchecked(pyc: _Pyc, state: str) -> tuple[str, str]:
+def _unchecked(pyc: _Pyc, matches: bool | None) -> tuple[str, str]:
+    state = {
+        True: f"its embedded source hash matches {pyc.source} now, but its code is not shown "
+        "to be compiled from it",
+        False: f"its embedded source hash does not match {pyc.source} now",
+        None: f"its code is not shown to be compiled from {pyc.source}",
+    }[matches]
     detail = (
         f"{pyc.entry.path} is an unchecked-hash pyc, which the interpreter never compares with "
         f"its source; {state}"
     )
     return DRIFT_BYTECODE_UNCHECKED, detail
-
-
-def _hash_stale(pyc: _Pyc, why: str, unchecked: bool) -> str:
-    used = (
-        "the interpreter never checks it, so it used it"
-        if unchecked
-        else "the import system did not read the source at load to check it "
-        "(--check-hash-based-pycs never?)"
-    )
-    return f"{pyc.entry.path} was compiled from other source than {pyc.source} holds{why}; {used}"
 
 
 def _foreign(pyc: _Pyc) -> str:
@@ -346,7 +358,7 @@ def _unreadable(pyc: _Pyc, e: OSError) -> str:
 
 
 def _uncompilable(pyc: _Pyc, why: str) -> str:
-    return f"cannot compile {pyc.source} to compare {pyc.entry.path} with: {why}"
+    return f"cannot compare {pyc.entry.path} with {pyc.source}: {why}"
 
 
 def _reason(e: OSError) -> str:

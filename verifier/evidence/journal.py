@@ -215,28 +215,51 @@ def journal_problems(
 
 def manifest_of(records: list[dict[str, Any]]) -> tuple[tuple[FileEntry, ...], dict[str, float]]:
     """The manifest a journal's file records describe (the latest record of each path), and
-    when the probe hashed each file (the process's wall clock; where the record says)."""
-    latest: dict[str, FileEntry] = {}
-    hashed_at: dict[str, float] = {}
+    when the probe hashed each file (the process's wall clock; where the record says).
+
+    One exception to "the latest": a pyc is ``rejected`` only if every time its loader read it
+    that read was rejected. Each ``rejected`` record follows the read it rejects (same path
+    and sha256); a read left over was used, so its record stands for the path. Otherwise a
+    module running from a pyc could call its loader's ``get_code`` again after making the pyc
+    stale and have the latest record say that the pyc never ran."""
+    latest: dict[str, dict[str, Any]] = {}
+    used: dict[str, list[dict[str, Any]]] = {}  # per pyc, its reads not (yet) rejected
     for rec in records:
-        if rec.get("k") != "file" or not isinstance(rec.get("path"), str):
+        path = rec.get("path")
+        if rec.get("k") != "file" or not isinstance(path, str):
             continue
+        at = rec.get("at")
+        if at == "load" and rec.get("kind") == "bytecode":
+            used.setdefault(path, []).append(rec)
+        elif at == "rejected":
+            reads = used.get(path, [])
+            for i in range(len(reads) - 1, -1, -1):
+                if reads[i].get("sha256") == rec.get("sha256"):
+                    del reads[i]
+                    break
+        latest[path] = rec
+    for path, rec in latest.items():
+        if rec.get("at") == "rejected" and used.get(path):
+            latest[path] = used[path][-1]
+    hashed_at: dict[str, float] = {}
+    entries: list[FileEntry] = []
+    for path, rec in latest.items():
         t = rec.get("t")
         if isinstance(t, (int, float)):
-            hashed_at[rec["path"]] = t
-        else:
-            hashed_at.pop(rec["path"], None)
+            hashed_at[path] = t
         sha = rec.get("sha256")
         size = rec.get("size")
-        latest[rec["path"]] = FileEntry(
-            path=rec["path"],
-            sha256=sha if isinstance(sha, str) else None,
-            size=size if isinstance(size, int) else -1,
-            kind=str(rec.get("kind", "")),
-            module=rec.get("module") if isinstance(rec.get("module"), str) else None,
-            at=str(rec.get("at", "")),
+        entries.append(
+            FileEntry(
+                path=path,
+                sha256=sha if isinstance(sha, str) else None,
+                size=size if isinstance(size, int) else -1,
+                kind=str(rec.get("kind", "")),
+                module=rec.get("module") if isinstance(rec.get("module"), str) else None,
+                at=str(rec.get("at", "")),
+            )
         )
-    return tuple(sorted(latest.values(), key=lambda f: f.path)), hashed_at
+    return tuple(sorted(entries, key=lambda f: f.path)), hashed_at
 
 
 def digest_of(files: tuple[FileEntry, ...]) -> str:

@@ -11,8 +11,9 @@ trusting the probe's report alone:
   (``origins.py``), native libraries (hashed as mapped) included, and shadowed modules;
   an installer's file (``RECORD``, ``METADATA``, ``direct_url.json``) that could not be read
   is drift too (``provenance.record.unreadable``): what it would have said is unknown;
-* **bytecode**: ``.pyc`` files the interpreter used that do not correspond to their source
-  (``bytecode.py``);
+* **bytecode**: every ``.pyc`` the interpreter used is compared with its source (compiled,
+  code objects compared; ``bytecode.py``): other code is drift, and a pyc counts as pristine
+  only when shown to be compiled from its published source;
 * **fileless modules**: modules the probe saw claiming a file that does not exist.
 """
 
@@ -220,8 +221,12 @@ def _static(
     to_host = _to_host(procfs, pid)
     index = index or DistIndex(to_host)
     ran = tuple(f for f in files if f.at != "rejected")  # a pyc its loader read and rejected
-    provenance, drift = origins.classify(ran, index, context(procfs, pid, probe), native)
-    drift += bytecode.check_bytecode(ran, to_host)
+    version = probe.interp.get("version")  # written by the process: a string, or anything
+    python = version if isinstance(version, str) else None
+    code = bytecode.judge_bytecode(ran, to_host, python=python)
+    ctx = context(procfs, pid, probe)
+    provenance, drift = origins.classify(ran, index, ctx, native, code.compiled_from)
+    drift += code.drift
     drift += fileless(procfs, pid, probe)
     drift += record_faults(index)
     return provenance, drift

@@ -8,6 +8,12 @@ claims may still be the standard library's, or generated at run time (compile ca
 file inside a distribution's package folder that its RECORD does not list was *added* there
 after installation: it belongs to that distribution, and is not pristine.
 
+Bytecode in ``__pycache__`` is derived from its source, and counts under its source's class,
+with one exception: it is ``pristine`` only when its code was shown to be compiled from the
+bytes its RECORD lists for the source (``bytecode.judge_bytecode``'s ``compiled_from``). A
+pyc of a pristine source that was not shown so (stale, another Python's, not comparable) is
+``unknown``, with its distribution: what runs is not known to be what was published.
+
 Native code is judged too: each executable mapping's mapped inode (``native.py``) against
 the RECORD that lists its path, so a replaced ``.so`` of a distribution is ``patched``.
 
@@ -106,11 +112,14 @@ class _Classifier:
 
     index: DistIndex
     ctx: Context
+    # pyc path -> sha256 of the source it was shown to be compiled from (judge_bytecode)
+    compiled_from: Mapping[str, str] = field(default_factory=dict)
     sources: dict[str, FileEntry] = field(default_factory=dict)  # first non-bytecode entry
     memo: dict[tuple[str, str | None, bool], _Judged] = field(default_factory=dict)
 
     def entry(self, f: FileEntry) -> _Judged:
-        """One manifest file's class (bytecode in ``__pycache__`` takes its source's)."""
+        """One manifest file's class (bytecode in ``__pycache__`` takes its source's, but is
+        pristine only when shown to be compiled from the published source)."""
         source = source_of_bytecode(f.path) if f.kind == "bytecode" else None
         if source is None:
             return self.path(f.path, f.sha256, derived=False)
@@ -121,16 +130,33 @@ class _Classifier:
             else self.path(source, None, derived=True)
         )
         own = self.index.claim(f.path)
-        reason = f"bytecode of {source}"
-        if judged.origin is not Origin.PRISTINE:
+        origin, reason = judged.origin, f"bytecode of {source}"
+        if origin is Origin.PRISTINE and not self._compiled_from_published(f.path, source, src):
+            origin = Origin.UNKNOWN
+            reason += (
+                f", which is pristine ({judged.reason}), but its code was not shown to be "
+                "compiled from it (see the provenance.bytecode findings)"
+            )
+        elif origin is not Origin.PRISTINE:
             reason += f" ({judged.reason})"
         return _Judged(
-            judged.origin,
+            origin,
             reason,
             judged.distribution,
             judged.version,
             own.record_path if own is not None else None,
         )
+
+    def _compiled_from_published(self, pyc: str, source: str, src: FileEntry | None) -> bool:
+        """Whether PYC's code was shown to be compiled from the bytes the RECORD lists for
+        SOURCE: the source as the probe hashed it (SRC, judged pristine), or, when the
+        process did not hash it, one of the hashes RECORD files list for it."""
+        shown = self.compiled_from.get(pyc)
+        if shown is None:
+            return False
+        if src is not None:
+            return src.sha256 is not None and src.sha256.lower() == shown
+        return any(c.sha256 == shown for c in self.index.claims(source))
 
     def path(self, path: str, sha256: str | None, *, derived: bool) -> _Judged:
         """PATH's class given the hash it was loaded with (memoized). DERIVED: the source
@@ -225,6 +251,7 @@ def classify(
     index: DistIndex,
     ctx: Context,
     native: Sequence[NativeMapping] = (),
+    compiled_from: Mapping[str, str] | None = None,
 ) -> tuple[Provenance, list[Drift]]:
     """Each loaded file's provenance class, and the modules loaded from somewhere other than
     where their distribution (or the standard library) puts them. ``distributions`` counts
@@ -236,6 +263,10 @@ def classify(
     loaded file, with the mapped inode's sha256; the rest (the interpreter, system libraries)
     have no RECORD to compare with and are left to the native mapping checks.
 
+    COMPILED_FROM: ``judge_bytecode``'s pycs shown to be compiled from their source (pyc path
+    -> the source's sha256); a pyc of a pristine source that is not in it is ``unknown``
+    (None: no pyc was shown, so none is pristine).
+
     Every site on the way to any manifest file or native mapping, and every
     ``ctx.site_dirs`` entry, is indexed before anything is judged, so the answer does not
     depend on manifest order."""
@@ -245,7 +276,7 @@ def classify(
     mapped = [m for m in native if m.sha256 is not None and norm_path(m.path) not in listed]
     for path in [f.path for f in files] + [m.path for m in mapped]:
         index.claims(path)  # indexes every site on the way to it
-    c = _Classifier(index, ctx)
+    c = _Classifier(index, ctx, compiled_from or {})
     for f in files:
         if f.kind != "bytecode":
             c.sources.setdefault(norm_path(f.path), f)

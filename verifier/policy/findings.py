@@ -225,13 +225,13 @@ FINDINGS: dict[str, FindingKind] = {
         Severity.ERROR, "", "a loaded file's bytes on disk changed after the process started"
     ),
     DRIFT_BYTECODE_STALE: FindingKind(
-        Severity.ERROR, "", "bytecode the interpreter used was compiled from other source"
+        Severity.ERROR, "", "bytecode the interpreter used is not what its source compiles to"
     ),
     DRIFT_BYTECODE_UNVERIFIED: FindingKind(
-        Severity.WARNING, "", "bytecode that may be stale could not be compared with its source"
+        Severity.WARNING, "", "bytecode the interpreter used could not be compared with its source"
     ),
     DRIFT_BYTECODE_UNCHECKED: FindingKind(
-        Severity.ERROR, "", "an unchecked-hash pyc was used (never compared with its source)"
+        Severity.ERROR, "", "an unchecked-hash pyc was used and not shown to be its source's"
     ),
     DRIFT_BYTECODE_SOURCELESS: FindingKind(
         Severity.ERROR, "", "a module ran from a .pyc with no source beside it"

@@ -51,9 +51,10 @@ def dist_info_name(path: str) -> str | None:
 @dataclass(frozen=True)
 class DriftFree:
     """One finding per process and drift id (``provenance.bytecode.stale``, ...): ERROR, or a
-    WARNING for ids in ``[provenance] allow`` and for what could not be confirmed (a stale
-    pyc not compared; an installer's file that could not be read, which ``Pristine`` makes an
-    error for the distributions it requires pristine)."""
+    WARNING for ids in ``[provenance] allow`` and for what could not be confirmed (a pyc that
+    could not be compared with its source; an installer's file that could not be read): the
+    agent classes the files those speak for as not pristine, so ``Pristine`` makes them an
+    error for the distributions it requires pristine."""
 
     allow: frozenset[str] = frozenset()
 
@@ -146,7 +147,10 @@ class Pristine:
     one (``added``) is not pristine unless a patch declares it with its bytes, a RECORD or
     METADATA of one that could not be read leaves its files unjudged, and code running one of
     its step methods or hook targets that could not be verified against its files
-    (``provenance.code.unverified``) is not known to be its own: not pristine."""
+    (``provenance.code.unverified``) is not known to be its own: not pristine. A pyc of one is
+    pristine only when the agent showed its code to be compiled from the published source
+    (else it is ``unknown``: stale, of another Python, or not comparable), so running
+    bytecode that is not the published code is ``provenance.not_pristine``."""
 
     distributions: tuple[str, ...]  # canonical names
     patches: tuple[Patch, ...] = ()

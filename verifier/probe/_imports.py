@@ -9,7 +9,10 @@
   (``at: "deferred"``), so the manifest holds source hashes comparable with published ones.
 * A ``.pyc`` read and then rejected by its loader (stale against its source, or invalid) is
   followed by a read of its source; it is then recorded again with ``at: "rejected"``: read,
-  but not what runs.
+  but not what runs. Only the loader's own read counts (one from inside ``get_code``): a
+  module that reads its own source once it runs cannot have its pyc called rejected. A
+  checked-hash pyc's source is read to check the pyc: the pyc was used if the hash in its
+  header is the hash of those bytes, exactly as the loader decides.
 * Modules already imported when the probe started are hashed after the fact from their files
   on disk (``at: "snapshot"``); modules that appear later without passing through a wrapped
   loader are hashed by the sweeper (``at: "late"``).
@@ -17,12 +20,15 @@
 
 from __future__ import annotations
 
+import _imp
 import hashlib
+import importlib.util
 import os
 import sys
 import threading
 import time
 from importlib.machinery import ExtensionFileLoader, SourceFileLoader
+from types import CodeType
 from typing import Any
 
 from verifier.probe import _code, _core, _device, _postimport
@@ -39,6 +45,13 @@ _sweeper_pid = 0
 _last_len = -1
 _last_path: tuple[str, ...] = ()
 _at_start: set[str] = set()
+# The code of the loader method that reads a module's pyc and, when it rejects it (or checks a
+# hash-based one), its source: the only reads that say which of the two runs.
+_GET_CODE: CodeType = next(
+    k.__dict__["get_code"] for k in SourceFileLoader.__mro__ if "get_code" in k.__dict__
+).__code__
+_MAGIC = importlib.util.MAGIC_NUMBER
+_HASH_KEY = int.from_bytes(_MAGIC, "little")  # what the loader keys source hashes with
 
 
 def _kind(path: str) -> str:
@@ -67,18 +80,19 @@ def _on_read(name: str | None, origin: Any, path: Any, data: bytes) -> None:
         }
         st.remember(rec)
         _recorded.add(p)
-        last = getattr(_guard, "last_pyc", None)  # (source path, record) of this thread's
-        _guard.last_pyc = None  # latest bytecode read, while it is the latest read
+        last = getattr(_guard, "last_pyc", None)  # (source path, record, header) of this
+        _guard.last_pyc = None  # thread's latest bytecode read, while it is the latest read
         if isinstance(origin, str) and p == origin and last is not None and last[0] == origin:
-            # The loader read the module's bytecode and now reads its source: it rejected the
-            # bytecode (stale or invalid) and compiles this source instead.
-            st.remember({**last[1], "at": "rejected"})
+            if _by_loader() and not _hash_accepted(last[2], data):
+                # The loader read the module's bytecode and now reads its source: it rejected
+                # the bytecode (stale or invalid) and compiles this source instead.
+                st.remember({**last[1], "at": "rejected"})
             try:
                 _pending_src.remove((origin, name))  # read at load: no deferred hash
             except ValueError:
                 pass  # not queued, or the sweeper took it already
         elif isinstance(origin, str) and p.endswith(".pyc") and origin != p:
-            _guard.last_pyc = (origin, rec)
+            _guard.last_pyc = (origin, rec, data[:16])
         if isinstance(origin, str) and origin not in _recorded:
             # The module (origin: its source path) is described by this read; the sweeper
             # must not hash its source again as if it had been loaded from there. When the
@@ -89,6 +103,26 @@ def _on_read(name: str | None, origin: Any, path: Any, data: bytes) -> None:
                 _pending_src.append((origin, name))
     finally:
         _guard.busy = False
+
+
+def _by_loader() -> bool:
+    """Whether the read being recorded is the loader's own (from ``get_code``), not a read by
+    the module's code or anyone else. Frames: this, ``_on_read``, the ``get_data`` wrapper,
+    its caller."""
+    try:
+        return sys._getframe(3).f_code is _GET_CODE
+    except ValueError:
+        return False
+
+
+def _hash_accepted(head: bytes, source: bytes) -> bool:
+    """Whether the loader uses a pyc whose header is HEAD after reading SOURCE: a hash-based
+    pyc of this Python (the loader reads the source to check its hash) whose hash is SOURCE's.
+    A timestamp pyc's source is read only when the pyc was rejected."""
+    flags = int.from_bytes(head[4:8], "little")
+    if len(head) < 16 or head[:4] != _MAGIC or flags not in (0b01, 0b11):
+        return False
+    return bool(_imp.source_hash(_HASH_KEY, source) == head[8:16])
 
 
 def _identity(path: str) -> tuple[int, int, int, int]:
