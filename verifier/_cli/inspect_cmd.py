@@ -27,7 +27,8 @@ loaded files and their manifest digest. Then what this tool judges from outside 
 as the agent does: files per provenance class (pristine, patched, editable, generated, stdlib,
 unknown, added; native libraries of a distribution included, judged as mapped) with every
 file that is not pristine and why, drift (stale bytecode, shadowed
-modules, files modified after load, ...), native libraries replaced or deleted while mapped,
+modules, files modified after load or changed after the process started, ...), the files
+hashed after the fact, native libraries replaced, deleted or rewritten in place while mapped,
 and files the probe and /proc disagree on. A Python process without the probe is still
 reported, with "probe absent".
 
@@ -243,12 +244,18 @@ def render_judgement(r: ProcessReport) -> list[str]:
             lines.append(f"    {f.origin:<9} {f.path}{dist}: {f.reason}")
     for d in r.drift:
         lines.append(f"  DRIFT    {d.id}: {d.detail}")
+    if r.hashed_after_count:
+        lines.append(
+            f"  after    {r.hashed_after_count} files hashed after the fact (imported before the "
+            "probe started, or outside the import system), e.g."
+        )
+        lines.extend(f"    {path}" for path in r.hashed_after[:5])
     bad = [n for n in r.native_mappings if n.state != "same"]
     lines.append(
         f"  native   {len(r.native_mappings)} executable mappings, {len(bad)} not as on disk"
     )
     for n in bad:
-        why = f" ({n.error})" if n.error else ""
+        why = f" ({n.error or n.detail})" if n.error or n.detail else ""
         lines.append(f"    {n.state:<9} {n.path}  dev {n.device} inode {n.inode}{why}")
     for g in r.disagreements:
         lines.append(
