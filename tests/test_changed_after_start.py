@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import probe_env
+from verifier.agent.runner import Agent, AgentConfig
 from verifier.evidence.hashing import Hasher
 from verifier.evidence.journal import identity_of
 from verifier.evidence.judge import changed_after, cross_check
@@ -220,6 +221,50 @@ def test_an_older_ctime_forged_into_the_journal_does_not_vouch_for_the_file(
     (entry,) = [f for f in report.files or () if f.path == str(victim)]
     assert entry.identity is not None and entry.identity.ctime_ns == 1_000_000_000
     assert changed(report) == [str(victim)]
+
+
+def test_a_new_hard_link_after_the_agent_looked_is_not_flagged_but_a_first_look_says_so(
+    tmp_path: Path, children: list[Child]
+) -> None:
+    """A file's ctime also moves without its bytes changing: a chmod, or a new hard link (a
+    package manager linking the same files into another environment from its cache, as uv
+    does). An agent that saw the file unchanged since before the start (it looks every few
+    seconds) vouches for it: the later ctime says nothing about what was imported. The
+    attack is still flagged when it happened before the agent's first look, and a one-shot
+    look (``verifier inspect``) after such a change cannot tell it from a rewrite."""
+    victim = tmp_path / "mods" / "victim.py"
+    victim.parent.mkdir()
+    victim.write_text(PUBLISHED)
+    c = Child(tmp_path, "import victim\nimport verifier.probe as p\np.start()")
+    children.append(c)
+    c.wait_for(victim)
+    agent = Agent(AgentConfig("unix:/", "t", "a", tmp_path / "spool", root_pid=c.proc.pid,
+                              recheck_s=0))  # fmt: skip
+    try:
+        (first,) = agent.collect().processes
+        assert changed(first) == []
+        os.link(victim, tmp_path / "elsewhere.py")  # the same inode: its ctime moves
+        assert victim.stat().st_ctime > first.start_time
+        (again,) = agent.collect().processes
+        assert changed(again) == []
+        assert changed(c.report()) == [str(victim)]  # the one-shot look: the documented limit
+    finally:
+        agent.channel.close()
+
+
+def test_the_agent_keeps_flagging_a_rewrite_it_first_saw(
+    tmp_path: Path, children: list[Child]
+) -> None:
+    c, victim = _snapshot_attack(tmp_path, children)
+    c.wait_for(victim)
+    agent = Agent(AgentConfig("unix:/", "t", "a", tmp_path / "spool", root_pid=c.proc.pid,
+                              recheck_s=0))  # fmt: skip
+    try:
+        for _ in range(2):
+            (report,) = agent.collect().processes
+            assert changed(report) == [str(victim)]
+    finally:
+        agent.channel.close()
 
 
 def test_a_module_executed_outside_the_import_system_and_rewritten_is_flagged(

@@ -64,6 +64,9 @@ class Judgement:
     # cross-check is redone on every full check.
     static_key: tuple[str, int, str] | None = None
     static_drift: tuple[Drift, ...] = ()
+    # (path, sha256) of the files hashed after the fact that the agent itself saw with those
+    # bytes and a ctime before the process started: the bytes imported (``cross_check``).
+    vouched: frozenset[tuple[str, str]] = frozenset()
 
 
 # /proc gives a process's start in clock ticks after a boot time in whole seconds: without
@@ -80,6 +83,7 @@ def cross_check(
     start_time: float,
     hashed_at: Mapping[str, float] | None = None,
     generated: Sequence[str] = (),
+    vouched: set[tuple[str, str]] | None = None,
 ) -> tuple[list[FileDisagreement], list[Drift]]:
     """Re-hash every manifest file the probe hashed, as the process sees it. A file with other
     bytes now whose ctime is after the probe hashed it (HASHED_AT: path -> unix time; else
@@ -90,7 +94,15 @@ def cross_check(
     A pyc its loader read and rejected never ran: the loader compiled the source (which is
     checked) and, where the directory is writable, replaced that pyc with a fresh one, so its
     bytes now say nothing about what runs. GENERATED: the process's compile-cache and
-    temporary directories (``origins.generated_dirs``), see ``changed_after``."""
+    temporary directories (``origins.generated_dirs``), see ``changed_after``.
+
+    VOUCHED: what an agent that looks again and again remembers, read and added to: the
+    (path, sha256) of each file hashed after the fact that it saw, itself, with the recorded
+    bytes and a ctime before the process started. Such a file held those bytes from before
+    the start until the probe hashed it (the record existed when the agent looked), so they
+    are the bytes imported; a later ctime (a chmod, a new hard link: a package manager
+    linking the same files into another environment) says nothing about the import, and is
+    not flagged. A one-shot look has no such memory and flags it."""
     rejected = {f.path for f in files if f.at == "rejected"}
     recorded = [f for f in files if f.sha256 and f.path not in rejected]
     seen = hasher.hash_files(str(procfs.in_root(pid, f.path)) for f in recorded)
@@ -99,9 +111,13 @@ def cross_check(
     drift: list[Drift] = []
     for f, h in zip(recorded, seen, strict=True):
         if h.sha256 == f.sha256:
+            if vouched is not None and (f.path, f.sha256) in vouched:
+                continue
             why = changed_after(f, h.key, start_time, generated)
             if why is not None:
                 drift.append(Drift(DRIFT_CHANGED_AFTER_START, f.path, f.module, why))
+            elif vouched is not None and f.at in AFTER_THE_FACT and f.sha256:
+                vouched.add((f.path, f.sha256))
             continue
         unchanged = h.key is not None and f.identity is not None and h.key == _key(f.identity)
         if unchanged:
@@ -261,10 +277,12 @@ def judge(
     disagreement or a drift with its reason. INDEX: reuse one made by ``dist_index`` for the
     same process, so RECORD files are parsed once. REUSE: an earlier judgement of the same
     process, whose manifest-only part is kept if the manifest and the native mappings are
-    unchanged. NATIVE: the process's native mappings, if already read (else read here: the
-    hasher's cache answers for the inodes already hashed)."""
+    unchanged, and whose vouched files stay vouched (``cross_check``). NATIVE: the process's
+    native mappings, if already read (else read here: the hasher's cache answers for the
+    inodes already hashed)."""
     hashed_at = probe.hashed_at
     ctx = context(procfs, pid, probe)
+    vouched = set(reuse.vouched) if reuse is not None else set()
     disagreements, drift = cross_check(
         procfs,
         pid,
@@ -273,6 +291,7 @@ def judge(
         start_time=start_time,
         hashed_at=hashed_at,
         generated=ctx.generated_dirs,
+        vouched=vouched,
     )
     if native is None:
         native = native_mappings(
@@ -285,7 +304,9 @@ def judge(
         provenance, static = _static(procfs, pid, probe, files, index, ctx=ctx, native=native)
     drift += static
     drift.sort(key=lambda d: (d.id, d.path))
-    return Judgement(tuple(disagreements), provenance, tuple(drift), key, tuple(static))
+    return Judgement(
+        tuple(disagreements), provenance, tuple(drift), key, tuple(static), frozenset(vouched)
+    )
 
 
 def _native_digest(native: Sequence[NativeMapping]) -> str:
