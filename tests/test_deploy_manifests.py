@@ -486,6 +486,50 @@ def test_compose_policy_rules_load_without_the_container_binding() -> None:
         load_policy(stripped.replace('on = "decode"', 'on = "decoding"'), str(POLICY))
 
 
+# --- the early probe: on by default in what the project ships ----------------------------------
+
+IMAGE = REPO / "agents" / "vllm"
+
+
+def test_the_shipped_image_and_manifests_start_the_probe_early(
+    k8s_docs: list[Doc], compose: Doc
+) -> None:
+    """Without the early probe, what vLLM imports before it loads its plugins is hashed from
+    disk after the fact (``provenance.file.hashed_after``): the image, the compose file and
+    the Kubernetes manifests all start it at interpreter start-up."""
+    dockerfile = (IMAGE / "Dockerfile").read_text()
+    env_block = dockerfile[dockerfile.index("\nENV ") :].split("\n\n")[0]
+    assert "VERIFIER_PROBE_EARLY=1" in env_block.split(), env_block
+    assert compose["services"]["vllm"]["environment"]["VERIFIER_PROBE_EARLY"] == "1"
+    vllm = container(_vllm_pod(k8s_docs), "vllm")
+    assert {e["name"]: e.get("value") for e in vllm["env"]}["VERIFIER_PROBE_EARLY"] == "1"
+
+
+def _entrypoint_check(python: str, tmp: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VERIFIER_")}
+    env.update(VERIFIER_PYTHON=python, VERIFIER_PROBE_EARLY="1", TMPDIR=str(tmp))
+    return subprocess.run(["sh", str(IMAGE / "entrypoint.sh"), "--check"], env=env,
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+
+
+def test_the_entrypoint_checks_that_the_probe_starts_early(tmp_path: Path) -> None:
+    """The image's entrypoint refuses an interpreter in which the early probe's ``.pth`` line
+    does not run (here: a wrapper that runs Python without its site directories for ``-c``,
+    as if the package had been installed without it); this environment's passes."""
+    ok = _entrypoint_check(sys.executable, tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    wrapper = tmp_path / "python-without-pth"
+    wrapper.write_text(
+        f'#!/bin/sh\nif [ "$1" = "-c" ]; then exec {sys.executable} -S "$@"; fi\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    refused = _entrypoint_check(str(wrapper), tmp_path)
+    assert refused.returncode == 1
+    assert "the early probe (VERIFIER_PROBE_EARLY) does not start" in refused.stderr
+    assert [p.name for p in tmp_path.iterdir()] == [wrapper.name]  # no probe state left
+
+
 # --- compose: the installed Compose accepts it -----------------------------------------------
 
 

@@ -341,8 +341,14 @@ def test_tampered_probe_record_and_a_vanished_file_are_disagreements(tmp_path: P
         Path(d.path).name: (d.sha256_in_process, d.sha256_agent, d.reason)
         for d in tampered.disagreements
     }
+    # The record still names the identity of the file it hashed (unchanged since): the hash,
+    # not the file, is what changed.
+    unchanged = (
+        "other bytes than the probe recorded, in the very file it hashed (the same device, "
+        "inode, size, mtime and ctime as it recorded with its hash)"
+    )
     assert found == {
-        "honest.py": (forged, honest_sha, "bytes differ"),
+        "honest.py": (forged, honest_sha, unchanged),
         "doomed.py": (hashlib.sha256(b"Y = 2\n").hexdigest(), None, "missing"),
     }
     pol = load_policy('version = 1\n[[hooks]]\nname = "h"\n')

@@ -25,6 +25,7 @@ from verifier.model import (
     EvidenceProblem,
     FileDisagreement,
     FileEntry,
+    FileIdentity,
     FileOrigin,
     Finding,
     HookCount,
@@ -141,12 +142,23 @@ def full_process() -> ProcessReport:
             FileEntry("/site/vllm/__init__.py", SHA_A, 1234, "source", "vllm", "load"),
             FileEntry("/site/x.so", None, -1, "extension", None, "late"),
             FileEntry("/site/data.bin", SHA_B, 0, "data", "", "snapshot"),
+            FileEntry(
+                "/site/y.so",
+                SHA_A,
+                9,
+                "extension",
+                "y",
+                "load",
+                FileIdentity(2049, 1 << 40, 9, -1, 1764400000123456789),
+                FileIdentity(2049, 77, 9, 0, 1),
+            ),
         ),
         native_mappings=(
             NativeMapping("/usr/lib/libc.so.6", SHA_A, 2000000, "same", None, "08:01", 1234567),
             NativeMapping(
                 "/site/torch/lib/libtorch_cpu.so", None, -1, "unreadable", "permission denied"
             ),
+            NativeMapping("/site/k.so", SHA_B, 8, "changed", None, "08:01", 9, "ctime after"),
         ),
         runner_file_sha256_now=SHA_B,
         disagreements=(
@@ -237,6 +249,8 @@ def full_process() -> ProcessReport:
             ),
             CodeChain("hook:h", "instance", "f", "m", "", None, (CodeLayer("builtin", ""),)),
         ),
+        hashed_after=("/site/a.py", "/site/b.py"),
+        hashed_after_count=3,
     )
 
 
@@ -496,6 +510,7 @@ def test_every_domain_field_has_a_wire_field() -> None:
         (LogLine, pb.LogLine),
         (EvidenceProblem, pb.EvidenceProblem),
         (FileEntry, pb.FileEntry),
+        (FileIdentity, pb.FileIdentity),
         (ProcessReport, pb.ProcessReport),
         (NativeMapping, pb.NativeMapping),
         (FileDisagreement, pb.FileDisagreement),
@@ -651,7 +666,7 @@ MALFORMED_REPORTS = [
         "files sent as digest only",
         _files_without_flag,
         "report.processes[0].files",
-        "3 entries sent with files_included false",
+        "4 entries sent with files_included false",
     ),
     (
         "bad runner sha256",
@@ -743,6 +758,30 @@ MALFORMED_REPORTS = [
         "negative inode",
         _set("processes[0].native_mappings[0].inode", -1),
         "report.processes[0].native_mappings[0].inode",
+        "got -1",
+    ),
+    (
+        "unknown native state",
+        _set("processes[0].native_mappings[0].state", "fine"),
+        "report.processes[0].native_mappings[0].state",
+        "must be one of",
+    ),
+    (
+        "negative identity size",
+        _set("processes[0].files[3].identity.size", -1),
+        "report.processes[0].files[3].identity.size",
+        "got -1",
+    ),
+    (
+        "more paths hashed after the fact than counted",
+        _set("processes[0].hashed_after_count", 1),
+        "report.processes[0].hashed_after",
+        "more than hashed_after_count",
+    ),
+    (
+        "negative count of files hashed after the fact",
+        _set("processes[0].hashed_after_count", -1),
+        "report.processes[0].hashed_after_count",
         "got -1",
     ),
 ]

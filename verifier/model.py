@@ -157,6 +157,27 @@ class HookEvidence:
 
 
 @dataclass(frozen=True)
+class FileIdentity:
+    """Which inode a file was and when it last changed, as ``stat`` gives them. Bytes cannot
+    change without the ctime moving, and user space cannot set a ctime: a file with the same
+    identity as when it was hashed still holds the bytes hashed."""
+
+    dev: int  # st_dev
+    ino: int  # st_ino
+    size: int  # st_size
+    mtime_ns: int  # st_mtime_ns (anyone who may write the file can set it)
+    ctime_ns: int  # st_ctime_ns (moves on every write, rename, chmod and utime)
+
+
+# When a file was hashed (``FileEntry.at``) that is after the fact: from disk, some time after
+# the process had read it, so the recorded bytes are what the disk held then, not necessarily
+# what the process ran (``provenance.file.changed_after_start`` when the file changed after
+# the process started).
+AFTER_THE_FACT = frozenset({"snapshot", "late", "deferred"})
+HASHED_AFTER_SHOWN = 50  # paths listed in ProcessReport.hashed_after (the count is exact)
+
+
+@dataclass(frozen=True)
 class FileEntry:
     """One file a process loaded, as its probe hashed it (an entry of its manifest)."""
 
@@ -166,6 +187,12 @@ class FileEntry:
     kind: str  # source | bytecode | extension | data
     module: str | None
     at: str  # when it was hashed: load | snapshot | deferred | late | rejected
+    # The file's identity when its bytes were hashed (None: not recorded, an older probe).
+    # Per process: not part of the manifest digest, and not kept with a stored manifest.
+    identity: FileIdentity | None = None
+    # Extension modules only: the identity when the interpreter loaded (executed) it; its
+    # bytes are hashed later, by the probe's sweeper (``identity``), off the import path.
+    loaded: FileIdentity | None = None
 
 
 def _merkle_leaf(path: str, sha256_hex: str) -> bytes:
@@ -201,10 +228,14 @@ class NativeMapping:
     path: str
     sha256: str | None  # of the mapped inode (via /proc/<pid>/map_files); None: unreadable
     size: int
-    state: str  # same | replaced | deleted | unreadable
+    # same | replaced | deleted | unreadable | changed (the mapped inode itself was rewritten
+    # in place while mapped: its bytes changed since the agent first read them, or it changed
+    # after the process started)
+    state: str
     error: str | None = None
     device: str = ""  # "major:minor" of the mapped inode, as /proc/<pid>/maps shows it
     inode: int = 0  # the mapped inode (0: unknown)
+    detail: str | None = None  # state changed: what shows it (the hash first seen, the ctime)
 
 
 class Origin(StrEnum):
@@ -320,8 +351,12 @@ DRIFT_RECORD_UNREADABLE = "provenance.record.unreadable"
 # owner's file), or could not be verified against its file (another Python, unreadable)
 DRIFT_CODE_PATCHED = "provenance.code.patched"
 DRIFT_CODE_UNVERIFIED = "provenance.code.unverified"
+# a file hashed after the fact (AFTER_THE_FACT, or an extension hashed after it was loaded)
+# that changed after the process started: the bytes recorded may not be the bytes that run
+DRIFT_CHANGED_AFTER_START = "provenance.file.changed_after_start"
 DRIFT_IDS = (
     DRIFT_MODIFIED_AFTER_LOAD,
+    DRIFT_CHANGED_AFTER_START,
     DRIFT_BYTECODE_STALE,
     DRIFT_BYTECODE_UNVERIFIED,
     DRIFT_BYTECODE_UNCHECKED,
@@ -429,6 +464,12 @@ class ProcessReport:
     # What runs each step method and declared hook target, as the probe recorded it, each
     # verified by the agent against its file (its status, and a drift when not verified).
     code: tuple[CodeChain, ...] = ()
+    # The files whose only hash was taken after the fact (``at`` snapshot or late: imported
+    # before the probe started, or without passing a loader it wraps), the first
+    # ``HASHED_AFTER_SHOWN`` by path, and how many in all. Per process: a stored manifest is
+    # shared by every process that loaded the same bytes, however each one hashed them.
+    hashed_after: tuple[str, ...] = ()
+    hashed_after_count: int = 0
 
     @property
     def all_roles(self) -> frozenset[str]:

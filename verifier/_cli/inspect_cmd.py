@@ -29,8 +29,9 @@ unknown, added; native libraries of a distribution included, judged as mapped) w
 file that is not pristine and why, what runs each step method of the live runner and
 worker and each declared hook target (every layer, outermost first: file, first line, a
 digest of its code, checked against its file: verified, patched or unverified), drift (stale
-bytecode, shadowed modules, files modified after load, code that is not its file's
-definition, ...), native libraries replaced or deleted while mapped, and files the probe and
+bytecode, shadowed modules, files modified after load or changed after the process started,
+code that is not its file's definition, ...), the files hashed after the fact, native
+libraries replaced, deleted or rewritten in place while mapped, and files the probe and
 /proc disagree on. A Python process without the probe is still
 reported, with "probe absent".
 
@@ -249,12 +250,18 @@ def render_judgement(r: ProcessReport) -> list[str]:
     lines.extend(render_code(r))
     for d in r.drift:
         lines.append(f"  DRIFT    {d.id}: {d.detail}")
+    if r.hashed_after_count:
+        lines.append(
+            f"  after    {r.hashed_after_count} files hashed after the fact (imported before the "
+            "probe started, or outside the import system), e.g."
+        )
+        lines.extend(f"    {path}" for path in r.hashed_after[:5])
     bad = [n for n in r.native_mappings if n.state != "same"]
     lines.append(
         f"  native   {len(r.native_mappings)} executable mappings, {len(bad)} not as on disk"
     )
     for n in bad:
-        why = f" ({n.error})" if n.error else ""
+        why = f" ({n.error or n.detail})" if n.error or n.detail else ""
         lines.append(f"    {n.state:<9} {n.path}  dev {n.device} inode {n.inode}{why}")
     for g in r.disagreements:
         lines.append(

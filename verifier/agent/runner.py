@@ -37,6 +37,7 @@ from verifier.evidence.docker_api import DEFAULT_SOCKET
 from verifier.evidence.hashing import Hasher
 from verifier.evidence.journal import JournalCache
 from verifier.evidence.judge import Judgement, dist_index
+from verifier.evidence.native import NativeMemory
 from verifier.evidence.process import ProcessEvidence, still_running
 from verifier.evidence.procfs import ProcFS
 from verifier.evidence.report import report_with_judgement
@@ -79,6 +80,8 @@ class Agent:
         # (pid, start ticks) -> (manifest digest, when, judgement) of the last full check
         self._checked: dict[tuple[int, int], tuple[str | None, float, Judgement]] = {}
         self._indexes: dict[tuple[int, int], DistIndex] = {}  # RECORDs parsed once per process
+        # The mapped bytes first seen per process and native mapping (changed in place)
+        self.natives = NativeMemory()
         self.witnesses = Witnesses()  # py-spy stack samples of step-running processes
         # Request bindings the probes appended since the last report (offsets kept by the spool)
         self.bindings = Bindings(config.spool_dir / "bindings-offsets.json")
@@ -124,6 +127,7 @@ class Agent:
             for stale in [k for k in cache if k not in alive]:
                 del cache[stale]
         self.witnesses.forget(alive)
+        self.natives.forget(keys)
         gone = tuple(k for k in self.seen if k not in keys)
         for k in gone:
             log.info("process_gone", pid=k.pid)
@@ -198,6 +202,7 @@ class Agent:
                 previous=last[2] if fresh and last else None,
                 index=index,
                 reuse=last[2] if last else None,
+                memory=self.natives,
             )
         except (UnavailableError, OSError) as e:
             if still_running(self.procfs, ev):

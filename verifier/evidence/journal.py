@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verifier.model import FileEntry, merkle_root
+from verifier.model import FileEntry, FileIdentity, merkle_root
 
 # A \uD800-\uDFFF escape, which may decode to a lone surrogate: a file name's undecodable bytes
 # (Python's surrogateescape) or a hostile string, valid JSON either way.
@@ -213,9 +213,27 @@ def journal_problems(
     return problems
 
 
+def identity_of(value: Any) -> FileIdentity | None:
+    """A file identity as a journal record carries it (``[dev, ino, size, mtime_ns,
+    ctime_ns]``, ``verifier.probe._imports``); None for anything else, as the journal is the
+    probed process's to write."""
+    if not isinstance(value, list) or len(value) != 5:
+        return None
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return None
+    dev, ino, size, mtime_ns, ctime_ns = value
+    if min(dev, ino, size) < 0 or max(dev, ino) >= 1 << 64:
+        return None
+    if max(abs(size), abs(mtime_ns), abs(ctime_ns)) >= 1 << 63:
+        return None
+    return FileIdentity(dev, ino, size, mtime_ns, ctime_ns)
+
+
 def manifest_of(records: list[dict[str, Any]]) -> tuple[tuple[FileEntry, ...], dict[str, float]]:
     """The manifest a journal's file records describe (the latest record of each path), and
-    when the probe hashed each file (the process's wall clock; where the record says).
+    when the probe hashed each file (the process's wall clock; where the record says). Each
+    entry carries the file's identity when hashed (``stat``) and, for an extension module,
+    when it was loaded (``loaded``), where the record has a well-formed one.
 
     One exception to "the latest": a pyc is ``rejected`` only if every time its loader read it
     that read was rejected. Each ``rejected`` record follows the read it rejects (same path
@@ -257,6 +275,8 @@ def manifest_of(records: list[dict[str, Any]]) -> tuple[tuple[FileEntry, ...], d
                 kind=str(rec.get("kind", "")),
                 module=rec.get("module") if isinstance(rec.get("module"), str) else None,
                 at=str(rec.get("at", "")),
+                identity=identity_of(rec.get("stat")),
+                loaded=identity_of(rec.get("loaded")),
             )
         )
     return tuple(sorted(entries, key=lambda f: f.path)), hashed_at

@@ -226,6 +226,11 @@ def in_stdlib(path: str, stdlib_dirs: Iterable[str]) -> bool:
     return False
 
 
+def under_any(path: str, dirs: Iterable[str]) -> bool:
+    """Whether PATH (as the process names it) is under one of DIRS (absolute directories)."""
+    return _innermost(norm_path(path), dirs) is not None
+
+
 def _innermost(path: str, dirs: Iterable[str]) -> str | None:
     """The longest of DIRS that normalized PATH is under, if any."""
     hits = [d for d in map(norm_path, dirs) if d.startswith("/") and is_under(path, d)]

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import os
 import posixpath
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from verifier.errors import NoSuchProcess, ProcessAccessDenied
 from verifier.probe import layout as L
+
+# A file (or a mapped library) is "changed after the process started" when its ctime is this
+# much after the start: the start is read in clock ticks (10 ms, truncated) after a boot time
+# known to the microsecond on a live /proc (``ProcFS.boot_time``); the rest absorbs a small
+# step of the wall clock. A change closer to the start than this is not seen.
+CHANGED_SLACK_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -79,10 +86,19 @@ class ProcFS:
         )
 
     def boot_time(self) -> float:
+        """When the machine booted, unix seconds. ``/proc/stat`` says it in whole seconds
+        (truncated), which would put a process's start up to a second early, and a file
+        changed in that second after the start (``provenance.file.changed_after_start``).
+        Where the tree's btime is this clock's boot time to the second (the live ``/proc``),
+        the clocks give it to the microsecond: real time less time since boot, both now, as
+        the kernel computes btime itself. A captured tree keeps its own btime."""
+        btime = 0.0
         for line in (self.root / "stat").read_text().splitlines():
             if line.startswith("btime "):
-                return float(line.split()[1])
-        return 0.0
+                btime = float(line.split()[1])
+                break
+        precise = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+        return precise if btime and 0.0 <= precise - btime < 1.0 + 1e-3 else btime
 
     def boot_id(self) -> str:
         try:

@@ -10,17 +10,24 @@ from verifier.evidence.codecheck import check_chains
 from verifier.evidence.container import container_of
 from verifier.evidence.distindex import DistIndex
 from verifier.evidence.hashing import Hasher
-from verifier.evidence.judge import Judgement, dist_index, judge
-from verifier.evidence.native import native_mappings
+from verifier.evidence.judge import Judgement, dist_index, generated_dirs, judge, stdlib_dirs
+from verifier.evidence.native import NativeMemory, native_mappings
+from verifier.evidence.origins import in_stdlib
 from verifier.evidence.process import ProcessEvidence
 from verifier.evidence.procfs import ProcFS
 from verifier.model import (
     EVIDENCE_JOURNAL_EDITED,
     EVIDENCE_PROBE_UNBOUND,
+    HASHED_AFTER_SHOWN,
     EvidenceProblem,
+    FileEntry,
     ProcessKey,
     ProcessReport,
 )
+
+# What ``ProcessReport.hashed_after`` lists: the files whose only hash was taken after the
+# fact. A ``deferred`` source is not among them: what ran is its bytecode, hashed as read.
+HASHED_AFTER = frozenset({"snapshot", "late"})
 
 
 def to_report(procfs: ProcFS, ev: ProcessEvidence, hasher: Hasher | None = None) -> ProcessReport:
@@ -36,20 +43,32 @@ def report_with_judgement(
     previous: Judgement | None = None,
     index: DistIndex | None = None,
     reuse: Judgement | None = None,
+    memory: NativeMemory | None = None,
 ) -> tuple[ProcessReport, Judgement | None]:
     """One process's report with the agent's own /proc evidence added. HASHER: reuse one so
     unchanged files are answered from its cache. PREVIOUS: the last judgement of its files, to
     reuse instead of re-checking every file (None: check now). INDEX: the process's
     distribution index, to reuse (see ``judge.dist_index``). REUSE: an earlier judgement whose
-    manifest-only part (origins, bytecode) is kept while the manifest is unchanged. The code
-    that runs each step method and hook target is verified every time (``codecheck``)."""
+    manifest-only part (origins, bytecode) is kept while the manifest is unchanged. MEMORY:
+    the native mappings' bytes first seen (the agent's, across reports), so a library
+    rewritten in place between two reports is ``changed``. The code that runs each step
+    method and hook target is verified every time (``codecheck``)."""
     ident = ev.identity
     ref = container_of(procfs, ident.pid)
     container = ref.id if ref else None
     hasher = hasher or Hasher()
-    mappings = native_mappings(procfs, ident.pid, hasher)
+    key = ProcessKey(ident.boot_id, ident.pid, ident.start_ticks)
+    mappings = native_mappings(
+        procfs,
+        ident.pid,
+        hasher,
+        start_time=ident.start_time,
+        generated=generated_dirs(procfs, ident.pid),
+    )
+    if memory is not None:
+        mappings = memory.check(key, mappings)
     base = ProcessReport(
-        key=ProcessKey(ident.boot_id, ident.pid, ident.start_ticks),
+        key=key,
         ns_pid=ident.ns_pid,
         ppid=ident.ppid,
         start_time=ident.start_time,
@@ -80,6 +99,7 @@ def report_with_judgement(
         start_time=ident.start_time,
         index=index,
         reuse=reuse,
+        native=mappings,
     )
     # What runs the step methods and hook targets: verified on every report (a chain can
     # change without any file changing; compiled files are cached).
@@ -87,6 +107,7 @@ def report_with_judgement(
         probe.code, probe.files, lambda path: procfs.in_root(ident.pid, path), index=index
     )
     drift = sorted((*judged.drift, *code_drift), key=lambda d: (d.id, d.path))
+    after = hashed_after(probe.files, stdlib_dirs(probe))
     report = dataclasses.replace(
         base,
         probe_errors=tuple(f"[{e.get('where')}] {e.get('msg')}" for e in probe.errors),
@@ -103,5 +124,15 @@ def report_with_judgement(
         evidence_problems=base.evidence_problems
         + tuple(EvidenceProblem(EVIDENCE_JOURNAL_EDITED, why) for why in probe.journal_problems),
         code=code,
+        hashed_after=tuple(after[:HASHED_AFTER_SHOWN]),
+        hashed_after_count=len(after),
     )
     return report, judged
+
+
+def hashed_after(files: tuple[FileEntry, ...], stdlib: tuple[str, ...] = ()) -> list[str]:
+    """The paths of FILES whose only hash was taken after the fact (``HASHED_AFTER``): those
+    outside the standard library (directories STDLIB) first, the ones a reader looks for
+    (the interpreter imports some of its own before any probe can start), each part sorted."""
+    paths = [f.path for f in files if f.at in HASHED_AFTER]
+    return sorted(paths, key=lambda p: (in_stdlib(p, stdlib), p))

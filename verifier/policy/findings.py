@@ -15,6 +15,7 @@ from verifier.model import (
     DRIFT_BYTECODE_STALE,
     DRIFT_BYTECODE_UNCHECKED,
     DRIFT_BYTECODE_UNVERIFIED,
+    DRIFT_CHANGED_AFTER_START,
     DRIFT_CODE_PATCHED,
     DRIFT_CODE_UNVERIFIED,
     DRIFT_IDS,
@@ -44,6 +45,7 @@ EVIDENCE_UNAUTHENTICATED = "evidence.unauthenticated"
 NATIVE_REPLACED = "provenance.native.replaced"
 NATIVE_DELETED = "provenance.native.deleted"
 NATIVE_UNREADABLE = "provenance.native.unreadable"
+NATIVE_CHANGED_IN_PLACE = "provenance.native.changed_in_place"
 STEPS_INSUFFICIENT = "liveness.steps.insufficient"
 STEPS_RAISED = "liveness.steps.raised"
 HOOK_NOT_DECLARED = "liveness.hook.not_declared"
@@ -63,6 +65,7 @@ FILE_NOT_LOADED = "provenance.file.not_loaded"
 FILE_HASH_MISMATCH = "provenance.file.hash_mismatch"
 FILE_UNVERIFIABLE = "provenance.file.unverifiable"
 FILE_FORBIDDEN = "provenance.file.forbidden"
+FILE_HASHED_AFTER = "provenance.file.hashed_after"
 PROVENANCE_UNJUDGED = "provenance.unjudged"
 PROVENANCE_ORIGINS = "provenance.origins"
 PROVENANCE_NOT_PRISTINE = "provenance.not_pristine"
@@ -145,6 +148,11 @@ FINDINGS: dict[str, FindingKind] = {
     NATIVE_UNREADABLE: FindingKind(
         Severity.WARNING, "", "a native mapping could not be read, so its bytes are unknown"
     ),
+    NATIVE_CHANGED_IN_PLACE: FindingKind(
+        Severity.ERROR,
+        "",
+        "a mapped native library was rewritten in place (same inode) while mapped",
+    ),
     EVIDENCE_DISAGREEMENT: FindingKind(
         Severity.ERROR,
         "",
@@ -221,8 +229,16 @@ FINDINGS: dict[str, FindingKind] = {
         Severity.PENDING, "", "matching files exist but none of a kind whose hash can be compared"
     ),
     FILE_FORBIDDEN: FindingKind(Severity.ERROR, "", "a loaded file matches a [[forbid]] entry"),
+    FILE_HASHED_AFTER: FindingKind(
+        Severity.INFO, "", "the files of a process whose only hash was taken after the fact"
+    ),
     DRIFT_MODIFIED_AFTER_LOAD: FindingKind(
         Severity.ERROR, "", "a loaded file's bytes on disk changed after the process started"
+    ),
+    DRIFT_CHANGED_AFTER_START: FindingKind(
+        Severity.ERROR,
+        "",
+        "a file hashed after the fact changed after the process started: what ran may differ",
     ),
     DRIFT_BYTECODE_STALE: FindingKind(
         Severity.ERROR, "", "bytecode the interpreter used is not what its source compiles to"

@@ -32,6 +32,7 @@ from verifier.policy.rules import (
 from verifier.policy.rules_container import spec_error
 from verifier.policy.rules_provenance import (
     DriftFree,
+    HashedAfterReported,
     OriginsReported,
     Patch,
     Pristine,
@@ -451,6 +452,7 @@ def load_policy(text: str, source: str = "<policy>") -> Policy:
             EvidenceIntact(),
             DriftFree(allow),
             *rules,
+            HashedAfterReported(),
             OriginsReported(),  # last: the record of origins closes each target's findings
         ),
         evidence=evidence,

@@ -226,13 +226,19 @@ _NATIVE = {
     ),
     "deleted": (F.NATIVE_DELETED, Severity.ERROR, "was deleted from disk while mapped"),
     "unreadable": (F.NATIVE_UNREADABLE, Severity.WARNING, "could not be read as mapped"),
+    "changed": (
+        F.NATIVE_CHANGED_IN_PLACE,
+        Severity.ERROR,
+        "was rewritten in place (the same inode) while mapped",
+    ),
 }
 
 
 @dataclass(frozen=True)
 class NativeIntact:
     """One finding per process and state for native mappings that are not ``same``: the
-    path replaced or deleted under a live mapping, or a mapping the agent could not read."""
+    path replaced or deleted under a live mapping, the mapped inode rewritten in place, or a
+    mapping the agent could not read."""
 
     def describe(self) -> str:
         return "native mappings intact"
@@ -249,12 +255,14 @@ class NativeIntact:
                         fid,
                         severity,
                         f"{len(hits)} native librar{'y' if len(hits) == 1 else 'ies'} of "
-                        f"{E.name(p)} {what}, e.g. {hits[0].path}",
+                        f"{E.name(p)} {what}, e.g. {hits[0].path}"
+                        + (f" ({hits[0].detail})" if hits[0].detail else ""),
                         snapshot,
                         **E.base(p),
                         count=len(hits),
                         mappings=[
                             {"path": n.path, "sha256": n.sha256, "error": n.error}
+                            | ({"detail": n.detail} if n.detail else {})
                             for n in hits[: E.SHOWN]
                         ],
                     )

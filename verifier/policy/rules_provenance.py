@@ -130,6 +130,43 @@ class OriginsReported:
 
 
 @dataclass(frozen=True)
+class HashedAfterReported:
+    """``provenance.file.hashed_after`` (INFO) per judged process that has files whose only
+    hash was taken after the fact (``ProcessReport.hashed_after``: imported before the probe
+    started, or without passing a loader it wraps): a reader then knows which hashes say what
+    the disk held when the probe looked, not what the import system read. Those that changed
+    after the process started are ``provenance.file.changed_after_start`` (drift, an ERROR);
+    the rest held the same bytes since before the process started (their ctime says so), so
+    the hash is of what was imported, and a pristine requirement accepts them."""
+
+    def describe(self) -> str:
+        return "which files were hashed after the fact"
+
+    def evaluate(self, snapshot: I.TargetSnapshot, ctx: I.EvalContext) -> list[Finding]:
+        out: list[Finding] = []
+        for p in E.ordered(snapshot.processes):
+            if not _judged(p) or not p.hashed_after_count:
+                continue
+            n = p.hashed_after_count
+            first = p.hashed_after[0] if p.hashed_after else "?"
+            out.append(
+                E.finding(
+                    F.FILE_HASHED_AFTER,
+                    Severity.INFO,
+                    f"{E.name(p)}: {n} file{'' if n == 1 else 's'} hashed after the fact (from "
+                    "disk, after the process had imported them: before its probe started, or "
+                    f"outside the import system), e.g. {first}"
+                    "; VERIFIER_PROBE_EARLY=1 records imports as they are read",
+                    snapshot,
+                    **E.base(p),
+                    count=n,
+                    paths=list(p.hashed_after),
+                )
+            )
+        return out
+
+
+@dataclass(frozen=True)
 class Patch:
     """``[[patches]]``: a file of a pristine-required distribution allowed to differ."""
 

@@ -3,8 +3,8 @@
 * ``FileLoader.get_data`` is wrapped at class level, so every source (``.py``) and bytecode
   (``.pyc``) file an import reads is hashed from the very bytes that get compiled or
   unmarshalled (``at: "load"``).
-* Extension modules are recorded when they are executed (device, inode, size and mtime at
-  load) and hashed by the background sweeper, off the import path.
+* Extension modules are recorded when they are executed (their identity then, ``loaded``)
+  and hashed by the background sweeper, off the import path.
 * For a module executed from bytecode, its source file is hashed by the sweeper too
   (``at: "deferred"``), so the manifest holds source hashes comparable with published ones.
 * A ``.pyc`` read and then rejected by its loader (stale against its source, or invalid) is
@@ -16,6 +16,13 @@
 * Modules already imported when the probe started are hashed after the fact from their files
   on disk (``at: "snapshot"``); modules that appear later without passing through a wrapped
   loader are hashed by the sweeper (``at: "late"``).
+
+Every file record carries the file's identity when its bytes were hashed (``stat``: device,
+inode, size, mtime_ns, ctime_ns): for a ``load`` record from a ``stat`` right after the read
+(one system call, about a microsecond: ``bench/import_identity.py``), for the sweeper's from
+an ``fstat`` of the descriptor it hashed. A file hashed after the fact whose ctime is later
+than the process's start may have changed between the import and the hash; the agent says so
+(``provenance.file.changed_after_start``).
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ SWEEP_INTERVAL_S = 1.0
 
 _recorded: set[str] = set()
 _names_done: set[str] = set()
-_pending_ext: list[tuple[str, str, tuple[int, int, int, int]]] = []
+_pending_ext: list[tuple[str, str, list[int] | None]] = []  # path, module, identity at exec
 _pending_src: list[tuple[str, str | None]] = []  # sources of modules executed from bytecode
 _guard = threading.local()
 _installed = False
@@ -78,6 +85,9 @@ def _on_read(name: str | None, origin: Any, path: Any, data: bytes) -> None:
             "module": name,
             "at": "load",
         }
+        ident = _stat(p)
+        if ident is not None:
+            rec["stat"] = ident
         st.remember(rec)
         _recorded.add(p)
         last = getattr(_guard, "last_pyc", None)  # (source path, record, header) of this
@@ -125,12 +135,17 @@ def _hash_accepted(head: bytes, source: bytes) -> bool:
     return bool(_imp.source_hash(_HASH_KEY, source) == head[8:16])
 
 
-def _identity(path: str) -> tuple[int, int, int, int]:
+def _identity(s: os.stat_result) -> list[int]:
+    """A file's identity as a journal record carries it: dev, ino, size, mtime_ns, ctime_ns."""
+    return [s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns]
+
+
+def _stat(path: str) -> list[int] | None:
+    """PATH's identity now (None: it cannot be stat'ed)."""
     try:
-        s = os.stat(path)
-        return (s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns)
-    except OSError:
-        return (0, 0, -1, 0)
+        return _identity(os.stat(path))
+    except (OSError, ValueError):
+        return None
 
 
 def install() -> None:
@@ -160,7 +175,7 @@ def install() -> None:
         orig_exec(self, module)
         try:
             path = os.fspath(self.path)
-            _pending_ext.append((path, self.name, _identity(path)))
+            _pending_ext.append((path, self.name, _stat(path)))
             _recorded.add(path)
         except Exception as e:  # noqa: BLE001
             _core.report_error("imports", f"extension {self!r}: {type(e).__name__}: {e}")
@@ -171,17 +186,25 @@ def install() -> None:
     _installed = True
 
 
-def _hash_file(path: str) -> tuple[str, int] | None:
-    h = hashlib.sha256()
-    size = 0
-    try:
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 20):
-                h.update(chunk)
-                size += len(chunk)
-    except OSError:
-        return None
-    return h.hexdigest(), size
+def _hash_file(path: str) -> tuple[str, int, list[int]] | None:
+    """sha256, size and identity of PATH's bytes (None: unreadable). The identity is the
+    descriptor's, taken before and after the read: a file written meanwhile is read again
+    (once), so the identity recorded is that of the bytes hashed."""
+    for _ in range(2):
+        h = hashlib.sha256()
+        size = 0
+        try:
+            with open(path, "rb") as f:
+                before = _identity(os.fstat(f.fileno()))
+                while chunk := f.read(1 << 20):
+                    h.update(chunk)
+                    size += len(chunk)
+                after = _identity(os.fstat(f.fileno()))
+        except (OSError, ValueError):
+            return None
+        if after == before:
+            break
+    return h.hexdigest(), size, after
 
 
 def _module_file(mod: Any) -> str | None:
@@ -258,14 +281,17 @@ def sweep() -> None:
     if _device._counters:
         _device.read_all(cpu_only=True)  # processes that run no steps; CUDA: the step reads
     while _pending_ext:
-        path, name, ident = _pending_ext.pop(0)
+        path, name, loaded = _pending_ext.pop(0)
         got = _hash_file(path)
         rec: dict[str, Any] = {"k": "file", "path": path, "kind": "extension", "module": name}
-        rec.update({"at": "load", "dev": ident[0], "ino": ident[1], "mtime_ns": ident[3]})
+        rec["at"] = "load"
+        if loaded is not None:
+            rec["loaded"] = loaded
         if got is None:
-            rec.update({"sha256": None, "size": ident[2], "error": "unreadable"})
+            size = loaded[2] if loaded is not None else -1
+            rec.update({"sha256": None, "size": size, "error": "unreadable"})
         else:
-            rec.update({"sha256": got[0], "size": got[1]})
+            rec.update({"sha256": got[0], "size": got[1], "stat": got[2]})
         st.remember(rec)
     while _pending_src:
         src, src_module = _pending_src.pop(0)
@@ -280,6 +306,7 @@ def sweep() -> None:
                     "at": "deferred",
                     "sha256": got[0],
                     "size": got[1],
+                    "stat": got[2],
                 }
             )
     _sweep_modules(st)
@@ -312,7 +339,7 @@ def _sweep_modules(st: Any) -> None:
         if got is None:
             rec.update({"sha256": None, "size": -1, "error": "unreadable"})
         else:
-            rec.update({"sha256": got[0], "size": got[1]})
+            rec.update({"sha256": got[0], "size": got[1], "stat": got[2]})
         st.remember(rec)
 
 

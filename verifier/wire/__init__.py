@@ -13,6 +13,8 @@ By message family:
 
 - :mod:`~verifier.wire.fields`: the field checks, :class:`WireError`, the message size limit
 - :mod:`~verifier.wire.process`: ``ProcessReport`` and its parts
+- :mod:`~verifier.wire.files`: what the agent judged of a process's files (manifest entries
+  with their identity, native mappings, disagreements, provenance, drift)
 - :mod:`~verifier.wire.reports`: ``TargetReport`` (processes, containers, request bindings)
   and the bytes a store or spool keeps
 - :mod:`~verifier.wire.verdicts`: findings, hook counts, target and run verdicts

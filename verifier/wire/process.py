@@ -1,6 +1,6 @@
-"""``ProcessReport`` and its parts (runner, steps, speculation, hooks, files, native
-mappings, disagreements, provenance, drift, stack witness; code chains in ``code.py``) to and
-from their messages."""
+"""``ProcessReport`` and its parts (runner, steps, speculation, hooks, stack witness) to and
+from their messages; what the agent judged of its files (manifest entries, native mappings,
+disagreements, provenance, drift) is in ``files.py``, code chains in ``code.py``."""
 
 from __future__ import annotations
 
@@ -8,20 +8,13 @@ from collections.abc import Iterable
 
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.model import (
-    DRIFT_IDS,
     EVIDENCE_PROBLEM_IDS,
-    Drift,
+    HASHED_AFTER_SHOWN,
     EvidenceProblem,
-    FileDisagreement,
-    FileEntry,
-    FileOrigin,
     HookEvidence,
     LogLine,
-    NativeMapping,
-    Origin,
     ProcessKey,
     ProcessReport,
-    Provenance,
     RunnerEvidence,
     SpecEvidence,
     StackWitness,
@@ -29,6 +22,18 @@ from verifier.model import (
 )
 from verifier.wire import fields as F
 from verifier.wire.code import chain_from_pb, chain_to_pb
+from verifier.wire.files import (
+    disagreement_from_pb,
+    disagreement_to_pb,
+    drift_from_pb,
+    drift_to_pb,
+    file_from_pb,
+    file_to_pb,
+    native_from_pb,
+    native_to_pb,
+    provenance_from_pb,
+    provenance_to_pb,
+)
 
 
 def key_to_pb(key: ProcessKey) -> pb.ProcessKey:
@@ -201,23 +206,6 @@ def _hook_from_pb(msg: pb.HookEvidence, at: str) -> HookEvidence:
     )
 
 
-def _file_to_pb(f: FileEntry) -> pb.FileEntry:
-    return pb.FileEntry(
-        path=f.path, sha256=f.sha256, size=f.size, kind=f.kind, module=f.module, at=f.at
-    )
-
-
-def _file_from_pb(msg: pb.FileEntry, at: str) -> FileEntry:
-    return FileEntry(
-        path=F.required(msg.path, f"{at}.path"),
-        sha256=F.sha256_hex(msg.sha256, f"{at}.sha256") if msg.HasField("sha256") else None,
-        size=F.count(msg.size, f"{at}.size", minimum=-1),  # -1: size unknown (unreadable)
-        kind=msg.kind,
-        module=msg.module if msg.HasField("module") else None,
-        at=msg.at,
-    )
-
-
 def process_to_pb(p: ProcessReport) -> pb.ProcessReport:
     r, s = p.runner, p.steps
     return pb.ProcessReport(
@@ -237,31 +225,12 @@ def process_to_pb(p: ProcessReport) -> pb.ProcessReport:
         hooks=[_hook_to_pb(h) for h in p.hooks],
         manifest_digest=p.manifest_digest,
         files_included=p.files is not None,
-        files=[_file_to_pb(f) for f in p.files or ()],
-        native_mappings=[
-            pb.NativeMapping(
-                path=n.path,
-                sha256=n.sha256,
-                size=n.size,
-                state=n.state,
-                error=n.error,
-                device=n.device,
-                inode=n.inode,
-            )
-            for n in p.native_mappings
-        ],
+        files=[file_to_pb(f) for f in p.files or ()],
+        native_mappings=[native_to_pb(n) for n in p.native_mappings],
         runner_file_sha256_now=p.runner_file_sha256_now,
-        disagreements=[
-            pb.FileDisagreement(
-                path=d.path,
-                sha256_in_process=d.sha256_in_process,
-                sha256_agent=d.sha256_agent,
-                reason=d.reason,
-            )
-            for d in p.disagreements
-        ],
-        provenance=None if p.provenance is None else _provenance_to_pb(p.provenance),
-        drift=[pb.Drift(id=d.id, path=d.path, module=d.module, detail=d.detail) for d in p.drift],
+        disagreements=[disagreement_to_pb(d) for d in p.disagreements],
+        provenance=None if p.provenance is None else provenance_to_pb(p.provenance),
+        drift=[drift_to_pb(d) for d in p.drift],
         stack_witness=None if p.stack_witness is None else _witness_to_pb(p.stack_witness),
         runner_log=[
             pb.LogLine(level=x.level, logger=x.logger, message=x.message) for x in p.runner_log
@@ -271,6 +240,8 @@ def process_to_pb(p: ProcessReport) -> pb.ProcessReport:
             pb.EvidenceProblem(id=x.id, detail=x.detail) for x in p.evidence_problems
         ],
         code=[chain_to_pb(c) for c in p.code],
+        hashed_after=list(p.hashed_after),
+        hashed_after_count=p.hashed_after_count,
     )
 
 
@@ -298,83 +269,6 @@ def _witness_from_pb(msg: pb.StackWitness, at: str) -> StackWitness:
     )
 
 
-def _provenance_to_pb(v: Provenance) -> pb.Provenance:
-    return pb.Provenance(
-        counts=dict(v.counts),
-        files=[
-            pb.FileOrigin(
-                path=f.path,
-                origin=f.origin,
-                reason=f.reason,
-                distribution=f.distribution,
-                version=f.version,
-                record_path=f.record_path,
-                sha256=f.sha256,
-                expected_sha256=f.expected_sha256,
-            )
-            for f in v.files
-        ],
-        distributions=[
-            pb.DistributionFiles(name=n, version=ver, files=k) for n, ver, k in v.distributions
-        ],
-    )
-
-
-_ORIGINS = tuple(o.value for o in Origin)
-
-
-def _provenance_from_pb(msg: pb.Provenance, at: str) -> Provenance:
-    for origin, n in msg.counts.items():
-        if origin not in _ORIGINS:
-            F.fail(f"{at}.counts", f"unknown provenance class {origin!r}")
-        F.count(n, f"{at}.counts[{origin}]")
-    files = []
-    for i, f in enumerate(msg.files):
-        where = f"{at}.files[{i}]"
-        if f.origin not in _ORIGINS:
-            F.fail(f"{where}.origin", f"must be one of {list(_ORIGINS)}, got {f.origin!r}")
-
-        def opt(field: str, msg: pb.FileOrigin = f) -> str | None:
-            return str(getattr(msg, field)) if msg.HasField(field) else None
-
-        sha, expected = opt("sha256"), opt("expected_sha256")
-        files.append(
-            FileOrigin(
-                path=F.required(f.path, f"{where}.path"),
-                origin=f.origin,
-                reason=f.reason,
-                distribution=opt("distribution"),
-                version=opt("version"),
-                record_path=opt("record_path"),
-                sha256=None if sha is None else F.sha256_hex(sha, f"{where}.sha256"),
-                expected_sha256=(
-                    None if expected is None else F.sha256_hex(expected, f"{where}.expected_sha256")
-                ),
-            )
-        )
-    counts = tuple((o, int(msg.counts.get(o, 0))) for o in _ORIGINS)
-    dists = tuple(
-        (
-            F.required(d.name, f"{at}.distributions[{i}].name"),
-            d.version,
-            F.count(d.files, f"{at}.distributions[{i}].files"),
-        )
-        for i, d in enumerate(msg.distributions)
-    )
-    return Provenance(counts=counts, files=tuple(files), distributions=dists)
-
-
-def _drift_from_pb(msg: pb.Drift, at: str) -> Drift:
-    if msg.id not in DRIFT_IDS:
-        F.fail(f"{at}.id", f"unknown drift id {msg.id!r}")
-    return Drift(
-        id=msg.id,
-        path=F.required(msg.path, f"{at}.path"),
-        module=msg.module if msg.HasField("module") else None,
-        detail=msg.detail,
-    )
-
-
 def process_from_pb(msg: pb.ProcessReport, at: str) -> ProcessReport:
     if not msg.HasField("key"):
         F.fail(f"{at}.key", "required, but absent")
@@ -398,12 +292,12 @@ def process_from_pb(msg: pb.ProcessReport, at: str) -> ProcessReport:
         hooks=tuple(_hook_from_pb(h, f"{at}.hooks[{i}]") for i, h in enumerate(msg.hooks)),
         manifest_digest=None if digest is None else F.digest(digest, f"{at}.manifest_digest"),
         files=(
-            tuple(_file_from_pb(f, f"{at}.files[{i}]") for i, f in enumerate(msg.files))
+            tuple(file_from_pb(f, f"{at}.files[{i}]") for i, f in enumerate(msg.files))
             if msg.files_included
             else None
         ),
         native_mappings=tuple(
-            _native_from_pb(n, f"{at}.native_mappings[{i}]")
+            native_from_pb(n, f"{at}.native_mappings[{i}]")
             for i, n in enumerate(msg.native_mappings)
         ),
         runner_file_sha256_now=(
@@ -412,15 +306,15 @@ def process_from_pb(msg: pb.ProcessReport, at: str) -> ProcessReport:
             else None
         ),
         disagreements=tuple(
-            _disagreement_from_pb(d, f"{at}.disagreements[{i}]")
+            disagreement_from_pb(d, f"{at}.disagreements[{i}]")
             for i, d in enumerate(msg.disagreements)
         ),
         provenance=(
-            _provenance_from_pb(msg.provenance, f"{at}.provenance")
+            provenance_from_pb(msg.provenance, f"{at}.provenance")
             if msg.HasField("provenance")
             else None
         ),
-        drift=tuple(_drift_from_pb(d, f"{at}.drift[{i}]") for i, d in enumerate(msg.drift)),
+        drift=tuple(drift_from_pb(d, f"{at}.drift[{i}]") for i, d in enumerate(msg.drift)),
         stack_witness=(
             _witness_from_pb(msg.stack_witness, f"{at}.stack_witness")
             if msg.HasField("stack_witness")
@@ -433,7 +327,19 @@ def process_from_pb(msg: pb.ProcessReport, at: str) -> ProcessReport:
             for i, x in enumerate(msg.evidence_problems)
         ),
         code=tuple(chain_from_pb(c, f"{at}.code[{i}]") for i, c in enumerate(msg.code)),
+        hashed_after=_hashed_after_from_pb(msg, at),
+        hashed_after_count=msg.hashed_after_count,
     )
+
+
+def _hashed_after_from_pb(msg: pb.ProcessReport, at: str) -> tuple[str, ...]:
+    F.count(msg.hashed_after_count, f"{at}.hashed_after_count")
+    paths = F.texts(msg.hashed_after, f"{at}.hashed_after")
+    if len(paths) > msg.hashed_after_count:
+        F.fail(f"{at}.hashed_after", f"{len(paths)} paths, more than hashed_after_count")
+    if len(paths) > HASHED_AFTER_SHOWN:
+        F.fail(f"{at}.hashed_after", f"{len(paths)} paths, more than {HASHED_AFTER_SHOWN}")
+    return paths
 
 
 def _problem_from_pb(msg: pb.EvidenceProblem, at: str) -> EvidenceProblem:
@@ -452,32 +358,3 @@ def _roles_from_pb(values: Iterable[str], at: str) -> tuple[str, ...]:
     for i, r in enumerate(roles):
         F.text(r, f"{at}[{i}]")
     return tuple(sorted(set(roles)))
-
-
-_NATIVE_STATES = frozenset({"same", "replaced", "deleted", "unreadable"})
-
-
-def _native_from_pb(msg: pb.NativeMapping, at: str) -> NativeMapping:
-    if msg.state not in _NATIVE_STATES:
-        F.fail(f"{at}.state", f"must be one of {sorted(_NATIVE_STATES)}, got {msg.state!r}")
-    return NativeMapping(
-        path=F.required(msg.path, f"{at}.path"),
-        sha256=F.sha256_hex(msg.sha256, f"{at}.sha256") if msg.HasField("sha256") else None,
-        size=F.count(msg.size, f"{at}.size", minimum=-1),
-        state=msg.state,
-        error=msg.error if msg.HasField("error") else None,
-        device=msg.device,
-        inode=F.count(msg.inode, f"{at}.inode"),
-    )
-
-
-def _disagreement_from_pb(msg: pb.FileDisagreement, at: str) -> FileDisagreement:
-    def sha(field: str) -> str | None:
-        return F.sha256_hex(getattr(msg, field), f"{at}.{field}") if msg.HasField(field) else None
-
-    return FileDisagreement(
-        path=F.required(msg.path, f"{at}.path"),
-        sha256_in_process=sha("sha256_in_process"),
-        sha256_agent=sha("sha256_agent"),
-        reason=F.required(msg.reason, f"{at}.reason"),
-    )

@@ -172,23 +172,41 @@ class HookEvidence(_message.Message):
     def __init__(self, name: _Optional[str] = ..., target: _Optional[str] = ..., module_loaded: _Optional[bool] = ..., wrapped: _Optional[bool] = ..., owner: _Optional[str] = ..., how: _Optional[str] = ..., unresolved: _Optional[str] = ..., instantiated_class: _Optional[str] = ..., fired: _Optional[int] = ..., fired_productive: _Optional[int] = ..., first_step: _Optional[int] = ..., last_step: _Optional[int] = ..., fired_prefill: _Optional[int] = ..., fired_decode: _Optional[int] = ..., fired_outside: _Optional[int] = ..., device_fired: _Optional[int] = ..., device_base: _Optional[int] = ..., device_base_step: _Optional[int] = ..., source: _Optional[str] = ..., device: _Optional[str] = ...) -> None: ...
 
 class FileEntry(_message.Message):
-    __slots__ = ("path", "sha256", "size", "kind", "module", "at")
+    __slots__ = ("path", "sha256", "size", "kind", "module", "at", "identity", "loaded")
     PATH_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     MODULE_FIELD_NUMBER: _ClassVar[int]
     AT_FIELD_NUMBER: _ClassVar[int]
+    IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    LOADED_FIELD_NUMBER: _ClassVar[int]
     path: str
     sha256: str
     size: int
     kind: str
     module: str
     at: str
-    def __init__(self, path: _Optional[str] = ..., sha256: _Optional[str] = ..., size: _Optional[int] = ..., kind: _Optional[str] = ..., module: _Optional[str] = ..., at: _Optional[str] = ...) -> None: ...
+    identity: FileIdentity
+    loaded: FileIdentity
+    def __init__(self, path: _Optional[str] = ..., sha256: _Optional[str] = ..., size: _Optional[int] = ..., kind: _Optional[str] = ..., module: _Optional[str] = ..., at: _Optional[str] = ..., identity: _Optional[_Union[FileIdentity, _Mapping]] = ..., loaded: _Optional[_Union[FileIdentity, _Mapping]] = ...) -> None: ...
+
+class FileIdentity(_message.Message):
+    __slots__ = ("dev", "ino", "size", "mtime_ns", "ctime_ns")
+    DEV_FIELD_NUMBER: _ClassVar[int]
+    INO_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    MTIME_NS_FIELD_NUMBER: _ClassVar[int]
+    CTIME_NS_FIELD_NUMBER: _ClassVar[int]
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    def __init__(self, dev: _Optional[int] = ..., ino: _Optional[int] = ..., size: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., ctime_ns: _Optional[int] = ...) -> None: ...
 
 class ProcessReport(_message.Message):
-    __slots__ = ("key", "ns_pid", "ppid", "start_time", "role", "rank", "container_id", "cmdline", "exe", "probe_present", "probe_errors", "runner", "steps", "hooks", "manifest_digest", "files_included", "files", "runner_file_sha256_now", "disagreements", "native_mappings", "provenance", "drift", "stack_witness", "runner_log", "roles", "evidence_problems", "code")
+    __slots__ = ("key", "ns_pid", "ppid", "start_time", "role", "rank", "container_id", "cmdline", "exe", "probe_present", "probe_errors", "runner", "steps", "hooks", "manifest_digest", "files_included", "files", "runner_file_sha256_now", "disagreements", "native_mappings", "provenance", "drift", "stack_witness", "runner_log", "roles", "evidence_problems", "code", "hashed_after", "hashed_after_count")
     KEY_FIELD_NUMBER: _ClassVar[int]
     NS_PID_FIELD_NUMBER: _ClassVar[int]
     PPID_FIELD_NUMBER: _ClassVar[int]
@@ -216,6 +234,8 @@ class ProcessReport(_message.Message):
     ROLES_FIELD_NUMBER: _ClassVar[int]
     EVIDENCE_PROBLEMS_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
+    HASHED_AFTER_FIELD_NUMBER: _ClassVar[int]
+    HASHED_AFTER_COUNT_FIELD_NUMBER: _ClassVar[int]
     key: ProcessKey
     ns_pid: int
     ppid: int
@@ -243,7 +263,9 @@ class ProcessReport(_message.Message):
     roles: _containers.RepeatedScalarFieldContainer[str]
     evidence_problems: _containers.RepeatedCompositeFieldContainer[EvidenceProblem]
     code: _containers.RepeatedCompositeFieldContainer[CodeChain]
-    def __init__(self, key: _Optional[_Union[ProcessKey, _Mapping]] = ..., ns_pid: _Optional[int] = ..., ppid: _Optional[int] = ..., start_time: _Optional[float] = ..., role: _Optional[str] = ..., rank: _Optional[int] = ..., container_id: _Optional[str] = ..., cmdline: _Optional[_Iterable[str]] = ..., exe: _Optional[str] = ..., probe_present: _Optional[bool] = ..., probe_errors: _Optional[_Iterable[str]] = ..., runner: _Optional[_Union[RunnerEvidence, _Mapping]] = ..., steps: _Optional[_Union[StepEvidence, _Mapping]] = ..., hooks: _Optional[_Iterable[_Union[HookEvidence, _Mapping]]] = ..., manifest_digest: _Optional[str] = ..., files_included: _Optional[bool] = ..., files: _Optional[_Iterable[_Union[FileEntry, _Mapping]]] = ..., runner_file_sha256_now: _Optional[str] = ..., disagreements: _Optional[_Iterable[_Union[FileDisagreement, _Mapping]]] = ..., native_mappings: _Optional[_Iterable[_Union[NativeMapping, _Mapping]]] = ..., provenance: _Optional[_Union[Provenance, _Mapping]] = ..., drift: _Optional[_Iterable[_Union[Drift, _Mapping]]] = ..., stack_witness: _Optional[_Union[StackWitness, _Mapping]] = ..., runner_log: _Optional[_Iterable[_Union[LogLine, _Mapping]]] = ..., roles: _Optional[_Iterable[str]] = ..., evidence_problems: _Optional[_Iterable[_Union[EvidenceProblem, _Mapping]]] = ..., code: _Optional[_Iterable[_Union[CodeChain, _Mapping]]] = ...) -> None: ...
+    hashed_after: _containers.RepeatedScalarFieldContainer[str]
+    hashed_after_count: int
+    def __init__(self, key: _Optional[_Union[ProcessKey, _Mapping]] = ..., ns_pid: _Optional[int] = ..., ppid: _Optional[int] = ..., start_time: _Optional[float] = ..., role: _Optional[str] = ..., rank: _Optional[int] = ..., container_id: _Optional[str] = ..., cmdline: _Optional[_Iterable[str]] = ..., exe: _Optional[str] = ..., probe_present: _Optional[bool] = ..., probe_errors: _Optional[_Iterable[str]] = ..., runner: _Optional[_Union[RunnerEvidence, _Mapping]] = ..., steps: _Optional[_Union[StepEvidence, _Mapping]] = ..., hooks: _Optional[_Iterable[_Union[HookEvidence, _Mapping]]] = ..., manifest_digest: _Optional[str] = ..., files_included: _Optional[bool] = ..., files: _Optional[_Iterable[_Union[FileEntry, _Mapping]]] = ..., runner_file_sha256_now: _Optional[str] = ..., disagreements: _Optional[_Iterable[_Union[FileDisagreement, _Mapping]]] = ..., native_mappings: _Optional[_Iterable[_Union[NativeMapping, _Mapping]]] = ..., provenance: _Optional[_Union[Provenance, _Mapping]] = ..., drift: _Optional[_Iterable[_Union[Drift, _Mapping]]] = ..., stack_witness: _Optional[_Union[StackWitness, _Mapping]] = ..., runner_log: _Optional[_Iterable[_Union[LogLine, _Mapping]]] = ..., roles: _Optional[_Iterable[str]] = ..., evidence_problems: _Optional[_Iterable[_Union[EvidenceProblem, _Mapping]]] = ..., code: _Optional[_Iterable[_Union[CodeChain, _Mapping]]] = ..., hashed_after: _Optional[_Iterable[str]] = ..., hashed_after_count: _Optional[int] = ...) -> None: ...
 
 class EvidenceProblem(_message.Message):
     __slots__ = ("id", "detail")
@@ -391,7 +413,7 @@ class Drift(_message.Message):
     def __init__(self, id: _Optional[str] = ..., path: _Optional[str] = ..., module: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class NativeMapping(_message.Message):
-    __slots__ = ("path", "sha256", "size", "state", "error", "device", "inode")
+    __slots__ = ("path", "sha256", "size", "state", "error", "device", "inode", "detail")
     PATH_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -399,6 +421,7 @@ class NativeMapping(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     INODE_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
     path: str
     sha256: str
     size: int
@@ -406,7 +429,8 @@ class NativeMapping(_message.Message):
     error: str
     device: str
     inode: int
-    def __init__(self, path: _Optional[str] = ..., sha256: _Optional[str] = ..., size: _Optional[int] = ..., state: _Optional[str] = ..., error: _Optional[str] = ..., device: _Optional[str] = ..., inode: _Optional[int] = ...) -> None: ...
+    detail: str
+    def __init__(self, path: _Optional[str] = ..., sha256: _Optional[str] = ..., size: _Optional[int] = ..., state: _Optional[str] = ..., error: _Optional[str] = ..., device: _Optional[str] = ..., inode: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class FileDisagreement(_message.Message):
     __slots__ = ("path", "sha256_in_process", "sha256_agent", "reason")
