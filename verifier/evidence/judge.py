@@ -13,7 +13,10 @@ trusting the probe's report alone:
   is drift too (``provenance.record.unreadable``): what it would have said is unknown;
 * **bytecode**: ``.pyc`` files the interpreter used that do not correspond to their source
   (``bytecode.py``);
-* **fileless modules**: modules the probe saw claiming a file that does not exist.
+* **fileless modules**: modules the probe saw claiming a file that does not exist;
+* **code from no plain file** (``unfiled.py``): zip members read again from their archive,
+  ``-c`` code against the command line, ``.pth`` files that execute code, modules custom
+  loaders executed.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verifier.errors import UnavailableError
-from verifier.evidence import bytecode, origins
+from verifier.evidence import bytecode, origins, unfiled
 from verifier.evidence.distindex import DistIndex
 from verifier.evidence.hashing import Hasher
 from verifier.evidence.native import native_mappings
@@ -51,16 +54,21 @@ class Judgement:
     provenance: Provenance | None
     drift: tuple[Drift, ...]
     # What depends only on the manifest, the native mappings and the installed distributions
-    # (origins, shadowing, bytecode, fileless modules), and the (manifest digest, fileless
-    # count, native mappings digest) it was judged for: reused while those stay the same; the
-    # cross-check is redone on every full check.
-    static_key: tuple[str, int, str] | None = None
+    # (origins, shadowing, bytecode, fileless and unfiled modules, .pth files), and the
+    # (manifest digest, fileless count, native mappings digest, unfiled count) it was judged
+    # for: reused while those stay the same; the cross-check is redone on every full check.
+    static_key: tuple[str, int, str, int] | None = None
     static_drift: tuple[Drift, ...] = ()
 
 
 # /proc gives a process's start in clock ticks after a boot time in whole seconds: without
 # the probe's own hashing time, "changed after the process started" allows this much slack.
 START_SLACK_S = 1.0
+# ... and with the start read to a clock tick (``ProcFS.started_at``, within 10 ms), this
+# much: a file written just before the process started is not taken for one changed after it.
+# (Site runs the .pth files 10 to 60 ms after the start: a .pth that rewrites itself as it
+# runs can land inside it; docs/threat-model.md.)
+TICK_SLACK_S = 0.03
 
 
 def cross_check(
@@ -71,21 +79,41 @@ def cross_check(
     *,
     start_time: float,
     hashed_at: Mapping[str, float] | None = None,
+    started_at: float | None = None,
 ) -> tuple[list[FileDisagreement], list[Drift]]:
     """Re-hash every manifest file the probe hashed, as the process sees it. A file with other
     bytes now whose ctime is after the probe hashed it (HASHED_AT: path -> unix time; else
     after the process started) changed while it ran: drift. Any other difference, or a file
     the agent cannot read, is a disagreement. A pyc its loader read and rejected never ran:
     the loader compiled the source (which is checked) and, where the directory is writable,
-    replaced that pyc with a fresh one, so its bytes now say nothing about what runs."""
+    replaced that pyc with a fresh one, so its bytes now say nothing about what runs.
+
+    Zip members and ``-c`` code are no files of the process: ``unfiled`` checks them. A file
+    the interpreter ran before the probe hashed it (``.pth`` files, a main script hashed
+    after it started) that changed after the process started is drift even with the bytes
+    the probe recorded: those may not be the bytes that ran (STARTED_AT: when the process
+    started, to a clock tick, ``ProcFS.started_at``; else START_TIME with a second's slack)."""
     rejected = {f.path for f in files if f.at == "rejected"}
-    recorded = [f for f in files if f.sha256 and f.path not in rejected]
+    recorded = [f for f in files if f.sha256 and f.path not in rejected and unfiled.on_disk(f)]
     seen = hasher.hash_files(str(procfs.in_root(pid, f.path)) for f in recorded)
     hashed_at = hashed_at or {}
     disagreements: list[FileDisagreement] = []
     drift: list[Drift] = []
+    since_start = start_time + START_SLACK_S if started_at is None else started_at + TICK_SLACK_S
+    started = int(since_start * 1e9)
     for f, h in zip(recorded, seen, strict=True):
         if h.sha256 == f.sha256:
+            if unfiled.ran_before_hashed(f) and h.key is not None and h.key[4] > started:
+                drift.append(
+                    Drift(
+                        DRIFT_MODIFIED_AFTER_LOAD,
+                        f.path,
+                        f.module,
+                        f"{f.path} changed (ctime) after the process started, and the "
+                        "interpreter ran it before the probe hashed it: the bytes that ran "
+                        "may not be the ones recorded",
+                    )
+                )
             continue
         since = hashed_at.get(f.path, start_time + START_SLACK_S)
         if h.sha256 is not None and h.key is not None and h.key[4] > int(since * 1e9):
@@ -173,11 +201,25 @@ def judge(
     hasher's cache answers for the inodes already hashed)."""
     hashed_at = probe.hashed_at
     disagreements, drift = cross_check(
-        procfs, pid, files, hasher, start_time=start_time, hashed_at=hashed_at
+        procfs,
+        pid,
+        files,
+        hasher,
+        start_time=start_time,
+        hashed_at=hashed_at,
+        started_at=procfs.started_at(pid),
     )
+    members = [f for f in files if f.kind == unfiled.MEMBER]
+    more, moved = unfiled.check_members(
+        procfs, pid, members, start_time=start_time, hashed_at=hashed_at, slack=START_SLACK_S
+    )
+    disagreements += more + unfiled.check_inline(
+        procfs, pid, [f for f in files if f.kind == unfiled.INLINE]
+    )
+    drift += moved
     if native is None:
         native = native_mappings(procfs, pid, hasher)
-    key = (probe.manifest_digest, len(probe.fileless), _native_digest(native))
+    key = (probe.manifest_digest, len(probe.fileless), _native_digest(native), len(probe.unfiled))
     if reuse is not None and reuse.static_key == key:
         provenance, static = reuse.provenance, list(reuse.static_drift)
     else:
@@ -219,9 +261,13 @@ def _static(
 ) -> tuple[Provenance, list[Drift]]:
     to_host = _to_host(procfs, pid)
     index = index or DistIndex(to_host)
-    ran = tuple(f for f in files if f.at != "rejected")  # a pyc its loader read and rejected
-    provenance, drift = origins.classify(ran, index, context(procfs, pid, probe), native)
+    # a pyc its loader read and rejected did not run; -c code is no file to class
+    ran = tuple(f for f in files if f.at != "rejected" and f.kind != unfiled.INLINE)
+    ctx = context(procfs, pid, probe)
+    provenance, drift = origins.classify(ran, index, ctx, native)
     drift += bytecode.check_bytecode(ran, to_host)
     drift += fileless(procfs, pid, probe)
     drift += record_faults(index)
+    drift += unfiled.pth_drift(procfs, pid, ran, provenance)
+    drift += unfiled.unfiled_drift(probe.unfiled, ran, provenance, ctx.stdlib_dirs)
     return provenance, drift

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import posixpath
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from verifier.errors import NoSuchProcess, ProcessAccessDenied
+from verifier.errors import NoSuchProcess, ProcessAccessDenied, UnavailableError
 from verifier.probe import layout as L
 
 
@@ -78,6 +79,18 @@ class ProcFS:
             exe=exe,
         )
 
+    def started_at(self, pid: int) -> float | None:
+        """When PID started, on this machine's wall clock, to about a clock tick: its age
+        (``/proc/uptime`` less its start in ticks since boot) taken from the time now. Finer
+        than ``identity().start_time``, whose boot time is in whole seconds; None where the
+        tree has no ``uptime`` (a captured one) or the process is gone."""
+        try:
+            uptime = float((self.root / "uptime").read_text().split()[0])
+            ticks = L.start_ticks(self._read(pid, "stat"))
+        except (OSError, ValueError, IndexError, UnavailableError):
+            return None
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+
     def boot_time(self) -> float:
         for line in (self.root / "stat").read_text().splitlines():
             if line.startswith("btime "):
@@ -107,6 +120,13 @@ class ProcFS:
             if len(parts) == 6 and "x" in parts[1] and parts[5].startswith("/"):
                 seen.setdefault(parts[5], None)
         return list(seen)
+
+    def argv(self, pid: int) -> list[bytes]:
+        """The process's command line as bytes, one word each (``/proc/<pid>/cmdline`` split
+        at NUL; empty words kept, the final terminator dropped). A process may rewrite it
+        (setproctitle): it is what the process shows now."""
+        words = self._read(pid, "cmdline").split(b"\0")
+        return words[:-1] if words and words[-1] == b"" else words
 
     def environ(self, pid: int) -> dict[str, str]:
         env: dict[str, str] = {}

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from verifier.model import (
     DRIFT_BYTECODE_UNVERIFIED,
+    DRIFT_MODULE_CUSTOM_LOADER,
     DRIFT_RECORD_UNREADABLE,
     Finding,
     Origin,
@@ -33,7 +34,10 @@ def _judged(p: ProcessReport) -> bool:
     return p.probe_present and p.role not in I.IGNORED_ROLES
 
 
-_UNCONFIRMED = frozenset({DRIFT_BYTECODE_UNVERIFIED, DRIFT_RECORD_UNREADABLE})
+# Always WARNING: not confirmed, or (a custom loader a pristine file defines) accounted for.
+_UNCONFIRMED = frozenset(
+    {DRIFT_BYTECODE_UNVERIFIED, DRIFT_RECORD_UNREADABLE, DRIFT_MODULE_CUSTOM_LOADER}
+)
 
 
 def dist_info_name(path: str) -> str | None:
@@ -50,7 +54,8 @@ class DriftFree:
     """One finding per process and drift id (``provenance.bytecode.stale``, ...): ERROR, or a
     WARNING for ids in ``[provenance] allow`` and for what could not be confirmed (a stale
     pyc not compared; an installer's file that could not be read, which ``Pristine`` makes an
-    error for the distributions it requires pristine)."""
+    error for the distributions it requires pristine) or is accounted for (a module a custom
+    loader executed whose class a pristine file defines)."""
 
     allow: frozenset[str] = frozenset()
 

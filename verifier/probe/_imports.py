@@ -13,6 +13,11 @@
 * Modules already imported when the probe started are hashed after the fact from their files
   on disk (``at: "snapshot"``); modules that appear later without passing through a wrapped
   loader are hashed by the sweeper (``at: "late"``).
+* Code that does not come from a plain file is recorded by ``_zips`` (members of a zip on
+  ``sys.path``), ``_loaders`` (modules a custom loader executed) and ``_startup`` (the main
+  script, ``-c`` code, ``.pth`` files); the sweeper drives them. ``__main__`` is looked at
+  again on every pass until it has a file (the interpreter sets ``__file__`` only when the
+  script starts, which may be after the sweeper first looked).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import time
 from importlib.machinery import ExtensionFileLoader, SourceFileLoader
 from typing import Any
 
-from verifier.probe import _core, _device, _postimport
+from verifier.probe import _core, _device, _files, _loaders, _postimport, _startup, _zips
 
 SWEEP_INTERVAL_S = 1.0
 
@@ -39,6 +44,7 @@ _sweeper_pid = 0
 _last_len = -1
 _last_path: tuple[str, ...] = ()
 _at_start: set[str] = set()
+_MAIN_NAMES = frozenset({"__main__", "__mp_main__"})  # a script's module, also when spawned
 
 
 def _kind(path: str) -> str:
@@ -91,14 +97,6 @@ def _on_read(name: str | None, origin: Any, path: Any, data: bytes) -> None:
         _guard.busy = False
 
 
-def _identity(path: str) -> tuple[int, int, int, int]:
-    try:
-        s = os.stat(path)
-        return (s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns)
-    except OSError:
-        return (0, 0, -1, 0)
-
-
 def install() -> None:
     """Wrap the loaders (idempotent; class-level, so it survives fork)."""
     global _installed
@@ -126,7 +124,7 @@ def install() -> None:
         orig_exec(self, module)
         try:
             path = os.fspath(self.path)
-            _pending_ext.append((path, self.name, _identity(path)))
+            _pending_ext.append((path, self.name, _files.identity(path)))
             _recorded.add(path)
         except Exception as e:  # noqa: BLE001
             _core.report_error("imports", f"extension {self!r}: {type(e).__name__}: {e}")
@@ -135,19 +133,6 @@ def install() -> None:
     if not getattr(orig_exec, "__verifier_probe__", False):
         ExtensionFileLoader.exec_module = exec_module  # type: ignore[method-assign]
     _installed = True
-
-
-def _hash_file(path: str) -> tuple[str, int] | None:
-    h = hashlib.sha256()
-    size = 0
-    try:
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 20):
-                h.update(chunk)
-                size += len(chunk)
-    except OSError:
-        return None
-    return h.hexdigest(), size
 
 
 def _module_file(mod: Any) -> str | None:
@@ -162,21 +147,11 @@ def _module_file(mod: Any) -> str | None:
     return origin if isinstance(origin, str) and os.path.isabs(origin) else None
 
 
-def _in_archive(path: str) -> bool:
-    """Whether PATH lies inside a file (a zip on sys.path), as zipimport's __file__ does."""
-    parent = os.path.dirname(path)
-    while parent and parent != os.path.dirname(parent):
-        if os.path.isfile(parent):
-            return True
-        parent = os.path.dirname(parent)
-    return False
-
-
 def _claimed_file(mod: Any, origin: str | None) -> str | None:
     """The file MOD claims to come from when nothing is there (None: it has one, or claims
-    none). Frozen and built-in modules claim no location; zipimported ones live in a zip; a
-    relative name claims no location either (torch's ``torch.ops`` and ``torch.classes`` say
-    ``_ops.py`` and ``_classes.py``)."""
+    none). Frozen and built-in modules claim no location; a relative name claims no location
+    either (torch's ``torch.ops`` and ``torch.classes`` say ``_ops.py`` and ``_classes.py``).
+    A member of a zip archive is not there either: the caller reads it from the archive."""
     claimed = origin
     if claimed is None:
         try:
@@ -185,7 +160,7 @@ def _claimed_file(mod: Any, origin: str | None) -> str | None:
             return None
     if not isinstance(claimed, str) or not os.path.isabs(claimed):
         return None
-    if os.path.exists(claimed) or _in_archive(claimed):
+    if os.path.exists(claimed):
         return None
     return claimed
 
@@ -224,7 +199,7 @@ def sweep() -> None:
         _device.read_all(cpu_only=True)  # processes that run no steps; CUDA: the step reads
     while _pending_ext:
         path, name, ident = _pending_ext.pop(0)
-        got = _hash_file(path)
+        got = _files.hash_file(path)
         rec: dict[str, Any] = {"k": "file", "path": path, "kind": "extension", "module": name}
         rec.update({"at": "load", "dev": ident[0], "ino": ident[1], "mtime_ns": ident[3]})
         if got is None:
@@ -234,7 +209,7 @@ def sweep() -> None:
         st.remember(rec)
     while _pending_src:
         src, src_module = _pending_src.pop(0)
-        got = _hash_file(src)
+        got = _files.hash_file(src)
         if got is not None:
             st.remember(
                 {
@@ -247,37 +222,53 @@ def sweep() -> None:
                     "size": got[1],
                 }
             )
+    _zips.sweep(st)
+    _loaders.sweep(st)
+    _startup.scan_pth(st)
     _sweep_modules(st)
 
 
 def _sweep_modules(st: Any) -> None:
     """Record modules that appeared in sys.modules without passing a wrapped loader."""
     global _last_len
+    main = sys.modules.get("__main__")
+    if main is not None and "__main__" not in _names_done:
+        _sweep_one(st, "__main__", main)  # until its file is set, whatever else changed
     n = len(sys.modules)
     if n == _last_len:
         return
     _last_len = n
     for name, mod in list(sys.modules.items()):
-        if name in _names_done:
-            continue
-        _names_done.add(name)
-        origin = _module_file(mod)
-        claimed = _claimed_file(mod, origin)
-        if claimed is not None:
+        if name not in _names_done:
+            try:
+                _sweep_one(st, name, mod)
+            except Exception as e:  # noqa: BLE001 - one odd module must not hide the rest
+                _names_done.add(name)
+                _core.report_error("sweeper", f"{name}: {type(e).__name__}: {e}")
+
+
+def _sweep_one(st: Any, name: str, mod: Any) -> None:
+    """Record module NAME (MOD) if nothing recorded it yet: its file, its zip member, the
+    custom loader that executed it, or the file it claims and does not have."""
+    origin = _module_file(mod)
+    if origin is None and name in _MAIN_NAMES and getattr(mod, "__spec__", None) is None:
+        return  # a script whose __file__ is not set yet (-c, stdin: never; _startup has it)
+    _names_done.add(name)
+    at = "snapshot" if name in _at_start else "late"
+    spec = getattr(mod, "__spec__", None)
+    if spec is None and name not in _MAIN_NAMES:  # the main module: _startup records it
+        _loaders.record_exec(st, name, mod, origin, at)
+    _loaders.record(st, name, mod, spec, at)
+    claimed = _claimed_file(mod, origin)
+    if claimed is not None:
+        if not (_zips.recorded(claimed) or _zips.record_member(claimed, name, at)):
             st.remember({"k": "fileless", "module": name, "claimed": claimed})
-            continue
-        if origin is None or origin in _recorded:
-            continue
-        _recorded.add(origin)
-        got = _hash_file(origin)
-        kind = "extension" if not origin.endswith((".py", ".pyc")) else _kind(origin)
-        rec: dict[str, Any] = {"k": "file", "path": origin, "kind": kind, "module": name}
-        rec["at"] = "snapshot" if name in _at_start else "late"
-        if got is None:
-            rec.update({"sha256": None, "size": -1, "error": "unreadable"})
-        else:
-            rec.update({"sha256": got[0], "size": got[1]})
-        st.remember(rec)
+        return
+    if origin is None or origin in _recorded or origin == _startup.main_path:
+        return
+    _recorded.add(origin)
+    kind = "extension" if not origin.endswith((".py", ".pyc")) else _kind(origin)
+    st.remember(_files.file_record(origin, kind, name, at))
 
 
 def _loop() -> None:
