@@ -75,22 +75,22 @@ def _import_all(names: list[str]) -> Callable[[], float]:
 def probe_arms(tmp: Path) -> None:
     os.environ["VERIFIER_PROBE_DIR"] = str(tmp / "probe")
     sys.dont_write_bytecode = True  # the source arm must stay source
-    from verifier.probe import _core, _imports
+    from verifier.probe import _core, _files, _imports
 
     _core.state("bench")
     _imports.install()  # the wrapped loader; no sweeper thread (no concurrent hashing)
-    real_stat = _imports._stat
+    real_stat = _files.identity
     pyc = _modules(tmp, "pycmod", compiled=True)
     src = _modules(tmp, "srcmod", compiled=False)
     one = str(tmp / "srcmod" / "srcmod_0.py")
 
     def without(run: Callable[[], float]) -> Callable[[], float]:
         def arm() -> float:
-            _imports._stat = lambda path: None
+            _files.identity = lambda path: None
             try:
                 return run()
             finally:
-                _imports._stat = real_stat
+                _files.identity = real_stat
 
         return arm
 

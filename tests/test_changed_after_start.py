@@ -26,6 +26,7 @@ import pytest
 
 from tests.helpers import probe_env
 from verifier.agent.runner import Agent, AgentConfig
+from verifier.evidence import unfiled
 from verifier.evidence.hashing import Hasher
 from verifier.evidence.journal import identity_of
 from verifier.evidence.judge import changed_after, cross_check
@@ -370,7 +371,8 @@ def test_every_file_record_carries_the_identity_it_was_hashed_with(
     assert ext.loaded is not None and ext.loaded == ext.identity == _ident(Path(_csv.__file__))
     ev = read_process(ProcFS(), c.proc.pid)
     assert ev.probe is not None
-    snaps = [f for f in ev.probe.files if f.at == "snapshot" and f.sha256]
+    # every file of the process: -c code and zip members are no files (kinds inline, member)
+    snaps = [f for f in ev.probe.files if f.at == "snapshot" and f.sha256 and unfiled.on_disk(f)]
     assert snaps and all(f.identity is not None for f in snaps)
 
 

@@ -77,7 +77,8 @@ def test_diff_of_two_boots_lists_other_bytes_and_added_files(tmp_path: Path) -> 
     assert f"added      {pkg / 'mod_b.py'}" in text.stdout
     d = json.loads(as_json.stdout)
     assert as_json.returncode == 1 and d["same"] is False
-    assert [x["path"] for x in d["changed"]] == [str(pkg / "mod_a.py")]
+    # the two boots ran other -c code too (kind inline): code that ran, so a difference
+    assert [x["path"] for x in d["changed"]] == ["-c", str(pkg / "mod_a.py")]
     assert str(pkg / "mod_b.py") in [x["path"] for x in d["added"]]
     assert d["removed"] == [] and d["runner"] == []
 
@@ -358,7 +359,9 @@ def test_diff_two_pids_and_two_files(tmp_path: Path) -> None:
         ]
         assert f"removed    {mod_b}  {sha(mod_b.read_bytes())}" in out.stdout
         assert f"added      {mod_c}  {sha(mod_c.read_bytes())}" in out.stdout
-        assert "1 added, 1 removed, 0 with other bytes, 0 with another origin" in out.stdout
+        # the -c code of the two boots differs too (kind inline: code that ran; not under
+        # tmp_path, so not in D)
+        assert "1 added, 1 removed, 1 with other bytes, 0 with another origin" in out.stdout
         for key in ("changed", "origin", "runner", "native_added", "native_removed"):
             assert d[key] == [], key
     assert live["a"].startswith(f"pid {pid_a} ") and files["a"].startswith(f"{file_a} pid ")

@@ -12,11 +12,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import importlib.util
+import io
 import json
 import math
 import os
 import string
 import tempfile
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -628,13 +630,14 @@ def test_envelope_verify_raises_only_corrupt_or_wrong_key(value: Any, field: str
 
 _RECORD_KINDS = ["start", "file", "hook", "hook_loaded", "hook_wrapped", "hook_unresolved",
                  "hook_instantiated", "device_counter", "runner", "role", "interp", "graph",
-                 "fileless", "error", "code"]  # fmt: skip
+                 "fileless", "unfiled", "error", "code"]  # fmt: skip
 _RECORD_KEYS = ["pid", "start_ticks", "mode", "shared", "path", "sha256", "size", "kind",
                 "module", "at", "t", "inherited", "name", "target", "source", "slot", "owner",
                 "how", "msg", "class", "device", "file", "worker", "methods", "mro", "role",
                 "rank", "claimed", "where", "stdlib", "prefix", "subject", "via", "attr",
                 "layers", "owner_module", "owner_qualname", "owner_file", "probe_layers",
-                "python", "optimize", "absent"]  # fmt: skip
+                "python", "optimize", "absent", "loader", "loader_file", "source_sha256",
+                "source_size", "archive", "stat", "loaded"]  # fmt: skip
 _RECORD = st.fixed_dictionaries(
     {"k": st.sampled_from(_RECORD_KINDS)},
     optional={k: JSON_VALUES for k in _RECORD_KEYS},
@@ -675,6 +678,11 @@ def _check_probe_state(state: ProbeState | None) -> None:
     for f in state.files:
         assert isinstance(f.path, str) and (f.sha256 is None or isinstance(f.sha256, str))
         assert isinstance(f.size, int) and (f.module is None or isinstance(f.module, str))
+    for u in state.unfiled:
+        assert isinstance(u.module, str) and isinstance(u.how, str)
+        for v in (u.loader, u.loader_file, u.file, u.source_sha256):
+            assert v is None or isinstance(v, str)
+        assert u.source_size is None or isinstance(u.source_size, int)
     state.role  # noqa: B018 - the property reads roles
 
 
@@ -697,6 +705,47 @@ def _report_of(state: ProbeState) -> None:
     wire.process_to_json(report)
 
 
+def _zip_bytes(members: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    return buf.getvalue()
+
+
+@FUZZ
+@given(
+    data=st.one_of(
+        st.binary(max_size=400),
+        st.builds(
+            lambda b, cut, flip: bytes(
+                x ^ (flip if i == cut % max(len(b), 1) else 0) for i, x in enumerate(b)
+            ),
+            st.just(_zip_bytes({"m.py": b"VALUE = 1\n" * 20})),
+            st.integers(0, 10_000),
+            st.integers(1, 255),
+        ),
+    ),
+    size=st.integers(-5, 300),
+)
+@example(data=_zip_bytes({"m.py": b"VALUE = 1\n"}), size=10)
+@example(data=_zip_bytes({"m.py": b"0" * 100_000}), size=3)
+def test_zip_bytes_never_raise(data: bytes, size: int) -> None:
+    """Any bytes where the journal says a zip archive is: a disagreement, never a crash."""
+    from verifier.evidence import unfiled
+    from verifier.model import FileEntry
+
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "1").mkdir()
+        (Path(d) / "1" / "root").symlink_to("/")
+        (Path(d) / "a.zip").write_bytes(data)
+        member = FileEntry(f"{d}/a.zip/m.py", "0" * 64, size, "member", "m", "load")
+        dis, drift = unfiled.check_members(
+            ProcFS(d), 1, [member], start_time=0.0, hashed_at={}, slack=1.0
+        )
+        assert len(dis) + len(drift) == 1
+
+
 @FUZZ
 @given(
     records=st.lists(_RECORD, max_size=8).map(lambda rs: [{"k": "start"}, *rs]),
@@ -712,10 +761,17 @@ def _report_of(state: ProbeState) -> None:
                    "layers": [{"kind": 3, "line": 2**64, "held": "y", "sha256": "A" * 64,
                                "file": "/x\u0000y", "globals_file": "/x\u0000y"},
                               7, {"cut": 1}] * 20}], junk=[])  # fmt: skip
+@example(records=[{"k": "start"},
+                  {"k": "file", "kind": "member", "path": "/a\x00/b", "sha256": "x"},
+                  {"k": "file", "kind": "pth", "path": "\ud800.pth"},
+                  {"k": "unfiled", "how": "loader", "loader_file": 3, "source_size": -1}],
+         junk=[])  # fmt: skip
 def test_probe_dir_records_of_wrong_types_never_raise(
     records: list[dict[str, Any]], junk: list[bytes]
 ) -> None:
-    """read_probe_dir over records the probed process wrote (it may be hostile)."""
+    """read_probe_dir over records the probed process wrote (it may be hostile), and the
+    agent's checks of code from no plain file over what it read."""
+    from verifier.evidence import unfiled
     from verifier.evidence.judge import context
 
     with tempfile.TemporaryDirectory() as d:
@@ -732,6 +788,12 @@ def test_probe_dir_records_of_wrong_types_never_raise(
         (Path(d) / "1").mkdir()
         (Path(d) / "1" / "environ").write_bytes(b"HOME=/root\0")
         context(ProcFS(d), 1, state)
+        procfs, files = ProcFS(d), state.files
+        members = [f for f in files if f.kind == "member"]
+        unfiled.check_members(procfs, 1, members, start_time=0.0, hashed_at={}, slack=1.0)
+        unfiled.check_inline(procfs, 1, [f for f in files if f.kind == "inline"])
+        unfiled.pth_drift(procfs, 1, files, None)
+        unfiled.unfiled_drift(state.unfiled, files, None, ("/usr/lib/python3.11",))
 
 
 @FUZZ

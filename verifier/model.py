@@ -184,7 +184,11 @@ class FileEntry:
     path: str
     sha256: str | None  # None: it could not be read
     size: int  # -1: unknown
-    kind: str  # source | bytecode | extension | data
+    # source | bytecode | extension | data; code from no plain file: pth (a .pth file of a
+    # site directory), archive (a zip on sys.path a module was imported from), member (a
+    # member of one, path <archive>/<member>, verified from the archive), inline (-c code,
+    # path "-c", verified against /proc/<pid>/cmdline)
+    kind: str
     module: str | None
     at: str  # when it was hashed: load | snapshot | deferred | late | rejected
     # The file's identity when its bytes were hashed (None: not recorded, an older probe).
@@ -344,6 +348,16 @@ DRIFT_BYTECODE_UNCHECKED = "provenance.bytecode.unchecked"
 DRIFT_BYTECODE_SOURCELESS = "provenance.bytecode.sourceless"
 DRIFT_MODULE_SHADOWED = "provenance.module.shadowed"
 DRIFT_MODULE_FILELESS = "provenance.module.fileless"
+# a module whose code came from no file: a custom loader defined in no pristine file, source
+# executed into a module made by hand, the main module read from standard input or a prompt
+DRIFT_MODULE_UNFILED = "provenance.module.unfiled"
+# a module a custom loader executed, where that loader's class is defined in a file that is
+# pristine against its distribution's RECORD (torch's _StringLoader, setuptools' distutils
+# shim): its source hash is the probe's word only (always a warning)
+DRIFT_MODULE_CUSTOM_LOADER = "provenance.module.custom_loader"
+# a .pth file of a site directory that executes code (an "import" line) and that no RECORD
+# lists with these bytes (unclaimed, or patched)
+DRIFT_PTH_UNCLAIMED = "provenance.pth.unclaimed"
 # a RECORD, METADATA or direct_url.json (or a site directory) that could not be read or
 # parsed: what it would have said about the files is unknown (path: that file)
 DRIFT_RECORD_UNREADABLE = "provenance.record.unreadable"
@@ -366,6 +380,9 @@ DRIFT_IDS = (
     DRIFT_RECORD_UNREADABLE,
     DRIFT_CODE_PATCHED,
     DRIFT_CODE_UNVERIFIED,
+    DRIFT_MODULE_UNFILED,
+    DRIFT_MODULE_CUSTOM_LOADER,
+    DRIFT_PTH_UNCLAIMED,
 )
 
 # Evidence problems (stable ids; the policy turns each into an ERROR finding): the evidence

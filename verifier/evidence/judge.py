@@ -19,7 +19,10 @@ trusting the probe's report alone:
 * **bytecode**: every ``.pyc`` the interpreter used is compared with its source (compiled,
   code objects compared; ``bytecode.py``): other code is drift, and a pyc counts as pristine
   only when shown to be compiled from its published source;
-* **fileless modules**: modules the probe saw claiming a file that does not exist.
+* **fileless modules**: modules the probe saw claiming a file that does not exist;
+* **code from no plain file** (``unfiled.py``): zip members read again from their archive,
+  ``-c`` code against the command line, ``.pth`` files that execute code, modules custom
+  loaders executed.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verifier.errors import UnavailableError
-from verifier.evidence import bytecode, origins
+from verifier.evidence import bytecode, origins, unfiled
 from verifier.evidence.distindex import DistIndex
 from verifier.evidence.hashing import Hasher
 from verifier.evidence.native import native_mappings
@@ -60,10 +63,10 @@ class Judgement:
     provenance: Provenance | None
     drift: tuple[Drift, ...]
     # What depends only on the manifest, the native mappings and the installed distributions
-    # (origins, shadowing, bytecode, fileless modules), and the (manifest digest, fileless
-    # count, native mappings digest) it was judged for: reused while those stay the same; the
-    # cross-check is redone on every full check.
-    static_key: tuple[str, int, str] | None = None
+    # (origins, shadowing, bytecode, fileless and unfiled modules, .pth files), and the
+    # (manifest digest, fileless count, native mappings digest, unfiled count) it was judged
+    # for: reused while those stay the same; the cross-check is redone on every full check.
+    static_key: tuple[str, int, str, int] | None = None
     static_drift: tuple[Drift, ...] = ()
     # (path, sha256) of the files hashed after the fact that the agent itself saw with those
     # bytes and a ctime before the process started: the bytes imported (``cross_check``).
@@ -103,9 +106,14 @@ def cross_check(
     the start until the probe hashed it (the record existed when the agent looked), so they
     are the bytes imported; a later ctime (a chmod, a new hard link: a package manager
     linking the same files into another environment) says nothing about the import, and is
-    not flagged. A one-shot look has no such memory and flags it."""
+    not flagged. A one-shot look has no such memory and flags it.
+
+    Zip members and ``-c`` code are no files of the process: ``unfiled`` checks them. A file
+    the interpreter ran before the probe hashed it (``.pth`` files, a main script hashed
+    after it started: ``unfiled.ran_before_hashed``) is checked by ``changed_after`` like a
+    file hashed after the fact."""
     rejected = {f.path for f in files if f.at == "rejected"}
-    recorded = [f for f in files if f.sha256 and f.path not in rejected]
+    recorded = [f for f in files if f.sha256 and f.path not in rejected and unfiled.on_disk(f)]
     seen = hasher.hash_files(str(procfs.in_root(pid, f.path)) for f in recorded)
     hashed_at = hashed_at or {}
     disagreements: list[FileDisagreement] = []
@@ -173,7 +181,7 @@ def changed_after(
     out: written by the process itself after it started (torch inductor's modules, Triton's
     launchers), and no RECORD or policy pins their bytes (their class is ``generated``)."""
     why = None
-    if f.at in AFTER_THE_FACT:
+    if f.at in AFTER_THE_FACT or unfiled.ran_before_hashed(f):
         ctimes = [c for c in (now[4] if now else None, _ctime(f.identity)) if c is not None]
         after = max(ctimes) / 1e9 - start_time if ctimes else 0.0
         if after > CHANGED_SLACK_S:
@@ -190,7 +198,9 @@ def changed_after(
             "bytes it ran"
         )
     # the directories last: most files have nothing to say, and this test costs microseconds
-    if why is not None and generated and origins.under_any(f.path, generated):
+    # (a .pth file or a main script is none of those, wherever it lies)
+    exempt = generated and not unfiled.ran_before_hashed(f)
+    if why is not None and exempt and origins.under_any(f.path, generated):
         return None
     return why
 
@@ -294,11 +304,19 @@ def judge(
         generated=ctx.generated_dirs,
         vouched=vouched,
     )
+    members = [f for f in files if f.kind == unfiled.MEMBER]
+    more, moved = unfiled.check_members(
+        procfs, pid, members, start_time=start_time, hashed_at=hashed_at, slack=START_SLACK_S
+    )
+    disagreements += more + unfiled.check_inline(
+        procfs, pid, [f for f in files if f.kind == unfiled.INLINE]
+    )
+    drift += moved
     if native is None:
         native = native_mappings(
             procfs, pid, hasher, start_time=start_time, generated=ctx.generated_dirs
         )
-    key = (probe.manifest_digest, len(probe.fileless), _native_digest(native))
+    key = (probe.manifest_digest, len(probe.fileless), _native_digest(native), len(probe.unfiled))
     if reuse is not None and reuse.static_key == key:
         provenance, static = reuse.provenance, list(reuse.static_drift)
     else:
@@ -343,7 +361,8 @@ def _static(
 ) -> tuple[Provenance, list[Drift]]:
     to_host = _to_host(procfs, pid)
     index = index or DistIndex(to_host)
-    ran = tuple(f for f in files if f.at != "rejected")  # a pyc its loader read and rejected
+    # a pyc its loader read and rejected did not run; -c code is no file to class
+    ran = tuple(f for f in files if f.at != "rejected" and f.kind != unfiled.INLINE)
     version = probe.interp.get("version")  # written by the process: a string, or anything
     python = version if isinstance(version, str) else None
     code = bytecode.judge_bytecode(ran, to_host, python=python)
@@ -351,4 +370,6 @@ def _static(
     drift += code.drift
     drift += fileless(procfs, pid, probe)
     drift += record_faults(index)
+    drift += unfiled.pth_drift(procfs, pid, ran, provenance)
+    drift += unfiled.unfiled_drift(probe.unfiled, ran, provenance, ctx.stdlib_dirs)
     return provenance, drift

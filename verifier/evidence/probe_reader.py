@@ -44,6 +44,22 @@ ROLE_RANK = {"worker": 3, "engine_core": 2, "api_server": 1}
 
 
 @dataclass(frozen=True)
+class UnfiledModule:
+    """A module the probe saw run code that no file record holds (an ``unfiled`` record):
+    HOW is ``loader`` (a custom loader executed it), ``exec`` (source compiled from no file
+    was executed into a module without a spec), ``stdin`` or ``interactive`` (the main
+    module read from standard input, or typed at a prompt)."""
+
+    module: str
+    how: str
+    loader: str | None = None  # the loader's class, "module.Qualname"
+    loader_file: str | None = None  # the file defining that class, as its code says
+    file: str | None = None  # the module's __file__ (how: exec, the filename its code names)
+    source_sha256: str | None = None  # of what the loader's get_source gave
+    source_size: int | None = None
+
+
+@dataclass(frozen=True)
 class ProbeState:
     """Everything one probe has recorded about its process."""
 
@@ -66,6 +82,8 @@ class ProbeState:
     interp: dict[str, Any] = field(default_factory=dict)
     # Modules that claim a file (__file__ or spec.origin) where there is none: module, claimed.
     fileless: tuple[tuple[str, str], ...] = ()
+    # Modules that ran code no file record holds (custom loaders, exec, standard input).
+    unfiled: tuple[UnfiledModule, ...] = ()
     # The compile / graph mode the runner ran in, as journaled (enforce_eager,
     # compilation_mode, cudagraph_mode, device); ``steps`` carries the typed fields.
     graph: dict[str, Any] = field(default_factory=dict)
@@ -350,6 +368,21 @@ def read_probe_dir(
         code=chains(records),
         bindings_file=bindings,
         journal_file=fid if holder is not None else None,
+        unfiled=tuple(_unfiled(r) for r in records if r.get("k") == "unfiled"),
+    )
+
+
+def _unfiled(rec: dict[str, Any]) -> UnfiledModule:
+    """An ``unfiled`` record (written by the probed process: a field of the wrong type reads
+    as absent; an unknown ``how`` stays as written, and the agent judges it unfiled)."""
+    return UnfiledModule(
+        module=str(rec.get("module")),
+        how=str(rec.get("how")),
+        loader=_opt_str(rec.get("loader")),
+        loader_file=_opt_str(rec.get("loader_file")),
+        file=_opt_str(rec.get("file")),
+        source_sha256=_opt_str(rec.get("source_sha256")),
+        source_size=_opt_count(rec.get("source_size")),
     )
 
 

@@ -175,6 +175,13 @@ class ProcFS:
                 seen.setdefault(parts[5], None)
         return list(seen)
 
+    def argv(self, pid: int) -> list[bytes]:
+        """The process's command line as bytes, one word each (``/proc/<pid>/cmdline`` split
+        at NUL; empty words kept, the final terminator dropped). A process may rewrite it
+        (setproctitle): it is what the process shows now."""
+        words = self._read(pid, "cmdline").split(b"\0")
+        return words[:-1] if words and words[-1] == b"" else words
+
     def environ(self, pid: int) -> dict[str, str]:
         env: dict[str, str] = {}
         for item in self._read(pid, "environ").split(b"\0"):

@@ -20,8 +20,11 @@ from verifier.model import (
     DRIFT_CODE_UNVERIFIED,
     DRIFT_IDS,
     DRIFT_MODIFIED_AFTER_LOAD,
+    DRIFT_MODULE_CUSTOM_LOADER,
     DRIFT_MODULE_FILELESS,
     DRIFT_MODULE_SHADOWED,
+    DRIFT_MODULE_UNFILED,
+    DRIFT_PTH_UNCLAIMED,
     DRIFT_RECORD_UNREADABLE,
     EVIDENCE_JOURNAL_EDITED,
     EVIDENCE_PROBE_UNBOUND,
@@ -74,7 +77,12 @@ PATCH_DECLARED = "provenance.patch.declared"
 PATCH_UNDECLARED = "provenance.patch.undeclared"
 PATCH_NOT_APPLIED = "provenance.patch.not_applied"
 # Always WARNING, so never in [provenance] allow
-_UNCONFIRMED_DRIFT = (DRIFT_BYTECODE_UNVERIFIED, DRIFT_RECORD_UNREADABLE, DRIFT_CODE_UNVERIFIED)
+_UNCONFIRMED_DRIFT = (
+    DRIFT_BYTECODE_UNVERIFIED,
+    DRIFT_RECORD_UNREADABLE,
+    DRIFT_CODE_UNVERIFIED,
+    DRIFT_MODULE_CUSTOM_LOADER,
+)
 ALLOWABLE_DRIFT = tuple(d for d in DRIFT_IDS if d not in _UNCONFIRMED_DRIFT)
 
 
@@ -270,6 +278,23 @@ FINDINGS: dict[str, FindingKind] = {
         Severity.WARNING,
         "",
         "the code that runs a step method or hook target could not be verified against its file",
+    ),
+    DRIFT_MODULE_UNFILED: FindingKind(
+        Severity.ERROR,
+        "",
+        "a module ran code no file holds (a custom loader not defined in a pristine file, source "
+        "executed into a hand-made module, a main module read from standard input)",
+    ),
+    DRIFT_MODULE_CUSTOM_LOADER: FindingKind(
+        Severity.WARNING,
+        "",
+        "a module was executed by a custom loader whose class a pristine file defines; its source "
+        "hash is the probe's word only",
+    ),
+    DRIFT_PTH_UNCLAIMED: FindingKind(
+        Severity.ERROR,
+        "",
+        "a .pth file of a site directory executes code and no RECORD lists it with these bytes",
     ),
     PROVENANCE_ORIGINS: FindingKind(
         Severity.INFO, "", "a process's files per provenance class, and each non-pristine file"

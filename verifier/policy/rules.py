@@ -29,7 +29,9 @@ __all__ = [
     "ViewsAgree",
 ]
 
-_SOURCE_KINDS = frozenset({"source", "extension"})
+# Kinds whose recorded hash is of the file (or zip member, or -c code) a path names as it is:
+# what a [[files]] sha256 is compared with.
+_SOURCE_KINDS = frozenset({"source", "extension", "pth", "archive", "member", "inline"})
 
 
 WITNESS_SAMPLES_FOR_ERROR = 200  # samples without a hit after which the witness FAILs

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from verifier.model import (
     DRIFT_BYTECODE_UNVERIFIED,
     DRIFT_CODE_UNVERIFIED,
+    DRIFT_MODULE_CUSTOM_LOADER,
     DRIFT_RECORD_UNREADABLE,
     Finding,
     Origin,
@@ -34,8 +35,14 @@ def _judged(p: ProcessReport) -> bool:
     return p.probe_present and p.role not in I.IGNORED_ROLES
 
 
+# Always WARNING: not confirmed, or (a custom loader a pristine file defines) accounted for.
 _UNCONFIRMED = frozenset(
-    {DRIFT_BYTECODE_UNVERIFIED, DRIFT_RECORD_UNREADABLE, DRIFT_CODE_UNVERIFIED}
+    {
+        DRIFT_BYTECODE_UNVERIFIED,
+        DRIFT_RECORD_UNREADABLE,
+        DRIFT_CODE_UNVERIFIED,
+        DRIFT_MODULE_CUSTOM_LOADER,
+    }
 )
 
 
@@ -52,9 +59,11 @@ def dist_info_name(path: str) -> str | None:
 class DriftFree:
     """One finding per process and drift id (``provenance.bytecode.stale``, ...): ERROR, or a
     WARNING for ids in ``[provenance] allow`` and for what could not be confirmed (a pyc that
-    could not be compared with its source; an installer's file that could not be read): the
-    agent classes the files those speak for as not pristine, so ``Pristine`` makes them an
-    error for the distributions it requires pristine."""
+    could not be compared with its source; an installer's file that could not be read; code
+    running a step method or hook target that could not be verified): the agent classes the
+    files those speak for as not pristine, so ``Pristine`` makes them an error for the
+    distributions it requires pristine; or for what is accounted for (a module a custom loader
+    executed whose class a pristine file defines)."""
 
     allow: frozenset[str] = frozenset()
 

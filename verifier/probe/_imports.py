@@ -16,6 +16,11 @@
 * Modules already imported when the probe started are hashed after the fact from their files
   on disk (``at: "snapshot"``); modules that appear later without passing through a wrapped
   loader are hashed by the sweeper (``at: "late"``).
+* Code that does not come from a plain file is recorded by ``_zips`` (members of a zip on
+  ``sys.path``), ``_loaders`` (modules a custom loader executed) and ``_startup`` (the main
+  script, ``-c`` code, ``.pth`` files); the sweeper drives them. ``__main__`` is looked at
+  again on every pass until it has a file (the interpreter sets ``__file__`` only when the
+  script starts, which may be after the sweeper first looked).
 
 Every file record carries the file's identity when its bytes were hashed (``stat``: device,
 inode, size, mtime_ns, ctime_ns): for a ``load`` record from a ``stat`` right after the read
@@ -38,7 +43,7 @@ from importlib.machinery import ExtensionFileLoader, SourceFileLoader
 from types import CodeType
 from typing import Any
 
-from verifier.probe import _code, _core, _device, _postimport
+from verifier.probe import _code, _core, _device, _files, _loaders, _postimport, _startup, _zips
 
 SWEEP_INTERVAL_S = 1.0
 
@@ -59,6 +64,7 @@ _GET_CODE: CodeType = next(
 ).__code__
 _MAGIC = importlib.util.MAGIC_NUMBER
 _HASH_KEY = int.from_bytes(_MAGIC, "little")  # what the loader keys source hashes with
+_MAIN_NAMES = frozenset({"__main__", "__mp_main__"})  # a script's module, also when spawned
 
 
 def _kind(path: str) -> str:
@@ -85,7 +91,7 @@ def _on_read(name: str | None, origin: Any, path: Any, data: bytes) -> None:
             "module": name,
             "at": "load",
         }
-        ident = _stat(p)
+        ident = _files.identity(p)
         if ident is not None:
             rec["stat"] = ident
         st.remember(rec)
@@ -135,19 +141,6 @@ def _hash_accepted(head: bytes, source: bytes) -> bool:
     return bool(_imp.source_hash(_HASH_KEY, source) == head[8:16])
 
 
-def _identity(s: os.stat_result) -> list[int]:
-    """A file's identity as a journal record carries it: dev, ino, size, mtime_ns, ctime_ns."""
-    return [s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns]
-
-
-def _stat(path: str) -> list[int] | None:
-    """PATH's identity now (None: it cannot be stat'ed)."""
-    try:
-        return _identity(os.stat(path))
-    except (OSError, ValueError):
-        return None
-
-
 def install() -> None:
     """Wrap the loaders (idempotent; class-level, so it survives fork)."""
     global _installed
@@ -175,7 +168,7 @@ def install() -> None:
         orig_exec(self, module)
         try:
             path = os.fspath(self.path)
-            _pending_ext.append((path, self.name, _stat(path)))
+            _pending_ext.append((path, self.name, _files.identity(path)))
             _recorded.add(path)
         except Exception as e:  # noqa: BLE001
             _core.report_error("imports", f"extension {self!r}: {type(e).__name__}: {e}")
@@ -184,27 +177,6 @@ def install() -> None:
     if not getattr(orig_exec, "__verifier_probe__", False):
         ExtensionFileLoader.exec_module = exec_module  # type: ignore[method-assign]
     _installed = True
-
-
-def _hash_file(path: str) -> tuple[str, int, list[int]] | None:
-    """sha256, size and identity of PATH's bytes (None: unreadable). The identity is the
-    descriptor's, taken before and after the read: a file written meanwhile is read again
-    (once), so the identity recorded is that of the bytes hashed."""
-    for _ in range(2):
-        h = hashlib.sha256()
-        size = 0
-        try:
-            with open(path, "rb") as f:
-                before = _identity(os.fstat(f.fileno()))
-                while chunk := f.read(1 << 20):
-                    h.update(chunk)
-                    size += len(chunk)
-                after = _identity(os.fstat(f.fileno()))
-        except (OSError, ValueError):
-            return None
-        if after == before:
-            break
-    return h.hexdigest(), size, after
 
 
 def _module_file(mod: Any) -> str | None:
@@ -219,21 +191,11 @@ def _module_file(mod: Any) -> str | None:
     return origin if isinstance(origin, str) and os.path.isabs(origin) else None
 
 
-def _in_archive(path: str) -> bool:
-    """Whether PATH lies inside a file (a zip on sys.path), as zipimport's __file__ does."""
-    parent = os.path.dirname(path)
-    while parent and parent != os.path.dirname(parent):
-        if os.path.isfile(parent):
-            return True
-        parent = os.path.dirname(parent)
-    return False
-
-
 def _claimed_file(mod: Any, origin: str | None) -> str | None:
     """The file MOD claims to come from when nothing is there (None: it has one, or claims
-    none). Frozen and built-in modules claim no location; zipimported ones live in a zip; a
-    relative name claims no location either (torch's ``torch.ops`` and ``torch.classes`` say
-    ``_ops.py`` and ``_classes.py``)."""
+    none). Frozen and built-in modules claim no location; a relative name claims no location
+    either (torch's ``torch.ops`` and ``torch.classes`` say ``_ops.py`` and ``_classes.py``).
+    A member of a zip archive is not there either: the caller reads it from the archive."""
     claimed = origin
     if claimed is None:
         try:
@@ -242,7 +204,7 @@ def _claimed_file(mod: Any, origin: str | None) -> str | None:
             return None
     if not isinstance(claimed, str) or not os.path.isabs(claimed):
         return None
-    if os.path.exists(claimed) or _in_archive(claimed):
+    if os.path.exists(claimed):
         return None
     return claimed
 
@@ -282,7 +244,7 @@ def sweep() -> None:
         _device.read_all(cpu_only=True)  # processes that run no steps; CUDA: the step reads
     while _pending_ext:
         path, name, loaded = _pending_ext.pop(0)
-        got = _hash_file(path)
+        got = _files.hash_file(path)
         rec: dict[str, Any] = {"k": "file", "path": path, "kind": "extension", "module": name}
         rec["at"] = "load"
         if loaded is not None:
@@ -295,7 +257,7 @@ def sweep() -> None:
         st.remember(rec)
     while _pending_src:
         src, src_module = _pending_src.pop(0)
-        got = _hash_file(src)
+        got = _files.hash_file(src)
         if got is not None:
             st.remember(
                 {
@@ -309,6 +271,9 @@ def sweep() -> None:
                     "stat": got[2],
                 }
             )
+    _zips.sweep(st)
+    _loaders.sweep(st)
+    _startup.scan_pth(st)
     _sweep_modules(st)
     _code.recheck()  # what runs the watched methods: journaled again if it changed
 
@@ -316,31 +281,44 @@ def sweep() -> None:
 def _sweep_modules(st: Any) -> None:
     """Record modules that appeared in sys.modules without passing a wrapped loader."""
     global _last_len
+    main = sys.modules.get("__main__")
+    if main is not None and "__main__" not in _names_done:
+        _sweep_one(st, "__main__", main)  # until its file is set, whatever else changed
     n = len(sys.modules)
     if n == _last_len:
         return
     _last_len = n
     for name, mod in list(sys.modules.items()):
-        if name in _names_done:
-            continue
-        _names_done.add(name)
-        origin = _module_file(mod)
-        claimed = _claimed_file(mod, origin)
-        if claimed is not None:
+        if name not in _names_done:
+            try:
+                _sweep_one(st, name, mod)
+            except Exception as e:  # noqa: BLE001 - one odd module must not hide the rest
+                _names_done.add(name)
+                _core.report_error("sweeper", f"{name}: {type(e).__name__}: {e}")
+
+
+def _sweep_one(st: Any, name: str, mod: Any) -> None:
+    """Record module NAME (MOD) if nothing recorded it yet: its file, its zip member, the
+    custom loader that executed it, or the file it claims and does not have."""
+    origin = _module_file(mod)
+    if origin is None and name in _MAIN_NAMES and getattr(mod, "__spec__", None) is None:
+        return  # a script whose __file__ is not set yet (-c, stdin: never; _startup has it)
+    _names_done.add(name)
+    at = "snapshot" if name in _at_start else "late"
+    spec = getattr(mod, "__spec__", None)
+    if spec is None and name not in _MAIN_NAMES:  # the main module: _startup records it
+        _loaders.record_exec(st, name, mod, origin, at)
+    _loaders.record(st, name, mod, spec, at)
+    claimed = _claimed_file(mod, origin)
+    if claimed is not None:
+        if not (_zips.recorded(claimed) or _zips.record_member(claimed, name, at)):
             st.remember({"k": "fileless", "module": name, "claimed": claimed})
-            continue
-        if origin is None or origin in _recorded:
-            continue
-        _recorded.add(origin)
-        got = _hash_file(origin)
-        kind = "extension" if not origin.endswith((".py", ".pyc")) else _kind(origin)
-        rec: dict[str, Any] = {"k": "file", "path": origin, "kind": kind, "module": name}
-        rec["at"] = "snapshot" if name in _at_start else "late"
-        if got is None:
-            rec.update({"sha256": None, "size": -1, "error": "unreadable"})
-        else:
-            rec.update({"sha256": got[0], "size": got[1], "stat": got[2]})
-        st.remember(rec)
+        return
+    if origin is None or origin in _recorded or origin == _startup.main_path:
+        return
+    _recorded.add(origin)
+    kind = "extension" if not origin.endswith((".py", ".pyc")) else _kind(origin)
+    st.remember(_files.file_record(origin, kind, name, at))
 
 
 def _loop() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from verifier.probe import _core, _hooks, _imports, _vllm
+from verifier.probe import _core, _hooks, _imports, _loaders, _startup, _vllm, _zips
 from verifier.probe import layout as L
 
 _started_pid = 0
@@ -27,6 +27,10 @@ def start(mode: str = "api") -> bool:
         _started_pid = os.getpid()
         _core.state(mode)
         _imports.install()
+        _zips.install()
+        _loaders.install()
+        _startup.install()
+        _startup.record_main(early=mode == "early")
         _imports.start_sweeper()
         _core.on_fork(_imports.start_sweeper)
         _vllm.install()

@@ -9,11 +9,15 @@ Each probed process owns one directory, ``<probe dir>/<boot>-<pid ns>-<pid>-<sta
   probe dir is on ``/dev/shm``, the default). Native-endian unsigned 64-bit slots. A reader
   maps or reads it at any time without the probe's cooperation.
 * ``journal.jsonl``: an append-only log of JSON records (one per line): process start,
-  every file the import system read with its hash, hook declarations and state changes,
-  role, live runner, probe errors. A reader tolerates a partial last line. Every record
-  carries ``seq``, its index in the journal (0 for ``start``), and ``S_JOURNAL_RECORDS``
-  counts the records written, so a line deleted, reordered, inserted or cut off is seen
-  (layout 3; a reader of layout 3 takes a journal without them as edited).
+  every file the import system read with its hash (``k: "file"``; besides source, bytecode,
+  extension and data, the code from no plain file: ``kind`` ``pth``, ``archive``, ``member``
+  (a zip member, path ``<archive>/<member>``, ``archive`` naming it) and ``inline`` (``-c``
+  code, path ``-c``)), modules that ran code no file holds (``k: "unfiled"``, see
+  ``_loaders``), hook declarations and state changes, role, live runner, probe errors. A
+  reader tolerates a partial last line. Every record carries ``seq``, its index in the
+  journal (0 for ``start``), and ``S_JOURNAL_RECORDS`` counts the records written, so a
+  line deleted, reordered, inserted or cut off is seen (layout 3; a reader of layout 3 takes
+  a journal without them as edited).
 * ``bindings.jsonl``: an append-only log of request bindings (one JSON object per line,
   written in batches; a reader tolerates a partial last line; records are in close order, and
   two batches may land out of order). Written by ``_bindings``; read by
@@ -320,3 +324,45 @@ def _scalar(v: object) -> tuple[bytes, bytes]:
     if isinstance(v, bytes):
         return b"B", v
     return b"?", f"{type(v).__qualname__}:{v!r}".encode("utf-8", "backslashreplace")
+
+
+# CPython's short options that take an argument (the rest of the word, or the next word), and
+# its long options that do (3.11-3.13).
+_ARG_OPTIONS = b"cmWX"
+_ARG_LONG_OPTIONS = (b"--check-hash-based-pycs",)
+
+
+def interpreter_main(argv: list[bytes]) -> tuple[str, bytes | None]:
+    """How a Python interpreter started with ARGV (its full command line: ``sys.orig_argv``,
+    or ``/proc/<pid>/cmdline`` split at NUL bytes, executable first) runs ``__main__``, as
+    CPython parses its options: ``("command", CODE)`` for ``-c CODE``, ``("module", NAME)``
+    for ``-m NAME``, ``("script", PATH)`` for a file, directory or zip, ``("stdin", None)``
+    when none is given (standard input or the interactive prompt).
+
+    The probe hashes the ``-c`` code from its own command line and the agent reads it again
+    from ``/proc/<pid>/cmdline`` with this same function, so both parse it alike."""
+    i = 1
+    while i < len(argv):
+        word = argv[i]
+        if word == b"--":
+            return ("script", argv[i + 1]) if i + 1 < len(argv) else ("stdin", None)
+        if word.startswith(b"--"):
+            i += 2 if word in _ARG_LONG_OPTIONS else 1
+            continue
+        if not word.startswith(b"-") or word == b"-":
+            return ("script", word) if word != b"-" else ("stdin", None)
+        for j in range(1, len(word)):
+            opt = word[j : j + 1]
+            if opt not in _ARG_OPTIONS:
+                continue
+            rest = word[j + 1 :]
+            if not rest:
+                i += 1
+                rest = argv[i] if i < len(argv) else b""
+            if opt == b"c":
+                return "command", rest
+            if opt == b"m":
+                return "module", rest
+            break  # -W, -X: their argument ends the word
+        i += 1
+    return "stdin", None
