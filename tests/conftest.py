@@ -6,9 +6,11 @@ need declared up front, including a malformed entry that must not break start-up
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -92,11 +94,36 @@ def vllm_server(tiny_model: Path) -> Iterator[VllmServer]:
         extra_args=("--no-enable-prefix-caching", "--trust-request-chat-template"),
         scratch_parent=REPO / ".scratch",
     )
+    started_ns = time.time_ns()
     server.start()
     try:
         yield server
     finally:
         server.stop()
+    spec = importlib.util.find_spec("vllm")  # found, not imported: torch stays out
+    assert spec is not None and spec.origin is not None
+    moved = _changed_since(Path(spec.origin).parent, started_ns)
+    if moved:
+        pytest.fail(
+            f"{len(moved)} files of the installed vLLM changed (ctime) while the shared server "
+            f"ran from them, e.g. {moved[:3]}: a test hard-linked, chmod-ed or rewrote them, "
+            "and every provenance finding of the shared server after that is about the test "
+            "(copy files instead, or use a server of its own)"
+        )
+
+
+def _changed_since(tree: Path, since_ns: int) -> list[str]:
+    """Files under TREE whose ctime is later than SINCE_NS, sorted."""
+    out = []
+    for parent, _, names in os.walk(tree):
+        for name in names:
+            path = os.path.join(parent, name)
+            try:
+                if os.lstat(path).st_ctime_ns > since_ns:
+                    out.append(path)
+            except OSError:
+                continue
+    return sorted(out)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

