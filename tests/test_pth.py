@@ -18,7 +18,7 @@ import pytest
 
 from tests.helpers import REPO
 from tests.test_unfiled import Judged, run_probed
-from verifier.model import DRIFT_CHANGED_AFTER_START, DRIFT_PTH_UNCLAIMED, Severity
+from verifier.model import DRIFT_CHANGED_AFTER_START, DRIFT_PTH_UNCLAIMED, Origin, Severity
 
 VERSION = f"python{sys.version_info.major}.{sys.version_info.minor}"
 MARK = "import os; open(os.environ['PTH_MARK'] + '.{name}', 'w').write('ran')\n"
@@ -40,6 +40,8 @@ PTH = {
     # claimed, but its RECORD lists other bytes (patched after installation)
     "patched.pth": MARK.format(name="patched"),
 }
+# site imports it after the .pth files, before any late probe: an ordinary import, recorded
+SITECUSTOMIZE = MARK.format(name="sitecustomize")
 SCRIPT = """\
 import os, time
 import verifier.probe
@@ -61,6 +63,7 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Judge
     site = tmp / "venv" / "lib" / VERSION / "site-packages"
     for name, text in PTH.items():
         (site / name).write_text(text)
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
     info = site / "goodpth-1.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: goodpth\nVersion: 1.0\n")
@@ -111,6 +114,25 @@ def test_a_pth_that_cleaned_itself_up_before_the_probe_looked_is_caught(
     assert f.sha256 == hashlib.sha256(b"# nothing here\n").hexdigest()
     assert f.path in got.drift_paths(DRIFT_CHANGED_AFTER_START)
     assert got.findings()[DRIFT_CHANGED_AFTER_START] == Severity.ERROR
+
+
+def test_sitecustomize_is_an_ordinary_import_recorded_with_its_bytes(
+    venv: tuple[Path, Judged],
+) -> None:
+    """``site`` imports ``sitecustomize`` at every start, before a late probe: it is recorded
+    by module name with the bytes it holds (hashed after the fact), and judged as the
+    unclaimed file it is, never left out."""
+    tmp, got = venv
+    assert (tmp / "mark.sitecustomize").read_text() == "ran"
+    [f] = [f for f in got.files() if f.module == "sitecustomize"]
+    site = tmp / "venv" / "lib" / VERSION / "site-packages"
+    assert f.path == str(site / "sitecustomize.py")
+    assert f.sha256 == hashlib.sha256(SITECUSTOMIZE.encode()).hexdigest()
+    assert got.report.provenance is not None
+    [o] = [o for o in got.report.provenance.files if o.path == f.path]
+    # no RECORD claims it (pinned only by a policy's [[files]]); under the temporary directory
+    # this venv lies in, its class is "generated", elsewhere "unknown": never pristine
+    assert o.distribution is None and o.origin in (Origin.UNKNOWN, Origin.GENERATED)
 
 
 def test_the_controls_are_not_flagged(venv: tuple[Path, Judged]) -> None:
