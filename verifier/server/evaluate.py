@@ -9,6 +9,7 @@ from verifier import wire
 from verifier.model import FileEntry, RunVerdict, TargetReport
 from verifier.policy import Policy, evaluate_run, load_policy
 from verifier.policy.interface import TargetSnapshot
+from verifier.server import clock
 from verifier.server.store import RunRecord, Store
 
 
@@ -41,7 +42,11 @@ class Evaluator:
         return got
 
     def _snapshot(
-        self, report: TargetReport, received_unix: float, authenticated_as: str | None
+        self,
+        report: TargetReport,
+        received_unix: float,
+        authenticated_as: str | None,
+        received_boot_s: float | None,
     ) -> TargetSnapshot:
         procs = tuple(
             p
@@ -59,21 +64,30 @@ class Evaluator:
             report.containers,
             report.unobservable,
             authenticated_as,
+            received_boot_s,
+            report.sent_unix,
         )
 
     def _load(self) -> dict[str, TargetSnapshot]:
         # Evidence stored before this verifier started: how it was authenticated is not known
-        # now, so it counts as unauthenticated until its target reports again.
+        # now, so it counts as unauthenticated until its target reports again; nor when it
+        # arrived on the age clock, whose origin was lost with the old process: not fresh.
         return {
-            s.target: self._snapshot(wire.report_from_bytes(s.report), s.received_unix, None)
+            s.target: self._snapshot(wire.report_from_bytes(s.report), s.received_unix, None, None)
             for s in self.store.latest_reports()
         }
 
     def note(
-        self, report: TargetReport, received_unix: float, authenticated_as: str | None = "local"
+        self,
+        report: TargetReport,
+        received_unix: float,
+        authenticated_as: str | None = "local",
+        received_boot_s: float | None = None,
     ) -> None:
-        """A report was stored: it is now its target's latest evidence."""
-        snap = self._snapshot(report, received_unix, authenticated_as)
+        """A report was stored: it is now its target's latest evidence. RECEIVED_BOOT_S: when
+        it arrived on the age clock (``clock.boot_s``; None: now)."""
+        at = clock.boot_s() if received_boot_s is None else received_boot_s
+        snap = self._snapshot(report, received_unix, authenticated_as, at)
         with self._lock:
             if self._latest is None:
                 self._latest = self._load()
@@ -88,6 +102,7 @@ class Evaluator:
     def run_verdict(
         self, run: RunRecord, now: float, snaps: list[TargetSnapshot] | None = None
     ) -> RunVerdict:
+        """RUN's verdict at wall-clock time NOW (displayed); ages on the age clock, now."""
         pol = self.policy(run)
         snaps = self.snapshots() if snaps is None else snaps
-        return evaluate_run(run.name, pol, run.policy_digest, snaps, now)
+        return evaluate_run(run.name, pol, run.policy_digest, snaps, now, now_boot_s=clock.boot_s())

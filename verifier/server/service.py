@@ -22,6 +22,7 @@ from verifier.errors import Error
 from verifier.model import FileEntry, RunVerdict, TargetReport, merkle_root
 from verifier.policy import PolicyError, load_policy, policy_digest
 from verifier.security.auth import READ_ROLES, Authorizer
+from verifier.server import clock
 from verifier.server.evaluate import Evaluator
 from verifier.server.index import processes_seen
 from verifier.server.metrics import VerifierMetrics
@@ -78,6 +79,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
 
     def Report(self, request: pb.ReportRequest, context: grpc.ServicerContext) -> pb.ReportResponse:
         received = time.monotonic()
+        received_boot_s = clock.boot_s()  # its age is measured from here (server/clock.py)
         try:
             report = wire.report_request_from_pb(request)
         except wire.WireError as e:
@@ -132,7 +134,9 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
             ingest_s = time.monotonic() - received
             self.metrics.stored(report, stored.received_unix, ingest_s)
             log.debug("report_stored", ingest_s=round(ingest_s, 6), processes=len(report.processes))
-            self.evaluator.note(stripped, stored.received_unix, self.auth.authenticated_as(peer))
+            self.evaluator.note(
+                stripped, stored.received_unix, self.auth.authenticated_as(peer), received_boot_s
+            )
             nonce = secrets.token_hex(16)
             self._nonces[report.agent_id] = nonce
         self.dirty.set()
