@@ -21,6 +21,7 @@ from verifier.policy import interface as I
 from verifier.policy.rules_container import (
     clock_skew_finding,
     container_findings,
+    mixed_finding,
     stale_finding,
     unobservable_findings,
 )
@@ -111,6 +112,8 @@ class Policy:
         if skew is not None and abs(skew) > self.evidence.clock_skew_s:
             findings.append(clock_skew_finding(snap, skew, self.evidence.clock_skew_s))
         findings.extend(unobservable_findings(snap))
+        if snap.mixed_roots:
+            findings.append(mixed_finding(snap))
         if snap.authenticated_as is None and not self.evidence.unsafe_allow_unauthenticated:
             findings.append(
                 Finding(

@@ -46,6 +46,7 @@ EVIDENCE_CONTAINER_UNKNOWN = "evidence.container_unknown"
 EVIDENCE_UNOBSERVABLE = "evidence.unobservable"
 EVIDENCE_UNAUTHENTICATED = "evidence.unauthenticated"
 EVIDENCE_CLOCK_SKEW = "evidence.clock_skew"
+EVIDENCE_TARGET_MIXED = "evidence.target.mixed"
 NATIVE_REPLACED = "provenance.native.replaced"
 NATIVE_DELETED = "provenance.native.deleted"
 NATIVE_UNREADABLE = "provenance.native.unreadable"
@@ -120,6 +121,12 @@ FINDINGS: dict[str, FindingKind] = {
         "",
         "the report's own time (the agent's clock) is further from the verifier's receipt time "
         "than clock_skew_s, ahead or behind: never fresh",
+    ),
+    EVIDENCE_TARGET_MIXED: FindingKind(
+        Severity.ERROR,
+        "",
+        "the agent (no --pid) saw independent vLLM process trees under one target: two servers "
+        "merged, so the evidence may be another server's",
     ),
     EVIDENCE_CONTAINER_MISMATCH: FindingKind(
         Severity.ERROR,

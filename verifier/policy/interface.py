@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from verifier.errors import ConfigError
-from verifier.model import ContainerInfo, Finding, HookCount, ProcessReport
+from verifier.model import ContainerInfo, Finding, HookCount, ProcessKey, ProcessReport
 
 # Roles a process can have (``ProcessReport.role``). Helpers and unknown processes are ignored
 # unless a rule names their role. ``offline``: the front end of vllm.LLM in a script (no API
@@ -76,6 +76,9 @@ class TargetSnapshot:
     # The agent's wall clock when it sent the report (``TargetReport.sent_unix``); None: not
     # known (evaluated offline). Against ``received_unix`` it gives the two clocks' skew.
     sent_unix: float | None = None
+    # Roots of independent vLLM process trees the agent saw under this target
+    # (``TargetReport.mixed_roots``): two servers under one name.
+    mixed_roots: tuple[ProcessKey, ...] = ()
 
     @property
     def evidence_boot_s(self) -> float | None:

@@ -121,6 +121,27 @@ def unobservable_findings(snap: I.TargetSnapshot) -> list[Finding]:
     ]
 
 
+def mixed_finding(snap: I.TargetSnapshot) -> Finding:
+    """``evidence.target.mixed``: the agent saw independent vLLM process trees (two servers)
+    under SNAP's one target. ERROR, not PENDING: waiting does not tell which server the run
+    means (the agent remembers the trees for its life, so one exiting does not clear it),
+    and a PASS could rest on another server's evidence; only the agent's ``--pid`` does."""
+    roots = [k.pid for k in snap.mixed_roots]
+    return Finding(
+        F.EVIDENCE_TARGET_MIXED,
+        Severity.ERROR,
+        f"target {snap.target} merges {len(roots)} independent vLLM process trees (root pids "
+        f"{', '.join(map(str, roots))}): the agent reports every vLLM server it can see, so "
+        "its evidence may be another server's; start the agent with --pid naming the "
+        "server's root process",
+        snap.target,
+        {
+            "root_pids": roots,
+            "roots": [[k.boot_id, k.pid, k.start_ticks] for k in snap.mixed_roots],
+        },
+    )
+
+
 def clock_skew_finding(snap: I.TargetSnapshot, skew: float, tolerance_s: float) -> Finding:
     """``evidence.clock_skew``: the agent dated its report SKEW seconds away from the verifier's
     receipt (positive: in the verifier's future). Neither clock can be told right: the

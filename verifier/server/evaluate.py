@@ -66,6 +66,7 @@ class Evaluator:
             authenticated_as,
             received_boot_s,
             report.sent_unix,
+            report.mixed_roots,
         )
 
     def _load(self) -> dict[str, TargetSnapshot]:
