@@ -28,7 +28,7 @@ from verifier.security.auth import Authorizer, load_tokens
 from verifier.security.tls import ServerTLS, is_local, warn_insecure
 from verifier.server.db import redact
 from verifier.server.metrics import RpcObserver
-from verifier.server.service import VerifierService
+from verifier.server.service import DEFAULT_TARGET_EXPIRY_S, VerifierService, expiry_error
 from verifier.server.store import RunExists, Store
 
 log = structlog.get_logger("verifier.serve")
@@ -56,6 +56,8 @@ class ServeConfig:
     # the report spooled. None: no limit.
     max_concurrent_rpcs: int | None = 64
     metrics_listen: str | None = None  # HOST:PORT: Prometheus metrics over HTTP (metrics.py)
+    # A target silent this long is expired (in no verdict; ledgered); > every freshness_s.
+    target_expiry_s: float = DEFAULT_TARGET_EXPIRY_S
 
 
 def register_at_start(store: Store, name: str, path: Path) -> None:
@@ -83,6 +85,10 @@ class VerifierServer:
         try:
             for name, path in config.runs:
                 register_at_start(self.store, name, path)
+            for run in self.store.list_runs():
+                why = expiry_error(load_policy(run.policy_toml, run.source), config.target_expiry_s)
+                if why is not None:
+                    raise ConfigError(f"run {run.name}: {why}")
         except ConfigError:
             self.store.close()
             raise
@@ -100,7 +106,9 @@ class VerifierServer:
         except ConfigError:
             self.store.close()
             raise
-        self.service = VerifierService(self.store, config.report_interval_s, auth)
+        self.service = VerifierService(
+            self.store, config.report_interval_s, auth, config.target_expiry_s
+        )
         self.health = health.HealthServicer()
         opts = list(wire.GRPC_OPTIONS)
         self.server = grpc.server(

@@ -743,3 +743,41 @@ class ListRunsResponse(_message.Message):
     RUNS_FIELD_NUMBER: _ClassVar[int]
     runs: _containers.RepeatedCompositeFieldContainer[RunSummary]
     def __init__(self, runs: _Optional[_Iterable[_Union[RunSummary, _Mapping]]] = ...) -> None: ...
+
+class TargetState(_message.Message):
+    __slots__ = ("target", "last_report_unix", "age_s", "agent_id", "authenticated_as", "state")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    LAST_REPORT_UNIX_FIELD_NUMBER: _ClassVar[int]
+    AGE_S_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    AUTHENTICATED_AS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    target: str
+    last_report_unix: float
+    age_s: float
+    agent_id: str
+    authenticated_as: str
+    state: str
+    def __init__(self, target: _Optional[str] = ..., last_report_unix: _Optional[float] = ..., age_s: _Optional[float] = ..., agent_id: _Optional[str] = ..., authenticated_as: _Optional[str] = ..., state: _Optional[str] = ...) -> None: ...
+
+class ListTargetsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListTargetsResponse(_message.Message):
+    __slots__ = ("targets",)
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    targets: _containers.RepeatedCompositeFieldContainer[TargetState]
+    def __init__(self, targets: _Optional[_Iterable[_Union[TargetState, _Mapping]]] = ...) -> None: ...
+
+class ForgetTargetRequest(_message.Message):
+    __slots__ = ("target",)
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    target: str
+    def __init__(self, target: _Optional[str] = ...) -> None: ...
+
+class ForgetTargetResponse(_message.Message):
+    __slots__ = ("forgotten",)
+    FORGOTTEN_FIELD_NUMBER: _ClassVar[int]
+    forgotten: TargetState
+    def __init__(self, forgotten: _Optional[_Union[TargetState, _Mapping]] = ...) -> None: ...
