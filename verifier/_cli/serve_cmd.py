@@ -40,7 +40,9 @@ def add_parser(sub: Any) -> None:
         type=_run_arg,
         metavar="NAME=POLICY",
         help="register run NAME from the policy file POLICY before serving (repeatable); the "
-        "same policy again is a no-op, another policy under an existing name refuses to start",
+        "same policy again is a no-op; another policy under an existing name leaves that run "
+        "its pinned policy and registers the new one as run NAME@<12 hex of its digest> "
+        "(logged as run_policy_changed; its ledgered source names the run it changed)",
     )
     p.add_argument(
         "--signing-key",
