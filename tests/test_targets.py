@@ -18,6 +18,7 @@ import pytest
 
 from tests.helpers import verifier_cli
 from tests.test_faults import FakeWorker, policy, probe_report, worker  # noqa: F401 - fixture
+from tests.test_security import client, tls_verifier  # noqa: F401 - fixture
 from verifier import wire
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
@@ -202,3 +203,17 @@ def test_an_expiry_not_above_a_runs_freshness_is_refused(tmp_path: Path) -> None
 def test_forget_needs_a_name(verifier: str) -> None:
     with VerifierClient(verifier) as client, pytest.raises(UsageError, match="target"):
         client.forget_target("")
+
+
+def test_forget_needs_the_operator_role_and_list_a_reader_over_mutual_tls(
+    tls_verifier: tuple[Path, str, Path],  # noqa: F811
+) -> None:
+    """Over mTLS: an auditor may list targets but not retire one (exit 10); an operator may
+    (an unknown name is then exit 2, not a refusal)."""
+    d, addr, _ = tls_verifier
+    out = verifier_cli(*client(d, "audit", "target", "list", addr=addr))
+    assert out.returncode == 0, out.stderr
+    out = verifier_cli(*client(d, "audit", "target", "forget", "a", addr=addr))
+    assert out.returncode == 10 and "needs the role operator" in out.stderr, out.stderr
+    out = verifier_cli(*client(d, "ops", "target", "forget", "a", addr=addr))
+    assert out.returncode == 2 and "no target named 'a'" in out.stderr, out.stderr
