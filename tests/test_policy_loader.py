@@ -51,7 +51,7 @@ def test_unknown_key_in_evidence_names_its_line_and_suggests_the_known_one() -> 
     text = "version = 1\n[evidence]\nfreshness_s = 5\nmin_step = 2\n" + HOOK
     expected = (
         "p.toml:4: evidence.min_step: unknown key (did you mean min_steps? allowed: "
-        "freshness_s, min_steps, require_probe, unsafe_allow_unauthenticated)"
+        "freshness_s, clock_skew_s, min_steps, require_probe, unsafe_allow_unauthenticated)"
     )
     assert expected == str(error(text))
 

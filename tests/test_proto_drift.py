@@ -89,6 +89,8 @@ def test_protos_follow_buf_style() -> None:
         "RegisterRun",
         "GetRunStatus",
         "ListRuns",
+        "ListTargets",
+        "ForgetTarget",
     }
     for enum in f.enum_types_by_name.values():
         prefix = _upper_snake(enum.name) + "_"

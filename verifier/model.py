@@ -582,6 +582,9 @@ class TargetReport:
     # Request bindings read since the previous report (stored apart from the report itself).
     spans: tuple[RequestSpan, ...] = ()
     request_ids: tuple[RequestId, ...] = ()
+    # The roots of independent vLLM process trees the agent saw under this one target (two
+    # servers merged; verifier.agent.trees): empty when it saw one tree or was given --pid.
+    mixed_roots: tuple[ProcessKey, ...] = ()
 
     @property
     def collect_s(self) -> float:

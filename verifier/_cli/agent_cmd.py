@@ -22,7 +22,13 @@ def add_parser(sub: Any) -> None:
     add_verifier_option(p)
     p.add_argument("--target", default=socket.gethostname(), help="target name (default: hostname)")
     p.add_argument("--agent-id", help="agent identity (default: HOSTNAME/TARGET)")
-    p.add_argument("--pid", type=int, help="only report this process and its descendants")
+    p.add_argument(
+        "--pid",
+        type=int,
+        help="only report this process and its descendants; without it, every vLLM process "
+        "visible is reported, and two independent servers seen at once make the target "
+        "evidence.target.mixed (never PASS)",
+    )
     p.add_argument(
         "--interval",
         type=positive_seconds,

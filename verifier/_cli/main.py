@@ -19,6 +19,7 @@ from verifier._cli import (
     run_cmd,
     serve_cmd,
     status_cmd,
+    target_cmd,
     window_cmd,
 )
 from verifier.errors import Error, exit_codes_help
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     agent_cmd.add_parser(sub)
     run_cmd.add_parser(sub)
     status_cmd.add_parser(sub)
+    target_cmd.add_parser(sub)
     window_cmd.add_parser(sub)
     compare_cmd.add_parser(sub)
     audit_cmd.add_parser(sub)

@@ -40,7 +40,9 @@ def add_parser(sub: Any) -> None:
         type=_run_arg,
         metavar="NAME=POLICY",
         help="register run NAME from the policy file POLICY before serving (repeatable); the "
-        "same policy again is a no-op, another policy under an existing name refuses to start",
+        "same policy again is a no-op; another policy under an existing name leaves that run "
+        "its pinned policy and registers the new one as run NAME@<12 hex of its digest> "
+        "(logged as run_policy_changed; its ledgered source names the run it changed)",
     )
     p.add_argument(
         "--signing-key",
@@ -52,6 +54,16 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--checkpoint-interval", type=float, default=60.0, metavar="S", help="default 60"
+    )
+    p.add_argument(
+        "--target-expiry",
+        type=float,
+        default=3600.0,
+        metavar="S",
+        help="a target silent this long (the verifier's boot clock) is expired: left out of "
+        "every run's verdict and recorded in the ledger, listed by `verifier target list` until "
+        "forgotten; it comes back if it reports again. Must exceed every run's freshness_s "
+        "(default 3600)",
     )
     p.add_argument(
         "--max-concurrent-rpcs",
@@ -109,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.checkpoint_interval <= 0:
         raise UsageError("--checkpoint-interval must be positive")
+    if not args.target_expiry > 0:
+        raise UsageError("--target-expiry must be positive")
     if args.max_concurrent_rpcs < 1:
         raise UsageError("--max-concurrent-rpcs must be at least 1")
     from verifier.security.tls import ServerTLS
@@ -132,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
         insecure=args.insecure,
         max_concurrent_rpcs=args.max_concurrent_rpcs,
         metrics_listen=args.metrics_listen,
+        target_expiry_s=args.target_expiry,
     )
     VerifierServer(config).serve_forever()
     return 0

@@ -29,6 +29,7 @@ from verifier.agent.containers import ContainerDirectory, OwnPod
 from verifier.agent.discover import discover
 from verifier.agent.metrics import AgentMetrics
 from verifier.agent.spool import Spool
+from verifier.agent.trees import TreeMemory
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
 from verifier.errors import UnavailableError
 from verifier.evidence.container import container_of
@@ -83,6 +84,8 @@ class Agent:
         # The mapped bytes first seen per process and native mapping (changed in place)
         self.natives = NativeMemory()
         self.witnesses = Witnesses()  # py-spy stack samples of step-running processes
+        # Independent vLLM trees seen under this one target (none when --pid selects one)
+        self.trees = TreeMemory(selected=config.root_pid is not None)
         # Request bindings the probes appended since the last report (offsets kept by the spool)
         self.bindings = Bindings(config.spool_dir / "bindings-offsets.json")
         self.spool = Spool(config.spool_dir, config.spool_max_bytes)
@@ -116,6 +119,7 @@ class Agent:
         refused: list[str] = []
         found = discover(self.procfs, self.config.root_pid, self.journals, refused)
         procs = [p for p in map(self._report, found) if p is not None]
+        mixed_roots = self.trees.observe(found)
         spans, request_ids = self.bindings.collect(found, self.journals)
         # one process per container is enough to describe it (its ref: runtime, source)
         one_each = {p.container_id: p.key.pid for p in procs if p.container_id}
@@ -156,6 +160,7 @@ class Agent:
             unobservable=unobservable,
             spans=spans,
             request_ids=request_ids,
+            mixed_roots=mixed_roots,
         )
 
     def _nothing_visible(self) -> str:

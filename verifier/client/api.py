@@ -70,3 +70,12 @@ class VerifierClient:
     def list_runs(self) -> tuple[wire.RunSummary, ...]:
         resp = self._call(self.stub.ListRuns, pb.ListRunsRequest())
         return wire.list_runs_response_from_pb(resp)
+
+    def list_targets(self) -> tuple[wire.TargetStatus, ...]:
+        resp = self._call(self.stub.ListTargets, pb.ListTargetsRequest())
+        return wire.list_targets_response_from_pb(resp)
+
+    def forget_target(self, target: str) -> wire.TargetStatus:
+        """Retire TARGET (operator role); UsageError (NOT_FOUND) when the verifier has none."""
+        req = wire.forget_target_request_to_pb(target)
+        return wire.forget_target_response_from_pb(self._call(self.stub.ForgetTarget, req))

@@ -227,6 +227,18 @@ register_kind(
     lambda f: chain.verdict_ref(f.text("run"), f.number("at")),
 )
 register_kind(
+    "target",
+    lambda f: chain.target_subject(
+        f.text("target"),
+        f.number("at"),
+        f.text("event"),
+        f.text("by"),
+        f.text("last_agent"),
+        f.integer("last_seq"),
+    ),
+    lambda f: chain.target_ref(f.text("target"), f.number("at")),
+)
+register_kind(
     "bindings",
     _bindings_subject,
     lambda f: chain.report_ref(f.text("agent_id"), f.integer("seq")),

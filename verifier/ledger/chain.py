@@ -1,6 +1,7 @@
 """The audit ledger: an append-only hash chain over everything the verifier stores.
 
-Every run (with its policy), manifest, report, recorded verdict and batch of request bindings
+Every run (with its policy), manifest, report, recorded verdict, target expired or forgotten
+and batch of request bindings
 (:mod:`verifier.ledger.bindings`, which this module reads and which never imports it) gets one
 ledger entry in the same transaction that stores it: ``(seq, at, kind, ref, subject, prev,
 hash)``, where ``subject`` is the sha256 of the stored content, ``prev`` the previous entry's
@@ -24,7 +25,7 @@ from verifier.ledger import bindings
 from verifier.ledger.interface import Database
 
 GENESIS = "0" * 64
-KINDS = ("run", "manifest", "report", "verdict", "bindings")
+KINDS = ("run", "manifest", "report", "verdict", "bindings", "target")
 
 
 def sha(*parts: object) -> str:
@@ -71,6 +72,18 @@ def verdict_subject(run: str, at: float, verdict: str, detail_json: str) -> str:
     return sha("verdict", run, at, verdict, detail_json)
 
 
+def target_ref(target: str, at: float) -> str:
+    return json.dumps([target, at])
+
+
+def target_subject(  # noqa: PLR0917 - the stored row, column by column
+    target: str, at: float, event: str, by: str, last_agent: str, last_seq: int
+) -> str:
+    """A target expired or forgotten (EVENT) by BY, retiring its report LAST_SEQ of
+    LAST_AGENT (what it last reported, which no verdict counts after this)."""
+    return sha("target", target, at, event, by, last_agent, last_seq)
+
+
 def bindings_ref(agent_id: str, seq: int) -> str:
     """A batch of request bindings is the one that came with report SEQ of AGENT_ID."""
     return report_ref(agent_id, seq)
@@ -115,6 +128,12 @@ def _contents(db: Database) -> Iterator[tuple[str, str, str, float]]:
         "SELECT run, at_unix, verdict, detail_json FROM verdicts ORDER BY rowid"
     ):
         yield "verdict", verdict_ref(run, at), verdict_subject(run, at, verdict, detail), at
+    for target, at, event, by, agent, seq in db.execute(
+        "SELECT target, at_unix, event, by_whom, last_agent, last_seq FROM target_events "
+        "ORDER BY rowid"
+    ):
+        subject = target_subject(target, at, event, by, agent, int(seq))
+        yield "target", target_ref(target, at), subject, at
     for ref, target, received, spans, ids in bindings.stored_batches(db):
         yield "bindings", ref, bindings_subject(ref, target, received, spans, ids), received
 

@@ -19,7 +19,9 @@ from verifier.model import (
 from verifier.policy import findings as F
 from verifier.policy import interface as I
 from verifier.policy.rules_container import (
+    clock_skew_finding,
     container_findings,
+    mixed_finding,
     stale_finding,
     unobservable_findings,
 )
@@ -87,13 +89,31 @@ class Policy:
             cid.startswith(prefix) for cid in container_ids for prefix in sel.container_ids
         )
 
-    def evaluate_target(self, snap: I.TargetSnapshot, now: float) -> TargetVerdict:
+    def age(self, snap: I.TargetSnapshot, now: float, now_boot_s: float | None) -> float | None:
+        """How old SNAP's evidence is. A verifier gives NOW_BOOT_S, its age clock (seconds
+        since boot, which no one can step back), and the age is measured on it alone: a
+        snapshot without a receipt time on that clock (stored before the verifier started)
+        has no known age (None). Without NOW_BOOT_S (a snapshot evaluated offline, built the
+        moment it is judged) the age is the wall-clock difference."""
+        if now_boot_s is None:
+            return now - snap.evidence_unix
+        at = snap.evidence_boot_s
+        return None if at is None else now_boot_s - at
+
+    def evaluate_target(
+        self, snap: I.TargetSnapshot, now: float, now_boot_s: float | None = None
+    ) -> TargetVerdict:
         findings: list[Finding] = []
-        age = now - snap.evidence_unix
-        stale = age > self.evidence.freshness_s
+        age = self.age(snap, now, now_boot_s)
+        stale = age is None or age > self.evidence.freshness_s
         if stale:
             findings.append(stale_finding(snap, age, self.evidence.freshness_s))
+        skew = snap.clock_skew_s
+        if skew is not None and abs(skew) > self.evidence.clock_skew_s:
+            findings.append(clock_skew_finding(snap, skew, self.evidence.clock_skew_s))
         findings.extend(unobservable_findings(snap))
+        if snap.mixed_roots:
+            findings.append(mixed_finding(snap))
         if snap.authenticated_as is None and not self.evidence.unsafe_allow_unauthenticated:
             findings.append(
                 Finding(
@@ -145,11 +165,18 @@ def _container_ids(snap: I.TargetSnapshot) -> tuple[str, ...]:
 
 
 def evaluate_run(
-    run: str, policy: Policy, digest: str, snapshots: list[I.TargetSnapshot], now: float
+    run: str,
+    policy: Policy,
+    digest: str,
+    snapshots: list[I.TargetSnapshot],
+    now: float,
+    *,
+    now_boot_s: float | None = None,
 ) -> RunVerdict:
     """The run's verdict over the targets the policy selects (others are ignored): ``combine``
     of their verdicts, PENDING (``evidence.no_report``) while fewer than ``min_targets`` of them
-    have reported or a target named in ``[targets] names`` has not."""
+    have reported or a target named in ``[targets] names`` has not. NOW is the wall clock
+    (displayed); NOW_BOOT_S the verifier's age clock (``Policy.age``)."""
     latest: dict[str, I.TargetSnapshot] = {}
     for snap in snapshots:
         if not policy.selects(snap.target, _container_ids(snap)):
@@ -157,7 +184,7 @@ def evaluate_run(
         prev = latest.get(snap.target)
         if prev is None or snap.received_unix >= prev.received_unix:
             latest[snap.target] = snap
-    targets = tuple(policy.evaluate_target(latest[t], now) for t in sorted(latest))
+    targets = tuple(policy.evaluate_target(latest[t], now, now_boot_s) for t in sorted(latest))
     sel = policy.selection
     missing = [n for n in sel.names if n not in latest]
     findings: list[Finding] = []

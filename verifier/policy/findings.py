@@ -45,6 +45,8 @@ EVIDENCE_CONTAINER_MISMATCH = "evidence.container_mismatch"
 EVIDENCE_CONTAINER_UNKNOWN = "evidence.container_unknown"
 EVIDENCE_UNOBSERVABLE = "evidence.unobservable"
 EVIDENCE_UNAUTHENTICATED = "evidence.unauthenticated"
+EVIDENCE_CLOCK_SKEW = "evidence.clock_skew"
+EVIDENCE_TARGET_MIXED = "evidence.target.mixed"
 NATIVE_REPLACED = "provenance.native.replaced"
 NATIVE_DELETED = "provenance.native.deleted"
 NATIVE_UNREADABLE = "provenance.native.unreadable"
@@ -113,6 +115,18 @@ FINDINGS: dict[str, FindingKind] = {
         "",
         "nobody vouches for who sent the evidence (a verifier in --insecure mode on a network "
         "address, or evidence stored before a restart and not yet renewed)",
+    ),
+    EVIDENCE_CLOCK_SKEW: FindingKind(
+        Severity.PENDING,
+        "",
+        "the report's own time (the agent's clock) is further from the verifier's receipt time "
+        "than clock_skew_s, ahead or behind: never fresh",
+    ),
+    EVIDENCE_TARGET_MIXED: FindingKind(
+        Severity.ERROR,
+        "",
+        "the agent (no --pid) saw independent vLLM process trees under one target: two servers "
+        "merged, so the evidence may be another server's",
     ),
     EVIDENCE_CONTAINER_MISMATCH: FindingKind(
         Severity.ERROR,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from verifier.errors import ConfigError
-from verifier.model import ContainerInfo, Finding, HookCount, ProcessReport
+from verifier.model import ContainerInfo, Finding, HookCount, ProcessKey, ProcessReport
 
 # Roles a process can have (``ProcessReport.role``). Helpers and unknown processes are ignored
 # unless a rule names their role. ``offline``: the front end of vllm.LLM in a script (no API
@@ -23,6 +23,8 @@ IGNORED_ROLES = frozenset({"helper", "unknown"})
 STEP_ROLES = ("engine_core", "worker")
 DEFAULT_REQUIRE_PROBE = ("api_server", "engine_core", "worker")
 DEFAULT_FRESHNESS_S = 10.0
+# How far the agent's wall clock may be from the verifier's before its report is not fresh.
+DEFAULT_CLOCK_SKEW_S = 30.0
 DEFAULT_MIN_STEPS = 1
 DEFAULT_MIN_TARGETS = 1
 DEFAULT_MIN_FIRES_PER_PRODUCTIVE_STEP = 1.0
@@ -67,6 +69,28 @@ class TargetSnapshot:
     # How the report was authenticated ("agent NAME" over mTLS or a token, "local": insecure
     # mode on a Unix socket or loopback); None: nobody vouches for who sent it.
     authenticated_as: str | None = "local"
+    # When the verifier received it on its age clock (``verifier.server.clock``: seconds since
+    # boot, which cannot be stepped back); None: not known to this verifier (stored before it
+    # started). The verifier judges freshness on this clock, never on wall-clock differences.
+    received_boot_s: float | None = None
+    # The agent's wall clock when it sent the report (``TargetReport.sent_unix``); None: not
+    # known (evaluated offline). Against ``received_unix`` it gives the two clocks' skew.
+    sent_unix: float | None = None
+    # Roots of independent vLLM process trees the agent saw under this target
+    # (``TargetReport.mixed_roots``): two servers under one name.
+    mixed_roots: tuple[ProcessKey, ...] = ()
+
+    @property
+    def evidence_boot_s(self) -> float | None:
+        """When the agent read the evidence, on the verifier's age clock (None: unknown)."""
+        if self.received_boot_s is None:
+            return None
+        return self.received_boot_s - self.collect_s
+
+    @property
+    def clock_skew_s(self) -> float | None:
+        """The agent's wall clock minus the verifier's at receipt (network time included)."""
+        return None if self.sent_unix is None else self.sent_unix - self.received_unix
 
     @property
     def evidence_unix(self) -> float:
@@ -93,6 +117,9 @@ class EvidenceSettings:
     """``[evidence]``: how fresh and how much evidence a verdict needs."""
 
     freshness_s: float = DEFAULT_FRESHNESS_S
+    # A report whose sent time (the agent's clock) is further than this from the verifier's
+    # receipt time is dated by no clock both agree on: evidence.clock_skew, never fresh.
+    clock_skew_s: float = DEFAULT_CLOCK_SKEW_S
     min_steps: int = DEFAULT_MIN_STEPS
     require_probe: tuple[str, ...] = DEFAULT_REQUIRE_PROBE
     # Accept evidence nobody vouches for (a demo on an --insecure network address). Named

@@ -275,12 +275,19 @@ def _evidence(doc: _Doc, data: dict[str, Any]) -> I.EvidenceSettings:
         doc,
         data,
         "evidence",
-        ("freshness_s", "min_steps", "require_probe", "unsafe_allow_unauthenticated"),
+        (
+            "freshness_s",
+            "clock_skew_s",
+            "min_steps",
+            "require_probe",
+            "unsafe_allow_unauthenticated",
+        ),
     )
     if e is None:
         return I.EvidenceSettings()
     return I.EvidenceSettings(
         freshness_s=e.number("freshness_s", I.DEFAULT_FRESHNESS_S, minimum=0, above=True),
+        clock_skew_s=e.number("clock_skew_s", I.DEFAULT_CLOCK_SKEW_S, minimum=0, above=True),
         min_steps=e.integer("min_steps", I.DEFAULT_MIN_STEPS, minimum=1),
         require_probe=e.strings("require_probe", choices=I.ROLES) or I.DEFAULT_REQUIRE_PROBE,
         unsafe_allow_unauthenticated=e.boolean("unsafe_allow_unauthenticated", default=False),

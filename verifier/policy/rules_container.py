@@ -121,8 +121,54 @@ def unobservable_findings(snap: I.TargetSnapshot) -> list[Finding]:
     ]
 
 
-def stale_finding(snap: I.TargetSnapshot, age: float, freshness_s: float) -> Finding:
-    """``evidence.stale``: SNAP, the target's latest report, is AGE seconds old. Says where that
+def mixed_finding(snap: I.TargetSnapshot) -> Finding:
+    """``evidence.target.mixed``: the agent saw independent vLLM process trees (two servers)
+    under SNAP's one target. ERROR, not PENDING: waiting does not tell which server the run
+    means (the agent remembers the trees for its life, so one exiting does not clear it),
+    and a PASS could rest on another server's evidence; only the agent's ``--pid`` does."""
+    roots = [k.pid for k in snap.mixed_roots]
+    return Finding(
+        F.EVIDENCE_TARGET_MIXED,
+        Severity.ERROR,
+        f"target {snap.target} merges {len(roots)} independent vLLM process trees (root pids "
+        f"{', '.join(map(str, roots))}): the agent reports every vLLM server it can see, so "
+        "its evidence may be another server's; start the agent with --pid naming the "
+        "server's root process",
+        snap.target,
+        {
+            "root_pids": roots,
+            "roots": [[k.boot_id, k.pid, k.start_ticks] for k in snap.mixed_roots],
+        },
+    )
+
+
+def clock_skew_finding(snap: I.TargetSnapshot, skew: float, tolerance_s: float) -> Finding:
+    """``evidence.clock_skew``: the agent dated its report SKEW seconds away from the verifier's
+    receipt (positive: in the verifier's future). Neither clock can be told right: the
+    verifier's may have been stepped, or the agent's; a report dated by clocks that disagree
+    by more than the tolerance is never fresh evidence."""
+    way = "ahead of" if skew > 0 else "behind"
+    return Finding(
+        F.EVIDENCE_CLOCK_SKEW,
+        Severity.PENDING,
+        f"target {snap.target}'s latest report is dated {abs(skew):.1f} s {way} the "
+        f"verifier's clock when it arrived, beyond the policy's clock_skew_s {tolerance_s:g}: "
+        "the agent's or the verifier's wall clock is wrong (stepped, or never synchronised), "
+        "so the evidence is not fresh on any clock both agree on; never PASS on it",
+        snap.target,
+        {
+            "skew_s": skew,
+            "clock_skew_s": tolerance_s,
+            "sent_unix": snap.sent_unix,
+            "received_unix": snap.received_unix,
+        },
+    )
+
+
+def stale_finding(snap: I.TargetSnapshot, age: float | None, freshness_s: float) -> Finding:
+    """``evidence.stale``: SNAP, the target's latest report, is AGE seconds old (None: of no
+    age known to this verifier: stored before it started, it is not fresh until its target
+    reports again). Says where that
     evidence came from (the containers, else the processes) and what the silence most likely
     means: a sidecar shares the serving container's PID namespace and dies with it, so a
     serving container that exited or restarted stops the reports."""
@@ -148,11 +194,19 @@ def stale_finding(snap: I.TargetSnapshot, age: float, freshness_s: float) -> Fin
             "the serving container may have exited (a sidecar in its PID namespace dies with "
             "it), or the agent stopped or cannot reach the verifier"
         )
+    if age is None:
+        how_old = (
+            "was stored before this verifier started, so its age on the verifier's clock "
+            f"(which restarts with it) is unknown and it is not fresh under freshness_s "
+            f"{freshness_s:g}"
+        )
+    else:
+        how_old = f"is {age:.1f} s old, older than the policy's freshness_s {freshness_s:g}"
     return Finding(
         F.EVIDENCE_STALE,
         Severity.PENDING,
-        f"the latest report of target {snap.target} is {age:.1f} s old, older than the "
-        f"policy's freshness_s {freshness_s:g}; {came}, and nothing has reported since: {why}",
+        f"the latest report of target {snap.target} {how_old}; {came}, and nothing has "
+        f"reported since: {why}",
         snap.target,
         {
             "age_s": age,

@@ -28,7 +28,7 @@ from verifier.security.auth import Authorizer, load_tokens
 from verifier.security.tls import ServerTLS, is_local, warn_insecure
 from verifier.server.db import redact
 from verifier.server.metrics import RpcObserver
-from verifier.server.service import VerifierService
+from verifier.server.service import DEFAULT_TARGET_EXPIRY_S, VerifierService, expiry_error
 from verifier.server.store import RunExists, Store
 
 log = structlog.get_logger("verifier.serve")
@@ -56,24 +56,72 @@ class ServeConfig:
     # the report spooled. None: no limit.
     max_concurrent_rpcs: int | None = 64
     metrics_listen: str | None = None  # HOST:PORT: Prometheus metrics over HTTP (metrics.py)
+    # A target silent this long is expired (in no verdict; ledgered); > every freshness_s.
+    target_expiry_s: float = DEFAULT_TARGET_EXPIRY_S
 
 
-def register_at_start(store: Store, name: str, path: Path) -> None:
+def derived_run_name(name: str, digest: str) -> str:
+    """The run a changed policy for run NAME is registered under at start: NAME@ and the first
+    12 hex digits of the new policy's digest. Named by content, not by a revision number, so a
+    verifier restarted again and again with the same changed policy converges on one run
+    (registration is a no-op the second time), and two hosts given the same policy agree."""
+    return f"{name}@{digest.removeprefix('sha256:')[:12]}"
+
+
+def register_at_start(store: Store, name: str, path: Path) -> str:
     """Register run NAME from the policy file PATH before serving (a Kubernetes ConfigMap or a
-    compose file mounts it): the same policy again is a no-op; a different one under an
-    existing name refuses to start, since a changed policy needs a new run name."""
+    compose file mounts it); the run name registered. The same policy again is a no-op. A
+    different one under an existing name does not refuse to start (a restarting verifier
+    would crash-loop on a changed ConfigMap): run NAME keeps the policy it was registered
+    with (a run's policy is pinned by digest), and the new policy is registered as a new run
+    (``derived_run_name``) whose source, in the ledger, says which run it changed and from
+    what."""
     try:
         text = path.read_text()
     except OSError as e:
         raise ConfigError(f"--run {name}={path}: cannot read the policy: {e}") from e
+    digest = policy_digest(text)
     try:
         load_policy(text, str(path))
-        rec = store.register_run(name, text, policy_digest(text), str(path))
+        existing = store.get_run(name, missing_ok=True)
+        if existing is None or existing.policy_digest == digest:
+            rec = store.register_run(name, text, digest, str(path))
+        else:
+            derived = derived_run_name(name, digest)
+            source = (
+                f"{path} (--run {name}: a changed policy; run {name} keeps "
+                f"{existing.policy_digest})"
+            )
+            rec = store.register_run(derived, text, digest, source)
+            log.warning(
+                "run_policy_changed",
+                run=name,
+                kept=existing.policy_digest,
+                new_run=derived,
+                policy=digest,
+                source=str(path),
+            )
     except PolicyError as e:
         raise ConfigError(f"--run {name}={path}: {e.explain()}") from e
     except RunExists as e:
         raise ConfigError(f"--run {name}={path}: {e.explain()}") from e
     log.info("run_registered", run=rec.name, policy=rec.policy_digest, source=str(path))
+    return rec.name
+
+
+def _check_expiry(store: Store, expiry_s: float) -> None:
+    """Every stored run's freshness_s below the target expiry (``expiry_error``). A stored
+    policy this verifier no longer loads is logged, not fatal: refusing to start on it would
+    crash-loop the verifier (its runs answer with the load error instead)."""
+    for run in store.list_runs():
+        try:
+            pol = load_policy(run.policy_toml, run.source)
+        except PolicyError as e:
+            log.error("stored_policy_unloadable", run=run.name, error=e.explain())
+            continue
+        why = expiry_error(pol, expiry_s)
+        if why is not None:
+            raise ConfigError(f"run {run.name}: {why} (give a larger --target-expiry)")
 
 
 class VerifierServer:
@@ -83,6 +131,7 @@ class VerifierServer:
         try:
             for name, path in config.runs:
                 register_at_start(self.store, name, path)
+            _check_expiry(self.store, config.target_expiry_s)
         except ConfigError:
             self.store.close()
             raise
@@ -100,7 +149,9 @@ class VerifierServer:
         except ConfigError:
             self.store.close()
             raise
-        self.service = VerifierService(self.store, config.report_interval_s, auth)
+        self.service = VerifierService(
+            self.store, config.report_interval_s, auth, config.target_expiry_s
+        )
         self.health = health.HealthServicer()
         opts = list(wire.GRPC_OPTIONS)
         self.server = grpc.server(

@@ -4,12 +4,28 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from dataclasses import dataclass
 
 from verifier import wire
 from verifier.model import FileEntry, RunVerdict, TargetReport
 from verifier.policy import Policy, evaluate_run, load_policy
 from verifier.policy.interface import TargetSnapshot
+from verifier.server import clock
 from verifier.server.store import RunRecord, Store
+
+
+@dataclass(frozen=True)
+class Tracked:
+    """What the verifier knows of one target: its latest snapshot, which report that is,
+    when it last heard from it on the age clock (or, for a report loaded from the database,
+    when this verifier started) and whether it has expired (silent past ``--target-expiry``:
+    kept for ``verifier target list``, left out of every run's verdict)."""
+
+    snapshot: TargetSnapshot
+    agent_id: str
+    seq: int
+    heard_boot_s: float
+    expired: bool = False
 
 
 class Evaluator:
@@ -21,7 +37,7 @@ class Evaluator:
         self.store = store
         self._policies: dict[str, Policy] = {}
         self._manifests: dict[str, tuple[FileEntry, ...]] = {}
-        self._latest: dict[str, TargetSnapshot] | None = None
+        self._latest: dict[str, Tracked] | None = None
         self._lock = threading.Lock()
 
     def policy(self, run: RunRecord) -> Policy:
@@ -41,7 +57,11 @@ class Evaluator:
         return got
 
     def _snapshot(
-        self, report: TargetReport, received_unix: float, authenticated_as: str | None
+        self,
+        report: TargetReport,
+        received_unix: float,
+        authenticated_as: str | None,
+        received_boot_s: float | None,
     ) -> TargetSnapshot:
         procs = tuple(
             p
@@ -59,35 +79,82 @@ class Evaluator:
             report.containers,
             report.unobservable,
             authenticated_as,
+            received_boot_s,
+            report.sent_unix,
+            report.mixed_roots,
         )
 
-    def _load(self) -> dict[str, TargetSnapshot]:
+    def _load(self) -> dict[str, Tracked]:
         # Evidence stored before this verifier started: how it was authenticated is not known
-        # now, so it counts as unauthenticated until its target reports again.
-        return {
-            s.target: self._snapshot(wire.report_from_bytes(s.report), s.received_unix, None)
-            for s in self.store.latest_reports()
-        }
+        # now, so it counts as unauthenticated until its target reports again; nor when it
+        # arrived on the age clock, whose origin was lost with the old process: not fresh.
+        # Its silence for expiry counts from now. A target retired with this very report as
+        # its last stays retired: forgotten ones are not loaded, expired ones stay expired.
+        retired = self.store.retired_targets()
+        now = clock.boot_s()
+        out: dict[str, Tracked] = {}
+        for s in self.store.latest_reports():
+            event, agent, seq = retired.get(s.target, ("", "", -1))
+            if (agent, seq) == (s.agent_id, s.seq) and event == "forgotten":
+                continue
+            snap = self._snapshot(wire.report_from_bytes(s.report), s.received_unix, None, None)
+            expired = (agent, seq) == (s.agent_id, s.seq) and event == "expired"
+            out[s.target] = Tracked(snap, s.agent_id, s.seq, now, expired)
+        return out
+
+    def _tracked(self) -> dict[str, Tracked]:
+        """Every known target (call with the lock held)."""
+        if self._latest is None:
+            self._latest = self._load()
+        return self._latest
 
     def note(
-        self, report: TargetReport, received_unix: float, authenticated_as: str | None = "local"
+        self,
+        report: TargetReport,
+        received_unix: float,
+        authenticated_as: str | None = "local",
+        received_boot_s: float | None = None,
     ) -> None:
-        """A report was stored: it is now its target's latest evidence."""
-        snap = self._snapshot(report, received_unix, authenticated_as)
+        """A report was stored: it is now its target's latest evidence (an expired or forgotten
+        target is back, as new). RECEIVED_BOOT_S: when it arrived on the age clock
+        (``clock.boot_s``; None: now)."""
+        at = clock.boot_s() if received_boot_s is None else received_boot_s
+        snap = self._snapshot(report, received_unix, authenticated_as, at)
         with self._lock:
-            if self._latest is None:
-                self._latest = self._load()
-            self._latest[report.target] = snap
+            self._tracked()[report.target] = Tracked(snap, report.agent_id, report.seq, at)
 
     def snapshots(self) -> list[TargetSnapshot]:
+        """The latest snapshot of every target that is not expired: what verdicts judge."""
         with self._lock:
-            if self._latest is None:
-                self._latest = self._load()
-            return [self._latest[t] for t in sorted(self._latest)]
+            latest = self._tracked()
+            return [latest[t].snapshot for t in sorted(latest) if not latest[t].expired]
+
+    def targets(self) -> list[Tracked]:
+        """Every known target, expired ones included (``verifier target list``)."""
+        with self._lock:
+            latest = self._tracked()
+            return [latest[t] for t in sorted(latest)]
+
+    def expire(self, expiry_s: float) -> list[Tracked]:
+        """Mark every target silent for longer than EXPIRY_S (on the age clock) expired; the
+        ones newly expired (to be recorded in the ledger)."""
+        now = clock.boot_s()
+        with self._lock:
+            latest = self._tracked()
+            due = [t for t in latest.values() if not t.expired and now - t.heard_boot_s > expiry_s]
+            for t in due:
+                latest[t.snapshot.target] = dataclasses.replace(t, expired=True)
+        return due
+
+    def forget(self, target: str) -> Tracked | None:
+        """Drop TARGET (None: unknown); it comes back as new if it reports again."""
+        with self._lock:
+            return self._tracked().pop(target, None)
 
     def run_verdict(
         self, run: RunRecord, now: float, snaps: list[TargetSnapshot] | None = None
     ) -> RunVerdict:
+        """RUN's verdict at wall-clock time NOW (displayed); ages on the age clock, now."""
         pol = self.policy(run)
         snaps = self.snapshots() if snaps is None else snaps
-        return evaluate_run(run.name, pol, run.policy_digest, snaps, now)
+        return evaluate_run(run.name, pol, run.policy_digest, snaps, now, now_boot_s=clock.boot_s())

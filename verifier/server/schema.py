@@ -1,8 +1,9 @@
 """The verifier's tables, once per dialect (same columns; types differ).
 
 Content tables (covered by the ledger): ``runs``, ``manifests``, ``reports``, ``verdicts``,
-``binding_batches`` with their rows in ``bindings`` and ``request_ids``, and ``checkpoints``
-(signed, covering the ledger itself). Index tables (derived from the content, rebuilt from it,
+``target_events`` (a target expired or forgotten), ``binding_batches`` with their rows in
+``bindings`` and ``request_ids``, and ``checkpoints`` (signed, covering the ledger itself).
+Index tables (derived from the content, rebuilt from it,
 not in the ledger): ``blobs`` and ``paths`` (each file hash and each path stored once, however
 many manifests list them), ``manifest_files`` (which manifest lists which path with which
 hash) and ``processes`` (which process ran which manifest, first and last seen).
@@ -111,6 +112,16 @@ CREATE TABLE IF NOT EXISTS request_ids (
 CREATE INDEX IF NOT EXISTS request_ids_by_client ON request_ids (client_id);
 CREATE INDEX IF NOT EXISTS request_ids_by_internal ON request_ids (internal_id);
 CREATE INDEX IF NOT EXISTS request_ids_by_batch ON request_ids (batch);
+CREATE TABLE IF NOT EXISTS target_events (
+    {rowid}
+    target TEXT NOT NULL,
+    at_unix {real} NOT NULL,
+    event TEXT NOT NULL,
+    by_whom TEXT NOT NULL,
+    last_agent TEXT NOT NULL,
+    last_seq BIGINT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS target_events_by_target ON target_events (target);
 CREATE TABLE IF NOT EXISTS blobs (
     id {serial},
     sha256 TEXT NOT NULL UNIQUE

@@ -20,9 +20,10 @@ from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
 from verifier.errors import Error
 from verifier.model import FileEntry, RunVerdict, TargetReport, merkle_root
-from verifier.policy import PolicyError, load_policy, policy_digest
+from verifier.policy import Policy, PolicyError, load_policy, policy_digest
 from verifier.security.auth import READ_ROLES, Authorizer
-from verifier.server.evaluate import Evaluator
+from verifier.server import clock
+from verifier.server.evaluate import Evaluator, Tracked
 from verifier.server.index import processes_seen
 from verifier.server.metrics import VerifierMetrics
 from verifier.server.store import RunExists, Store, StoredReport, UnknownRun
@@ -43,6 +44,20 @@ def verdict_detail(v: RunVerdict) -> dict[str, Any]:
 
 
 OPERATOR = frozenset({"operator"})
+# A target silent this long is expired: in no run's verdict, recorded in the ledger.
+DEFAULT_TARGET_EXPIRY_S = 3600.0
+
+
+def expiry_error(pol: Policy, expiry_s: float) -> str | None:
+    """Why POL cannot be judged under a target expiry of EXPIRY_S, or None: a target must go
+    stale (freshness_s) before it expires, or a run would drop a silent target from its verdict
+    while its evidence still counted as fresh."""
+    if pol.freshness_s >= expiry_s:
+        return (
+            f"freshness_s {pol.freshness_s:g} is not below the verifier's --target-expiry "
+            f"{expiry_s:g}: a target must go stale before it expires"
+        )
+    return None
 
 
 class VerifierService(pb_grpc.VerifierServiceServicer):
@@ -51,8 +66,10 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         store: Store,
         report_interval_s: float = REPORT_INTERVAL_S,
         auth: Authorizer | None = None,
+        target_expiry_s: float = DEFAULT_TARGET_EXPIRY_S,
     ) -> None:
         self.store = store
+        self.target_expiry_s = target_expiry_s
         self.auth = auth or Authorizer(secure=False)
         self.evaluator = Evaluator(store)
         self.report_interval_s = report_interval_s
@@ -78,6 +95,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
 
     def Report(self, request: pb.ReportRequest, context: grpc.ServicerContext) -> pb.ReportResponse:
         received = time.monotonic()
+        received_boot_s = clock.boot_s()  # its age is measured from here (server/clock.py)
         try:
             report = wire.report_request_from_pb(request)
         except wire.WireError as e:
@@ -132,7 +150,9 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
             ingest_s = time.monotonic() - received
             self.metrics.stored(report, stored.received_unix, ingest_s)
             log.debug("report_stored", ingest_s=round(ingest_s, 6), processes=len(report.processes))
-            self.evaluator.note(stripped, stored.received_unix, self.auth.authenticated_as(peer))
+            self.evaluator.note(
+                stripped, stored.received_unix, self.auth.authenticated_as(peer), received_boot_s
+            )
             nonce = secrets.token_hex(16)
             self._nonces[report.agent_id] = nonce
         self.dirty.set()
@@ -180,7 +200,10 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         except wire.WireError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed registration: {e}")
         try:
-            load_policy(reg.policy_toml, reg.source or "<policy>")
+            pol = load_policy(reg.policy_toml, reg.source or "<policy>")
+            why = expiry_error(pol, self.target_expiry_s)
+            if why is not None:
+                raise PolicyError(reg.source or "<policy>", None, "evidence.freshness_s", why)
             rec = self.store.register_run(
                 reg.name, reg.policy_toml, policy_digest(reg.policy_toml), reg.source
             )
@@ -233,8 +256,63 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         ]
         return wire.list_runs_response_to_pb(out)
 
+    # targets ---------------------------------------------------------------------------
+    def _status(self, t: Tracked, freshness_s: float, now_boot_s: float) -> wire.TargetStatus:
+        at = t.snapshot.evidence_boot_s
+        age = None if at is None else now_boot_s - at
+        state = "expired" if t.expired else "stale" if age is None or age > freshness_s else "live"
+        return wire.TargetStatus(
+            t.snapshot.target,
+            t.snapshot.received_unix,
+            age,
+            t.agent_id,
+            t.snapshot.authenticated_as,
+            state,
+        )
+
+    def _freshness_s(self) -> float:
+        """The smallest freshness_s of the registered runs: what ``live`` means in a list."""
+        runs = self.store.list_runs()
+        return min((self.evaluator.policy(r).freshness_s for r in runs), default=10.0)
+
+    def ListTargets(
+        self, request: pb.ListTargetsRequest, context: grpc.ServicerContext
+    ) -> pb.ListTargetsResponse:
+        self.auth.require_role(context, READ_ROLES)
+        self.expire_targets()
+        fresh, now = self._freshness_s(), clock.boot_s()
+        out = [self._status(t, fresh, now) for t in self.evaluator.targets()]
+        return wire.list_targets_response_to_pb(out)
+
+    def ForgetTarget(
+        self, request: pb.ForgetTargetRequest, context: grpc.ServicerContext
+    ) -> pb.ForgetTargetResponse:
+        peer = self.auth.require_role(context, OPERATOR)
+        try:
+            name = wire.forget_target_request_from_pb(request)
+        except wire.WireError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed forget request: {e}")
+        by = self.auth.authenticated_as(peer) or "unauthenticated"
+        with self._lock:  # no report of it is stored in between
+            gone = self.evaluator.forget(name)
+            if gone is None:
+                context.abort(grpc.StatusCode.NOT_FOUND, f"no target named {name!r}")
+            status = self._status(gone, self._freshness_s(), clock.boot_s())
+            self.store.retire_target(name, "forgotten", by, (gone.agent_id, gone.seq))
+        log.info("target_forgotten", target=name, by=by)
+        self.dirty.set()
+        return wire.forget_target_response_to_pb(status)
+
+    def expire_targets(self) -> None:
+        """Expire every target silent past the target expiry, each recorded in the ledger."""
+        for t in self.evaluator.expire(self.target_expiry_s):
+            target = t.snapshot.target
+            self.store.retire_target(target, "expired", "verifier", (t.agent_id, t.seq))
+            log.info("target_expired", target=target, expiry_s=self.target_expiry_s)
+
     def refresh_verdicts(self) -> None:
         """Re-evaluate every run after new evidence; history records each change."""
+        self.expire_targets()
         now = time.time()
         snaps = self.evaluator.snapshots()
         for run in self.store.list_runs():

@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # signing needs `cryptography`, imported only when a key is u
     from verifier.ledger.keys import Ed25519PrivateKey
 
 RUN_COLUMNS = "name, policy_toml, policy_digest, source, created_unix"
+TARGET_EVENTS = ("expired", "forgotten")
 
 
 class RunExists(UsageError):
@@ -302,6 +303,36 @@ class Store:
         """Entries in the audit ledger (its last sequence number; the metrics read it)."""
         rows = self._query("SELECT MAX(seq) FROM ledger")
         return int(rows[0][0]) if rows and rows[0][0] is not None else 0
+
+    # targets ---------------------------------------------------------------------------
+    def retire_target(self, target: str, event: str, by: str, last: tuple[str, int]) -> float:
+        """Record that TARGET expired or was forgotten (EVENT) by BY, retiring its latest
+        report LAST (agent id, seq): no verdict counts it after this, and a restarted verifier
+        does not load it back. A later report of the target brings it back as new. When."""
+        if event not in TARGET_EVENTS:
+            raise ValueError(f"target event {event!r} is not one of {TARGET_EVENTS}")
+        at = time.time()
+        row = (target, at, event, by, last[0], last[1])
+        self._tx(
+            [
+                (
+                    "INSERT INTO target_events (target, at_unix, event, by_whom, last_agent, "
+                    "last_seq) VALUES (?, ?, ?, ?, ?, ?)",
+                    row,
+                )
+            ],
+            lambda db: chain.append(
+                db, at, "target", chain.target_ref(target, at), chain.target_subject(*row)
+            ),
+        )
+        return at
+
+    def retired_targets(self) -> dict[str, tuple[str, str, int]]:
+        """Every target's latest retirement: target -> (event, last agent id, last seq)."""
+        rows = self._query(
+            "SELECT target, event, last_agent, last_seq FROM target_events ORDER BY rowid"
+        )
+        return {t: (e, a, int(s)) for t, e, a, s in rows}
 
     # verdict history -------------------------------------------------------------------
     def last_verdict(self, run: str) -> tuple[str, str] | None:

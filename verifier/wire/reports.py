@@ -195,6 +195,7 @@ def report_to_pb(report: TargetReport) -> pb.TargetReport:
         unobservable=list(report.unobservable),
         spans=[_span_to_pb(b) for b in report.spans],
         request_ids=[_request_id_to_pb(r) for r in report.request_ids],
+        mixed_roots=[key_to_pb(k) for k in report.mixed_roots],
     )
 
 
@@ -233,6 +234,9 @@ def report_from_pb(msg: pb.TargetReport, at: str = "report") -> TargetReport:
         ),
         spans=spans,
         request_ids=request_ids,
+        mixed_roots=tuple(
+            key_from_pb(k, f"{at}.mixed_roots[{i}]") for i, k in enumerate(msg.mixed_roots)
+        ),
     )
 
 

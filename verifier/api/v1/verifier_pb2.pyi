@@ -445,7 +445,7 @@ class FileDisagreement(_message.Message):
     def __init__(self, path: _Optional[str] = ..., sha256_in_process: _Optional[str] = ..., sha256_agent: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class TargetReport(_message.Message):
-    __slots__ = ("agent_id", "target", "seq", "nonce", "sent_unix", "processes", "gone", "collected_unix", "containers", "unobservable", "spans", "request_ids")
+    __slots__ = ("agent_id", "target", "seq", "nonce", "sent_unix", "processes", "gone", "collected_unix", "containers", "unobservable", "spans", "request_ids", "mixed_roots")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -458,6 +458,7 @@ class TargetReport(_message.Message):
     UNOBSERVABLE_FIELD_NUMBER: _ClassVar[int]
     SPANS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    MIXED_ROOTS_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     target: str
     seq: int
@@ -470,7 +471,8 @@ class TargetReport(_message.Message):
     unobservable: _containers.RepeatedScalarFieldContainer[str]
     spans: _containers.RepeatedCompositeFieldContainer[RequestSpan]
     request_ids: _containers.RepeatedCompositeFieldContainer[RequestId]
-    def __init__(self, agent_id: _Optional[str] = ..., target: _Optional[str] = ..., seq: _Optional[int] = ..., nonce: _Optional[str] = ..., sent_unix: _Optional[float] = ..., processes: _Optional[_Iterable[_Union[ProcessReport, _Mapping]]] = ..., gone: _Optional[_Iterable[_Union[ProcessKey, _Mapping]]] = ..., collected_unix: _Optional[float] = ..., containers: _Optional[_Iterable[_Union[ContainerInfo, _Mapping]]] = ..., unobservable: _Optional[_Iterable[str]] = ..., spans: _Optional[_Iterable[_Union[RequestSpan, _Mapping]]] = ..., request_ids: _Optional[_Iterable[_Union[RequestId, _Mapping]]] = ...) -> None: ...
+    mixed_roots: _containers.RepeatedCompositeFieldContainer[ProcessKey]
+    def __init__(self, agent_id: _Optional[str] = ..., target: _Optional[str] = ..., seq: _Optional[int] = ..., nonce: _Optional[str] = ..., sent_unix: _Optional[float] = ..., processes: _Optional[_Iterable[_Union[ProcessReport, _Mapping]]] = ..., gone: _Optional[_Iterable[_Union[ProcessKey, _Mapping]]] = ..., collected_unix: _Optional[float] = ..., containers: _Optional[_Iterable[_Union[ContainerInfo, _Mapping]]] = ..., unobservable: _Optional[_Iterable[str]] = ..., spans: _Optional[_Iterable[_Union[RequestSpan, _Mapping]]] = ..., request_ids: _Optional[_Iterable[_Union[RequestId, _Mapping]]] = ..., mixed_roots: _Optional[_Iterable[_Union[ProcessKey, _Mapping]]] = ...) -> None: ...
 
 class RequestSpan(_message.Message):
     __slots__ = ("process", "internal_id", "first_step", "last_step", "steps", "tokens", "first_unix", "last_unix", "manifest_first", "manifest_last", "runner", "hooks", "finished", "spec")
@@ -741,3 +743,41 @@ class ListRunsResponse(_message.Message):
     RUNS_FIELD_NUMBER: _ClassVar[int]
     runs: _containers.RepeatedCompositeFieldContainer[RunSummary]
     def __init__(self, runs: _Optional[_Iterable[_Union[RunSummary, _Mapping]]] = ...) -> None: ...
+
+class TargetState(_message.Message):
+    __slots__ = ("target", "last_report_unix", "age_s", "agent_id", "authenticated_as", "state")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    LAST_REPORT_UNIX_FIELD_NUMBER: _ClassVar[int]
+    AGE_S_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    AUTHENTICATED_AS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    target: str
+    last_report_unix: float
+    age_s: float
+    agent_id: str
+    authenticated_as: str
+    state: str
+    def __init__(self, target: _Optional[str] = ..., last_report_unix: _Optional[float] = ..., age_s: _Optional[float] = ..., agent_id: _Optional[str] = ..., authenticated_as: _Optional[str] = ..., state: _Optional[str] = ...) -> None: ...
+
+class ListTargetsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListTargetsResponse(_message.Message):
+    __slots__ = ("targets",)
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    targets: _containers.RepeatedCompositeFieldContainer[TargetState]
+    def __init__(self, targets: _Optional[_Iterable[_Union[TargetState, _Mapping]]] = ...) -> None: ...
+
+class ForgetTargetRequest(_message.Message):
+    __slots__ = ("target",)
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    target: str
+    def __init__(self, target: _Optional[str] = ...) -> None: ...
+
+class ForgetTargetResponse(_message.Message):
+    __slots__ = ("forgotten",)
+    FORGOTTEN_FIELD_NUMBER: _ClassVar[int]
+    forgotten: TargetState
+    def __init__(self, forgotten: _Optional[_Union[TargetState, _Mapping]] = ...) -> None: ...

@@ -60,6 +60,16 @@ class VerifierServiceStub:
                 request_serializer=verifier_dot_api_dot_v1_dot_verifier__pb2.ListRunsRequest.SerializeToString,
                 response_deserializer=verifier_dot_api_dot_v1_dot_verifier__pb2.ListRunsResponse.FromString,
                 _registered_method=True)
+        self.ListTargets = channel.unary_unary(
+                '/verifier.api.v1.VerifierService/ListTargets',
+                request_serializer=verifier_dot_api_dot_v1_dot_verifier__pb2.ListTargetsRequest.SerializeToString,
+                response_deserializer=verifier_dot_api_dot_v1_dot_verifier__pb2.ListTargetsResponse.FromString,
+                _registered_method=True)
+        self.ForgetTarget = channel.unary_unary(
+                '/verifier.api.v1.VerifierService/ForgetTarget',
+                request_serializer=verifier_dot_api_dot_v1_dot_verifier__pb2.ForgetTargetRequest.SerializeToString,
+                response_deserializer=verifier_dot_api_dot_v1_dot_verifier__pb2.ForgetTargetResponse.FromString,
+                _registered_method=True)
 
 
 class VerifierServiceServicer:
@@ -101,6 +111,21 @@ class VerifierServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListTargets(self, request, context):
+        """Every target the verifier knows: its last report, age, agent and state (reader roles).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ForgetTarget(self, request, context):
+        """Retire a target (operator role): no verdict counts its evidence after this, and the
+        ledger records it; if it reports again it comes back as a new target.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_VerifierServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -128,6 +153,16 @@ def add_VerifierServiceServicer_to_server(servicer, server):
                     servicer.ListRuns,
                     request_deserializer=verifier_dot_api_dot_v1_dot_verifier__pb2.ListRunsRequest.FromString,
                     response_serializer=verifier_dot_api_dot_v1_dot_verifier__pb2.ListRunsResponse.SerializeToString,
+            ),
+            'ListTargets': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTargets,
+                    request_deserializer=verifier_dot_api_dot_v1_dot_verifier__pb2.ListTargetsRequest.FromString,
+                    response_serializer=verifier_dot_api_dot_v1_dot_verifier__pb2.ListTargetsResponse.SerializeToString,
+            ),
+            'ForgetTarget': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForgetTarget,
+                    request_deserializer=verifier_dot_api_dot_v1_dot_verifier__pb2.ForgetTargetRequest.FromString,
+                    response_serializer=verifier_dot_api_dot_v1_dot_verifier__pb2.ForgetTargetResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -266,6 +301,60 @@ class VerifierService:
             '/verifier.api.v1.VerifierService/ListRuns',
             verifier_dot_api_dot_v1_dot_verifier__pb2.ListRunsRequest.SerializeToString,
             verifier_dot_api_dot_v1_dot_verifier__pb2.ListRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTargets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/verifier.api.v1.VerifierService/ListTargets',
+            verifier_dot_api_dot_v1_dot_verifier__pb2.ListTargetsRequest.SerializeToString,
+            verifier_dot_api_dot_v1_dot_verifier__pb2.ListTargetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForgetTarget(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/verifier.api.v1.VerifierService/ForgetTarget',
+            verifier_dot_api_dot_v1_dot_verifier__pb2.ForgetTargetRequest.SerializeToString,
+            verifier_dot_api_dot_v1_dot_verifier__pb2.ForgetTargetResponse.FromString,
             options,
             channel_credentials,
             insecure,
