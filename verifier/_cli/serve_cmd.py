@@ -46,12 +46,23 @@ def add_parser(sub: Any) -> None:
         "--signing-key",
         type=Path,
         metavar="KEY",
-        help="Ed25519 private key (verifier keygen): sign a checkpoint of the ledger every "
-        "--checkpoint-interval seconds when it grew, and at shutdown; `verifier audit verify "
-        "--db` then names any rewrite of the ledger behind a checkpoint",
+        help="Ed25519 private key (verifier keygen) that signs the ledger's checkpoints; "
+        "default: DB.signing.key beside an SQLite database, else in the state directory "
+        "($VERIFIER_STATE_DIR, $XDG_STATE_HOME/verifier or ~/.local/state/verifier), "
+        "generated at first start and never overwritten. Checkpoints are always signed: at "
+        "start, every --checkpoint-interval seconds or --checkpoint-every entries, and at "
+        "shutdown; keep one outside the database (`verifier audit checkpoint`) so that "
+        "`verifier audit verify --checkpoint` can prove the ledger was not rewritten",
     )
     p.add_argument(
         "--checkpoint-interval", type=float, default=60.0, metavar="S", help="default 60"
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="also sign a checkpoint once the ledger grew by N entries (default 1000)",
     )
     p.add_argument(
         "--max-concurrent-rpcs",
@@ -109,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.checkpoint_interval <= 0:
         raise UsageError("--checkpoint-interval must be positive")
+    if args.checkpoint_every < 1:
+        raise UsageError("--checkpoint-every must be at least 1")
     if args.max_concurrent_rpcs < 1:
         raise UsageError("--max-concurrent-rpcs must be at least 1")
     from verifier.security.tls import ServerTLS
@@ -127,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
         runs=tuple(args.run),
         signing_key=args.signing_key,
         checkpoint_interval_s=args.checkpoint_interval,
+        checkpoint_every=args.checkpoint_every,
         tls=tls,
         tokens=args.tokens,
         insecure=args.insecure,
