@@ -48,6 +48,19 @@ SERVER_HOOKS = {
 MALFORMED_ENTRY = "this entry has no equals sign"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A verifier started without --signing-key on PostgreSQL keeps its generated ledger key
+    in the state directory: one under the session's temporary directory, not the home's."""
+    before = os.environ.get("VERIFIER_STATE_DIR")
+    os.environ["VERIFIER_STATE_DIR"] = str(tmp_path_factory.mktemp("verifier-state"))
+    yield
+    if before is None:
+        os.environ.pop("VERIFIER_STATE_DIR", None)
+    else:
+        os.environ["VERIFIER_STATE_DIR"] = before
+
+
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
     """The tiny random-weight Llama (built on first use; `make model` builds it too)."""

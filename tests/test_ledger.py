@@ -138,7 +138,8 @@ def test_audit_verify_cli_exit_codes(backend: Backend, tmp_path: Path) -> None:
     assert out.returncode == 0 and f"6 entries, head {head}" in out.stdout, out.stderr
     out = verifier_cli("audit", "verify", "--db", path, "--json")
     assert json.loads(out.stdout) == {"ok": True, "entries": 6, "head": head, "problem": None,
-                                      "seq": None, "checkpoints": 0}  # fmt: skip
+                                      "seq": None, "checkpoints": 0,
+                                      "scope": "internal"}  # fmt: skip
     backend.sql(("UPDATE reports SET report = ? WHERE seq = 2", (b"\x00",)))
     out = verifier_cli("audit", "verify", "--db", path)
     assert out.returncode == 1 and "the stored report was changed" in out.stderr

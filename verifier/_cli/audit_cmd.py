@@ -8,10 +8,17 @@ import dataclasses
 import json
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from verifier._cli import audit_anchor_cmd
+from verifier._cli._audit_db import DB_HELP
+from verifier._cli._audit_db import open_ro as _open
 from verifier.errors import CheckFailed, ConfigError, UsageError
-from verifier.server.db import Database, open_database
+
+if TYPE_CHECKING:
+    from verifier.ledger import chain
+    from verifier.ledger.anchor import Anchored, NotAnExtension
+    from verifier.ledger.note import SignedCheckpoint
 
 
 class LedgerBroken(CheckFailed):
@@ -39,15 +46,28 @@ def add_parser(sub: Any) -> None:
         "signatures, the inclusion of every entry in its signed checkpoint, the chain between "
         "consecutive entries, and that every statement's content recomputes its entry. Exit "
         "0 verifies, 7 corrupted or does not verify, 8 signed by another key, 3 no such file "
-        "or not a public key.",
+        "or not a public key. Without --checkpoint, the online check shows only that the "
+        "database agrees with itself (whoever can write it can rewrite the chain and delete "
+        "its checkpoints) and says so; with --checkpoint OLD.note --key KEY.pub (a signed "
+        "checkpoint kept outside the database: `verifier audit checkpoint`), it also proves "
+        "the ledger is an append-only extension of OLD: exit 1 when it was rewritten behind "
+        "OLD, truncated below OLD's size, or OLD is no longer among its checkpoints; 8 when "
+        "OLD was signed by another key; 7 when OLD is damaged.",
     )
     v.add_argument("bundle", nargs="?", metavar="BUNDLE", help="an export to check offline")
     v.add_argument("--db", help=DB_HELP + " (online check)")
     v.add_argument(
         "--key", help="the verifier's public key (PEM): required with BUNDLE, optional with --db"
     )
+    v.add_argument(
+        "--checkpoint",
+        metavar="OLD.note",
+        help="with --db and --key: a signed checkpoint note kept outside the database; prove "
+        "the ledger now extends it (RFC 9162 consistency proof)",
+    )
     v.add_argument("--json", action="store_true", help="machine-readable result")
     v.set_defaults(handler=run_verify)
+    audit_anchor_cmd.add_actions(acts)
     x = acts.add_parser(
         "export",
         help="write a signed bundle (in-toto statements in DSSE envelopes) for offline audit",
@@ -110,24 +130,6 @@ def add_parser(sub: Any) -> None:
     r.add_argument("--db", required=True, help=DB_HELP)
     r.add_argument("--json", action="store_true", help="machine-readable result")
     r.set_defaults(handler=run_run)
-
-
-DB_HELP = "the verifier's database: an SQLite file or a postgresql:// URL"
-
-
-def _open(target: str) -> Database:
-    """TARGET read-only; a clear error for a missing, foreign or unreachable database."""
-    db = open_database(target, read_only=True)
-    try:
-        if not db.has_table("reports"):
-            raise ConfigError(f"{db.name}: not a verifier database")
-    except db.errors as e:
-        db.close()
-        raise ConfigError(f"{db.name}: cannot read the database: {e}") from e
-    except ConfigError:
-        db.close()
-        raise
-    return db
 
 
 def _when(t: float) -> str:
@@ -264,6 +266,8 @@ def run_export(args: argparse.Namespace) -> int:
 
 def run_verify(args: argparse.Namespace) -> int:
     if args.bundle is not None:
+        if args.checkpoint is not None:
+            raise UsageError("--checkpoint checks a database (--db), not a bundle")
         if args.db is not None:
             raise UsageError("give either BUNDLE (offline) or --db (online), not both")
         if args.key is None:
@@ -323,8 +327,14 @@ def _verify_online(args: argparse.Namespace) -> int:
         from verifier.ledger.keys import load_public_key
 
         key = load_public_key(Path(args.key))
+    old = None
+    if args.checkpoint is not None:
+        if key is None:
+            raise UsageError("--checkpoint needs the verifier's public key: --key KEY.pub")
+        old = audit_anchor_cmd.read_note(args.checkpoint, key)  # exit 7 / 8 before the db
     db = _open(args.db)
     path = db.name
+    anchored, anchor_problem = None, None
     try:
         if not db.has_table("ledger"):
             raise ConfigError(
@@ -335,12 +345,37 @@ def _verify_online(args: argparse.Namespace) -> int:
         with db.snapshot():
             result = chain.verify(db)
             held, cp_problem = checkpoints.check(db, key)
+            if old is not None:
+                anchored, anchor_problem = audit_anchor_cmd.anchor(db, old)
     except db.errors as e:
         raise ConfigError(f"{path}: cannot read the database: {e}") from e
     finally:
         db.close()
-    problem = result.problem or cp_problem
-    if args.json:
+    problem = result.problem or (str(anchor_problem) if anchor_problem else None) or cp_problem
+    _print_online(
+        args.json, path, result,
+        held=held, problem=problem, old=old, anchored=anchored, anchor_problem=anchor_problem,
+    )  # fmt: skip
+    if anchor_problem is not None and result.problem is None:
+        raise anchor_problem  # its own message: rewritten, truncated, checkpoint dropped
+    if problem is not None:
+        raise LedgerBroken(f"{path}: {problem} ({result.entries} entries verified)")
+    return 0
+
+
+def _print_online(
+    as_json: bool,
+    path: str,
+    result: chain.Verification,
+    *,
+    held: int,
+    problem: str | None,
+    old: SignedCheckpoint | None,
+    anchored: Anchored | None,
+    anchor_problem: NotAnExtension | None,
+) -> None:
+    """What ``audit verify --db`` found: JSON, or the lines saying how far it reaches."""
+    if as_json:
         out = {
             "ok": problem is None,
             "entries": result.entries,
@@ -348,11 +383,24 @@ def _verify_online(args: argparse.Namespace) -> int:
             "problem": problem,
             "seq": result.seq,
             "checkpoints": held,
+            "scope": "internal" if old is None else "anchored",
         }
+        if old is not None:
+            out["anchor"] = audit_anchor_cmd.anchor_json(old, anchored, anchor_problem)
         print(json.dumps(out, indent=2))
-    elif problem is None:
-        cps = f", {held} signed checkpoint(s) hold" if held else ""
-        print(f"{path}: ledger intact, {result.entries} entries, head {result.head}{cps}")
+        return
     if problem is not None:
-        raise LedgerBroken(f"{path}: {problem} ({result.entries} entries verified)")
-    return 0
+        return
+    cps = f", {held} signed checkpoint(s) hold" if held else ""
+    print(f"{path}: ledger intact, {result.entries} entries, head {result.head}{cps}")
+    if anchored is None:
+        print(
+            "  internal consistency only: the database agrees with itself, which a rewrite of "
+            "the chain that also deletes its checkpoints keeps true; give --checkpoint "
+            "OLD.note --key KEY.pub (a checkpoint kept outside it) to show it only grew"
+        )
+    else:
+        print(
+            f"  append-only since the checkpoint kept outside ({anchored.old_size} entries -> "
+            f"{anchored.size}): consistency proof of {len(anchored.proof)} hash(es) verifies"
+        )

@@ -48,9 +48,13 @@ def add_parser(sub: Any) -> None:
         "--signing-key",
         type=Path,
         metavar="KEY",
-        help="Ed25519 private key (verifier keygen): sign a checkpoint of the ledger every "
-        "--checkpoint-interval seconds when it grew, and at shutdown; `verifier audit verify "
-        "--db` then names any rewrite of the ledger behind a checkpoint",
+        help="Ed25519 private key (verifier keygen) that signs the ledger's checkpoints; "
+        "default: DB.signing.key beside an SQLite database, else in the state directory "
+        "($VERIFIER_STATE_DIR, $XDG_STATE_HOME/verifier or ~/.local/state/verifier), "
+        "generated at first start and never overwritten. Checkpoints are always signed: at "
+        "start, every --checkpoint-interval seconds or --checkpoint-every entries, and at "
+        "shutdown; keep one outside the database (`verifier audit checkpoint`) so that "
+        "`verifier audit verify --checkpoint` can prove the ledger was not rewritten",
     )
     p.add_argument(
         "--checkpoint-interval", type=float, default=60.0, metavar="S", help="default 60"
@@ -64,6 +68,11 @@ def add_parser(sub: Any) -> None:
         "every run's verdict and recorded in the ledger, listed by `verifier target list` until "
         "forgotten; it comes back if it reports again. Must exceed every run's freshness_s "
         "(default 3600)",
+        "--checkpoint-every",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="also sign a checkpoint once the ledger grew by N entries (default 1000)",
     )
     p.add_argument(
         "--max-concurrent-rpcs",
@@ -123,6 +132,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--checkpoint-interval must be positive")
     if not args.target_expiry > 0:
         raise UsageError("--target-expiry must be positive")
+    if args.checkpoint_every < 1:
+        raise UsageError("--checkpoint-every must be at least 1")
     if args.max_concurrent_rpcs < 1:
         raise UsageError("--max-concurrent-rpcs must be at least 1")
     from verifier.security.tls import ServerTLS
@@ -141,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
         runs=tuple(args.run),
         signing_key=args.signing_key,
         checkpoint_interval_s=args.checkpoint_interval,
+        checkpoint_every=args.checkpoint_every,
         tls=tls,
         tokens=args.tokens,
         insecure=args.insecure,

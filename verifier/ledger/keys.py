@@ -25,6 +25,7 @@ __all__ = [
     "Ed25519PublicKey",
     "generate",
     "key_id",
+    "load_or_generate",
     "load_private_key",
     "load_public_key",
     "public_path",
@@ -152,3 +153,31 @@ def load_public_key(path: Path) -> Ed25519PublicKey:
     if not isinstance(key, Ed25519PublicKey):
         raise NotEd25519(f"{path}: a {type(key).__name__} key, not Ed25519")
     return key
+
+
+def load_or_generate(path: Path) -> tuple[Ed25519PrivateKey, bool]:
+    """The private key at PATH, generated and saved there (with PATH.pub) when there is none:
+    (key, whether it was generated now). An existing key is never overwritten: a public half
+    without its private key is refused, since a new key beside it would silently replace the
+    identity auditors hold (:class:`KeyExists`, exit 2, would be wrong here: it is
+    configuration)."""
+    if path.exists() or path.is_symlink():
+        return load_private_key(path), False
+    pub = public_path(path)
+    if pub.exists() or pub.is_symlink():
+        raise NotAKey(
+            f"{pub} exists without its private key {path}: restore the key, or move the "
+            "public key away to start a new ledger key (auditors holding it must be told)"
+        )
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as e:
+        raise KeyNotWritten(
+            f"{path.parent}: cannot create the key's directory: {e.strerror}"
+        ) from None
+    key = generate()
+    try:
+        save_keypair(key, path)
+    except KeyExists:  # another verifier made it meanwhile: use that one
+        return load_private_key(path), False
+    return key, True

@@ -31,26 +31,44 @@ def node_hash(left: bytes, right: bytes) -> bytes:
 
 def root(leaves: Iterable[bytes]) -> bytes:
     """The tree head of LEAVES, streaming: a stack of (height, hash) of complete subtrees."""
-    heights: list[int] = []
-    hashes: list[bytes] = []
-    sha = hashlib.sha256
-    for leaf in leaves:
-        h = sha(b"\x00" + leaf).digest()
-        height = 0
-        while heights and heights[-1] == height:
-            heights.pop()
-            h = sha(b"\x01" + hashes.pop() + h).digest()
-            height += 1
-        heights.append(height)
-        hashes.append(h)
-    if not hashes:
-        return EMPTY_ROOT
     # The complete subtrees left on the stack are the binary digits of n, largest first; the
     # RFC's split joins them right to left.
-    h = hashes[-1]
-    for left in reversed(hashes[:-1]):
-        h = node_hash(left, h)
-    return h
+    f = Frontier()
+    f.extend(leaves)
+    return f.root()
+
+
+class Frontier:
+    """The streaming :func:`root` kept open: the complete subtrees over the leaves so far (at
+    most log2(n) hashes), so a tree head after more leaves costs only the new leaves. What the
+    verifier signs its checkpoints from: each one extends the last by the entries since."""
+
+    def __init__(self) -> None:
+        self.size = 0
+        self._heights: list[int] = []
+        self._hashes: list[bytes] = []
+
+    def extend(self, leaves: Iterable[bytes]) -> None:
+        """Append LEAVES (leaf data, hashed here)."""
+        heights, hashes, sha = self._heights, self._hashes, hashlib.sha256
+        for leaf in leaves:
+            h = sha(b"\x00" + leaf).digest()
+            height = 0
+            while heights and heights[-1] == height:
+                heights.pop()
+                h = sha(b"\x01" + hashes.pop() + h).digest()
+                height += 1
+            heights.append(height)
+            hashes.append(h)
+            self.size += 1
+
+    def root(self) -> bytes:
+        if not self._hashes:
+            return EMPTY_ROOT
+        h = self._hashes[-1]
+        for left in reversed(self._hashes[:-1]):
+            h = node_hash(left, h)
+        return h
 
 
 class Tree:

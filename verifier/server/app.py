@@ -7,6 +7,8 @@ verdict history current after new evidence arrives, so ingest never waits for ev
 
 from __future__ import annotations
 
+import hashlib
+import os
 import signal
 import threading
 import time
@@ -14,6 +16,7 @@ from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import grpc
 import structlog
@@ -31,6 +34,9 @@ from verifier.server.metrics import RpcObserver
 from verifier.server.service import DEFAULT_TARGET_EXPIRY_S, VerifierService, expiry_error
 from verifier.server.store import RunExists, Store
 
+if TYPE_CHECKING:
+    from verifier.ledger.keys import Ed25519PrivateKey
+
 log = structlog.get_logger("verifier.serve")
 SERVICE_NAME = "verifier.api.v1.VerifierService"
 # The history keeper re-evaluates at most this often: it records verdict changes, while
@@ -46,11 +52,14 @@ class ServeConfig:
     grace_s: float = 5.0
     workers: int = 8
     runs: tuple[tuple[str, Path], ...] = ()  # (name, policy file) registered at start
-    signing_key: Path | None = None  # Ed25519 private key: sign ledger checkpoints
+    # Ed25519 private key that signs the ledger's checkpoints; None: default_key_path(db),
+    # generated there at first start. Checkpoints are always signed.
+    signing_key: Path | None = None
     tls: ServerTLS | None = None  # None: insecure (local addresses, or insecure=True)
     tokens: Path | None = None  # bearer tokens with roles / targets (see security.auth)
     insecure: bool = False  # serve without TLS on a non-local address (named, warned)
     checkpoint_interval_s: float = 60.0
+    checkpoint_every: int = 1000  # also sign once the ledger grew by this many entries
     # Beyond this many RPCs in progress (running or queued for a worker), the verifier answers
     # RESOURCE_EXHAUSTED at once instead of queueing without bound; agents back off and keep
     # the report spooled. None: no limit.
@@ -124,6 +133,27 @@ def _check_expiry(store: Store, expiry_s: float) -> None:
             raise ConfigError(f"run {run.name}: {why} (give a larger --target-expiry)")
 
 
+def state_dir() -> Path:
+    """Where the verifier keeps what is not in its database when no path is given:
+    $VERIFIER_STATE_DIR, else $XDG_STATE_HOME/verifier, else ~/.local/state/verifier."""
+    if os.environ.get("VERIFIER_STATE_DIR"):
+        return Path(os.environ["VERIFIER_STATE_DIR"])
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "verifier"
+
+
+def default_key_path(db: str | Path) -> Path:
+    """The ledger key of database DB when --signing-key is not given: beside an SQLite file
+    (DB.signing.key), else in the state directory, named for the database (its URL without
+    password), so two verifiers on one host never share a key by accident."""
+    name = str(db)
+    if "://" not in name and name != ":memory:":
+        p = Path(name)
+        return p.with_name(p.name + ".signing.key")
+    tag = hashlib.sha256(redact(name).encode()).hexdigest()[:12]
+    return state_dir() / f"ledger-{tag}.signing.key"
+
+
 class VerifierServer:
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
@@ -135,15 +165,12 @@ class VerifierServer:
         except ConfigError:
             self.store.close()
             raise
-        self._key = None
-        if config.signing_key is not None:
-            from verifier.ledger.keys import load_private_key
-
-            try:
-                self._key = load_private_key(config.signing_key)
-            except ConfigError:
-                self.store.close()
-                raise
+        try:
+            self._key, self.key_path, self.key_created = self._ledger_key(config)
+        except ConfigError:
+            self.store.close()
+            raise
+        self._signed_size = 0  # the ledger's size at the last checkpoint this verifier signed
         try:
             auth = self._authorizer(config)
         except ConfigError:
@@ -167,6 +194,31 @@ class VerifierServer:
         self._stop = threading.Event()
         self._keeper = threading.Thread(
             target=self._keep_history, name="verdict-history", daemon=True
+        )
+
+    @staticmethod
+    def _ledger_key(config: ServeConfig) -> tuple[Ed25519PrivateKey, Path, bool]:
+        """The key that signs checkpoints: the one given, or the default one, made at first
+        start and reused ever after (never overwritten)."""
+        from verifier.ledger.keys import load_or_generate, load_private_key
+
+        if config.signing_key is not None:
+            return load_private_key(config.signing_key), config.signing_key, False
+        path = default_key_path(config.db)
+        key, created = load_or_generate(path)
+        return key, path, created
+
+    def key_line(self) -> str:
+        """Who signs this verifier's checkpoints, for the start-up output."""
+        from verifier.ledger import note
+        from verifier.ledger.keys import key_id, public_path
+
+        pub = self._key.public_key()
+        made = "generated now" if self.key_created else "kept"
+        vkey = note.verifier_key(note.origin(pub), pub)
+        return (
+            f"ledger checkpoints signed by key {key_id(pub)[:16]} ({made}; public key "
+            f"{public_path(self.key_path)}; note verifier key {vkey})"
         )
 
     @staticmethod
@@ -208,6 +260,7 @@ class VerifierServer:
         db = redact(str(self.config.db))
         mode = "insecure" if self.config.tls is None else "tls"
         log.info("serving", listen=self.config.listen, port=self.port, db=db, transport=mode)
+        log.info("ledger_key", detail=self.key_line())
 
     def _keep_history(self) -> None:
         next_checkpoint = 0.0
@@ -218,20 +271,30 @@ class VerifierServer:
                 self.service.refresh_verdicts()
             except Exception as e:  # noqa: BLE001 - the keeper logs and keeps going
                 log.error("history_failed", error=f"{type(e).__name__}: {e}")
-            if self._key is not None and time.monotonic() >= next_checkpoint:
+            due = time.monotonic() >= next_checkpoint
+            if due or self._grown() >= self.config.checkpoint_every:
                 next_checkpoint = time.monotonic() + self.config.checkpoint_interval_s
                 self._checkpoint()
             self._stop.wait(HISTORY_PACE_S)
 
-    def _checkpoint(self) -> None:
-        if self._key is None:
-            return
+    def _grown(self) -> int:
+        """Entries appended since the last checkpoint this verifier signed."""
         try:
+            return self.store.ledger_size() - self._signed_size
+        except self.store.errors:
+            return 0
+
+    def _checkpoint(self) -> None:
+        """Sign the ledger's tree head if it grew. A failure is logged, and tried again at
+        the next interval or after the next --checkpoint-every entries, not at once."""
+        try:
+            self._signed_size = max(self._signed_size, self.store.ledger_size())
             cp = self.store.sign_checkpoint(self._key)
         except Exception as e:  # noqa: BLE001 - logged; the next interval tries again
             log.error("checkpoint_failed", error=f"{type(e).__name__}: {e}")
             return
         if cp is not None:
+            self._signed_size = cp.size
             log.info("checkpoint", size=cp.size, root=cp.root)
 
     def stop(self) -> None:
@@ -260,6 +323,7 @@ class VerifierServer:
         try:
             self.start()
             print(f"verifier listening on {self.config.listen} (port {self.port})", flush=True)
+            print(self.key_line(), flush=True)
             stop.wait()
         finally:
             self.stop()

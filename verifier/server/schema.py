@@ -66,7 +66,8 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     root TEXT NOT NULL,
     head TEXT NOT NULL,
     at_unix {real} NOT NULL,
-    envelope TEXT NOT NULL
+    envelope TEXT NOT NULL,
+    note TEXT
 );
 CREATE TABLE IF NOT EXISTS binding_batches (
     {rowid}
@@ -169,7 +170,10 @@ def for_kind(kind: str) -> str:
 
 # Columns added after their table was first released: (table, column, type). A database made
 # before one exists gets it, NULL in its old rows (which the ledger's row digests leave out).
-ADDED_COLUMNS = (("bindings", "spec_json", "TEXT"),)
+ADDED_COLUMNS = (
+    ("bindings", "spec_json", "TEXT"),
+    ("checkpoints", "note", "TEXT"),  # the C2SP signed note of the checkpoint (ledger/note.py)
+)
 
 
 def add_columns(db: Database) -> list[str]:

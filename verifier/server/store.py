@@ -35,6 +35,7 @@ from verifier.server.index import (
 )
 
 if TYPE_CHECKING:  # signing needs `cryptography`, imported only when a key is used
+    from verifier.ledger import merkle
     from verifier.ledger.checkpoints import Checkpoint
     from verifier.ledger.keys import Ed25519PrivateKey
 
@@ -111,6 +112,7 @@ class Store:
             self._db.close()
             raise ConfigError(f"verifier database {self.path} is corrupt: {integrity}")
         self._lock = threading.Lock()
+        self._frontier: merkle.Frontier | None = None  # the tree as last signed (checkpoints)
         self.columns_added: list[str] = []
         self._tx([], self._add_columns)
         self.backfilled = 0
@@ -129,15 +131,34 @@ class Store:
         self.reindexed = rebuild(db)
 
     def sign_checkpoint(self, key: Ed25519PrivateKey) -> Checkpoint | None:
-        """Sign and store the ledger's current tree head (None: nothing new to sign)."""
-        from verifier.ledger import checkpoints
+        """Sign and store the ledger's current tree head (None: nothing new to sign).
+
+        The first time, the stored checkpoints must still hold over the ledger as it is
+        (with KEY's signature), so a verifier restarted on a rewritten database does not sign
+        the rewrite; after that only the entries since the last checkpoint are hashed (the
+        tree this verifier saw, ``merkle.Frontier``). Raises ``checkpoints.NotAppendOnly``
+        when the ledger is no longer an extension of what it signed."""
+        from verifier.ledger import checkpoints, merkle
 
         out: list[Checkpoint | None] = [None]
 
         def sign(db: Database) -> None:
-            out[0] = checkpoints.sign(db, key)
+            if self._frontier is None:
+                _, problem = checkpoints.check(db, key.public_key())
+                if problem is not None:
+                    raise checkpoints.NotAppendOnly(problem)
+                frontier = merkle.Frontier()
+                out[0] = checkpoints.sign(db, key, frontier=frontier)
+                if out[0] is not None:
+                    self._frontier = frontier
+                return
+            out[0] = checkpoints.sign(db, key, frontier=self._frontier)
 
-        self._tx([], sign)
+        try:
+            self._tx([], sign)
+        except BaseException:
+            self._frontier = None  # re-derived, and the stored checkpoints checked, next time
+            raise
         return out[0]
 
     def verify_ledger(self) -> chain.Verification:
