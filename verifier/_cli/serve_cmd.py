@@ -68,6 +68,8 @@ def add_parser(sub: Any) -> None:
         "every run's verdict and recorded in the ledger, listed by `verifier target list` until "
         "forgotten; it comes back if it reports again. Must exceed every run's freshness_s "
         "(default 3600)",
+    )
+    p.add_argument(
         "--checkpoint-every",
         type=int,
         default=1000,
