@@ -44,6 +44,7 @@ from verifier.evidence.report import report_with_judgement
 from verifier.evidence.stacks import Witnesses
 from verifier.metrics.http import serve_metrics
 from verifier.model import ProcessKey, ProcessReport, TargetReport
+from verifier.security.refusal import tls_refusal
 from verifier.security.tls import ClientTLS, client_channel
 
 log = structlog.get_logger("verifier.agent")
@@ -336,13 +337,22 @@ class Agent:
             except grpc.RpcError as e:
                 self.metrics.failed(e.code())
                 self.nonce = None
-                if e.code() in (
+                # gRPC says UNAVAILABLE for a refused TLS handshake too: asked again, so that
+                # a refused certificate is said as such and not as an outage.
+                refused = (
+                    tls_refusal(self.config.verifier, self.config.tls)
+                    if e.code() == grpc.StatusCode.UNAVAILABLE
+                    else None
+                )
+                if refused is not None or e.code() in (
                     grpc.StatusCode.UNAUTHENTICATED,
                     grpc.StatusCode.PERMISSION_DENIED,
                 ):
                     # A configuration error, not an outage: said as such; evidence stays
                     # spooled (bounded) until the credentials are fixed.
-                    log.error("not_authorized", reason=e.details(), spooled=len(self.spool))
+                    log.error(
+                        "not_authorized", reason=refused or e.details(), spooled=len(self.spool)
+                    )
                 log.warning(
                     # RESOURCE_EXHAUSTED: the verifier is up but refusing load (back-pressure)
                     "verifier_busy"

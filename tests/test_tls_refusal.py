@@ -1,0 +1,144 @@
+"""A refused TLS handshake is exit 10 (NOT_AUTHORIZED) and says which side refused and why;
+exit 4 (UNAVAILABLE) stays for a verifier that is not there. Real gRPC, real certificates
+from `verifier certs`, the real CLI and a real agent.
+
+gRPC reports all of these as UNAVAILABLE ("Socket closed" when the server refuses a client
+certificate under TLS 1.3), so without the client asking again they were all exit 4."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import verifier_cli
+from tests.test_gate_e2e import Daemon
+from tests.test_security import agent, certs, client, running_tls_verifier, sleeping_process
+from verifier.testing.vllm_server import free_port
+
+
+@pytest.fixture
+def tls_verifier(tmp_path: Path) -> Iterator[tuple[Path, str, Path]]:
+    with running_tls_verifier(tmp_path) as v:
+        yield v
+
+
+@pytest.fixture
+def sleeper() -> Iterator[int]:
+    with sleeping_process() as pid:
+        yield pid
+
+
+def test_a_client_certificate_the_verifier_refuses_is_exit_10_saying_so(
+    tls_verifier: tuple[Path, str, Path],
+) -> None:
+    d, addr, tmp = tls_verifier
+    # Negative control: the right certificate reads (no run yet: exit 2/6, never 4 or 10).
+    out = verifier_cli(*client(d, "audit", "run", "list", addr=addr))
+    assert out.returncode == 0, out.stderr
+    # No certificate where one is required.
+    out = verifier_cli(*client(d, None, "run", "list", addr=addr))
+    assert out.returncode == 10, out.stderr
+    assert "refused this client's certificate" in out.stderr
+    assert "presented no certificate" in out.stderr, out.stderr
+    # A certificate from another CA (same name, same role: only the signature differs).
+    other = tmp / "other"
+    out = verifier_cli("run", "list", "--verifier", addr, "--tls-ca", str(d / "ca.pem"),
+                       "--tls-cert", str(other / "ops.pem"),
+                       "--tls-key", str(other / "ops.key"))  # fmt: skip
+    assert out.returncode == 10, out.stderr
+    assert f"did not accept the certificate {other / 'ops.pem'}" in out.stderr, out.stderr
+
+
+def test_a_verifier_certificate_the_client_refuses_is_exit_10_saying_so(
+    tls_verifier: tuple[Path, str, Path],
+) -> None:
+    d, addr, tmp = tls_verifier
+    other = tmp / "other"
+    # The client trusts another CA: the verifier's certificate (a man in the middle's, as far
+    # as this client can tell) fails verification on the client's side.
+    out = verifier_cli("run", "list", "--verifier", addr, "--tls-ca", str(other / "ca.pem"),
+                       "--tls-cert", str(d / "ops.pem"),
+                       "--tls-key", str(d / "ops.key"))  # fmt: skip
+    assert out.returncode == 10, out.stderr
+    assert "this client refused the verifier's certificate" in out.stderr, out.stderr
+    # Variation: a plaintext client at the TLS port is told the verifier requires TLS.
+    out = verifier_cli("run", "list", "--verifier", addr)
+    assert out.returncode == 10, out.stderr
+    assert "requires TLS and this client has none" in out.stderr, out.stderr
+
+
+def test_a_tls_client_at_a_plaintext_verifier_refuses_it(tmp_path: Path) -> None:
+    d = certs(tmp_path)
+    addr = f"127.0.0.1:{free_port()}"
+    serve = Daemon(["serve", "--listen", addr, "--db", str(tmp_path / "db.sqlite3")],
+                   tmp_path / "serve.log").start()  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while "listening" not in (tmp_path / "serve.log").read_text():
+            assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
+            time.sleep(0.1)
+        out = verifier_cli(*client(d, "ops", "run", "list", addr=addr))
+        assert out.returncode == 10, out.stderr
+        assert "does not speak TLS" in out.stderr, out.stderr
+    finally:
+        serve.stop()
+
+
+def test_nothing_listening_or_a_listener_that_hangs_up_stays_exit_4(tmp_path: Path) -> None:
+    d = certs(tmp_path)
+    # Negative control: nothing listening is unreachable, not a refusal.
+    out = verifier_cli(*client(d, "ops", "run", "list", addr=f"127.0.0.1:{free_port()}"))
+    assert out.returncode == 4, out.stderr
+    # Variation: something accepts and hangs up at once (a crashing verifier, a proxy with
+    # no backend): no one judged a credential, so still exit 4.
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(16)
+    port = lsock.getsockname()[1]
+    stop = threading.Event()
+
+    def hang_up() -> None:
+        lsock.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = lsock.accept()
+            except OSError:
+                continue
+            conn.close()
+
+    t = threading.Thread(target=hang_up, daemon=True)
+    t.start()
+    try:
+        out = verifier_cli(*client(d, "ops", "run", "list", addr=f"127.0.0.1:{port}"))
+        assert out.returncode == 4, out.stderr
+        out = verifier_cli("run", "list", "--verifier", f"127.0.0.1:{port}")
+        assert out.returncode == 4, out.stderr
+    finally:
+        stop.set()
+        t.join()
+        lsock.close()
+
+
+def test_an_agent_whose_certificate_is_refused_says_not_authorized(
+    tls_verifier: tuple[Path, str, Path],
+    sleeper: int,
+) -> None:
+    d, addr, tmp = tls_verifier
+    other = tmp / "other"
+    (d / "foreign.pem").write_bytes((other / "ops.pem").read_bytes())
+    (d / "foreign.key").write_bytes((other / "ops.key").read_bytes())
+    a = agent(d, addr, tmp, ("foreign", "a", "agent-a"), sleeper)
+    log = tmp / "agent-agent-a-a.log"
+    try:
+        deadline = time.monotonic() + 60
+        while "not_authorized" not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.3)
+    finally:
+        a.stop()
+    assert "refused this client's certificate" in log.read_text(), log.read_text()
