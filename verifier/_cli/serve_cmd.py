@@ -89,6 +89,15 @@ def add_parser(sub: Any) -> None:
         help="bearer tokens with roles or targets ([[token]] sha256, name, role, targets)",
     )
     sec.add_argument(
+        "--local-agent",
+        action="append",
+        metavar="UID[:TARGET,...]",
+        help="without TLS, on a Unix socket: the uid whose processes may report (for these "
+        "targets; none named: any), as the kernel says (SO_PEERCRED); repeatable. Default: the "
+        "uid this verifier runs as. Other uids may not report; plaintext TCP is never "
+        "authenticated",
+    )
+    sec.add_argument(
         "--insecure",
         action="store_true",
         help="serve without TLS on a non-local address: anyone who reaches it can report",
@@ -120,6 +129,11 @@ def run(args: argparse.Namespace) -> int:
     tls = ServerTLS(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
     if tls is not None and args.insecure:
         raise UsageError("--insecure and --tls-cert contradict each other")
+    from verifier.security.peercred import parse_local_agent
+
+    local_agents = (
+        tuple(parse_local_agent(v) for v in args.local_agent) if args.local_agent else None
+    )
     config = ServeConfig(
         normalize(args.listen),
         args.db,
@@ -132,6 +146,21 @@ def run(args: argparse.Namespace) -> int:
         insecure=args.insecure,
         max_concurrent_rpcs=args.max_concurrent_rpcs,
         metrics_listen=args.metrics_listen,
+        local_agents=local_agents,
+        container_of=_container_of,
     )
     VerifierServer(config).serve_forever()
     return 0
+
+
+def _container_of(pid: int) -> str | None:
+    """The container id of process PID, from /proc/PID/cgroup (what a relayed peer's identity
+    names beside its uid); None when it has none or cannot be read."""
+    from verifier.evidence.container import container_from_cgroup
+
+    try:
+        text = Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return None
+    ref = container_from_cgroup(text)
+    return ref.id if ref is not None else None

@@ -99,11 +99,21 @@ class Policy:
                 Finding(
                     F.EVIDENCE_UNAUTHENTICATED,
                     Severity.PENDING,
-                    f"nobody vouches for who sent target {snap.target}'s evidence (a verifier "
-                    "in --insecure mode on a network address, or a report stored before this "
-                    "verifier started): never PASS on it",
+                    f"nobody vouches for who sent target {snap.target}'s evidence (plaintext "
+                    "TCP, loopback included: no certificate, no token, no kernel credentials; "
+                    "or a report stored before this verifier started): never PASS on it",
                     snap.target,
                     {},
+                )
+            )
+        elif snap.authenticated_as not in (None, "local"):  # "local": engine tests' default
+            findings.append(
+                Finding(
+                    F.EVIDENCE_AUTHENTICATED,
+                    Severity.INFO,
+                    f"target {snap.target}'s evidence was sent by {snap.authenticated_as}",
+                    snap.target,
+                    {"authenticated_as": snap.authenticated_as},
                 )
             )
         bound = dict(self.selection.containers).get(snap.target)

@@ -45,6 +45,7 @@ EVIDENCE_CONTAINER_MISMATCH = "evidence.container_mismatch"
 EVIDENCE_CONTAINER_UNKNOWN = "evidence.container_unknown"
 EVIDENCE_UNOBSERVABLE = "evidence.unobservable"
 EVIDENCE_UNAUTHENTICATED = "evidence.unauthenticated"
+EVIDENCE_AUTHENTICATED = "evidence.authenticated"
 NATIVE_REPLACED = "provenance.native.replaced"
 NATIVE_DELETED = "provenance.native.deleted"
 NATIVE_UNREADABLE = "provenance.native.unreadable"
@@ -111,8 +112,14 @@ FINDINGS: dict[str, FindingKind] = {
     EVIDENCE_UNAUTHENTICATED: FindingKind(
         Severity.PENDING,
         "",
-        "nobody vouches for who sent the evidence (a verifier in --insecure mode on a network "
-        "address, or evidence stored before a restart and not yet renewed)",
+        "nobody vouches for who sent the evidence (plaintext TCP, loopback included; or evidence "
+        "stored before a restart and not yet renewed)",
+    ),
+    EVIDENCE_AUTHENTICATED: FindingKind(
+        Severity.INFO,
+        "",
+        "who sent the evidence, as the verifier authenticated it: an mTLS or token identity, or "
+        "the kernel's credentials of a listed uid on the Unix socket (the record)",
     ),
     EVIDENCE_CONTAINER_MISMATCH: FindingKind(
         Severity.ERROR,
