@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, verifier_cli
 from tests.test_verifier_grpc import SHA
 from verifier.client.api import VerifierClient
 from verifier.model import RunVerdict
@@ -148,11 +148,30 @@ def test_plaintext_tcp_on_loopback_is_never_authenticated() -> None:
         assert as_uid(addr, 0) == {"ok": True}  # accepted: it is nobody's evidence
         v = verdict(addr)
         assert v.verdict.value == "PENDING" and "evidence.unauthenticated" in ids(v), ids(v)
-        # The policy may say it accepts that, out loud (and the verdict then names it).
+        assert "policy.unsafe" not in ids(v)  # negative control: a safe policy names nothing
+        # The policy may say it accepts that, out loud: the verdict names the flag.
         with VerifierClient(addr) as c:
             c.register_run("u", UNSAFE, "test")
             u = c.status("u")
+        out = verifier_cli("status", "u", "--verifier", addr)
+        js = verifier_cli("status", "u", "--json", "--verifier", addr)
     assert u.verdict.value == "PASS", ids(u)
+    unsafe = [f for f in u.findings if f.id == "policy.unsafe"]
+    assert len(unsafe) == 1 and unsafe[0].severity.value == "warning", unsafe
+    assert "passed only because unsafe_allow_unauthenticated = true" in unsafe[0].message
+    assert unsafe[0].context["without_flag"] == "PENDING"
+    first = out.stdout.splitlines()[0]
+    assert "PASS" in first and "UNSAFE: unsafe_allow_unauthenticated = true" in first, out.stdout
+    assert "passed only because unsafe_allow_unauthenticated" in js.stdout, js.stdout
+
+
+def test_an_unsafe_flag_that_did_not_decide_the_verdict_is_still_named() -> None:
+    with served(local_agents=(LocalAgent(0),)) as (_, addr):
+        assert as_uid(addr, 0) == {"ok": True}  # authenticated: the flag changes nothing
+        v = verdict(addr, UNSAFE)
+    assert v.verdict.value == "PASS", ids(v)
+    unsafe = [f for f in v.findings if f.id == "policy.unsafe"]
+    assert len(unsafe) == 1 and "does not depend on it" in unsafe[0].message, unsafe
 
 
 def test_going_around_the_relay_or_claiming_an_identity_in_metadata_is_nobody() -> None:
@@ -226,7 +245,5 @@ def test_hostile_relay_clients_do_not_hang_the_verifier() -> None:
 
 @pytest.mark.parametrize("value", ["x", "1:", "-1"])
 def test_bad_local_agent_flags_are_usage_errors(value: str) -> None:
-    from tests.helpers import verifier_cli
-
     out = verifier_cli("serve", "--listen", "unix:/nonexistent/v.sock", "--local-agent", value)
     assert out.returncode == 2 and "--local-agent" in out.stderr, out.stderr

@@ -23,6 +23,7 @@ from verifier.policy.rules_container import (
     stale_finding,
     unobservable_findings,
 )
+from verifier.policy.unsafe import unsafe_flags, without
 
 
 def policy_digest(text: str) -> str:
@@ -192,11 +193,46 @@ def evaluate_run(
     verdicts = [t.verdict for t in targets]
     if findings:
         verdicts.append(Verdict.PENDING)
+    verdict = combine(verdicts)
+    findings.extend(_unsafe_findings(run, policy, digest, snapshots, now, verdict=verdict))
     return RunVerdict(
         run=run,
         policy_digest=digest,
-        verdict=combine(verdicts),
+        verdict=verdict,
         targets=targets,
         findings=tuple(findings),
         evaluated_unix=now,
     )
+
+
+def _unsafe_findings(
+    run: str,
+    policy: Policy,
+    digest: str,
+    snapshots: list[I.TargetSnapshot],
+    now: float,
+    *,
+    verdict: Verdict,
+) -> list[Finding]:
+    """One ``policy.unsafe`` WARNING per unsafe flag the policy sets, saying whether this
+    verdict holds only because of it: the run is evaluated again with the flag at its safe
+    default (generic over flags: no rule needs to know what a flag does)."""
+    out = []
+    for flag in unsafe_flags(policy):
+        alt = evaluate_run(run, without(policy, flag), digest, snapshots, now).verdict
+        if alt == verdict:
+            what = f"{flag} is set; this verdict ({verdict.value}) does not depend on it"
+        elif verdict == Verdict.PASS:
+            what = f"passed only because {flag} (without it: {alt.value})"
+        else:
+            what = f"{verdict.value} only because {flag} (without it: {alt.value})"
+        out.append(
+            Finding(
+                F.POLICY_UNSAFE,
+                Severity.WARNING,
+                f"run {run}: {what}",
+                "",
+                {"flag": flag, "verdict": verdict.value, "without_flag": alt.value},
+            )
+        )
+    return out

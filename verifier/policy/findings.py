@@ -46,6 +46,7 @@ EVIDENCE_CONTAINER_UNKNOWN = "evidence.container_unknown"
 EVIDENCE_UNOBSERVABLE = "evidence.unobservable"
 EVIDENCE_UNAUTHENTICATED = "evidence.unauthenticated"
 EVIDENCE_AUTHENTICATED = "evidence.authenticated"
+POLICY_UNSAFE = "policy.unsafe"
 NATIVE_REPLACED = "provenance.native.replaced"
 NATIVE_DELETED = "provenance.native.deleted"
 NATIVE_UNREADABLE = "provenance.native.unreadable"
@@ -120,6 +121,12 @@ FINDINGS: dict[str, FindingKind] = {
         "",
         "who sent the evidence, as the verifier authenticated it: an mTLS or token identity, or "
         "the kernel's credentials of a listed uid on the Unix socket (the record)",
+    ),
+    POLICY_UNSAFE: FindingKind(
+        Severity.WARNING,
+        "",
+        "run level: the policy sets an unsafe_* flag; says whether the verdict holds only "
+        "because of it (the run judged again with the flag at its safe default)",
     ),
     EVIDENCE_CONTAINER_MISMATCH: FindingKind(
         Severity.ERROR,
