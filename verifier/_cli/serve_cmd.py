@@ -67,6 +67,12 @@ def add_parser(sub: Any) -> None:
         help="serve Prometheus metrics over HTTP at http://HOST:PORT/metrics (a bare PORT: "
         "127.0.0.1); off by default (docs/operations.md)",
     )
+    p.add_argument(
+        "--health-listen",
+        metavar="HOST:PORT",
+        help="also serve the gRPC health service alone here, in plaintext, for probes that "
+        "cannot present a client certificate (kubelet, compose healthchecks); off by default",
+    )
     sec = p.add_argument_group(
         "transport security",
         "TLS with client certificates (verifier certs) and/or bearer tokens; without TLS the "
@@ -147,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
         max_concurrent_rpcs=args.max_concurrent_rpcs,
         metrics_listen=args.metrics_listen,
         local_agents=local_agents,
+        health_listen=args.health_listen,
         container_of=_container_of,
     )
     VerifierServer(config).serve_forever()

@@ -44,7 +44,7 @@ from verifier.evidence.report import report_with_judgement
 from verifier.evidence.stacks import Witnesses
 from verifier.metrics.http import serve_metrics
 from verifier.model import ProcessKey, ProcessReport, TargetReport
-from verifier.security.refusal import tls_refusal
+from verifier.security.refusal import connection_failed, tls_refusal
 from verifier.security.tls import ClientTLS, client_channel
 
 log = structlog.get_logger("verifier.agent")
@@ -342,6 +342,7 @@ class Agent:
                 refused = (
                     tls_refusal(self.config.verifier, self.config.tls)
                     if e.code() == grpc.StatusCode.UNAVAILABLE
+                    and connection_failed(e.details() or "")
                     else None
                 )
                 if refused is not None or e.code() in (

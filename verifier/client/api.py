@@ -12,7 +12,7 @@ from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
 from verifier.errors import ConfigError, Error, NotAuthorized, UnavailableError, UsageError
 from verifier.model import RunVerdict
-from verifier.security.refusal import tls_refusal
+from verifier.security.refusal import connection_failed, tls_refusal
 from verifier.security.tls import ClientTLS, client_channel
 
 T = TypeVar("T")
@@ -27,7 +27,7 @@ def _translate(  # noqa: PLR0911 - one answer per status code
     code, details = e.code(), e.details() or ""
     if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
         return NotAuthorized(f"verifier at {address} refused: {details or code.name}")
-    if code == grpc.StatusCode.UNAVAILABLE:
+    if code == grpc.StatusCode.UNAVAILABLE and connection_failed(details):
         refused = tls_refusal(address, tls)
         if refused is not None:
             return NotAuthorized(refused)

@@ -34,6 +34,17 @@ _SERVER_ALERTS = {
 }
 
 
+# What gRPC says when no connection was made (as opposed to a server's own UNAVAILABLE answer,
+# e.g. a database that refused a report): only these are asked again.
+_CONNECTION_FAILED = ("failed to connect", "socket closed", "handshake", "connection reset")
+
+
+def connection_failed(details: str) -> bool:
+    """Whether an UNAVAILABLE with DETAILS is a connection that failed (not an RPC's answer)."""
+    low = details.lower()
+    return any(m in low for m in _CONNECTION_FAILED)
+
+
 def _connect(address: str, timeout_s: float) -> tuple[socket.socket, str]:
     """A connected socket to gRPC target ADDRESS (``unix:PATH`` or ``HOST:PORT``), and the
     host name to check the server's certificate against."""

@@ -59,6 +59,9 @@ class ServeConfig:
     # the report spooled. None: no limit.
     max_concurrent_rpcs: int | None = 64
     metrics_listen: str | None = None  # HOST:PORT: Prometheus metrics over HTTP (metrics.py)
+    # HOST:PORT: the gRPC health service alone, in plaintext (kubelet's gRPC probes and a
+    # compose healthcheck cannot present a client certificate); it answers nothing else.
+    health_listen: str | None = None
     # Insecure mode on a Unix socket: the uids that may report, and for which targets (the
     # kernel's SO_PEERCRED names the peer). None: the uid this verifier runs as, for any target
     # (it owns the database already, so trusting it adds no one); () : nobody.
@@ -123,6 +126,8 @@ class VerifierServer:
         pb_grpc.add_VerifierServiceServicer_to_server(self.service, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.port = 0
+        self.health_port = 0
+        self.health_server: grpc.Server | None = None
         self.relay: UnixRelay | None = None
         self.metrics_http: MetricsServer | None = None
         self._stop = threading.Event()
@@ -188,12 +193,27 @@ class VerifierServer:
         self.server.start()
         if self.relay is not None:
             self.relay.start()
+        if self.config.health_listen is not None:
+            self._serve_health(self.config.health_listen)
         for name in ("", SERVICE_NAME):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._keeper.start()
         db = redact(str(self.config.db))
         mode = "insecure" if self.config.tls is None else "tls"
         log.info("serving", listen=self.config.listen, port=self.port, db=db, transport=mode)
+
+    def _serve_health(self, address: str) -> None:
+        """The health service alone on ADDRESS, without TLS: it says SERVING or NOT_SERVING
+        and nothing of runs, evidence or verdicts."""
+        self.health_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_server)
+        try:
+            self.health_port = self.health_server.add_insecure_port(address)
+        except RuntimeError as e:
+            raise ConfigError(f"--health-listen {address}: cannot listen: {e}") from e
+        if self.health_port == 0:
+            raise ConfigError(f"--health-listen {address}: cannot listen")
+        self.health_server.start()
 
     def _keep_history(self) -> None:
         next_checkpoint = 0.0
@@ -225,6 +245,8 @@ class VerifierServer:
         for name in ("", SERVICE_NAME):
             self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.server.stop(self.config.grace_s).wait()
+        if self.health_server is not None:
+            self.health_server.stop(0).wait()
         if self.relay is not None:
             self.relay.stop()
         self.service.dirty.set()  # wake the history keeper so it sees _stop and ends
