@@ -142,3 +142,60 @@ def test_an_agent_whose_certificate_is_refused_says_not_authorized(
     finally:
         a.stop()
     assert "refused this client's certificate" in log.read_text(), log.read_text()
+
+
+def test_a_pass_over_mutual_tls_names_the_agent_and_a_foreign_target_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Evidence reported over mTLS by an agent whose certificate names its target PASSes, and
+    the verdict says who sent it; the same agent reporting for another target is refused."""
+    from dataclasses import replace
+
+    import grpc
+
+    from tests.test_policy_provenance import prov
+    from tests.test_verifier_grpc import SHA, process
+    from verifier import wire
+    from verifier.api.v1 import verifier_pb2 as pb
+    from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
+    from verifier.client.api import VerifierClient
+    from verifier.model import FileEntry, TargetReport
+    from verifier.security.tls import ClientTLS, ServerTLS
+    from verifier.server.app import ServeConfig, VerifierServer
+
+    d = certs(tmp_path)
+    assert (
+        verifier_cli("certs", "issue", "agent-1", "--dir", str(d), "--target", "t").returncode == 0
+    )
+    policy = (
+        'version = 1\n[evidence]\nrequire_probe = ["worker"]\n'
+        f'[[files]]\npath = "/a.py"\nsha256 = "{SHA}"\n'
+    )
+    tls = ServerTLS(d / "verifier.pem", d / "verifier.key", d / "ca.pem")
+    server = VerifierServer(ServeConfig("127.0.0.1:0", tmp_path / "db.sqlite3", tls=tls))
+    server.start()
+    addr = f"127.0.0.1:{server.port}"
+    try:
+        agent_tls = ClientTLS(d / "ca.pem", d / "agent-1.pem", d / "agent-1.key")
+        files = (FileEntry("/a.py", SHA, 3, "source", "a", "load"),)
+        proc = replace(process(files), provenance=prov())
+        with agent_tls.channel(addr, wire.GRPC_OPTIONS) as ch:
+            stub = pb_grpc.VerifierServiceStub(ch)
+            for target, seq in (("t", 1), ("z", 2)):
+                try:
+                    nonce = stub.Hello(pb.HelloRequest(agent_id="agent-1", targets=[target])).nonce
+                    rep = TargetReport("agent-1", target, seq, nonce, time.time(), (proc,))
+                    stub.Report(pb.ReportRequest(report=wire.report_to_pb(rep)))
+                    assert target == "t", "a report for a target the certificate does not name"
+                except grpc.RpcError as e:
+                    assert target == "z" and e.code() == grpc.StatusCode.PERMISSION_DENIED, e
+        ops = ClientTLS(d / "ca.pem", d / "ops.pem", d / "ops.key")
+        with VerifierClient(addr, tls=ops) as c:
+            c.register_run("r", policy, "test")
+            v = c.status("r")
+    finally:
+        server.stop()
+    assert v.verdict.value == "PASS", [f.id for t in v.targets for f in t.findings]
+    assert [t.target for t in v.targets] == ["t"]
+    who = [f.context for t in v.targets for f in t.findings if f.id == "evidence.authenticated"]
+    assert who == [{"authenticated_as": "agent agent-1"}], who
