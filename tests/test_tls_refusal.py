@@ -124,7 +124,7 @@ def test_nothing_listening_or_a_listener_that_hangs_up_stays_exit_4(tmp_path: Pa
         lsock.close()
 
 
-def test_an_agent_whose_certificate_is_refused_says_not_authorized(
+def test_an_agent_whose_certificate_is_refused_at_start_exits_10_saying_so(
     tls_verifier: tuple[Path, str, Path],
     sleeper: int,
 ) -> None:
@@ -134,14 +134,18 @@ def test_an_agent_whose_certificate_is_refused_says_not_authorized(
     (d / "foreign.key").write_bytes((other / "ops.key").read_bytes())
     a = agent(d, addr, tmp, ("foreign", "a", "agent-a"), sleeper)
     log = tmp / "agent-agent-a-a.log"
+    assert a.proc is not None
     try:
-        deadline = time.monotonic() + 60
-        while "not_authorized" not in log.read_text():
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.3)
+        # Never accepted: a misconfiguration, so the agent says so and exits 10 (after it was
+        # accepted once, a refusal keeps its evidence spooled and it retries).
+        code = a.proc.wait(timeout=60)
     finally:
-        a.stop()
-    assert "refused this client's certificate" in log.read_text(), log.read_text()
+        if a.proc is not None and a.proc.poll() is None:
+            a.stop()
+    text = log.read_text()
+    assert code == 10, text
+    assert "not_authorized" in text and "refused this client's certificate" in text, text
+    assert "verifier: error:" in text and "its evidence stays spooled" in text, text
 
 
 def test_a_pass_over_mutual_tls_names_the_agent_and_a_foreign_target_is_refused(
