@@ -177,9 +177,11 @@ def test_an_unsafe_flag_that_did_not_decide_the_verdict_is_still_named() -> None
 def test_going_around_the_relay_or_claiming_an_identity_in_metadata_is_nobody() -> None:
     with served(local_agents=(LocalAgent(0),)) as (server, addr):
         private = f"127.0.0.1:{server.port}"  # where gRPC listens behind the relay
-        assert as_uid(private, 0) == {"ok": True}
+        got = as_uid(private, 0)  # root, the listed uid, but not through the socket
+        assert got["ok"] is False and got["code"] == "PERMISSION_DENIED", got
+        assert "no identity" in str(got["details"]), got
         v = verdict(addr)
-        assert "evidence.unauthenticated" in ids(v) and v.verdict.value == "PENDING", ids(v)
+        assert v.verdict.value == "PENDING" and not v.targets, ids(v)  # nothing stored
         # Variation: an unlisted uid on the socket that says it is someone in metadata.
         md = {"x-peer-uid": "0", "authorization": "Bearer root", "x-forwarded-for": "unix:uid=0"}
         got = as_uid(addr, NOBODY, metadata=md)

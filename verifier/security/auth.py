@@ -168,6 +168,16 @@ class Authorizer:
         if p.insecure:
             if p.unix is not None:  # the kernel named it: bound like a certificate
                 self._require_local_agent(context, p.unix, frozenset(targets))
+            elif self.relay is not None:
+                # Serving a Unix socket, a peer without credentials came around it (straight
+                # to the private port, or on a connection the relay already closed): refused,
+                # so nobody can overwrite a target's latest evidence with anonymous reports.
+                _abort(
+                    context,
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    "no identity: report through the verifier's Unix socket, where the kernel "
+                    "names the peer",
+                )
             return p  # plaintext TCP: accepted, and its evidence is nobody's
         if not p.targets:
             _abort(context, grpc.StatusCode.PERMISSION_DENIED, f"{p.describe()} is not an agent")
