@@ -155,6 +155,11 @@ def test_plaintext_tcp_on_loopback_is_never_authenticated() -> None:
             u = c.status("u")
         out = verifier_cli("status", "u", "--verifier", addr)
         js = verifier_cli("status", "u", "--json", "--verifier", addr)
+        listed = verifier_cli("run", "list", "--verifier", addr).stdout.splitlines()
+    (line_u,) = [x for x in listed if x.startswith("u ")]
+    (line_r,) = [x for x in listed if x.startswith("r ")]
+    assert "UNSAFE: unsafe_allow_unauthenticated = true" in line_u, listed
+    assert "UNSAFE" not in line_r, listed
     assert u.verdict.value == "PASS", ids(u)
     unsafe = [f for f in u.findings if f.id == "policy.unsafe"]
     assert len(unsafe) == 1 and unsafe[0].severity.value == "warning", unsafe
