@@ -72,12 +72,16 @@ with grpc.insecure_channel(addr, options=list(wire.GRPC_OPTIONS)) as ch:
 
 
 def as_uid(
-    addr: str, uid: int, target: str = "t", metadata: dict[str, str] | None = None
+    addr: str,
+    uid: int,
+    target: str = "t",
+    metadata: dict[str, str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> dict[str, object]:
     out = subprocess.run(
         [sys.executable, "-c", CHILD, addr, str(uid), target, json.dumps(metadata or {})],
         check=False, capture_output=True, text=True, cwd=REPO, timeout=60,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     got: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -197,6 +201,31 @@ def test_going_around_the_relay_or_claiming_an_identity_in_metadata_is_nobody() 
             assert c.status("r").verdict.value == "PASS"
 
 
+CONTAINER = "ab" * 32
+
+
+def fake_cgroup(pid: int) -> str | None:
+    """The container of PID as /proc/PID/cgroup would name it (this machine runs no container
+    runtime): CONTAINER for a child started with IN_CONTAINER=1 in its environment."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return CONTAINER if b"IN_CONTAINER=1" in environ else None
+
+
+def test_a_local_agent_bound_to_a_container_reports_only_from_it() -> None:
+    bound = LocalAgent(0, frozenset({"t"}), CONTAINER[:12])
+    with served(local_agents=(bound,), container_of=fake_cgroup) as (_, addr):
+        got = as_uid(addr, 0)  # root, but on the host, not in the container
+        assert got["ok"] is False and "it runs in no container" in str(got["details"]), got
+        assert as_uid(addr, 0, env={"IN_CONTAINER": "1"}) == {"ok": True}
+        v = verdict(addr)
+    assert v.verdict.value == "PASS", ids(v)
+    (who,) = [f.context for t in v.targets for f in t.findings if f.id == "evidence.authenticated"]
+    assert str(who["authenticated_as"]).endswith(f",container={CONTAINER[:12]}"), who
+
+
 def _closed_within(s: socket.socket, seconds: float) -> bool:
     """Whether the other end hangs up within SECONDS (whatever it says first)."""
     deadline = time.monotonic() + seconds
@@ -250,7 +279,7 @@ def test_hostile_relay_clients_do_not_hang_the_verifier() -> None:
         s.close()
 
 
-@pytest.mark.parametrize("value", ["x", "1:", "-1"])
+@pytest.mark.parametrize("value", ["x", "1:", "-1", "0@abc:t", "0@zzzzzzzzzzzz"])
 def test_bad_local_agent_flags_are_usage_errors(value: str) -> None:
     out = verifier_cli("serve", "--listen", "unix:/nonexistent/v.sock", "--local-agent", value)
     assert out.returncode == 2 and "--local-agent" in out.stderr, out.stderr

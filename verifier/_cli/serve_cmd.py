@@ -97,11 +97,12 @@ def add_parser(sub: Any) -> None:
     sec.add_argument(
         "--local-agent",
         action="append",
-        metavar="UID[:TARGET,...]",
-        help="without TLS, on a Unix socket: the uid whose processes may report (for these "
-        "targets; none named: any), as the kernel says (SO_PEERCRED); repeatable. Default: the "
-        "uid this verifier runs as. Other uids may not report; plaintext TCP is never "
-        "authenticated",
+        metavar="UID[@CONTAINER][:TARGET,...]",
+        help="without TLS, on a Unix socket: the uid whose processes may report (only from a "
+        "container whose id starts with CONTAINER, >= 12 hex digits, when given; for these "
+        "targets; none named: any), as the kernel says (SO_PEERCRED, /proc/PID/cgroup); "
+        "repeatable. Default: the uid this verifier runs as. Others may not report; plaintext "
+        "TCP is never authenticated",
     )
     sec.add_argument(
         "--insecure",

@@ -107,7 +107,7 @@ class Authorizer:
     ) -> None:
         self.secure = secure
         self.tokens = {t.sha256: t for t in tokens}
-        self.local_agents = {a.uid: a for a in local_agents}
+        self.local_agents = tuple(local_agents)
         self.relay: UnixRelay | None = None
 
     def authenticated_as(self, peer: Peer) -> str | None:
@@ -116,7 +116,7 @@ class Authorizer:
         None (plaintext TCP, loopback included: anyone could have sent it)."""
         if not peer.insecure:
             return "agent " + "/".join(peer.names)
-        if peer.unix is not None and peer.unix.uid in self.local_agents:
+        if peer.unix is not None and any(a.matches(peer.unix) for a in self.local_agents):
             return peer.unix.describe()
         return None
 
@@ -200,22 +200,26 @@ class Authorizer:
     def _require_local_agent(
         self, context: grpc.ServicerContext, cred: PeerCred, targets: frozenset[str]
     ) -> None:
-        allowed = self.local_agents.get(cred.uid)
-        if allowed is None:
-            listed = ", ".join(str(u) for u in sorted(self.local_agents)) or "none"
-            _abort(
-                context,
-                grpc.StatusCode.PERMISSION_DENIED,
-                f"{cred.describe()} may not report: uid {cred.uid} is not a local agent of this "
-                f"verifier (--local-agent; listed: {listed})",
+        same_uid = [a for a in self.local_agents if a.uid == cred.uid]
+        allowed = [a for a in same_uid if a.matches(cred)]
+        if not allowed:
+            listed = "; ".join(a.describe() for a in self.local_agents) or "none"
+            why = (
+                f"it runs in {'container ' + cred.container if cred.container else 'no container'}"
+                if same_uid
+                else f"uid {cred.uid} is not a local agent of this verifier"
             )
-        if not allowed.may_report(targets):
-            foreign = ", ".join(sorted(targets - allowed.targets))
             _abort(
                 context,
                 grpc.StatusCode.PERMISSION_DENIED,
-                f"{cred.describe()} may not report for target(s) {foreign} (uid {cred.uid} is "
-                f"a local agent for {', '.join(sorted(allowed.targets))})",
+                f"{cred.describe()} may not report: {why} (--local-agent; listed: {listed})",
+            )
+        if not any(a.may_report(targets) for a in allowed):
+            _abort(
+                context,
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{cred.describe()} may not report for target(s) {', '.join(sorted(targets))} "
+                f"(listed: {'; '.join(a.describe() for a in allowed)})",
             )
 
 

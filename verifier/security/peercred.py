@@ -57,24 +57,44 @@ class PeerCred:
 
 @dataclass(frozen=True)
 class LocalAgent:
-    """A uid allowed to report over the Unix socket, and for which targets (empty: any)."""
+    """A uid allowed to report over the Unix socket, for which targets (empty: any), and, when
+    CONTAINER is given, only from a process in a container whose id starts with it (the
+    kernel's cgroup of the peer's pid: uid 0 in one container is not uid 0 in another)."""
 
     uid: int
     targets: frozenset[str] = field(default_factory=frozenset)
+    container: str | None = None  # a container id prefix (>= 12 hex digits)
 
     def may_report(self, targets: frozenset[str] | set[str]) -> bool:
         return not self.targets or set(targets) <= self.targets
 
+    def matches(self, cred: PeerCred) -> bool:
+        if cred.uid != self.uid:
+            return False
+        return self.container is None or (cred.container or "").startswith(self.container)
+
+    def describe(self) -> str:
+        where = f" in container {self.container}" if self.container else ""
+        return f"uid {self.uid}{where} for " + (", ".join(sorted(self.targets)) or "any target")
+
+
+_HEX = frozenset("0123456789abcdef")
+
 
 def parse_local_agent(value: str) -> LocalAgent:
-    """``UID`` or ``UID:TARGET,TARGET...`` (``verifier serve --local-agent``)."""
-    uid_s, sep, rest = value.partition(":")
+    """``UID[@CONTAINER][:TARGET,TARGET...]`` (``verifier serve --local-agent``)."""
+    who, sep, rest = value.partition(":")
+    uid_s, at, container = who.partition("@")
     if not uid_s.isdigit():
-        raise UsageError(f"--local-agent {value!r}: expected UID or UID:TARGET,... (a number)")
+        raise UsageError(
+            f"--local-agent {value!r}: expected UID[@CONTAINER][:TARGET,...] (UID a number)"
+        )
+    if at and not (len(container) >= 12 and set(container.lower()) <= _HEX):
+        raise UsageError(f"--local-agent {value!r}: a container id prefix is >= 12 hex digits")
     targets = frozenset(t.strip() for t in rest.split(",") if t.strip())
     if sep and not targets:
         raise UsageError(f"--local-agent {value!r}: no target after ':'")
-    return LocalAgent(int(uid_s), targets)
+    return LocalAgent(int(uid_s), targets, container.lower() if at else None)
 
 
 def peer_credentials(sock: socket.socket) -> PeerCred:
