@@ -75,6 +75,7 @@ class Stack:
     vllm_url: str
     env: dict[str, str]
     tmp: Path
+    tls: tuple[str, ...] = ()  # --tls-ca/--tls-cert/--tls-key of an operator of the stack's CA
 
     def compose(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         cmd = ["docker", "compose", "-p", self.project, "-f", str(COMPOSE), *args]
@@ -98,7 +99,7 @@ class Stack:
         return out.stdout.strip().lstrip("/")
 
     def status(self, run: str) -> dict[str, Any]:
-        out = verifier_cli("status", run, "--json", "--verifier", self.verifier)
+        out = verifier_cli("status", run, "--json", "--verifier", self.verifier, *self.tls)
         assert out.returncode in (0, 1), out.stderr
         return dict(json.loads(out.stdout)["runs"][0])
 
@@ -148,6 +149,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory, docker_images: None) -> Iter
               env, tmp)  # fmt: skip
     try:
         s.compose("up", "-d")
+        # The stack runs mutual TLS from its one-shot `certs` service: issue this test an
+        # operator and the extra "blind" agent from the same CA (its key is in pki-ca only).
+        pki = tmp / "pki"
+        pki.mkdir()
+        s.compose("run", "--rm", "-v", f"{pki}:/out", "--entrypoint", "sh", "certs", "-ec",
+                  "verifier certs issue operator --dir /pki/ca --role operator --force; "
+                  "verifier certs issue agent-blind --dir /pki/ca --target blind --force; "
+                  "cp /pki/ca/ca.pem /pki/ca/operator.pem /pki/ca/operator.key "
+                  "/pki/ca/agent-blind.pem /pki/ca/agent-blind.key /out/")  # fmt: skip
+        s.tls = ("--tls-ca", str(pki / "ca.pem"), "--tls-cert", str(pki / "operator.pem"),
+                 "--tls-key", str(pki / "operator.key"))  # fmt: skip
         until("vLLM in its container to answer /health", 600, lambda: healthy(s.vllm_url))
         yield s
     finally:
@@ -162,7 +174,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, docker_images: None) -> Iter
 
 def test_compose_stack_passes_the_gate_for_a_live_hook(stack: Stack) -> None:
     complete(stack.vllm_url)
-    out = verifier_cli("wait", "vllm", "--timeout", "180", "--verifier", stack.verifier)
+    out = verifier_cli("wait", "vllm", "--timeout", "180", "--verifier", stack.verifier, *stack.tls)
     assert out.returncode == 0, out.stdout + out.stderr
     st = stack.status("vllm")
     assert st["verdict"] == "PASS"
@@ -280,8 +292,11 @@ def test_evidence_from_an_idle_container_does_not_satisfy_the_run(stack: Stack) 
     try:
         sh("docker", "run", "-d", "--name", idle_agent, "--label", label, "--network", network,
            f"--pid=container:{idle}", "--cap-add", "SYS_PTRACE",
-           "-v", "/var/run/docker.sock:/var/run/docker.sock:ro", "verifier:local", "agent",
+           "-v", "/var/run/docker.sock:/var/run/docker.sock:ro",
+           "-v", f"{stack.project}_tls-agent:/tls:ro", "verifier:local", "agent",
            "--verifier", "verifier:50551", "--target", "vllm", "--interval", "1",
+           "--agent-id", "agent-vllm", "--tls-ca", "/tls/ca.pem",
+           "--tls-cert", "/tls/agent-vllm.pem", "--tls-key", "/tls/agent-vllm.key",
            "--spool", "/tmp/spool")  # fmt: skip
         idle_id = sh("docker", "inspect", "-f", "{{.Id}}", idle).stdout.strip()
 
@@ -323,12 +338,15 @@ def test_sidecar_outside_the_serving_pid_namespace_is_unobservable(stack: Stack)
         'version = 1\n[targets]\nnames = ["blind"]\n[[hooks]]\nname = "step"\n'
     )
     out = verifier_cli("run", "register", "blind", "--policy", str(stack.tmp / "blind.toml"),
-                       "--verifier", stack.verifier)  # fmt: skip
+                       "--verifier", stack.verifier, *stack.tls)  # fmt: skip
     assert out.returncode == 0, out.stderr
     name = f"{stack.project}-blind"
     sh("docker", "run", "-d", "--name", name, "--label", f"verifier.test={stack.project}",
-       "--network", f"{stack.project}_default", "--cap-add", "SYS_PTRACE", "verifier:local",
+       "--network", f"{stack.project}_default", "--cap-add", "SYS_PTRACE",
+       "-v", f"{stack.tmp / 'pki'}:/tls:ro", "verifier:local",
        "agent", "--verifier", "verifier:50551", "--target", "blind", "--interval", "1",
+       "--agent-id", "agent-blind", "--tls-ca", "/tls/ca.pem",
+       "--tls-cert", "/tls/agent-blind.pem", "--tls-key", "/tls/agent-blind.key",
        "--spool", "/tmp/spool")  # fmt: skip
     try:
         seen: list[str] = []
@@ -357,7 +375,7 @@ def test_restarted_serving_container_needs_new_evidence(stack: Stack) -> None:
     with the PID namespace it shared, and nothing else can report it); once it is back, the
     gate stays closed until the new processes have run steps."""
     complete(stack.vllm_url)
-    out = verifier_cli("wait", "vllm", "--timeout", "180", "--verifier", stack.verifier)
+    out = verifier_cli("wait", "vllm", "--timeout", "180", "--verifier", stack.verifier, *stack.tls)
     assert out.returncode == 0, out.stdout + out.stderr
     # stop + start rather than `docker restart`: whether docker's restart policy brings the
     # sidecar back into the new namespace by itself is a race; the evidence must not care.
@@ -374,7 +392,7 @@ def test_restarted_serving_container_needs_new_evidence(stack: Stack) -> None:
         assert "may have exited or restarted" in stale["message"]
     else:
         assert "it showed no vLLM process" in stale["message"], stale
-    gate = verifier_cli("wait", "vllm", "--timeout", "3", "--verifier", stack.verifier)
+    gate = verifier_cli("wait", "vllm", "--timeout", "3", "--verifier", stack.verifier, *stack.tls)
     assert gate.returncode == 5  # closed: timed out, neither PASS nor FAIL
     sh("docker", "start", stack.container("vllm"), timeout=300)
     until("vLLM to come back", 600, lambda: healthy(stack.vllm_url))
@@ -388,6 +406,6 @@ def test_restarted_serving_container_needs_new_evidence(stack: Stack) -> None:
     assert st["verdict"] == "PENDING", st  # no steps yet in the new processes: not a PASS
     assert "liveness.steps.insufficient" in ids(st) or "evidence.role_missing" in ids(st), st
     complete(stack.vllm_url)
-    out = verifier_cli("wait", "vllm", "--timeout", "180", "--verifier", stack.verifier)
+    out = verifier_cli("wait", "vllm", "--timeout", "180", "--verifier", stack.verifier, *stack.tls)
     assert out.returncode == 0, out.stdout + out.stderr
     assert Verdict.PASS.value == stack.status("vllm")["verdict"]

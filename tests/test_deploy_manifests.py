@@ -65,9 +65,15 @@ def validate_k8s(doc: Doc) -> None:
     assert used == K8S_VERSION.rsplit(".", 1)[0], f"validated against {used}, not {K8S_VERSION}"
 
 
+CERT_MANAGER = K8S / "cert-manager.yaml"  # cert-manager's kinds: no bundled schema, own tests
+
+
 def k8s_files() -> list[Path]:
-    """The manifests (kustomization.yaml is kustomize's configuration, not an API object)."""
-    return sorted(p for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml")
+    """The manifests (kustomization.yaml is kustomize's configuration, not an API object;
+    cert-manager.yaml is an optional example of cert-manager's own kinds)."""
+    return sorted(
+        p for p in K8S.glob("*.yaml") if p.name not in ("kustomization.yaml", CERT_MANAGER.name)
+    )
 
 
 def load_docs(path: Path) -> list[Doc]:
@@ -318,7 +324,10 @@ def test_verifier_probes_the_service_it_serves(k8s_docs: list[Doc]) -> None:
     )
     ready = verifier["readinessProbe"]["grpc"]
     assert ready["service"] == SERVICE_NAME
-    assert ready["port"] == port_of(flag(verifier["args"], "--listen"))
+    # the kubelet's gRPC probes present no client certificate: the plaintext health port
+    health = port_of(flag(verifier["args"], "--health-listen"))
+    assert ready["port"] == health and verifier["livenessProbe"]["grpc"]["port"] == health
+    assert health != port_of(flag(verifier["args"], "--listen"))
 
 
 def test_verifier_registers_the_configmap_policy(k8s_docs: list[Doc]) -> None:
@@ -405,7 +414,7 @@ def test_policy_requires_the_step_hook_on_decode_steps() -> None:
 def compose() -> Doc:
     doc: Doc = yaml.safe_load(COMPOSE.read_text())
     assert "version" not in doc, "Compose Specification: no version key"
-    assert set(doc["services"]) == {"verifier", "vllm", "agent"}
+    assert set(doc["services"]) == {"certs", "verifier", "vllm", "agent"}
     return doc
 
 
@@ -413,6 +422,7 @@ def test_compose_images_can_be_overridden(compose: Doc) -> None:
     s = compose["services"]
     assert s["verifier"]["image"] == "${VERIFIER_IMAGE:-verifier:local}"
     assert s["agent"]["image"] == "${VERIFIER_IMAGE:-verifier:local}"
+    assert s["certs"]["image"] == "${VERIFIER_IMAGE:-verifier:local}"
     assert s["vllm"]["image"] == "${VLLM_IMAGE:-verifier-vllm:local}"
 
 
@@ -423,7 +433,7 @@ def test_compose_agent_shares_vllm_pid_namespace_as_root_with_ptrace(compose: Do
     assert agent["user"] in ("root", "0", 0, "0:0")
     assert agent.get("privileged") is not True
     assert "/var/run/docker.sock:/var/run/docker.sock:ro" in agent["volumes"]
-    assert set(agent["depends_on"]) == {"vllm", "verifier"}
+    assert set(agent["depends_on"]) == {"certs", "vllm", "verifier"}
     assert "--pid" not in agent["command"]
     assert agent["restart"] in ("unless-stopped", "on-failure", "always")
 
@@ -669,14 +679,26 @@ def started() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
 def test_verifier_and_agent_healthchecks(
     compose: Doc, tmp_path: Path, started: Callable[..., subprocess.Popen[bytes]]
 ) -> None:
-    api, health = free_port(), free_port()
-    check_verifier = healthcheck(compose, "verifier", "127.0.0.1:50551", f"127.0.0.1:{api}")
+    api, vhealth, health = free_port(), free_port(), free_port()
+    check_verifier = healthcheck(compose, "verifier", "127.0.0.1:50553", f"127.0.0.1:{vhealth}")
     check_agent = healthcheck(compose, "agent", "127.0.0.1:50552", f"127.0.0.1:{health}")
     assert not passes(check_verifier, 0), "healthy with nothing listening"
     assert not passes(check_agent, 0), "healthy with nothing listening"
 
-    started("serve", "--listen", f"127.0.0.1:{api}", "--db", str(tmp_path / "v.sqlite3"))
+    # As in the stack: mTLS on the API port, the health service alone in plaintext beside it.
+    pki = tmp_path / "pki"
+    for args in (["init", "--dir", str(pki)],
+                 ["issue", "verifier", "--dir", str(pki), "--ip", "127.0.0.1"],
+                 ["issue", "agent-h", "--dir", str(pki), "--target", "healthcheck"]):  # fmt: skip
+        assert subprocess.run([str(VENV_BIN / "verifier"), "certs", *args], check=False,
+                              capture_output=True).returncode == 0  # fmt: skip
+    started("serve", "--listen", f"127.0.0.1:{api}", "--db", str(tmp_path / "v.sqlite3"),
+            "--tls-cert", str(pki / "verifier.pem"), "--tls-key", str(pki / "verifier.key"),
+            "--tls-client-ca", str(pki / "ca.pem"),
+            "--health-listen", f"127.0.0.1:{vhealth}")  # fmt: skip
     assert passes(check_verifier, 30), "the verifier's healthcheck never passed"
+    api_check = healthcheck(compose, "verifier", "127.0.0.1:50553", f"127.0.0.1:{api}")
+    assert not passes(api_check, 0), "the API port answered a client without a certificate"
     # the agent reports on one idle process only (--pid): nothing of this machine is scanned
     idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
@@ -686,6 +708,14 @@ def test_verifier_and_agent_healthchecks(
             f"127.0.0.1:{api}",
             "--target",
             "healthcheck",
+            "--agent-id",
+            "agent-h",
+            "--tls-ca",
+            str(pki / "ca.pem"),
+            "--tls-cert",
+            str(pki / "agent-h.pem"),
+            "--tls-key",
+            str(pki / "agent-h.key"),
             "--pid",
             str(idle.pid),
             "--spool",
@@ -725,3 +755,95 @@ def test_vllm_healthcheck(compose: Doc) -> None:
         _Health.status = 200
         server.shutdown()
         server.server_close()
+
+
+# --- mutual TLS in both stacks (issue 19 item 2) ----------------------------------------------
+
+
+def _secret_mounts(pod: Doc, c: Doc) -> dict[str, str]:
+    """mount path -> Secret name, for the Secret volumes container C mounts."""
+    secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    return {m["mountPath"]: secrets[m["name"]] for m in c["volumeMounts"] if m["name"] in secrets}
+
+
+def _under(path: str, mounts: dict[str, str]) -> str:
+    """The Secret whose mount holds PATH."""
+    (found,) = [s for at, s in mounts.items() if str(PurePosixPath(path).parent) == at]
+    return found
+
+
+def test_no_stack_runs_insecure_or_accepts_unauthenticated_evidence(
+    k8s_docs: list[Doc], compose: Doc
+) -> None:
+    texts = [p.read_text() for p in [*k8s_files(), COMPOSE, POLICY]]
+    for text in texts:
+        assert "--insecure" not in text
+        assert "unsafe_allow_unauthenticated = true" not in text
+    for policy in (POLICY.read_text(), _configmap_policy(k8s_docs)):
+        assert not [k for k in tomllib.loads(policy).get("evidence", {}) if k.startswith("unsafe_")]
+    for svc in compose["services"].values():
+        assert "--insecure" not in (svc.get("command") or [])
+
+
+def test_k8s_verifier_and_agent_speak_mtls_with_keys_from_secrets(k8s_docs: list[Doc]) -> None:
+    vpod = one(k8s_docs, "Deployment", "verifier")["spec"]["template"]["spec"]
+    verifier = container(vpod, "verifier")
+    vmounts = _secret_mounts(vpod, verifier)
+    server = {f: _under(flag(verifier["args"], f), vmounts)
+              for f in ("--tls-cert", "--tls-key", "--tls-client-ca")}  # fmt: skip
+    assert set(server.values()) == {"verifier-tls"}, server
+    pod = _vllm_pod(k8s_docs)
+    agent = container(pod, "agent")
+    amounts = _secret_mounts(pod, agent)
+    client = {f: _under(flag(agent["args"], f), amounts)
+              for f in ("--tls-ca", "--tls-cert", "--tls-key")}  # fmt: skip
+    assert set(client.values()) == {"verifier-agent-tls"}, client
+    assert flag(agent["args"], "--agent-id") == "agent-vllm"
+    # vLLM's own container never mounts the agent's key
+    assert "verifier-agent-tls" not in _secret_mounts(pod, container(pod, "vllm")).values()
+    for v in [*vpod["volumes"], *pod["volumes"]]:
+        if "secret" in v:
+            assert v["secret"]["defaultMode"] == 0o400
+
+
+def test_cert_manager_example_issues_what_the_manifests_mount(k8s_docs: list[Doc]) -> None:
+    docs = load_docs(CERT_MANAGER)
+    assert {d["apiVersion"] for d in docs} == {"cert-manager.io/v1"}
+    certs = {d["spec"]["secretName"]: d for d in docs if d["kind"] == "Certificate"}
+    mounted = {
+        v["secret"]["secretName"]
+        for d in k8s_docs
+        if d["kind"] == "Deployment"
+        for v in d["spec"]["template"]["spec"]["volumes"]
+        if "secret" in v
+    }
+    assert mounted <= set(certs), mounted - set(certs)
+    agent = container(_vllm_pod(k8s_docs), "agent")
+    a = certs["verifier-agent-tls"]["spec"]
+    assert a["commonName"] == flag(agent["args"], "--agent-id")
+    assert a["uris"] == [f"verifier:target:{flag(agent['args'], '--target')}"]
+    assert "verifier" in certs["verifier-tls"]["spec"]["dnsNames"]  # the Service's name
+    assert certs["verifier-harness-tls"]["spec"]["uris"] == ["verifier:role:harness"]
+    assert all("namespace" not in d["metadata"] for d in docs)
+
+
+def test_compose_stack_speaks_mtls_with_certs_made_once(compose: Doc) -> None:
+    s = compose["services"]
+    certs = s["certs"]
+    script = certs["command"][0]
+    ca_volume = [v for v in certs["volumes"] if v.endswith(":/pki/ca")]
+    assert len(ca_volume) == 1
+    ca_name = ca_volume[0].split(":")[0]
+    for name in ("verifier", "agent"):  # the CA's key is mounted by the certs service only
+        assert not [v for v in s[name]["volumes"] if v.split(":")[0] == ca_name]
+    cmd = s["verifier"]["command"]
+    assert "--tls-client-ca" in cmd and "--tls-cert" in cmd and "--tls-key" in cmd
+    agent = s["agent"]["command"]
+    agent_id = flag(agent, "--agent-id")
+    assert f"issue {agent_id} " in script and f"--target {flag(agent, '--target')}" in script
+    for f in ("--tls-ca", "--tls-cert", "--tls-key"):
+        at = str(PurePosixPath(flag(agent, f)).parent)
+        assert [v for v in s["agent"]["volumes"] if v.split(":")[1] == at and v.endswith(":ro")]
+    for name in ("verifier", "agent"):
+        assert s[name]["depends_on"]["certs"]["condition"] == "service_completed_successfully"
+    assert "[ -f" in script  # made once: a restart does not re-key

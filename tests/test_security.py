@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -48,8 +49,10 @@ def client(d: Path, who: str | None, *args: str, addr: str) -> list[str]:
     return base
 
 
-@pytest.fixture
-def tls_verifier(tmp_path: Path) -> Iterator[tuple[Path, str, Path]]:
+@contextmanager
+def running_tls_verifier(tmp_path: Path) -> Iterator[tuple[Path, str, Path]]:
+    """A real verifier over mTLS on loopback, with the lab CA of ``certs`` (also reused by
+    tests/test_tls_refusal.py and tests/test_local_identity.py)."""
     d = certs(tmp_path)
     addr = f"127.0.0.1:{free_port()}"
     (tmp_path / "p.toml").write_text(POLICY)
@@ -70,7 +73,13 @@ def tls_verifier(tmp_path: Path) -> Iterator[tuple[Path, str, Path]]:
 
 
 @pytest.fixture
-def sleeper() -> Iterator[int]:
+def tls_verifier(tmp_path: Path) -> Iterator[tuple[Path, str, Path]]:
+    with running_tls_verifier(tmp_path) as v:
+        yield v
+
+
+@contextmanager
+def sleeping_process() -> Iterator[int]:
     """A small process for the agents to look at (no vLLM: reports come quickly)."""
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
@@ -78,6 +87,12 @@ def sleeper() -> Iterator[int]:
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.fixture
+def sleeper() -> Iterator[int]:
+    with sleeping_process() as pid:
+        yield pid
 
 
 def agent(d: Path, addr: str, tmp_path: Path, who: tuple[str, str, str], pid: int) -> Daemon:
@@ -102,13 +117,14 @@ def test_roles_and_agent_bindings_over_mutual_tls(
     assert out.returncode == 10 and "needs the role operator" in out.stderr, out.stderr
     out = verifier_cli(*client(d, "ops", "run", "register", "r", "--policy", policy, addr=addr))
     assert out.returncode == 0, out.stderr
-    # No client certificate, or one from another CA: the handshake fails.
+    # No client certificate, or one from another CA: the handshake fails, and that is a
+    # refusal (exit 10), not an outage (tests/test_tls_refusal.py has every side of it).
     out = verifier_cli(*client(d, None, "status", "r", addr=addr))
-    assert out.returncode == 4, out.stderr
+    assert out.returncode == 10, out.stderr
     other = tmp / "other"
     foreign = [*client(d, None, "status", "r", addr=addr), "--tls-cert",
                str(other / "ops.pem"), "--tls-key", str(other / "ops.key")]  # fmt: skip
-    assert verifier_cli(*foreign).returncode == 4
+    assert verifier_cli(*foreign).returncode == 10
 
     good = agent(d, addr, tmp, ("agent-a", "a", "agent-a"), sleeper)
     wrong_target = agent(d, addr, tmp, ("agent-a", "b", "agent-a"), sleeper)

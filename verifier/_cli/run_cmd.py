@@ -52,7 +52,8 @@ def list_runs(args: argparse.Namespace) -> int:
     with VerifierClient(resolve(args.verifier), tls=tls_from(args)) as client:
         for r in client.list_runs():
             when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.created_unix))
+            unsafe = f"  UNSAFE: {'; '.join(r.unsafe_flags)}" if r.unsafe_flags else ""
             sys.stdout.write(
-                f"{r.name}  {r.verdict.value}  {r.policy_digest[:19]}  registered {when}\n"
+                f"{r.name}  {r.verdict.value}  {r.policy_digest[:19]}  registered {when}{unsafe}\n"
             )
     return 0

@@ -90,6 +90,12 @@ def add_parser(sub: Any) -> None:
         help="serve Prometheus metrics over HTTP at http://HOST:PORT/metrics (a bare PORT: "
         "127.0.0.1); off by default (docs/operations.md)",
     )
+    p.add_argument(
+        "--health-listen",
+        metavar="HOST:PORT",
+        help="also serve the gRPC health service alone here, in plaintext, for probes that "
+        "cannot present a client certificate (kubelet, compose healthchecks); off by default",
+    )
     sec = p.add_argument_group(
         "transport security",
         "TLS with client certificates (verifier certs) and/or bearer tokens; without TLS the "
@@ -110,6 +116,16 @@ def add_parser(sub: Any) -> None:
         type=Path,
         metavar="TOML",
         help="bearer tokens with roles or targets ([[token]] sha256, name, role, targets)",
+    )
+    sec.add_argument(
+        "--local-agent",
+        action="append",
+        metavar="UID[@CONTAINER][:TARGET,...]",
+        help="without TLS, on a Unix socket: the uid whose processes may report (only from a "
+        "container whose id starts with CONTAINER, >= 12 hex digits, when given; for these "
+        "targets; none named: any), as the kernel says (SO_PEERCRED, /proc/PID/cgroup); "
+        "repeatable. Default: the uid this verifier runs as. Others may not report; plaintext "
+        "TCP is never authenticated",
     )
     sec.add_argument(
         "--insecure",
@@ -147,6 +163,11 @@ def run(args: argparse.Namespace) -> int:
     tls = ServerTLS(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
     if tls is not None and args.insecure:
         raise UsageError("--insecure and --tls-cert contradict each other")
+    from verifier.security.peercred import parse_local_agent
+
+    local_agents = (
+        tuple(parse_local_agent(v) for v in args.local_agent) if args.local_agent else None
+    )
     config = ServeConfig(
         normalize(args.listen),
         args.db,
@@ -161,6 +182,22 @@ def run(args: argparse.Namespace) -> int:
         max_concurrent_rpcs=args.max_concurrent_rpcs,
         metrics_listen=args.metrics_listen,
         target_expiry_s=args.target_expiry,
+        local_agents=local_agents,
+        health_listen=args.health_listen,
+        container_of=_container_of,
     )
     VerifierServer(config).serve_forever()
     return 0
+
+
+def _container_of(pid: int) -> str | None:
+    """The container id of process PID, from /proc/PID/cgroup (what a relayed peer's identity
+    names beside its uid); None when it has none or cannot be read."""
+    from verifier.evidence.container import container_from_cgroup
+
+    try:
+        text = Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return None
+    ref = container_from_cgroup(text)
+    return ref.id if ref is not None else None

@@ -37,7 +37,9 @@ def add_parser(sub: Any) -> None:
 
 
 def render(v: RunVerdict) -> str:
-    lines = [f"run {v.run}: {v.verdict.value}  (policy {v.policy_digest[:19]})"]
+    unsafe = [str(f.context.get("flag")) for f in v.findings if f.id == "policy.unsafe"]
+    named = f"  UNSAFE: {'; '.join(unsafe)}" if unsafe else ""  # never only in the findings
+    lines = [f"run {v.run}: {v.verdict.value}  (policy {v.policy_digest[:19]}){named}"]
     for f in v.findings:
         lines.append(f"  {f.severity.value:<7} {f.id}: {f.message}")
     for t in v.targets:

@@ -31,7 +31,7 @@ from verifier.agent.metrics import AgentMetrics
 from verifier.agent.spool import Spool
 from verifier.agent.trees import TreeMemory
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
-from verifier.errors import UnavailableError
+from verifier.errors import NotAuthorized, UnavailableError
 from verifier.evidence.container import container_of
 from verifier.evidence.distindex import DistIndex
 from verifier.evidence.docker_api import DEFAULT_SOCKET
@@ -45,6 +45,7 @@ from verifier.evidence.report import report_with_judgement
 from verifier.evidence.stacks import Witnesses
 from verifier.metrics.http import serve_metrics
 from verifier.model import ProcessKey, ProcessReport, TargetReport
+from verifier.security.refusal import connection_failed, tls_refusal
 from verifier.security.tls import ClientTLS, client_channel
 
 log = structlog.get_logger("verifier.agent")
@@ -99,6 +100,9 @@ class Agent:
         self.floor: int | None = None
         self.seq = max(counter or 0, self.spool.last_seq())
         self.nonce: str | None = None
+        # Whether the verifier ever accepted this agent's Hello: a refusal before then is a
+        # configuration error the agent exits on (exit 10); after it, evidence stays spooled.
+        self.connected = False
         self.interval = config.interval_s or 1.0
         self.sent_digests: set[str] = set()
         self.seen: dict[ProcessKey, ProcessReport] = {}
@@ -246,6 +250,7 @@ class Agent:
             self.stub.Hello(wire.hello_request_to_pb(hello), timeout=5)
         )
         self.nonce = resp.nonce
+        self.connected = True
         if self.floor is None:
             self.floor = resp.last_seq
             if self.seq < resp.last_seq:
@@ -333,6 +338,7 @@ class Agent:
             self.health_server.start()
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         backoff = 0.5
+        refused_at_start: str | None = None
         while not self.stop_event.is_set():
             try:
                 self.step()
@@ -341,13 +347,26 @@ class Agent:
             except grpc.RpcError as e:
                 self.metrics.failed(e.code())
                 self.nonce = None
-                if e.code() in (
+                # gRPC says UNAVAILABLE for a refused TLS handshake too: asked again, so that
+                # a refused certificate is said as such and not as an outage.
+                refused = (
+                    tls_refusal(self.config.verifier, self.config.tls)
+                    if e.code() == grpc.StatusCode.UNAVAILABLE
+                    and connection_failed(e.details() or "")
+                    else None
+                )
+                if refused is not None or e.code() in (
                     grpc.StatusCode.UNAUTHENTICATED,
                     grpc.StatusCode.PERMISSION_DENIED,
                 ):
                     # A configuration error, not an outage: said as such; evidence stays
                     # spooled (bounded) until the credentials are fixed.
-                    log.error("not_authorized", reason=e.details(), spooled=len(self.spool))
+                    log.error(
+                        "not_authorized", reason=refused or e.details(), spooled=len(self.spool)
+                    )
+                    if not self.connected:  # never accepted: misconfigured, say so and stop
+                        refused_at_start = refused or e.details() or e.code().name
+                        break
                 log.warning(
                     # RESOURCE_EXHAUSTED: the verifier is up but refusing load (back-pressure)
                     "verifier_busy"
@@ -373,6 +392,12 @@ class Agent:
         if metrics_http is not None:
             metrics_http.stop()
         self.channel.close()
+        if refused_at_start is not None:
+            raise NotAuthorized(
+                f"verifier {self.config.verifier} refused agent {self.config.agent_id!r} "
+                f"(target {self.config.target}): {refused_at_start}; its evidence stays spooled "
+                f"in {self.config.spool_dir}"
+            )
 
     def serve_forever(self) -> None:
         def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -12,15 +12,25 @@ from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
 from verifier.errors import ConfigError, Error, NotAuthorized, UnavailableError, UsageError
 from verifier.model import RunVerdict
+from verifier.security.refusal import connection_failed, tls_refusal
 from verifier.security.tls import ClientTLS, client_channel
 
 T = TypeVar("T")
 
 
-def _translate(address: str, e: grpc.RpcError) -> Error:
+def _translate(  # noqa: PLR0911 - one answer per status code
+    address: str, e: grpc.RpcError, tls: ClientTLS | None = None
+) -> Error:
+    """The exit-code contract's error for a failed call. gRPC says UNAVAILABLE for a refused
+    TLS handshake too: that is asked again (``tls_refusal``) and is NOT_AUTHORIZED (exit 10)
+    with the side that refused and why; UNAVAILABLE stays for nothing there (exit 4)."""
     code, details = e.code(), e.details() or ""
     if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
         return NotAuthorized(f"verifier at {address} refused: {details or code.name}")
+    if code == grpc.StatusCode.UNAVAILABLE and connection_failed(details):
+        refused = tls_refusal(address, tls)
+        if refused is not None:
+            return NotAuthorized(refused)
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return UnavailableError(f"verifier at {address} unreachable: {details or code.name}")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:  # back-pressure: up, but refusing load
@@ -40,6 +50,7 @@ class VerifierClient:
     def __init__(self, address: str, timeout_s: float = 10.0, tls: ClientTLS | None = None) -> None:
         self.address = address
         self.timeout_s = timeout_s
+        self.tls = tls
         self.channel = client_channel(address, tls, wire.GRPC_OPTIONS)
         self.stub = pb_grpc.VerifierServiceStub(self.channel)
 
@@ -56,7 +67,7 @@ class VerifierClient:
         try:
             return fn(request, timeout=self.timeout_s)
         except grpc.RpcError as e:
-            raise _translate(self.address, e) from None
+            raise _translate(self.address, e, self.tls) from None
 
     def register_run(self, name: str, policy_toml: str, source: str) -> wire.RegisteredRun:
         """Register NAME with a policy (the same policy again is a no-op)."""

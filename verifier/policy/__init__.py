@@ -8,6 +8,7 @@ The finding ids, the schema and the verdict rules are in ``docs/policy.md``.
 from verifier.policy.engine import Policy, evaluate_run, policy_digest
 from verifier.policy.interface import PolicyError, TargetSnapshot
 from verifier.policy.loader import load_policy
+from verifier.policy.unsafe import unsafe_flags
 
 __all__ = [
     "Policy",
@@ -16,4 +17,5 @@ __all__ = [
     "evaluate_run",
     "load_policy",
     "policy_digest",
+    "unsafe_flags",
 ]

@@ -25,6 +25,7 @@ from verifier.policy.rules_container import (
     stale_finding,
     unobservable_findings,
 )
+from verifier.policy.unsafe import unsafe_flags, without
 
 
 def policy_digest(text: str) -> str:
@@ -119,11 +120,21 @@ class Policy:
                 Finding(
                     F.EVIDENCE_UNAUTHENTICATED,
                     Severity.PENDING,
-                    f"nobody vouches for who sent target {snap.target}'s evidence (a verifier "
-                    "in --insecure mode on a network address, or a report stored before this "
-                    "verifier started): never PASS on it",
+                    f"nobody vouches for who sent target {snap.target}'s evidence (plaintext "
+                    "TCP, loopback included: no certificate, no token, no kernel credentials; "
+                    "or a report stored before this verifier started): never PASS on it",
                     snap.target,
                     {},
+                )
+            )
+        elif snap.authenticated_as not in (None, "local"):  # "local": engine tests' default
+            findings.append(
+                Finding(
+                    F.EVIDENCE_AUTHENTICATED,
+                    Severity.INFO,
+                    f"target {snap.target}'s evidence was sent by {snap.authenticated_as}",
+                    snap.target,
+                    {"authenticated_as": snap.authenticated_as},
                 )
             )
         bound = dict(self.selection.containers).get(snap.target)
@@ -209,11 +220,46 @@ def evaluate_run(
     verdicts = [t.verdict for t in targets]
     if findings:
         verdicts.append(Verdict.PENDING)
+    verdict = combine(verdicts)
+    findings.extend(_unsafe_findings(run, policy, digest, snapshots, now, verdict=verdict))
     return RunVerdict(
         run=run,
         policy_digest=digest,
-        verdict=combine(verdicts),
+        verdict=verdict,
         targets=targets,
         findings=tuple(findings),
         evaluated_unix=now,
     )
+
+
+def _unsafe_findings(
+    run: str,
+    policy: Policy,
+    digest: str,
+    snapshots: list[I.TargetSnapshot],
+    now: float,
+    *,
+    verdict: Verdict,
+) -> list[Finding]:
+    """One ``policy.unsafe`` WARNING per unsafe flag the policy sets, saying whether this
+    verdict holds only because of it: the run is evaluated again with the flag at its safe
+    default (generic over flags: no rule needs to know what a flag does)."""
+    out = []
+    for flag in unsafe_flags(policy):
+        alt = evaluate_run(run, without(policy, flag), digest, snapshots, now).verdict
+        if alt == verdict:
+            what = f"{flag} is set; this verdict ({verdict.value}) does not depend on it"
+        elif verdict == Verdict.PASS:
+            what = f"passed only because {flag} (without it: {alt.value})"
+        else:
+            what = f"{verdict.value} only because {flag} (without it: {alt.value})"
+        out.append(
+            Finding(
+                F.POLICY_UNSAFE,
+                Severity.WARNING,
+                f"run {run}: {what}",
+                "",
+                {"flag": flag, "verdict": verdict.value, "without_flag": alt.value},
+            )
+        )
+    return out

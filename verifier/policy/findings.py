@@ -47,6 +47,8 @@ EVIDENCE_UNOBSERVABLE = "evidence.unobservable"
 EVIDENCE_UNAUTHENTICATED = "evidence.unauthenticated"
 EVIDENCE_CLOCK_SKEW = "evidence.clock_skew"
 EVIDENCE_TARGET_MIXED = "evidence.target.mixed"
+EVIDENCE_AUTHENTICATED = "evidence.authenticated"
+POLICY_UNSAFE = "policy.unsafe"
 NATIVE_REPLACED = "provenance.native.replaced"
 NATIVE_DELETED = "provenance.native.deleted"
 NATIVE_UNREADABLE = "provenance.native.unreadable"
@@ -113,8 +115,20 @@ FINDINGS: dict[str, FindingKind] = {
     EVIDENCE_UNAUTHENTICATED: FindingKind(
         Severity.PENDING,
         "",
-        "nobody vouches for who sent the evidence (a verifier in --insecure mode on a network "
-        "address, or evidence stored before a restart and not yet renewed)",
+        "nobody vouches for who sent the evidence (plaintext TCP, loopback included; or evidence "
+        "stored before a restart and not yet renewed)",
+    ),
+    EVIDENCE_AUTHENTICATED: FindingKind(
+        Severity.INFO,
+        "",
+        "who sent the evidence, as the verifier authenticated it: an mTLS or token identity, or "
+        "the kernel's credentials of a listed uid on the Unix socket (the record)",
+    ),
+    POLICY_UNSAFE: FindingKind(
+        Severity.WARNING,
+        "",
+        "run level: the policy sets an unsafe_* flag; says whether the verdict holds only "
+        "because of it (the run judged again with the flag at its safe default)",
     ),
     EVIDENCE_CLOCK_SKEW: FindingKind(
         Severity.PENDING,

@@ -66,8 +66,8 @@ class TargetSnapshot:
     collect_s: float = 0.0  # how old the evidence was when the agent sent it (its own clock)
     containers: tuple[ContainerInfo, ...] = ()  # what the agent found about those containers
     unobservable: tuple[str, ...] = ()  # what the agent could not see (TargetReport.unobservable)
-    # How the report was authenticated ("agent NAME" over mTLS or a token, "local": insecure
-    # mode on a Unix socket or loopback); None: nobody vouches for who sent it.
+    # How the report was authenticated ("agent NAME" over mTLS or a token, "unix:uid=U,pid=P":
+    # a listed uid on the verifier's Unix socket); None: nobody vouches for who sent it.
     authenticated_as: str | None = "local"
     # When the verifier received it on its age clock (``verifier.server.clock``: seconds since
     # boot, which cannot be stepped back); None: not known to this verifier (stored before it
@@ -122,8 +122,8 @@ class EvidenceSettings:
     clock_skew_s: float = DEFAULT_CLOCK_SKEW_S
     min_steps: int = DEFAULT_MIN_STEPS
     require_probe: tuple[str, ...] = DEFAULT_REQUIRE_PROBE
-    # Accept evidence nobody vouches for (a demo on an --insecure network address). Named
-    # unsafe: a PASS then says nothing about who sent the evidence.
+    # Accept evidence nobody vouches for (plaintext TCP). Named unsafe: a PASS then says
+    # nothing about who sent the evidence, and the verdict names the flag (policy.unsafe).
     unsafe_allow_unauthenticated: bool = False
 
 

@@ -9,7 +9,12 @@ sha256, a name, a role and, for an agent, its targets). Then:
 * ``RegisterRun``: the ``operator`` role;
 * ``GetRunStatus`` / ``ListRuns``: ``operator``, ``harness`` or ``auditor``.
 
-In insecure mode there is no identity: everything is allowed, and the mode says so.
+Without TLS (insecure mode) there is no certificate and no token. Plaintext TCP, loopback
+included, is never authenticated: evidence over it counts as nobody's (``evidence.unauthenticated``
+unless a policy says ``unsafe_allow_unauthenticated``). On a Unix socket the kernel says who the
+peer is (``SO_PEERCRED``, read by ``peercred.UnixRelay``): a uid listed as a local agent reports,
+as ``unix:uid=U,pid=P``, for the targets it is listed with; any other uid may not report.
+Reads and run registration stay open in insecure mode (the socket's file permissions decide).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import grpc
 import structlog
 
 from verifier.errors import ConfigError
+from verifier.security.peercred import LocalAgent, PeerCred, UnixRelay
 from verifier.security.roles import ROLES, Identity, identity_of
 
 READ_ROLES = frozenset({"operator", "harness", "auditor"})
@@ -77,8 +83,11 @@ class Peer:
     targets: frozenset[str]
     roles: frozenset[str]
     insecure: bool = False
+    unix: PeerCred | None = None  # insecure mode on the Unix socket: what the kernel says
 
     def describe(self) -> str:
+        if self.unix is not None:
+            return self.unix.describe()
         return "insecure peer" if self.insecure else "/".join(self.names) or "anonymous"
 
 
@@ -86,25 +95,37 @@ INSECURE = Peer(("insecure",), frozenset(), frozenset(ROLES), insecure=True)
 
 
 class Authorizer:
-    """SECURE: TLS with client certificates and/or tokens. Otherwise insecure mode, LOCAL when
-    the verifier listens only where this host's own users reach it (a Unix socket, loopback)."""
+    """SECURE: TLS with client certificates and/or tokens. Otherwise insecure mode: a peer on
+    the Unix socket is who the kernel says (RELAY, set by the server when it serves one) and
+    reports only when LOCAL_AGENTS lists its uid; a peer over plaintext TCP is nobody."""
 
-    def __init__(self, secure: bool, tokens: Iterable[Token] = (), local: bool = True) -> None:
+    def __init__(
+        self,
+        secure: bool,
+        tokens: Iterable[Token] = (),
+        local_agents: Iterable[LocalAgent] = (),
+    ) -> None:
         self.secure = secure
-        self.local = local
         self.tokens = {t.sha256: t for t in tokens}
+        self.local_agents = tuple(local_agents)
+        self.relay: UnixRelay | None = None
 
     def authenticated_as(self, peer: Peer) -> str | None:
-        """How evidence from PEER was authenticated: the agent's identity, "local" (insecure
-        mode on a local address: only this host reaches it), or None (insecure on a network
-        address: anyone could have sent it)."""
+        """How evidence from PEER was authenticated: the agent's identity (mTLS or a token),
+        its kernel credentials (``unix:uid=U,pid=P``: a listed uid on the Unix socket), or
+        None (plaintext TCP, loopback included: anyone could have sent it)."""
         if not peer.insecure:
             return "agent " + "/".join(peer.names)
-        return "local" if self.local else None
+        if peer.unix is not None and any(a.matches(peer.unix) for a in self.local_agents):
+            return peer.unix.describe()
+        return None
 
     def peer(self, context: grpc.ServicerContext) -> Peer:
         if not self.secure:
-            return INSECURE
+            cred = self.relay.identity(context.peer()) if self.relay is not None else None
+            if cred is None:
+                return INSECURE
+            return Peer((cred.describe(),), frozenset(), frozenset(ROLES), True, cred)
         names: list[str] = []
         targets: set[str] = set()
         roles: set[str] = set()
@@ -145,7 +166,19 @@ class Authorizer:
         p = self.peer(context)
         structlog.contextvars.bind_contextvars(identity=p.describe())  # on every log line
         if p.insecure:
-            return p
+            if p.unix is not None:  # the kernel named it: bound like a certificate
+                self._require_local_agent(context, p.unix, frozenset(targets))
+            elif self.relay is not None:
+                # Serving a Unix socket, a peer without credentials came around it (straight
+                # to the private port, or on a connection the relay already closed): refused,
+                # so nobody can overwrite a target's latest evidence with anonymous reports.
+                _abort(
+                    context,
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    "no identity: report through the verifier's Unix socket, where the kernel "
+                    "names the peer",
+                )
+            return p  # plaintext TCP: accepted, and its evidence is nobody's
         if not p.targets:
             _abort(context, grpc.StatusCode.PERMISSION_DENIED, f"{p.describe()} is not an agent")
         if agent_id not in p.names:
@@ -163,6 +196,31 @@ class Authorizer:
                 f"(its certificate or token names {', '.join(sorted(p.targets))})",
             )
         return p
+
+    def _require_local_agent(
+        self, context: grpc.ServicerContext, cred: PeerCred, targets: frozenset[str]
+    ) -> None:
+        same_uid = [a for a in self.local_agents if a.uid == cred.uid]
+        allowed = [a for a in same_uid if a.matches(cred)]
+        if not allowed:
+            listed = "; ".join(a.describe() for a in self.local_agents) or "none"
+            why = (
+                f"it runs in {'container ' + cred.container if cred.container else 'no container'}"
+                if same_uid
+                else f"uid {cred.uid} is not a local agent of this verifier"
+            )
+            _abort(
+                context,
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{cred.describe()} may not report: {why} (--local-agent; listed: {listed})",
+            )
+        if not any(a.may_report(targets) for a in allowed):
+            _abort(
+                context,
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{cred.describe()} may not report for target(s) {', '.join(sorted(targets))} "
+                f"(listed: {'; '.join(a.describe() for a in allowed)})",
+            )
 
 
 def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, msg: str) -> NoReturn:

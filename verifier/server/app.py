@@ -12,6 +12,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ from verifier.errors import ConfigError
 from verifier.metrics.http import MetricsServer, serve_metrics
 from verifier.policy import PolicyError, load_policy, policy_digest
 from verifier.security.auth import Authorizer, load_tokens
+from verifier.security.peercred import LocalAgent, UnixRelay
 from verifier.security.tls import ServerTLS, is_local, warn_insecure
 from verifier.server.db import redact
 from verifier.server.metrics import RpcObserver
@@ -67,6 +69,17 @@ class ServeConfig:
     metrics_listen: str | None = None  # HOST:PORT: Prometheus metrics over HTTP (metrics.py)
     # A target silent this long is expired (in no verdict; ledgered); > every freshness_s.
     target_expiry_s: float = DEFAULT_TARGET_EXPIRY_S
+    # HOST:PORT: the gRPC health service alone, in plaintext (kubelet's gRPC probes and a
+    # compose healthcheck cannot present a client certificate); it answers nothing else.
+    health_listen: str | None = None
+    # Insecure mode on a Unix socket: the uids that may report, and for which targets (the
+    # kernel's SO_PEERCRED names the peer). None: the uid this verifier runs as, for any target
+    # (it owns the database already, so trusting it adds no one); () : nobody.
+    local_agents: tuple[LocalAgent, ...] | None = None
+    relay_max_connections: int = 64
+    relay_first_byte_s: float = 10.0
+    relay_idle_s: float = 600.0
+    container_of: Callable[[int], str | None] | None = None  # pid -> its container id
 
 
 def derived_run_name(name: str, digest: str) -> str:
@@ -190,6 +203,9 @@ class VerifierServer:
         pb_grpc.add_VerifierServiceServicer_to_server(self.service, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.port = 0
+        self.health_port = 0
+        self.health_server: grpc.Server | None = None
+        self.relay: UnixRelay | None = None
         self.metrics_http: MetricsServer | None = None
         self._stop = threading.Event()
         self._keeper = threading.Thread(
@@ -232,7 +248,15 @@ class VerifierServer:
                     "and --tls-client-ca (or --tokens), or --insecure to accept that anyone who "
                     "reaches this address can report evidence and read verdicts"
                 )
-            return Authorizer(secure=False, local=is_local(config.listen))
+            agents = config.local_agents
+            if agents is None:
+                agents = (LocalAgent(os.getuid()),)
+            return Authorizer(secure=False, local_agents=agents)
+        if config.local_agents:
+            raise ConfigError(
+                "--local-agent is for a Unix socket without TLS (with TLS, agents "
+                "are who their certificates say)"
+            )
         if config.tls.client_ca is None and config.tokens is None:
             raise ConfigError(
                 "TLS without --tls-client-ca or --tokens: nobody could authenticate (agents need "
@@ -246,14 +270,33 @@ class VerifierServer:
             if self.config.tls is not None:
                 creds = self.config.tls.credentials()
                 self.port = self.server.add_secure_port(self.config.listen, creds)
+            elif self.config.listen.startswith("unix:"):
+                warn_insecure(f"serving on {self.config.listen}")
+                # The public socket is the relay's (kernel credentials of each peer); gRPC
+                # listens on a private loopback port behind it (security/peercred.py).
+                self.port = self.server.add_insecure_port("127.0.0.1:0")
             else:
                 warn_insecure(f"serving on {self.config.listen}")
                 self.port = self.server.add_insecure_port(self.config.listen)
         except RuntimeError as e:
             raise ConfigError(f"cannot listen on {self.config.listen}: {e}") from e
-        if self.port == 0 and not self.config.listen.startswith("unix:"):
+        if self.port == 0:
             raise ConfigError(f"cannot listen on {self.config.listen}")
+        if self.config.tls is None and self.config.listen.startswith("unix:"):
+            self.relay = UnixRelay(
+                Path(self.config.listen[len("unix:") :]),
+                self.port,
+                max_connections=self.config.relay_max_connections,
+                first_byte_s=self.config.relay_first_byte_s,
+                idle_s=self.config.relay_idle_s,
+                container_of=self.config.container_of,
+            )
+            self.service.auth.relay = self.relay
         self.server.start()
+        if self.relay is not None:
+            self.relay.start()
+        if self.config.health_listen is not None:
+            self._serve_health(self.config.health_listen)
         for name in ("", SERVICE_NAME):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._keeper.start()
@@ -261,6 +304,19 @@ class VerifierServer:
         mode = "insecure" if self.config.tls is None else "tls"
         log.info("serving", listen=self.config.listen, port=self.port, db=db, transport=mode)
         log.info("ledger_key", detail=self.key_line())
+
+    def _serve_health(self, address: str) -> None:
+        """The health service alone on ADDRESS, without TLS: it says SERVING or NOT_SERVING
+        and nothing of runs, evidence or verdicts."""
+        self.health_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_server)
+        try:
+            self.health_port = self.health_server.add_insecure_port(address)
+        except RuntimeError as e:
+            raise ConfigError(f"--health-listen {address}: cannot listen: {e}") from e
+        if self.health_port == 0:
+            raise ConfigError(f"--health-listen {address}: cannot listen")
+        self.health_server.start()
 
     def _keep_history(self) -> None:
         next_checkpoint = 0.0
@@ -302,6 +358,10 @@ class VerifierServer:
         for name in ("", SERVICE_NAME):
             self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.server.stop(self.config.grace_s).wait()
+        if self.health_server is not None:
+            self.health_server.stop(0).wait()
+        if self.relay is not None:
+            self.relay.stop()
         self.service.dirty.set()  # wake the history keeper so it sees _stop and ends
         if self._keeper.is_alive():
             self._keeper.join(timeout=10)

@@ -20,7 +20,7 @@ from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
 from verifier.errors import Error
 from verifier.model import FileEntry, RunVerdict, TargetReport, merkle_root
-from verifier.policy import Policy, PolicyError, load_policy, policy_digest
+from verifier.policy import Policy, PolicyError, load_policy, policy_digest, unsafe_flags
 from verifier.security.auth import READ_ROLES, Authorizer
 from verifier.server import clock
 from verifier.server.evaluate import Evaluator, Tracked
@@ -251,6 +251,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
                 run.policy_digest,
                 run.created_unix,
                 self.evaluator.run_verdict(run, now, snaps).verdict,
+                unsafe_flags(self.evaluator.policy(run)),
             )
             for run in self.store.list_runs()
         ]

@@ -65,6 +65,7 @@ class RunSummary:
     policy_digest: str
     created_unix: float
     verdict: Verdict  # latest verdict (PENDING until evidence arrives)
+    unsafe_flags: tuple[str, ...] = ()  # the policy's unsafe_* settings (policy.unsafe_flags)
 
 
 def hello_request_to_pb(hello: AgentHello) -> pb.HelloRequest:
@@ -175,6 +176,7 @@ def _run_summary_to_pb(run: RunSummary) -> pb.RunSummary:
         policy_digest=run.policy_digest,
         created_unix=run.created_unix,
         verdict=verdict_to_pb(run.verdict),
+        unsafe_flags=run.unsafe_flags,
     )
 
 
@@ -184,6 +186,7 @@ def _run_summary_from_pb(msg: pb.RunSummary, at: str = "run_summary") -> RunSumm
         policy_digest=F.required(msg.policy_digest, f"{at}.policy_digest"),
         created_unix=F.finite_time(msg.created_unix, f"{at}.created_unix"),
         verdict=verdict_from_pb(msg.verdict, f"{at}.verdict"),
+        unsafe_flags=tuple(msg.unsafe_flags),
     )
 
 

@@ -655,16 +655,18 @@ class RunVerdict(_message.Message):
     def __init__(self, run: _Optional[str] = ..., policy_digest: _Optional[str] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., targets: _Optional[_Iterable[_Union[TargetVerdict, _Mapping]]] = ..., findings: _Optional[_Iterable[_Union[Finding, _Mapping]]] = ..., evaluated_unix: _Optional[float] = ...) -> None: ...
 
 class RunSummary(_message.Message):
-    __slots__ = ("name", "policy_digest", "created_unix", "verdict")
+    __slots__ = ("name", "policy_digest", "created_unix", "verdict", "unsafe_flags")
     NAME_FIELD_NUMBER: _ClassVar[int]
     POLICY_DIGEST_FIELD_NUMBER: _ClassVar[int]
     CREATED_UNIX_FIELD_NUMBER: _ClassVar[int]
     VERDICT_FIELD_NUMBER: _ClassVar[int]
+    UNSAFE_FLAGS_FIELD_NUMBER: _ClassVar[int]
     name: str
     policy_digest: str
     created_unix: float
     verdict: Verdict
-    def __init__(self, name: _Optional[str] = ..., policy_digest: _Optional[str] = ..., created_unix: _Optional[float] = ..., verdict: _Optional[_Union[Verdict, str]] = ...) -> None: ...
+    unsafe_flags: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., policy_digest: _Optional[str] = ..., created_unix: _Optional[float] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., unsafe_flags: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HelloRequest(_message.Message):
     __slots__ = ("agent_id", "targets")
