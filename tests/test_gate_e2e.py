@@ -27,6 +27,8 @@ from verifier.testing.vllm_server import VllmServer
 pytestmark = pytest.mark.vllm
 
 CLI = [str(Path(sys.executable).parent / "verifier")]
+SITE = f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
+EDITABLE_PTH = "_editable_impl_vllm_provenance_verifier.pth"
 
 
 def policy(hooks: str = "", extra: str = "", freshness: float = 30.0, target: str = "cpu-0") -> str:
@@ -349,7 +351,11 @@ def test_golden_boot_policy_from_the_live_server_passes(
         for o in counts.keys() - {"pristine", "stdlib"}:
             assert sum(f[0] == o for f in files) == counts[o], (o, counts, files)
         for origin, path, dist, reason in files:
-            if origin == "editable":
+            if origin == "editable" and path.endswith(EDITABLE_PTH):
+                # the editable install's own .pth (recorded since every .pth is hashed)
+                assert path == str(Path(sys.prefix) / SITE / EDITABLE_PTH), path
+                assert dist == "vllm-provenance-verifier"
+            elif origin == "editable":
                 assert path.startswith(f"{REPO}/verifier/"), path
                 assert dist == "vllm-provenance-verifier"
                 assert reason == f"under the root of the editable install from file://{REPO}"

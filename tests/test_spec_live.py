@@ -21,10 +21,11 @@ import pytest
 from tests.conftest import SPEC_PROPOSE, SPEC_REJECT, V1_STEP
 from tests.helpers import REPO, hook_by_name, inspect_json, verifier_cli
 from tests.test_gate_e2e import local_verifier
+from tests.test_unfiled import HONEST_CUSTOM_LOADERS
 from verifier import wire
 from verifier.evidence.bindings_reader import BindingsReader
 from verifier.evidence.bindings_reader import RequestSpan as ProbeSpan
-from verifier.model import Severity, Verdict
+from verifier.model import DRIFT_MODULE_CUSTOM_LOADER, Severity, Verdict
 from verifier.policy import TargetSnapshot, load_policy
 from verifier.policy import findings as F
 from verifier.testing.vllm_server import VllmServer
@@ -246,7 +247,12 @@ def test_drafter_and_rejection_sampler_fire_on_decode_steps(spec_server: VllmSer
     assert v.verdict == Verdict.PASS, v.findings
     firing = sorted(f.context["hook"] for f in v.findings if f.id == F.HOOK_FIRING)
     assert firing == ["propose", "reject"], v.findings
-    assert [f.id for f in v.findings if f.severity != Severity.INFO] == []
+    # torch's and setuptools' loaders warn in every honest vLLM process (test_unfiled.py)
+    loaders = [f for f in v.findings if f.id == DRIFT_MODULE_CUSTOM_LOADER]
+    assert all(f.severity == Severity.WARNING for f in loaders), loaders
+    modules = {e["module"] for f in loaders for e in f.context["entries"]}
+    assert modules <= HONEST_CUSTOM_LOADERS, modules
+    assert [f.id for f in v.findings if f.severity != Severity.INFO and f not in loaders] == []
 
 
 # -- negative control: the shared session server runs without speculation ---------------------
