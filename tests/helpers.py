@@ -18,6 +18,36 @@ from verifier.server.db import open_database
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 
+# The unsafe keys that accept every way a policy can PASS on nothing (verifier/policy/
+# strength.py): for tests about something else (drift findings, a loader message, the wire),
+# whose minimal policies would otherwise be refused at load. Append WEAK_POLICY_TABLES to a
+# policy without [evidence] and [provenance] tables, or pass any policy through weak_policy.
+WEAK_KEYS = {
+    "evidence": ("unsafe_allow_no_liveness", "unsafe_allow_zero_fires"),
+    "provenance": ("unsafe_allow_unpinned_serving_package",),
+}
+WEAK_POLICY_TABLES = "".join(
+    f"[{table}]\n" + "".join(f"{k} = true\n" for k in keys) for table, keys in WEAK_KEYS.items()
+)
+
+
+def weak_policy(text: str) -> str:
+    """TEXT with every key of WEAK_KEYS set true: inserted under its table's header where the
+    policy has the table, else in a new table at the end."""
+    lines = text.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    for table, keys in WEAK_KEYS.items():
+        add = [f"{k} = true\n" for k in keys]
+        at = next(
+            (i for i, ln in enumerate(lines) if ln.split("#")[0].strip() == f"[{table}]"), None
+        )
+        if at is None:
+            lines += [f"[{table}]\n", *add]
+        else:
+            lines[at + 1 : at + 1] = add
+    return "".join(lines)
+
 
 def verifier_cli(
     *args: str, check: bool = False, timeout: float = 120

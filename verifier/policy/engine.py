@@ -64,10 +64,26 @@ class Policy:
     evidence: I.EvidenceSettings = field(default_factory=I.EvidenceSettings)
     selection: I.TargetSelection = field(default_factory=I.TargetSelection)
     source: str = "<policy>"
+    provenance: I.ProvenanceSettings = field(default_factory=I.ProvenanceSettings)
 
     def __post_init__(self) -> None:
         if not self.rules:
             raise I.PolicyError(self.source, None, None, "a policy needs at least one rule")
+
+    def unsafe_flags(self) -> tuple[str, ...]:
+        """The dotted key of every ``unsafe_*`` flag this policy sets to true, in a fixed
+        order. Each accepts a weakening (docs/policy.md, "Unsafe keys"): a verdict reached
+        under this policy rests on it, so whatever reports the verdict should name these."""
+        flags = (
+            ("evidence.unsafe_allow_unauthenticated", self.evidence.unsafe_allow_unauthenticated),
+            ("evidence.unsafe_allow_no_liveness", self.evidence.unsafe_allow_no_liveness),
+            ("evidence.unsafe_allow_zero_fires", self.evidence.unsafe_allow_zero_fires),
+            (
+                "provenance.unsafe_allow_unpinned_serving_package",
+                self.provenance.unsafe_allow_unpinned_serving_package,
+            ),
+        )
+        return tuple(key for key, on in flags if on)
 
     @property
     def freshness_s(self) -> float:

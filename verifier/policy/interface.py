@@ -98,13 +98,23 @@ class EvidenceSettings:
     # Accept evidence nobody vouches for (a demo on an --insecure network address). Named
     # unsafe: a PASS then says nothing about who sent the evidence.
     unsafe_allow_unauthenticated: bool = False
+    # Accept a policy with no liveness rule ([runner], [[hooks]]): it can PASS a process that
+    # ran zero productive steps with zero hook fires (``strength.py``).
+    unsafe_allow_no_liveness: bool = False
+    # Accept a policy whose only liveness rules are Python-counted [[hooks]] with
+    # min_fires_per_productive_step = 0: they PASS with zero fires on the steps they judge.
+    unsafe_allow_zero_fires: bool = False
 
 
 @dataclass(frozen=True)
 class ProvenanceSettings:
-    """``[provenance]``: drift ids downgraded to warnings."""
+    """``[provenance]``: drift ids downgraded to warnings, and whether the policy accepts not
+    requiring the serving package (vLLM's distribution) pristine."""
 
     allow: tuple[str, ...] = ()
+    # Accept a policy whose [provenance] pristine names no vLLM distribution: the serving
+    # code's files are then never compared with what was published (``strength.py``).
+    unsafe_allow_unpinned_serving_package: bool = False
 
 
 @dataclass(frozen=True)
