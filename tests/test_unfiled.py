@@ -192,7 +192,7 @@ def test_offline_driver_script_is_pinned_by_its_hash(tmp_path: Path) -> None:
     sha = _sha(script.read_bytes())
     assert [f.sha256 for f in got.files(path=str(script))] == [sha]
     for pinned, ok in ((sha, True), ("0" * 64, False)):
-        policy = f'version = 1\n[[files]]\npath = "bench.py"\nsha256 = "{pinned}"\n'
+        policy = weak_policy(f'version = 1\n[[files]]\npath = "bench.py"\nsha256 = "{pinned}"\n')
         report = dataclasses.replace(got.report, role="api_server")
         snap = TargetSnapshot("t", (report,), time.time())
         ids = {f.id for f in load_policy(policy).evaluate_target(snap, now=time.time()).findings}
