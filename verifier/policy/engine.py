@@ -160,6 +160,25 @@ def _container_ids(snap: I.TargetSnapshot) -> tuple[str, ...]:
     return tuple(seen)
 
 
+def refused_run(run: str, digest: str, error: I.PolicyError, now: float) -> RunVerdict:
+    """The verdict on a run whose stored policy does not load under this verifier's rules
+    (e.g. a weak policy registered before they refused it, issue 19 item 3): FAIL, with one
+    run-level ``policy.refused`` finding naming the error and, for a weak policy, the unsafe
+    keys that would accept it. FAIL, not PENDING: no evidence can make it PASS, so a gate
+    waiting on it must stop now, with the reason, rather than time out."""
+    flags = list(error.flags) if isinstance(error, I.WeakPolicyError) else []
+    keys = f" (accepted only with {', '.join(f'{k} = true' for k in flags)})" if flags else ""
+    finding = Finding(
+        F.POLICY_REFUSED,
+        Severity.ERROR,
+        f"run {run}'s stored policy is refused by this verifier's rules{keys}: "
+        f"{error.explain()}; register the run again under a policy that loads",
+        "",
+        {"error": error.explain(), "unsafe_keys": flags, "source": error.source},
+    )
+    return RunVerdict(run, digest, Verdict.FAIL, (), (finding,), now)
+
+
 def evaluate_run(
     run: str, policy: Policy, digest: str, snapshots: list[I.TargetSnapshot], now: float
 ) -> RunVerdict:

@@ -53,6 +53,16 @@ class PolicyError(ConfigError):
         self.what = what
 
 
+class WeakPolicyError(PolicyError):
+    """A policy that parses but could PASS on nothing and does not say so (``strength.py``):
+    ``flags`` are the dotted ``unsafe_*`` keys that would accept its open weakenings, so a
+    verdict on a run stored under it can name them (``policy.refused``)."""
+
+    def __init__(self, source: str, what: str, flags: tuple[str, ...]) -> None:
+        super().__init__(source, None, None, what)
+        self.flags = flags
+
+
 @dataclass(frozen=True)
 class TargetSnapshot:
     """The latest evidence for one target."""

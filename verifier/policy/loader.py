@@ -40,7 +40,7 @@ from verifier.policy.rules_provenance import (
     Pristine,
     canonical,
 )
-from verifier.policy.strength import refusal
+from verifier.policy.strength import refusal, weakenings
 
 VERSION = 1
 _TOP = (
@@ -477,7 +477,9 @@ def load_policy(text: str, source: str = "<policy>") -> Policy:
         source=source,
         provenance=prov,
     )
-    why = refusal(rules, policy.unsafe_flags())
+    accepted = policy.unsafe_flags()
+    why = refusal(rules, accepted)
     if why is not None:
-        raise I.PolicyError(source, None, None, why)
+        flags = tuple(w.flag for w in weakenings(rules) if w.flag not in accepted)
+        raise I.WeakPolicyError(source, why, flags)
     return policy
