@@ -48,6 +48,8 @@ print(t0, flush=True)
 sys.stdin.read()
 """
 POLICY = 'version = 1\n[targets]\nnames = ["{t}"]\n[[hooks]]\nname = "h"\nrole = "worker"\n'
+# fake agents report no vLLM files: pinning vLLM would never pass, so say so
+POLICY += "[provenance]\nunsafe_allow_unpinned_serving_package = true\n"
 TRIALS = 8
 RNG = random.Random(1)  # noqa: S311 - a reproducible phase, not a secret
 INTERVALS = (0.25, 0.5, 1.0)

@@ -70,6 +70,8 @@ from verifier.model import (
 
 RUN = "load"
 POLICY = 'version = 1\n[[hooks]]\nname = "h"\nrole = "worker"\n'
+# fake agents report no vLLM files: pinning vLLM would never pass, so say so
+POLICY += "[provenance]\nunsafe_allow_unpinned_serving_package = true\n"
 FILES = tuple(
     FileEntry(f"/site/pkg/mod{i}.py", f"{i:064x}", 1000, "source", f"pkg.mod{i}", "load")
     for i in range(500)

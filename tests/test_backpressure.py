@@ -27,7 +27,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.helpers import VENV_BIN, verifier_cli
+from tests.helpers import VENV_BIN, not_vllm_policy, verifier_cli
 from verifier import wire
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
@@ -35,7 +35,7 @@ from verifier.model import ProcessKey, RequestId, RequestSpan, TargetReport
 
 CLI = [str(VENV_BIN / "verifier")] if (VENV_BIN / "verifier").exists() else [
     sys.executable, "-m", "verifier"]  # fmt: skip
-POLICY = 'version = 1\n[[hooks]]\nname = "h"\nrole = "worker"\n'
+POLICY = not_vllm_policy('version = 1\n[[hooks]]\nname = "h"\nrole = "worker"\n')
 BUSY = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from tests.helpers import Backend, verifier_cli
+from tests.helpers import Backend, not_vllm_policy, verifier_cli
 from tests.test_policy_engine import worker
 from verifier import wire
 from verifier.errors import NotFound
@@ -56,7 +56,12 @@ def stocked(target: str, spec: RequestSpec | None = SPEC) -> ProcessKey:
     s = Store(target)
     T = time.time()  # the verdict is recorded now; the requests are served just after
     try:
-        s.register_run("all", 'version = 1\n[[hooks]]\nname = "h"\n', "sha256:" + "1" * 64, "t")
+        s.register_run(
+            "all",
+            not_vllm_policy('version = 1\n[[hooks]]\nname = "h"\n'),
+            "sha256:" + "1" * 64,
+            "t",
+        )
         s.record_verdict("all", "PASS", {"n": 1})
         assert s.verdict_history("all")[0][0] < T + 1.0
         body = wire.report_to_bytes(TargetReport("a", "serving", 1, "", T + 2, (w,)))

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, probe_env, wait_ready
+from tests.helpers import REPO, probe_env, wait_ready, weak_policy
 from verifier.evidence.process import read_process
 from verifier.evidence.procfs import ProcFS
 from verifier.evidence.report import to_report
@@ -50,7 +50,8 @@ GUARDED = (
     "    return x\n"
     "VALUE = 'published'\n"
 )  # fmt: skip
-PRISTINE = 'version = 1\n[provenance]\npristine = ["fakedist"]\n'
+# drift of a fake distribution is what is judged here: no vLLM, no step (explicitly weak)
+PRISTINE = weak_policy('version = 1\n[provenance]\npristine = ["fakedist"]\n')
 TAG = sys.implementation.cache_tag
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import probe_env
+from tests.helpers import probe_env, weak_policy
 from verifier.agent.runner import Agent, AgentConfig
 from verifier.evidence import unfiled
 from verifier.evidence.hashing import Hasher
@@ -107,7 +107,7 @@ def children() -> Iterator[list[Child]]:
 
 def pinned(path: Path, text: str) -> str:
     """A policy that pins PATH to TEXT's bytes (the published ones)."""
-    return f'version = 1\n[[files]]\npath = "{path}"\nsha256 = "{sha(text)}"\n'
+    return weak_policy(f'version = 1\n[[files]]\npath = "{path}"\nsha256 = "{sha(text)}"\n')
 
 
 def verdict(report: ProcessReport, policy: str) -> tuple[Verdict, list[str]]:

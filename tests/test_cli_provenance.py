@@ -109,8 +109,17 @@ def test_policy_init_pins_a_boot_and_check_loads_it(tmp_path: Path) -> None:
     (pkg / "mod_a.py").write_text("A = 1\n")
     out = tmp_path / "golden.toml"
     with boot(pkg, tmp_path / "probe") as pid:
-        made = verifier_cli("policy", "init", "--from-pid", str(pid), "-o", str(out))
-        again = verifier_cli("policy", "init", "--from-pid", str(pid), "-o", str(out))
+        refused = verifier_cli("policy", "init", "--from-pid", str(pid), "-o", str(out))
+        made = verifier_cli(
+            "policy", "init", "--from-pid", str(pid), "-o", str(out), "--allow-unsafe"
+        )
+        again = verifier_cli(
+            "policy", "init", "--from-pid", str(pid), "-o", str(out), "--allow-unsafe"
+        )
+    # no vLLM, no step: the boot pins nothing live, so init refuses unless told to write it
+    assert refused.returncode == 3, refused.stderr
+    assert "unsafe_allow_no_liveness = true" in refused.stderr
+    assert "--allow-unsafe" in refused.stderr
     assert made.returncode == 0, made.stderr
     assert again.returncode == 2 and "--force" in again.stderr  # never overwritten silently
     text = out.read_text()
@@ -119,6 +128,9 @@ def test_policy_init_pins_a_boot_and_check_loads_it(tmp_path: Path) -> None:
     check = verifier_cli("policy", "check", str(out))
     assert check.returncode == 0, check.stderr
     assert "ok, sha256:" in check.stdout
+    assert "# UNSAFE: the boot showed no live runner" in text
+    assert "UNSAFE evidence.unsafe_allow_no_liveness = true" in check.stdout
+    assert "\nweakest point: no liveness" in check.stdout
 
 
 def test_policy_check_reports_the_line(tmp_path: Path) -> None:
@@ -243,7 +255,9 @@ def test_policy_init_from_stored_report_declares_patches(tmp_path: Path) -> None
     with spawn(tmp_path, code, site, pkg) as pid:
         stored = store(pid, tmp_path / "boot.json")
     golden = tmp_path / "golden.toml"
-    made = verifier_cli("policy", "init", "--from", str(stored), "-o", str(golden))
+    made = verifier_cli(
+        "policy", "init", "--from", str(stored), "-o", str(golden), "--allow-unsafe"
+    )
     assert made.returncode == 0, made.stderr
     text = golden.read_text()
     pristine = re.search(r"^pristine = \[(.*)\]$", text, re.M)

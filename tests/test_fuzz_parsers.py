@@ -414,7 +414,10 @@ def _policy_error_is_located(e: PolicyError) -> None:
     """PolicyError's contract: a line, except for the few whole-file problems it names."""
     if e.line is None:
         assert (
-            e.key == "version" or "has no rules" in e.what or e.what.startswith("invalid TOML")
+            e.key == "version"
+            or "has no rules" in e.what
+            or e.what.startswith("invalid TOML")
+            or e.what.startswith("weak policy refused:")  # the whole policy's rules, no one line
         ), e
     else:
         assert e.line >= 1

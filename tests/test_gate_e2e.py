@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import inspect_json, verifier_cli
+from tests.helpers import PRISTINE_VLLM_CPU, inspect_json, verifier_cli
 from verifier.testing.vllm_server import VllmServer
 
 pytestmark = pytest.mark.vllm
@@ -36,7 +36,7 @@ def policy(hooks: str = "", extra: str = "", freshness: float = 30.0, target: st
         f'version = 1\n[targets]\nnames = ["{target}"]\n'
         f"[evidence]\nfreshness_s = {freshness}\nmin_steps = 1\n"
         '[runner]\nexpect_class = "vllm.v1.worker.cpu_model_runner.CPUModelRunner"\n'
-        f"{hooks}{extra}"
+        f"{hooks}{extra}{PRISTINE_VLLM_CPU}"
     )
 
 

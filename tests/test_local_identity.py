@@ -24,17 +24,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, verifier_cli
-from tests.test_verifier_grpc import SHA
+from tests.helpers import PRISTINE_VLLM_CPU, REPO, verifier_cli
+from tests.test_policy_engine import CPU
 from verifier.client.api import VerifierClient
 from verifier.model import RunVerdict
 from verifier.security.peercred import LocalAgent
 from verifier.server.app import ServeConfig, VerifierServer
 
 NOBODY = 65534
+# strong (no unsafe key): the live CPU runner, pristine vLLM; the child reports a healthy
+# worker (tests/test_policy_engine.py's)
 POLICY = (
     'version = 1\n[evidence]\nrequire_probe = ["worker"]\n'
-    f'[[files]]\npath = "/a.py"\nsha256 = "{SHA}"\n'
+    f'[runner]\nexpect_class = "{CPU}"\n' + PRISTINE_VLLM_CPU
 )
 UNSAFE = POLICY.replace("[evidence]\n", "[evidence]\nunsafe_allow_unauthenticated = true\n")
 
@@ -42,20 +44,17 @@ UNSAFE = POLICY.replace("[evidence]\n", "[evidence]\nunsafe_allow_unauthenticate
 # ARGV[3], print what happened as JSON. METADATA (ARGV[4], JSON) is sent with each call.
 CHILD = """
 import json, os, sys
-from dataclasses import replace
 import grpc
-from tests.test_policy_provenance import prov
-from tests.test_verifier_grpc import SHA, process
+from tests.test_policy_engine import worker
 from verifier import wire
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
-from verifier.model import FileEntry, TargetReport
+from verifier.model import TargetReport
 import time
 addr, uid, target, md = sys.argv[1], int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
 if uid != os.getuid():
     os.setgroups([]); os.setgid(uid); os.setuid(uid)
-files = (FileEntry("/a.py", SHA, 3, "source", "a", "load"),)
-proc = replace(process(files), provenance=prov())
+proc = worker()
 with grpc.insecure_channel(addr, options=list(wire.GRPC_OPTIONS)) as ch:
     stub = pb_grpc.VerifierServiceStub(ch)
     try:
@@ -162,16 +161,16 @@ def test_plaintext_tcp_on_loopback_is_never_authenticated() -> None:
         listed = verifier_cli("run", "list", "--verifier", addr).stdout.splitlines()
     (line_u,) = [x for x in listed if x.startswith("u ")]
     (line_r,) = [x for x in listed if x.startswith("r ")]
-    assert "UNSAFE: unsafe_allow_unauthenticated = true" in line_u, listed
+    assert "UNSAFE: evidence.unsafe_allow_unauthenticated" in line_u, listed
     assert "UNSAFE" not in line_r, listed
     assert u.verdict.value == "PASS", ids(u)
     unsafe = [f for f in u.findings if f.id == "policy.unsafe"]
     assert len(unsafe) == 1 and unsafe[0].severity.value == "warning", unsafe
-    assert "passed only because unsafe_allow_unauthenticated = true" in unsafe[0].message
+    assert "passed only because evidence.unsafe_allow_unauthenticated = true" in unsafe[0].message
     assert unsafe[0].context["without_flag"] == "PENDING"
     first = out.stdout.splitlines()[0]
-    assert "PASS" in first and "UNSAFE: unsafe_allow_unauthenticated = true" in first, out.stdout
-    assert "passed only because unsafe_allow_unauthenticated" in js.stdout, js.stdout
+    assert "PASS" in first and "UNSAFE: evidence.unsafe_allow_unauthenticated" in first, out.stdout
+    assert "passed only because evidence.unsafe_allow_unauthenticated" in js.stdout, js.stdout
 
 
 def test_an_unsafe_flag_that_did_not_decide_the_verdict_is_still_named() -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import not_vllm_policy
 from tests.test_gate_e2e import Daemon
 from verifier.errors import ConfigError
 from verifier.metrics.http import MetricsServer, parse_listen
@@ -171,7 +172,7 @@ def sleeper() -> Iterator[int]:
 
 def test_metrics_and_logs_of_a_live_verifier_and_agent(tmp_path: Path, sleeper: int) -> None:
     sock = tmp_path / "v.sock"
-    (tmp_path / "p.toml").write_text('version = 1\n[[hooks]]\nname = "h"\n')
+    (tmp_path / "p.toml").write_text(not_vllm_policy('version = 1\n[[hooks]]\nname = "h"\n'))
     vport, aport = free_port(), free_port()
     serve_log, agent_log = tmp_path / "serve.log", tmp_path / "agent.log"
     logs = [serve_log, agent_log]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import not_vllm_policy
 from verifier.evidence.hashing import Hasher
 from verifier.evidence.native import native_mappings
 from verifier.evidence.procfs import ProcFS
@@ -52,7 +53,7 @@ def _verdict(m: NativeMapping) -> tuple[Verdict, list[str]]:
         key=ProcessKey("b", 1, 1), ns_pid=1, ppid=0, start_time=1.0, role="worker", rank=0,
         container_id=None, cmdline=(), exe="", probe_present=True, native_mappings=(m,),
     )  # fmt: skip
-    v = load_policy('version = 1\n[[hooks]]\nname = "h"\n').evaluate_target(
+    v = load_policy(not_vllm_policy('version = 1\n[[hooks]]\nname = "h"\n')).evaluate_target(
         TargetSnapshot("t", (proc,), time.time()), time.time()
     )
     return v.verdict, [f.id for f in v.findings]

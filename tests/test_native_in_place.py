@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import probe_env, system_libz
+from tests.helpers import not_vllm_policy, probe_env, system_libz
 from verifier.agent.runner import Agent, AgentConfig
 from verifier.evidence.native import NativeMemory
 from verifier.evidence.process import read_process
@@ -110,7 +110,7 @@ def cp_over(lib: Path, data: bytes, tmp: Path) -> None:
 
 def verdict(report: ProcessReport) -> tuple[Verdict, list[str]]:
     report = dataclasses.replace(report, role="worker")
-    v = load_policy('version = 1\n[[hooks]]\nname = "h"\n').evaluate_target(
+    v = load_policy(not_vllm_policy('version = 1\n[[hooks]]\nname = "h"\n')).evaluate_target(
         TargetSnapshot("t", (report,), time.time()), time.time()
     )
     return v.verdict, [f.id for f in v.findings]

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import hook_by_name, verifier_cli
+from tests.helpers import PRISTINE_VLLM_CPU, hook_by_name, verifier_cli
 from tests.offline import (
     CPU_RUNNER,
     HOOK_ENV,
@@ -39,7 +39,7 @@ def offline_policy(
     *roles: str, hooks: tuple[str, ...] = ("step", "sample"), runner: str = ""
 ) -> str:
     """What offline use can honestly be held to: the roles it has, the live runner, hooks
-    firing on every decode step."""
+    firing on every decode step, vLLM's files as published."""
     listed = ", ".join(f'"{r}"' for r in roles)
     body = "version = 1\n"
     if roles:
@@ -47,7 +47,7 @@ def offline_policy(
     body += f'[runner]\nexpect_class = "{runner or CPU_RUNNER}"\n'
     for h in hooks:
         body += f'[[hooks]]\nname = "{h}"\non = "decode"\n'
-    return body
+    return body + PRISTINE_VLLM_CPU
 
 
 @pytest.fixture(scope="module")

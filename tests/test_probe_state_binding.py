@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import probe_env, state_name
+from tests.helpers import not_vllm_policy, probe_env, state_name
 from verifier.errors import ProcessAccessDenied
 from verifier.evidence.probe_reader import read_probe_dir
 from verifier.evidence.process import read_process
@@ -39,15 +39,17 @@ from verifier.policy import TargetSnapshot, load_policy
 from verifier.probe import layout as L
 
 WORKER_TITLE = "VLLM::Worker_TP0"  # what vLLM's setproctitle shows: the process is a worker
-POLICY = textwrap.dedent(
-    """\
-    version = 1
-    [evidence]
-    require_probe = ["worker"]
-    [[hooks]]
-    name = "h"
-    role = "worker"
-    """
+POLICY = not_vllm_policy(
+    textwrap.dedent(
+        """\
+        version = 1
+        [evidence]
+        require_probe = ["worker"]
+        [[hooks]]
+        name = "h"
+        role = "worker"
+        """
+    )
 )
 UNBOUND = "evidence.probe_state.unbound"
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import hook_by_name, inspect_json
+from tests.helpers import PRISTINE_VLLM_CPU, hook_by_name, inspect_json
 from tests.offline import (
     CPU_RUNNER,
     HOOK_ENV,
@@ -56,7 +56,7 @@ def hook_policy(*hooks: tuple[str, str], roles: str = "") -> str:
     body = "version = 1\n" + (f"[evidence]\nrequire_probe = [{roles}]\n" if roles else "")
     for name, on in hooks:
         body += f'[[hooks]]\nname = "{name}"\non = "{on}"\n'
-    return body
+    return body + PRISTINE_VLLM_CPU
 
 
 def fires(before: dict[str, Any], after: dict[str, Any], hook: str, key: str = "fired") -> int:

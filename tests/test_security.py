@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import verifier_cli
+from tests.helpers import not_vllm_policy, verifier_cli
 from tests.test_gate_e2e import Daemon
 from verifier.testing.vllm_server import free_port
 
-POLICY = 'version = 1\n[[hooks]]\nname = "h"\n'
+POLICY = not_vllm_policy('version = 1\n[[hooks]]\nname = "h"\n')
 
 
 def certs(tmp_path: Path) -> Path:

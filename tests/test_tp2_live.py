@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import V1_STEP
-from tests.helpers import REPO, hook_by_name, inspect_json
+from tests.helpers import PRISTINE_VLLM_CPU, REPO, hook_by_name, inspect_json
 from verifier import wire
 from verifier.policy import TargetSnapshot, load_policy
 from verifier.policy import findings as F
@@ -64,7 +64,7 @@ def test_policy_judges_each_rank_on_its_own_counts(
 ) -> None:
     reports = [wire.process_from_json(p["report"]) for p in tp2[1]]
     snap = TargetSnapshot("tp2", tuple(reports), time.time())
-    policy = 'version = 1\n[[hooks]]\nname = "step"\non = "decode"\n'
+    policy = 'version = 1\n[[hooks]]\nname = "step"\non = "decode"\n' + PRISTINE_VLLM_CPU
     v = load_policy(policy).evaluate_target(snap, now=snap.received_unix)
     firing = [f for f in v.findings if f.id == F.HOOK_FIRING]
     assert sorted(f.context["rank"] for f in firing) == [0, 1]
@@ -87,7 +87,7 @@ def test_a_hook_alive_on_rank_0_only_fails_naming_rank_1(
     assert r1["fired"] == 0
     reports = [wire.process_from_json(p["report"]) for p in tp2[1]]
     snap = TargetSnapshot("tp2", tuple(reports), time.time())
-    policy = 'version = 1\n[[hooks]]\nname = "rank0_only"\n'
+    policy = 'version = 1\n[[hooks]]\nname = "rank0_only"\n' + PRISTINE_VLLM_CPU
     v = load_policy(policy).evaluate_target(snap, now=snap.received_unix)
     assert v.verdict.value == "FAIL"
     errors = [(f.id, f.context["rank"]) for f in v.findings if f.id.startswith("liveness.hook")]

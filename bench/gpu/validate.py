@@ -42,7 +42,9 @@ def policy(hook: str, runner: str | None = None, count: str = "python") -> str:
     if runner:
         text += f'[runner]\nexpect_class = "{runner}"\n'
     text += f'[[hooks]]\nname = "{hook}"\nmin_fires_per_productive_step = 1.0\n'
-    return text + (f'count = "{count}"\n' if count != "python" else "")
+    text += f'count = "{count}"\n' if count != "python" else ""
+    # liveness is what this validation measures; vLLM's files are not pinned (say so)
+    return text + "[provenance]\nunsafe_allow_unpinned_serving_package = true\n"
 
 
 RUNS = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -13,7 +14,9 @@ from verifier._cli._local import load_side
 from verifier.errors import ConfigError, UsageError
 from verifier.evidence.procfs import ProcFS
 from verifier.model import Origin, ProcessReport, Provenance
-from verifier.policy import load_policy, policy_digest
+from verifier.policy import PolicyError, load_policy, policy_digest, weakest_point
+from verifier.policy.strength import NO_LIVENESS, SERVING_DISTRIBUTIONS, UNPINNED_SERVING
+from verifier.policy.unsafe import shown, unsafe_flags
 
 DESCRIPTION = """\
 init: write a policy that pins what a known-good boot ran, for you to review and register
@@ -27,7 +30,15 @@ every editable (local) file and every file no distribution claims (unknown origi
 on PYTHONPATH) pinned by path and hash. Each hook line gives its fired counts beside the step
 counts. The policy is checked by loading it before it is written.
 
-check: load a policy and print its digest and rules, or the error (exit code 3)."""
+check: load a policy and print its digest, its rules, its unsafe keys and its weakest point in
+one line (what a PASS under it rests on at its thinnest); or the error (exit code 3). A policy
+that could PASS on nothing is refused with a reason per weakening and the unsafe key that
+would accept it: no liveness rule ([evidence] unsafe_allow_no_liveness), only hooks that need
+no fire on a productive step ([evidence] unsafe_allow_zero_fires), vLLM's distribution not in
+[provenance] pristine ([provenance] unsafe_allow_unpinned_serving_package). init fails the
+same way, rather than writing such a policy, when the boot it pins shows no runner and no
+hook firing on steps, or vLLM's files were not all pristine or patched; --allow-unsafe writes
+the unsafe keys instead, each with a comment saying what it accepts, for you to review."""
 
 
 def add_parser(sub: Any) -> None:
@@ -49,9 +60,17 @@ def add_parser(sub: Any) -> None:
     )
     init.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
     init.add_argument("--force", action="store_true", help="overwrite --output if it exists")
+    init.add_argument(
+        "--allow-unsafe",
+        action="store_true",
+        help="when the boot shows no liveness or vLLM not pristine, write the unsafe keys that "
+        "accept it (each with a comment saying what it accepts) instead of failing",
+    )
     init.add_argument("--proc", default="/proc", help=argparse.SUPPRESS)
     init.set_defaults(handler=run_init)
-    check = psub.add_parser("check", help="load a policy; print its digest or the error")
+    check = psub.add_parser(
+        "check", help="load a policy; print its digest and weakest point, or the error"
+    )
     check.add_argument("file", metavar="FILE")
     check.set_defaults(handler=run_check)
 
@@ -60,21 +79,37 @@ def _q(s: str) -> str:
     return json.dumps(s)  # a TOML basic string is a JSON string for these characters
 
 
-def render_policy(label: str, r: ProcessReport) -> str:
-    """The TOML text pinning R's boot."""
-    prov = r.provenance
-    out = [
-        f"# Written by `verifier policy init` from {label}",
-        f"# at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}. Review before registering.",
-    ]
-    if prov is not None:
-        counts = ", ".join(f"{o} {n}" for o, n in prov.counts)
-        out.append(f"# Loaded files by origin: {counts}.")
-    out += ["version = 1", ""]
-    if r.runner is not None:
-        out += ["[runner]", f"expect_class = {_q(r.runner.cls)}", ""]
+def _floor_rate(rate: float) -> float:
+    """RATE rounded down to two decimals, or to its first significant digit below 0.01, so a
+    hook seen firing on productive steps is never pinned at 0 (which needs no fire)."""
+    if rate >= 1:
+        return 1.0
+    digits = 2
+    while digits < 12 and math.floor(rate * 10**digits) == 0:
+        digits += 1
+    return float(math.floor(rate * 10**digits) / 10**digits)
+
+
+def _unsafe_tables(unsafe: list[tuple[str, str]]) -> list[str]:
+    """``[evidence]`` / ``[provenance]`` lines setting each (flag, why) of UNSAFE."""
+    out: list[str] = []
+    for section in ("evidence", "provenance"):
+        mine = [(f, why) for f, why in unsafe if f.startswith(section + ".")]
+        if mine:
+            out.append(f"[{section}]")
+            for flag, why in mine:
+                out += [f"# UNSAFE: {why}", f"{flag.partition('.')[2]} = true"]
+            out.append("")
+    return out
+
+
+def _hook_lines(r: ProcessReport) -> tuple[list[str], int]:
+    """A ``[[hooks]]`` entry per hook R saw firing on productive steps, at the rate it showed
+    (rounded down, never to 0); the others as comments. Also how many were pinned."""
+    out: list[str] = []
     productive = r.steps.productive if r.steps else 0
     total = r.steps.total if r.steps else 0
+    pinned_hooks = 0
     for h in r.hooks:
         counts = (
             f"{h.fired_productive} on {productive} productive steps, {h.fired_outside} "
@@ -87,7 +122,8 @@ def render_policy(label: str, r: ProcessReport) -> str:
             ]
             continue
         rate = h.fired_productive / productive if productive else 0.0
-        minimum = 1.0 if rate >= 1 else int(rate * 100) / 100
+        minimum = _floor_rate(rate)
+        pinned_hooks += 1
         out += [
             f"# hook {h.name} fired {h.fired} times, {counts}",
             "[[hooks]]",
@@ -95,6 +131,26 @@ def render_policy(label: str, r: ProcessReport) -> str:
             f"min_fires_per_productive_step = {minimum}",
             "",
         ]
+    return out, pinned_hooks
+
+
+def render_policy(label: str, r: ProcessReport, *, allow_unsafe: bool = False) -> str:
+    """The TOML text pinning R's boot. With ALLOW_UNSAFE, the unsafe keys its weakenings need
+    (no runner and no hook firing on steps; vLLM's distribution not pristine) are written
+    with a comment each; without, such a policy does not load (``strength.py``)."""
+    prov = r.provenance
+    out = [
+        f"# Written by `verifier policy init` from {label}",
+        f"# at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}. Review before registering.",
+    ]
+    if prov is not None:
+        counts = ", ".join(f"{o} {n}" for o, n in prov.counts)
+        out.append(f"# Loaded files by origin: {counts}.")
+    out += ["version = 1", ""]
+    if r.runner is not None:
+        out += ["[runner]", f"expect_class = {_q(r.runner.cls)}", ""]
+    hook_lines, pinned_hooks = _hook_lines(r)
+    out += hook_lines
     if r.runner is not None and r.runner.file and r.runner.sha256:
         out += [
             "# the file defining the live runner's step method",
@@ -103,17 +159,31 @@ def render_policy(label: str, r: ProcessReport) -> str:
             f"sha256 = {_q(r.runner.sha256)}",
             "",
         ]
+    unsafe: list[tuple[str, str]] = []
+    if allow_unsafe and r.runner is None and not pinned_hooks:
+        why = "the boot showed no live runner and no hook firing on steps"
+        unsafe.append((NO_LIVENESS, why + ": a process that never ran a step can PASS"))
     if prov is None:
         out.append("# no provenance judgement: no [provenance] section written")
-        return "\n".join(out) + "\n"
+        if allow_unsafe:
+            unsafe.append((UNPINNED_SERVING, "no provenance judgement: vLLM not pinned"))
+        return "\n".join(out + _unsafe_tables(unsafe)) + "\n"
     unpinnable = {
         f.distribution
         for f in prov.files
         if f.distribution and f.origin not in (Origin.PATCHED, Origin.PRISTINE)
     }
     pristine = sorted(n for n, _, _ in prov.distributions if n not in unpinnable)
-    if pristine:
-        out += ["[provenance]", f"pristine = [{', '.join(_q(n) for n in pristine)}]", ""]
+    if allow_unsafe and set(pristine).isdisjoint(SERVING_DISTRIBUTIONS):
+        why = "vLLM's distribution was not loaded, or not all pristine or patched"
+        unsafe.append((UNPINNED_SERVING, why + ": its files are not pinned"))
+    out += _unsafe_tables([u for u in unsafe if u[0] != UNPINNED_SERVING])
+    if pristine or any(u[0] == UNPINNED_SERVING for u in unsafe):
+        out.append("[provenance]")
+        if pristine:
+            out.append(f"pristine = [{', '.join(_q(n) for n in pristine)}]")
+        out += _unsafe_tables([u for u in unsafe if u[0] == UNPINNED_SERVING])[1:-1]
+        out.append("")
     for f in prov.files:
         if f.origin == Origin.PATCHED and f.distribution in pristine and f.sha256:
             out += [
@@ -163,8 +233,12 @@ def run_init(args: argparse.Namespace) -> int:
         raise UsageError(f"--from-pid must be a positive integer, got {args.from_pid}")
     spec = str(args.from_pid) if args.from_pid is not None else args.from_file
     label, report = load_side(spec, args.role, ProcFS(args.proc))
-    text = render_policy(label, report)
-    policy = load_policy(text, "<generated policy>")  # never write one that does not load
+    text = render_policy(label, report, allow_unsafe=args.allow_unsafe)
+    try:
+        policy = load_policy(text, "<generated policy>")  # never write one that does not load
+    except PolicyError as e:
+        hint = "" if args.allow_unsafe else " (--allow-unsafe writes the keys, for review)"
+        raise ConfigError(f"{e.explain()}{hint}") from e
     if args.output is None:
         sys.stdout.write(text)
         return 0
@@ -189,4 +263,7 @@ def run_check(args: argparse.Namespace) -> int:
     print(f"{path}: ok, {policy_digest(text)}")
     for rule in policy.rules:
         print(f"  {rule.describe()}")
+    for flag in unsafe_flags(policy):
+        print(f"  UNSAFE {shown(flag)}")
+    print(weakest_point(policy))
     return 0

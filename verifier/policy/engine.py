@@ -25,7 +25,7 @@ from verifier.policy.rules_container import (
     stale_finding,
     unobservable_findings,
 )
-from verifier.policy.unsafe import unsafe_flags, without
+from verifier.policy.unsafe import AT_LOAD, shown, unsafe_flags, without
 
 
 def policy_digest(text: str) -> str:
@@ -67,6 +67,7 @@ class Policy:
     evidence: I.EvidenceSettings = field(default_factory=I.EvidenceSettings)
     selection: I.TargetSelection = field(default_factory=I.TargetSelection)
     source: str = "<policy>"
+    provenance: I.ProvenanceSettings = field(default_factory=I.ProvenanceSettings)
 
     def __post_init__(self) -> None:
         if not self.rules:
@@ -175,6 +176,25 @@ def _container_ids(snap: I.TargetSnapshot) -> tuple[str, ...]:
     return tuple(seen)
 
 
+def refused_run(run: str, digest: str, error: I.PolicyError, now: float) -> RunVerdict:
+    """The verdict on a run whose stored policy does not load under this verifier's rules
+    (e.g. a weak policy registered before they refused it, issue 19 item 3): FAIL, with one
+    run-level ``policy.refused`` finding naming the error and, for a weak policy, the unsafe
+    keys that would accept it. FAIL, not PENDING: no evidence can make it PASS, so a gate
+    waiting on it must stop now, with the reason, rather than time out."""
+    flags = list(error.flags) if isinstance(error, I.WeakPolicyError) else []
+    keys = f" (accepted only with {', '.join(f'{k} = true' for k in flags)})" if flags else ""
+    finding = Finding(
+        F.POLICY_REFUSED,
+        Severity.ERROR,
+        f"run {run}'s stored policy is refused by this verifier's rules{keys}: "
+        f"{error.explain()}; register the run again under a policy that loads",
+        "",
+        {"error": error.explain(), "unsafe_keys": flags, "source": error.source},
+    )
+    return RunVerdict(run, digest, Verdict.FAIL, (), (finding,), now)
+
+
 def evaluate_run(
     run: str,
     policy: Policy,
@@ -246,13 +266,25 @@ def _unsafe_findings(
     default (generic over flags: no rule needs to know what a flag does)."""
     out = []
     for flag in unsafe_flags(policy):
+        if flag in AT_LOAD:  # accepted the policy itself: every verdict under it rests on it
+            out.append(
+                Finding(
+                    F.POLICY_UNSAFE,
+                    Severity.WARNING,
+                    f"run {run}: {verdict.value} under a policy accepted only because "
+                    f"{shown(flag)}: it has {AT_LOAD[flag]}",
+                    "",
+                    {"flag": flag, "verdict": verdict.value, "at_load": True},
+                )
+            )
+            continue
         alt = evaluate_run(run, without(policy, flag), digest, snapshots, now).verdict
         if alt == verdict:
-            what = f"{flag} is set; this verdict ({verdict.value}) does not depend on it"
+            what = f"{shown(flag)} is set; this verdict ({verdict.value}) does not depend on it"
         elif verdict == Verdict.PASS:
-            what = f"passed only because {flag} (without it: {alt.value})"
+            what = f"passed only because {shown(flag)} (without it: {alt.value})"
         else:
-            what = f"{verdict.value} only because {flag} (without it: {alt.value})"
+            what = f"{verdict.value} only because {shown(flag)} (without it: {alt.value})"
         out.append(
             Finding(
                 F.POLICY_UNSAFE,

@@ -33,6 +33,7 @@ from verifier.model import (
 
 # Finding ids. Stable: tools and people match on them.
 EVIDENCE_STALE = "evidence.stale"
+POLICY_REFUSED = "policy.refused"
 EVIDENCE_NO_REPORT = "evidence.no_report"
 EVIDENCE_NO_PROCESSES = "evidence.no_processes"
 EVIDENCE_PROBE_ABSENT = "evidence.probe_absent"
@@ -99,6 +100,13 @@ class FindingKind:
 
 # Every id the engine can produce; docs/policy.md carries the same table (a test checks it).
 FINDINGS: dict[str, FindingKind] = {
+    POLICY_REFUSED: FindingKind(
+        Severity.ERROR,
+        "",
+        "the run's stored policy does not load under this verifier's rules (a weak policy "
+        "stored before they refused it names the unsafe key that would accept it): FAIL "
+        "until the run is registered again (run level)",
+    ),
     EVIDENCE_STALE: FindingKind(
         Severity.PENDING, "", "the target's latest report is older than freshness_s (STALE)"
     ),

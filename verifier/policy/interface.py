@@ -55,6 +55,16 @@ class PolicyError(ConfigError):
         self.what = what
 
 
+class WeakPolicyError(PolicyError):
+    """A policy that parses but could PASS on nothing and does not say so (``strength.py``):
+    ``flags`` are the dotted ``unsafe_*`` keys that would accept its open weakenings, so a
+    verdict on a run stored under it can name them (``policy.refused``)."""
+
+    def __init__(self, source: str, what: str, flags: tuple[str, ...]) -> None:
+        super().__init__(source, None, None, what)
+        self.flags = flags
+
+
 @dataclass(frozen=True)
 class TargetSnapshot:
     """The latest evidence for one target."""
@@ -125,13 +135,23 @@ class EvidenceSettings:
     # Accept evidence nobody vouches for (plaintext TCP). Named unsafe: a PASS then says
     # nothing about who sent the evidence, and the verdict names the flag (policy.unsafe).
     unsafe_allow_unauthenticated: bool = False
+    # Accept a policy with no liveness rule ([runner], [[hooks]]): it can PASS a process that
+    # ran zero productive steps with zero hook fires (``strength.py``).
+    unsafe_allow_no_liveness: bool = False
+    # Accept a policy whose only liveness rules are Python-counted [[hooks]] with
+    # min_fires_per_productive_step = 0: they PASS with zero fires on the steps they judge.
+    unsafe_allow_zero_fires: bool = False
 
 
 @dataclass(frozen=True)
 class ProvenanceSettings:
-    """``[provenance]``: drift ids downgraded to warnings."""
+    """``[provenance]``: drift ids downgraded to warnings, and whether the policy accepts not
+    requiring the serving package (vLLM's distribution) pristine."""
 
     allow: tuple[str, ...] = ()
+    # Accept a policy whose [provenance] pristine names no vLLM distribution: the serving
+    # code's files are then never compared with what was published (``strength.py``).
+    unsafe_allow_unpinned_serving_package: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """Load a TOML policy, checking every key, type and value, with errors that name the line.
 
 Policies fail closed: unknown keys, wrong types, empty arrays, impossible values and a policy
-without rules are all errors (``PolicyError``, exit code 3), never silently ignored.
+without rules are all errors (``PolicyError``, exit code 3), never silently ignored; so is a
+policy that could PASS on nothing (no liveness, hooks that need no fire, vLLM not required
+pristine) unless it names the ``unsafe_*`` key that accepts that weakening (``strength.py``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from verifier.policy.rules_provenance import (
     Pristine,
     canonical,
 )
+from verifier.policy.strength import refusal, weakenings
+from verifier.policy.unsafe import unsafe_flags
 
 VERSION = 1
 _TOP = (
@@ -281,6 +285,8 @@ def _evidence(doc: _Doc, data: dict[str, Any]) -> I.EvidenceSettings:
             "min_steps",
             "require_probe",
             "unsafe_allow_unauthenticated",
+            "unsafe_allow_no_liveness",
+            "unsafe_allow_zero_fires",
         ),
     )
     if e is None:
@@ -291,6 +297,8 @@ def _evidence(doc: _Doc, data: dict[str, Any]) -> I.EvidenceSettings:
         min_steps=e.integer("min_steps", I.DEFAULT_MIN_STEPS, minimum=1),
         require_probe=e.strings("require_probe", choices=I.ROLES) or I.DEFAULT_REQUIRE_PROBE,
         unsafe_allow_unauthenticated=e.boolean("unsafe_allow_unauthenticated", default=False),
+        unsafe_allow_no_liveness=e.boolean("unsafe_allow_no_liveness", default=False),
+        unsafe_allow_zero_fires=e.boolean("unsafe_allow_zero_fires", default=False),
     )
 
 
@@ -366,12 +374,17 @@ def _forbid(doc: _Doc, data: dict[str, Any]) -> list[I.Rule]:
     ]
 
 
-def _provenance(doc: _Doc, data: dict[str, Any]) -> tuple[list[I.Rule], frozenset[str]]:
-    """``[provenance]`` and ``[[patches]]``: the Pristine rule (if any) and the allowed drift."""
-    p = _section(doc, data, "provenance", ("pristine", "allow"))
+def _provenance(doc: _Doc, data: dict[str, Any]) -> tuple[list[I.Rule], I.ProvenanceSettings]:
+    """``[provenance]`` and ``[[patches]]``: the Pristine rule (if any), the allowed drift and
+    the unsafe key."""
+    p = _section(
+        doc, data, "provenance", ("pristine", "allow", "unsafe_allow_unpinned_serving_package")
+    )
     pristine: tuple[str, ...] = ()
     allow: tuple[str, ...] = ()
+    unpinned = False
     if p is not None:
+        unpinned = p.boolean("unsafe_allow_unpinned_serving_package", default=False)
         names = p.strings("pristine", pattern=_DISTRIBUTION, form="a distribution name") or ()
         canon = [canonical(n) for n in names]
         for i, c in enumerate(canon):
@@ -399,7 +412,7 @@ def _provenance(doc: _Doc, data: dict[str, Any]) -> tuple[list[I.Rule], frozense
         seen.add((dist, path))
         patches.append(Patch(dist, path, sha, t.string("note") or ""))
     rules: list[I.Rule] = [Pristine(pristine, tuple(patches))] if pristine else []
-    return rules, frozenset(allow)
+    return rules, I.ProvenanceSettings(allow, unpinned)
 
 
 def load_policy(text: str, source: str = "<policy>") -> Policy:
@@ -432,7 +445,7 @@ def load_policy(text: str, source: str = "<policy>") -> Policy:
         )
     selection = _targets(doc, data)
     evidence = _evidence(doc, data)
-    provenance, allow = _provenance(doc, data)
+    provenance, prov = _provenance(doc, data)
     rules = [
         *_runner(doc, data),
         *_hooks(doc, data),
@@ -449,7 +462,7 @@ def load_policy(text: str, source: str = "<policy>") -> Policy:
             "[[forbid]] or [provenance] pristine (an empty policy would pass anything, so it "
             "is invalid)",
         )
-    return Policy(
+    policy = Policy(
         rules=(
             ProbeRequired(
                 evidence.require_probe, explicit=_names(data, "evidence", "require_probe")
@@ -457,7 +470,7 @@ def load_policy(text: str, source: str = "<policy>") -> Policy:
             ViewsAgree(),
             NativeIntact(),
             EvidenceIntact(),
-            DriftFree(allow),
+            DriftFree(frozenset(prov.allow)),
             *rules,
             HashedAfterReported(),
             OriginsReported(),  # last: the record of origins closes each target's findings
@@ -465,4 +478,11 @@ def load_policy(text: str, source: str = "<policy>") -> Policy:
         evidence=evidence,
         selection=selection,
         source=source,
+        provenance=prov,
     )
+    accepted = unsafe_flags(policy)
+    why = refusal(rules, accepted)
+    if why is not None:
+        flags = tuple(w.flag for w in weakenings(rules) if w.flag not in accepted)
+        raise I.WeakPolicyError(source, why, flags)
+    return policy

@@ -68,7 +68,8 @@ class DriftFree:
     allow: frozenset[str] = frozenset()
 
     def describe(self) -> str:
-        return "no drift between what runs and the files"
+        allowed = f" (allowed as warnings: {', '.join(sorted(self.allow))})" if self.allow else ""
+        return "no drift between what runs and the files" + allowed
 
     def evaluate(self, snapshot: I.TargetSnapshot, ctx: I.EvalContext) -> list[Finding]:
         out: list[Finding] = []

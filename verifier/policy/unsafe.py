@@ -15,6 +15,13 @@ import dataclasses
 from typing import Any, TypeVar
 
 PREFIX = "unsafe_"
+# Flags that accept a weak policy when it is loaded (policy/strength.py): they change no
+# rule's judgement, so a verdict is the same without them; what rests on them is the policy.
+AT_LOAD = {
+    "evidence.unsafe_allow_no_liveness": "no liveness rule (no [runner], no [[hooks]])",
+    "evidence.unsafe_allow_zero_fires": "no hook that must fire on a productive step",
+    "provenance.unsafe_allow_unpinned_serving_package": "no pristine requirement on vLLM",
+}
 # A policy (engine.Policy, a frozen dataclass): not imported, so the engine can import this.
 P = TypeVar("P")
 
@@ -38,23 +45,32 @@ def _default(f: dataclasses.Field[Any]) -> Any:
 
 
 def unsafe_flags(policy: Any) -> tuple[str, ...]:
-    """Every ``unsafe_*`` setting POLICY sets away from its safe default, as
-    ``unsafe_NAME = VALUE`` (TOML-ish, as the policy says it), sorted."""
+    """Every ``unsafe_*`` setting POLICY sets away from its safe default, as its dotted key
+    (``evidence.unsafe_allow_no_liveness``; a setting that is not a boolean as
+    ``KEY = VALUE``), sorted: what status lines, verdicts and seals name."""
     out = []
-    for _, section in _sections(policy):
+    for attr, section in _sections(policy):
         for f in dataclasses.fields(section):
             value = getattr(section, f.name)
             if f.name.startswith(PREFIX) and value != _default(f):
-                shown = str(value).lower() if isinstance(value, bool) else repr(value)
-                out.append(f"{f.name} = {shown}")
+                key = f"{attr}.{f.name}"
+                out.append(key if value is True else f"{key} = {value!r}")
     return tuple(sorted(out))
+
+
+def shown(flag: str) -> str:
+    """FLAG as a policy says it: ``evidence.unsafe_allow_unauthenticated = true``."""
+    return flag if "=" in flag else f"{flag} = true"
 
 
 def without(policy: P, flag: str) -> P:
     """POLICY with the unsafe setting FLAG (``unsafe_NAME`` or ``unsafe_NAME = VALUE``) back
     at its default."""
-    name = flag.split("=", 1)[0].strip()
+    key = flag.split("=", 1)[0].strip()
+    where, _, name = key.rpartition(".")
     for attr, section in _sections(policy):
+        if where and attr != where:
+            continue
         for f in dataclasses.fields(section):
             if f.name == name:
                 safe = dataclasses.replace(section, **{name: _default(f)})

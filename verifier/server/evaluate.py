@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from verifier import wire
 from verifier.model import FileEntry, RunVerdict, TargetReport
-from verifier.policy import Policy, evaluate_run, load_policy
+from verifier.policy import Policy, PolicyError, evaluate_run, load_policy, refused_run
 from verifier.policy.interface import TargetSnapshot
 from verifier.server import clock
 from verifier.server.store import RunRecord, Store
@@ -35,15 +35,21 @@ class Evaluator:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._policies: dict[str, Policy] = {}
+        self._policies: dict[str, Policy | PolicyError] = {}
         self._manifests: dict[str, tuple[FileEntry, ...]] = {}
         self._latest: dict[str, Tracked] | None = None
         self._lock = threading.Lock()
 
-    def policy(self, run: RunRecord) -> Policy:
+    def policy(self, run: RunRecord) -> Policy | PolicyError:
+        """RUN's parsed policy, or why this verifier refuses it: a run stored by an earlier
+        verifier (or before its rules refused weak policies) may hold one that no longer
+        loads, which is a verdict (``policy.refused``), not an internal error."""
         pol = self._policies.get(run.policy_digest)
         if pol is None:
-            pol = load_policy(run.policy_toml, run.source)
+            try:
+                pol = load_policy(run.policy_toml, run.source)
+            except PolicyError as e:
+                pol = e
             self._policies[run.policy_digest] = pol
         return pol
 
@@ -156,5 +162,7 @@ class Evaluator:
     ) -> RunVerdict:
         """RUN's verdict at wall-clock time NOW (displayed); ages on the age clock, now."""
         pol = self.policy(run)
+        if isinstance(pol, PolicyError):
+            return refused_run(run.name, run.policy_digest, pol, now)
         snaps = self.snapshots() if snaps is None else snaps
         return evaluate_run(run.name, pol, run.policy_digest, snaps, now, now_boot_s=clock.boot_s())

@@ -26,7 +26,7 @@ from verifier.server import clock
 from verifier.server.evaluate import Evaluator, Tracked
 from verifier.server.index import processes_seen
 from verifier.server.metrics import VerifierMetrics
-from verifier.server.store import RunExists, Store, StoredReport, UnknownRun
+from verifier.server.store import RunExists, RunRecord, Store, StoredReport, UnknownRun
 
 log = structlog.get_logger("verifier.serve")
 REPORT_INTERVAL_S = 0.5  # keeps gate latency under 1 s (BENCHMARKS.md)
@@ -251,11 +251,15 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
                 run.policy_digest,
                 run.created_unix,
                 self.evaluator.run_verdict(run, now, snaps).verdict,
-                unsafe_flags(self.evaluator.policy(run)),
+                self._unsafe_flags(run),
             )
             for run in self.store.list_runs()
         ]
         return wire.list_runs_response_to_pb(out)
+
+    def _unsafe_flags(self, run: RunRecord) -> tuple[str, ...]:
+        pol = self.evaluator.policy(run)
+        return unsafe_flags(pol) if isinstance(pol, Policy) else ()  # refused: nothing loaded
 
     # targets ---------------------------------------------------------------------------
     def _status(self, t: Tracked, freshness_s: float, now_boot_s: float) -> wire.TargetStatus:
@@ -273,8 +277,9 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
 
     def _freshness_s(self) -> float:
         """The smallest freshness_s of the registered runs: what ``live`` means in a list."""
-        runs = self.store.list_runs()
-        return min((self.evaluator.policy(r).freshness_s for r in runs), default=10.0)
+        policies = [self.evaluator.policy(r) for r in self.store.list_runs()]
+        fresh = [p.freshness_s for p in policies if isinstance(p, Policy)]  # refused: none
+        return min(fresh, default=10.0)
 
     def ListTargets(
         self, request: pb.ListTargetsRequest, context: grpc.ServicerContext

