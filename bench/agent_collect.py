@@ -159,12 +159,20 @@ def main() -> None:
         warm_rejudge = agent(server.pid, spool / "c", 0.0)
         for a in (warm_report, warm_recheck, warm_rejudge):
             report = a.collect()  # warm them up
-        files = sorted({f.path for p in report.processes for f in p.files or () if f.sha256})
+        # the files on disk (not `-c` code, not zip members): what sha256sum can read
+        files = sorted(
+            {
+                f.path
+                for p in report.processes
+                for f in p.files or ()
+                if f.sha256 and os.path.isfile(f.path)
+            }
+        )
         listing = spool / "files.lst"
         listing.write_text("\0".join(files))
 
         def sha256sum() -> None:
-            subprocess.run(f"xargs -0 sha256sum < {listing} > /dev/null", shell=True, check=True)  # noqa: S602
+            subprocess.run(f"xargs -0 sha256sum -- < {listing} > /dev/null", shell=True, check=True)  # noqa: S602
 
         def cold() -> None:
             bytecode.SHARED_CACHE.clear()  # a fresh agent process: nothing compiled yet
