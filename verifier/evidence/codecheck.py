@@ -176,6 +176,8 @@ def check_chains(
     verified. FILES: the process's manifest. TO_HOST: a path as the process sees it to one
     this code can read. INDEX: to name the distribution that owns each owner's file. PYTHON:
     the major.minor this code compiles with. Never raises on odd files or records."""
+    if not chains:
+        return (), []  # most processes (the API server) run no step method: nothing to index
     judge = _Judge(files, to_host, cache or SHARED_CACHE, python)
     out: list[CodeChain] = []
     drift: list[Drift] = []

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import posixpath
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from verifier.evidence.distindex import Claim, DistIndex, is_under, norm_path, record_abspath
@@ -224,6 +224,19 @@ def in_stdlib(path: str, stdlib_dirs: Iterable[str]) -> bool:
             if _NON_STDLIB_DIRS.isdisjoint(rest):
                 return True
     return False
+
+
+def stdlib_test(stdlib_dirs: Iterable[str]) -> Callable[[str], bool]:
+    """``in_stdlib`` with STDLIB_DIRS normalized once: for judging many paths."""
+    dirs = tuple(d for d in map(norm_path, stdlib_dirs) if d.startswith("/"))
+
+    def test(path: str) -> bool:
+        for d in dirs:
+            if is_under(path, d) and _NON_STDLIB_DIRS.isdisjoint(path[len(d) :].split("/")):
+                return True
+        return False
+
+    return test
 
 
 def under_any(path: str, dirs: Iterable[str]) -> bool:

@@ -12,7 +12,7 @@ from verifier.evidence.distindex import DistIndex
 from verifier.evidence.hashing import Hasher
 from verifier.evidence.judge import Judgement, dist_index, generated_dirs, judge, stdlib_dirs
 from verifier.evidence.native import NativeMemory, native_mappings
-from verifier.evidence.origins import in_stdlib
+from verifier.evidence.origins import stdlib_test
 from verifier.evidence.process import ProcessEvidence
 from verifier.evidence.procfs import ProcFS
 from verifier.model import (
@@ -134,5 +134,6 @@ def hashed_after(files: tuple[FileEntry, ...], stdlib: tuple[str, ...] = ()) -> 
     """The paths of FILES whose only hash was taken after the fact (``HASHED_AFTER``): those
     outside the standard library (directories STDLIB) first, the ones a reader looks for
     (the interpreter imports some of its own before any probe can start), each part sorted."""
+    in_stdlib = stdlib_test(stdlib)
     paths = [f.path for f in files if f.at in HASHED_AFTER]
-    return sorted(paths, key=lambda p: (in_stdlib(p, stdlib), p))
+    return sorted(paths, key=lambda p: (in_stdlib(p), p))
