@@ -192,3 +192,20 @@ def wait_ready(proc: subprocess.Popen[Any], ready: Path, timeout: float = 60) ->
             raise AssertionError(f"the process exited with {proc.returncode} before {ready}:{tail}")
         assert time.monotonic() < deadline, f"the process never wrote {ready} in {timeout:g} s"
         time.sleep(0.1)
+
+
+def rechain(db: Any) -> None:
+    """The consistent rewrite: every ledger entry's subject and hash recomputed from the rows
+    as they are now (after a test edited one), so the chain verifies on its own and only a
+    checkpoint or an index check can tell."""
+    rows = db.execute("SELECT seq, at_unix, kind, ref FROM ledger ORDER BY seq").fetchall()
+    content = {(k, r): s for k, r, s, _ in chain._contents(db)}
+    prev = chain.GENESIS
+    for seq, at, kind, ref in rows:
+        subject = content[(kind, ref)]
+        h = chain.entry_hash((seq, at, kind, ref, subject, prev))
+        db.execute(
+            "UPDATE ledger SET subject = ?, prev = ?, hash = ? WHERE seq = ?",
+            (subject, prev, h, seq),
+        )
+        prev = h

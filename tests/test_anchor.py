@@ -21,11 +21,11 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from tests.helpers import PRISTINE_VLLM_CPU, Backend, verifier_cli
+from tests.helpers import PRISTINE_VLLM_CPU, Backend, rechain, verifier_cli
 from tests.test_gate_e2e import Daemon
 from tests.test_ledger import populated
 from verifier.errors import BundleCorrupt, WrongKey
-from verifier.ledger import chain, note
+from verifier.ledger import note
 from verifier.ledger.keys import load_private_key, save_keypair
 from verifier.server.db import open_database
 from verifier.server.store import Store, StoredReport
@@ -163,17 +163,7 @@ def rewrite_chain(backend: Backend) -> None:
     that verifies on its own (test_ledger's consistent rewrite)."""
     db = open_database(backend.target)
     db.execute("UPDATE reports SET report = ? WHERE agent_id = 'a' AND seq = 2", (b"forged",))
-    rows = db.execute("SELECT seq, at_unix, kind, ref FROM ledger ORDER BY seq").fetchall()
-    content = {(k, r): s for k, r, s, _ in chain._contents(db)}
-    prev = chain.GENESIS
-    for seq, at, kind, ref in rows:
-        subject = content[(kind, ref)]
-        h = chain.entry_hash((seq, at, kind, ref, subject, prev))
-        db.execute(
-            "UPDATE ledger SET subject = ?, prev = ?, hash = ? WHERE seq = ?",
-            (subject, prev, h, seq),
-        )
-        prev = h
+    rechain(db)
     db.close()
 
 

@@ -9,9 +9,8 @@ import base64
 import json
 from pathlib import Path
 
-from tests.helpers import Backend, verifier_cli
+from tests.helpers import Backend, rechain, verifier_cli
 from tests.test_bindings_store import stocked
-from verifier.ledger import chain
 from verifier.ledger.keys import generate, load_private_key, save_keypair
 from verifier.server.db import open_database
 from verifier.server.store import Store
@@ -98,17 +97,7 @@ def test_a_ledger_rewritten_behind_a_signed_checkpoint_is_named(
     # checkpoint does not.
     db = open_database(backend.target)
     db.execute("UPDATE reports SET target = 'elsewhere' WHERE seq = 1")
-    rows = db.execute("SELECT seq, at_unix, kind, ref FROM ledger ORDER BY seq").fetchall()
-    content = {(k, r): sub for k, r, sub, _ in chain._contents(db)}
-    prev = chain.GENESIS
-    for seq, at, kind, ref in rows:
-        subject = content[(kind, ref)]
-        h = chain.entry_hash((seq, at, kind, ref, subject, prev))
-        db.execute(
-            "UPDATE ledger SET subject = ?, prev = ?, hash = ? WHERE seq = ?",
-            (subject, prev, h, seq),
-        )
-        prev = h
+    rechain(db)
     db.close()
     out = verifier_cli("audit", "verify", "--db", backend.target, "--json")
     got = json.loads(out.stdout)

@@ -13,9 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import Backend, not_vllm_policy, verifier_cli
+from tests.helpers import Backend, not_vllm_policy, rechain, verifier_cli
 from tests.test_gate_e2e import Daemon
-from verifier.ledger import chain
 from verifier.model import FileEntry
 from verifier.server.db import open_database
 from verifier.server.store import Store, StoredReport
@@ -101,17 +100,7 @@ def test_a_rewritten_chain_verifies_but_its_head_moves(backend: Backend) -> None
     head = populated(backend.target)
     db = open_database(backend.target)
     db.execute("UPDATE reports SET report = ? WHERE seq = 2", (b"\x00",))
-    rows = db.execute("SELECT seq, at_unix, kind, ref FROM ledger ORDER BY seq").fetchall()
-    content = {(k, r): s for k, r, s, _ in chain._contents(db)}
-    prev = chain.GENESIS
-    for seq, at, kind, ref in rows:
-        subject = content[(kind, ref)]
-        h = chain.entry_hash((seq, at, kind, ref, subject, prev))
-        db.execute(
-            "UPDATE ledger SET subject = ?, prev = ?, hash = ? WHERE seq = ?",
-            (subject, prev, h, seq),
-        )
-        prev = h
+    rechain(db)
     db.close()
     v = backend.check()
     assert v.ok and v.head != head
