@@ -28,7 +28,7 @@ pytestmark = pytest.mark.vllm
 
 CLI = [str(Path(sys.executable).parent / "verifier")]
 SITE = f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
-EDITABLE_PTH = "_editable_impl_vllm_provenance_verifier.pth"
+PROJECT_PTH = ("_editable_impl_vllm_provenance_verifier.pth", "verifier_probe_early.pth")
 
 
 def policy(hooks: str = "", extra: str = "", freshness: float = 30.0, target: str = "cpu-0") -> str:
@@ -351,9 +351,11 @@ def test_golden_boot_policy_from_the_live_server_passes(
         for o in counts.keys() - {"pristine", "stdlib"}:
             assert sum(f[0] == o for f in files) == counts[o], (o, counts, files)
         for origin, path, dist, reason in files:
-            if origin == "editable" and path.endswith(EDITABLE_PTH):
-                # the editable install's own .pth (recorded since every .pth is hashed)
-                assert path == str(Path(sys.prefix) / SITE / EDITABLE_PTH), path
+            if origin == "editable" and path.endswith(".pth"):
+                # this project's .pth files (the editable install's, the early probe's):
+                # recorded since every .pth is hashed, and listed by its RECORD
+                assert Path(path).parent == Path(sys.prefix) / SITE, path
+                assert Path(path).name in PROJECT_PTH, path
                 assert dist == "vllm-provenance-verifier"
             elif origin == "editable":
                 assert path.startswith(f"{REPO}/verifier/"), path
