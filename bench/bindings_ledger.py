@@ -123,15 +123,15 @@ def raw_batch(
         db.executescript("CREATE TABLE raw_spans (c0 TEXT, c1 TEXT, c2 TEXT, c3 BIGINT, c4 BIGINT,"
                          " c5 TEXT, c6 BIGINT, c7 BIGINT, c8 BIGINT, c9 BIGINT,"
                          " c10 DOUBLE PRECISION, c11 DOUBLE PRECISION, c12 TEXT, c13 TEXT,"
-                         " c14 TEXT, c15 TEXT, c16 BIGINT);"
+                         " c14 TEXT, c15 TEXT, c16 BIGINT, c17 TEXT);"
                          "CREATE TABLE raw_ids (c0 TEXT, c1 TEXT, c2 TEXT, c3 TEXT, c4 TEXT,"
                          " c5 DOUBLE PRECISION);")  # fmt: skip
     else:
         db.executescript(
-            "CREATE TABLE raw_spans (" + ", ".join(f"c{i}" for i in range(17)) + ");"
+            "CREATE TABLE raw_spans (" + ", ".join(f"c{i}" for i in range(18)) + ");"
             "CREATE TABLE raw_ids (" + ", ".join(f"c{i}" for i in range(6)) + ");"
         )
-    span_sql = f"INSERT INTO raw_spans VALUES ({', '.join('?' * 17)})"  # noqa: S608 - fixed
+    span_sql = f"INSERT INTO raw_spans VALUES ({', '.join('?' * 18)})"  # noqa: S608 - fixed
     id_sql = "INSERT INTO raw_ids VALUES (?, ?, ?, ?, ?, ?)"
 
     def build() -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
