@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _smoke
 from _stats import print_rows, summary
 
 from verifier import wire
@@ -189,7 +190,7 @@ def queries(target: str, label: str, rows: int, n: int) -> None:
     t0 = time.perf_counter()
     for t in range(TARGETS):
         fleet.report(store, f"t{t}", 0, with_manifests=True)
-    step = 20_000
+    step = min(20_000, rows)
     for b in range(rows // step):
         fleet.report(store, f"t{b % TARGETS}", step)
     fill = time.perf_counter() - t0
@@ -226,14 +227,30 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=2000)
     ap.add_argument("--skip-ingest", action="store_true")
     ap.add_argument("--skip-queries", action="store_true")
+    ap.add_argument("--pg-dbs", metavar="INGEST_URL,QUERY_URL",
+                    help="two empty databases of a running PostgreSQL, instead of starting one")  # fmt: skip
+    _smoke.add_args(ap)
     args = ap.parse_args()
+    if args.smoke:
+        global BATCH, BATCHES, ROUNDS  # ingest() reads them
+        _smoke.begin(
+            "ingest (2 batches of 50) and queries (10 lookups at 200 bindings) on each backend"
+        )
+        BATCH, BATCHES, ROUNDS = 50, 2, _smoke.ROUNDS
+        args.rows, args.queries = 200, 10
     with tempfile.TemporaryDirectory(prefix="bindings-bench-", dir=os.environ.get("TMPDIR")) as d:
         if args.backend in ("sqlite", "both"):
             if not args.skip_ingest:
                 ingest(str(Path(d) / "ingest.sqlite3"), "sqlite")
             if not args.skip_queries:
                 queries(str(Path(d) / "query.sqlite3"), "sqlite", args.rows, args.queries)
-        if args.backend in ("postgresql", "both"):
+        if args.backend in ("postgresql", "both") and args.pg_dbs:
+            ingest_db, query_db = args.pg_dbs.split(",")
+            if not args.skip_ingest:
+                ingest(ingest_db, "postgresql")
+            if not args.skip_queries:
+                queries(query_db, "postgresql", args.rows, args.queries)
+        elif args.backend in ("postgresql", "both"):
             with PostgresServer() as pg:
                 if not args.skip_ingest:
                     ingest(pg.createdb("ingest"), "postgresql")
