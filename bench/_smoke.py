@@ -38,7 +38,6 @@ REPO = BENCH.parent
 # The scripts whose smoke mode needs a running vLLM server (--url and --pid).
 LIVE = frozenset(
     {
-        "agent_collect.py",
         "compare_boots.py",
         "hash_scan.py",
         "server_throughput.py",
@@ -108,9 +107,28 @@ def begin(covers: str, not_covered: Sequence[str] = ()) -> None:
     if not isinstance(sys.stdout, _Marked):
         sys.stdout = _Marked(sys.stdout)
     print(f"smoke mode ({Path(sys.argv[0]).name}): {covers}")
-    print("these numbers are not results: one round, smallest inputs; never for BENCHMARKS.md")
+    print("these numbers are not results (one round, smallest inputs): never for BENCHMARKS.md")
     for what in not_covered:
         print(f"not covered: {what}")
+
+
+def inspect_tree(pid: int) -> dict[str, Any]:
+    """``verifier inspect --pid PID --tree --json``'s document. In smoke mode (after begin())
+    it is read in this process without the file judgement (``provenance``, ``drift``,
+    ``native``...: the judgement hashes and compiles every loaded file, about 10 s of CPU on
+    the tiny server's tree, and no benchmark reads it): the same per-process dicts
+    (``ProcessEvidence.as_dict``) that inspect's JSON starts from, in about a second."""
+    if not isinstance(sys.stdout, _Marked):
+        out = subprocess.run(
+            [sys.executable, "-m", "verifier", "inspect", "--pid", str(pid), "--tree", "--json"],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        doc: dict[str, Any] = json.loads(out.stdout)
+        return doc
+    from verifier.evidence.process import read_tree
+    from verifier.evidence.procfs import ProcFS
+
+    return {"processes": [ev.as_dict() for ev in read_tree(ProcFS(), pid)]}
 
 
 def skipped(what: str, why: str) -> None:
@@ -149,9 +167,11 @@ def scripts() -> list[str]:
     return sorted(str(p.relative_to(BENCH)) for p in found if not p.name.startswith("_"))
 
 
-def command(script: str, url: str | None = None, pid: int | None = None) -> list[str]:
-    """The command line of SCRIPT's smoke mode (LIVE ones against URL and PID)."""
-    cmd = [sys.executable, str(BENCH / script), FLAG]
+def command(
+    script: str, url: str | None = None, pid: int | None = None, extra: Sequence[str] = ()
+) -> list[str]:
+    """The command line of SCRIPT's smoke mode (LIVE ones against URL and PID), EXTRA added."""
+    cmd = [sys.executable, str(BENCH / script), FLAG, *extra]
     if script in LIVE:
         if url is None or pid is None:
             raise ValueError(f"{script}'s smoke needs a running vLLM server (url and pid)")

@@ -232,11 +232,13 @@ def main() -> None:
     _smoke.add_args(ap)
     args = ap.parse_args()
     if args.smoke:
-        global BATCH, BATCHES, ROUNDS  # ingest() reads them
+        global BATCH, BATCHES, ROUNDS, TARGETS, PROCS, MANIFESTS, FILES  # the fleet reads them
         _smoke.begin(
-            "ingest (2 batches of 50) and queries (10 lookups at 200 bindings) on each backend"
+            "ingest (2 batches of 50) and queries (10 lookups at 200 bindings) on each backend, "
+            "2 targets of 2 processes, 2 manifests of 100 files"
         )
         BATCH, BATCHES, ROUNDS = 50, 2, _smoke.ROUNDS
+        TARGETS, PROCS, MANIFESTS, FILES = 2, 2, 2, 100
         args.rows, args.queries = 200, 10
     with tempfile.TemporaryDirectory(prefix="bindings-bench-", dir=os.environ.get("TMPDIR")) as d:
         if args.backend in ("sqlite", "both"):

@@ -393,12 +393,12 @@ def main() -> None:
     args = ap.parse_args()
     warm_s = 3.0  # before each arm's window (plus a second per 50 agents): first reports
     if args.smoke:
-        _smoke.begin("two arms (2 and 4 agents), 1 s each after 1 s of warm-up, 2 bindings "
+        _smoke.begin("two arms (2 and 4 agents), 1 s each after 0.5 s of warm-up, 2 bindings "
                      "per report, one load-generator process, the consistency and audit check",
                      ["--unlimited (the same arm against another --max-concurrent-rpcs)"])  # fmt: skip
         args.agents, args.seconds, args.rounds = "2,4", 1.0, _smoke.ROUNDS
         args.bindings, args.procs = 2, 1
-        warm_s = 1.0
+        warm_s = 0.5
     levels = [int(x) for x in args.agents.split(",")]
     arms: list[tuple[str, int, int | None]] = [
         (str(k), k, args.max_concurrent_rpcs) for k in levels
