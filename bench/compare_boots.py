@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 BOOTS = 4
 SECONDS = "6"
 IN_PROCESS = False  # smoke mode: the CLI runs in this process (no start-up per call)
+PAUSE_S = 0.0  # each client's pause between requests (smoke mode: the sampler gets the CPU)
 
 
 def cli_in_process(*args: str) -> str:
@@ -58,6 +59,7 @@ def sample(server: VllmServer | _smoke.Attached, clients: int, out: Path) -> Non
     def client(i: int) -> None:
         while not stop.is_set():
             server.complete(f"bench {i}", max_tokens=32)
+            stop.wait(PAUSE_S)
 
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
     for t in threads:
@@ -83,7 +85,7 @@ def sample_boot(
 
 
 def main() -> None:
-    global SECONDS, IN_PROCESS
+    global SECONDS, IN_PROCESS, PAUSE_S
     args = _smoke.parse(__doc__, live=True)
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
@@ -95,10 +97,12 @@ def main() -> None:
                     "booting: both 'boots' are the one running server (one boot id), so "
                     "compare sees one boot per arm where the benchmark has two; the floor "
                     "between boots is computed from real boots only in the full run",
-                    "the CLI's process start-up (it runs in this process)",
+                    "the CLI's process start-up (it runs in this process), and a saturating "
+                    "load: each client pauses 0.5 s between requests, so that the sampler's "
+                    "journal reads get the CPU (under full load a sample took ~10 s here)",
                 ],
             )
-            SECONDS, IN_PROCESS = "1", True
+            SECONDS, IN_PROCESS, PAUSE_S = "1", True, 0.5
             server = _smoke.Attached(args.url, args.pid)
             sample_boot(server, 0, d)
             sample_boot(server, 1, d, clients=(1,))
