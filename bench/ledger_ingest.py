@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _smoke
 from _stats import print_rows, summary
 
 from verifier.server.schema import SQLITE as SCHEMA
@@ -61,6 +62,10 @@ def raw_arm(path: Path) -> float:
 
 
 def main() -> None:
+    global N, ROUNDS  # the arms read N
+    if _smoke.parse(__doc__).smoke:
+        _smoke.begin("both arms, 20 reports each")
+        N, ROUNDS = 20, _smoke.ROUNDS
     results: dict[str, list[float]] = {"ledger": [], "raw": []}
     with tempfile.TemporaryDirectory(prefix="ledger-bench-", dir=os.environ.get("TMPDIR")) as d:
         for r in range(ROUNDS):

@@ -52,6 +52,9 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _smoke
+
 from verifier import wire
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
@@ -235,7 +238,7 @@ def pct(values: list[float], q: int) -> float:
 
 def arm(  # noqa: PLR0912, PLR0917
     addr: str, pid: int, k: int, tag: str, seconds: float, bindings: int,
-        nprocs: int) -> dict[str, Any]:  # fmt: skip
+        nprocs: int, warm_s: float = 3.0) -> dict[str, Any]:  # fmt: skip
     ctx = mp.get_context("spawn")  # no fork of a process that holds gRPC channels
     ready, go, out = ctx.Queue(), ctx.Queue(), ctx.Queue()
     nprocs = min(nprocs, k)
@@ -249,7 +252,7 @@ def arm(  # noqa: PLR0912, PLR0917
         w.start()
     for _ in workers:
         ready.get(timeout=120)
-    warm = 3.0 + k / 50  # every agent's first reports (full manifests) go in first
+    warm = warm_s + k / 50  # every agent's first reports (full manifests) go in first
     t_go = time.time()
     t_win, t_end = t_go + warm, t_go + warm + seconds
     for _ in workers:
@@ -386,7 +389,16 @@ def main() -> None:
                     help="passed to verifier serve (default: its own default)")  # fmt: skip
     ap.add_argument("--unlimited", action="store_true",
                     help="one more arm: the most agents against a verifier without the limit")  # fmt: skip
+    _smoke.add_args(ap)
     args = ap.parse_args()
+    warm_s = 3.0  # before each arm's window (plus a second per 50 agents): first reports
+    if args.smoke:
+        _smoke.begin("two arms (2 and 4 agents), 1 s each after 0.5 s of warm-up, 2 bindings "
+                     "per report, one load-generator process, the consistency and audit check",
+                     ["--unlimited (the same arm against another --max-concurrent-rpcs)"])  # fmt: skip
+        args.agents, args.seconds, args.rounds = "2,4", 1.0, _smoke.ROUNDS
+        args.bindings, args.procs = 2, 1
+        warm_s = 0.5
     levels = [int(x) for x in args.agents.split(",")]
     arms: list[tuple[str, int, int | None]] = [
         (str(k), k, args.max_concurrent_rpcs) for k in levels
@@ -405,7 +417,7 @@ def main() -> None:
                 addr, server, log, db = serve(Path(tmp) / f"r{r}a{n}", limit)
                 try:
                     res = arm(addr, server.pid, k, f"r{r}k{k}", args.seconds, args.bindings,
-                              args.procs)  # fmt: skip
+                              args.procs, warm_s)  # fmt: skip
                 finally:
                     server.terminate()
                     code = server.wait(timeout=60)

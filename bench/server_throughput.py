@@ -23,7 +23,6 @@ import argparse
 import json
 import re
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _smoke
 from _stats import print_rows, summary
 
 from verifier.testing.vllm_server import VllmServer
@@ -57,7 +57,10 @@ SPEC_PROMPTS = (
 )
 
 
-def window(server: VllmServer, seconds: float, speculative: bool = False) -> float:
+Server = VllmServer | _smoke.Attached
+
+
+def window(server: Server, seconds: float, speculative: bool = False) -> float:
     """Completion tokens per second over one window of CONCURRENCY clients."""
     tokens = [0] * CONCURRENCY
     stop = time.monotonic() + seconds
@@ -83,14 +86,8 @@ def window(server: VllmServer, seconds: float, speculative: bool = False) -> flo
     return sum(tokens) / (time.monotonic() - t0)
 
 
-def worker_evidence(server: VllmServer) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, "-m", "verifier", "inspect", "--pid", str(server.pid), "--tree", "--json"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    procs = json.loads(out.stdout)["processes"]
+def worker_evidence(server: Server) -> dict[str, Any]:
+    procs = _smoke.inspect_tree(server.pid)["processes"]  # verifier inspect --tree --json
     probed = [p for p in procs if p["probe"]["present"]]
     worker = next((p for p in probed if p["role"] == "worker"), None)
     return {"probed_processes": len(probed), "worker": worker}
@@ -99,7 +96,7 @@ def worker_evidence(server: VllmServer) -> dict[str, Any]:
 _SAMPLE = re.compile(r"^(?P<name>vllm:spec_decode_\w+_total)(?:\{[^}]*\})? (?P<v>\S+)")
 
 
-def spec_counters(server: VllmServer) -> dict[str, int]:
+def spec_counters(server: Server) -> dict[str, int]:
     """vLLM's own speculative-decoding counters from /metrics (summed over labels; the
     per-position counter is left out): drafts, draft tokens, accepted tokens."""
     with urllib.request.urlopen(server.base_url + "/metrics", timeout=10) as r:  # noqa: S310
@@ -117,7 +114,7 @@ def spec_counters(server: VllmServer) -> dict[str, int]:
     return out
 
 
-def settled_spec_counters(server: VllmServer, timeout_s: float = 10.0) -> dict[str, int]:
+def settled_spec_counters(server: Server, timeout_s: float = 10.0) -> dict[str, int]:
     """The counters once two reads 0.5 s apart agree (/metrics may lag the last output)."""
     prev = spec_counters(server)
     deadline = time.monotonic() + timeout_s
@@ -135,16 +132,37 @@ def boot(
 ) -> dict[str, Any]:
     env = {"VERIFIER_HOOKS": f"v1_step={V1_STEP}"} if arm == "probe" else {"VLLM_PLUGINS": "none"}
     extra = SPEC_ARGS if speculative else ()
-    spec: dict[str, Any] = {}
     with VllmServer(model, env=env, extra_args=extra, scratch_parent=REPO / ".scratch") as server:
-        window(server, 3.0, speculative)  # warm-up
-        before = settled_spec_counters(server) if speculative else {}
-        rates = [window(server, window_s, speculative) for _ in range(windows)]
-        if speculative:
-            after = settled_spec_counters(server)
-            spec = {k: after[k] - before[k] for k in after}
-            spec["total_drafts"] = after["drafts"]
-        ev = worker_evidence(server)
+        return measure(server, arm, windows, window_s, speculative)
+
+
+def measure(  # noqa: PLR0917
+    server: Server,
+    arm: str,
+    windows: int,
+    window_s: float,
+    speculative: bool = False,
+    warm_s: float = 3.0,
+    check_arm: bool = True,
+) -> dict[str, Any]:
+    """One boot's result: WINDOWS windows after a warm-up, and the arm's evidence checked
+    (CHECK_ARM false: not checked, for smoke mode's stand-in no-probe rows)."""
+    spec: dict[str, Any] = {}
+    window(server, warm_s, speculative)  # warm-up
+    before = settled_spec_counters(server) if speculative else {}
+    rates = [window(server, window_s, speculative) for _ in range(windows)]
+    if speculative:
+        after = settled_spec_counters(server)
+        spec = {k: after[k] - before[k] for k in after}
+        spec["total_drafts"] = after["drafts"]
+    if arm != "probe" and not check_arm:
+        return {
+            "arm": arm,
+            "tokens_per_s": statistics.median(rates),
+            "windows": rates,
+            "spec": spec,
+        }
+    ev = worker_evidence(server)
     if arm == "probe":
         w = ev["worker"]
         assert w is not None and w["steps"]["productive"] > 0, "probe arm: no steps recorded"
@@ -155,13 +173,55 @@ def boot(
             assert sp is not None and sp["on"] is True, f"probe arm: speculation not on: {sp}"
             assert sp["drafts"] > 0, f"probe arm: the probe counted no drafts: {sp}"
             spec["probe_drafts"] = sp["drafts"]
-    else:
+    elif check_arm:
         assert ev["probed_processes"] == 0, "no-probe arm: a probe was loaded"
     if speculative:
         assert spec["drafts"] > 0, f"{arm} arm: vLLM counted no drafts in the windows: {spec}"
         spec["acceptance_rate"] = spec["accepted_tokens"] / spec["draft_tokens"]
         spec["mean_acceptance_length"] = 1 + spec["accepted_tokens"] / spec["drafts"]
     return {"arm": arm, "tokens_per_s": statistics.median(rates), "windows": rates, "spec": spec}
+
+
+def print_boot(r: dict[str, Any], n: int) -> None:
+    sp = r["spec"]
+    acc = (
+        f" acceptance {sp['acceptance_rate']:.1%} (mean length "
+        f"{sp['mean_acceptance_length']:.2f}, {sp['drafts']} drafts)"
+        if sp
+        else ""
+    )
+    print(
+        f"  boot {n}: {r['arm']:<8} {r['tokens_per_s']:7.1f} tok/s "
+        f"windows {[round(x, 1) for x in r['windows']]}{acc}",
+        flush=True,
+    )
+
+
+def smoke(url: str, pid: int) -> list[dict[str, Any]]:
+    """Smoke mode: two measurements per arm of the one running server (probed), short
+    windows of short requests; returns them as main's boots."""
+    global MAX_TOKENS  # noqa: PLW0603 - window() reads it; smoke mode only
+    _smoke.begin(
+        "the windows, the probe arm's evidence checks, the statistics (ratio, noise floor) "
+        "over 2 short measurements per arm of one running server",
+        [
+            "booting and interleaved boots (a running server is given)",
+            "the no-probe arm (VLLM_PLUGINS=none, and its check that no probe loaded): its "
+            "rows are the same probed server measured again, so the ratio is no overhead figure",
+            "--speculative's draft checks (the given server does not speculate)",
+            "verifier inspect's file judgement (its JSON is read in-process without it)",
+        ],
+    )
+    MAX_TOKENS = 16
+    server = _smoke.Attached(url, pid)
+    print(f"vLLM's speculative-decoding counters (/metrics): {spec_counters(server)}")
+    results: list[dict[str, Any]] = []
+    for _ in range(2):  # the fewest with a spread: the noise floor
+        for arm in ("probe", "no-probe"):
+            r = measure(server, arm, 1, 0.5, warm_s=0.2, check_arm=False)
+            results.append(r)
+            print_boot(r, len(results))
+    return results
 
 
 def main() -> None:
@@ -176,23 +236,19 @@ def main() -> None:
         action="store_true",
         help="both arms with ngram speculative decoding (k = 3) on repetitive prompts",
     )
+    _smoke.add_args(ap, live=True)
     args = ap.parse_args()
+    _smoke.check(ap, args, live=True)
+    if args.smoke and args.speculative:
+        ap.error("--smoke --speculative: the given server does not speculate (see --smoke)")
     results: list[dict[str, Any]] = []
-    for i in range(args.boots):
+    if args.smoke:
+        results = smoke(args.url, args.pid)
+        args.boots = 2
+    for i in range(0 if args.smoke else args.boots):
         for arm in ("probe", "no-probe") if i % 2 == 0 else ("no-probe", "probe"):
             r = boot(arm, args.model, args.windows, args.window_s, args.speculative)
-            sp = r["spec"]
-            acc = (
-                f" acceptance {sp['acceptance_rate']:.1%} (mean length "
-                f"{sp['mean_acceptance_length']:.2f}, {sp['drafts']} drafts)"
-                if sp
-                else ""
-            )
-            print(
-                f"  boot {len(results) + 1}: {arm:<8} {r['tokens_per_s']:7.1f} tok/s "
-                f"windows {[round(x, 1) for x in r['windows']]}{acc}",
-                flush=True,
-            )
+            print_boot(r, len(results) + 1)
             results.append(r)
     by_arm = {
         a: summary([r["tokens_per_s"] for r in results if r["arm"] == a])

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _smoke
 from _stats import interleaved_ns, print_rows
 
 N = 20_000
@@ -263,7 +264,16 @@ def spec_arms() -> dict[str, dict[str, float]]:
     return {k: summary(v) for k, v in results.items()}
 
 
-def main() -> None:
+def smoke_mode() -> None:
+    """--smoke: every arm, 200 steps each (bindings_arms and spec_arms read N and ROUNDS)."""
+    global N, ROUNDS
+    if _smoke.parse(__doc__).smoke:
+        _smoke.begin("every arm (bindings, speculation, N hooks, first-hit), 200 steps each")
+        N, ROUNDS = 200, _smoke.ROUNDS
+
+
+def main() -> None:  # noqa: PLR0915 - every arm and every line of the report, in one place
+    smoke_mode()
     with tempfile.TemporaryDirectory() as d:
         os.environ["VERIFIER_PROBE_DIR"] = d
         import verifier.probe as p

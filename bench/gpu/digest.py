@@ -3,12 +3,14 @@ for each run its verdict with every finding's id, severity, message and rank (th
 lines of ``provenance.origins``, which make a status about 0.8 MB, are left out).
 
     python3 bench/gpu/digest.py EXTRACTED_ARM_DIR OUT_DIR
+    python3 bench/gpu/digest.py --smoke    # CI: a recorded arm (RECORDED), digested and printed
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 
@@ -55,5 +57,35 @@ def digest(arm: Path, out: Path) -> None:
     (out / "verdicts.json").write_text(json.dumps(verdicts, indent=1) + "\n")
 
 
+# smoke mode's recorded input: an H200 arm of 2026-11-29 (its summary with every process, and
+# each run's status as `verifier status --json` gives its run)
+RECORDED = Path(__file__).resolve().parents[2] / "docs/gpu-evidence/gate-v2"
+
+
+def smoke() -> None:
+    """Digest RECORDED, laid out as validate.py leaves an arm (each status file the whole
+    `status --json` document, stderr's warning line after it), and print the digest."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import _smoke
+
+    _smoke.begin(f"the digest of a recorded arm ({RECORDED.relative_to(_smoke.REPO)})")
+    with tempfile.TemporaryDirectory() as tmp:
+        arm, out = Path(tmp) / "arm", Path(tmp) / "out"
+        arm.mkdir()
+        (arm / "summary.json").write_text((RECORDED / "summary.json").read_text())
+        for status in sorted(RECORDED.glob("status_*.json")):
+            run = json.loads(status.read_text())
+            doc = json.dumps({"runs": [run]}, indent=1)
+            (arm / status.name).write_text(doc + "\nverifier: warning: INSECURE mode\n")
+        digest(arm, out)
+        for name in ("summary.json", "verdicts.json"):
+            print(f"{name}:\n{(out / name).read_text()}")
+
+
 if __name__ == "__main__":
-    digest(Path(sys.argv[1]), Path(sys.argv[2]))
+    if sys.argv[1:] == ["--smoke"]:
+        smoke()
+    elif len(sys.argv) == 3:
+        digest(Path(sys.argv[1]), Path(sys.argv[2]))
+    else:
+        raise SystemExit(f"usage: {Path(__file__).name} EXTRACTED_ARM_DIR OUT_DIR | --smoke")

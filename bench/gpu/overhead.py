@@ -28,7 +28,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-LABEL = sys.argv[1] if len(sys.argv) > 1 else "boot"
+# --smoke --url URL --pid PID (CI, on the CPU): see smoke()
+SMOKE = sys.argv[1:2] == ["--smoke"]
+LABEL = sys.argv[1] if len(sys.argv) > 1 and not SMOKE else "boot"
 URL = os.environ.get("VLLM_URL", "http://127.0.0.1:8000")
 API_PID = os.environ.get("VLLM_API_PID", "")
 PROBE = os.environ.get("PROBE", "0") == "1"
@@ -60,6 +62,8 @@ def metrics() -> dict[str, float]:
 
 
 def load(seconds: str) -> dict[str, object]:
+    if SMOKE:
+        return smoke_load(float(seconds))
     run = subprocess.run(
         [PY, CLIENT, URL, seconds, "30", "16"],
         check=False, capture_output=True, text=True, timeout=float(seconds) + 120,
@@ -134,5 +138,50 @@ def main() -> int:
     return 0
 
 
+def smoke_load(seconds: float) -> dict[str, object]:
+    """Smoke mode's load, the kit's client (not in this checkout) stood in for: one client
+    sending 16-token completions for SECONDS; the client's summary fields main() reads."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import _smoke
+
+    server = _smoke.Attached(URL, int(API_PID))
+    ok = tokens = 0
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        out = server.complete("the kernel graph tensor", max_tokens=16)
+        ok, tokens = ok + 1, tokens + int(out["usage"]["completion_tokens"])
+    return {
+        "ok": ok,
+        "err": 0,
+        "seconds": round(time.monotonic() - t0, 2),
+        "completion_tokens": tokens,
+    }
+
+
+def smoke() -> int:
+    """--smoke --url URL --pid PID: one boot's row from a running (CPU) server, 1 s loads."""
+    global URL, API_PID, LOAD_S, WARM_S, OUT, PROBE  # noqa: PLW0603 - main() reads them
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import tempfile
+
+    import _smoke
+
+    args = _smoke.parse(__doc__, live=True)
+    _smoke.begin(
+        "one boot's row (vLLM's /metrics before and after a load, the latency means, the "
+        "row's arithmetic) from a running CPU server, 1 s loads",
+        [
+            "the GPU, and the kit's client (.gpu/call2/client.py): a one-client loop sends the load",
+            "PROBE=1's verifier and agent next to the server (the row is the PROBE=0 arm's)",
+        ],
+    )
+    URL, API_PID, LOAD_S, WARM_S, PROBE = args.url, str(args.pid), "1", "0.5", False
+    with tempfile.TemporaryDirectory() as tmp:
+        OUT = Path(tmp)
+        main()
+        row = json.loads((OUT / "overhead.jsonl").read_text())
+    return 1 if "error" in row else 0
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(smoke() if SMOKE else main())

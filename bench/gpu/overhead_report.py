@@ -1,6 +1,7 @@
 """Summarise bench/gpu/overhead.py's rows (overhead.jsonl): per arm, and probe over none.
 
     python3 bench/gpu/overhead_report.py overhead.jsonl
+    python3 bench/gpu/overhead_report.py --smoke    # CI: the recorded H200 rows (RECORDED)
 
 For each metric (tokens/s, mean inter-token latency, mean request latency): every boot's value
 in the order they ran, each arm's mean and spread, the ratio of the arms' means, and the noise
@@ -59,5 +60,23 @@ def report(data: list[dict[str, object]]) -> dict[str, object]:
     return out
 
 
+# smoke mode's recorded input: the rows of the H200 run that BENCHMARKS.md reports
+RECORDED = (
+    Path(__file__).resolve().parents[2] / "docs/gpu-evidence/session-2/overhead/overhead.jsonl"
+)
+
+
+def main(argv: list[str]) -> None:
+    if argv[:1] == ["--smoke"]:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        import _smoke
+
+        _smoke.begin(f"the report of recorded rows ({RECORDED.relative_to(_smoke.REPO)})")
+        argv = [str(RECORDED)]
+    if len(argv) != 1:
+        raise SystemExit(f"usage: {Path(__file__).name} OVERHEAD_JSONL | --smoke")
+    print(json.dumps(report(rows(Path(argv[0]))), indent=1))
+
+
 if __name__ == "__main__":
-    print(json.dumps(report(rows(Path(sys.argv[1]))), indent=1))
+    main(sys.argv[1:])

@@ -23,7 +23,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-LABEL = sys.argv[1] if len(sys.argv) > 1 else "arm"
+# --smoke --url URL --pid PID (CI, on the CPU): see smoke()
+SMOKE = sys.argv[1:2] == ["--smoke"]
+LABEL = sys.argv[1] if len(sys.argv) > 1 and not SMOKE else "arm"
 LOAD_S = os.environ.get("LOAD_SECONDS", "15")
 WORK = Path("/tmp/gpu") / LABEL  # noqa: S108 - a throwaway device machine
 OUT = Path(os.environ.get("OUT", "/tmp/gpu-out"))  # noqa: S108 - $OUT on the device
@@ -328,5 +330,42 @@ def main() -> int:  # noqa: PLR0912, PLR0915 - one arm, step by step, all output
     return 0
 
 
+def smoke() -> int:
+    """--smoke --url URL --pid PID: what of an arm runs without the GPU, on a running CPU
+    server: every run's policy through the verifier's loader, the step deltas of a small load
+    from two inspections, the per-request speculation sums and vLLM's speculation counters."""
+    global URL  # noqa: PLW0603 - spec_metrics() reads it
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import _smoke
+
+    from verifier.policy import load_policy
+
+    args = _smoke.parse(__doc__, live=True)
+    _smoke.begin(
+        "the policies, step deltas, per-request speculation sums and vLLM's speculation "
+        "counters of one running CPU server under 4 completions",
+        [
+            "the GPU (V2 runner, CUDA graphs, device counters, tensor parallelism)",
+            "the verifier and agent, the runs' registration and verdicts, `verifier wait`",
+            "the kit's client (.gpu/call2/client.py) and the archive",
+            "verifier inspect's file judgement (its JSON is read in-process without it)",
+        ],
+    )
+    URL = args.url
+    for name, text in RUNS.items():
+        policy = load_policy(text, f"{name}.toml")
+        print(f"policy {name}: {len(policy.rules)} rules")
+    before = json.dumps(_smoke.inspect_tree(args.pid))
+    server = _smoke.Attached(args.url, args.pid)
+    for i in range(4):
+        server.complete(f"validate {i}", max_tokens=8)
+    after = json.dumps(_smoke.inspect_tree(args.pid))
+    deltas = step_deltas(before, after)
+    print(f"deltas: {json.dumps(deltas)}")
+    print(f"per_request_spec: {json.dumps(request_spec(after))}")
+    print(f"vllm_spec_metrics: {json.dumps(spec_metrics())}")
+    return 0 if any(d.get("d_steps_productive") for d in deltas) else 1
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(smoke() if SMOKE else main())
