@@ -16,8 +16,11 @@ from verifier._cli._audit_db import open_ro as _open
 from verifier.errors import CheckFailed, ConfigError, UsageError
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from verifier.ledger import chain
     from verifier.ledger.anchor import Anchored, NotAnExtension
+    from verifier.ledger.index_check import Difference
     from verifier.ledger.note import SignedCheckpoint
 
 
@@ -40,7 +43,10 @@ def add_parser(sub: Any) -> None:
         "hash, and match the run, manifest, report, verdict or batch of request bindings it "
         "records; every stored row must be in the ledger; every checkpoint the verifier "
         "signed must still be the root of the ledger's first entries (with --key, its "
-        "signature too). Prints the number of entries and the head hash. Exit 0 intact, 1 "
+        "signature too); every row of the index tables the queries and exports answer from "
+        "(processes, paths, blobs, manifest_files) must be what the ledgered manifests, "
+        "reports and request bindings derive (each difference is printed with its table, "
+        "row and field). Prints the number of entries and the head hash. Exit 0 intact, 1 "
         "tampered (the first entry that does not match is named), 3 no such database, 9 "
         "database unreachable. Offline (BUNDLE --key PUBKEY, no database): check an export's "
         "signatures, the inclusion of every entry in its signed checkpoint, the chain between "
@@ -320,7 +326,7 @@ def run_offline_verify(bundle_path: str, key_path: str, as_json: bool) -> int:
 def _verify_online(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from verifier.ledger import chain, checkpoints
+    from verifier.ledger import chain, checkpoints, index_check
 
     key = None
     if args.key is not None:
@@ -347,14 +353,27 @@ def _verify_online(args: argparse.Namespace) -> int:
             held, cp_problem = checkpoints.check(db, key)
             if old is not None:
                 anchored, anchor_problem = audit_anchor_cmd.anchor(db, old)
+            differences = index_check.compare(db)
     except db.errors as e:
         raise ConfigError(f"{path}: cannot read the database: {e}") from e
     finally:
         db.close()
-    problem = result.problem or (str(anchor_problem) if anchor_problem else None) or cp_problem
+    index_problem = (
+        f"{len(differences)} index row(s) disagree with the ledgered content, first: "
+        f"{differences[0]}"
+        if differences
+        else None
+    )
+    problem = (
+        result.problem
+        or (str(anchor_problem) if anchor_problem else None)
+        or cp_problem
+        or index_problem
+    )
     _print_online(
         args.json, path, result,
         held=held, problem=problem, old=old, anchored=anchored, anchor_problem=anchor_problem,
+        differences=differences,
     )  # fmt: skip
     if anchor_problem is not None and result.problem is None:
         raise anchor_problem  # its own message: rewritten, truncated, checkpoint dropped
@@ -373,8 +392,12 @@ def _print_online(
     old: SignedCheckpoint | None,
     anchored: Anchored | None,
     anchor_problem: NotAnExtension | None,
+    differences: Sequence[Difference],
 ) -> None:
-    """What ``audit verify --db`` found: JSON, or the lines saying how far it reaches."""
+    """What ``audit verify --db`` found: JSON, or the lines saying how far it reaches (and
+    every index row that disagrees with the ledgered content)."""
+    for d in () if as_json else differences:
+        print(f"index differs: {d}")
     if as_json:
         out = {
             "ok": problem is None,
@@ -384,6 +407,7 @@ def _print_online(
             "seq": result.seq,
             "checkpoints": held,
             "scope": "internal" if old is None else "anchored",
+            "index": [d.to_json() for d in differences],
         }
         if old is not None:
             out["anchor"] = audit_anchor_cmd.anchor_json(old, anchored, anchor_problem)
@@ -393,6 +417,7 @@ def _print_online(
         return
     cps = f", {held} signed checkpoint(s) hold" if held else ""
     print(f"{path}: ledger intact, {result.entries} entries, head {result.head}{cps}")
+    print("  index tables (processes, paths, blobs, manifest files) match the ledgered content")
     if anchored is None:
         print(
             "  internal consistency only: the database agrees with itself, which a rewrite of "
