@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from verifier._cli import audit_anchor_cmd
 from verifier._cli._audit_db import DB_HELP
 from verifier._cli._audit_db import open_ro as _open
+from verifier._cli.audit_remote import add_remote_options, run_remote, wants_remote
 from verifier.errors import CheckFailed, ConfigError, UsageError
 
 if TYPE_CHECKING:
@@ -22,6 +23,13 @@ if TYPE_CHECKING:
     from verifier.ledger.anchor import Anchored, NotAnExtension
     from verifier.ledger.index_check import Difference
     from verifier.ledger.note import SignedCheckpoint
+
+
+WIRE_HELP = (
+    " Over the wire (--verifier ADDR --key KEY.pub, the auditor or operator role): the "
+    "verifier answers with a signed bundle that this command checks offline before printing "
+    "(exit 1 when it does not verify)."
+)
 
 
 class LedgerBroken(CheckFailed):
@@ -99,7 +107,8 @@ def add_parser(sub: Any) -> None:
         description="Every process whose reported files include FILE (a sha256, an absolute "
         "path, or the end of a path such as vllm/v1/sample/sampler.py): target, pid, role, "
         "container, manifest digest, the first and last report that showed it, and the runs "
-        "whose policy covers that target. Exit 6 when nothing matches.",
+        "whose policy covers that target. Exit 6 when nothing matches. Exit 1 when an index row it "
+        "would answer from disagrees with the ledgered content." + WIRE_HELP,
     )
     f.add_argument("file", metavar="SHA256|PATH")
     f.add_argument(
@@ -109,7 +118,8 @@ def add_parser(sub: Any) -> None:
         metavar="N",
         help="also list up to N ids of the requests each process served (default: the count)",
     )
-    f.add_argument("--db", required=True, help=DB_HELP)
+    f.add_argument("--db", help=DB_HELP)
+    add_remote_options(f)
     f.add_argument("--json", action="store_true", help="machine-readable result")
     f.set_defaults(handler=run_file)
     q = acts.add_parser(
@@ -120,20 +130,23 @@ def add_parser(sub: Any) -> None:
         "process and container, the steps it was scheduled in, the live runner, the manifest "
         "digest at its first and last step (both when files were loaded meanwhile), each "
         "hook's fires over those steps, the process's files that are not pristine, and each "
-        "covering run's verdict at the time. Exit 6 when no binding matches.",
+        "covering run's verdict at the time. Exit 6 when no binding matches. Exit 1 when a row it "
+        "would answer from disagrees with the ledgered content." + WIRE_HELP,
     )
     q.add_argument("id", metavar="ID")
-    q.add_argument("--db", required=True, help=DB_HELP)
+    q.add_argument("--db", help=DB_HELP)
+    add_remote_options(q)
     q.add_argument("--json", action="store_true", help="machine-readable result")
     q.set_defaults(handler=run_request)
     r = acts.add_parser(
         "run",
         help="a run's registration and verdict history",
         description="A run's policy digest, where the policy came from, when it was "
-        "registered, and every change of its verdict. Exit 6 for an unknown run.",
+        "registered, and every change of its verdict. Exit 6 for an unknown run." + WIRE_HELP,
     )
     r.add_argument("run")
-    r.add_argument("--db", required=True, help=DB_HELP)
+    r.add_argument("--db", help=DB_HELP)
+    add_remote_options(r)
     r.add_argument("--json", action="store_true", help="machine-readable result")
     r.set_defaults(handler=run_run)
 
@@ -145,6 +158,8 @@ def _when(t: float) -> str:
 def run_file(args: argparse.Namespace) -> int:
     from verifier.ledger.queries import find_file
 
+    if wants_remote(args):
+        return run_remote("file", args.file, args)
     db = _open(args.db)
     try:
         found = find_file(db, args.file, max(0, args.requests))
@@ -173,6 +188,8 @@ def run_file(args: argparse.Namespace) -> int:
 def run_request(args: argparse.Namespace) -> int:
     from verifier.ledger.queries import find_request
 
+    if wants_remote(args):
+        return run_remote("request", args.id, args)
     db = _open(args.db)
     try:
         found = find_request(db, args.id)
@@ -221,6 +238,8 @@ def run_request(args: argparse.Namespace) -> int:
 def run_run(args: argparse.Namespace) -> int:
     from verifier.ledger.queries import run_summary
 
+    if wants_remote(args):
+        return run_remote("run", args.run, args)
     db = _open(args.db)
     try:
         s = run_summary(db, args.run)

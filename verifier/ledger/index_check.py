@@ -99,15 +99,17 @@ def _fmt_key(k: Sequence[Any]) -> str:
 def _subjects(db: Database, kind: str, refs: Iterable[str]) -> dict[str, str]:
     """The subject of the ledger entry of each of REFS of KIND whose fields match its own
     hash (the chain between entries is ``chain.verify``'s, or the inclusion proof's)."""
-    out = {}
-    for ref in sorted(set(refs)):
-        for seq, at, k, r, subject, prev, h in db.execute(
-            "SELECT seq, at_unix, kind, ref, subject, prev, hash FROM ledger "
-            "WHERE kind = ? AND ref = ?",
-            (kind, ref),
-        ):
-            if chain.entry_hash((int(seq), at, k, r, subject, prev)) == h:
-                out[str(ref)] = str(subject)
+    wanted = set(refs)
+    out: dict[str, str] = {}
+    if not wanted:
+        return out
+    # One pass over the kind's entries (the ledger has no index on ref: a query per ref would
+    # scan it once per ref).
+    for seq, at, k, r, subject, prev, h in db.execute(
+        "SELECT seq, at_unix, kind, ref, subject, prev, hash FROM ledger WHERE kind = ?", (kind,)
+    ):
+        if r in wanted and chain.entry_hash((int(seq), at, k, r, subject, prev)) == h:
+            out[str(r)] = str(subject)
     return out
 
 
@@ -120,6 +122,7 @@ def check_content(
     """The stored MANIFESTS (digests), REPORTS ((agent, seq)) and binding BATCHES (refs) an
     answer rests on, each against the subject of its own ledger entry: content edited after
     it was ledgered, or never ledgered, is named (table, key, "ledger entry")."""
+    manifests, batches = sorted(set(manifests)), sorted(set(batches))
     out: list[Difference] = []
     want = _subjects(db, "manifest", manifests)
     for d in sorted(set(manifests)):
