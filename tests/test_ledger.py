@@ -130,7 +130,7 @@ def test_audit_verify_cli_exit_codes(backend: Backend, tmp_path: Path) -> None:
     out = verifier_cli("audit", "verify", "--db", path, "--json")
     assert json.loads(out.stdout) == {"ok": True, "entries": 6, "head": head, "problem": None,
                                       "seq": None, "checkpoints": 0,
-                                      "scope": "internal"}  # fmt: skip
+                                      "scope": "internal", "index": []}  # fmt: skip
     backend.sql(("UPDATE reports SET report = ? WHERE seq = 2", (b"\x00",)))
     out = verifier_cli("audit", "verify", "--db", path)
     assert out.returncode == 1 and "the stored report was changed" in out.stderr
@@ -244,6 +244,8 @@ def test_audit_file_queries_and_their_errors(backend: Backend) -> None:
     assert out.returncode == 6 and "no stored manifest" in out.stderr
     backend.sql(("UPDATE reports SET report = ?", (b"\xff\xff",)))
     out = verifier_cli("audit", "file", suffix, "--db", str(path))
-    assert out.returncode == 0, out.stderr  # answered from the index, not the reports
+    # Not answered from the index: the report the process row derives from no longer
+    # matches its ledger entry (issue 19, item 6a).
+    assert out.returncode == 1 and 'reports ["a", 1]: changed' in out.stderr, out.stderr
     out = verifier_cli("audit", "verify", "--db", str(path))
     assert out.returncode == 1 and "the stored report was changed" in out.stderr

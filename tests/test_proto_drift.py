@@ -77,7 +77,7 @@ def test_protos_follow_buf_style() -> None:
     """Directory equals package; FooService; FooRequest/FooResponse; enum zero *_UNSPECIFIED."""
     f = pb.DESCRIPTOR
     assert (f.package, f.name) == ("verifier.api.v1", "verifier/api/v1/verifier.proto")
-    assert list(f.services_by_name) == ["VerifierService"]
+    assert list(f.services_by_name) == ["VerifierService", "AuditService"]
     for service in f.services_by_name.values():
         assert service.name.endswith("Service")
         for method in service.methods:
@@ -91,6 +91,13 @@ def test_protos_follow_buf_style() -> None:
         "ListRuns",
         "ListTargets",
         "ForgetTarget",
+    }
+    assert {m.name for m in f.services_by_name["AuditService"].methods} == {
+        "AuditServed",
+        "AuditFile",
+        "AuditRun",
+        "AuditCheckpoint",
+        "AuditConsistency",
     }
     for enum in f.enum_types_by_name.values():
         prefix = _upper_snake(enum.name) + "_"

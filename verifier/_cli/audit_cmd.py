@@ -13,12 +13,23 @@ from typing import TYPE_CHECKING, Any
 from verifier._cli import audit_anchor_cmd
 from verifier._cli._audit_db import DB_HELP
 from verifier._cli._audit_db import open_ro as _open
+from verifier._cli.audit_remote import add_remote_options, run_remote, wants_remote
 from verifier.errors import CheckFailed, ConfigError, UsageError
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from verifier.ledger import chain
     from verifier.ledger.anchor import Anchored, NotAnExtension
+    from verifier.ledger.index_check import Difference
     from verifier.ledger.note import SignedCheckpoint
+
+
+WIRE_HELP = (
+    " Over the wire (--verifier ADDR --key KEY.pub, the auditor or operator role): the "
+    "verifier answers with a signed bundle that this command checks offline before printing "
+    "(exit 1 when it does not verify)."
+)
 
 
 class LedgerBroken(CheckFailed):
@@ -40,7 +51,10 @@ def add_parser(sub: Any) -> None:
         "hash, and match the run, manifest, report, verdict or batch of request bindings it "
         "records; every stored row must be in the ledger; every checkpoint the verifier "
         "signed must still be the root of the ledger's first entries (with --key, its "
-        "signature too). Prints the number of entries and the head hash. Exit 0 intact, 1 "
+        "signature too); every row of the index tables the queries and exports answer from "
+        "(processes, paths, blobs, manifest_files) must be what the ledgered manifests, "
+        "reports and request bindings derive (each difference is printed with its table, "
+        "row and field). Prints the number of entries and the head hash. Exit 0 intact, 1 "
         "tampered (the first entry that does not match is named), 3 no such database, 9 "
         "database unreachable. Offline (BUNDLE --key PUBKEY, no database): check an export's "
         "signatures, the inclusion of every entry in its signed checkpoint, the chain between "
@@ -93,7 +107,8 @@ def add_parser(sub: Any) -> None:
         description="Every process whose reported files include FILE (a sha256, an absolute "
         "path, or the end of a path such as vllm/v1/sample/sampler.py): target, pid, role, "
         "container, manifest digest, the first and last report that showed it, and the runs "
-        "whose policy covers that target. Exit 6 when nothing matches.",
+        "whose policy covers that target. Exit 6 when nothing matches. Exit 1 when an index row it "
+        "would answer from disagrees with the ledgered content." + WIRE_HELP,
     )
     f.add_argument("file", metavar="SHA256|PATH")
     f.add_argument(
@@ -103,7 +118,8 @@ def add_parser(sub: Any) -> None:
         metavar="N",
         help="also list up to N ids of the requests each process served (default: the count)",
     )
-    f.add_argument("--db", required=True, help=DB_HELP)
+    f.add_argument("--db", help=DB_HELP)
+    add_remote_options(f)
     f.add_argument("--json", action="store_true", help="machine-readable result")
     f.set_defaults(handler=run_file)
     q = acts.add_parser(
@@ -114,20 +130,23 @@ def add_parser(sub: Any) -> None:
         "process and container, the steps it was scheduled in, the live runner, the manifest "
         "digest at its first and last step (both when files were loaded meanwhile), each "
         "hook's fires over those steps, the process's files that are not pristine, and each "
-        "covering run's verdict at the time. Exit 6 when no binding matches.",
+        "covering run's verdict at the time. Exit 6 when no binding matches. Exit 1 when a row it "
+        "would answer from disagrees with the ledgered content." + WIRE_HELP,
     )
     q.add_argument("id", metavar="ID")
-    q.add_argument("--db", required=True, help=DB_HELP)
+    q.add_argument("--db", help=DB_HELP)
+    add_remote_options(q)
     q.add_argument("--json", action="store_true", help="machine-readable result")
     q.set_defaults(handler=run_request)
     r = acts.add_parser(
         "run",
         help="a run's registration and verdict history",
         description="A run's policy digest, where the policy came from, when it was "
-        "registered, and every change of its verdict. Exit 6 for an unknown run.",
+        "registered, and every change of its verdict. Exit 6 for an unknown run." + WIRE_HELP,
     )
     r.add_argument("run")
-    r.add_argument("--db", required=True, help=DB_HELP)
+    r.add_argument("--db", help=DB_HELP)
+    add_remote_options(r)
     r.add_argument("--json", action="store_true", help="machine-readable result")
     r.set_defaults(handler=run_run)
 
@@ -139,6 +158,8 @@ def _when(t: float) -> str:
 def run_file(args: argparse.Namespace) -> int:
     from verifier.ledger.queries import find_file
 
+    if wants_remote(args):
+        return run_remote("file", args.file, args)
     db = _open(args.db)
     try:
         found = find_file(db, args.file, max(0, args.requests))
@@ -167,6 +188,8 @@ def run_file(args: argparse.Namespace) -> int:
 def run_request(args: argparse.Namespace) -> int:
     from verifier.ledger.queries import find_request
 
+    if wants_remote(args):
+        return run_remote("request", args.id, args)
     db = _open(args.db)
     try:
         found = find_request(db, args.id)
@@ -215,6 +238,8 @@ def run_request(args: argparse.Namespace) -> int:
 def run_run(args: argparse.Namespace) -> int:
     from verifier.ledger.queries import run_summary
 
+    if wants_remote(args):
+        return run_remote("run", args.run, args)
     db = _open(args.db)
     try:
         s = run_summary(db, args.run)
@@ -320,7 +345,7 @@ def run_offline_verify(bundle_path: str, key_path: str, as_json: bool) -> int:
 def _verify_online(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from verifier.ledger import chain, checkpoints
+    from verifier.ledger import chain, checkpoints, index_check
 
     key = None
     if args.key is not None:
@@ -347,14 +372,27 @@ def _verify_online(args: argparse.Namespace) -> int:
             held, cp_problem = checkpoints.check(db, key)
             if old is not None:
                 anchored, anchor_problem = audit_anchor_cmd.anchor(db, old)
+            differences = index_check.compare(db)
     except db.errors as e:
         raise ConfigError(f"{path}: cannot read the database: {e}") from e
     finally:
         db.close()
-    problem = result.problem or (str(anchor_problem) if anchor_problem else None) or cp_problem
+    index_problem = (
+        f"{len(differences)} index row(s) disagree with the ledgered content, first: "
+        f"{differences[0]}"
+        if differences
+        else None
+    )
+    problem = (
+        result.problem
+        or (str(anchor_problem) if anchor_problem else None)
+        or cp_problem
+        or index_problem
+    )
     _print_online(
         args.json, path, result,
         held=held, problem=problem, old=old, anchored=anchored, anchor_problem=anchor_problem,
+        differences=differences,
     )  # fmt: skip
     if anchor_problem is not None and result.problem is None:
         raise anchor_problem  # its own message: rewritten, truncated, checkpoint dropped
@@ -373,8 +411,12 @@ def _print_online(
     old: SignedCheckpoint | None,
     anchored: Anchored | None,
     anchor_problem: NotAnExtension | None,
+    differences: Sequence[Difference],
 ) -> None:
-    """What ``audit verify --db`` found: JSON, or the lines saying how far it reaches."""
+    """What ``audit verify --db`` found: JSON, or the lines saying how far it reaches (and
+    every index row that disagrees with the ledgered content)."""
+    for d in () if as_json else differences:
+        print(f"index differs: {d}")
     if as_json:
         out = {
             "ok": problem is None,
@@ -384,6 +426,7 @@ def _print_online(
             "seq": result.seq,
             "checkpoints": held,
             "scope": "internal" if old is None else "anchored",
+            "index": [d.to_json() for d in differences],
         }
         if old is not None:
             out["anchor"] = audit_anchor_cmd.anchor_json(old, anchored, anchor_problem)
@@ -393,6 +436,7 @@ def _print_online(
         return
     cps = f", {held} signed checkpoint(s) hold" if held else ""
     print(f"{path}: ledger intact, {result.entries} entries, head {result.head}{cps}")
+    print("  index tables (processes, paths, blobs, manifest files) match the ledgered content")
     if anchored is None:
         print(
             "  internal consistency only: the database agrees with itself, which a rewrite of "

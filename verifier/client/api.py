@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -10,7 +11,14 @@ import grpc
 from verifier import wire
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
-from verifier.errors import ConfigError, Error, NotAuthorized, UnavailableError, UsageError
+from verifier.errors import (
+    CheckFailed,
+    ConfigError,
+    Error,
+    NotAuthorized,
+    UnavailableError,
+    UsageError,
+)
 from verifier.model import RunVerdict
 from verifier.security.refusal import connection_failed, tls_refusal
 from verifier.security.tls import ClientTLS, client_channel
@@ -35,6 +43,8 @@ def _translate(  # noqa: PLR0911 - one answer per status code
         return UnavailableError(f"verifier at {address} unreachable: {details or code.name}")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:  # back-pressure: up, but refusing load
         return UnavailableError(f"verifier at {address} busy: {details or code.name}")
+    if code == grpc.StatusCode.FAILED_PRECONDITION:  # an index that disagrees with the ledger
+        return CheckFailed(f"verifier at {address}: {details}")
     if code == grpc.StatusCode.INVALID_ARGUMENT and "policy" in details.lower():
         return ConfigError(details)
     if code in (
@@ -53,6 +63,7 @@ class VerifierClient:
         self.tls = tls
         self.channel = client_channel(address, tls, wire.GRPC_OPTIONS)
         self.stub = pb_grpc.VerifierServiceStub(self.channel)
+        self.audit_stub = pb_grpc.AuditServiceStub(self.channel)
 
     def close(self) -> None:
         self.channel.close()
@@ -90,3 +101,29 @@ class VerifierClient:
         """Retire TARGET (operator role); UsageError (NOT_FOUND) when the verifier has none."""
         req = wire.forget_target_request_to_pb(target)
         return wire.forget_target_response_from_pb(self._call(self.stub.ForgetTarget, req))
+
+    def audit(self, kind: str, query: str, limit: int = 0) -> AuditReply:
+        """An audit query's answer (auditor or operator role), NOT yet checked: the caller
+        checks it offline (``verifier.ledger.answers.check_answer``) before using it."""
+        fn, msg = {
+            "request": (self.audit_stub.AuditServed, pb.AuditServedRequest),
+            "file": (self.audit_stub.AuditFile, pb.AuditFileRequest),
+            "run": (self.audit_stub.AuditRun, pb.AuditRunRequest),
+        }[kind]
+        got = self._call(fn, msg(query=query, limit=limit)).answer
+        return AuditReply(bytes(got.bundle), got.note, got.total, got.truncated)
+
+    def audit_checkpoint(self) -> str:
+        """A checkpoint of the whole ledger signed now (a C2SP note), unchecked."""
+        return str(self._call(self.audit_stub.AuditCheckpoint, pb.AuditCheckpointRequest()).note)
+
+
+@dataclass(frozen=True)
+class AuditReply:
+    """What an audit RPC returned: the signed bundle and note, and the record counts (the
+    counts are not signed: only what the bundle holds is checked)."""
+
+    bundle: bytes
+    note: str
+    total: int
+    truncated: bool

@@ -11,6 +11,7 @@ consistency proof from the latest checkpoint the verifier signed while serving, 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Sequence
@@ -82,8 +83,10 @@ class _Export:
         )
         self.add("manifest", digest, content, st.RUNTIME_EVIDENCE, pred)
 
-    def request(self, query: str) -> None:
-        for s in queries.find_request(self.db, query):
+    def request(self, query: str, limit: int | None = None) -> int:
+        """Statements for what served QUERY (the first LIMIT records); how many there are."""
+        found = queries.find_request(self.db, query)
+        for s in found[:limit]:
             summary = {
                 "request": s.internal_id, "external_ids": s.external_ids, "runner": s.runner,
                 "manifests": s.manifests, "hooks": s.hooks, "steps": [s.first_step, s.last_step],
@@ -103,8 +106,52 @@ class _Export:
                 self.batch(str(ref), pred)
             for m in s.manifests:
                 self.manifest(m)
+        return len(found)
 
-    def run(self, name: str, verifier_id: str) -> None:
+    def file(self, query: str, limit: int) -> int:
+        """Statements for the first LIMIT processes that loaded QUERY: each manifest listing it
+        (its sightings as the predicate) and the last report that showed each process (that
+        report's bytes, so the process's role, rank and container are the ledger's). How
+        many sightings there are."""
+        found = queries.find_file(self.db, query)
+        shown = found[:limit]
+        by_manifest: dict[str, list[dict[str, Any]]] = {}
+        for s in shown:
+            by_manifest.setdefault(s.manifest_digest, []).append(dataclasses.asdict(s))
+        for digest, sightings in by_manifest.items():
+            row = self.db.execute(
+                "SELECT files_json FROM manifests WHERE digest = ?", (digest,)
+            ).fetchone()
+            content = B.content("manifest", digest=digest, files_json=row[0])
+            pred = st.runtime_evidence(
+                target="", collected_unix=0.0,
+                details={"query": query, "manifest": digest, "sightings": sightings},
+            )  # fmt: skip
+            self.add("manifest", digest, content, st.RUNTIME_EVIDENCE, pred)
+        for s in shown:
+            got = self.db.execute(
+                "SELECT agent_id, seq, target, received_unix, report FROM reports WHERE "
+                "target = ? AND received_unix = ? ORDER BY rowid LIMIT 1",
+                (s.target, s.last_unix),
+            ).fetchone()
+            if got is None:
+                raise NotFound(f"no stored report of {s.target} at {s.last_unix}")
+            agent_id, seq, target, received, body = got
+            content = B.content(
+                "report", agent_id=agent_id, seq=int(seq), target=target,
+                received=float(received), body_b64=b64encode(bytes(body)),
+            )  # fmt: skip
+            pred = st.runtime_evidence(
+                target=s.target, collected_unix=s.last_unix,
+                details={"query": query, "pid": s.pid, "start_ticks": s.start_ticks},
+            )  # fmt: skip
+            self.add("report", chain.report_ref(agent_id, int(seq)), content,
+                     st.RUNTIME_EVIDENCE, pred)  # fmt: skip
+        return len(found)
+
+    def run(self, name: str, verifier_id: str, limit: int | None = None) -> int:
+        """Statements for run NAME's registration and its first LIMIT verdicts; how many
+        verdicts it has."""
         row = self.db.execute(
             "SELECT name, policy_toml, policy_digest, source, created_unix FROM runs "
             "WHERE name = ?",
@@ -118,10 +165,11 @@ class _Export:
         )
         pred = {"run": name, "policy_digest": digest, "source": source, "created_unix": created}
         self.add("run", name, content, "https://verifier.dev/run-registration/v1", pred)
-        for at, verdict, detail in self.db.execute(
+        verdicts = self.db.execute(
             "SELECT at_unix, verdict, detail_json FROM verdicts WHERE run = ? ORDER BY rowid",
             (name,),
-        ).fetchall():
+        ).fetchall()
+        for at, verdict, detail in verdicts[:limit]:
             ref = chain.verdict_ref(name, at)
             findings = json.loads(detail).get("run", [])
             pred = st.gate_decision(
@@ -133,6 +181,7 @@ class _Export:
                 "verdict", run=name, at=float(at), verdict=verdict, detail_json=detail
             )
             self.add("verdict", ref, content, st.GATE_DECISION, pred)
+        return len(verdicts)
 
 
 def _lines(rows: Sequence[Any]) -> bytes:
@@ -154,6 +203,11 @@ def export(
         ex.request(r)
     for name in runs:
         ex.run(name, vid)
+    return _sign(db, key, ex, vid)
+
+
+def _sign(db: Database, key: Ed25519PrivateKey, ex: _Export, vid: str) -> dict[str, Any]:
+    """The bundle of EX's statements over the whole ledger, signed now."""
     tree = B.tree_from_db(db)
     if tree.size == 0:
         raise NotFound("the ledger is empty: nothing to export")
@@ -162,6 +216,27 @@ def export(
     return B.build_bundle(
         entries, tree, key, ex.attestations, at_unix=time.time(), verifier_id=vid, since=since
     )
+
+
+ANSWER_KINDS = ("request", "file", "run")
+
+
+def answer(
+    db: Database, key: Ed25519PrivateKey, kind: str, query: str, limit: int
+) -> tuple[dict[str, Any], int]:
+    """One audit query's answer as a signed bundle (``verifier audit ... --verifier``): the
+    first LIMIT records of KIND (``ANSWER_KINDS``) matching QUERY, and how many match."""
+    vid = key_id(key)
+    ex = _Export(db)
+    if kind == "request":
+        total = ex.request(query, limit)
+    elif kind == "file":
+        total = ex.file(query, limit)
+    elif kind == "run":
+        total = ex.run(query, vid, limit)
+    else:
+        raise ValueError(f"unknown audit query {kind!r}")
+    return _sign(db, key, ex, vid), total
 
 
 def latest_checkpoint_size(db: Database, size: int) -> int | None:

@@ -26,6 +26,8 @@ class Rows(Protocol):
 class Database(Protocol):
     """One connection, as the ledger uses it."""
 
+    kind: str  # "sqlite" or "postgresql": the few statements whose dialects differ
+
     def execute(self, sql: str, args: Sequence[Any] = ()) -> Rows:
         """Run one statement with ``?`` placeholders; its rows."""
         ...

@@ -17,6 +17,7 @@ from typing import Any
 
 from verifier import wire
 from verifier.errors import CheckFailed, NotFound
+from verifier.ledger import index_check
 from verifier.ledger.bindings import client_id
 from verifier.ledger.interface import Database
 from verifier.policy import Policy, PolicyError, load_policy
@@ -73,6 +74,10 @@ def find_file(db: Database, query: str, sample: int = 0) -> list[Sighting]:
     end of a path (``vllm/v1/sample/sampler.py``), with the number of requests it served
     meanwhile and, with SAMPLE, up to that many of their ids (one more query per process)."""
     rows = _file_rows(db, query)
+    # The stored manifests that mention QUERY at all (a scan of their ledgered JSON): an
+    # index row deleted or re-pointed to hide a file is then a difference, not "not found".
+    named = _manifests_naming(db, query)
+    _check_used(db, f"audit file {query}", {m for m, _, _ in rows} | named)
     if not rows:
         raise NotFound(f"no stored manifest has a file matching {query!r}")
     runs = _runs(db)
@@ -117,6 +122,48 @@ def find_file(db: Database, query: str, sample: int = 0) -> list[Sighting]:
     if not out:
         raise NotFound(f"a manifest lists {query!r}, but no stored report names a process with it")
     return out
+
+
+def _manifests_naming(db: Database, query: str) -> set[str]:
+    """Digests of the stored manifests whose JSON contains QUERY (a superset of those
+    listing it: the index check then compares them file by file)."""
+    escaped = query.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return {
+        str(d)
+        for (d,) in db.execute(
+            "SELECT digest FROM manifests WHERE files_json LIKE ? ESCAPE '\\'",
+            ("%" + escaped + "%",),
+        )
+    }
+
+
+def _check_used(
+    db: Database, what: str, manifests: set[str], targets: set[str] | None = None
+) -> None:
+    """Before answering: the index rows the answer uses (the MANIFESTS' files, the processes
+    of every target that ran one of them, or TARGETS) against the ledgered content, and that
+    content against its ledger entries; :class:`index_check.IndexDisagrees` (exit 1) names
+    the first differences. A value edited in an index table is never answered as if it
+    came from the ledger."""
+    if targets is None:
+        targets = set()
+        # The targets whose stored reports name one of MANIFESTS (a scan of their bytes:
+        # a process row deleted to hide a sighting is then missing, not "not found"), and
+        # those the index says (a row forged for another target is then extra).
+        has = (
+            "position(convert_to(?, 'UTF8') in report) > 0"
+            if db.kind == "postgresql"
+            else "instr(report, CAST(? AS BLOB)) > 0"
+        )
+        for m in sorted(manifests):
+            for sql in (
+                "SELECT DISTINCT target FROM processes WHERE manifest = ?",
+                f"SELECT DISTINCT target FROM reports WHERE {has}",  # noqa: S608 - fixed text
+            ):
+                targets |= {str(t) for (t,) in db.execute(sql, (m,))}
+    differences = index_check.check_manifest_files(db, manifests) if manifests else []
+    differences += index_check.check_processes(db, targets)
+    index_check.require(differences, what)
 
 
 def _runs(db: Database) -> list[tuple[str, Policy]]:
@@ -234,6 +281,12 @@ def find_request(db: Database, query: str) -> list[Served]:
                 continue
             seen.add(tuple(row))
             out.append(_served(db, runs, internal, external, tuple(row)))
+    batches = {str(b) for i in ids for (b,) in db.execute(
+        "SELECT DISTINCT batch FROM bindings WHERE internal_id = ? UNION "
+        "SELECT DISTINCT batch FROM request_ids WHERE internal_id = ?", (i, i))}  # fmt: skip
+    index_check.require(index_check.check_content(db, batches=batches), f"audit request {query}")
+    if out:
+        _check_used(db, f"audit request {query}", set(), {s.target for s in out})
     if not out:
         known = [i for i, e in ids.items() if e]
         if known:
@@ -285,6 +338,10 @@ def _not_pristine(  # noqa: PLR0917 - a process key and a time
         got = db.execute(sql, (target, at)).fetchone()
         if got is None:
             continue
+        index_check.require(
+            index_check.check_content(db, reports=[(str(got[0]), int(got[1]))]),
+            f"the report after request steps of pid {pid}",
+        )
         report = _decode(str(got[0]), int(got[1]), bytes(got[2]))
         for p in report.processes:
             k = p.key

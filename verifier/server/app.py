@@ -31,6 +31,7 @@ from verifier.policy import PolicyError, load_policy, policy_digest
 from verifier.security.auth import Authorizer, load_tokens
 from verifier.security.peercred import LocalAgent, UnixRelay
 from verifier.security.tls import ServerTLS, is_local, warn_insecure
+from verifier.server.audit_service import AuditService
 from verifier.server.db import redact
 from verifier.server.metrics import RpcObserver
 from verifier.server.service import DEFAULT_TARGET_EXPIRY_S, VerifierService, expiry_error
@@ -201,6 +202,8 @@ class VerifierServer:
             interceptors=[RpcObserver(self.service.metrics)],
         )
         pb_grpc.add_VerifierServiceServicer_to_server(self.service, self.server)
+        self.audit = AuditService(self.store, self._key, auth)  # same listener, same auth
+        pb_grpc.add_AuditServiceServicer_to_server(self.audit, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.port = 0
         self.health_port = 0

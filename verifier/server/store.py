@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from verifier.errors import ConfigError, UsageError
 from verifier.ledger import bindings, chain
@@ -67,6 +67,9 @@ class StoredReport:
     target: str
     received_unix: float
     report: bytes
+
+
+T = TypeVar("T")
 
 
 def _manifest_rows(files: Sequence[FileEntry]) -> list[dict[str, Any]]:
@@ -165,6 +168,11 @@ class Store:
         """Walk the audit ledger against the stored rows (see ``chain.verify``)."""
         with self._lock:
             return chain.verify(self._db)
+
+    def read(self, fn: Callable[[Database], T]) -> T:
+        """FN over one consistent snapshot of the database (the audit service's queries)."""
+        with self._lock, self._db.snapshot():
+            return fn(self._db)
 
     def close(self) -> None:
         with self._lock:

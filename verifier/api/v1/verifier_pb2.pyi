@@ -783,3 +783,83 @@ class ForgetTargetResponse(_message.Message):
     FORGOTTEN_FIELD_NUMBER: _ClassVar[int]
     forgotten: TargetState
     def __init__(self, forgotten: _Optional[_Union[TargetState, _Mapping]] = ...) -> None: ...
+
+class AuditServedRequest(_message.Message):
+    __slots__ = ("query", "limit")
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    query: str
+    limit: int
+    def __init__(self, query: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class AuditServedResponse(_message.Message):
+    __slots__ = ("answer",)
+    ANSWER_FIELD_NUMBER: _ClassVar[int]
+    answer: AuditAnswer
+    def __init__(self, answer: _Optional[_Union[AuditAnswer, _Mapping]] = ...) -> None: ...
+
+class AuditFileRequest(_message.Message):
+    __slots__ = ("query", "limit")
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    query: str
+    limit: int
+    def __init__(self, query: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class AuditFileResponse(_message.Message):
+    __slots__ = ("answer",)
+    ANSWER_FIELD_NUMBER: _ClassVar[int]
+    answer: AuditAnswer
+    def __init__(self, answer: _Optional[_Union[AuditAnswer, _Mapping]] = ...) -> None: ...
+
+class AuditRunRequest(_message.Message):
+    __slots__ = ("query", "limit")
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    query: str
+    limit: int
+    def __init__(self, query: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class AuditRunResponse(_message.Message):
+    __slots__ = ("answer",)
+    ANSWER_FIELD_NUMBER: _ClassVar[int]
+    answer: AuditAnswer
+    def __init__(self, answer: _Optional[_Union[AuditAnswer, _Mapping]] = ...) -> None: ...
+
+class AuditAnswer(_message.Message):
+    __slots__ = ("bundle", "total", "truncated", "note")
+    BUNDLE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    bundle: bytes
+    total: int
+    truncated: bool
+    note: str
+    def __init__(self, bundle: _Optional[bytes] = ..., total: _Optional[int] = ..., truncated: _Optional[bool] = ..., note: _Optional[str] = ...) -> None: ...
+
+class AuditCheckpointRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class AuditCheckpointResponse(_message.Message):
+    __slots__ = ("note",)
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    note: str
+    def __init__(self, note: _Optional[str] = ...) -> None: ...
+
+class AuditConsistencyRequest(_message.Message):
+    __slots__ = ("old_size",)
+    OLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    old_size: int
+    def __init__(self, old_size: _Optional[int] = ...) -> None: ...
+
+class AuditConsistencyResponse(_message.Message):
+    __slots__ = ("note", "proof", "old_root")
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    PROOF_FIELD_NUMBER: _ClassVar[int]
+    OLD_ROOT_FIELD_NUMBER: _ClassVar[int]
+    note: str
+    proof: _containers.RepeatedScalarFieldContainer[bytes]
+    old_root: bytes
+    def __init__(self, note: _Optional[str] = ..., proof: _Optional[_Iterable[bytes]] = ..., old_root: _Optional[bytes] = ...) -> None: ...

@@ -364,3 +364,267 @@ class VerifierService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class AuditServiceStub:
+    """The audit queries over the wire (issue 19, item 6a): the auditor or operator role. Each
+    answer is a signed export bundle (the format of `verifier audit export`, docs/audit.md):
+    the ledger entries it rests on with their content, their inclusion proofs against a
+    checkpoint signed now, and the answer itself in statements signed with the verifier's key,
+    so a client checks it offline with the public key alone.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.AuditServed = channel.unary_unary(
+                '/verifier.api.v1.AuditService/AuditServed',
+                request_serializer=verifier_dot_api_dot_v1_dot_verifier__pb2.AuditServedRequest.SerializeToString,
+                response_deserializer=verifier_dot_api_dot_v1_dot_verifier__pb2.AuditServedResponse.FromString,
+                _registered_method=True)
+        self.AuditFile = channel.unary_unary(
+                '/verifier.api.v1.AuditService/AuditFile',
+                request_serializer=verifier_dot_api_dot_v1_dot_verifier__pb2.AuditFileRequest.SerializeToString,
+                response_deserializer=verifier_dot_api_dot_v1_dot_verifier__pb2.AuditFileResponse.FromString,
+                _registered_method=True)
+        self.AuditRun = channel.unary_unary(
+                '/verifier.api.v1.AuditService/AuditRun',
+                request_serializer=verifier_dot_api_dot_v1_dot_verifier__pb2.AuditRunRequest.SerializeToString,
+                response_deserializer=verifier_dot_api_dot_v1_dot_verifier__pb2.AuditRunResponse.FromString,
+                _registered_method=True)
+        self.AuditCheckpoint = channel.unary_unary(
+                '/verifier.api.v1.AuditService/AuditCheckpoint',
+                request_serializer=verifier_dot_api_dot_v1_dot_verifier__pb2.AuditCheckpointRequest.SerializeToString,
+                response_deserializer=verifier_dot_api_dot_v1_dot_verifier__pb2.AuditCheckpointResponse.FromString,
+                _registered_method=True)
+        self.AuditConsistency = channel.unary_unary(
+                '/verifier.api.v1.AuditService/AuditConsistency',
+                request_serializer=verifier_dot_api_dot_v1_dot_verifier__pb2.AuditConsistencyRequest.SerializeToString,
+                response_deserializer=verifier_dot_api_dot_v1_dot_verifier__pb2.AuditConsistencyResponse.FromString,
+                _registered_method=True)
+
+
+class AuditServiceServicer:
+    """The audit queries over the wire (issue 19, item 6a): the auditor or operator role. Each
+    answer is a signed export bundle (the format of `verifier audit export`, docs/audit.md):
+    the ledger entries it rests on with their content, their inclusion proofs against a
+    checkpoint signed now, and the answer itself in statements signed with the verifier's key,
+    so a client checks it offline with the public key alone.
+    """
+
+    def AuditServed(self, request, context):
+        """What served a request (the client's, external or internal id).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AuditFile(self, request, context):
+        """Which processes loaded a file (sha256, absolute path or end of a path).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AuditRun(self, request, context):
+        """A run's registration and verdict history.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AuditCheckpoint(self, request, context):
+        """A checkpoint of the whole ledger, signed now, as a C2SP signed note.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AuditConsistency(self, request, context):
+        """An RFC 9162 consistency proof from an older size to a checkpoint signed now.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_AuditServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'AuditServed': grpc.unary_unary_rpc_method_handler(
+                    servicer.AuditServed,
+                    request_deserializer=verifier_dot_api_dot_v1_dot_verifier__pb2.AuditServedRequest.FromString,
+                    response_serializer=verifier_dot_api_dot_v1_dot_verifier__pb2.AuditServedResponse.SerializeToString,
+            ),
+            'AuditFile': grpc.unary_unary_rpc_method_handler(
+                    servicer.AuditFile,
+                    request_deserializer=verifier_dot_api_dot_v1_dot_verifier__pb2.AuditFileRequest.FromString,
+                    response_serializer=verifier_dot_api_dot_v1_dot_verifier__pb2.AuditFileResponse.SerializeToString,
+            ),
+            'AuditRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.AuditRun,
+                    request_deserializer=verifier_dot_api_dot_v1_dot_verifier__pb2.AuditRunRequest.FromString,
+                    response_serializer=verifier_dot_api_dot_v1_dot_verifier__pb2.AuditRunResponse.SerializeToString,
+            ),
+            'AuditCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.AuditCheckpoint,
+                    request_deserializer=verifier_dot_api_dot_v1_dot_verifier__pb2.AuditCheckpointRequest.FromString,
+                    response_serializer=verifier_dot_api_dot_v1_dot_verifier__pb2.AuditCheckpointResponse.SerializeToString,
+            ),
+            'AuditConsistency': grpc.unary_unary_rpc_method_handler(
+                    servicer.AuditConsistency,
+                    request_deserializer=verifier_dot_api_dot_v1_dot_verifier__pb2.AuditConsistencyRequest.FromString,
+                    response_serializer=verifier_dot_api_dot_v1_dot_verifier__pb2.AuditConsistencyResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'verifier.api.v1.AuditService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('verifier.api.v1.AuditService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class AuditService:
+    """The audit queries over the wire (issue 19, item 6a): the auditor or operator role. Each
+    answer is a signed export bundle (the format of `verifier audit export`, docs/audit.md):
+    the ledger entries it rests on with their content, their inclusion proofs against a
+    checkpoint signed now, and the answer itself in statements signed with the verifier's key,
+    so a client checks it offline with the public key alone.
+    """
+
+    @staticmethod
+    def AuditServed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/verifier.api.v1.AuditService/AuditServed',
+            verifier_dot_api_dot_v1_dot_verifier__pb2.AuditServedRequest.SerializeToString,
+            verifier_dot_api_dot_v1_dot_verifier__pb2.AuditServedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AuditFile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/verifier.api.v1.AuditService/AuditFile',
+            verifier_dot_api_dot_v1_dot_verifier__pb2.AuditFileRequest.SerializeToString,
+            verifier_dot_api_dot_v1_dot_verifier__pb2.AuditFileResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AuditRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/verifier.api.v1.AuditService/AuditRun',
+            verifier_dot_api_dot_v1_dot_verifier__pb2.AuditRunRequest.SerializeToString,
+            verifier_dot_api_dot_v1_dot_verifier__pb2.AuditRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AuditCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/verifier.api.v1.AuditService/AuditCheckpoint',
+            verifier_dot_api_dot_v1_dot_verifier__pb2.AuditCheckpointRequest.SerializeToString,
+            verifier_dot_api_dot_v1_dot_verifier__pb2.AuditCheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AuditConsistency(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/verifier.api.v1.AuditService/AuditConsistency',
+            verifier_dot_api_dot_v1_dot_verifier__pb2.AuditConsistencyRequest.SerializeToString,
+            verifier_dot_api_dot_v1_dot_verifier__pb2.AuditConsistencyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -1,0 +1,87 @@
+"""What checking the index tables against the ledgered content costs (issue 19, item 6a):
+``verifier.ledger.index_check.compare`` (every row, what ``verifier audit verify --db`` adds)
+and ``check_processes`` for one target (what ``audit file``/``request``/``export`` run before
+answering), on a database of N reports of TARGETS targets, each report three processes (API
+server, engine core, a worker with its runner and files) and a batch of two request bindings,
+as the test fixtures build them. Against the ledger walk (``chain.verify``) on the same
+database, ROUNDS times each, interleaved.
+
+Usage: PYTHONPATH=. python bench/index_check.py [N] [TARGETS]
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _stats import summary
+
+from tests.test_bindings_store import spans_for
+from tests.test_policy_engine import api, engine, worker
+from verifier import wire
+from verifier.ledger import chain, index_check
+from verifier.model import TargetReport
+from verifier.server.db import open_database
+from verifier.server.index import processes_seen
+from verifier.server.store import Store, StoredReport
+
+N = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000
+TARGETS = int(sys.argv[2]) if len(sys.argv) > 2 else 10
+ROUNDS = 5
+M = "sha256:" + "3" * 64
+
+
+def build(path: Path) -> int:
+    procs = tuple(replace(p, manifest_digest=M, container_id="c" * 64)
+                  for p in (api(), engine(), worker()))  # fmt: skip
+    s = Store(path)
+    s._db.execute("PRAGMA synchronous=OFF")  # building only: the check reads
+    size = 0
+    try:
+        for i in range(N):
+            target = f"t{i % TARGETS}"
+            t = 1_700_000_000.0 + i
+            body = wire.report_to_bytes(TargetReport("a", target, i + 1, "", t, procs))
+            size += len(body)
+            s.save_report(
+                StoredReport(f"a{i % TARGETS}", i + 1, target, t, body),
+                {M: procs[2].files or ()} if i == 0 else {},
+                processes_seen(procs),
+                spans_for(procs[2].key, t, None),
+            )
+    finally:
+        s.close()
+    return size // N
+
+
+def main() -> None:
+    path = Path(tempfile.mkdtemp()) / "db.sqlite3"
+    t0 = time.perf_counter()
+    avg = build(path)
+    print(f"built {N} reports ({avg} bytes each), {TARGETS} targets in "
+          f"{time.perf_counter() - t0:.1f} s")  # fmt: skip
+    db = open_database(str(path), read_only=True)
+    arms: dict[str, Callable[[], object]] = {
+        "chain.verify": lambda: chain.verify(db),
+        "index_check.compare (all)": lambda: index_check.compare(db),
+        "check_processes (1 target)": lambda: index_check.check_processes(db, ["t0"]),
+    }
+    times: dict[str, list[float]] = {k: [] for k in arms}
+    for _ in range(ROUNDS):
+        for name, fn in arms.items():
+            t = time.perf_counter()
+            out = fn()
+            times[name].append(time.perf_counter() - t)
+            assert not isinstance(out, list) or not out, out[:3]
+    for name, xs in times.items():
+        print(f"{name:<30} {summary(xs)}")
+
+
+if __name__ == "__main__":
+    main()

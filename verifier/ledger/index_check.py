@@ -1,0 +1,390 @@
+"""The index tables checked against the ledgered content they are derived from.
+
+The tables ``paths``, ``blobs``, ``manifest_files`` and ``processes`` (kept by
+``verifier.server.index``) are not in the ledger: whoever can write the database can change
+a role, a container id, a file's hash or path there without :func:`verifier.ledger.chain.verify`
+noticing, and the audit queries and the signed export answer from them. This module derives
+what those tables must hold from the ledgered content (the stored manifests, the stored
+reports decoded, the stored request bindings: the rows whose subjects ``chain.verify``
+recomputes), the way the verifier wrote them while serving, and names every difference: the
+table, the row's key and the field, what the table says and what the ledger says.
+
+* :func:`compare` checks every row of every index table (``verifier audit verify``);
+* :func:`check_processes` and :func:`check_manifest_files` check only the rows one audit
+  answer uses (``audit file``, ``audit request``, ``audit export``): the derivation of a
+  process is one pass over its target's reports, cheaper than the whole database.
+
+The request count of a process (``processes.requests``) is what the live verifier counted
+as each batch arrived (a span whose process row did not exist yet counts nowhere) or, in a
+database re-indexed at start (``verifier.server.index.rebuild``), every stored binding; both
+derive from the ledger, and either is accepted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from verifier import wire
+from verifier.errors import CheckFailed
+from verifier.ledger import bindings, chain
+from verifier.ledger.interface import Database
+
+PKey = tuple[str, str, int, int, str]  # target, boot_id, pid, start_ticks, manifest
+PROCESS_FIELDS = ("role", "rank", "container_id", "runner", "first_unix", "last_unix", "reports")
+
+
+class IndexDisagrees(CheckFailed):
+    """An index row the answer would use is not what the ledgered content says (exit 1)."""
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One index row that is not what the ledgered content derives."""
+
+    table: str
+    key: str
+    field: str  # a column, or "row" for a row missing from or extra in the table
+    stored: Any
+    derived: Any
+
+    def __str__(self) -> str:
+        if self.field == "row" and self.derived is None:
+            return f"{self.table} {self.key}: a row no ledgered content derives"
+        if self.field == "row":
+            return f"{self.table} {self.key}: missing (the ledgered content derives it)"
+        if self.field == "ledger entry":
+            return f"{self.table} {self.key}: changed after it was ledgered, or never ledgered"
+        if self.derived is None:
+            return (
+                f"{self.table} {self.key}: {self.field} {self.stored!r} is in no ledgered manifest"
+            )
+        return (
+            f"{self.table} {self.key}: {self.field} is {self.stored!r}, the ledgered content "
+            f"says {self.derived!r}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"table": self.table, "key": self.key, "field": self.field,
+                "stored": self.stored, "derived": self.derived}  # fmt: skip
+
+
+@dataclass
+class _Proc:
+    role: str
+    rank: int | None
+    container_id: str | None
+    runner: str | None
+    first_unix: float
+    last_unix: float
+    reports: int = 1
+    requests_live: int = 0  # as counted batch by batch while serving
+    requests_all: int = 0  # every stored binding (a re-indexed database)
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    def values(self) -> tuple[Any, ...]:
+        return (self.role, self.rank, self.container_id, self.runner, self.first_unix,
+                self.last_unix, self.reports)  # fmt: skip
+
+
+def _fmt_key(k: Sequence[Any]) -> str:
+    return json.dumps(list(k))
+
+
+# Content against its ledger entry (for the rows one answer uses) -----------------------------
+
+
+def _subjects(db: Database, kind: str, refs: Iterable[str]) -> dict[str, str]:
+    """The subject of the ledger entry of each of REFS of KIND whose fields match its own
+    hash (the chain between entries is ``chain.verify``'s, or the inclusion proof's)."""
+    wanted = set(refs)
+    out: dict[str, str] = {}
+    if not wanted:
+        return out
+    # One pass over the kind's entries (the ledger has no index on ref: a query per ref would
+    # scan it once per ref).
+    for seq, at, k, r, subject, prev, h in db.execute(
+        "SELECT seq, at_unix, kind, ref, subject, prev, hash FROM ledger WHERE kind = ?", (kind,)
+    ):
+        if r in wanted and chain.entry_hash((int(seq), at, k, r, subject, prev)) == h:
+            out[str(r)] = str(subject)
+    return out
+
+
+def check_content(
+    db: Database,
+    manifests: Iterable[str] = (),
+    reports: Iterable[tuple[str, int]] = (),
+    batches: Iterable[str] = (),
+) -> list[Difference]:
+    """The stored MANIFESTS (digests), REPORTS ((agent, seq)) and binding BATCHES (refs) an
+    answer rests on, each against the subject of its own ledger entry: content edited after
+    it was ledgered, or never ledgered, is named (table, key, "ledger entry")."""
+    manifests, batches = sorted(set(manifests)), sorted(set(batches))
+    out: list[Difference] = []
+    want = _subjects(db, "manifest", manifests)
+    for d in sorted(set(manifests)):
+        row = db.execute("SELECT files_json FROM manifests WHERE digest = ?", (d,)).fetchone()
+        if row is not None and want.get(d) != chain.manifest_subject(row[0]):
+            out.append(Difference("manifests", d, "ledger entry", "changed or unledgered", None))
+    refs = {chain.report_ref(a, int(n)): (a, int(n)) for a, n in reports}
+    want = _subjects(db, "report", refs)
+    for ref, (agent, seq) in sorted(refs.items()):
+        row = db.execute(
+            "SELECT target, received_unix, report FROM reports WHERE agent_id = ? AND seq = ?",
+            (agent, seq),
+        ).fetchone()
+        got = (
+            None if row is None else chain.report_subject(agent, seq, row[0], row[1], bytes(row[2]))
+        )
+        if got is not None and want.get(ref) != got:
+            out.append(Difference("reports", ref, "ledger entry", "changed or unledgered", None))
+    want = _subjects(db, "bindings", batches)
+    for ref in sorted(set(batches)):
+        head = db.execute(
+            "SELECT target, received_unix FROM binding_batches WHERE ref = ?", (ref,)
+        ).fetchone()
+        spans = db.execute(
+            f"SELECT {bindings.span_select(db)} FROM bindings WHERE batch = ? ORDER BY rowid",  # noqa: S608
+            (ref,),
+        ).fetchall()
+        ids = db.execute(
+            f"SELECT {bindings.ID_COLUMNS} FROM request_ids WHERE batch = ? ORDER BY rowid",  # noqa: S608
+            (ref,),
+        ).fetchall()
+        got = None if head is None else chain.bindings_subject(
+            ref, head[0], float(head[1]), bindings.rows_sha256(spans), bindings.rows_sha256(ids)
+        )  # fmt: skip
+        if want.get(ref) != got:
+            out.append(Difference("bindings", ref, "ledger entry", "changed or unledgered", None))
+    return out
+
+
+# Manifests: paths, blobs, manifest_files ------------------------------------------------
+
+
+def _manifest_files(db: Database, digests: Iterable[str] | None) -> dict[tuple[str, str], Any]:
+    """(manifest, path) -> sha256 (None when unhashed) from the stored manifests' JSON."""
+    out: dict[tuple[str, str], Any] = {}
+    if digests is None:
+        rows = db.execute("SELECT digest, files_json FROM manifests").fetchall()
+    else:
+        rows = []
+        for d in sorted(set(digests)):
+            rows += db.execute(
+                "SELECT digest, files_json FROM manifests WHERE digest = ?", (d,)
+            ).fetchall()
+    for digest, files_json in rows:
+        try:
+            files = json.loads(files_json)
+        except ValueError:
+            continue  # chain.verify names a manifest that no longer reads
+        for f in files if isinstance(files, list) else ():
+            if isinstance(f, dict) and isinstance(f.get("path"), str):
+                sha = f.get("sha256")
+                out[(str(digest), f["path"])] = sha if isinstance(sha, str) else None
+    return out
+
+
+def _stored_manifest_files(
+    db: Database, digests: Iterable[str] | None
+) -> tuple[dict[tuple[str, str], Any], list[Difference]]:
+    """What ``manifest_files`` says, joined to its paths and blobs, and the rows whose path or
+    blob id leads nowhere."""
+    sql = (
+        "SELECT mf.manifest, mf.path_id, mf.blob_id, p.path, b.sha256 FROM manifest_files mf "
+        "LEFT JOIN paths p ON p.id = mf.path_id LEFT JOIN blobs b ON b.id = mf.blob_id"
+    )
+    if digests is None:
+        rows = db.execute(sql).fetchall()
+    else:
+        rows = []
+        for d in sorted(set(digests)):
+            rows += db.execute(sql + " WHERE mf.manifest = ?", (d,)).fetchall()
+    out: dict[tuple[str, str], Any] = {}
+    bad: list[Difference] = []
+    for manifest, path_id, blob_id, path, sha in rows:
+        key = _fmt_key([manifest, int(path_id)])
+        if path is None:
+            bad.append(Difference("manifest_files", key, "path_id", int(path_id), None))
+            continue
+        if blob_id is not None and sha is None:
+            bad.append(Difference("manifest_files", key, "blob_id", int(blob_id), None))
+            continue
+        out[(str(manifest), str(path))] = sha
+    return out, bad
+
+
+def check_manifest_files(db: Database, digests: Iterable[str] | None = None) -> list[Difference]:
+    """The ``manifest_files`` rows of DIGESTS (every manifest: None), through ``paths`` and
+    ``blobs``, against the stored manifests. An edited ``paths.path`` or ``blobs.sha256``
+    shows as the manifests' rows naming a path or hash that their manifests do not list."""
+    digests = None if digests is None else list(digests)
+    want = _manifest_files(db, digests)
+    have, out = _stored_manifest_files(db, digests)
+    if digests is not None:  # the whole database: chain.verify walks every entry instead
+        out += check_content(db, manifests=digests)
+    for k in sorted(set(want) | set(have)):
+        key = _fmt_key(k)
+        if k not in have:
+            out.append(Difference("manifest_files", key, "row", None, want[k]))
+        elif k not in want:
+            out.append(Difference("manifest_files", key, "row", have[k], None))
+        elif have[k] != want[k]:
+            out.append(Difference("manifest_files", key, "sha256 (blobs)", have[k], want[k]))
+    return out
+
+
+def _check_paths_blobs(db: Database) -> list[Difference]:
+    """Every ``paths`` and ``blobs`` row is a path or hash some stored manifest lists, once."""
+    want = _manifest_files(db, None)
+    paths = {p for _, p in want}
+    hashes = {h for h in want.values() if h is not None}
+    out = []
+    for table, column, values in (("paths", "path", paths), ("blobs", "sha256", hashes)):
+        seen: set[str] = set()
+        for rid, value in db.execute(f"SELECT id, {column} FROM {table} ORDER BY id"):  # noqa: S608
+            if value not in values:
+                out.append(Difference(table, f"id {int(rid)}", column, value, None))
+            seen.add(str(value))
+        out += [Difference(table, json.dumps(v), "row", None, v) for v in sorted(values - seen)]
+    return out
+
+
+# Processes ----------------------------------------------------------------------------------
+
+
+def _reports(db: Database, targets: list[str] | None) -> list[Any]:
+    """(agent_id, seq, target, received_unix, report) of TARGETS' reports (every target: None),
+    each target's in storage order."""
+    sql = "SELECT agent_id, seq, target, received_unix, report FROM reports"
+    if targets is None:
+        return db.execute(sql + " ORDER BY rowid").fetchall()
+    out: list[Any] = []
+    for t in sorted(set(targets)):  # keys differ per target: one after the other is enough
+        out += db.execute(sql + " WHERE target = ? ORDER BY rowid", (t,)).fetchall()
+    return out
+
+
+def _derive_processes(db: Database, targets: list[str] | None) -> dict[PKey, _Proc]:
+    """The ``processes`` rows the stored reports (decoded) and bindings derive, replayed in
+    storage order as the verifier indexed them (``verifier.server.index.index_processes``
+    then ``index_requests`` per report)."""
+    reports = _reports(db, targets)
+    batches = _batches(db, targets)
+    if targets is not None:  # the whole database: chain.verify walks every entry instead
+        bad = check_content(db, reports=[(str(r[0]), int(r[1])) for r in reports],
+                            batches=list(batches))  # fmt: skip
+        if bad:
+            raise IndexDisagrees("; ".join(map(str, bad[:3])) + " (`verifier audit verify`)")
+    out: dict[PKey, _Proc] = {}
+    for agent_id, seq, target, received, body in reports:
+        try:
+            report = wire.report_from_bytes(bytes(body))
+        except wire.WireError:
+            continue  # chain.verify names it (changed), or the verifier never indexed it
+        _seen(out, str(target), float(received), report.processes)
+        for span_key in batches.get(json.dumps([agent_id, int(seq)]), ()):
+            if span_key in out:
+                out[span_key].requests_live += 1
+    for spans in batches.values():
+        for span_key in spans:
+            if span_key in out:
+                out[span_key].requests_all += 1
+    return out
+
+
+def _seen(out: dict[PKey, _Proc], target: str, at: float, processes: Sequence[Any]) -> None:
+    """What ``index_processes`` does with one report's PROCESSES received AT."""
+    for p in processes:
+        if not p.manifest_digest:
+            continue
+        k = p.key
+        key: PKey = (target, k.boot_id, k.pid, k.start_ticks, p.manifest_digest)
+        runner = p.runner.cls if p.runner is not None else None
+        got = out.get(key)
+        if got is None:
+            out[key] = _Proc(p.role, p.rank, p.container_id, runner, at, at)
+        else:
+            got.role, got.rank, got.container_id = p.role, p.rank, p.container_id
+            got.runner = runner if runner is not None else got.runner
+            got.last_unix = at
+            got.reports += 1
+
+
+def _batches(db: Database, targets: list[str] | None) -> dict[str, list[PKey]]:
+    """Each stored batch's spans as the process and manifest they count for."""
+    sql = "SELECT batch, target, boot_id, pid, start_ticks, manifest_first FROM bindings"
+    rows: list[Any] = []
+    if targets is None:
+        rows = db.execute(sql + " ORDER BY rowid").fetchall()
+    else:
+        for t in sorted(set(targets)):
+            rows += db.execute(sql + " WHERE target = ? ORDER BY rowid", (t,)).fetchall()
+    out: dict[str, list[PKey]] = {}
+    for batch, target, boot, pid, ticks, manifest in rows:
+        out.setdefault(str(batch), []).append((str(target), str(boot), int(pid), int(ticks),
+                                               str(manifest)))  # fmt: skip
+    return out
+
+
+def _stored_processes(db: Database, targets: list[str] | None) -> dict[PKey, tuple[Any, ...]]:
+    sql = (
+        "SELECT target, boot_id, pid, start_ticks, manifest, role, rank, container_id, runner, "
+        "first_unix, last_unix, reports, requests FROM processes"
+    )
+    rows: list[Any] = []
+    if targets is None:
+        rows = db.execute(sql).fetchall()
+    else:
+        for t in sorted(set(targets)):
+            rows += db.execute(sql + " WHERE target = ?", (t,)).fetchall()
+    out: dict[PKey, tuple[Any, ...]] = {}
+    for t, boot, pid, ticks, m, role, rank, cid, runner, first, last, n, req in rows:
+        key: PKey = (str(t), str(boot), int(pid), int(ticks), str(m))
+        out[key] = (role, None if rank is None else int(rank), cid, runner, float(first),
+                    float(last), int(n), int(req))  # fmt: skip
+    return out
+
+
+def check_processes(db: Database, targets: Iterable[str] | None = None) -> list[Difference]:
+    """The ``processes`` rows of TARGETS (every target: None) against what the stored reports
+    and bindings of those targets derive: a row edited (each field), deleted or forged."""
+    targets = None if targets is None else list(targets)
+    want = _derive_processes(db, targets)
+    have = _stored_processes(db, targets)
+    out = []
+    for k in sorted(set(want) | set(have), key=lambda k: tuple(map(str, k))):
+        key = _fmt_key(k)
+        if k not in have:
+            out.append(Difference("processes", key, "row", None, list(want[k].values())))
+            continue
+        if k not in want:
+            out.append(Difference("processes", key, "row", list(have[k]), None))
+            continue
+        w, h = want[k], have[k]
+        for name, stored, derived in zip(PROCESS_FIELDS, h, w.values(), strict=False):
+            if stored != derived:
+                out.append(Difference("processes", key, name, stored, derived))
+        if h[7] not in (w.requests_live, w.requests_all):
+            out.append(Difference("processes", key, "requests", h[7], w.requests_live))
+    return out
+
+
+def compare(db: Database) -> list[Difference]:
+    """Every index table against the ledgered content: the differences (none: they agree)."""
+    return _check_paths_blobs(db) + check_manifest_files(db) + check_processes(db)
+
+
+def require(differences: Sequence[Difference], what: str) -> None:
+    """Raise :class:`IndexDisagrees` naming the first differences, if any."""
+    if not differences:
+        return
+    shown = "; ".join(str(d) for d in differences[:3])
+    more = f" (and {len(differences) - 3} more)" if len(differences) > 3 else ""
+    raise IndexDisagrees(
+        f"{what}: the index tables disagree with the ledgered content: {shown}{more}; "
+        "`verifier audit verify --db` lists every difference"
+    )
