@@ -28,19 +28,22 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import _smoke
 from _stats import print_rows, summary
 
+from tests.test_policy_engine import worker as worker_report
 from verifier import wire
 from verifier.ledger import bindings
 from verifier.ledger.queries import find_file, find_request
 from verifier.model import FileEntry, ProcessKey, RequestId, RequestSpan, TargetReport
 from verifier.server.db import open_database
-from verifier.server.index import ProcessSeen
+from verifier.server.index import ProcessSeen, processes_seen
 from verifier.server.store import Store, StoredReport
 from verifier.testing.postgres import PostgresServer
 
@@ -106,12 +109,15 @@ class Fleet:
             spans.append(RequestSpan(key, internal, 10 * i, 10 * i + 16, 16, 40, now - 1, now,
                                      m, m, RUNNER, (("step", 16), ("sample", 16))))  # fmt: skip
             ids.append(RequestId(ProcessKey("boot", 1, 1), internal, f"cmpl-req{i}-0", now - 1))
-        body = wire.report_to_bytes(TargetReport("agent-" + target, target, seq, "", now, ()))
+        # The processes are in the report's body too: the index rows are what the stored
+        # report derives (verifier audit checks them against it), never rows of their own.
+        procs = tuple(replace(worker_report(), key=k, manifest_digest=m, files=None)
+                      for k, m in mine)  # fmt: skip
+        body = wire.report_to_bytes(TargetReport("agent-" + target, target, seq, "", now, procs))
         manifests = {}
         if with_manifests:
             manifests = {m: manifest_files(self.index[m]) for _, m in mine}
-        seen = [ProcessSeen(k.boot_id, k.pid, k.start_ticks, m, "worker", 0, None, RUNNER)
-                for k, m in mine]  # fmt: skip
+        seen = processes_seen(procs)
         return StoredReport("agent-" + target, seq, target, now, body), manifests, seen, spans, ids
 
 

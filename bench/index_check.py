@@ -6,11 +6,15 @@ server, engine core, a worker with its runner and files) and a batch of two requ
 as the test fixtures build them. Against the ledger walk (``chain.verify``) on the same
 database, ROUNDS times each, interleaved.
 
-Usage: PYTHONPATH=. python bench/index_check.py [N] [TARGETS]
+Prints each arm's median, min, max and spread (the noise floor of ROUNDS repetitions) and the
+ratio of each check to the ledger walk's median, measured in the same run.
+
+Usage: PYTHONPATH=. python bench/index_check.py [--smoke] [N] [TARGETS]
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import tempfile
 import time
@@ -20,7 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from _stats import summary
+import _smoke
+from _stats import print_rows, summary
 
 from tests.test_bindings_store import spans_for
 from tests.test_policy_engine import api, engine, worker
@@ -31,8 +36,8 @@ from verifier.server.db import open_database
 from verifier.server.index import processes_seen
 from verifier.server.store import Store, StoredReport
 
-N = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000
-TARGETS = int(sys.argv[2]) if len(sys.argv) > 2 else 10
+N = 10_000
+TARGETS = 10
 ROUNDS = 5
 M = "sha256:" + "3" * 64
 
@@ -61,6 +66,16 @@ def build(path: Path) -> int:
 
 
 def main() -> None:
+    global N, TARGETS, ROUNDS  # build() reads N and TARGETS
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("n", type=int, nargs="?", default=N, help="reports in the database")
+    parser.add_argument("targets", type=int, nargs="?", default=TARGETS, help="targets")
+    _smoke.add_args(parser)
+    args = parser.parse_args()
+    N, TARGETS = args.n, args.targets
+    if args.smoke:
+        _smoke.begin("every arm, 200 reports of 2 targets", ["a ledger of realistic size"])
+        N, TARGETS, ROUNDS = 200, 2, _smoke.ROUNDS
     path = Path(tempfile.mkdtemp()) / "db.sqlite3"
     t0 = time.perf_counter()
     avg = build(path)
@@ -79,8 +94,12 @@ def main() -> None:
             out = fn()
             times[name].append(time.perf_counter() - t)
             assert not isinstance(out, list) or not out, out[:3]
-    for name, xs in times.items():
-        print(f"{name:<30} {summary(xs)}")
+    stats = {name: summary(xs) for name, xs in times.items()}
+    print(f"seconds per check, {ROUNDS} rounds interleaved")
+    print_rows(stats, "8.3f")
+    base = stats["chain.verify"]["median"]
+    for name in ("index_check.compare (all)", "check_processes (1 target)"):
+        print(f"  {name} / chain.verify (medians): {stats[name]['median'] / base:.2f}")
 
 
 if __name__ == "__main__":

@@ -68,6 +68,11 @@ EXPECT: dict[str, tuple[str, ...]] = {
         r"cross-check: [+-]\d+\.\d+ ms per call",
         FLOOR,
     ),
+    "index_check.py": (
+        r"index_check.compare \(all\) / chain.verify \(medians\): \d+\.\d+",
+        r"check_processes \(1 target\) / chain.verify \(medians\): \d+\.\d+",
+        FLOOR,
+    ),
     "ledger_ingest.py": (r"ledger / raw \(medians\): \d+\.\d+", FLOOR),
     "load_test.py": (
         r"\| 4 \| 4 \| [\d.]+ \(\d+%\) \| [\d.]+ \|",  # the 4-agent row, its ratio to offered
