@@ -14,6 +14,7 @@ What each test shows, and what was lost: docs/faults.md.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sqlite3
 import subprocess
@@ -478,7 +479,13 @@ def test_disk_full_refuses_reports_unacknowledged_then_ingest_resumes(
             assert not_stored and "full" in not_stored[0]["error"], not_stored
 
             filler.unlink()  # space again
-            wait_until("ingest resumed", lambda: max(stored_seqs(db)) > last + 3, 60, *logs)
+            # The agent backs off up to 30 s between attempts (AgentConfig.max_backoff_s), and
+            # the checks above took a while on a loaded machine: one more backoff, then the
+            # spool drains. A bound on waiting, not a speed target.
+            free = os.statvfs(disk)
+            listing = {f.name: f.stat().st_size for f in disk.iterdir()}
+            wait_until(f"ingest resumed (free {free.f_bavail * free.f_frsize} B; {listing})",
+                       lambda: max(stored_seqs(db)) > last + 3, 180, *logs)  # fmt: skip
             assert a.stop() == 0
             assert server.stop() == 0
         finally:
