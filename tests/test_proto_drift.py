@@ -91,6 +91,8 @@ def test_protos_follow_buf_style() -> None:
         "ListRuns",
         "ListTargets",
         "ForgetTarget",
+        "OpenWindow",
+        "SealWindow",
     }
     for enum in f.enum_types_by_name.values():
         prefix = _upper_snake(enum.name) + "_"
