@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -250,3 +251,54 @@ def test_harness_block_where_a_hook_stops_fails_and_seals_why(
     assert m.summary["statement"] == str(d / "r3.json.seal.json")
     step = [r for r in st["hooks"].values() if r["name"] == "step"]
     assert step and all(r["fired"] == r["steps"] > 0 for r in step)  # the step hook kept pace
+
+
+BENCH = """\
+import json, sys, time, urllib.request
+base, out = sys.argv[1], sys.argv[2]
+t0 = time.time()
+tokens = 0
+for i in range(2):
+    body = json.dumps({"model": sys.argv[3], "prompt": f"exec {i}", "max_tokens": 5,
+                       "logprobs": 1, "temperature": 0.0, "ignore_eos": True}).encode()
+    req = urllib.request.Request(base + "/v1/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        tokens += json.load(r)["usage"]["completion_tokens"]
+open(out, "w").write(json.dumps({"tokens": tokens, "s": time.time() - t0}))
+sys.exit(int(sys.argv[4]))
+"""
+
+
+def test_exec_wraps_a_real_benchmark_and_the_seal_verifies_offline(stack: Stack) -> None:
+    """`verifier exec` around a harness that sends real requests (with logprobs, so both hooks
+    fire on every decode step): exit 0, the verifier's signed seal held, and `verify-seal`
+    passes with the verifier's public key and the results file. The same harness exiting 7:
+    exit 7, the seal still written and verifiable."""
+    addr, d, server, _ = stack
+    # The module's earlier windows left run lp FAILing over the process's life (a hook stopped
+    # firing on purpose); this harness is judged under the half-rate policy, as lp_half is.
+    (d / "half.toml").write_text(HALF)
+    out = verifier_cli(
+        "run", "register", "lp_exec", "--policy", str(d / "half.toml"), "--verifier", addr
+    )
+    assert out.returncode == 0, out.stderr
+    ask(server, 1, logprobs=True)  # the gate needs a productive step before it can PASS
+    model = str(server.model)
+    (d / "bench.py").write_text(BENCH)
+    key = str(d / "db.sqlite3.signing.key.pub")
+    for code in (0, 7):
+        res = d / f"exec{code}.json"
+        out = verifier_cli(
+            "exec", "lp_exec", "--results", str(res), "--timeout", "60", "--verifier", addr,
+            "--", sys.executable, str(d / "bench.py"), server.base_url, str(res), model, str(code),
+        )  # fmt: skip
+        assert out.returncode == code, out.stdout + out.stderr
+        seal = d / f"exec{code}.json.seal.json"
+        st = seal_content(seal.read_text())
+        assert st["held"] is True and st["findings"] == [], st["findings"]
+        (row,) = [r for r in st["hooks"].values() if r["name"] == "logprobs"]
+        assert row["fired"] == row["steps"] and abs(row["steps"] - 2 * 4) <= 1, row
+        check = verifier_cli("audit", "verify-seal", str(seal), "--key", key,
+                             "--results", str(res), "--json")  # fmt: skip
+        assert check.returncode == 0, check.stdout + check.stderr

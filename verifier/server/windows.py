@@ -100,13 +100,16 @@ class Windows:
         )
         return Judged(run, verdict, tracked, fresh)
 
-    def _wait(self, name: str, timeout_s: float, *, stop_on_fail: bool) -> Judged:
-        """Judge NAME until every target reported after now (or TIMEOUT_S passed)."""
+    def _wait(self, name: str, timeout_s: float, *, decided: bool) -> Judged:
+        """Judge NAME until every target reported after now (or TIMEOUT_S passed). DECIDED:
+        and until the verdict on that evidence is PASS or FAIL (an open waits out PENDING; a
+        seal takes the first verdict on fresh evidence, whatever it is)."""
         since = clock.boot_s()
         deadline = time.monotonic() + min(timeout_s, MAX_TIMEOUT_S)
         while True:
             j = self._judge(name, since)
-            if j.fresh and (j.verdict.verdict == Verdict.PASS or stop_on_fail):
+            final = j.verdict.verdict in (Verdict.PASS, Verdict.FAIL)
+            if j.fresh and (final or not decided):
                 return j
             if time.monotonic() >= deadline:
                 return j
@@ -155,7 +158,7 @@ class Windows:
 
     # open ----------------------------------------------------------------------------------
     def open(self, req: wire.WindowOpening) -> wire.OpenedWindow:
-        j = self._wait(req.run, req.timeout_s, stop_on_fail=True)
+        j = self._wait(req.run, req.timeout_s, decided=True)
         v = j.verdict
         if v.verdict != Verdict.PASS or not j.fresh:
             why = f"run {req.run} is {v.verdict.value}: {pw.top_finding(v)}"
@@ -214,7 +217,7 @@ class Windows:
         from verifier.server.window_rows import AlreadySealed
 
         opened = json.loads(w.content_json)
-        j = self._wait(req.run, req.timeout_s, stop_on_fail=False)
+        j = self._wait(req.run, req.timeout_s, decided=False)
         rows, found = pw.pace(opened["hooks"], pw.hook_rows(j.verdict, self._keys(j)))
         if not j.fresh:
             found.insert(
