@@ -137,7 +137,10 @@ def measurement(
     from VERIFIER_TLS_CA / _CERT / _KEY / VERIFIER_TOKEN when set. Raises ``GateFailed`` when
     the window did not hold (after the seal is written)."""
     with VerifierClient(resolve(address), tls=client_tls(None, None, None, None)) as client:
-        opened = client.open_window(run, timeout_s)
+        try:
+            opened = client.open_window(run, timeout_s)
+        except CheckFailed as e:  # the run FAILs on fresh evidence: the block never runs
+            raise GateFailed(e.explain()) from None
         m = Measurement(run, opened)
         yield m
         if results is not None:
