@@ -507,3 +507,33 @@ def test_refused_open_is_named(verifier: V) -> None:
             c.open_window("r", 0.5)
         with pytest.raises(UsageError, match="no run named"):
             c.open_window("nope", 0.5)
+
+
+def test_verify_seal_checks_the_seal_against_a_checkpoint_kept_elsewhere(
+    verifier: V, stepper: Stepper, reporting: Daemon
+) -> None:
+    """--checkpoint: the seal's own note, or the earlier one its consistency proof starts
+    from, verifies; a note of that size with another root (a forked history, signed with the
+    verifier's own key) is named as a fork; one the seal has no proof from is 'not checked'."""
+    v = verifier
+    results = v.tmp / "results.json"
+    seal = open_and_seal(v, stepper, results)
+    doc, _ = payload(seal)
+    assert doc["consistency"] is not None, "an earlier checkpoint was signed at start"
+    same, older = v.tmp / "same.note", v.tmp / "older.note"
+    same.write_text(doc["checkpoint"])
+    older.write_text(doc["consistency"]["note"])
+    for kept, says in ((same, "is the one kept elsewhere"), (older, "extends the one kept")):
+        code, r = verify_seal(v, seal, "--checkpoint", str(kept))
+        assert code == 0 and any(says in c for c in r["checks"]), r
+    key = keys.load_private_key(v.server.key_path)
+    size = note.verify(doc["consistency"]["note"], key.public_key()).size
+    forked = v.tmp / "forked.note"
+    forked.write_text(note.sign_checkpoint(key, size, b"\x01" * 32))
+    code, r = verify_seal(v, seal, "--checkpoint", str(forked))
+    assert code == 1 and "forked" in " ".join(r["problems"]), r
+    if size > 1:
+        other = v.tmp / "other.note"
+        other.write_text(note.sign_checkpoint(key, size - 1, b"\x02" * 32))
+        code, r = verify_seal(v, seal, "--checkpoint", str(other))
+        assert code == 0 and any("consistency with --checkpoint" in n for n in r["not_checked"])
