@@ -283,6 +283,16 @@ def test_a_held_window_is_sealed_signed_ledgered_and_every_edit_of_the_seal_is_c
     # Not a seal at all: exit 3.
     (v.tmp / "h.json").write_text("not json")
     assert verify_seal(v, v.tmp / "h.json")[0] == 3
+    # The stored seal edited in the database (held flipped, findings emptied): the ledger's
+    # seal entry no longer matches it.
+    store = Store(v.db)
+    try:
+        store._tx([("UPDATE seals SET content_json = replace(content_json, '\"held\":true', "
+                    "'\"held\":false')", ())])  # fmt: skip
+        check = store.verify_ledger()
+        assert not check.ok and "the stored seal was changed" in str(check.problem), check
+    finally:
+        store.close()
 
 
 def test_the_window_file_is_not_trust_bearing(
