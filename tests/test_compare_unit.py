@@ -1,5 +1,6 @@
 """The arithmetic under `verifier compare` (verifier/measure/compare.py) and the measurement
-window's pace check (verifier/client/window.py ``pace``), on hand-made numbers: the noise
+window's pace check (verifier/policy/window.py ``pace``, which the verifier runs when it seals a
+window), on hand-made numbers: the noise
 floor from replicate boots, one boot per arm (floor unknown), differences beyond and within
 the floor; fires and judged steps during a window, lag, no steps, a restarted process."""
 
@@ -12,17 +13,19 @@ from pathlib import Path
 
 import pytest
 
-from verifier.client.window import (
+from verifier import wire
+from verifier.client.window import load_window, save_window
+from verifier.errors import ConfigError
+from verifier.measure import compare as C
+from verifier.model import HookCount, ProcessKey, RunVerdict, TargetVerdict, Verdict
+from verifier.policy.window import (
     WINDOW_HOOK_LAGGED,
     WINDOW_NO_STEPS,
     WINDOW_PROCESS_CHANGED,
-    load_start,
-    pace,
-    save_start,
+    WindowFinding,
+    hook_rows,
 )
-from verifier.errors import ConfigError
-from verifier.measure import compare as C
-from verifier.model import HookCount, RunVerdict, TargetVerdict, Verdict
+from verifier.policy.window import pace as pace_rows
 
 M = "tokens_per_s"
 
@@ -178,6 +181,12 @@ def rv(*hooks: HookCount, verdict: Verdict = Verdict.PASS) -> RunVerdict:
     return RunVerdict("r", "digest", verdict, (t,), (), 0.0)
 
 
+def pace(
+    start: RunVerdict, end: RunVerdict, keys: dict[tuple[str, int], ProcessKey] | None = None
+) -> tuple[dict[str, dict[str, object]], list[WindowFinding]]:
+    return pace_rows(hook_rows(start, keys or {}), hook_rows(end, keys or {}))
+
+
 def test_pace_counts_only_what_happened_during_the_window() -> None:
     rows, found = pace(rv(hc(100, 100)), rv(hc(130, 130)))
     assert found == []
@@ -222,17 +231,26 @@ def test_pace_judges_each_hook_and_process_on_its_own_counts() -> None:
     ]
 
 
-def test_a_window_file_round_trips_and_an_older_one_is_named(tmp_path: Path) -> None:
-    """A window's start is saved in the one JSON form of a verdict and read back whole; a file
-    from before that form (window 1) gets a clear error, not a field-by-field complaint."""
-    start = rv(hc(8, 8), hc(3, 9, pid=8, min_fires=0.5))
+def test_pace_names_a_process_restarted_under_the_same_pid() -> None:
+    """pid reuse: the same pid with another start time is another process (its counters
+    restarted), never a window that 'kept pace' on the difference."""
+    before = hook_rows(rv(hc(100, 100)), {("t", 7): ProcessKey("b", 7, 1000)})
+    after = hook_rows(rv(hc(130, 130)), {("t", 7): ProcessKey("b", 7, 2000)})
+    rows, found = pace_rows(before, after)
+    assert rows == {}
+    assert [f.id for f in found] == [WINDOW_PROCESS_CHANGED, WINDOW_PROCESS_CHANGED]
+
+
+def test_a_window_file_holds_only_the_id_and_an_older_one_is_named(tmp_path: Path) -> None:
+    """The window file is not trust-bearing: an id, the run and the verifier's address; a
+    client-side window file of an older verifier (1, 2) gets a clear error."""
     path = tmp_path / "w.json"
-    save_start(path, start)
-    assert load_start(path)[1] == start
-    assert json.loads(path.read_text())["window"] == 2
-    path.write_text(json.dumps({"window": 1, "opened_unix": 1.0, "verdict": {"run": "r"}}))
-    with pytest.raises(ConfigError, match=r"older verifier .* open the window again"):
-        load_start(path)
-    path.write_text(json.dumps({"window": 2, "opened_unix": 1.0, "verdict": {"run": "r"}}))
-    with pytest.raises(ConfigError, match=r"verdict\.policy_digest: required, but absent"):
-        load_start(path)
+    opened = wire.OpenedWindow("ab" * 16, "r", "d", 1.0, 5, "0" * 64)
+    save_window(path, "unix:/v.sock", opened)
+    got = load_window(path)
+    assert (got["window_id"], got["run"], got["verifier"]) == ("ab" * 16, "r", "unix:/v.sock")
+    assert "verdict" not in got and "hooks" not in got
+    for old in (1, 2):
+        path.write_text(json.dumps({"window": old, "opened_unix": 1.0, "verdict": {"run": "r"}}))
+        with pytest.raises(ConfigError, match=r"older verifier .* open the window again"):
+            load_window(path)

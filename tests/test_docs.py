@@ -49,6 +49,7 @@ def test_readme_synopses_of_the_newer_commands_match_their_help() -> None:
     shown = {
         "window": ["--out", "--timeout"],
         "seal": ["--window", "--results"],
+        "exec": ["--results", "--timeout"],
         "sample": ["--pid", "--seconds", "--out"],
         "compare": ["--vs"],
         "diff": [],

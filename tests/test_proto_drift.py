@@ -91,6 +91,8 @@ def test_protos_follow_buf_style() -> None:
         "ListRuns",
         "ListTargets",
         "ForgetTarget",
+        "OpenWindow",
+        "SealWindow",
     }
     assert {m.name for m in f.services_by_name["AuditService"].methods} == {
         "AuditServed",

@@ -33,9 +33,10 @@ class ExitCode(IntEnum):
     FAILED = (
         1,
         "a check ran and failed",
-        "`wait`: the run FAILed; `status`: some run FAILs; `seal`: the window did not hold; "
-        "`diff`: the two differ; `sample`: no step ran; `audit verify`: the ledger does not "
-        "match",
+        "`wait`: the run FAILed; `status`: some run FAILs; `seal`, `exec`: the window did not "
+        "hold (`exec`: or the command's own nonzero code); `diff`: the two differ; `sample`: "
+        "no step ran; `audit verify`: the ledger does not match; `audit verify-seal`: the seal "
+        "does not verify, or its window did not hold",
     )
     USAGE = 2, "usage: bad arguments, or a pid that is not a Python process"
     CONFIG = 3, "start-up or configuration error"

@@ -10,7 +10,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from verifier._cli import audit_anchor_cmd
+from verifier._cli import audit_anchor_cmd, audit_seal_cmd
 from verifier._cli._audit_db import DB_HELP
 from verifier._cli._audit_db import open_ro as _open
 from verifier._cli.audit_remote import add_remote_options, run_remote, wants_remote
@@ -82,6 +82,7 @@ def add_parser(sub: Any) -> None:
     v.add_argument("--json", action="store_true", help="machine-readable result")
     v.set_defaults(handler=run_verify)
     audit_anchor_cmd.add_actions(acts)
+    audit_seal_cmd.add_actions(acts)
     x = acts.add_parser(
         "export",
         help="write a signed bundle (in-toto statements in DSSE envelopes) for offline audit",

@@ -13,6 +13,7 @@ from verifier._cli import (
     certs_cmd,
     compare_cmd,
     diff_cmd,
+    exec_cmd,
     inspect_cmd,
     keygen_cmd,
     policy_cmd,
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     status_cmd.add_parser(sub)
     target_cmd.add_parser(sub)
     window_cmd.add_parser(sub)
+    exec_cmd.add_parser(sub)
     compare_cmd.add_parser(sub)
     audit_cmd.add_parser(sub)
     keygen_cmd.add_parser(sub)
@@ -55,7 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)  # exits 2 with a usage line on bad arguments
+    # exits 2 with a usage line on bad arguments; a command that runs another (`exec`) takes
+    # everything after its `--` as that command's own arguments
+    args, rest = parser.parse_known_args(argv)
+    if rest:
+        if not getattr(args, "takes_command", False) or rest[0] != "--":
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        args.command_argv = rest[1:]
     from verifier import _logging
 
     _logging.configure(args.verbose)

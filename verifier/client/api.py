@@ -16,6 +16,7 @@ from verifier.errors import (
     ConfigError,
     Error,
     NotAuthorized,
+    TimeoutError_,
     UnavailableError,
     UsageError,
 )
@@ -96,6 +97,32 @@ class VerifierClient:
     def list_targets(self) -> tuple[wire.TargetStatus, ...]:
         resp = self._call(self.stub.ListTargets, pb.ListTargetsRequest())
         return wire.list_targets_response_from_pb(resp)
+
+    # measurement windows: the verifier waits up to TIMEOUT_S itself, so the call may take
+    # that long (the deadline leaves it room to answer)
+    def _window_call(self, fn: Callable[..., T], request: Any, timeout_s: float) -> T:
+        try:
+            return fn(request, timeout=timeout_s + self.timeout_s)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                details = e.details() or ""
+                if "timed out" in details:
+                    raise TimeoutError_(details) from None
+                raise CheckFailed(details) from None
+            raise _translate(self.address, e, self.tls) from None
+
+    def open_window(self, run: str, timeout_s: float) -> wire.OpenedWindow:
+        """Open a window on RUN (operator or harness role): TimeoutError_ (exit 5) when it
+        does not PASS on fresh evidence within TIMEOUT_S, CheckFailed (exit 1) on a FAIL."""
+        req = wire.open_window_request_to_pb(wire.WindowOpening(run, timeout_s))
+        resp = self._window_call(self.stub.OpenWindow, req, timeout_s)
+        return wire.open_window_response_from_pb(resp)
+
+    def seal_window(self, sealing: wire.WindowSealing) -> wire.SealedWindow:
+        """Seal a window: the signed seal document, held or not."""
+        req = wire.seal_window_request_to_pb(sealing)
+        resp = self._window_call(self.stub.SealWindow, req, sealing.timeout_s)
+        return wire.seal_window_response_from_pb(resp)
 
     def forget_target(self, target: str) -> wire.TargetStatus:
         """Retire TARGET (operator role); UsageError (NOT_FOUND) when the verifier has none."""

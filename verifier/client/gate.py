@@ -5,20 +5,20 @@
     with measurement("my-run", address="127.0.0.1:50551", timeout_s=120,
                      results=Path("results.json")) as m:
         write_results(run_benchmark())        # inside the block: the measured window
-    # m.summary: verdicts, every hook's fires next to its steps during the block;
-    # results.json.seal.json: the statement binding the results' sha256 to that evidence
+    # m.summary: held, verdicts, every hook's fires next to its steps during the block;
+    # results.json.seal.json: the verifier's signed seal binding the results' sha256 to it
 
 ``wait_for`` raises ``GateFailed`` (exit 1) on FAIL and ``TimeoutError_`` (exit 5) on timeout;
-an unreachable verifier raises ``UnavailableError`` (exit 4). The block is a measurement
-window (``verifier.client.window``): on leaving it the run is checked again, on evidence received
-after the block ended; it must still PASS, and every hook must have kept pace with the steps
-it is judged on during the block, or ``GateFailed`` is raised (after the statement, if any,
-is written).
+an unreachable verifier raises ``UnavailableError`` (exit 4). ``measurement`` is a window
+the verifier opens and seals itself (``OpenWindow``/``SealWindow``, judged from its own stored
+reports): on leaving the block the run must still PASS on evidence received after the block
+ended, and every hook must have kept pace with the steps it is judged on during the block, or
+``GateFailed`` is raised (after the signed seal, if any, is written).
 """
 
 from __future__ import annotations
 
-import json
+import hashlib
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from verifier import wire
 from verifier.client.address import resolve
 from verifier.client.api import VerifierClient
-from verifier.client.window import fresh_status, is_fresh, pace, statement
+from verifier.client.window import is_fresh, seal, seal_content
 from verifier.errors import CheckFailed, TimeoutError_
 from verifier.model import RunVerdict, Severity, Verdict
 from verifier.security.tls import client_tls
@@ -114,9 +115,12 @@ def hook_counts(verdict: RunVerdict) -> dict[str, dict[str, int]]:
 @dataclass
 class Measurement:
     run: str
-    before: RunVerdict
-    after: RunVerdict | None = None
+    window: wire.OpenedWindow
+    sealed: wire.SealedWindow | None = None
     summary: dict[str, Any] = field(default_factory=dict)
+
+
+NO_RESULTS_SHA256 = hashlib.sha256(b"").hexdigest()
 
 
 @contextmanager
@@ -126,39 +130,46 @@ def measurement(
     timeout_s: float = 120.0,
     results: Path | None = None,
 ) -> Iterator[Measurement]:
-    """Wait for RUN to PASS, run the block, then seal the block as a measurement window
-    (RESULTS, when given, must exist by then: its statement is written beside it). TLS and
-    token come from VERIFIER_TLS_CA / _CERT / _KEY / VERIFIER_TOKEN when set."""
+    """Open a window on RUN (the verifier waits for a PASS on fresh evidence), run the block,
+    then have the verifier seal it. RESULTS, when given, must exist by then: the signed seal
+    binds its sha256 and is written beside it (RESULTS.seal.json); without it the seal binds
+    the empty string's digest and is kept in ``summary["seal_json"]``. TLS and token come
+    from VERIFIER_TLS_CA / _CERT / _KEY / VERIFIER_TOKEN when set. Raises ``GateFailed`` when
+    the window did not hold (after the seal is written)."""
     with VerifierClient(resolve(address), tls=client_tls(None, None, None, None)) as client:
-        t0 = time.time()
-        before = wait_for(client, run, timeout_s, fresh=True)
-        m = Measurement(run, before)
+        try:
+            opened = client.open_window(run, timeout_s)
+        except CheckFailed as e:  # the run FAILs on fresh evidence: the block never runs
+            raise GateFailed(e.explain()) from None
+        m = Measurement(run, opened)
         yield m
-        t1 = time.time()
-        after = fresh_status(client, run, timeout_s)
-        m.after = after
-        rows, found = pace(before, after)
-        m.summary = {
-            "run": run,
-            "policy_digest": after.policy_digest,
-            "window_unix": [t0, t1],
-            "verdict_before": before.verdict.value,
-            "verdict_after": after.verdict.value,
-            "hooks_during_block": rows,
-            "findings": [{"id": f.id, "message": f.message} for f in found],
-        }
         if results is not None:
-            body, _ = statement(run, t0, before, after, results)
-            out = results.with_name(results.name + ".seal.json")
-            out.write_text(json.dumps(body, indent=2) + "\n")
-            m.summary["statement"] = str(out)
-        if after.verdict != Verdict.PASS:
-            raise GateFailed(
-                f"run {run} is {after.verdict.value} after the block: {first_reason(after)}", after
+            sealed, content, path = seal(client, opened.window_id, run, results, timeout_s)
+            m.summary["statement"] = str(path)
+        else:
+            sealing = wire.WindowSealing(
+                opened.window_id, run, NO_RESULTS_SHA256, 0, "-", timeout_s
             )
-        if found:
+            sealed = client.seal_window(sealing)
+            content = seal_content(sealed.seal_json)
+            m.summary["seal_json"] = sealed.seal_json
+        m.sealed = sealed
+        m.summary.update(
+            {
+                "run": run,
+                "window_id": opened.window_id,
+                "policy_digest": content["policy_digest"],
+                "window_unix": [content["opened_unix"], content["sealed_unix"]],
+                "verdict_before": content["verdict_at_open"],
+                "verdict_after": content["verdict_at_seal"],
+                "held": sealed.held,
+                "hooks_during_block": content["hooks"],
+                "findings": [{"id": f["id"], "message": f["message"]} for f in content["findings"]],
+            }
+        )
+        if not sealed.held:
+            found = content["findings"]
             raise GateFailed(
-                f"liveness did not hold during the block: {found[0].message}"
-                + (f" (+{len(found) - 1} more)" if len(found) > 1 else ""),
-                after,
+                f"the window did not hold: {found[0]['message'] if found else 'no reason'}"
+                + (f" (+{len(found) - 1} more)" if len(found) > 1 else "")
             )

@@ -1,6 +1,8 @@
 """The audit ledger: an append-only hash chain over everything the verifier stores.
 
-Every run (with its policy), manifest, report, recorded verdict, target expired or forgotten
+Every run (with its policy), manifest, report, recorded verdict, target expired or forgotten,
+measurement window opened and sealed (``window``, ``seal``: their content is canonical JSON,
+:func:`canonical`, so an offline check recomputes the subject from a signed seal's statement)
 and batch of request bindings
 (:mod:`verifier.ledger.bindings`, which this module reads and which never imports it) gets one
 ledger entry in the same transaction that stores it: ``(seq, at, kind, ref, subject, prev,
@@ -25,7 +27,7 @@ from verifier.ledger import bindings
 from verifier.ledger.interface import Database
 
 GENESIS = "0" * 64
-KINDS = ("run", "manifest", "report", "verdict", "bindings", "target")
+KINDS = ("run", "manifest", "report", "verdict", "bindings", "target", "window", "seal")
 
 
 def sha(*parts: object) -> str:
@@ -95,6 +97,22 @@ def bindings_subject(
     return sha("bindings", ref, target, received, spans_sha256, ids_sha256)
 
 
+def canonical(obj: object) -> str:
+    """The one JSON text of a window's or seal's content (sorted keys, compact): what is
+    stored, and what an offline check re-serialises from a statement to recompute a subject."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def window_subject(content_json: str) -> str:
+    """A measurement window the verifier opened (ref: its id)."""
+    return sha("window", content_json)
+
+
+def seal_subject(content_json: str) -> str:
+    """A window's seal (ref: the window's id): results digest, held, findings, evidence."""
+    return sha("seal", content_json)
+
+
 def append(db: Database, at: float, kind: str, ref: str, subject: str) -> str:
     """Append one entry; call inside the transaction that stores its content. Its hash."""
     last = db.execute("SELECT seq, hash FROM ledger ORDER BY seq DESC LIMIT 1").fetchone()
@@ -134,6 +152,14 @@ def _contents(db: Database) -> Iterator[tuple[str, str, str, float]]:
     ):
         subject = target_subject(target, at, event, by, agent, int(seq))
         yield "target", target_ref(target, at), subject, at
+    for wid, at, content_json in db.execute(
+        "SELECT id, opened_unix, content_json FROM windows ORDER BY rowid"
+    ):
+        yield "window", str(wid), window_subject(content_json), at
+    for wid, at, content_json in db.execute(
+        "SELECT window_id, sealed_unix, content_json FROM seals ORDER BY rowid"
+    ):
+        yield "seal", str(wid), seal_subject(content_json), at
     for ref, target, received, spans, ids in bindings.stored_batches(db):
         yield "bindings", ref, bindings_subject(ref, target, received, spans, ids), received
 

@@ -10,6 +10,9 @@ Predicate types (URIs in the project's namespace, versioned):
 - :data:`CHECKPOINT`: the ledger's Merkle tree head at a size, signed by the verifier.
 - :data:`RUNTIME_EVIDENCE`: what a stored report (or run, manifest, request binding batch)
   says, bound to its ledger entry.
+- :data:`MEASUREMENT_WINDOW`: a results file (the subject) produced inside a window the
+  verifier opened and sealed: a gate decision (below) over the window, with the window's and
+  the seal's ledger contents and range (:mod:`verifier.ledger.seal`).
 - :data:`GATE_DECISION`: a verdict, in the shape of a SLSA Verification Summary: who verified,
   when, against which policy digest, which run, with which result.
 
@@ -31,7 +34,8 @@ NAMESPACE = "https://verifier.dev"
 RUNTIME_EVIDENCE = f"{NAMESPACE}/runtime-evidence/v1"
 GATE_DECISION = f"{NAMESPACE}/gate-decision/v1"
 CHECKPOINT = f"{NAMESPACE}/checkpoint/v1"
-PREDICATE_TYPES = (RUNTIME_EVIDENCE, GATE_DECISION, CHECKPOINT)
+MEASUREMENT_WINDOW = f"{NAMESPACE}/measurement-window/v1"
+PREDICATE_TYPES = (RUNTIME_EVIDENCE, GATE_DECISION, CHECKPOINT, MEASUREMENT_WINDOW)
 RESULTS = ("PASS", "FAIL", "PENDING", "STALE")
 
 

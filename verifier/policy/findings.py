@@ -30,6 +30,13 @@ from verifier.model import (
     EVIDENCE_PROBE_UNBOUND,
     Severity,
 )
+from verifier.policy.window import (
+    WINDOW_HOOK_LAGGED,
+    WINDOW_NO_FRESH_EVIDENCE,
+    WINDOW_NO_STEPS,
+    WINDOW_NOT_PASS,
+    WINDOW_PROCESS_CHANGED,
+)
 
 # Finding ids. Stable: tools and people match on them.
 EVIDENCE_STALE = "evidence.stale"
@@ -352,5 +359,34 @@ FINDINGS: dict[str, FindingKind] = {
     ),
     PATCH_NOT_APPLIED: FindingKind(
         Severity.ERROR, "", "a [[patches]] file was loaded with its published bytes"
+    ),
+    # Produced when the verifier seals a measurement window (policy/window.py, judged over the
+    # window from its stored reports); each makes the window not hold (held false, signed).
+    WINDOW_NOT_PASS: FindingKind(
+        Severity.ERROR, "", "the run does not PASS at the window's seal (the verdict's top finding)"
+    ),
+    WINDOW_NO_STEPS: FindingKind(
+        Severity.ERROR,
+        "",
+        "no step of the kind a hook is judged on ran during the window: an idle window proves "
+        "nothing",
+    ),
+    WINDOW_HOOK_LAGGED: FindingKind(
+        Severity.ERROR,
+        "",
+        "a hook fired fewer than its minimum per judged step during the window (fires and steps "
+        "at the seal minus those at the open, in that process)",
+    ),
+    WINDOW_PROCESS_CHANGED: FindingKind(
+        Severity.ERROR,
+        "",
+        "a process at the window's seal was not there at its open, or one at the open is gone "
+        "(same pid with another start time is another process)",
+    ),
+    WINDOW_NO_FRESH_EVIDENCE: FindingKind(
+        Severity.ERROR,
+        "",
+        "some target did not report after the seal began, within its timeout: nothing shows "
+        "the processes at the window's end",
     ),
 }

@@ -7,7 +7,8 @@ sha256, a name, a role and, for an agent, its targets). Then:
 * ``Hello`` / ``Report``: an agent identity (targets) whose name is the agent id it reports
   as, reporting only for its own targets;
 * ``RegisterRun``: the ``operator`` role;
-* ``GetRunStatus`` / ``ListRuns``: ``operator``, ``harness`` or ``auditor``.
+* ``GetRunStatus`` / ``ListRuns``: ``operator``, ``harness`` or ``auditor``;
+* ``OpenWindow`` / ``SealWindow`` (measurement windows): ``operator`` or ``harness``.
 
 Without TLS (insecure mode) there is no certificate and no token. Plaintext TCP, loopback
 included, is never authenticated: evidence over it counts as nobody's (``evidence.unauthenticated``

@@ -191,7 +191,7 @@ class VerifierServer:
             self.store.close()
             raise
         self.service = VerifierService(
-            self.store, config.report_interval_s, auth, config.target_expiry_s
+            self.store, config.report_interval_s, auth, config.target_expiry_s, self._key
         )
         self.health = health.HealthServicer()
         opts = list(wire.GRPC_OPTIONS)

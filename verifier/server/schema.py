@@ -1,7 +1,9 @@
 """The verifier's tables, once per dialect (same columns; types differ).
 
 Content tables (covered by the ledger): ``runs``, ``manifests``, ``reports``, ``verdicts``,
-``target_events`` (a target expired or forgotten), ``binding_batches`` with their rows in
+``target_events`` (a target expired or forgotten), ``windows`` and ``seals`` (measurement
+windows the verifier opened and sealed: canonical JSON content, ``chain.canonical``),
+``binding_batches`` with their rows in
 ``bindings`` and ``request_ids``, and ``checkpoints`` (signed, covering the ledger itself).
 Index tables (derived from the content, rebuilt from it,
 not in the ledger): ``blobs`` and ``paths`` (each file hash and each path stored once, however
@@ -123,6 +125,21 @@ CREATE TABLE IF NOT EXISTS target_events (
     last_seq BIGINT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS target_events_by_target ON target_events (target);
+CREATE TABLE IF NOT EXISTS windows (
+    {rowid}
+    id TEXT PRIMARY KEY,
+    run TEXT NOT NULL,
+    opened_unix {real} NOT NULL,
+    content_json TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS seals (
+    {rowid}
+    window_id TEXT PRIMARY KEY,
+    run TEXT NOT NULL,
+    sealed_unix {real} NOT NULL,
+    content_json TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ledger_by_ref ON ledger (kind, ref);
 CREATE TABLE IF NOT EXISTS blobs (
     id {serial},
     sha256 TEXT NOT NULL UNIQUE

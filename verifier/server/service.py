@@ -10,7 +10,7 @@ import dataclasses
 import secrets
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
 import structlog
@@ -27,6 +27,10 @@ from verifier.server.evaluate import Evaluator, Tracked
 from verifier.server.index import processes_seen
 from verifier.server.metrics import VerifierMetrics
 from verifier.server.store import RunExists, RunRecord, Store, StoredReport, UnknownRun
+from verifier.server.windows import WindowError, Windows
+
+if TYPE_CHECKING:
+    from verifier.ledger.keys import Ed25519PrivateKey
 
 log = structlog.get_logger("verifier.serve")
 REPORT_INTERVAL_S = 0.5  # keeps gate latency under 1 s (BENCHMARKS.md)
@@ -44,6 +48,14 @@ def verdict_detail(v: RunVerdict) -> dict[str, Any]:
 
 
 OPERATOR = frozenset({"operator"})
+WINDOW_ROLES = frozenset({"operator", "harness"})  # auditors read; they do not measure
+_WINDOW_CODES = {
+    "not_found": grpc.StatusCode.NOT_FOUND,
+    "invalid": grpc.StatusCode.INVALID_ARGUMENT,
+    "exists": grpc.StatusCode.ALREADY_EXISTS,
+    "refused": grpc.StatusCode.FAILED_PRECONDITION,
+    "timeout": grpc.StatusCode.FAILED_PRECONDITION,  # the message says "timed out"
+}
 # A target silent this long is expired: in no run's verdict, recorded in the ledger.
 DEFAULT_TARGET_EXPIRY_S = 3600.0
 
@@ -67,6 +79,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         report_interval_s: float = REPORT_INTERVAL_S,
         auth: Authorizer | None = None,
         target_expiry_s: float = DEFAULT_TARGET_EXPIRY_S,
+        signing_key: Ed25519PrivateKey | None = None,
     ) -> None:
         self.store = store
         self.target_expiry_s = target_expiry_s
@@ -78,6 +91,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         self._known: set[str] = set()  # manifest digests already stored
         self.dirty = threading.Event()  # new evidence: the history keeper re-evaluates
         self.metrics = VerifierMetrics(store.ledger_size)
+        self.windows = Windows(store, self.evaluator, signing_key)  # server/windows.py
 
     # agents ----------------------------------------------------------------------------
     def Hello(self, request: pb.HelloRequest, context: grpc.ServicerContext) -> pb.HelloResponse:
@@ -330,3 +344,37 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
             self.metrics.verdict(run.name, verdict.verdict.value)
             if self.store.record_verdict(run.name, verdict.verdict.value, verdict_detail(verdict)):
                 log.info("verdict", run=run.name, verdict=verdict.verdict.value)
+
+    # measurement windows (server/windows.py) -----------------------------------------------
+    @staticmethod
+    def _window_abort(context: grpc.ServicerContext, e: WindowError) -> NoReturn:
+        context.abort(_WINDOW_CODES[e.kind], e.message)
+        raise AssertionError("unreachable")  # context.abort raises
+
+    def OpenWindow(
+        self, request: pb.OpenWindowRequest, context: grpc.ServicerContext
+    ) -> pb.OpenWindowResponse:
+        self.auth.require_role(context, WINDOW_ROLES)
+        try:
+            req = wire.open_window_request_from_pb(request)
+            opened = self.windows.open(req)
+        except wire.WireError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed window request: {e}")
+        except WindowError as e:
+            self._window_abort(context, e)
+        self.dirty.set()
+        return wire.open_window_response_to_pb(opened)
+
+    def SealWindow(
+        self, request: pb.SealWindowRequest, context: grpc.ServicerContext
+    ) -> pb.SealWindowResponse:
+        self.auth.require_role(context, WINDOW_ROLES)
+        try:
+            req = wire.seal_window_request_from_pb(request)
+            sealed = self.windows.seal(req)
+        except wire.WireError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed seal request: {e}")
+        except WindowError as e:
+            self._window_abort(context, e)
+        self.dirty.set()
+        return wire.seal_window_response_to_pb(sealed)

@@ -36,8 +36,10 @@ from verifier.server.index import (
 
 if TYPE_CHECKING:  # signing needs `cryptography`, imported only when a key is used
     from verifier.ledger import merkle
+    from verifier.ledger.bundle import LedgerEntry
     from verifier.ledger.checkpoints import Checkpoint
     from verifier.ledger.keys import Ed25519PrivateKey
+    from verifier.server import window_rows
 
 RUN_COLUMNS = "name, policy_toml, policy_digest, source, created_unix"
 TARGET_EVENTS = ("expired", "forgotten")
@@ -163,6 +165,50 @@ class Store:
             self._frontier = None  # re-derived, and the stored checkpoints checked, next time
             raise
         return out[0]
+
+    # measurement windows (server/windows.py; rows and proofs: server/window_rows.py) -------
+    def record_window(
+        self, wid: str, run: str, at: float, content: dict[str, Any]
+    ) -> tuple[LedgerEntry, str]:
+        """Store and ledger window WID; CONTENT gets the ledger's size at open. (Its entry,
+        the content as stored.)"""
+        from verifier.server import window_rows  # signing's `cryptography`, only when used
+
+        out: list[tuple[LedgerEntry, str]] = []
+
+        def add(db: Database) -> None:
+            content["ledger_size_at_open"] = window_rows.ledger_size(db)
+            text = chain.canonical(content)
+            out.append((window_rows.insert_window(db, wid, run, at, text), text))
+
+        self._tx([], add)
+        return out[0]
+
+    def record_seal(self, wid: str, run: str, at: float, content_json: str) -> LedgerEntry:
+        """Store and ledger the seal of window WID (``window_rows.AlreadySealed``: it has one)."""
+        from verifier.server import window_rows
+
+        out: list[LedgerEntry] = []
+        self._tx([], lambda db: out.append(window_rows.insert_seal(db, wid, run, at, content_json)))
+        return out[0]
+
+    def get_window(self, wid: str) -> window_rows.StoredWindow | None:
+        from verifier.server import window_rows
+
+        with self._lock:
+            return window_rows.get_window(self._db, wid)
+
+    def report_entry(self, agent_id: str, seq: int) -> tuple[int, str] | None:
+        from verifier.server import window_rows
+
+        with self._lock:
+            return window_rows.report_entry(self._db, agent_id, seq)
+
+    def seal_proofs(self, open_seq: int, seal_seq: int) -> window_rows.SealProofs | None:
+        from verifier.server import window_rows
+
+        with self._lock:
+            return window_rows.proofs(self._db, open_seq, seal_seq)
 
     def verify_ledger(self) -> chain.Verification:
         """Walk the audit ledger against the stored rows (see ``chain.verify``)."""

@@ -20,6 +20,7 @@ By message family:
 - :mod:`~verifier.wire.verdicts`: findings, hook counts, target and run verdicts
 - :mod:`~verifier.wire.runs`: the RPC envelopes (Hello, Report, RegisterRun, GetRunStatus,
   ListRuns) the servicer, the agent and the client use
+- :mod:`~verifier.wire.windows`: OpenWindow and SealWindow
 - :mod:`~verifier.wire.jsonform`: the one JSON form of a verdict and of a process report
 
 Callers import from here (``from verifier import wire``); the names below are the public
@@ -81,17 +82,35 @@ from verifier.wire.verdicts import (
     verdict_from_pb,
     verdict_to_pb,
 )
+from verifier.wire.windows import (
+    OpenedWindow,
+    SealedWindow,
+    WindowOpening,
+    WindowSealing,
+    open_window_request_from_pb,
+    open_window_request_to_pb,
+    open_window_response_from_pb,
+    open_window_response_to_pb,
+    seal_window_request_from_pb,
+    seal_window_request_to_pb,
+    seal_window_response_from_pb,
+    seal_window_response_to_pb,
+)
 
 __all__ = [
     "GRPC_OPTIONS",
     "MAX_MESSAGE_BYTES",
     "AgentHello",
     "HelloReply",
+    "OpenedWindow",
     "RegisteredRun",
     "ReportAck",
     "RunRegistration",
     "RunSummary",
+    "SealedWindow",
     "TargetStatus",
+    "WindowOpening",
+    "WindowSealing",
     "WireError",
     "finding_from_pb",
     "finding_to_pb",
@@ -111,6 +130,10 @@ __all__ = [
     "list_runs_response_to_pb",
     "list_targets_response_from_pb",
     "list_targets_response_to_pb",
+    "open_window_request_from_pb",
+    "open_window_request_to_pb",
+    "open_window_response_from_pb",
+    "open_window_response_to_pb",
     "process_from_json",
     "process_to_json",
     "register_run_request_from_pb",
@@ -129,6 +152,10 @@ __all__ = [
     "run_verdict_from_pb",
     "run_verdict_to_json",
     "run_verdict_to_pb",
+    "seal_window_request_from_pb",
+    "seal_window_request_to_pb",
+    "seal_window_response_from_pb",
+    "seal_window_response_to_pb",
     "severity_from_pb",
     "severity_to_pb",
     "target_verdict_from_pb",

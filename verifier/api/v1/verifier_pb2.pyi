@@ -863,3 +863,51 @@ class AuditConsistencyResponse(_message.Message):
     proof: _containers.RepeatedScalarFieldContainer[bytes]
     old_root: bytes
     def __init__(self, note: _Optional[str] = ..., proof: _Optional[_Iterable[bytes]] = ..., old_root: _Optional[bytes] = ...) -> None: ...
+
+class OpenWindowRequest(_message.Message):
+    __slots__ = ("run", "timeout_s")
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    run: str
+    timeout_s: float
+    def __init__(self, run: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class OpenWindowResponse(_message.Message):
+    __slots__ = ("window_id", "run", "policy_digest", "opened_unix", "ledger_seq", "ledger_hash")
+    WINDOW_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    POLICY_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    OPENED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_HASH_FIELD_NUMBER: _ClassVar[int]
+    window_id: str
+    run: str
+    policy_digest: str
+    opened_unix: float
+    ledger_seq: int
+    ledger_hash: str
+    def __init__(self, window_id: _Optional[str] = ..., run: _Optional[str] = ..., policy_digest: _Optional[str] = ..., opened_unix: _Optional[float] = ..., ledger_seq: _Optional[int] = ..., ledger_hash: _Optional[str] = ...) -> None: ...
+
+class SealWindowRequest(_message.Message):
+    __slots__ = ("window_id", "run", "results_sha256", "results_size", "results_name", "timeout_s")
+    WINDOW_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_SHA256_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_SIZE_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_NAME_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    window_id: str
+    run: str
+    results_sha256: str
+    results_size: int
+    results_name: str
+    timeout_s: float
+    def __init__(self, window_id: _Optional[str] = ..., run: _Optional[str] = ..., results_sha256: _Optional[str] = ..., results_size: _Optional[int] = ..., results_name: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class SealWindowResponse(_message.Message):
+    __slots__ = ("held", "seal_json")
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    SEAL_JSON_FIELD_NUMBER: _ClassVar[int]
+    held: bool
+    seal_json: str
+    def __init__(self, held: _Optional[bool] = ..., seal_json: _Optional[str] = ...) -> None: ...

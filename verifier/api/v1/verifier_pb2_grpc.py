@@ -70,6 +70,16 @@ class VerifierServiceStub:
                 request_serializer=verifier_dot_api_dot_v1_dot_verifier__pb2.ForgetTargetRequest.SerializeToString,
                 response_deserializer=verifier_dot_api_dot_v1_dot_verifier__pb2.ForgetTargetResponse.FromString,
                 _registered_method=True)
+        self.OpenWindow = channel.unary_unary(
+                '/verifier.api.v1.VerifierService/OpenWindow',
+                request_serializer=verifier_dot_api_dot_v1_dot_verifier__pb2.OpenWindowRequest.SerializeToString,
+                response_deserializer=verifier_dot_api_dot_v1_dot_verifier__pb2.OpenWindowResponse.FromString,
+                _registered_method=True)
+        self.SealWindow = channel.unary_unary(
+                '/verifier.api.v1.VerifierService/SealWindow',
+                request_serializer=verifier_dot_api_dot_v1_dot_verifier__pb2.SealWindowRequest.SerializeToString,
+                response_deserializer=verifier_dot_api_dot_v1_dot_verifier__pb2.SealWindowResponse.FromString,
+                _registered_method=True)
 
 
 class VerifierServiceServicer:
@@ -126,6 +136,26 @@ class VerifierServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenWindow(self, request, context):
+        """Open a measurement window on a run (operator or harness role): waits up to timeout_s for
+        every target to report again after the call arrived (the verifier's own clock) and
+        refuses (FAILED_PRECONDITION) unless the run PASSes on that evidence; on PASS records a
+        `window` ledger entry (the evidence per process it rests on) and returns its id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SealWindow(self, request, context):
+        """Seal a window (operator or harness role): waits for every target to report after the
+        call arrived, judges liveness over the window from the verifier's stored reports, records
+        a `seal` ledger entry (also when the window broke), signs a checkpoint covering it and
+        returns a DSSE envelope signed by the verifier's key with what an offline check needs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_VerifierServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -163,6 +193,16 @@ def add_VerifierServiceServicer_to_server(servicer, server):
                     servicer.ForgetTarget,
                     request_deserializer=verifier_dot_api_dot_v1_dot_verifier__pb2.ForgetTargetRequest.FromString,
                     response_serializer=verifier_dot_api_dot_v1_dot_verifier__pb2.ForgetTargetResponse.SerializeToString,
+            ),
+            'OpenWindow': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenWindow,
+                    request_deserializer=verifier_dot_api_dot_v1_dot_verifier__pb2.OpenWindowRequest.FromString,
+                    response_serializer=verifier_dot_api_dot_v1_dot_verifier__pb2.OpenWindowResponse.SerializeToString,
+            ),
+            'SealWindow': grpc.unary_unary_rpc_method_handler(
+                    servicer.SealWindow,
+                    request_deserializer=verifier_dot_api_dot_v1_dot_verifier__pb2.SealWindowRequest.FromString,
+                    response_serializer=verifier_dot_api_dot_v1_dot_verifier__pb2.SealWindowResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -355,6 +395,60 @@ class VerifierService:
             '/verifier.api.v1.VerifierService/ForgetTarget',
             verifier_dot_api_dot_v1_dot_verifier__pb2.ForgetTargetRequest.SerializeToString,
             verifier_dot_api_dot_v1_dot_verifier__pb2.ForgetTargetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenWindow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/verifier.api.v1.VerifierService/OpenWindow',
+            verifier_dot_api_dot_v1_dot_verifier__pb2.OpenWindowRequest.SerializeToString,
+            verifier_dot_api_dot_v1_dot_verifier__pb2.OpenWindowResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SealWindow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/verifier.api.v1.VerifierService/SealWindow',
+            verifier_dot_api_dot_v1_dot_verifier__pb2.SealWindowRequest.SerializeToString,
+            verifier_dot_api_dot_v1_dot_verifier__pb2.SealWindowResponse.FromString,
             options,
             channel_credentials,
             insecure,
