@@ -191,7 +191,12 @@ class VerifierServer:
             self.store.close()
             raise
         self.service = VerifierService(
-            self.store, config.report_interval_s, auth, config.target_expiry_s, self._key
+            self.store,
+            config.report_interval_s,
+            auth,
+            config.target_expiry_s,
+            self._key,
+            max_window_waits=max(1, config.workers // 2),  # the rest serve agents and reads
         )
         self.health = health.HealthServicer()
         opts = list(wire.GRPC_OPTIONS)

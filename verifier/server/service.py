@@ -27,7 +27,7 @@ from verifier.server.evaluate import Evaluator, Tracked
 from verifier.server.index import processes_seen
 from verifier.server.metrics import VerifierMetrics
 from verifier.server.store import RunExists, RunRecord, Store, StoredReport, UnknownRun
-from verifier.server.windows import WindowError, Windows
+from verifier.server.windows import MAX_WAITING, WindowError, Windows
 
 if TYPE_CHECKING:
     from verifier.ledger.keys import Ed25519PrivateKey
@@ -55,6 +55,8 @@ _WINDOW_CODES = {
     "exists": grpc.StatusCode.ALREADY_EXISTS,
     "refused": grpc.StatusCode.FAILED_PRECONDITION,
     "timeout": grpc.StatusCode.FAILED_PRECONDITION,  # the message says "timed out"
+    "busy": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "cancelled": grpc.StatusCode.CANCELLED,
 }
 # A target silent this long is expired: in no run's verdict, recorded in the ledger.
 DEFAULT_TARGET_EXPIRY_S = 3600.0
@@ -80,6 +82,8 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         auth: Authorizer | None = None,
         target_expiry_s: float = DEFAULT_TARGET_EXPIRY_S,
         signing_key: Ed25519PrivateKey | None = None,
+        *,
+        max_window_waits: int = MAX_WAITING,
     ) -> None:
         self.store = store
         self.target_expiry_s = target_expiry_s
@@ -91,7 +95,8 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         self._known: set[str] = set()  # manifest digests already stored
         self.dirty = threading.Event()  # new evidence: the history keeper re-evaluates
         self.metrics = VerifierMetrics(store.ledger_size)
-        self.windows = Windows(store, self.evaluator, signing_key)  # server/windows.py
+        # server/windows.py
+        self.windows = Windows(store, self.evaluator, signing_key, max_waiting=max_window_waits)
 
     # agents ----------------------------------------------------------------------------
     def Hello(self, request: pb.HelloRequest, context: grpc.ServicerContext) -> pb.HelloResponse:
@@ -357,7 +362,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         self.auth.require_role(context, WINDOW_ROLES)
         try:
             req = wire.open_window_request_from_pb(request)
-            opened = self.windows.open(req)
+            opened = self.windows.open(req, context.is_active)
         except wire.WireError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed window request: {e}")
         except WindowError as e:
@@ -371,7 +376,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         self.auth.require_role(context, WINDOW_ROLES)
         try:
             req = wire.seal_window_request_from_pb(request)
-            sealed = self.windows.seal(req)
+            sealed = self.windows.seal(req, context.is_active)
         except wire.WireError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed seal request: {e}")
         except WindowError as e:

@@ -47,11 +47,19 @@ if TYPE_CHECKING:
 log = structlog.get_logger("verifier.serve")
 POLL_S = 0.1
 MAX_TIMEOUT_S = 3600.0
+# At most this many open/seal calls wait at once by default: each holds a server worker while
+# it waits, and the agents' reports need workers too (app.py passes half its workers).
+MAX_WAITING = 4
+
+
+def _always() -> bool:
+    return True
 
 
 class WindowError(Exception):
     """A refused window call: KIND is ``not_found``, ``invalid``, ``exists``, ``refused``
-    (the run does not PASS) or ``timeout`` (no PASS on fresh evidence in time)."""
+    (the run does not PASS), ``timeout`` (no PASS on fresh evidence in time), ``busy`` (too
+    many calls waiting already) or ``cancelled`` (the caller went away while it waited)."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
@@ -74,8 +82,11 @@ class Windows:
         evaluator: Evaluator,
         key: Ed25519PrivateKey | None,
         on_checkpoint: Callable[[int], None] | None = None,
+        max_waiting: int = MAX_WAITING,
     ) -> None:
         self.store = store
+        self.max_waiting = max_waiting
+        self._waiting = threading.BoundedSemaphore(max_waiting)
         self.evaluator = evaluator
         self.key = key
         self.on_checkpoint = on_checkpoint
@@ -100,20 +111,35 @@ class Windows:
         )
         return Judged(run, verdict, tracked, fresh)
 
-    def _wait(self, name: str, timeout_s: float, *, decided: bool) -> Judged:
+    def _wait(
+        self, name: str, timeout_s: float, *, decided: bool, active: Callable[[], bool]
+    ) -> Judged:
         """Judge NAME until every target reported after now (or TIMEOUT_S passed). DECIDED:
         and until the verdict on that evidence is PASS or FAIL (an open waits out PENDING; a
-        seal takes the first verdict on fresh evidence, whatever it is)."""
-        since = clock.boot_s()
-        deadline = time.monotonic() + min(timeout_s, MAX_TIMEOUT_S)
-        while True:
-            j = self._judge(name, since)
-            final = j.verdict.verdict in (Verdict.PASS, Verdict.FAIL)
-            if j.fresh and (final or not decided):
-                return j
-            if time.monotonic() >= deadline:
-                return j
-            time.sleep(POLL_S)
+        seal takes the first verdict on fresh evidence, whatever it is). A worker waits here:
+        at most ``max_waiting`` calls at once (``busy`` beyond), and none after its caller
+        went away (ACTIVE false: ``cancelled``), so waiting calls cannot starve the agents."""
+        if not self._waiting.acquire(blocking=False):
+            raise WindowError(
+                "busy",
+                f"{self.max_waiting} window calls are waiting already (each holds a server "
+                "worker): try again when one is done",
+            )
+        try:
+            since = clock.boot_s()
+            deadline = time.monotonic() + min(timeout_s, MAX_TIMEOUT_S)
+            while True:
+                j = self._judge(name, since)
+                final = j.verdict.verdict in (Verdict.PASS, Verdict.FAIL)
+                if j.fresh and (final or not decided):
+                    return j
+                if time.monotonic() >= deadline:
+                    return j
+                if not active():
+                    raise WindowError("cancelled", "the caller went away while it waited")
+                time.sleep(POLL_S)
+        finally:
+            self._waiting.release()
 
     def _evidence(self, j: Judged, now_boot_s: float) -> list[dict[str, Any]]:
         """Per process of every judged target: the report it rests on and how it stood."""
@@ -157,8 +183,10 @@ class Windows:
         return list(unsafe_flags(pol)) if isinstance(pol, Policy) else []
 
     # open ----------------------------------------------------------------------------------
-    def open(self, req: wire.WindowOpening) -> wire.OpenedWindow:
-        j = self._wait(req.run, req.timeout_s, decided=True)
+    def open(
+        self, req: wire.WindowOpening, active: Callable[[], bool] = _always
+    ) -> wire.OpenedWindow:
+        j = self._wait(req.run, req.timeout_s, decided=True, active=active)
         v = j.verdict
         if v.verdict != Verdict.PASS or not j.fresh:
             why = f"run {req.run} is {v.verdict.value}: {pw.top_finding(v)}"
@@ -188,7 +216,9 @@ class Windows:
         return wire.OpenedWindow(wid, j.run.name, digest, opened, entry.seq, entry.hash)
 
     # seal ----------------------------------------------------------------------------------
-    def seal(self, req: wire.WindowSealing) -> wire.SealedWindow:
+    def seal(
+        self, req: wire.WindowSealing, active: Callable[[], bool] = _always
+    ) -> wire.SealedWindow:
         if self.key is None:
             raise WindowError("refused", "this verifier has no signing key: it cannot seal")
         w = self.store.get_window(req.window_id)
@@ -203,12 +233,14 @@ class Windows:
                 raise WindowError("exists", f"window {req.window_id} is already sealed")
             self._sealing.add(req.window_id)
         try:
-            return self._seal(req, w)
+            return self._seal(req, w, active)
         finally:
             with self._lock:
                 self._sealing.discard(req.window_id)
 
-    def _seal(self, req: wire.WindowSealing, w: StoredWindow) -> wire.SealedWindow:
+    def _seal(
+        self, req: wire.WindowSealing, w: StoredWindow, active: Callable[[], bool]
+    ) -> wire.SealedWindow:
         key = self.key
         if key is None:  # checked by seal(); narrows the type
             raise WindowError("refused", "this verifier has no signing key: it cannot seal")
@@ -217,7 +249,7 @@ class Windows:
         from verifier.server.window_rows import AlreadySealed
 
         opened = json.loads(w.content_json)
-        j = self._wait(req.run, req.timeout_s, decided=False)
+        j = self._wait(req.run, req.timeout_s, decided=False, active=active)
         rows, found = pw.pace(opened["hooks"], pw.hook_rows(j.verdict, self._keys(j)))
         if not j.fresh:
             found.insert(
