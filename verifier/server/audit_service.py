@@ -18,7 +18,7 @@ from verifier import wire
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
 from verifier.errors import CheckFailed, NotFound
-from verifier.ledger import merkle, note
+from verifier.ledger import checkpoints, merkle, note
 from verifier.ledger.bundle import dump, tree_from_db
 from verifier.ledger.export import answer
 from verifier.ledger.interface import Database
@@ -30,6 +30,22 @@ AUDIT_ROLES = frozenset({"auditor", "operator"})
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
 MAX_ANSWER_BYTES = wire.MAX_MESSAGE_BYTES - 64 * 1024  # room for the rest of the message
+
+
+class Rewritten(CheckFailed):
+    """The ledger no longer extends a checkpoint this verifier signed: nothing is signed."""
+
+
+def extends_what_was_signed(db: Database, key: Ed25519PrivateKey) -> None:
+    """Raise :class:`Rewritten` unless every stored checkpoint still holds over the ledger as
+    it is, signed by KEY. Every note and bundle this service signs is a fresh signature over
+    the ledger as stored; without this, a database rewritten behind the running verifier
+    (consistently, with its hashes re-chained) would be signed afresh for any auditor who
+    asks, laundering the rewrite the stored checkpoints show (as ``Store.sign_checkpoint``
+    refuses to)."""
+    _, problem = checkpoints.check(db, key.public_key())
+    if problem is not None:
+        raise Rewritten(f"refused to sign an answer: {problem}")
 
 
 class AuditService(pb_grpc.AuditServiceServicer):
@@ -51,6 +67,7 @@ class AuditService(pb_grpc.AuditServiceServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"an audit {kind} query needs an id")
 
         def build(db: Database) -> tuple[bytes, int, str]:
+            extends_what_was_signed(db, self.key)
             bundle, total = answer(db, self.key, kind, req.query, limit)
             tree = tree_from_db(db)
             text = note.sign_checkpoint(self.key, tree.size, tree.root())
@@ -71,6 +88,19 @@ class AuditService(pb_grpc.AuditServiceServicer):
         shown = min(total, limit)
         return pb.AuditAnswer(bundle=data, total=total, truncated=total > shown, note=text)
 
+    def _tree(self, context: grpc.ServicerContext) -> merkle.Tree:
+        """The ledger's tree, once it is shown to extend every checkpoint signed before."""
+
+        def read(db: Database) -> merkle.Tree:
+            extends_what_was_signed(db, self.key)
+            return tree_from_db(db)
+
+        try:
+            tree: merkle.Tree = self.store.read(read)
+        except Rewritten as e:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        return tree
+
     def AuditServed(self, req: pb.AuditServedRequest, context: grpc.ServicerContext) -> Any:
         return pb.AuditServedResponse(answer=self._answer("request", req, context))
 
@@ -82,7 +112,7 @@ class AuditService(pb_grpc.AuditServiceServicer):
 
     def AuditCheckpoint(self, req: pb.AuditCheckpointRequest, context: grpc.ServicerContext) -> Any:
         self.auth.require_role(context, AUDIT_ROLES)
-        tree = self.store.read(tree_from_db)
+        tree = self._tree(context)
         if tree.size == 0:
             context.abort(grpc.StatusCode.NOT_FOUND, "the ledger is empty")
         return pb.AuditCheckpointResponse(
@@ -93,7 +123,7 @@ class AuditService(pb_grpc.AuditServiceServicer):
         self, req: pb.AuditConsistencyRequest, context: grpc.ServicerContext
     ) -> Any:
         self.auth.require_role(context, AUDIT_ROLES)
-        tree: merkle.Tree = self.store.read(tree_from_db)
+        tree = self._tree(context)
         if not 0 < req.old_size <= tree.size:
             context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,

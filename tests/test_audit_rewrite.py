@@ -1,0 +1,86 @@
+"""The audit service signs nothing over a rewritten ledger. Every note and answer it returns is
+a fresh signature over the ledger as stored, so a database rewritten behind the running
+verifier (a run's policy edited and every hash re-chained: the chain verifies on its own)
+would otherwise be signed for any auditor who asks, laundering the rewrite that the stored
+checkpoints show. Real verifier, real gRPC; the negative control checks the checkpoint and
+consistency answers of the honest ledger offline."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from tests.helpers import rechain
+from tests.test_faults import policy
+from verifier.api.v1 import verifier_pb2 as pb
+from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
+from verifier.client.api import VerifierClient
+from verifier.ledger import keys, merkle, note
+from verifier.server.app import ServeConfig, VerifierServer
+from verifier.server.db import open_database
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[str, Path, VerifierServer]]:
+    addr, db = f"unix:{tmp_path}/v.sock", tmp_path / "db.sqlite3"
+    server = VerifierServer(ServeConfig(addr, db, checkpoint_interval_s=0.5))
+    server.start()
+    try:
+        with VerifierClient(addr) as c:
+            for i in range(3):
+                c.register_run(f"r{i}", policy(30.0 + i), "p.toml")
+        yield addr, db, server
+    finally:
+        server.stop()
+
+
+def signed_size(db: Path) -> int:
+    conn = open_database(str(db), read_only=True)
+    try:
+        row = conn.execute("SELECT MAX(size) FROM checkpoints WHERE note IS NOT NULL").fetchone()
+    finally:
+        conn.close()
+    return int(row[0] or 0)
+
+
+def test_nothing_is_signed_over_a_ledger_rewritten_behind_the_verifier(
+    served: tuple[str, Path, VerifierServer],
+) -> None:
+    addr, db, server = served
+    pub = keys.load_public_key(keys.public_path(server.key_path))
+    deadline = time.monotonic() + 30
+    while signed_size(db) < 3:  # the verifier signs its first checkpoint unasked
+        assert time.monotonic() < deadline, "no checkpoint signed"
+        time.sleep(0.2)
+    with grpc.insecure_channel(addr) as ch:
+        stub = pb_grpc.AuditServiceStub(ch)
+        # Honest: the note verifies, and the consistency proof from size 1 holds against it.
+        now = note.verify(stub.AuditCheckpoint(pb.AuditCheckpointRequest()).note, pub)
+        cons = stub.AuditConsistency(pb.AuditConsistencyRequest(old_size=1))
+        head = note.verify(cons.note, pub)
+        assert head.size >= now.size >= 3
+        assert merkle.verify_consistency(1, head.size, cons.old_root, head.root, cons.proof)
+        assert stub.AuditRun(pb.AuditRunRequest(query="r0")).answer.bundle
+
+        conn = open_database(str(db))
+        try:
+            conn.execute("UPDATE runs SET policy_toml = ? WHERE name = 'r1'", ("# forged",))
+            rechain(conn)  # the chain verifies again on its own
+        finally:
+            conn.close()
+
+        calls: dict[str, tuple[Callable[..., Any], Any]] = {
+            "checkpoint": (stub.AuditCheckpoint, pb.AuditCheckpointRequest()),
+            "consistency": (stub.AuditConsistency, pb.AuditConsistencyRequest(old_size=1)),
+            "run": (stub.AuditRun, pb.AuditRunRequest(query="r0")),
+        }
+        for name, (call, request) in calls.items():
+            with pytest.raises(grpc.RpcError) as e:
+                call(request)
+            assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION, name
+            assert "rewritten" in (e.value.details() or ""), (name, e.value.details())
