@@ -23,6 +23,7 @@ from verifier.ledger.export import export
 from verifier.ledger.keys import generate
 from verifier.ledger.queries import find_file, find_request
 from verifier.server.db import open_database
+from verifier.server.store import Store
 
 SHA_A = "a" * 64  # the worker's first file (tests.test_policy_engine.entry)
 SAMPLER = "vllm/v1/worker/cpu_model_runner.py"
@@ -166,3 +167,22 @@ def test_a_report_edited_behind_the_ledger_is_not_answered_from(backend: Backend
             find_file(db, SHA_A)
     finally:
         db.close()
+
+
+def test_a_read_only_snapshot_sees_one_state_while_the_verifier_writes(backend: Backend) -> None:
+    """What `verifier audit file|request|run|export|verify --db` read inside: the index check
+    compares tables read at different moments, so outside one snapshot a report the live
+    verifier stored in between was a false "index disagrees" (test_gate_e2e hit it in CI)."""
+    writer = Store(backend.target)
+    reader = open_database(backend.target, read_only=True)
+    count = "SELECT COUNT(*) FROM runs"
+    try:
+        writer.register_run("a", "version = 1\n", "sha256:" + "1" * 64, "a.toml")
+        with reader.snapshot():
+            before = reader.execute(count).fetchone()[0]
+            writer.register_run("b", "version = 1\n", "sha256:" + "2" * 64, "b.toml")
+            assert reader.execute(count).fetchone()[0] == before == 1
+        assert reader.execute(count).fetchone()[0] == 2
+    finally:
+        reader.close()
+        writer.close()

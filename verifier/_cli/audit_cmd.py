@@ -163,7 +163,8 @@ def run_file(args: argparse.Namespace) -> int:
         return run_remote("file", args.file, args)
     db = _open(args.db)
     try:
-        found = find_file(db, args.file, max(0, args.requests))
+        with db.snapshot():  # one state: a live verifier writes while the checks read
+            found = find_file(db, args.file, max(0, args.requests))
     except db.errors as e:
         raise ConfigError(f"{db.name}: cannot read the database: {e}") from e
     finally:
@@ -193,7 +194,8 @@ def run_request(args: argparse.Namespace) -> int:
         return run_remote("request", args.id, args)
     db = _open(args.db)
     try:
-        found = find_request(db, args.id)
+        with db.snapshot():  # one state: a live verifier writes while the checks read
+            found = find_request(db, args.id)
     except db.errors as e:
         raise ConfigError(f"{db.name}: cannot read the database: {e}") from e
     finally:
@@ -243,7 +245,8 @@ def run_run(args: argparse.Namespace) -> int:
         return run_remote("run", args.run, args)
     db = _open(args.db)
     try:
-        s = run_summary(db, args.run)
+        with db.snapshot():  # one state: a live verifier writes while the checks read
+            s = run_summary(db, args.run)
     except db.errors as e:
         raise ConfigError(f"{db.name}: cannot read the database: {e}") from e
     finally:
