@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 import pytest
 
-from tests.helpers import rechain
+from tests.helpers import rechain, verifier_cli
 from tests.test_faults import policy
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
@@ -84,3 +84,39 @@ def test_nothing_is_signed_over_a_ledger_rewritten_behind_the_verifier(
                 call(request)
             assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION, name
             assert "rewritten" in (e.value.details() or ""), (name, e.value.details())
+
+
+def test_an_auditor_checks_over_the_wire_that_the_ledger_extends_a_note_kept_elsewhere(
+    served: tuple[str, Path, VerifierServer], tmp_path: Path
+) -> None:
+    """`audit checkpoint --verifier` gives a note to keep outside; later `audit consistency
+    --from OLD --verifier` proves the ledger only grew since, checked here with the key alone
+    (no database access). A note of another history at the same size (signed with the same
+    key: a fork shown to this auditor) and a ledger rewritten behind the verifier fail."""
+    addr, db, server = served
+    pub = str(keys.public_path(server.key_path))
+    old = tmp_path / "old.note"
+    out = verifier_cli("audit", "checkpoint", "--verifier", addr, "--key", pub, "--out", str(old))
+    assert out.returncode == 0, out.stderr
+    assert note.verify(old.read_text(), keys.load_public_key(Path(pub))).size >= 3
+    with VerifierClient(addr) as c:
+        c.register_run("later", policy(40.0), "p.toml")  # the ledger grows
+    out = verifier_cli("audit", "consistency", "--from", str(old), "--key", pub, "--verifier", addr)
+    assert out.returncode == 0 and "consistent:" in out.stdout, out.stdout + out.stderr
+
+    signed = note.verify(old.read_text(), keys.load_public_key(Path(pub)))
+    forked = tmp_path / "fork.note"  # same key, same size, another root
+    priv = keys.load_private_key(server.key_path)
+    forked.write_text(note.sign_checkpoint(priv, signed.size, b"\x01" * 32))
+    out = verifier_cli("audit", "consistency", "--from", str(forked), "--key", pub,
+                       "--verifier", addr)  # fmt: skip
+    assert out.returncode == 1 and "rewritten" in out.stderr, out.stdout + out.stderr
+
+    conn = open_database(str(db))
+    try:
+        conn.execute("UPDATE runs SET policy_toml = ? WHERE name = 'r1'", ("# forged",))
+        rechain(conn)
+    finally:
+        conn.close()
+    out = verifier_cli("audit", "consistency", "--from", str(old), "--key", pub, "--verifier", addr)
+    assert out.returncode != 0 and "rewritten" in out.stderr, out.stdout + out.stderr

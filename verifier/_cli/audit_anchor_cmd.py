@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from verifier._cli._audit_db import DB_HELP, open_ro
+from verifier._cli.common import add_verifier_option, tls_from
 from verifier.errors import ConfigError, NotFound, UsageError
 
 if TYPE_CHECKING:
@@ -31,8 +32,10 @@ def add_actions(acts: Any) -> None:
         "KEY.pub` later proves the ledger only grew since. Exit 6 when the verifier has "
         "signed none yet.",
     )
-    c.add_argument("--db", required=True, help=DB_HELP)
+    c.add_argument("--db", help=DB_HELP)
     c.add_argument("--out", metavar="FILE", help="write the note here (default: stdout)")
+    add_verifier_option(c)
+    c.add_argument("--key", metavar="KEY.pub", help=REMOTE_KEY_HELP)
     c.set_defaults(handler=run_checkpoint)
     k = acts.add_parser(
         "consistency",
@@ -42,7 +45,10 @@ def add_actions(acts: Any) -> None:
         "it (JSON, --out or stdout). Without --db, with --proof: check a proof written so "
         "against the two notes, offline. Both notes must be signed by --key. Exit 0 "
         "consistent, 1 not (or the ledger no longer has --from's root), 7 a damaged note or "
-        "proof, 8 a note signed by another key.",
+        "proof, 8 a note signed by another key. With --verifier ADDR instead of --db (the "
+        "auditor or operator role, no database access): the verifier proves its ledger now "
+        "extends --from, and the answer (a note signed now, the proof, the root at --from's "
+        "size) is checked here with --key; --out writes the new note.",
     )
     k.add_argument("--from", dest="old", required=True, metavar="OLD.note")
     k.add_argument("--to", dest="new", metavar="NEW.note")
@@ -50,7 +56,30 @@ def add_actions(acts: Any) -> None:
     k.add_argument("--db", help=DB_HELP + " (produce the proof)")
     k.add_argument("--proof", metavar="FILE", help="a proof to check offline (without --db)")
     k.add_argument("--out", metavar="FILE", help="write the proof here (with --db)")
+    add_verifier_option(k)
     k.set_defaults(handler=run_consistency)
+
+
+REMOTE_KEY_HELP = (
+    "with --verifier: the verifier's public key (PEM); the note it signs now is checked with "
+    "it (required: no key is taken from the answer)"
+)
+
+
+def _source(args: argparse.Namespace) -> str | None:
+    """The --verifier address, or None for --db; both or neither is a usage error."""
+    if args.db is not None and args.verifier is not None:
+        raise UsageError("give either --db (the database) or --verifier (over gRPC), not both")
+    if args.db is None and args.verifier is None:
+        raise UsageError("give --db DATABASE, or --verifier ADDRESS --key KEY.pub")
+    return args.verifier  # type: ignore[no-any-return]
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from verifier.client.address import resolve
+    from verifier.client.api import VerifierClient
+
+    return VerifierClient(resolve(args.verifier), timeout_s=60.0, tls=tls_from(args))
 
 
 def _read(path: str, what: str) -> bytes:
@@ -112,6 +141,8 @@ def _write(out: str | None, text: str, what: str) -> None:
 def run_checkpoint(args: argparse.Namespace) -> int:
     from verifier.ledger import checkpoints
 
+    if _source(args) is not None:
+        return _remote_checkpoint(args)
     db = open_ro(args.db)
     try:
         latest = checkpoints.latest_note(db) if db.has_table("checkpoints") else None
@@ -130,31 +161,96 @@ def run_checkpoint(args: argparse.Namespace) -> int:
     return 0
 
 
+def _remote_checkpoint(args: argparse.Namespace) -> int:
+    """The ledger's head signed now by the verifier at --verifier, checked with --key."""
+    from verifier.ledger import note
+    from verifier.ledger.keys import load_public_key
+
+    if args.key is None:
+        raise UsageError("over the wire the note is checked with --key KEY.pub (required)")
+    key = load_public_key(Path(args.key))
+    with _client(args) as client:
+        text = client.audit_checkpoint()
+    signed = note.verify(text, key, f"{args.verifier}: checkpoint")
+    _write(args.out, signed.note, "checkpoint")
+    if args.out is not None:
+        print(f"{args.out}: checkpoint of {signed.size} entries, root {signed.root_hex}")
+    return 0
+
+
+def _remote_consistency(args: argparse.Namespace, old: SignedCheckpoint, key: Any) -> int:
+    """Ask the verifier to prove its ledger extends OLD; check the answer here with KEY: the
+    new note's signature, OLD's root at OLD's size (a rewrite shows here), the proof."""
+    from verifier.ledger import anchor as A
+    from verifier.ledger import merkle, note
+
+    if args.new is not None or args.proof is not None:
+        raise UsageError("--verifier proves against the ledger now: no --to or --proof")
+    with _client(args) as client:
+        text, proof, old_root = client.audit_consistency(old.size)
+    new = note.verify(text, key, f"{args.verifier}: checkpoint")
+    if old_root != old.root:
+        raise A.NotAnExtension(
+            "rewritten",
+            f"the verifier's ledger no longer has {args.old}'s root at {old.size} entries: "
+            "its first entries were rewritten (or it is not the verifier that signed it)",
+        )
+    if not merkle.verify_consistency(old.size, new.size, old.root, new.root, proof):
+        raise A.NotAnExtension(
+            "inconsistent",
+            f"the verifier's ledger of {new.size} entries does not extend {args.old} "
+            f"({old.size}): its consistency proof does not verify",
+        )
+    if args.out is not None:
+        _write(args.out, new.note, "checkpoint")
+    print(
+        f"consistent: {old.size} entries -> {new.size} (the verifier's ledger now, signed), "
+        f"proof of {len(proof)} hash(es) checked with the key given"
+        + (f"; the new note: {args.out}" if args.out else "")
+    )
+    return 0
+
+
+def _offline_consistency(
+    args: argparse.Namespace, old: SignedCheckpoint, new: SignedCheckpoint | None
+) -> int:
+    """Check a proof written by ``--db`` against the two notes, offline."""
+    from verifier.ledger import anchor as A
+    from verifier.ledger import merkle
+    from verifier.ledger.errors import BundleCorrupt
+
+    if args.proof is None or new is None:
+        raise UsageError(
+            "give --db (produce a proof), --verifier (ask for one), or --proof FILE and --to "
+            "NEW.note"
+        )
+    f_size, f_root, t_size, t_root, hashes = A.read_proof(_read(args.proof, "proof"), args.proof)
+    if (f_size, f_root, t_size, t_root) != (old.size, old.root, new.size, new.root):
+        raise BundleCorrupt("the proof is for other checkpoints than --from/--to", args.proof)
+    if not merkle.verify_consistency(old.size, new.size, old.root, new.root, hashes):
+        raise A.NotAnExtension(
+            "inconsistent",
+            f"{args.new} ({new.size} entries) does not extend {args.old} ({old.size}): "
+            "the proof does not verify",
+        )
+    print(f"consistent: {old.size} entries -> {new.size}, proof of {len(hashes)} hash(es)")
+    return 0
+
+
 def run_consistency(args: argparse.Namespace) -> int:
     from verifier.ledger import anchor as A
     from verifier.ledger import checkpoints, merkle, note
-    from verifier.ledger.errors import BundleCorrupt
     from verifier.ledger.keys import load_public_key
 
     key = load_public_key(Path(args.key))
     old = read_note(args.old, key)
+    if args.verifier is not None:
+        if args.db is not None:
+            raise UsageError("give either --db or --verifier, not both")
+        return _remote_consistency(args, old, key)
     new = read_note(args.new, key) if args.new is not None else None
     if args.db is None:
-        if args.proof is None or new is None:
-            raise UsageError("give --db (produce a proof), or --proof FILE and --to NEW.note")
-        f_size, f_root, t_size, t_root, hashes = A.read_proof(
-            _read(args.proof, "proof"), args.proof
-        )
-        if (f_size, f_root, t_size, t_root) != (old.size, old.root, new.size, new.root):
-            raise BundleCorrupt("the proof is for other checkpoints than --from/--to", args.proof)
-        if not merkle.verify_consistency(old.size, new.size, old.root, new.root, hashes):
-            raise A.NotAnExtension(
-                "inconsistent",
-                f"{args.new} ({new.size} entries) does not extend {args.old} ({old.size}): "
-                "the proof does not verify",
-            )
-        print(f"consistent: {old.size} entries -> {new.size}, proof of {len(hashes)} hash(es)")
-        return 0
+        return _offline_consistency(args, old, new)
     if args.proof is not None:
         raise UsageError("--proof checks offline: give it without --db")
     db = open_ro(args.db)

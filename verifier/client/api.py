@@ -144,6 +144,13 @@ class VerifierClient:
         """A checkpoint of the whole ledger signed now (a C2SP note), unchecked."""
         return str(self._call(self.audit_stub.AuditCheckpoint, pb.AuditCheckpointRequest()).note)
 
+    def audit_consistency(self, old_size: int) -> tuple[str, list[bytes], bytes]:
+        """(a note of the whole ledger signed now, the consistency proof from OLD_SIZE to it,
+        the root at OLD_SIZE), unchecked: the caller checks all three against a note it kept."""
+        req = pb.AuditConsistencyRequest(old_size=old_size)
+        got = self._call(self.audit_stub.AuditConsistency, req)
+        return str(got.note), [bytes(h) for h in got.proof], bytes(got.old_root)
+
 
 @dataclass(frozen=True)
 class AuditReply:
