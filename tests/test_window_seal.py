@@ -524,7 +524,8 @@ def test_verify_seal_checks_the_seal_against_a_checkpoint_kept_elsewhere(
 ) -> None:
     """--checkpoint: the seal's own note, or the earlier one its consistency proof starts
     from, verifies; a note of that size with another root (a forked history, signed with the
-    verifier's own key) is named as a fork; one the seal has no proof from is 'not checked'."""
+    verifier's own key) is named as a fork; one the seal has no proof from cannot be checked
+    from the seal alone, which fails (never a silent pass) and names the command that can."""
     v = verifier
     results = v.tmp / "results.json"
     seal = open_and_seal(v, stepper, results)
@@ -546,4 +547,4 @@ def test_verify_seal_checks_the_seal_against_a_checkpoint_kept_elsewhere(
         other = v.tmp / "other.note"
         other.write_text(note.sign_checkpoint(key, size - 1, b"\x02" * 32))
         code, r = verify_seal(v, seal, "--checkpoint", str(other))
-        assert code == 0 and any("consistency with --checkpoint" in n for n in r["not_checked"])
+        assert code == 1 and "audit consistency --from" in " ".join(r["problems"]), r

@@ -344,9 +344,13 @@ class _Check:
         self.r.checks.append(f"the seal's checkpoint extends the one kept elsewhere ({old.size})")
 
     def not_anchored(self, old_size: int, why: str) -> None:
-        self.r.not_checked.append(
-            f"consistency with --checkpoint (size {old_size}): {why}; check the ledger "
-            "against it with `verifier audit verify --checkpoint`"
+        """A --checkpoint the seal alone cannot be checked against: a failure, not a pass
+        (asked to check against a note kept elsewhere, an unchecked one must not exit 0)."""
+        self.fail(
+            f"cannot check the seal against --checkpoint (size {old_size}) from the seal alone: "
+            f"{why}; prove the ledger extends it with `verifier audit consistency --from NOTE "
+            "--key KEY --verifier ADDR` (or `--db DB`), then check the seal against that "
+            "command's newer note"
         )
 
 
