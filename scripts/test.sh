@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The whole suite (make test), in two phases on one machine:
+#   1. the tests that need neither a vLLM server nor Docker, on two workers (pytest-xdist,
+#      one module per worker at a time: module fixtures and order are kept);
+#   2. the vLLM and Docker tests, in one process: they share one vLLM server per session and
+#      each boot takes both cores, so running them side by side would only slow each other.
+# Both phases always run; the first nonzero exit wins (pytest's 5, "no tests", included).
+# Extra arguments go to both pytest invocations.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+rc=0
+"$PY" -m pytest -m "not vllm and not docker" -n 2 --dist loadfile "$@" || rc=$?
+"$PY" -m pytest -m "vllm or docker" "$@" || { r=$?; [ "$rc" -eq 0 ] && rc=$r; }
+exit "$rc"
