@@ -12,6 +12,7 @@ use). Every stored row also gets an entry in the hash-chained audit ledger
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -238,9 +239,12 @@ class Store:
                 if then is not None:
                     then(self._db)
                 self._db.commit()
-            except BaseException:
+            except BaseException as e:
                 if self._db.in_transaction:
-                    self._db.rollback()
+                    with contextlib.suppress(*self._db.errors):
+                        self._db.rollback()
+                if isinstance(e, self._db.errors):  # the database refused: start clean next
+                    self._db.recover()
                 raise
 
     def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
