@@ -8,30 +8,19 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from tests.helpers import verifier_cli
 from tests.test_faults import policy
 from tests.test_gate_e2e import Daemon
 from tests.test_security import certs
-from tests.test_window_seal import Stepper, in_thread, payload, start_stepper, stop_stepper
+from tests.test_window_seal import Stepper, in_thread, payload, stepper  # noqa: F401 - fixture
 from verifier.testing.vllm_server import free_port
 
 
-@pytest.fixture
-def stepper(tmp_path: Path) -> Iterator[Stepper]:
-    s = start_stepper(tmp_path)
-    try:
-        yield s
-    finally:
-        stop_stepper(s)
-
-
 def test_windows_over_mutual_tls_harness_may_auditor_and_agent_may_not(
-    tmp_path: Path, stepper: Stepper
+    tmp_path: Path,
+    stepper: Stepper,  # noqa: F811 - the fixture imported above
 ) -> None:
     d = certs(tmp_path)
     out = verifier_cli("certs", "issue", "bench", "--dir", str(d), "--role", "harness")
