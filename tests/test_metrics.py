@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import math
 import re
+import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -154,6 +156,37 @@ def test_the_endpoint_serves_metrics_and_nothing_else() -> None:
         with pytest.raises(ConfigError, match="cannot listen"):
             MetricsServer(f"127.0.0.1:{server.port}", r)  # taken
     finally:
+        server.stop()
+
+
+def _silent(port: int, n: int) -> list[socket.socket]:
+    """N clients that connect and never send a request."""
+    return [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(n)]
+
+
+def test_silent_scrapers_cost_bounded_threads_and_never_starve_a_real_scrape() -> None:
+    """A hundred connections that say nothing: never more than MAX_CONNECTIONS threads serve
+    them (the rest are closed at once), every silent client is dropped (closed at once, or after
+    the idle timeout: its read sees EOF), and a real scrape is answered afterwards."""
+    r = Registry()
+    r.counter("x_total", "x").inc()
+    server = MetricsServer("127.0.0.1:0", r, idle_s=1.0, max_connections=4).start()
+    before = threading.active_count()
+    socks = _silent(server.port, 100)
+    try:
+        most = 0
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            most = max(most, threading.active_count() - before)
+            time.sleep(0.01)
+        assert most <= 4
+        assert server.turned_away >= 50  # the cap acted: most were closed at once
+        for s in socks:
+            assert s.recv(1) == b""
+        assert get(scrape(server.port), "x_total") == 1.0  # the slots came back
+    finally:
+        for s in socks:
+            s.close()
         server.stop()
 
 

@@ -1,5 +1,9 @@
 """The metrics endpoint: ``GET /metrics`` in the text format, served by the standard
-library's ``http.server`` from a daemon thread (``--metrics-listen``)."""
+library's ``http.server`` from a daemon thread (``--metrics-listen``).
+
+A scraper that connects and says nothing, or a thousand of them, costs bounded threads and
+time: each connection gets ``IDLE_S`` to send its request and read the answer, and at most
+``MAX_CONNECTIONS`` are served at once (more are closed at once, not queued)."""
 
 from __future__ import annotations
 
@@ -13,6 +17,9 @@ from verifier.errors import ConfigError
 from verifier.metrics.registry import CONTENT_TYPE, Registry
 
 log = structlog.get_logger("verifier.metrics")
+
+IDLE_S = 5.0  # a connection's socket timeout: a silent client's thread ends after this
+MAX_CONNECTIONS = 16  # served at once; a scrape takes milliseconds
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -29,11 +36,22 @@ def parse_listen(value: str) -> tuple[str, int]:
 class MetricsServer:
     """GET /metrics (the text format) from a daemon thread; anything else is 404."""
 
-    def __init__(self, listen: str, registry: Registry) -> None:
+    def __init__(
+        self,
+        listen: str,
+        registry: Registry,
+        *,
+        idle_s: float = IDLE_S,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
         host, port = parse_listen(listen)
         render = registry.render
+        slots = threading.BoundedSemaphore(max_connections)
+        self.turned_away = 0  # connections closed because MAX_CONNECTIONS were being served
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = idle_s
+
             def do_GET(self) -> None:
                 if self.path.split("?")[0] not in ("/metrics", "/"):
                     self.send_error(404, "only /metrics is served here")
@@ -48,9 +66,29 @@ class MetricsServer:
             def log_message(self, format: str, *args: Any) -> None:
                 pass  # scrapes every few seconds are not worth a log line
 
+        outer = self
+
         class Server(ThreadingHTTPServer):
             daemon_threads = True
             address_family = _family(host)
+            request_queue_size = 64  # turned away at once rather than left in the backlog
+
+            def process_request(self, request: Any, client_address: Any) -> None:
+                if not slots.acquire(blocking=False):
+                    outer.turned_away += 1
+                    self.shutdown_request(request)
+                    return
+                try:
+                    super().process_request(request, client_address)
+                except BaseException:
+                    slots.release()
+                    raise
+
+            def process_request_thread(self, request: Any, client_address: Any) -> None:
+                try:
+                    super().process_request_thread(request, client_address)
+                finally:
+                    slots.release()
 
         try:
             self.httpd = Server((host, port), Handler)
