@@ -16,7 +16,8 @@ from verifier._cli._audit_db import open_ro as _open
 from verifier._cli.audit_remote import add_remote_options, run_remote, wants_remote
 from verifier._cli.fmt import text as _t
 from verifier._cli.fmt import when as _when
-from verifier.errors import CheckFailed, ConfigError, UsageError
+from verifier.errors import CheckFailed, ConfigError, DatabaseCorrupt, UsageError
+from verifier.server.db import read_error
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -57,7 +58,8 @@ def add_parser(sub: Any) -> None:
         "(processes, paths, blobs, manifest_files) must be what the ledgered manifests, "
         "reports and request bindings derive (each difference is printed with its table, "
         "row and field). Prints the number of entries and the head hash. Exit 0 intact, 1 "
-        "tampered (the first entry that does not match is named), 3 no such database, 9 "
+        "tampered (the first entry that does not match is named) or corrupt (SQLite's "
+        "integrity check fails: pages zeroed, flipped, cut short), 3 no such database, 9 "
         "database unreachable. Offline (BUNDLE --key PUBKEY, no database): check an export's "
         "signatures, the inclusion of every entry in its signed checkpoint, the chain between "
         "consecutive entries, and that every statement's content recomputes its entry. Exit "
@@ -164,7 +166,7 @@ def run_file(args: argparse.Namespace) -> int:
         with db.snapshot():  # one state: a live verifier writes while the checks read
             found = find_file(db, args.file, max(0, args.requests))
     except db.errors as e:
-        raise ConfigError(f"{db.name}: cannot read the database: {e}") from e
+        raise read_error(db.name, e) from e
     finally:
         db.close()
     if args.json:
@@ -196,7 +198,7 @@ def run_request(args: argparse.Namespace) -> int:
         with db.snapshot():  # one state: a live verifier writes while the checks read
             found = find_request(db, args.id)
     except db.errors as e:
-        raise ConfigError(f"{db.name}: cannot read the database: {e}") from e
+        raise read_error(db.name, e) from e
     finally:
         db.close()
     if args.json:
@@ -257,7 +259,7 @@ def run_run(args: argparse.Namespace) -> int:
         with db.snapshot():  # one state: a live verifier writes while the checks read
             s = run_summary(db, args.run)
     except db.errors as e:
-        raise ConfigError(f"{db.name}: cannot read the database: {e}") from e
+        raise read_error(db.name, e) from e
     finally:
         db.close()
     if args.json:
@@ -283,7 +285,7 @@ def run_export(args: argparse.Namespace) -> int:
         with db.snapshot():
             bundle = export(db, key, args.request, args.run)
     except db.errors as e:
-        raise ConfigError(f"{db.name}: cannot read the database: {e}") from e
+        raise read_error(db.name, e) from e
     finally:
         db.close()
     out = Path(args.out)
@@ -380,6 +382,9 @@ def _verify_online(args: argparse.Namespace) -> int:
                 "verifier gets one, covering every stored row, when `verifier serve` next "
                 "opens it)"
             )
+        integrity = db.quick_check()  # pages the ledger walk never reads are checked too
+        if integrity != "ok":
+            raise DatabaseCorrupt(f"{path}: the database is corrupt: {' '.join(integrity.split())}")
         with db.snapshot():
             result = chain.verify(db)
             held, cp_problem = checkpoints.check(db, key)
@@ -387,7 +392,7 @@ def _verify_online(args: argparse.Namespace) -> int:
                 anchored, anchor_problem = audit_anchor_cmd.anchor(db, old)
             differences = index_check.compare(db)
     except db.errors as e:
-        raise ConfigError(f"{path}: cannot read the database: {e}") from e
+        raise read_error(path, e) from e
     finally:
         db.close()
     index_problem = (
