@@ -9,7 +9,7 @@ import pytest
 from tests.helpers import Backend
 from verifier.agent.spool import Spool
 from verifier.client.address import normalize
-from verifier.errors import ConfigError, UsageError
+from verifier.errors import DatabaseCorrupt, UsageError
 from verifier.evidence.container import container_id_from_cgroup
 from verifier.model import FileEntry
 from verifier.server.store import RunExists, Store, StoredReport, UnknownRun
@@ -56,10 +56,10 @@ def test_verdict_history_appends_only_changes(backend: Backend) -> None:
     store.close()
 
 
-def test_a_corrupt_database_is_a_startup_error_not_a_crash(tmp_path: Path) -> None:
+def test_a_corrupt_database_is_refused_as_tampering_not_a_crash(tmp_path: Path) -> None:
     db = tmp_path / "db"
     db.write_bytes(b"this is not sqlite" * 100)
-    with pytest.raises(ConfigError, match=r"cannot open the verifier database|is corrupt"):
+    with pytest.raises(DatabaseCorrupt, match=r"is corrupt: file is not a database"):
         Store(db)
     assert db.read_bytes().startswith(b"this is not sqlite")  # nothing overwritten
 

@@ -33,7 +33,8 @@ class ExitCode(IntEnum):
     FAILED = (
         1,
         "a check ran and failed",
-        "`wait`: the run FAILed; `status`: some run FAILs; `seal`, `exec`: the window did not "
+        "`wait`: the run FAILed; `serve`, `audit`: the database is corrupt; `status`: some "
+        "run FAILs; `seal`, `exec`: the window did not "
         "hold (`exec`: or the command's own nonzero code); `diff`: the two differ; `sample`: "
         "no step ran; `audit verify`: the ledger does not match; `audit verify-seal`: the seal "
         "does not verify, or its window did not hold",
@@ -92,6 +93,13 @@ class CheckFailed(Error):
     """A check ran and failed: the gate, a window's seal, the ledger, a comparison."""
 
     exit_code = ExitCode.FAILED
+
+
+class DatabaseCorrupt(CheckFailed):
+    """The verifier's database opens but is damaged: not a database any more, pages that fail
+    the engine's integrity check, a file cut short. What it holds cannot be trusted, so this
+    reads as tampering (exit 1), not as a configuration mistake (a path that does not exist or
+    cannot be opened: exit 3)."""
 
 
 class UsageError(Error):

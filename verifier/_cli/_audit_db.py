@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from verifier.errors import ConfigError
-from verifier.server.db import Database, open_database
+from verifier.server.db import Database, open_database, read_error
 
 DB_HELP = "the verifier's database: an SQLite file or a postgresql:// URL"
 
@@ -16,7 +16,7 @@ def open_ro(target: str) -> Database:
             raise ConfigError(f"{db.name}: not a verifier database")
     except db.errors as e:
         db.close()
-        raise ConfigError(f"{db.name}: cannot read the database: {e}") from e
+        raise read_error(db.name, e) from e
     except ConfigError:
         db.close()
         raise

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from verifier._cli._audit_db import DB_HELP, open_ro
 from verifier._cli.common import add_verifier_option, tls_from
 from verifier.errors import ConfigError, NotFound, UsageError
+from verifier.server.db import read_error
 
 if TYPE_CHECKING:
     from verifier.ledger.anchor import Anchored, NotAnExtension
@@ -147,7 +148,7 @@ def run_checkpoint(args: argparse.Namespace) -> int:
     try:
         latest = checkpoints.latest_note(db) if db.has_table("checkpoints") else None
     except db.errors as e:
-        raise ConfigError(f"{db.name}: cannot read the database: {e}") from e
+        raise read_error(db.name, e) from e
     finally:
         db.close()
     if latest is None or latest.note is None:
@@ -265,7 +266,7 @@ def run_consistency(args: argparse.Namespace) -> int:
                 new = note.verify(latest.note, key, f"{db.name}: latest checkpoint")
             A.check(db, new, tree)
     except db.errors as e:
-        raise ConfigError(f"{db.name}: cannot read the database: {e}") from e
+        raise read_error(db.name, e) from e
     finally:
         db.close()
     if new.size < old.size:

@@ -6,15 +6,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
-import time
 from typing import TYPE_CHECKING, Any
 
-from verifier._cli import audit_anchor_cmd, audit_seal_cmd
+from verifier._cli import audit_anchor_cmd, audit_seal_cmd, fmt
 from verifier._cli._audit_db import DB_HELP
 from verifier._cli._audit_db import open_ro as _open
 from verifier._cli.audit_remote import add_remote_options, run_remote, wants_remote
-from verifier.errors import CheckFailed, ConfigError, UsageError
+from verifier._cli.fmt import text as _t
+from verifier._cli.fmt import when as _when
+from verifier.errors import CheckFailed, ConfigError, DatabaseCorrupt, UsageError
+from verifier.server.db import read_error
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -55,7 +58,8 @@ def add_parser(sub: Any) -> None:
         "(processes, paths, blobs, manifest_files) must be what the ledgered manifests, "
         "reports and request bindings derive (each difference is printed with its table, "
         "row and field). Prints the number of entries and the head hash. Exit 0 intact, 1 "
-        "tampered (the first entry that does not match is named), 3 no such database, 9 "
+        "tampered (the first entry that does not match is named) or corrupt (SQLite's "
+        "integrity check fails: pages zeroed, flipped, cut short), 3 no such database, 9 "
         "database unreachable. Offline (BUNDLE --key PUBKEY, no database): check an export's "
         "signatures, the inclusion of every entry in its signed checkpoint, the chain between "
         "consecutive entries, and that every statement's content recomputes its entry. Exit "
@@ -152,10 +156,6 @@ def add_parser(sub: Any) -> None:
     r.set_defaults(handler=run_run)
 
 
-def _when(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
-
-
 def run_file(args: argparse.Namespace) -> int:
     from verifier.ledger.queries import find_file
 
@@ -166,23 +166,24 @@ def run_file(args: argparse.Namespace) -> int:
         with db.snapshot():  # one state: a live verifier writes while the checks read
             found = find_file(db, args.file, max(0, args.requests))
     except db.errors as e:
-        raise ConfigError(f"{db.name}: cannot read the database: {e}") from e
+        raise read_error(db.name, e) from e
     finally:
         db.close()
     if args.json:
-        print(json.dumps([dataclasses.asdict(s) for s in found], indent=2))
+        print(fmt.dumps([dataclasses.asdict(s) for s in found]))
         return 0
     for s in found:
-        where = f"container {s.container_id[:12]}" if s.container_id else "no container"
-        rank = f" rank {s.rank}" if s.rank is not None else ""
-        print(f"{s.path}  sha256 {s.sha256 or '-'}")
+        where = f"container {_t(s.container_id, 12)}" if s.container_id else "no container"
+        rank = f" rank {_t(s.rank)}" if s.rank is not None else ""
+        print(f"{_t(s.path, 0)}  sha256 {_t(s.sha256) or '-'}")
         print(
-            f"  target {s.target}  pid {s.pid} ({s.role}{rank}, {where})  manifest "
-            f"{s.manifest_digest[:19]}  seen in {s.reports} report(s) {_when(s.first_unix)} .. "
-            f"{_when(s.last_unix)}  runs: {', '.join(s.runs) or 'none'}"
+            f"  target {_t(s.target)}  pid {_t(s.pid)} ({_t(s.role)}{rank}, {where})  manifest "
+            f"{_t(s.manifest_digest, 19)}  seen in {_t(s.reports)} report(s) "
+            f"{_when(s.first_unix)} .. {_when(s.last_unix)}  runs: "
+            f"{', '.join(_t(r) for r in s.runs) or 'none'}"
         )
         if s.requests:
-            ids = f": {', '.join(s.request_ids)}" if s.request_ids else ""
+            ids = f": {', '.join(_t(i) for i in s.request_ids)}" if s.request_ids else ""
             print(f"  served {s.requests} request(s){ids}")
     return 0
 
@@ -197,45 +198,55 @@ def run_request(args: argparse.Namespace) -> int:
         with db.snapshot():  # one state: a live verifier writes while the checks read
             found = find_request(db, args.id)
     except db.errors as e:
-        raise ConfigError(f"{db.name}: cannot read the database: {e}") from e
+        raise read_error(db.name, e) from e
     finally:
         db.close()
     if args.json:
-        print(json.dumps([dataclasses.asdict(s) for s in found], indent=2))
+        print(fmt.dumps([dataclasses.asdict(s) for s in found]))
         return 0
     for s in found:
-        where = f"container {s.container_id[:12]}" if s.container_id else "no container"
-        rank = f" rank {s.rank}" if s.rank is not None else ""
-        ext = ", ".join(s.external_ids) or "no external id recorded"
-        print(f"request {s.internal_id} ({ext})")
-        print(f"  target {s.target}  pid {s.pid} ({s.role or '?'}{rank}, {where})")
+        where = f"container {_t(s.container_id, 12)}" if s.container_id else "no container"
+        rank = f" rank {_t(s.rank)}" if s.rank is not None else ""
+        ext = ", ".join(_t(e) for e in s.external_ids) or "no external id recorded"
+        print(f"request {_t(s.internal_id)} ({ext})")
+        print(f"  target {_t(s.target)}  pid {_t(s.pid)} ({_t(s.role) or '?'}{rank}, {where})")
         print(
-            f"  steps {s.first_step}..{s.last_step} ({s.steps} scheduled, {s.tokens} tokens) "
-            f"{_when(s.first_unix)} .. {_when(s.last_unix)}"
+            f"  steps {_t(s.first_step)}..{_t(s.last_step)} ({_t(s.steps)} scheduled, "
+            f"{_t(s.tokens)} tokens) {_when(s.first_unix)} .. {_when(s.last_unix)}"
             + ("" if s.finished else "  (still open when its process exited)")
         )
-        print(f"  runner {s.runner or '?'}")
+        print(f"  runner {_t(s.runner) or '?'}")
         for m, stored in zip(s.manifests, s.manifests_stored, strict=True):
-            print(f"  manifest {m}" + ("" if stored else "  (not stored: between reports)"))
-        hooks = ", ".join(f"{k} {v}" for k, v in sorted(s.hooks.items())) or "none declared"
-        print(f"  hook fires over its steps: {hooks}")
+            print(f"  manifest {_t(m)}" + ("" if stored else "  (not stored: between reports)"))
+        hooks = ", ".join(f"{_t(k)} {_t(v)}" for k, v in sorted(s.hooks.items()))
+        print(f"  hook fires over its steps: {hooks or 'none declared'}")
         if s.spec is not None:
-            sp = s.spec
-            rate = f"{sp['accepted'] / sp['draft_tokens']:.0%}" if sp["draft_tokens"] else "-"
-            print(
-                f"  speculation: {sp['drafts']} draft(s), {sp['draft_tokens']} draft tokens, "
-                f"{sp['accepted']} accepted ({rate}; per position {sp['pos'] or []}), "
-                f"{sp['emitted']} tokens emitted"
-            )
+            print(f"  speculation: {_speculation(s.spec)}")
         if s.not_pristine:
             print(f"  files not pristine: {len(s.not_pristine)}")
             for f in s.not_pristine[:20]:
-                print(f"    {f['origin']:<9} {f['path']}  ({f['reason']})")
+                origin, path = _t(f.get("origin")), _t(f.get("path"), 0)
+                print(f"    {origin:<9} {path}  ({_t(f.get('reason'))})")
         else:
             print("  files not pristine: none")
         for r in s.runs:
-            print(f"  run {r['run']}: {r['verdict'] or 'no verdict yet'} at the time")
+            verdict = _t(r.get("verdict") or "no verdict yet")
+            print(f"  run {_t(r.get('run'))}: {verdict} at the time")
     return 0
+
+
+def _speculation(sp: dict[str, Any]) -> str:
+    """A request's speculative decoding counts (stored JSON: any value may be any type)."""
+    accepted, drafted = sp.get("accepted"), sp.get("draft_tokens")
+    numbers = all(type(x) in (int, float) for x in (accepted, drafted))
+    rate = "-"
+    if numbers and drafted:
+        ratio = accepted / drafted
+        rate = f"{ratio:.0%}" if math.isfinite(ratio) else _t(ratio)
+    return (
+        f"{_t(sp.get('drafts'))} draft(s), {_t(drafted)} draft tokens, {_t(accepted)} accepted "
+        f"({rate}; per position {_t(sp.get('pos') or [])}), {_t(sp.get('emitted'))} tokens emitted"
+    )
 
 
 def run_run(args: argparse.Namespace) -> int:
@@ -248,16 +259,16 @@ def run_run(args: argparse.Namespace) -> int:
         with db.snapshot():  # one state: a live verifier writes while the checks read
             s = run_summary(db, args.run)
     except db.errors as e:
-        raise ConfigError(f"{db.name}: cannot read the database: {e}") from e
+        raise read_error(db.name, e) from e
     finally:
         db.close()
     if args.json:
-        print(json.dumps(dataclasses.asdict(s), indent=2))
+        print(fmt.dumps(dataclasses.asdict(s)))
         return 0
-    print(f"run {s.name}  policy {s.policy_digest}  from {s.source or '-'}")
+    print(f"run {_t(s.name)}  policy {_t(s.policy_digest)}  from {_t(s.source) or '-'}")
     print(f"  registered {_when(s.created_unix)}; {len(s.history)} verdict change(s)")
     for t, v in s.history:
-        print(f"  {_when(t)}  {v}")
+        print(f"  {_when(t)}  {_t(v)}")
     return 0
 
 
@@ -274,7 +285,7 @@ def run_export(args: argparse.Namespace) -> int:
         with db.snapshot():
             bundle = export(db, key, args.request, args.run)
     except db.errors as e:
-        raise ConfigError(f"{db.name}: cannot read the database: {e}") from e
+        raise read_error(db.name, e) from e
     finally:
         db.close()
     out = Path(args.out)
@@ -371,6 +382,9 @@ def _verify_online(args: argparse.Namespace) -> int:
                 "verifier gets one, covering every stored row, when `verifier serve` next "
                 "opens it)"
             )
+        integrity = db.quick_check()  # pages the ledger walk never reads are checked too
+        if integrity != "ok":
+            raise DatabaseCorrupt(f"{path}: the database is corrupt: {' '.join(integrity.split())}")
         with db.snapshot():
             result = chain.verify(db)
             held, cp_problem = checkpoints.check(db, key)
@@ -378,7 +392,7 @@ def _verify_online(args: argparse.Namespace) -> int:
                 anchored, anchor_problem = audit_anchor_cmd.anchor(db, old)
             differences = index_check.compare(db)
     except db.errors as e:
-        raise ConfigError(f"{path}: cannot read the database: {e}") from e
+        raise read_error(path, e) from e
     finally:
         db.close()
     index_problem = (

@@ -11,13 +11,13 @@ forgeries are checked with; the public key comes from the operator (``verifier k
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
+from verifier._cli import fmt
 from verifier._cli.common import add_verifier_option, tls_from
+from verifier._cli.fmt import text as _t
 from verifier.errors import UsageError
 
 KEY_HELP = (
@@ -71,11 +71,11 @@ def run_remote(kind: str, query: str, args: argparse.Namespace) -> int:
         reply = client.audit(kind, query, args.limit)
     checked = check_answer(kind, query, reply.bundle, reply.note, key)
     if args.json:
-        print(json.dumps(checked.records if kind != "run" else checked.records[0], indent=2))
+        print(fmt.dumps(checked.records if kind != "run" else checked.records[0]))
     else:
         for record in checked.records:
             _print(kind, record)
-    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(checked.at_unix))
+    when = fmt.when(checked.at_unix)
     more = (
         f"; {len(checked.records)} of {reply.total} record(s) shown (--limit)"
         if reply.truncated
@@ -91,28 +91,34 @@ def run_remote(kind: str, query: str, args: argparse.Namespace) -> int:
 
 def _print(kind: str, r: dict[str, Any]) -> None:
     if kind == "file":
-        where = f"container {r['container_id'][:12]}" if r["container_id"] else "no container"
-        print(f"{r['path']}  sha256 {r['sha256'] or '-'}")
+        cid = r["container_id"]
+        where = f"container {_t(cid, 12)}" if cid else "no container"
+        print(f"{_t(r['path'], 0)}  sha256 {_t(r['sha256']) or '-'}")
         print(
-            f"  target {r['target']}  pid {r['pid']} ({r['role']}, {where})  manifest "
-            f"{r['manifest_digest'][:19]}  seen in {r['reports']} report(s)  runs: "
-            f"{', '.join(r['runs']) or 'none'}  served {r['requests']} request(s)"
+            f"  target {_t(r['target'])}  pid {_t(r['pid'])} ({_t(r['role'])}, {where})  "
+            f"manifest {_t(r['manifest_digest'], 19)}  seen in {_t(r['reports'])} report(s)  "
+            f"runs: {', '.join(_t(x) for x in r['runs']) or 'none'}  served "
+            f"{_t(r['requests'])} request(s)"
         )
     elif kind == "request":
         p = r["process"]
         cid = p["container_id"]
-        print(f"request {r['request']} ({', '.join(r['external_ids']) or 'no external id'})")
-        print(f"  target {r['target']}  pid {p['pid']} ({p['role'] or '?'}, "
-              f"{'container ' + cid[:12] if cid else 'no container'})")  # fmt: skip
-        print(f"  steps {r['steps'][0]}..{r['steps'][1]} ({r['scheduled_steps']} scheduled, "
-              f"{r['tokens']} tokens)  runner {r['runner']}")  # fmt: skip
+        ext = ", ".join(_t(e) for e in r["external_ids"]) or "no external id"
+        print(f"request {_t(r['request'])} ({ext})")
+        print(f"  target {_t(r['target'])}  pid {_t(p['pid'])} ({_t(p['role']) or '?'}, "
+              f"{'container ' + _t(cid, 12) if cid else 'no container'})")  # fmt: skip
+        print(f"  steps {_t(r['steps'][0])}..{_t(r['steps'][1])} ({_t(r['scheduled_steps'])} "
+              f"scheduled, {_t(r['tokens'])} tokens)  runner {_t(r['runner'])}")  # fmt: skip
         for m in r["manifests"]:
-            print(f"  manifest {m}")
-        hooks = ", ".join(f"{k} {v}" for k, v in sorted(r["hooks"].items())) or "none declared"
-        print(f"  hook fires over its steps: {hooks}")
+            print(f"  manifest {_t(m)}")
+        hooks = ", ".join(f"{_t(k)} {_t(v)}" for k, v in sorted(r["hooks"].items()))
+        print(f"  hook fires over its steps: {hooks or 'none declared'}")
         for run in r["runs"]:
-            print(f"  run {run['run']}: {run['verdict'] or 'no verdict yet'} at the time")
+            verdict = _t(run["verdict"] or "no verdict yet")
+            print(f"  run {_t(run['run'])}: {verdict} at the time")
     else:
-        print(f"run {r['name']}  policy {r['policy_digest']}  from {r['source'] or '-'}")
+        print(
+            f"run {_t(r['name'])}  policy {_t(r['policy_digest'])}  from {_t(r['source']) or '-'}"
+        )
         for t, v in r["history"]:
-            print(f"  {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(t))}  {v}")
+            print(f"  {fmt.when(t)}  {_t(v)}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import sys
 from collections.abc import Sequence
 
@@ -14,6 +15,7 @@ from verifier._cli import (
     compare_cmd,
     diff_cmd,
     exec_cmd,
+    fmt,
     inspect_cmd,
     keygen_cmd,
     policy_cmd,
@@ -67,13 +69,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     from verifier import _logging
 
     _logging.configure(args.verbose)
+    out, err = sys.stdout, sys.stderr
+    # what is printed holds stored values: nothing in them reaches the terminal as a control
+    # sequence (fmt.TerminalSafe), and nothing fails to encode (a lone surrogate, LANG=C)
+    for stream in (out, err):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
+    sys.stdout = fmt.TerminalSafe(out)
+    sys.stderr = fmt.TerminalSafe(err, keep_cr=True)
     try:
         code: int = args.handler(args)
     except Error as e:
-        print(f"verifier: error: {e.explain()}", file=sys.stderr)
+        print(f"verifier: error: {fmt.message(e.explain())}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         return 130
+    finally:
+        sys.stdout.flush()
+        sys.stdout, sys.stderr = out, err
     return code
 
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from verifier._cli.common import add_verifier_option, tls_from
+from verifier._cli.fmt import text as _t
+from verifier._cli.fmt import when
 from verifier.client.address import resolve
 from verifier.errors import ConfigError
 
@@ -42,7 +43,7 @@ def register(args: argparse.Namespace) -> int:
     load_policy(text, str(args.policy))  # fail fast, with file and line, before any RPC
     with VerifierClient(resolve(args.verifier), tls=tls_from(args)) as client:
         run = client.register_run(args.name, text, str(args.policy))
-    print(f"registered run {run.name} with policy {run.policy_digest}")
+    print(f"registered run {_t(run.name)} with policy {_t(run.policy_digest)}")
     return 0
 
 
@@ -51,9 +52,10 @@ def list_runs(args: argparse.Namespace) -> int:
 
     with VerifierClient(resolve(args.verifier), tls=tls_from(args)) as client:
         for r in client.list_runs():
-            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.created_unix))
-            unsafe = f"  UNSAFE: {'; '.join(r.unsafe_flags)}" if r.unsafe_flags else ""
+            flags = "; ".join(_t(f) for f in r.unsafe_flags)
+            unsafe = f"  UNSAFE: {flags}" if flags else ""
             sys.stdout.write(
-                f"{r.name}  {r.verdict.value}  {r.policy_digest[:19]}  registered {when}{unsafe}\n"
+                f"{_t(r.name)}  {r.verdict.value}  {_t(r.policy_digest, 19)}  registered "
+                f"{when(r.created_unix)}{unsafe}\n"
             )
     return 0

@@ -9,6 +9,7 @@ from typing import Any
 
 from verifier import wire
 from verifier._cli.common import add_verifier_option, tls_from
+from verifier._cli.fmt import text
 from verifier.model import RunVerdict
 
 
@@ -37,28 +38,30 @@ def add_parser(sub: Any) -> None:
 
 
 def render(v: RunVerdict) -> str:
-    unsafe = [str(f.context.get("flag")) for f in v.findings if f.id == "policy.unsafe"]
+    unsafe = [text(f.context.get("flag")) for f in v.findings if f.id == "policy.unsafe"]
     named = f"  UNSAFE: {'; '.join(unsafe)}" if unsafe else ""  # never only in the findings
-    lines = [f"run {v.run}: {v.verdict.value}  (policy {v.policy_digest[:19]}){named}"]
+    lines = [f"run {text(v.run)}: {v.verdict.value}  (policy {text(v.policy_digest, 19)}){named}"]
     for f in v.findings:
-        lines.append(f"  {f.severity.value:<7} {f.id}: {f.message}")
+        lines.append(f"  {f.severity.value:<7} {text(f.id)}: {text(f.message, 0)}")
     for t in v.targets:
-        lines.append(f"  target {t.target}: {t.verdict.value}")
+        lines.append(f"  target {text(t.target)}: {t.verdict.value}")
         for h in t.hooks:
             rank = f" rank {h.rank}" if h.rank is not None else ""
             lines.append(
-                f"    hook {h.name} ({h.role}{rank}, pid {h.pid}): fired {h.fired_productive} on "
+                f"    hook {text(h.name)} ({text(h.role)}{rank}, pid {h.pid}): fired "
+                f"{h.fired_productive} on "
                 f"{h.productive_steps} productive steps, {h.fired_decode} on {h.decode_steps} "
                 f"decode steps, {h.fired_outside} outside steps ({h.fired} in all, "
                 f"{h.total_steps} steps; judged on {h.on})"
             )
         for f in t.findings:
-            lines.append(f"    {f.severity.value:<7} {f.id}: {f.message}")
+            lines.append(f"    {f.severity.value:<7} {text(f.id)}: {text(f.message, 0)}")
             if f.id == "provenance.origins":
                 for x in f.context.get("files") or ():
-                    dist = f" [{x.get('distribution')}]" if x.get("distribution") else ""
+                    dist = f" [{text(x.get('distribution'))}]" if x.get("distribution") else ""
                     lines.append(
-                        f"      {x.get('origin', '?'):<9} {x.get('path')}{dist}: {x.get('reason')}"
+                        f"      {text(x.get('origin', '?')):<9} {text(x.get('path'), 0)}{dist}: "
+                        f"{text(x.get('reason'), 0)}"
                     )
     return "\n".join(lines) + "\n"
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from typing import Any
 
 from verifier._cli.common import add_verifier_option, tls_from
+from verifier._cli.fmt import text
+from verifier._cli.fmt import when as _when
 from verifier.client.address import resolve
 
 
@@ -38,10 +39,6 @@ def add_parser(sub: Any) -> None:
     forget.set_defaults(handler=forget_target)
 
 
-def _when(unix: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(unix))
-
-
 def list_targets(args: argparse.Namespace) -> int:
     from verifier.client.api import VerifierClient
 
@@ -49,8 +46,9 @@ def list_targets(args: argparse.Namespace) -> int:
         for t in client.list_targets():
             age = "?" if t.age_s is None else f"{t.age_s:.1f}s"
             sys.stdout.write(
-                f"{t.target}  {t.state}  last report {_when(t.last_report_unix)}  age {age}  "
-                f"agent {t.agent_id}  authenticated as {t.authenticated_as or 'nobody'}\n"
+                f"{text(t.target)}  {text(t.state)}  last report {_when(t.last_report_unix)}  "
+                f"age {age}  agent {text(t.agent_id)}  authenticated as "
+                f"{text(t.authenticated_as) or 'nobody'}\n"
             )
     return 0
 
@@ -60,5 +58,8 @@ def forget_target(args: argparse.Namespace) -> int:
 
     with VerifierClient(resolve(args.verifier), tls=tls_from(args)) as client:
         t = client.forget_target(args.name)
-    print(f"forgot target {t.target} (was {t.state}, last report {_when(t.last_report_unix)})")
+    print(
+        f"forgot target {text(t.target)} (was {text(t.state)}, last report "
+        f"{_when(t.last_report_unix)})"
+    )
     return 0

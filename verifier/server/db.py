@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from verifier.errors import ConfigError, DatabaseUnreachable
+from verifier.errors import ConfigError, DatabaseCorrupt, DatabaseUnreachable
 from verifier.ledger.interface import Rows
 
 URL_SCHEMES = ("postgresql://", "postgres://")
@@ -281,6 +281,22 @@ class PostgresDatabase(Database):
         self._db.close()
 
 
+def is_corruption(e: BaseException) -> bool:
+    """E says the database itself is damaged (SQLite: SQLITE_CORRUPT, SQLITE_NOTADB;
+    PostgreSQL: data_corrupted, index_corrupted), not that it could not be reached or opened."""
+    if isinstance(e, sqlite3.Error):  # or text stored as bytes that are not UTF-8
+        undecodable = str(e).startswith("Could not decode to UTF-8")
+        return undecodable or (getattr(e, "sqlite_errorcode", 0) & 0xFF) in (11, 26)
+    return getattr(e, "sqlstate", None) in ("XX001", "XX002")
+
+
+def read_error(name: str, e: BaseException) -> ConfigError | DatabaseCorrupt:
+    """The error to raise for E, a failed read of the database NAME: corruption is exit 1."""
+    if is_corruption(e):
+        return DatabaseCorrupt(f"{name}: the database is corrupt: {e}")
+    return ConfigError(f"{name}: cannot read the database: {e}")
+
+
 def open_database(target: str | Path, read_only: bool = False) -> Database:
     """A PostgreSQL URL or an SQLite file (created unless READ_ONLY)."""
     if is_url(target):
@@ -288,4 +304,8 @@ def open_database(target: str | Path, read_only: bool = False) -> Database:
     try:
         return SQLiteDatabase(target, read_only=read_only)
     except sqlite3.Error as e:
+        if is_corruption(e):
+            raise DatabaseCorrupt(f"verifier database {target} is corrupt: {e}") from e
+        raise ConfigError(f"cannot open the verifier database {target}: {e}") from e
+    except OSError as e:  # its folder cannot be made: permissions, a file in the way
         raise ConfigError(f"cannot open the verifier database {target}: {e}") from e

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from verifier.errors import ConfigError, UsageError
+from verifier.errors import ConfigError, DatabaseCorrupt, UsageError
 from verifier.ledger import bindings, chain
 from verifier.model import FileEntry, RequestId, RequestSpan
 from verifier.server import schema
-from verifier.server.db import Database, open_database
+from verifier.server.db import Database, is_corruption, open_database
 from verifier.server.index import (
     ProcessSeen,
     index_manifest,
@@ -113,10 +113,15 @@ class Store:
             integrity = self._db.quick_check()
         except errors as e:
             self._db.close()
+            if is_corruption(e):  # opens, but damaged: tampering or a failed disk, exit 1
+                raise DatabaseCorrupt(f"verifier database {self.path} is corrupt: {e}") from e
             raise ConfigError(f"cannot open the verifier database {self.path}: {e}") from e
         if integrity != "ok":
             self._db.close()
-            raise ConfigError(f"verifier database {self.path} is corrupt: {integrity}")
+            raise DatabaseCorrupt(
+                f"verifier database {self.path} is corrupt: its integrity check says "
+                + " ".join(integrity.split())
+            )
         self._lock = threading.Lock()
         self._frontier: merkle.Frontier | None = None  # the tree as last signed (checkpoints)
         self.columns_added: list[str] = []
