@@ -157,6 +157,25 @@ def test_text_that_is_not_utf8_is_named_not_a_traceback(tmp_path: Path) -> None:
         assert "corrupt" in out.stderr and "UTF-8" in out.stderr, out.stderr
 
 
+def test_a_value_of_the_wrong_type_is_named_not_a_traceback(tmp_path: Path) -> None:
+    """SQLite keeps any value in any column: text where a time, a pid or a JSON object of
+    hook counts belongs (a hand edit). Every audit query reading it says the database is
+    corrupt, or (where the query checks its rows against the ledger first) that the rows were
+    edited: exit 1, never a traceback."""
+    db = tmp_path / "db.sqlite3"
+    request = hostile_store(db, 1e9, "plain")
+    with sqlite3.connect(db) as con:
+        con.execute("UPDATE verdicts SET at_unix = 'later'")
+        con.execute("UPDATE bindings SET hooks_json = '{not json'")
+        con.execute("UPDATE processes SET pid = 'one'")
+    for args in (["audit", "run", "runplain"], ["audit", "request", request],
+                 ["audit", "file", "sampler.py"]):  # fmt: skip
+        out = verifier_cli(*args, "--db", str(db))
+        assert_printed(out, 1)
+        said = ("not what its column holds", "changed after it was ledgered")
+        assert any(w in out.stderr for w in said), out.stderr
+
+
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     addr = f"unix:{tmp_path}/v.sock"

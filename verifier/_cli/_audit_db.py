@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from verifier.errors import ConfigError
+import contextlib
+from collections.abc import Iterator
+
+from verifier.errors import ConfigError, DatabaseCorrupt
 from verifier.server.db import Database, open_database, read_error
 
 DB_HELP = "the verifier's database: an SQLite file or a postgresql:// URL"
@@ -21,3 +24,23 @@ def open_ro(target: str) -> Database:
         db.close()
         raise
     return db
+
+
+@contextlib.contextmanager
+def reading(db: Database) -> Iterator[None]:
+    """Read DB in one snapshot (a live verifier writes while the checks read), then close it.
+    A database error is explained (``read_error``); a stored value that is not of its column's
+    type (text in a time column, JSON that does not parse) is corruption (exit 1), never a
+    traceback: anything in the file may have been edited."""
+    try:
+        with db.snapshot():
+            yield
+    except db.errors as e:
+        raise read_error(db.name, e) from e
+    except (ValueError, TypeError) as e:  # json.JSONDecodeError is a ValueError
+        raise DatabaseCorrupt(
+            f"verifier database {db.name} is corrupt: a stored value is not what its column "
+            f"holds ({type(e).__name__}: {e})"
+        ) from e
+    finally:
+        db.close()

@@ -11,7 +11,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from verifier._cli import audit_anchor_cmd, audit_seal_cmd, fmt
-from verifier._cli._audit_db import DB_HELP
+from verifier._cli._audit_db import DB_HELP, reading
 from verifier._cli._audit_db import open_ro as _open
 from verifier._cli.audit_remote import add_remote_options, run_remote, wants_remote
 from verifier._cli.fmt import text as _t
@@ -162,13 +162,8 @@ def run_file(args: argparse.Namespace) -> int:
     if wants_remote(args):
         return run_remote("file", args.file, args)
     db = _open(args.db)
-    try:
-        with db.snapshot():  # one state: a live verifier writes while the checks read
-            found = find_file(db, args.file, max(0, args.requests))
-    except db.errors as e:
-        raise read_error(db.name, e) from e
-    finally:
-        db.close()
+    with reading(db):
+        found = find_file(db, args.file, max(0, args.requests))
     if args.json:
         print(fmt.dumps([dataclasses.asdict(s) for s in found]))
         return 0
@@ -194,13 +189,8 @@ def run_request(args: argparse.Namespace) -> int:
     if wants_remote(args):
         return run_remote("request", args.id, args)
     db = _open(args.db)
-    try:
-        with db.snapshot():  # one state: a live verifier writes while the checks read
-            found = find_request(db, args.id)
-    except db.errors as e:
-        raise read_error(db.name, e) from e
-    finally:
-        db.close()
+    with reading(db):
+        found = find_request(db, args.id)
     if args.json:
         print(fmt.dumps([dataclasses.asdict(s) for s in found]))
         return 0
@@ -255,13 +245,8 @@ def run_run(args: argparse.Namespace) -> int:
     if wants_remote(args):
         return run_remote("run", args.run, args)
     db = _open(args.db)
-    try:
-        with db.snapshot():  # one state: a live verifier writes while the checks read
-            s = run_summary(db, args.run)
-    except db.errors as e:
-        raise read_error(db.name, e) from e
-    finally:
-        db.close()
+    with reading(db):
+        s = run_summary(db, args.run)
     if args.json:
         print(fmt.dumps(dataclasses.asdict(s)))
         return 0
@@ -281,13 +266,8 @@ def run_export(args: argparse.Namespace) -> int:
 
     key = load_private_key(Path(args.key))
     db = _open(args.db)
-    try:
-        with db.snapshot():
-            bundle = export(db, key, args.request, args.run)
-    except db.errors as e:
-        raise read_error(db.name, e) from e
-    finally:
-        db.close()
+    with reading(db):
+        bundle = export(db, key, args.request, args.run)
     out = Path(args.out)
     tmp = out.with_name(out.name + ".tmp")
     try:
