@@ -13,7 +13,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from verifier._cli.common import add_verifier_option, positive_seconds, tls_from
+from verifier._cli.common import add_verifier_option, positive_seconds, rpc_timeout, tls_from
 from verifier.errors import Error, UsageError
 
 DESCRIPTION = """\
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("no command: verifier exec RUN --results FILE -- CMD ARGS...")
     results = Path(args.results)
     out = Path(args.out) if args.out else None
-    with VerifierClient(resolve(args.verifier), tls=tls_from(args)) as client:
+    with VerifierClient(resolve(args.verifier), rpc_timeout(args), tls_from(args)) as client:
         opened = client.open_window(args.run, args.timeout)  # CMD never runs if this fails
         print(f"verifier exec: window {opened.window_id} on run {args.run} opened", flush=True)
         code = _run_child(argv)

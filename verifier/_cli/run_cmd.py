@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from verifier._cli.common import add_verifier_option, tls_from
+from verifier._cli.common import add_verifier_option, rpc_timeout, tls_from
 from verifier.client.address import resolve
 from verifier.errors import ConfigError
 
@@ -40,7 +40,7 @@ def register(args: argparse.Namespace) -> int:
     except OSError as e:
         raise ConfigError(f"cannot read policy {args.policy}: {e.strerror}") from e
     load_policy(text, str(args.policy))  # fail fast, with file and line, before any RPC
-    with VerifierClient(resolve(args.verifier), tls=tls_from(args)) as client:
+    with VerifierClient(resolve(args.verifier), rpc_timeout(args), tls_from(args)) as client:
         run = client.register_run(args.name, text, str(args.policy))
     print(f"registered run {run.name} with policy {run.policy_digest}")
     return 0
@@ -49,7 +49,7 @@ def register(args: argparse.Namespace) -> int:
 def list_runs(args: argparse.Namespace) -> int:
     from verifier.client.api import VerifierClient
 
-    with VerifierClient(resolve(args.verifier), tls=tls_from(args)) as client:
+    with VerifierClient(resolve(args.verifier), rpc_timeout(args), tls_from(args)) as client:
         for r in client.list_runs():
             when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.created_unix))
             unsafe = f"  UNSAFE: {'; '.join(r.unsafe_flags)}" if r.unsafe_flags else ""

@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from verifier._cli.common import add_verifier_option, tls_from
+from verifier._cli.common import add_verifier_option, rpc_timeout, tls_from
 from verifier.client.address import resolve
 
 
@@ -45,7 +45,7 @@ def _when(unix: float) -> str:
 def list_targets(args: argparse.Namespace) -> int:
     from verifier.client.api import VerifierClient
 
-    with VerifierClient(resolve(args.verifier), tls=tls_from(args)) as client:
+    with VerifierClient(resolve(args.verifier), rpc_timeout(args), tls_from(args)) as client:
         for t in client.list_targets():
             age = "?" if t.age_s is None else f"{t.age_s:.1f}s"
             sys.stdout.write(
@@ -58,7 +58,7 @@ def list_targets(args: argparse.Namespace) -> int:
 def forget_target(args: argparse.Namespace) -> int:
     from verifier.client.api import VerifierClient
 
-    with VerifierClient(resolve(args.verifier), tls=tls_from(args)) as client:
+    with VerifierClient(resolve(args.verifier), rpc_timeout(args), tls_from(args)) as client:
         t = client.forget_target(args.name)
     print(f"forgot target {t.target} (was {t.state}, last report {_when(t.last_report_unix)})")
     return 0

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from verifier._cli.common import add_verifier_option, positive_seconds, tls_from
+from verifier._cli.common import add_verifier_option, positive_seconds, rpc_timeout, tls_from
 from verifier.errors import UsageError
 
 SEAL_DESCRIPTION = """\
@@ -70,7 +70,7 @@ def open_window(args: argparse.Namespace) -> int:
     from verifier.client.window import save_window
 
     address = resolve(args.verifier)
-    with VerifierClient(address, tls=tls_from(args)) as client:
+    with VerifierClient(address, rpc_timeout(args), tls_from(args)) as client:
         opened = client.open_window(args.run, args.timeout)
     save_window(Path(args.out), address, opened)
     print(
@@ -108,7 +108,7 @@ def seal(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.window} is a window on run {w['run']}, not {args.run}")
     address = resolve(args.verifier or w["verifier"])
     out = Path(args.out) if args.out else None
-    with VerifierClient(address, tls=tls_from(args)) as client:
+    with VerifierClient(address, rpc_timeout(args), tls_from(args)) as client:
         sealed, content, path = seal_window(
             client, w["window_id"], args.run, results, args.timeout, out
         )

@@ -1,0 +1,325 @@
+"""A client command given a time returns within it, whatever the peer does; a wait calls an
+unreachable verifier again until then; errors that cannot pass end it at once.
+
+Every command here is the real CLI in a subprocess; every peer is a real socket: a port
+nobody listens on, a listener that accepts and never answers, one that answers garbage, one
+that completes a TLS handshake and then says nothing, a Unix socket path that does not exist,
+and real verifiers (``verifier serve`` started late, the in-process server). Before this, each
+of these `wait --timeout 2` returned after 10.5 s (a fixed 10 s per call), and a wait begun
+while the verifier was down exited 4 at once.
+
+The bound asserted is about correctness, not speed: a command may take the time it was given
+plus its interpreter's start-up (measured in the same test, under the same load: `verifier
+--version` run beside it; 0.4 s alone here, 2.8 s with five at once on 2 cores) plus SLACK_S
+(exit, and a loaded machine). The bug it catches is a fixed 10 s per call.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import verifier_cli
+from tests.test_faults import AGENT_ID, FakeWorker, policy, serve, worker
+from tests.test_gate_e2e import Daemon
+from verifier.client.api import VerifierClient
+from verifier.server.app import ServeConfig, VerifierServer
+
+__all__ = ["worker"]  # the fixture, imported for the test that reaches PASS
+
+SLACK_S = 2.0
+INSECURE = "warning: INSECURE"
+
+
+@dataclass
+class Ran:
+    code: int
+    elapsed: float
+    stderr: str
+    stdout: str
+
+    @property
+    def errors(self) -> list[str]:
+        return [ln for ln in self.stderr.splitlines() if INSECURE not in ln and ln.strip()]
+
+
+def timed(*args: str, env: dict[str, str] | None = None, limit: float = 60) -> Ran:
+    """The real CLI (``python -m verifier``), timed from start to exit."""
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "verifier", *args], capture_output=True,
+                         text=True, timeout=limit, env=env, check=False)  # fmt: skip
+    return Ran(out.returncode, time.monotonic() - t0, out.stderr, out.stdout)
+
+
+@contextmanager
+def listener(behaviour: str, tls_dir: Path | None = None) -> Iterator[str]:
+    """A TCP listener on loopback that accepts every connection and then: ``silent`` says
+    nothing and never closes; ``garbage`` sends bytes that are not HTTP/2; ``tls`` completes a
+    TLS handshake (the verifier's certificate in TLS_DIR) and then says nothing."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(64)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+    ctx: ssl.SSLContext | None = None
+    if behaviour == "tls":
+        assert tls_dir is not None
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(tls_dir / "verifier.pem", tls_dir / "verifier.key")
+        ctx.set_alpn_protocols(["h2"])
+
+    def serve_conn(c: socket.socket) -> None:
+        try:
+            if behaviour == "garbage":
+                c.sendall(b"HTTP/1.0 200 OK\r\n\r\nthis is not a verifier\r\n" * 8)
+            elif ctx is not None:
+                c.settimeout(10)
+                held.append(ctx.wrap_socket(c, server_side=True))  # handshake, then nothing
+        except OSError:
+            pass
+
+    def loop() -> None:
+        srv.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                c, _ = srv.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            held.append(c)
+            threading.Thread(target=serve_conn, args=(c,), daemon=True).start()
+
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    try:
+        yield f"127.0.0.1:{srv.getsockname()[1]}"
+    finally:
+        stop.set()
+        t.join(timeout=5)
+        srv.close()
+        for c in held:
+            c.close()
+
+
+@contextmanager
+def refused_port() -> Iterator[str]:
+    """A loopback port bound but not listening: every connection is refused (and no other
+    process can take the port while the test runs)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    try:
+        yield f"127.0.0.1:{s.getsockname()[1]}"
+    finally:
+        s.close()
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("pki")
+    for args in (["certs", "init", "--dir", str(d)],
+                 ["certs", "issue", "verifier", "--dir", str(d), "--ip", "127.0.0.1"]):  # fmt: skip
+        out = verifier_cli(*args)
+        assert out.returncode == 0, (args, out.stderr)
+    return d
+
+
+def test_wait_returns_within_its_timeout_from_every_dead_or_hostile_peer_with_exit_4(
+    tmp_path: Path, pki: Path
+) -> None:
+    """`wait --timeout 2` against each peer that never gives an answer: exit 4 within 2 s +
+    start-up + SLACK_S, saying the verifier was unreachable for the whole 2 s. It keeps
+    calling until the timeout (it does not give up at the first refusal): at least 2 s. All
+    five run at once, each in its own process."""
+    timeout = 2.0
+    results: dict[str, Ran] = {}
+    with (
+        refused_port() as nobody,
+        listener("silent") as silent,
+        listener("garbage") as garbage,
+        listener("tls", pki) as tls_stall,
+    ):
+        peers = {
+            "nobody listens": [nobody],
+            "accepts, never answers": [silent],
+            "answers garbage": [garbage],
+            "TLS handshake, then nothing": [tls_stall, "--tls-ca", str(pki / "ca.pem")],
+            "no such unix socket": [f"unix:{tmp_path}/none.sock"],
+        }
+
+        def one(name: str, where: list[str]) -> None:
+            if name == "start-up":
+                results[name] = timed("--version")
+            else:
+                results[name] = timed(
+                    "wait", "r", "--timeout", f"{timeout:g}", "--verifier", *where
+                )
+
+        jobs = [*peers.items(), ("start-up", [])]
+        threads = [threading.Thread(target=one, args=kv) for kv in jobs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    start_up = results.pop("start-up")
+    assert start_up.code == 0, start_up
+    for name, ran in results.items():
+        assert ran.code == 4, (name, ran)
+        bound = timeout + start_up.elapsed + SLACK_S
+        assert timeout <= ran.elapsed < bound, (name, ran.elapsed, bound, ran.stderr)
+        assert len(ran.errors) == 1, (name, ran.stderr)
+        assert "unreachable" in ran.errors[0] and "for the whole 2 s" in ran.errors[0], (name, ran)
+        assert "Traceback" not in ran.stderr
+    assert set(results) == set(peers)
+
+
+def test_status_call_is_bounded_by_rpc_timeout_and_by_its_default(tmp_path: Path) -> None:
+    """A command without a --timeout gives each call the per-call deadline: `status` against a
+    listener that never answers exits 4 after --rpc-timeout 1 (or $VERIFIER_RPC_TIMEOUT 1),
+    while the same call with the default (10 s), started at the same time, is still waiting;
+    that one exits 4 after the default and no later than it + start-up + SLACK_S."""
+    results: dict[str, Ran] = {}
+    with listener("silent") as silent:
+        env = {**os.environ, "VERIFIER_RPC_TIMEOUT": "1"}
+        runs = {
+            "flag": (["status", "r", "--verifier", silent, "--rpc-timeout", "1"], None),
+            "env": (["status", "r", "--verifier", silent], env),
+            "default": (["status", "r", "--verifier", silent], None),
+            "start-up": (["--version"], None),
+        }
+        done: dict[str, float] = {}
+
+        def one(name: str) -> None:
+            args, e = runs[name]
+            results[name] = timed(*args, env=e)
+            done[name] = time.monotonic()
+
+        threads = {n: threading.Thread(target=one, args=(n,)) for n in runs}
+        for t in threads.values():
+            t.start()
+        threads["start-up"].join()
+        threads["flag"].join()
+        threads["env"].join()
+        assert "default" not in done, "the default call ended with the 1 s ones"
+        threads["default"].join()
+    start_up = results["start-up"].elapsed
+    for name in ("flag", "env"):
+        ran = results[name]
+        assert ran.code == 4 and "Deadline Exceeded" in ran.stderr, (name, ran)
+        assert 1.0 <= ran.elapsed < 1.0 + start_up + SLACK_S, (name, ran.elapsed, start_up)
+    default = results["default"]
+    assert default.code == 4 and "Deadline Exceeded" in default.stderr, default
+    assert 10.0 <= default.elapsed < 10.0 + start_up + SLACK_S, (default.elapsed, start_up)
+
+
+def test_rpc_timeout_that_is_not_a_positive_number_is_refused() -> None:
+    """--rpc-timeout 0 is a usage error (2); a bad $VERIFIER_RPC_TIMEOUT a configuration
+    error (3), named."""
+    flag = timed("status", "--rpc-timeout", "0")
+    assert flag.code == 2 and "--rpc-timeout" in flag.stderr, flag
+    env = timed("status", env={**os.environ, "VERIFIER_RPC_TIMEOUT": "soon"})
+    assert env.code == 3 and "VERIFIER_RPC_TIMEOUT" in env.stderr, env
+
+
+def test_wait_begun_while_the_verifier_is_down_passes_once_it_comes_up(
+    worker: FakeWorker, tmp_path: Path
+) -> None:
+    """`wait` started with no verifier listening keeps calling; the verifier starts 1.5 s
+    later, an agent reports a live fake worker, and the wait exits 0 with the run PASS."""
+    addr = f"unix:{tmp_path}/v.sock"
+    (tmp_path / "p.toml").write_text(policy())
+    gate = subprocess.Popen([sys.executable, "-m", "verifier", "wait", "r", "--timeout", "60",
+                             "--verifier", addr],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    daemons: list[Daemon] = []
+    try:
+        time.sleep(1.5)
+        assert gate.poll() is None, "the wait gave up while the verifier was down"
+        daemons.append(serve(tmp_path, str(tmp_path / "db.sqlite3"), addr, "serve.log",
+                             "--run", f"r={tmp_path / 'p.toml'}"))  # fmt: skip
+        daemons.append(Daemon(["agent", "--verifier", addr, "--target", "t", "--agent-id",
+                               AGENT_ID, "--pid", str(worker.pid), "--interval", "0.1",
+                               "--spool", str(tmp_path / "spool"), "--no-docker"],
+                              tmp_path / "agent.log").start())  # fmt: skip
+        out, err = gate.communicate(timeout=60)
+    finally:
+        if gate.poll() is None:
+            gate.kill()
+            gate.communicate()
+        for d in reversed(daemons):
+            d.stop(signal.SIGTERM)
+    assert gate.returncode == 0, (gate.returncode, err, (tmp_path / "serve.log").read_text())
+    assert out.startswith("run r: PASS"), out
+
+
+@pytest.fixture
+def verifier(tmp_path: Path) -> Iterator[str]:
+    a = f"unix:{tmp_path}/v.sock"
+    server = VerifierServer(ServeConfig(a, tmp_path / "db.sqlite3", workers=4))
+    server.start()
+    try:
+        with VerifierClient(a) as c:
+            c.register_run("r", policy(30.0), "p.toml")  # no target reports: PENDING
+        yield a
+    finally:
+        server.stop()
+
+
+def test_errors_that_cannot_pass_end_the_wait_at_once_and_an_undecided_run_times_out(
+    verifier: str,
+) -> None:
+    """An unknown run is exit 2 at once (not retried until --timeout 60); a reachable verifier
+    whose run stays PENDING is exit 5 (timeout, not 4) within --timeout + start-up + SLACK_S."""
+    unknown = timed("wait", "no-such-run", "--timeout", "60", "--verifier", verifier)
+    assert unknown.code == 2, unknown
+    assert unknown.errors == ["verifier: error: no run named 'no-such-run'"], unknown.stderr
+    assert unknown.elapsed < 30, unknown.elapsed  # not retried: far below its 60 s
+    start_up = timed("--version").elapsed
+    pending = timed("wait", "r", "--timeout", "2", "--verifier", verifier)
+    assert pending.code == 5, pending
+    assert pending.errors[-1].startswith("verifier: error: run r still PENDING after 2 s"), pending
+    assert 2.0 <= pending.elapsed < 2.0 + start_up + SLACK_S, (pending.elapsed, start_up)
+
+
+def test_window_open_is_bounded_by_its_timeout_against_a_silent_or_absent_verifier(
+    tmp_path: Path,
+) -> None:
+    """`window --timeout 2` (the verifier itself waits that long, so the call gets 2 s + 1 s
+    for its answer) returns within 3 s + start-up + SLACK_S from a listener that never answers, and
+    keeps calling a verifier that is not there until then: exit 4 from both, no window
+    file. Before, the silent one took 12 s."""
+    got: dict[str, Ran] = {}
+    with listener("silent") as silent, refused_port() as nobody:
+        jobs = {
+            "silent": ["--verifier", silent],
+            "nobody": ["--verifier", nobody],
+            "start-up": [],
+        }
+
+        def one(name: str) -> None:
+            out = ["window", "r", "--out", str(tmp_path / f"{name}.json"), "--timeout", "2"]
+            got[name] = timed(*out, *jobs[name]) if jobs[name] else timed("--version")
+
+        threads = [threading.Thread(target=one, args=(n,)) for n in jobs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    start_up = got.pop("start-up").elapsed
+    for name, ran in got.items():
+        assert ran.code == 4, (name, ran)
+        assert "unreachable" in ran.stderr, (name, ran.stderr)
+        assert 2.0 <= ran.elapsed < 3.0 + start_up + SLACK_S, (name, ran.elapsed, start_up)
+        assert not (tmp_path / f"{name}.json").exists()
