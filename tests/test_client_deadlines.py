@@ -35,6 +35,9 @@ from tests.helpers import verifier_cli
 from tests.test_faults import AGENT_ID, FakeWorker, policy, serve, worker
 from tests.test_gate_e2e import Daemon
 from verifier.client.api import VerifierClient
+from verifier.client.gate import wait_for
+from verifier.errors import UnavailableError
+from verifier.model import RunVerdict
 from verifier.server.app import ServeConfig, VerifierServer
 
 __all__ = ["worker"]  # the fixture, imported for the test that reaches PASS
@@ -291,6 +294,45 @@ def test_errors_that_cannot_pass_end_the_wait_at_once_and_an_undecided_run_times
     assert pending.code == 5, pending
     assert pending.errors[-1].startswith("verifier: error: run r still PENDING after 2 s"), pending
     assert 2.0 <= pending.elapsed < 2.0 + start_up + SLACK_S, (pending.elapsed, start_up)
+
+
+def test_wait_whose_verifier_goes_away_keeps_calling_then_says_it_answered_before(
+    tmp_path: Path,
+) -> None:
+    """The harness API: a wait whose verifier answers PENDING and is then stopped keeps
+    calling it until its timeout (it does not end at the first failure), then raises
+    UnavailableError (exit 4) saying the verifier answered before and what the run was."""
+    a = f"unix:{tmp_path}/v.sock"
+    server = VerifierServer(ServeConfig(a, tmp_path / "db.sqlite3", workers=2))
+    server.start()
+    answered = threading.Event()
+    stopped_at: list[float] = []
+
+    def progress(v: RunVerdict) -> None:
+        answered.set()
+
+    def stop_after_first_answer() -> None:
+        answered.wait(30)
+        server.stop()
+        stopped_at.append(time.monotonic())
+
+    stopper = threading.Thread(target=stop_after_first_answer)
+    try:
+        with VerifierClient(a) as c:
+            c.register_run("r", policy(30.0), "p.toml")
+            stopper.start()
+            began = time.monotonic()
+            with pytest.raises(UnavailableError) as got:
+                wait_for(c, "r", 5.0, on_progress=progress)
+            ended = time.monotonic()
+    finally:
+        stopper.join()
+        server.stop()
+    message = str(got.value)
+    assert "it answered before" in message and "run r was PENDING then" in message, message
+    assert "unreachable for the last" in message, message
+    assert stopped_at and stopped_at[0] < began + 5.0, "the verifier was stopped within the wait"
+    assert ended - began >= 5.0, "it gave up before its timeout"
 
 
 def test_window_open_is_bounded_by_its_timeout_against_a_silent_or_absent_verifier(

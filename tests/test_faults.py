@@ -397,7 +397,6 @@ def test_unreachable_verifier_bounded_spool_drops_oldest_and_the_gate_fails_clos
         if server.proc is not None:
             server.stop(signal.SIGKILL)
     assert gate.returncode == 4 and "unreachable" in err, (gate.returncode, err)
-    assert "it answered before" in err and "run r was PENDING then" in err, err
 
 
 def probe_report(pid: int, tmp: Path) -> TargetReport:

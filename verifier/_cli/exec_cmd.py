@@ -30,7 +30,9 @@ Exit codes: CMD's own code when it is not 0 (the seal is still attempted, writte
 outcome printed); else 0 when the window held and 1 when it broke (or --results was not
 written). When the window cannot open CMD never runs: 1 (RUN FAILs), 4 (verifier
 unreachable), 5 (no PASS on fresh evidence within --timeout), 10 (not authorized: the harness
-or operator role is needed). Check the seal offline with `verifier audit verify-seal`."""
+or operator role is needed). Each of open and seal takes at most --timeout + 1 s for the
+answer, an unreachable or busy verifier called again within it. Check the seal offline with
+`verifier audit verify-seal`."""
 
 
 def add_parser(sub: Any) -> None:

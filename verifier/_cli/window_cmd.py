@@ -35,7 +35,8 @@ def add_parser(sub: Any) -> None:
         "that evidence, records the window (and the evidence per process it rests on) in its "
         "ledger and returns its id, saved to --out with the verifier's address. The file is "
         "not trust-bearing: `verifier seal` names the window by it. Exit 1: RUN FAILs; 5: no "
-        "PASS on fresh evidence within --timeout; 4: the verifier is unreachable.",
+        "PASS on fresh evidence within --timeout; 4: the verifier is unreachable (it is called "
+        "again until --timeout; the command takes at most --timeout + 1 s for the answer).",
     )
     w.add_argument("run")
     w.add_argument("--out", required=True, metavar="FILE", help="where to save the window id")
