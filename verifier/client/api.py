@@ -32,10 +32,14 @@ T = TypeVar("T")
 # A window call's answer comes after the verifier's own wait of the time given: the call's
 # deadline is that time plus this (and no more: the command's whole time is bounded).
 ANSWER_GRACE_S = 1.0
-# The TLS refusal probe after a failed connection (``tls_refusal``): at most this long, and
-# never more than is left of the call's own deadline (with this floor, so it can still run).
+# The TLS refusal probe after a failed connection (``tls_refusal``): at most this long in all,
+# and never more than is left of the call's own deadline (with this floor, so it can still
+# run). Its timeout is per socket operation, and it makes up to PROBE_STEPS of them (connect,
+# handshake, the first read): each gets its share, so a peer that stalls each in turn cannot
+# stretch it (a peer that hangs up on gRPC and stalls the probe's handshake is in the tests).
 PROBE_MAX_S = 3.0
-PROBE_MIN_S = 0.2
+PROBE_MIN_S = 0.3
+PROBE_STEPS = 3
 # gRPC backs off between connection attempts up to 120 s by default: a verifier back up
 # would not be seen for minutes by a client that keeps its channel (``wait``). Capped here.
 RECONNECT_OPTIONS: tuple[tuple[str, object], ...] = (
@@ -54,7 +58,7 @@ def _translate(  # noqa: PLR0911 - one answer per status code
     if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
         return NotAuthorized(f"verifier at {address} refused: {details or code.name}")
     if code == grpc.StatusCode.UNAVAILABLE and connection_failed(details):
-        refused = tls_refusal(address, tls, probe_s)
+        refused = tls_refusal(address, tls, probe_s / PROBE_STEPS)
         if refused is not None:
             return NotAuthorized(refused)
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
