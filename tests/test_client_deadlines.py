@@ -360,21 +360,27 @@ def test_wait_whose_verifier_goes_away_keeps_calling_then_says_it_answered_befor
     assert ended - began >= 5.0, "it gave up before its timeout"
 
 
-def test_window_open_is_bounded_by_its_timeout_against_a_silent_or_absent_verifier(
+def test_window_and_exec_are_bounded_by_their_timeout_against_a_silent_or_absent_verifier(
     tmp_path: Path,
 ) -> None:
-    """`window --timeout 2` (the verifier itself waits that long, so the call gets 2 s + 1 s
-    for its answer) returns within those 3 s (+ CONTACT_SLACK_S) from a listener that never
-    answers, and keeps calling a verifier that is not there for its 2 s: exit 4 from both, no
-    window file. Before, the silent one took 12 s."""
-    with listener("silent") as silent, refused_port() as nobody:
+    """`window --timeout 2` and `exec --timeout 2` (the verifier itself waits that long, so
+    the call gets 2 s + 1 s for its answer) return within those 3 s (+ CONTACT_SLACK_S) from
+    a listener that never answers, and keep calling a verifier that is not there for their
+    2 s: exit 4, no window file, and exec's command never runs. Before, the silent ones took
+    13 s."""
+    ran_file = tmp_path / "ran"
+    with listener("silent") as silent, listener("silent") as silent2, refused_port() as nobody:
         where: dict[str, tuple[Peer | str, float]] = {
-            "silent": (silent, 3.0),
-            "nobody": (nobody, 2.0),
+            "window silent": (silent, 3.0),
+            "window nobody": (nobody, 2.0),
+            "exec silent": (silent2, 3.0),
         }
+        out = {name: str(tmp_path / f"{name.replace(' ', '-')}.json") for name in where}
         jobs = {
-            name: ["window", "r", "--out", str(tmp_path / f"{name}.json"), "--timeout", "2",
-                   "--verifier", addr(w)]
+            name: (["window", "r", "--out", out[name]] if name.startswith("window") else
+                   ["exec", "r", "--results", out[name]])
+            + ["--timeout", "2", "--verifier", addr(w)]
+            + ([] if name.startswith("window") else ["--", "touch", str(ran_file)])
             for name, (w, _) in where.items()
         }  # fmt: skip
         got, start_up = run_at_once(jobs)
@@ -382,7 +388,8 @@ def test_window_open_is_bounded_by_its_timeout_against_a_silent_or_absent_verifi
         assert ran.code == 4, (name, ran)
         assert "unreachable" in ran.stderr, (name, ran.stderr)
         assert_bounded(ran, where[name][1], where[name][0], start_up)
-        assert not (tmp_path / f"{name}.json").exists()
+        assert not Path(out[name]).exists()
+    assert not ran_file.exists(), "exec ran its command without a window"
 
 
 def test_a_verifier_that_refuses_the_client_ends_the_wait_at_once_with_exit_10(pki: Path) -> None:
