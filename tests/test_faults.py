@@ -347,7 +347,8 @@ def test_unreachable_verifier_bounded_spool_drops_oldest_and_the_gate_fails_clos
 ) -> None:
     """With nowhere to deliver, the agent keeps at most --spool-max-bytes on disk, drops the
     oldest reports and says so (spool_dropped); `verifier wait` against an unreachable
-    verifier, and against one that dies while the gate waits, exits 4, never 0."""
+    verifier, and against one that dies while the gate waits (called again until its
+    timeout), exits 4, never 0."""
     addr = f"unix:{tmp_path}/v.sock"
     spool = tmp_path / "spool"
     report_bytes = len(wire.report_to_bytes(probe_report(worker.pid, tmp_path)))
@@ -380,8 +381,9 @@ def test_unreachable_verifier_bounded_spool_drops_oldest_and_the_gate_fails_clos
                                                        "[evidence]"))  # fmt: skip
     server = serve(tmp_path, str(tmp_path / "db.sqlite3"), addr, "serve.log",
                    "--run", f"r={tmp_path / 'p.toml'}")  # fmt: skip
+    # (a wait calls an unreachable verifier again until its timeout: 6 s, not 60)
     gate = subprocess.Popen([str(Path(sys.executable).parent / "verifier"), "wait", "r",
-                             "--timeout", "60", "--verifier", addr],
+                             "--timeout", "6", "--verifier", addr],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         time.sleep(1.0)  # the gate polls a PENDING run (no target x ever reports)

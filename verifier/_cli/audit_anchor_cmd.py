@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from verifier._cli._audit_db import DB_HELP, open_ro
-from verifier._cli.common import add_verifier_option, tls_from
+from verifier._cli.common import add_verifier_option, rpc_timeout, tls_from
 from verifier.errors import ConfigError, NotFound, UsageError
 from verifier.server.db import read_error
 
@@ -80,7 +80,7 @@ def _client(args: argparse.Namespace) -> Any:
     from verifier.client.address import resolve
     from verifier.client.api import VerifierClient
 
-    return VerifierClient(resolve(args.verifier), timeout_s=60.0, tls=tls_from(args))
+    return VerifierClient(resolve(args.verifier), rpc_timeout(args, 60.0), tls_from(args))
 
 
 def _read(path: str, what: str) -> bytes:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from verifier._cli import fmt
-from verifier._cli.common import add_verifier_option, tls_from
+from verifier._cli.common import add_verifier_option, rpc_timeout, tls_from
 from verifier._cli.fmt import text as _t
 from verifier.errors import UsageError
 
@@ -67,7 +67,7 @@ def run_remote(kind: str, query: str, args: argparse.Namespace) -> int:
         raise UsageError("--limit must be 0 (the default) or more")
     key = load_public_key(Path(args.key))
     address = resolve_address(args.verifier)
-    with VerifierClient(address, timeout_s=60.0, tls=tls_from(args)) as client:
+    with VerifierClient(address, rpc_timeout(args, 60.0), tls_from(args)) as client:
         reply = client.audit(kind, query, args.limit)
     checked = check_answer(kind, query, reply.bundle, reply.note, key)
     if args.json:

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 
 from verifier.client.address import DEFAULT_ADDRESS, ENV_ADDRESS
+from verifier.client.deadline import DEFAULT_RPC_TIMEOUT_S
+from verifier.errors import ConfigError
 from verifier.security.tls import ClientTLS, client_tls
+
+ENV_RPC_TIMEOUT = "VERIFIER_RPC_TIMEOUT"
 
 
 def add_verifier_option(p: argparse.ArgumentParser) -> None:
@@ -29,6 +34,14 @@ def add_verifier_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--token", help="bearer token (prefer $VERIFIER_TOKEN: a flag shows in the process list)"
     )
+    p.add_argument(
+        "--rpc-timeout",
+        type=positive_seconds,
+        metavar="S",
+        help=f"seconds each call to the verifier may take (default: ${ENV_RPC_TIMEOUT}, else "
+        f"{DEFAULT_RPC_TIMEOUT_S:g}; audit calls 60); a command given --timeout also ends its "
+        "calls when that time is up",
+    )
 
 
 def positive_seconds(value: str) -> float:
@@ -40,6 +53,19 @@ def positive_seconds(value: str) -> float:
     if not (math.isfinite(seconds) and seconds > 0):
         raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {value}")
     return seconds
+
+
+def rpc_timeout(args: argparse.Namespace, default: float = DEFAULT_RPC_TIMEOUT_S) -> float:
+    """Each call's deadline: --rpc-timeout, else $VERIFIER_RPC_TIMEOUT, else DEFAULT."""
+    if getattr(args, "rpc_timeout", None) is not None:
+        return float(args.rpc_timeout)
+    env = os.environ.get(ENV_RPC_TIMEOUT)
+    if env is None or not env.strip():
+        return default
+    try:
+        return positive_seconds(env)
+    except argparse.ArgumentTypeError as e:
+        raise ConfigError(f"${ENV_RPC_TIMEOUT}: {e}") from None
 
 
 def tls_from(args: argparse.Namespace) -> ClientTLS | None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from verifier._cli.common import add_verifier_option, positive_seconds, tls_from
+from verifier._cli.common import add_verifier_option, positive_seconds, rpc_timeout, tls_from
 from verifier.errors import Error, UsageError
 
 DESCRIPTION = """\
@@ -30,7 +30,9 @@ Exit codes: CMD's own code when it is not 0 (the seal is still attempted, writte
 outcome printed); else 0 when the window held and 1 when it broke (or --results was not
 written). When the window cannot open CMD never runs: 1 (RUN FAILs), 4 (verifier
 unreachable), 5 (no PASS on fresh evidence within --timeout), 10 (not authorized: the harness
-or operator role is needed). Check the seal offline with `verifier audit verify-seal`."""
+or operator role is needed). Each of open and seal takes at most --timeout + 1 s for the
+answer, an unreachable or busy verifier called again within it. Check the seal offline with
+`verifier audit verify-seal`."""
 
 
 def add_parser(sub: Any) -> None:
@@ -87,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("no command: verifier exec RUN --results FILE -- CMD ARGS...")
     results = Path(args.results)
     out = Path(args.out) if args.out else None
-    with VerifierClient(resolve(args.verifier), tls=tls_from(args)) as client:
+    with VerifierClient(resolve(args.verifier), rpc_timeout(args), tls_from(args)) as client:
         opened = client.open_window(args.run, args.timeout)  # CMD never runs if this fails
         print(f"verifier exec: window {opened.window_id} on run {args.run} opened", flush=True)
         code = _run_child(argv)

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from verifier._cli.common import add_verifier_option, tls_from
+from verifier._cli.common import add_verifier_option, rpc_timeout, tls_from
 from verifier._cli.fmt import text as _t
 from verifier._cli.fmt import when
 from verifier.client.address import resolve
@@ -41,7 +41,7 @@ def register(args: argparse.Namespace) -> int:
     except OSError as e:
         raise ConfigError(f"cannot read policy {args.policy}: {e.strerror}") from e
     load_policy(text, str(args.policy))  # fail fast, with file and line, before any RPC
-    with VerifierClient(resolve(args.verifier), tls=tls_from(args)) as client:
+    with VerifierClient(resolve(args.verifier), rpc_timeout(args), tls_from(args)) as client:
         run = client.register_run(args.name, text, str(args.policy))
     print(f"registered run {_t(run.name)} with policy {_t(run.policy_digest)}")
     return 0
@@ -50,7 +50,7 @@ def register(args: argparse.Namespace) -> int:
 def list_runs(args: argparse.Namespace) -> int:
     from verifier.client.api import VerifierClient
 
-    with VerifierClient(resolve(args.verifier), tls=tls_from(args)) as client:
+    with VerifierClient(resolve(args.verifier), rpc_timeout(args), tls_from(args)) as client:
         for r in client.list_runs():
             flags = "; ".join(_t(f) for f in r.unsafe_flags)
             unsafe = f"  UNSAFE: {flags}" if flags else ""

@@ -8,8 +8,9 @@ import sys
 from typing import Any
 
 from verifier import wire
-from verifier._cli.common import add_verifier_option, tls_from
+from verifier._cli.common import add_verifier_option, positive_seconds, rpc_timeout, tls_from
 from verifier._cli.fmt import text
+from verifier.errors import Error
 from verifier.model import RunVerdict
 
 
@@ -29,10 +30,17 @@ def add_parser(sub: Any) -> None:
         "wait",
         help="block until a run PASSes (0) or FAILs (1); 5 on timeout, 4 if unreachable",
         description="The measurement gate: poll RUN until it is PASS (exit 0) or FAIL (exit 1). "
-        "Exit 5 when --timeout passes first, 4 when the verifier cannot be reached.",
+        "It returns within --timeout whatever the verifier does: every call ends when that time "
+        "is up, and a verifier that is unreachable, hung, restarting or busy is called again "
+        "(backoff up to 1 s) until then. Exit 5 when --timeout passes with the run still "
+        "undecided, 4 when the verifier could not be reached at the end (the message says "
+        "whether it ever answered and for how long it had not); an unknown run (2) or a refused "
+        "credential (10) ends the wait at once.",
     )
     w.add_argument("run")
-    w.add_argument("--timeout", type=float, required=True, help="seconds")
+    w.add_argument(
+        "--timeout", type=positive_seconds, required=True, help="seconds, the whole wait"
+    )
     add_verifier_option(w)
     w.set_defaults(handler=wait)
 
@@ -70,7 +78,7 @@ def status(args: argparse.Namespace) -> int:
     from verifier.client.address import resolve
     from verifier.client.api import VerifierClient
 
-    with VerifierClient(resolve(args.verifier), tls=tls_from(args)) as client:
+    with VerifierClient(resolve(args.verifier), rpc_timeout(args), tls_from(args)) as client:
         names = [args.run] if args.run else [r.name for r in client.list_runs()]
         verdicts = [client.status(n) for n in names]
     if args.json:
@@ -89,16 +97,23 @@ def wait(args: argparse.Namespace) -> int:
     tty = sys.stderr.isatty()
     last: list[str] = []
 
-    def progress(v: RunVerdict) -> None:
-        line = f"{v.run}: {v.verdict.value}"
+    def show(line: str) -> None:
         if tty and line not in last:
             sys.stderr.write(f"\r{line}   ")
             sys.stderr.flush()
             last[:] = [line]
 
-    with VerifierClient(resolve(args.verifier), tls=tls_from(args)) as client:
-        verdict = wait_for(client, args.run, args.timeout, on_progress=progress)
-    if tty:
-        sys.stderr.write("\n")
+    def progress(v: RunVerdict) -> None:
+        show(f"{v.run}: {v.verdict.value}")
+
+    def retry(_e: Error) -> None:
+        show(f"{args.run}: verifier unreachable, calling again until --timeout")
+
+    with VerifierClient(resolve(args.verifier), rpc_timeout(args), tls_from(args)) as client:
+        try:
+            verdict = wait_for(client, args.run, args.timeout, on_progress=progress, on_retry=retry)
+        finally:
+            if tty and last:
+                sys.stderr.write("\n")
     sys.stdout.write(render(verdict))
     return 0

@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import Any
 
-from verifier._cli.common import add_verifier_option, tls_from
+from verifier._cli.common import add_verifier_option, rpc_timeout, tls_from
 from verifier._cli.fmt import text
 from verifier._cli.fmt import when as _when
 from verifier.client.address import resolve
@@ -42,7 +42,7 @@ def add_parser(sub: Any) -> None:
 def list_targets(args: argparse.Namespace) -> int:
     from verifier.client.api import VerifierClient
 
-    with VerifierClient(resolve(args.verifier), tls=tls_from(args)) as client:
+    with VerifierClient(resolve(args.verifier), rpc_timeout(args), tls_from(args)) as client:
         for t in client.list_targets():
             age = "?" if t.age_s is None else f"{t.age_s:.1f}s"
             sys.stdout.write(
@@ -56,7 +56,7 @@ def list_targets(args: argparse.Namespace) -> int:
 def forget_target(args: argparse.Namespace) -> int:
     from verifier.client.api import VerifierClient
 
-    with VerifierClient(resolve(args.verifier), tls=tls_from(args)) as client:
+    with VerifierClient(resolve(args.verifier), rpc_timeout(args), tls_from(args)) as client:
         t = client.forget_target(args.name)
     print(
         f"forgot target {text(t.target)} (was {text(t.state)}, last report "

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from verifier._cli.common import add_verifier_option, positive_seconds, tls_from
+from verifier._cli.common import add_verifier_option, positive_seconds, rpc_timeout, tls_from
 from verifier.errors import UsageError
 
 SEAL_DESCRIPTION = """\
@@ -35,7 +35,8 @@ def add_parser(sub: Any) -> None:
         "that evidence, records the window (and the evidence per process it rests on) in its "
         "ledger and returns its id, saved to --out with the verifier's address. The file is "
         "not trust-bearing: `verifier seal` names the window by it. Exit 1: RUN FAILs; 5: no "
-        "PASS on fresh evidence within --timeout; 4: the verifier is unreachable.",
+        "PASS on fresh evidence within --timeout; 4: the verifier is unreachable (it is called "
+        "again until --timeout; the command takes at most --timeout + 1 s for the answer).",
     )
     w.add_argument("run")
     w.add_argument("--out", required=True, metavar="FILE", help="where to save the window id")
@@ -70,7 +71,7 @@ def open_window(args: argparse.Namespace) -> int:
     from verifier.client.window import save_window
 
     address = resolve(args.verifier)
-    with VerifierClient(address, tls=tls_from(args)) as client:
+    with VerifierClient(address, rpc_timeout(args), tls_from(args)) as client:
         opened = client.open_window(args.run, args.timeout)
     save_window(Path(args.out), address, opened)
     print(
@@ -108,7 +109,7 @@ def seal(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.window} is a window on run {w['run']}, not {args.run}")
     address = resolve(args.verifier or w["verifier"])
     out = Path(args.out) if args.out else None
-    with VerifierClient(address, tls=tls_from(args)) as client:
+    with VerifierClient(address, rpc_timeout(args), tls_from(args)) as client:
         sealed, content, path = seal_window(
             client, w["window_id"], args.run, results, args.timeout, out
         )

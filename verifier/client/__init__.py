@@ -4,6 +4,8 @@
   (``HOST:PORT``, ``unix:PATH`` or a socket path; ``--verifier``, ``VERIFIER_ADDRESS``)
 - :mod:`~verifier.client.api`: :class:`VerifierClient`, the gRPC calls with errors translated
   into the exit-code contract
+- :mod:`~verifier.client.deadline`: how long a call may take (the time the user gave, or the
+  per-call default) and calling an unreachable verifier again until then
 - :mod:`~verifier.client.gate`: the measurement gate (:func:`wait_for`, the
   :func:`measurement` context manager)
 - :mod:`~verifier.client.window`: measurement windows (open, pace, seal)

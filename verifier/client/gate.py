@@ -9,7 +9,8 @@
     # results.json.seal.json: the verifier's signed seal binding the results' sha256 to it
 
 ``wait_for`` raises ``GateFailed`` (exit 1) on FAIL and ``TimeoutError_`` (exit 5) on timeout;
-an unreachable verifier raises ``UnavailableError`` (exit 4). ``measurement`` is a window
+a verifier that is unreachable is called again until the timeout, then ``UnavailableError``
+(exit 4) is raised. ``measurement`` is a window
 the verifier opens and seals itself (``OpenWindow``/``SealWindow``, judged from its own stored
 reports): on leaving the block the run must still PASS on evidence received after the block
 ended, and every hook must have kept pace with the steps it is judged on during the block, or
@@ -29,8 +30,9 @@ from typing import Any
 from verifier import wire
 from verifier.client.address import resolve
 from verifier.client.api import VerifierClient
+from verifier.client.deadline import Deadline, Outage, retrying
 from verifier.client.window import is_fresh, seal, seal_content
-from verifier.errors import CheckFailed, TimeoutError_
+from verifier.errors import CheckFailed, Error, TimeoutError_, UnavailableError
 from verifier.model import RunVerdict, Severity, Verdict
 from verifier.security.tls import client_tls
 
@@ -49,36 +51,55 @@ def wait_for(
     on_progress: Callable[[RunVerdict], None] | None = None,
     *,
     fresh: bool = False,
+    on_retry: Callable[[Error], None] | None = None,
 ) -> RunVerdict:
-    """Poll RUN until PASS (returned) or FAIL (GateFailed); TimeoutError_ after TIMEOUT_S.
+    """Poll RUN until PASS (returned) or FAIL (GateFailed) within TIMEOUT_S.
+
+    Every call's deadline is bounded by what is left of TIMEOUT_S, and a verifier that is
+    unreachable, hung, restarting or busy is called again with backoff (ON_RETRY is told each
+    time) until then, so the wait returns within TIMEOUT_S (plus at most one call's teardown)
+    whatever the peer does. At the end: TimeoutError_ (exit 5) when the verifier answered
+    last and the run is not decided; UnavailableError (exit 4) when it could not be reached at
+    the end (saying whether it ever answered, and for how long it had not). Other errors (an
+    unknown run, a refused credential) are raised at once.
 
     FRESH: the PASS returned rests on evidence every target read after the wait began (the
     verifier's clock at its first answer, so a client whose clock is off does not shift it):
     a measurement window opens on counts from its start, not on the last report before it
     (which can be a report interval or more older, and would let steps from before the
     window count in it). A FAIL ends the wait however old its evidence."""
-    deadline = time.monotonic() + timeout_s
+    deadline = Deadline(timeout_s)
+    outage = Outage()
     since: float | None = None
-    while True:
-        verdict = client.status(run)
-        if on_progress is not None:
-            on_progress(verdict)
-        if fresh and since is None:
-            since = verdict.evaluated_unix
-        if verdict.verdict == Verdict.PASS and (since is None or is_fresh(verdict, since)):
-            return verdict
-        if verdict.verdict == Verdict.FAIL:
-            raise GateFailed(f"run {run} FAILED: {first_reason(verdict)}", verdict)
-        if time.monotonic() >= deadline:
-            state = verdict.verdict.value
-            if verdict.verdict == Verdict.PASS:
-                raise TimeoutError_(
-                    f"run {run} PASSes, but no report read after the wait began arrived "
-                    f"within {timeout_s:g} s"
-                )
-            reason = first_reason(verdict)
-            raise TimeoutError_(f"run {run} still {state} after {timeout_s:g} s: {reason}")
-        time.sleep(poll_s)
+    verdict: RunVerdict | None = None
+    with client.within(deadline):
+        while True:
+            if verdict is not None and deadline.passed():
+                raise _timed_out(run, verdict, timeout_s)
+            got = retrying(lambda: client.status(run), deadline, outage, on_retry)
+            if got is None:
+                was = "" if verdict is None else f"; run {run} was {verdict.verdict.value} then"
+                raise UnavailableError(outage.describe(deadline) + was)
+            verdict = got
+            if on_progress is not None:
+                on_progress(verdict)
+            if fresh and since is None:
+                since = verdict.evaluated_unix
+            if verdict.verdict == Verdict.PASS and (since is None or is_fresh(verdict, since)):
+                return verdict
+            if verdict.verdict == Verdict.FAIL:
+                raise GateFailed(f"run {run} FAILED: {first_reason(verdict)}", verdict)
+            time.sleep(min(poll_s, deadline.left()))
+
+
+def _timed_out(run: str, verdict: RunVerdict, timeout_s: float) -> TimeoutError_:
+    if verdict.verdict == Verdict.PASS:
+        return TimeoutError_(
+            f"run {run} PASSes, but no report read after the wait began arrived "
+            f"within {timeout_s:g} s"
+        )
+    reason = first_reason(verdict)
+    return TimeoutError_(f"run {run} still {verdict.verdict.value} after {timeout_s:g} s: {reason}")
 
 
 _RANK = {Severity.ERROR: 0, Severity.PENDING: 1, Severity.WARNING: 2, Severity.INFO: 3}
