@@ -11,7 +11,8 @@ while the verifier was down exited 4 at once.
 The bound asserted is about correctness, not speed: a command may take the time it was given
 plus its interpreter's start-up (measured in the same test, under the same load: `verifier
 --version` run beside it; 0.4 s alone here, 2.8 s with five at once on 2 cores) plus SLACK_S
-(exit, and a loaded machine). The bug it catches is a fixed 10 s per call.
+(exit, and a loaded machine: generous, since CI runs this beside other tests). The bug it
+catches is a fixed 10 s per call, which every bound here stays below.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ from verifier.server.app import ServeConfig, VerifierServer
 
 __all__ = ["worker"]  # the fixture, imported for the test that reaches PASS
 
-SLACK_S = 2.0
-CONTACT_SLACK_S = 1.0  # from the client's first connection to its exit, beyond its time
+SLACK_S = 4.0
+CONTACT_SLACK_S = 3.0  # first connection to exit, beyond its time (4.7 s seen under xdist + load)
 INSECURE = "warning: INSECURE"
 
 
