@@ -36,12 +36,15 @@ from verifier.wire.jsonform import (
 )
 from verifier.wire.reports import report_from_bytes, report_from_pb, report_to_bytes, report_to_pb
 from verifier.wire.runs import (
+    AGENT_ID_HEADER,
+    TARGET_HEADER,
     AgentHello,
     HelloReply,
     RegisteredRun,
     ReportAck,
     RunRegistration,
     RunSummary,
+    agent_metadata,
     get_run_status_request_from_pb,
     get_run_status_request_to_pb,
     get_run_status_response_from_pb,
@@ -98,8 +101,10 @@ from verifier.wire.windows import (
 )
 
 __all__ = [
+    "AGENT_ID_HEADER",
     "GRPC_OPTIONS",
     "MAX_MESSAGE_BYTES",
+    "TARGET_HEADER",
     "AgentHello",
     "HelloReply",
     "OpenedWindow",
@@ -112,6 +117,7 @@ __all__ = [
     "WindowOpening",
     "WindowSealing",
     "WireError",
+    "agent_metadata",
     "finding_from_pb",
     "finding_to_pb",
     "forget_target_request_from_pb",

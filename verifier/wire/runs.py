@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.model import RunVerdict, TargetReport, Verdict
 from verifier.wire import fields as F
+from verifier.wire import limits as L
 from verifier.wire.reports import report_from_pb, report_to_pb
 from verifier.wire.verdicts import (
     run_verdict_from_pb,
@@ -68,14 +69,29 @@ class RunSummary:
     unsafe_flags: tuple[str, ...] = ()  # the policy's unsafe_* settings (policy.unsafe_flags)
 
 
+AGENT_ID_HEADER = "x-verifier-agent-id"
+TARGET_HEADER = "x-verifier-target"
+
+
+def agent_metadata(agent_id: str, targets: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """The invocation metadata an agent sends with ``Hello`` and ``Report``: who it is and
+    which targets it reports for. The verifier authorizes these claims before it reads the
+    request (``verifier.server.ingress``), then requires the request to say the same."""
+    return ((AGENT_ID_HEADER, agent_id), *((TARGET_HEADER, t) for t in targets))
+
+
 def hello_request_to_pb(hello: AgentHello) -> pb.HelloRequest:
     return pb.HelloRequest(agent_id=hello.agent_id, targets=hello.targets)
 
 
 def hello_request_from_pb(msg: pb.HelloRequest) -> AgentHello:
+    L.at_most(L.TARGETS_PER_HELLO, len(msg.targets), "hello.targets")
+    targets = F.texts(msg.targets, "hello.targets")
+    for i, t in enumerate(targets):
+        L.ident(t, f"hello.targets[{i}]")
     return AgentHello(
-        agent_id=F.required(msg.agent_id, "hello.agent_id"),
-        targets=F.texts(msg.targets, "hello.targets"),
+        agent_id=L.ident(F.required(msg.agent_id, "hello.agent_id"), "hello.agent_id"),
+        targets=targets,
     )
 
 
@@ -130,10 +146,12 @@ def register_run_request_to_pb(reg: RunRegistration) -> pb.RegisterRunRequest:
 
 def register_run_request_from_pb(msg: pb.RegisterRunRequest) -> RunRegistration:
     # An empty or malformed policy is the policy loader's to name (with its line and key).
+    policy_bytes = len(msg.policy_toml.encode())
+    L.at_most(L.POLICY_BYTES, policy_bytes, "register_run.policy_toml")
     return RunRegistration(
-        name=F.required(msg.name, "register_run.name"),
+        name=L.ident(F.required(msg.name, "register_run.name"), "register_run.name"),
         policy_toml=msg.policy_toml,
-        source=msg.source,
+        source=F.text(msg.source, "register_run.source"),
     )
 
 
@@ -157,7 +175,7 @@ def get_run_status_request_to_pb(name: str) -> pb.GetRunStatusRequest:
 
 
 def get_run_status_request_from_pb(msg: pb.GetRunStatusRequest) -> str:
-    return F.required(msg.name, "get_run_status.name")
+    return L.ident(F.required(msg.name, "get_run_status.name"), "get_run_status.name")
 
 
 def get_run_status_response_to_pb(verdict: RunVerdict) -> pb.GetRunStatusResponse:
