@@ -202,7 +202,7 @@ def report_to_pb(report: TargetReport) -> pb.TargetReport:
     )
 
 
-def _check_sizes(msg: pb.TargetReport, at: str) -> None:
+def check_sizes(msg: pb.TargetReport, at: str) -> None:
     """Every count a report claims within its limit, before any entry is converted: the cost
     of what follows is then bounded, whoever sent it."""
     L.at_most(L.PROCESSES_PER_REPORT, len(msg.processes), f"{at}.processes")
@@ -217,7 +217,7 @@ def report_from_pb(msg: pb.TargetReport, at: str = "report") -> TargetReport:
     agent_id = L.ident(F.required(msg.agent_id, f"{at}.agent_id"), f"{at}.agent_id")
     target = L.ident(F.required(msg.target, f"{at}.target"), f"{at}.target")
     L.ident(msg.nonce, f"{at}.nonce")
-    _check_sizes(msg, at)
+    check_sizes(msg, at)
     seq = F.count(msg.seq, f"{at}.seq")
     sent_unix = F.finite_time(msg.sent_unix, f"{at}.sent_unix")
     collected_unix = None
