@@ -173,6 +173,19 @@ def test_tls_missing_or_oversized_agent_metadata_is_refused_naming_it(
         True,
     ), why
     assert refusals(server, "Report", "too_large") == before + 1
+    # Variations: the limit is in bytes (129 two-byte characters are 258 bytes), and a second
+    # agent id beside the certificate's own is not a choice the verifier makes for the caller.
+    code, why = refused(lambda: report(body, metadata=wire.agent_metadata("é" * 129, ["a"])))
+    assert (code, "258 > limit id_bytes (256)" in why) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        True,
+    ), why
+    two = (("x-verifier-agent-id", "agent-a"), *wire.agent_metadata("agent-b", ["a"]))
+    code, why = refused(lambda: report(body, metadata=two))
+    assert (code, "missing or invalid x-verifier-agent-id" in why) == (
+        grpc.StatusCode.PERMISSION_DENIED,
+        True,
+    ), why
 
 
 def test_tls_roles_are_checked_before_the_request_is_parsed(

@@ -40,7 +40,7 @@ from verifier.security.auth import READ_ROLES, Authorizer
 from verifier.server.audit_service import AUDIT_ROLES
 from verifier.server.metrics import note_refusal
 from verifier.server.service import OPERATOR, WINDOW_ROLES
-from verifier.wire import AGENT_ID_HEADER, TARGET_HEADER
+from verifier.wire import AGENT_ID_HEADER, TARGET_HEADER, metadata_value
 from verifier.wire import limits as L
 
 AGENT = None
@@ -84,16 +84,22 @@ def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, msg: str) -> No
 
 
 def agent_claim(context: grpc.ServicerContext) -> AgentClaim:
-    """The agent id and targets of the call's metadata, each within ``id_bytes``; missing
-    or repeated agent ids are refused (PERMISSION_DENIED), oversized values are
-    INVALID_ARGUMENT naming the limit (noted "too_large")."""
+    """The agent id and targets of the call's metadata (``wire.agent_metadata``: percent-
+    encoded UTF-8), each within ``id_bytes``; missing or repeated agent ids are refused
+    (PERMISSION_DENIED), values that do not decode or are over a limit are INVALID_ARGUMENT
+    (the latter naming the limit, noted "too_large")."""
     ids: list[str] = []
     targets: list[str] = []
-    for key, value in context.invocation_metadata() or ():
+    for key, sent in context.invocation_metadata() or ():
         if key not in (AGENT_ID_HEADER, TARGET_HEADER):
             continue
-        if not isinstance(value, str):
-            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"{key}: not text")
+        try:
+            if not isinstance(sent, str):
+                raise ValueError("binary")
+            value = metadata_value(sent)
+        except ValueError as e:  # UnicodeDecodeError included
+            why = f"{key}: not percent-encoded UTF-8: {e}"
+            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, why)
         try:
             L.ident(value, key)
             (ids if key == AGENT_ID_HEADER else targets).append(value)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from urllib.parse import quote, unquote
 
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.model import RunVerdict, TargetReport, Verdict
@@ -76,8 +77,22 @@ TARGET_HEADER = "x-verifier-target"
 def agent_metadata(agent_id: str, targets: Iterable[str]) -> tuple[tuple[str, str], ...]:
     """The invocation metadata an agent sends with ``Hello`` and ``Report``: who it is and
     which targets it reports for. The verifier authorizes these claims before it reads the
-    request (``verifier.server.ingress``), then requires the request to say the same."""
-    return ((AGENT_ID_HEADER, agent_id), *((TARGET_HEADER, t) for t in targets))
+    request (``verifier.server.ingress``), then requires the request to say the same. Values
+    are percent-encoded UTF-8 (gRPC metadata is printable ASCII): :func:`metadata_value`
+    reads one back."""
+    pairs = [(AGENT_ID_HEADER, agent_id), *((TARGET_HEADER, t) for t in targets)]
+    return tuple((k, quote(v, safe=_SAFE)) for k, v in pairs)
+
+
+_SAFE = "/:@+,;=!*'()"
+
+
+def metadata_value(value: str) -> str:
+    """A value of :func:`agent_metadata`, decoded; ValueError when it is not ASCII or its
+    escapes are not UTF-8."""
+    if not value.isascii():
+        raise ValueError("not ASCII")
+    return unquote(value, errors="strict")
 
 
 def hello_request_to_pb(hello: AgentHello) -> pb.HelloRequest:
