@@ -277,3 +277,44 @@ def _reasons() -> tuple[str, ...]:
     from verifier.server.metrics import REFUSAL_REASONS
 
     return REFUSAL_REASONS
+
+
+def test_each_refusal_of_hello_report_and_register_run_counts_exactly_one_reason(
+    tmp_path: Path,
+) -> None:
+    server = VerifierServer(ServeConfig("127.0.0.1:0", tmp_path / "db.sqlite3"))
+    server.start()
+    m = server.service.metrics
+    md = wire.agent_metadata("x", ["t"])
+    no_role = pb.ReportRequest.FromString(report_bytes("x", "t"))
+    no_role.report.processes[0].role = ""
+
+    def hello(agent: str, targets: list[str]) -> bytes:
+        return bytes(pb.HelloRequest(agent_id=agent, targets=targets).SerializeToString())
+
+    def register(policy: str) -> bytes:
+        return bytes(pb.RegisterRunRequest(name="r", policy_toml=policy).SerializeToString())
+
+    calls: list[tuple[str, str, bytes, tuple[tuple[str, str], ...]]] = [
+        ("Report", "nonce", report_bytes("x", "t"), md),
+        ("Report", "malformed", no_role.SerializeToString(), md),
+        ("Report", "not_authorized", report_bytes("x", "t"), ()),
+        ("Report", "too_large", report_bytes("x", "t", nonce="n" * 257), md),
+        ("Report", "undecodable", GARBAGE, md),
+        ("Hello", "not_authorized", hello("y", ["t"]), md),
+        ("Hello", "malformed", hello("x", ["t", ""]), md),
+        ("RegisterRun", "malformed", register("x ="), ()),
+        ("RegisterRun", "too_large", register("#" * (1024 * 1024 + 1)), ()),
+    ]
+    try:
+        addr = f"127.0.0.1:{server.port}"
+        with grpc.insecure_channel(addr, options=list(wire.GRPC_OPTIONS)) as ch:
+            for method, reason, body, metadata in calls:
+                counts = {r: m.refusals.value(method=method, reason=r) for r in _reasons()}
+                call = raw(ch, method)
+                refused(lambda b=body, c=call, md=metadata: c(b, metadata=md))  # type: ignore[misc]
+                after = {r: m.refusals.value(method=method, reason=r) for r in _reasons()}
+                moved = {r: after[r] - counts[r] for r in _reasons() if after[r] != counts[r]}
+                assert (method, reason, moved) == (method, reason, {reason: 1.0})
+    finally:
+        server.stop()
