@@ -114,7 +114,7 @@ def test_tls_a_large_report_for_a_foreign_target_costs_no_decoding(
 ) -> None:
     """200,000 files (the files_per_manifest limit): the authorized report is converted
     entry by entry before its nonce is found wrong; the foreign one is refused on its
-    metadata. Ratio measured in this test, generous margin (measured about 1/50)."""
+    metadata. Ratio measured in this test, generous margin (measured: 0.05 s against 0.86 s)."""
     report = raw(agent_a, "Report")
     foreign, own = (
         report_bytes("agent-a", "z", files=200_000),
