@@ -81,7 +81,10 @@ class Load:
     def agent(self, n: int) -> None:
         with grpc.insecure_channel(self.addr, options=list(wire.GRPC_OPTIONS)) as ch:
             stub = pb_grpc.VerifierServiceStub(ch)
-            nonce = stub.Hello(pb.HelloRequest(agent_id=f"a{n}", targets=[f"t{n}"])).nonce
+            md = wire.agent_metadata(f"a{n}", [f"t{n}"])
+            nonce = stub.Hello(
+                pb.HelloRequest(agent_id=f"a{n}", targets=[f"t{n}"]), metadata=md
+            ).nonce
             seq, nxt = 0, time.monotonic() + (n % 10) / 10  # spread agents over the second
             while not self.stop.is_set():
                 time.sleep(max(0.0, nxt - time.monotonic()))
@@ -92,7 +95,9 @@ class Load:
                 )
                 t0 = time.monotonic()
                 try:
-                    resp = stub.Report(pb.ReportRequest(report=wire.report_to_pb(rep)), timeout=10)
+                    resp = stub.Report(
+                        pb.ReportRequest(report=wire.report_to_pb(rep)), timeout=10, metadata=md
+                    )
                 except grpc.RpcError:
                     with self.lock:
                         self.errors += 1

@@ -164,12 +164,15 @@ class Agents:
                     while spool:
                         if nonce is None:
                             nonce = stub.Hello(
-                                pb.HelloRequest(agent_id=agent, targets=["t-" + agent]), timeout=10
+                                pb.HelloRequest(agent_id=agent, targets=["t-" + agent]),
+                                timeout=10,
+                                metadata=wire.agent_metadata(agent, ["t-" + agent]),
                             ).nonce
                         rep = dataclasses.replace(spool[0], nonce=nonce)
                         t0 = time.monotonic()
                         resp = stub.Report(pb.ReportRequest(report=wire.report_to_pb(rep)),
-                                           timeout=10)  # fmt: skip
+                                           timeout=10,
+                                           metadata=wire.agent_metadata(agent, ["t-" + agent]))  # fmt: skip
                         dt, done = time.monotonic() - t0, time.time()
                         nonce = resp.nonce
                         if not resp.accepted:  # the verifier lacks the manifest: send it

@@ -12,6 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
+
+from verifier import wire
+from verifier.api.v1 import verifier_pb2 as pb
+from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
 from verifier.ledger import chain
 from verifier.server.db import open_database
 
@@ -209,3 +214,26 @@ def rechain(db: Any) -> None:
             (subject, prev, h, seq),
         )
         prev = h
+
+
+class _AgentMetadata(grpc.UnaryUnaryClientInterceptor):
+    """Adds to each Hello and Report the agent metadata its own body claims (what a real
+    agent sends: ``wire.agent_metadata``), for tests about something else than the ingress."""
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        if isinstance(request, pb.ReportRequest):
+            md = wire.agent_metadata(request.report.agent_id, [request.report.target])
+        elif isinstance(request, pb.HelloRequest):
+            md = wire.agent_metadata(request.agent_id, request.targets)
+        else:
+            return continuation(details, request)
+        extra = tuple(details.metadata or ())
+        if any(k == wire.AGENT_ID_HEADER for k, _ in extra):
+            return continuation(details, request)  # the call says what it claims itself
+        return continuation(details._replace(metadata=extra + md), request)
+
+
+def agent_stub(channel: grpc.Channel) -> pb_grpc.VerifierServiceStub:
+    """A VerifierService stub whose Hello and Report carry the agent metadata their bodies
+    claim."""
+    return pb_grpc.VerifierServiceStub(grpc.intercept_channel(channel, _AgentMetadata()))

@@ -27,7 +27,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.helpers import VENV_BIN, not_vllm_policy, verifier_cli
+from tests.helpers import VENV_BIN, agent_stub, not_vllm_policy, verifier_cli
 from verifier import wire
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
@@ -187,7 +187,7 @@ def test_hammered_verifier_refuses_stays_healthy_and_keeps_what_it_acknowledged(
     def hammer(n: int) -> None:
         agent, seq, nonce, mine = f"h{n}", 1, None, []
         with grpc.insecure_channel(addr, options=list(wire.GRPC_OPTIONS)) as ch:
-            stub = pb_grpc.VerifierServiceStub(ch)
+            stub = agent_stub(ch)
             for _ in range(2000):  # bounded: the loop ends on `enough` long before
                 if enough.is_set():
                     break

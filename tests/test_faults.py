@@ -32,13 +32,12 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.helpers import Backend, not_vllm_policy, probe_env, state_dir, verifier_cli
+from tests.helpers import Backend, agent_stub, not_vllm_policy, probe_env, state_dir, verifier_cli
 from tests.test_gate_e2e import Daemon
 from verifier import wire
 from verifier.agent import runner
 from verifier.agent.runner import Agent, AgentConfig
 from verifier.api.v1 import verifier_pb2 as pb
-from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
 from verifier.client.api import VerifierClient
 from verifier.model import TargetReport, Verdict
 from verifier.server.app import ServeConfig, VerifierServer
@@ -614,7 +613,7 @@ def test_agent_clock_an_hour_off_is_dated_by_the_verifier_clock(
     assert before - 1.0 <= report_unix <= after, (report_unix, before, after)
 
     with grpc.insecure_channel(verifier) as ch:
-        stub = pb_grpc.VerifierServiceStub(ch)
+        stub = agent_stub(ch)
         nonce = stub.Hello(pb.HelloRequest(agent_id="crafted", targets=["t"])).nonce
         base = probe_report(worker.pid, tmp_path)
         for seq, read_before_send_s, want in ((1, 0.2, Verdict.PENDING), (2, 60.0, Verdict.STALE)):

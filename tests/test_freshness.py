@@ -18,11 +18,11 @@ from pathlib import Path
 import grpc
 import pytest
 
+from tests.helpers import agent_stub
 from tests.test_faults import FakeWorker, policy, probe_report, worker  # noqa: F401 - fixture
 from verifier import wire
 from verifier.agent.runner import Agent, AgentConfig
 from verifier.api.v1 import verifier_pb2 as pb
-from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
 from verifier.client.api import VerifierClient
 from verifier.model import TargetReport, Verdict
 from verifier.server import service, store
@@ -132,7 +132,7 @@ def crafted(addr: str, worker_pid: int, tmp: Path, dates: list[float]) -> list[l
     out = []
     base = probe_report(worker_pid, tmp)
     with grpc.insecure_channel(addr) as ch:
-        stub = pb_grpc.VerifierServiceStub(ch)
+        stub = agent_stub(ch)
         nonce = stub.Hello(pb.HelloRequest(agent_id="crafted", targets=["t"])).nonce
         for seq, offset in enumerate(dates, start=1):
             sent = time.time() + offset

@@ -58,12 +58,12 @@ proc = worker()
 with grpc.insecure_channel(addr, options=list(wire.GRPC_OPTIONS)) as ch:
     stub = pb_grpc.VerifierServiceStub(ch)
     try:
+        md = list(md.items()) + list(wire.agent_metadata("agent-1", [target]))
         n = stub.Hello(pb.HelloRequest(agent_id="agent-1", targets=[target]),
-                       metadata=list(md.items()), timeout=10).nonce
+                       metadata=md, timeout=10).nonce
         seq = int(time.time() * 1000)
         rep = TargetReport("agent-1", target, seq, n, time.time(), (proc,))
-        stub.Report(pb.ReportRequest(report=wire.report_to_pb(rep)), metadata=list(md.items()),
-                    timeout=10)
+        stub.Report(pb.ReportRequest(report=wire.report_to_pb(rep)), metadata=md, timeout=10)
         print(json.dumps({"ok": True}))
     except grpc.RpcError as e:
         print(json.dumps({"ok": False, "code": e.code().name, "details": e.details()}))

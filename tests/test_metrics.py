@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import not_vllm_policy
+from tests.helpers import agent_stub, not_vllm_policy
 from tests.test_gate_e2e import Daemon
 from verifier.errors import ConfigError
 from verifier.metrics.http import MetricsServer, parse_listen
@@ -323,7 +323,6 @@ def test_refusals_duplicates_and_manifest_requests_are_counted_by_reason(tmp_pat
 
     from tests.test_verifier_grpc import SHA, hello, process, report
     from verifier import wire
-    from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
     from verifier.model import FileEntry
     from verifier.server.app import ServeConfig, VerifierServer
 
@@ -332,7 +331,7 @@ def test_refusals_duplicates_and_manifest_requests_are_counted_by_reason(tmp_pat
     server.start()
     try:
         with grpc.insecure_channel(addr, options=list(wire.GRPC_OPTIONS)) as ch:
-            stub = pb_grpc.VerifierServiceStub(ch)
+            stub = agent_stub(ch)
             with pytest.raises(grpc.RpcError):
                 stub.Report(report("no-hello-yet"))  # nonce
             nonce = hello(stub)

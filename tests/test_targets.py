@@ -17,12 +17,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.helpers import verifier_cli
+from tests.helpers import agent_stub, verifier_cli
 from tests.test_faults import FakeWorker, policy, probe_report, worker  # noqa: F401 - fixture
 from tests.test_security import client, tls_verifier  # noqa: F401 - fixture
 from verifier import wire
 from verifier.api.v1 import verifier_pb2 as pb
-from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
 from verifier.client.api import VerifierClient
 from verifier.errors import ConfigError, UsageError
 from verifier.model import TargetReport, Verdict
@@ -56,7 +55,7 @@ def send(addr: str, target: str, base: TargetReport) -> None:
     """One honest report of BASE's processes for TARGET, from agent TARGET-agent."""
     agent = f"{target}-agent"
     with grpc.insecure_channel(addr) as ch:
-        stub = pb_grpc.VerifierServiceStub(ch)
+        stub = agent_stub(ch)
         hello = stub.Hello(pb.HelloRequest(agent_id=agent, targets=[target]))
         now = time.time()
         rep = TargetReport(agent, target, hello.last_seq + 1, hello.nonce, now, base.processes,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import verifier_cli
+from tests.helpers import agent_stub, verifier_cli
 from tests.test_gate_e2e import Daemon
 from tests.test_security import agent, certs, client, running_tls_verifier, sleeping_process
 from verifier.testing.vllm_server import free_port
@@ -159,7 +159,6 @@ def test_a_pass_over_mutual_tls_names_the_agent_and_a_foreign_target_is_refused(
     from tests.test_policy_engine import CPU, worker
     from verifier import wire
     from verifier.api.v1 import verifier_pb2 as pb
-    from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
     from verifier.client.api import VerifierClient
     from verifier.model import TargetReport
     from verifier.security.tls import ClientTLS, ServerTLS
@@ -181,7 +180,7 @@ def test_a_pass_over_mutual_tls_names_the_agent_and_a_foreign_target_is_refused(
         agent_tls = ClientTLS(d / "ca.pem", d / "agent-1.pem", d / "agent-1.key")
         proc = worker()
         with agent_tls.channel(addr, wire.GRPC_OPTIONS) as ch:
-            stub = pb_grpc.VerifierServiceStub(ch)
+            stub = agent_stub(ch)
             for target, seq in (("t", 1), ("z", 2)):
                 try:
                     nonce = stub.Hello(pb.HelloRequest(agent_id="agent-1", targets=[target])).nonce

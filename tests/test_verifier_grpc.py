@@ -17,7 +17,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.helpers import Backend, not_vllm_policy, probe_env
+from tests.helpers import Backend, agent_stub, not_vllm_policy, probe_env
 from verifier import wire
 from verifier.agent.runner import Agent, AgentConfig
 from verifier.api.v1 import verifier_pb2 as pb
@@ -46,7 +46,7 @@ def served(backend: Backend, tmp_path: Path) -> Iterator[tuple[VerifierServer, s
 @pytest.fixture
 def stub(served: tuple[VerifierServer, str]) -> Iterator[pb_grpc.VerifierServiceStub]:
     with grpc.insecure_channel(served[1], options=list(wire.GRPC_OPTIONS)) as ch:
-        yield pb_grpc.VerifierServiceStub(ch)
+        yield agent_stub(ch)
 
 
 def process(files: tuple[FileEntry, ...] | None, digest: str | None = None) -> ProcessReport:
@@ -98,7 +98,8 @@ def test_malformed_report_is_rejected_with_the_field_named(
     nonce = hello(stub)
     req = report(nonce)
     req.report.target = ""
-    code, why = code_of(lambda: stub.Report(req))
+    md = wire.agent_metadata("agent-1", ["t"])  # authorized for t; the body names none
+    code, why = code_of(lambda: stub.Report(req, metadata=md))
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     assert "target" in why
 

@@ -24,12 +24,11 @@ from typing import Any
 import grpc
 import pytest
 
-from tests.helpers import probe_env, state_dir, verifier_cli
+from tests.helpers import agent_stub, probe_env, state_dir, verifier_cli
 from tests.test_faults import policy, probe_report
 from tests.test_gate_e2e import Daemon
 from verifier import wire
 from verifier.api.v1 import verifier_pb2 as pb
-from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
 from verifier.client.api import VerifierClient
 from verifier.client.window import sha256_file
 from verifier.errors import TimeoutError_, UsageError
@@ -366,7 +365,7 @@ def test_opening_on_a_stale_pass_is_refused(verifier: V, stepper: Stepper) -> No
 
 def send(addr: str, rep: TargetReport, agent_id: str = "hand") -> None:
     with grpc.insecure_channel(addr) as ch:
-        stub = pb_grpc.VerifierServiceStub(ch)
+        stub = agent_stub(ch)
         hello = stub.Hello(pb.HelloRequest(agent_id=agent_id, targets=[rep.target]))
         now = time.time()
         r = TargetReport(agent_id, rep.target, hello.last_seq + 1, hello.nonce, now,

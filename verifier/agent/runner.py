@@ -247,7 +247,11 @@ class Agent:
     def hello(self) -> None:
         hello = wire.AgentHello(self.config.agent_id, (self.config.target,))
         resp = wire.hello_response_from_pb(
-            self.stub.Hello(wire.hello_request_to_pb(hello), timeout=5)
+            self.stub.Hello(
+                wire.hello_request_to_pb(hello),
+                timeout=5,
+                metadata=wire.agent_metadata(hello.agent_id, hello.targets),
+            )
         )
         self.nonce = resp.nonce
         self.connected = True
@@ -272,7 +276,11 @@ class Agent:
             self.metrics.sent.inc()
             try:
                 resp = wire.report_response_from_pb(
-                    self.stub.Report(wire.report_request_to_pb(report), timeout=10)
+                    self.stub.Report(
+                        wire.report_request_to_pb(report),
+                        timeout=10,
+                        metadata=wire.agent_metadata(report.agent_id, (report.target,)),
+                    )
                 )
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.FAILED_PRECONDITION:

@@ -26,6 +26,7 @@ from verifier.errors import (
 from verifier.model import RunVerdict
 from verifier.security.refusal import connection_failed, tls_refusal
 from verifier.security.tls import ClientTLS, client_channel
+from verifier.wire.limits import POLICY_BYTES
 
 T = TypeVar("T")
 
@@ -149,7 +150,15 @@ class VerifierClient:
         return self._invoke(fn, request, self.call_timeout())
 
     def register_run(self, name: str, policy_toml: str, source: str) -> wire.RegisteredRun:
-        """Register NAME with a policy (the same policy again is a no-op)."""
+        """Register NAME with a policy (the same policy again is a no-op). A policy over the
+        ``policy_bytes`` limit is a configuration error here, before it is sent: the verifier
+        would refuse it, and one over the 64 MiB message limit would not even reach it."""
+        size = len(policy_toml.encode())
+        if size > POLICY_BYTES.value:
+            raise ConfigError(
+                f"invalid policy {source}: {size} bytes > limit {POLICY_BYTES.name} "
+                f"({POLICY_BYTES.value})"
+            )
         req = wire.register_run_request_to_pb(wire.RunRegistration(name, policy_toml, source))
         return wire.register_run_response_from_pb(self._call(self.stub.RegisterRun, req))
 

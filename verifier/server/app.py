@@ -24,13 +24,13 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from verifier import wire
-from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
 from verifier.errors import ConfigError
 from verifier.metrics.http import MetricsServer, serve_metrics
 from verifier.policy import PolicyError, load_policy, policy_digest
 from verifier.security.auth import Authorizer, load_tokens
 from verifier.security.peercred import LocalAgent, UnixRelay
 from verifier.security.tls import ServerTLS, is_local, warn_insecure
+from verifier.server import ingress
 from verifier.server.audit_service import AuditService
 from verifier.server.db import redact
 from verifier.server.metrics import RpcObserver
@@ -206,9 +206,10 @@ class VerifierServer:
             maximum_concurrent_rpcs=config.max_concurrent_rpcs,
             interceptors=[RpcObserver(self.service.metrics)],
         )
-        pb_grpc.add_VerifierServiceServicer_to_server(self.service, self.server)
         self.audit = AuditService(self.store, self._key, auth)  # same listener, same auth
-        pb_grpc.add_AuditServiceServicer_to_server(self.audit, self.server)
+        # Both through the ingress: callers authorized before their bytes are parsed.
+        services = {"VerifierService": self.service, "AuditService": self.audit}
+        ingress.add_services(self.server, services, auth)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.port = 0
         self.health_port = 0

@@ -1,13 +1,21 @@
 """What ``verifier serve`` exports (docs/operations.md): reports by result and refusal reason,
-bindings ingested, ingest time and lag, verdicts, the ledger's size, and every
-VerifierService RPC by method and status (``RpcObserver``, a gRPC server interceptor). Known
-label values (results, reasons, verdicts, methods) are exported at zero from the start.
+bindings ingested, ingest time and lag, verdicts, the ledger's size, every VerifierService
+and AuditService RPC by method and status, and every refused call by method and reason
+(``RpcObserver``, a gRPC server interceptor). Known label values (results, reasons,
+verdicts, methods) are exported at zero from the start.
+
+A refusal's reason comes from its status code (``refusal_reason``) unless the code that
+refused noted a more precise one for the call (``note_refusal``: "undecodable" bytes, a
+"too_large" value over a ``wire.limits`` limit). Calls that gRPC refuses itself never reach
+the interceptor's wrapper and are not counted here: over ``--max-concurrent-rpcs``
+("Concurrent RPC limit exceeded", RESOURCE_EXHAUSTED) and messages over the 64 MiB limit.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 import grpc
@@ -19,20 +27,48 @@ from verifier.model import TargetReport
 log = structlog.get_logger("verifier.metrics")
 
 REPORT_RESULTS = ("accepted", "duplicate", "need_manifests", "refused")
-REFUSAL_REASONS = ("malformed", "nonce", "not_authorized", "storage", "other")
+REFUSAL_REASONS = (
+    "malformed",  # INVALID_ARGUMENT: a field that describes no valid value, a manifest that lies
+    "undecodable",  # bytes that are not the method's request message
+    "too_large",  # a value over a wire.limits limit
+    "nonce",  # FAILED_PRECONDITION of a report: say Hello again
+    "not_authorized",  # UNAUTHENTICATED, PERMISSION_DENIED
+    "busy",  # RESOURCE_EXHAUSTED answered by the servicer (back-pressure)
+    "storage",  # UNAVAILABLE: the database refused it, not acknowledged
+    "precondition",  # FAILED_PRECONDITION of any other call
+    "not_found",
+    "exists",  # ALREADY_EXISTS
+    "other",
+)
 VERDICTS = ("PASS", "FAIL", "PENDING", "STALE")
 METHODS = ("Hello", "Report", "RegisterRun", "GetRunStatus", "ListRuns")
+ZEROED_REFUSALS = ("Hello", "Report", "RegisterRun")  # refusals by reason exported at zero
 SERVICE_PREFIX = "/verifier.api.v1.VerifierService/"
+PREFIXES = (SERVICE_PREFIX, "/verifier.api.v1.AuditService/")
+
+_NOTED: ContextVar[str | None] = ContextVar("verifier_refusal_reason", default=None)
 
 
-def refusal_reason(code: grpc.StatusCode | None) -> str:
-    """Why the verifier refused a report, from the status its servicer aborted with."""
+def note_refusal(reason: str) -> None:
+    """Say why the call being served is about to be refused, where its status code alone
+    does not (REASON one of REFUSAL_REASONS); ``RpcObserver`` counts it once."""
+    if reason not in REFUSAL_REASONS:
+        raise ValueError(f"unknown refusal reason {reason!r}")
+    _NOTED.set(reason)
+
+
+def refusal_reason(code: grpc.StatusCode | None, method: str = "Report") -> str:
+    """Why the verifier refused a call of METHOD, from the status it aborted with."""
+    if code == grpc.StatusCode.FAILED_PRECONDITION:
+        return "nonce" if method == "Report" else "precondition"
     return {
-        grpc.StatusCode.INVALID_ARGUMENT: "malformed",  # undecodable, or a manifest that lies
-        grpc.StatusCode.FAILED_PRECONDITION: "nonce",
+        grpc.StatusCode.INVALID_ARGUMENT: "malformed",
         grpc.StatusCode.UNAUTHENTICATED: "not_authorized",
         grpc.StatusCode.PERMISSION_DENIED: "not_authorized",
+        grpc.StatusCode.RESOURCE_EXHAUSTED: "busy",
         grpc.StatusCode.UNAVAILABLE: "storage",  # the database refused it: not acknowledged
+        grpc.StatusCode.NOT_FOUND: "not_found",
+        grpc.StatusCode.ALREADY_EXISTS: "exists",
     }.get(code or grpc.StatusCode.UNKNOWN, "other")
 
 
@@ -91,6 +127,12 @@ class VerifierMetrics:
             "RPCs answered, by method and gRPC status code",
             ["method", "code"],
         )
+        self.refusals = r.counter(
+            "verifier_refusals_total",
+            "calls refused (any status but OK), by method and reason; a report's refusal is "
+            "also in verifier_reports_refused_total",
+            ["method", "reason"],
+        )
         self.rpc_duration = r.histogram(
             "verifier_rpc_duration_seconds", "seconds to answer an RPC, by method", ["method"]
         )
@@ -98,6 +140,8 @@ class VerifierMetrics:
             self.reports.zero(result=result)
         for reason in REFUSAL_REASONS:
             self.refused.zero(reason=reason)
+            for method in ZEROED_REFUSALS:
+                self.refusals.zero(method=method, reason=reason)
         for kind in ("span", "request_id"):
             self.bindings.zero(kind=kind)
         for verdict in VERDICTS:
@@ -122,9 +166,11 @@ class VerifierMetrics:
 
 
 class RpcObserver(grpc.ServerInterceptor):
-    """Counts and times every VerifierService RPC by method and status, counts refused reports
-    by reason, and gives every log line written while serving a call the method and the peer
-    (contextvars; the servicer adds the identity and, for a report, agent, target and seq)."""
+    """Counts and times every VerifierService and AuditService RPC by method and status,
+    counts every refused call by method and reason (and refused reports again, by reason, in
+    the reports' own counters), and gives every log line written while serving a call the
+    method and the peer (contextvars; the servicer adds the identity and, for a report,
+    agent, target and seq)."""
 
     def __init__(self, metrics: VerifierMetrics) -> None:
         self.metrics = metrics
@@ -138,13 +184,15 @@ class RpcObserver(grpc.ServerInterceptor):
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = continuation(handler_call_details)
         full = handler_call_details.method
-        if handler is None or handler.unary_unary is None or not full.startswith(SERVICE_PREFIX):
+        prefix = next((p for p in PREFIXES if full.startswith(p)), None)
+        if handler is None or handler.unary_unary is None or prefix is None:
             return handler
-        method = full[len(SERVICE_PREFIX) :]
+        method = full[len(prefix) :]
         behavior = handler.unary_unary
 
         def observed(request: Any, context: grpc.ServicerContext) -> Any:
             structlog.contextvars.clear_contextvars()  # pool threads: nothing from a last call
+            _NOTED.set(None)
             structlog.contextvars.bind_contextvars(method=method, peer=context.peer())
             began = time.monotonic()
             try:
@@ -175,12 +223,14 @@ class RpcObserver(grpc.ServerInterceptor):
         name = code.name if code is not None else "UNKNOWN"
         self.metrics.rpcs.inc(method=method, code=name)
         self.metrics.rpc_duration.observe(seconds, method=method)
-        if method != "Report":
-            return
-        self.metrics.received.inc()
+        if method == "Report":
+            self.metrics.received.inc()
         if code == grpc.StatusCode.OK:
             return
-        reason = refusal_reason(code)
+        reason = _NOTED.get() or refusal_reason(code, method)
+        self.metrics.refusals.inc(method=method, reason=reason)
+        if method != "Report":
+            return
         self.metrics.reports.inc(result="refused")
         self.metrics.refused.inc(reason=reason)
         details = getattr(context, "details", lambda: b"")()

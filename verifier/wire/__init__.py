@@ -36,12 +36,15 @@ from verifier.wire.jsonform import (
 )
 from verifier.wire.reports import report_from_bytes, report_from_pb, report_to_bytes, report_to_pb
 from verifier.wire.runs import (
+    AGENT_ID_HEADER,
+    TARGET_HEADER,
     AgentHello,
     HelloReply,
     RegisteredRun,
     ReportAck,
     RunRegistration,
     RunSummary,
+    agent_metadata,
     get_run_status_request_from_pb,
     get_run_status_request_to_pb,
     get_run_status_response_from_pb,
@@ -52,6 +55,7 @@ from verifier.wire.runs import (
     hello_response_to_pb,
     list_runs_response_from_pb,
     list_runs_response_to_pb,
+    metadata_value,
     register_run_request_from_pb,
     register_run_request_to_pb,
     register_run_response_from_pb,
@@ -98,8 +102,10 @@ from verifier.wire.windows import (
 )
 
 __all__ = [
+    "AGENT_ID_HEADER",
     "GRPC_OPTIONS",
     "MAX_MESSAGE_BYTES",
+    "TARGET_HEADER",
     "AgentHello",
     "HelloReply",
     "OpenedWindow",
@@ -112,6 +118,7 @@ __all__ = [
     "WindowOpening",
     "WindowSealing",
     "WireError",
+    "agent_metadata",
     "finding_from_pb",
     "finding_to_pb",
     "forget_target_request_from_pb",
@@ -130,6 +137,7 @@ __all__ = [
     "list_runs_response_to_pb",
     "list_targets_response_from_pb",
     "list_targets_response_to_pb",
+    "metadata_value",
     "open_window_request_from_pb",
     "open_window_request_to_pb",
     "open_window_response_from_pb",

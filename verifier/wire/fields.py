@@ -23,6 +23,10 @@ GRPC_OPTIONS: tuple[tuple[str, int], ...] = (
 )
 """Channel and server options that apply :data:`MAX_MESSAGE_BYTES`."""
 
+MAX_UNIX_TIME = 253_402_300_799
+"""9999-12-31T23:59:59Z, the ``unix_time`` limit (``limits.py``): the last second every date
+library can print (Python's datetime stops at year 9999)."""
+
 MAX_TEXT = 4096  # any one name, label or reason
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")  # verifier.model.merkle_root
@@ -56,6 +60,10 @@ def count(value: int, at: str, minimum: int = 0) -> int:
 def finite_time(value: float, at: str) -> float:
     if not math.isfinite(value) or value < 0:
         fail(at, f"must be a finite time >= 0, got {value}")
+    if value > MAX_UNIX_TIME:
+        from verifier.wire import limits  # limits.py imports this module
+
+        limits.over(limits.UNIX_TIME, at, value)
     return value
 
 

@@ -17,6 +17,7 @@ from verifier.model import (
     Provenance,
 )
 from verifier.wire import fields as F
+from verifier.wire import limits as L
 
 
 def _identity_to_pb(i: FileIdentity | None) -> pb.FileIdentity | None:
@@ -50,9 +51,15 @@ def file_to_pb(f: FileEntry) -> pb.FileEntry:
     )
 
 
+def path(value: str, at: str) -> str:
+    """VALUE, a file path: present and within ``path_bytes``."""
+    L.at_most(L.PATH_BYTES, len(F.required(value, at).encode()), at)
+    return value
+
+
 def file_from_pb(msg: pb.FileEntry, at: str) -> FileEntry:
     return FileEntry(
-        path=F.required(msg.path, f"{at}.path"),
+        path=path(msg.path, f"{at}.path"),
         sha256=F.sha256_hex(msg.sha256, f"{at}.sha256") if msg.HasField("sha256") else None,
         size=F.count(msg.size, f"{at}.size", minimum=-1),  # -1: size unknown (unreadable)
         kind=msg.kind,
@@ -107,7 +114,7 @@ def provenance_from_pb(msg: pb.Provenance, at: str) -> Provenance:
         sha, expected = opt("sha256"), opt("expected_sha256")
         files.append(
             FileOrigin(
-                path=F.required(f.path, f"{where}.path"),
+                path=path(f.path, f"{where}.path"),
                 origin=f.origin,
                 reason=f.reason,
                 distribution=opt("distribution"),
@@ -140,7 +147,7 @@ def drift_from_pb(msg: pb.Drift, at: str) -> Drift:
         F.fail(f"{at}.id", f"unknown drift id {msg.id!r}")
     return Drift(
         id=msg.id,
-        path=F.required(msg.path, f"{at}.path"),
+        path=path(msg.path, f"{at}.path"),
         module=msg.module if msg.HasField("module") else None,
         detail=msg.detail,
     )
@@ -166,7 +173,7 @@ def native_from_pb(msg: pb.NativeMapping, at: str) -> NativeMapping:
     if msg.state not in _NATIVE_STATES:
         F.fail(f"{at}.state", f"must be one of {sorted(_NATIVE_STATES)}, got {msg.state!r}")
     return NativeMapping(
-        path=F.required(msg.path, f"{at}.path"),
+        path=path(msg.path, f"{at}.path"),
         sha256=F.sha256_hex(msg.sha256, f"{at}.sha256") if msg.HasField("sha256") else None,
         size=F.count(msg.size, f"{at}.size", minimum=-1),
         state=msg.state,

@@ -21,6 +21,7 @@ from verifier.model import (
     StepEvidence,
 )
 from verifier.wire import fields as F
+from verifier.wire import limits as L
 from verifier.wire.code import chain_from_pb, chain_to_pb
 from verifier.wire.files import (
     disagreement_from_pb,
@@ -269,11 +270,42 @@ def _witness_from_pb(msg: pb.StackWitness, at: str) -> StackWitness:
     )
 
 
+_LISTS = (
+    "cmdline",
+    "probe_errors",
+    "native_mappings",
+    "disagreements",
+    "drift",
+    "runner_log",
+    "evidence_problems",
+    "code",
+)
+
+
+def _check_sizes(msg: pb.ProcessReport, at: str) -> None:
+    """Every repeated field of a process within its limit, before any entry is converted."""
+    L.at_most(L.HOOKS_PER_PROCESS, len(msg.hooks), f"{at}.hooks")
+    L.at_most(L.FILES_PER_MANIFEST, len(msg.files), f"{at}.files")
+    for name in _LISTS:
+        L.at_most(L.LIST_ENTRIES, len(getattr(msg, name)), f"{at}.{name}")
+    if msg.HasField("provenance"):
+        L.at_most(L.LIST_ENTRIES, len(msg.provenance.files), f"{at}.provenance.files")
+        dists = len(msg.provenance.distributions)
+        L.at_most(L.LIST_ENTRIES, dists, f"{at}.provenance.distributions")
+    if msg.HasField("stack_witness"):
+        L.at_most(L.LIST_ENTRIES, len(msg.stack_witness.top_files), f"{at}.stack_witness")
+    if msg.HasField("runner"):
+        L.at_most(L.LIST_ENTRIES, len(msg.runner.mro), f"{at}.runner.mro")
+    path_bytes = sum(len(f.path.encode()) for f in msg.files)
+    L.at_most(L.MANIFEST_PATH_BYTES, path_bytes, f"{at}.files[*].path")
+
+
 def process_from_pb(msg: pb.ProcessReport, at: str) -> ProcessReport:
     if not msg.HasField("key"):
         F.fail(f"{at}.key", "required, but absent")
     if msg.files and not msg.files_included:
         F.fail(f"{at}.files", f"{len(msg.files)} entries sent with files_included false")
+    _check_sizes(msg, at)
     digest = msg.manifest_digest if msg.HasField("manifest_digest") else None
     return ProcessReport(
         key=key_from_pb(msg.key, f"{at}.key"),

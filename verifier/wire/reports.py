@@ -11,6 +11,7 @@ from google.protobuf.message import DecodeError
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.model import (
     ContainerInfo,
+    ProcessKey,
     ProcessReport,
     RequestId,
     RequestSpan,
@@ -18,6 +19,7 @@ from verifier.model import (
     TargetReport,
 )
 from verifier.wire import fields as F
+from verifier.wire import limits as L
 from verifier.wire.fields import WireError
 from verifier.wire.process import key_from_pb, key_to_pb, process_from_pb, process_to_pb
 
@@ -85,9 +87,6 @@ def _container_from_pb(msg: pb.ContainerInfo, at: str) -> ContainerInfo:
     )
 
 
-_MAX_SPANS = 100_000  # request bindings in one report (the agent sends at most BINDINGS_PER_REPORT)
-
-
 def _span_to_pb(b: RequestSpan) -> pb.RequestSpan:
     return pb.RequestSpan(
         process=key_to_pb(b.process), internal_id=b.internal_id, first_step=b.first_step,
@@ -142,14 +141,19 @@ def _span_from_pb(msg: pb.RequestSpan, at: str) -> RequestSpan:
         manifest_first=F.text(msg.manifest_first, f"{at}.manifest_first"),
         manifest_last=F.text(msg.manifest_last, f"{at}.manifest_last"),
         runner=F.text(msg.runner, f"{at}.runner"),
-        hooks=tuple(
-            sorted(
-                (F.text(k, f"{at}.hooks"), F.count(v, f"{at}.hooks[{k!r}]"))
-                for k, v in msg.hooks.items()
-            )
-        ),
+        hooks=_span_hooks(msg, at),
         finished=msg.finished,
         spec=_request_spec_from_pb(msg.spec, f"{at}.spec") if msg.HasField("spec") else None,
+    )
+
+
+def _span_hooks(msg: pb.RequestSpan, at: str) -> tuple[tuple[str, int], ...]:
+    L.at_most(L.HOOKS_PER_PROCESS, len(msg.hooks), f"{at}.hooks")
+    return tuple(
+        sorted(
+            (F.text(k, f"{at}.hooks"), F.count(v, f"{at}.hooks[{k!r}]"))
+            for k, v in msg.hooks.items()
+        )
     )
 
 
@@ -172,8 +176,7 @@ def _request_id_from_pb(msg: pb.RequestId, at: str) -> RequestId:
 def _bindings_from_pb(
     msg: pb.TargetReport, at: str
 ) -> tuple[tuple[RequestSpan, ...], tuple[RequestId, ...]]:
-    if len(msg.spans) + len(msg.request_ids) > _MAX_SPANS:
-        F.fail(f"{at}.spans", f"more than {_MAX_SPANS} request bindings in one report")
+    L.at_most(L.BINDINGS_PER_REPORT, len(msg.spans) + len(msg.request_ids), f"{at}.spans")
     spans = tuple(_span_from_pb(b, f"{at}.spans[{i}]") for i, b in enumerate(msg.spans))
     ids = tuple(
         _request_id_from_pb(r, f"{at}.request_ids[{i}]") for i, r in enumerate(msg.request_ids)
@@ -199,9 +202,22 @@ def report_to_pb(report: TargetReport) -> pb.TargetReport:
     )
 
 
+def check_sizes(msg: pb.TargetReport, at: str) -> None:
+    """Every count a report claims within its limit, before any entry is converted: the cost
+    of what follows is then bounded, whoever sent it."""
+    L.at_most(L.PROCESSES_PER_REPORT, len(msg.processes), f"{at}.processes")
+    for name in ("gone", "mixed_roots", "unobservable"):
+        L.at_most(L.KEYS_PER_REPORT, len(getattr(msg, name)), f"{at}.{name}")
+    L.at_most(L.CONTAINERS_PER_REPORT, len(msg.containers), f"{at}.containers")
+    files = sum(len(p.files) for p in msg.processes)
+    L.at_most(L.FILES_PER_REPORT, files, f"{at}.processes[*].files")
+
+
 def report_from_pb(msg: pb.TargetReport, at: str = "report") -> TargetReport:
-    agent_id = F.required(msg.agent_id, f"{at}.agent_id")
-    target = F.required(msg.target, f"{at}.target")
+    agent_id = L.ident(F.required(msg.agent_id, f"{at}.agent_id"), f"{at}.agent_id")
+    target = L.ident(F.required(msg.target, f"{at}.target"), f"{at}.target")
+    L.ident(msg.nonce, f"{at}.nonce")
+    check_sizes(msg, at)
     seq = F.count(msg.seq, f"{at}.seq")
     sent_unix = F.finite_time(msg.sent_unix, f"{at}.sent_unix")
     collected_unix = None
@@ -212,10 +228,12 @@ def report_from_pb(msg: pb.TargetReport, at: str = "report") -> TargetReport:
                 f"{at}.collected_unix", "after sent_unix: a report cannot leave before it is read"
             )
     processes: list[ProcessReport] = []
+    keys: set[ProcessKey] = set()  # a set: the check stays linear in the processes
     for i, p in enumerate(msg.processes):
         process = process_from_pb(p, f"{at}.processes[{i}]")
-        if any(process.key == seen.key for seen in processes):
+        if process.key in keys:
             F.fail(f"{at}.processes[{i}].key", f"duplicate process {process.key}")
+        keys.add(process.key)
         processes.append(process)
     spans, request_ids = _bindings_from_pb(msg, at)
     return TargetReport(

@@ -11,10 +11,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from urllib.parse import quote, unquote
 
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.model import RunVerdict, TargetReport, Verdict
 from verifier.wire import fields as F
+from verifier.wire import limits as L
 from verifier.wire.reports import report_from_pb, report_to_pb
 from verifier.wire.verdicts import (
     run_verdict_from_pb,
@@ -68,14 +70,43 @@ class RunSummary:
     unsafe_flags: tuple[str, ...] = ()  # the policy's unsafe_* settings (policy.unsafe_flags)
 
 
+AGENT_ID_HEADER = "x-verifier-agent-id"
+TARGET_HEADER = "x-verifier-target"
+
+
+def agent_metadata(agent_id: str, targets: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """The invocation metadata an agent sends with ``Hello`` and ``Report``: who it is and
+    which targets it reports for. The verifier authorizes these claims before it reads the
+    request (``verifier.server.ingress``), then requires the request to say the same. Values
+    are percent-encoded UTF-8 (gRPC metadata is printable ASCII): :func:`metadata_value`
+    reads one back."""
+    pairs = [(AGENT_ID_HEADER, agent_id), *((TARGET_HEADER, t) for t in targets)]
+    return tuple((k, quote(v, safe=_SAFE)) for k, v in pairs)
+
+
+_SAFE = "/:@+,;=!*'()"
+
+
+def metadata_value(value: str) -> str:
+    """A value of :func:`agent_metadata`, decoded; ValueError when it is not ASCII or its
+    escapes are not UTF-8."""
+    if not value.isascii():
+        raise ValueError("not ASCII")
+    return unquote(value, errors="strict")
+
+
 def hello_request_to_pb(hello: AgentHello) -> pb.HelloRequest:
     return pb.HelloRequest(agent_id=hello.agent_id, targets=hello.targets)
 
 
 def hello_request_from_pb(msg: pb.HelloRequest) -> AgentHello:
+    L.at_most(L.TARGETS_PER_HELLO, len(msg.targets), "hello.targets")
+    targets = F.texts(msg.targets, "hello.targets")
+    for i, t in enumerate(targets):
+        L.ident(t, f"hello.targets[{i}]")
     return AgentHello(
-        agent_id=F.required(msg.agent_id, "hello.agent_id"),
-        targets=F.texts(msg.targets, "hello.targets"),
+        agent_id=L.ident(F.required(msg.agent_id, "hello.agent_id"), "hello.agent_id"),
+        targets=targets,
     )
 
 
@@ -130,10 +161,12 @@ def register_run_request_to_pb(reg: RunRegistration) -> pb.RegisterRunRequest:
 
 def register_run_request_from_pb(msg: pb.RegisterRunRequest) -> RunRegistration:
     # An empty or malformed policy is the policy loader's to name (with its line and key).
+    policy_bytes = len(msg.policy_toml.encode())
+    L.at_most(L.POLICY_BYTES, policy_bytes, "register_run.policy_toml")
     return RunRegistration(
-        name=F.required(msg.name, "register_run.name"),
+        name=L.ident(F.required(msg.name, "register_run.name"), "register_run.name"),
         policy_toml=msg.policy_toml,
-        source=msg.source,
+        source=F.text(msg.source, "register_run.source"),
     )
 
 
@@ -157,7 +190,7 @@ def get_run_status_request_to_pb(name: str) -> pb.GetRunStatusRequest:
 
 
 def get_run_status_request_from_pb(msg: pb.GetRunStatusRequest) -> str:
-    return F.required(msg.name, "get_run_status.name")
+    return L.ident(F.required(msg.name, "get_run_status.name"), "get_run_status.name")
 
 
 def get_run_status_response_to_pb(verdict: RunVerdict) -> pb.GetRunStatusResponse:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.wire import fields as F
+from verifier.wire import limits as L
 
 TARGET_STATES = ("live", "stale", "expired")
 
@@ -67,7 +68,8 @@ def forget_target_request_to_pb(target: str) -> pb.ForgetTargetRequest:
 
 
 def forget_target_request_from_pb(msg: pb.ForgetTargetRequest) -> str:
-    return F.required(msg.target, "forget_target_request.target")
+    at = "forget_target_request.target"
+    return L.ident(F.required(msg.target, at), at)
 
 
 def forget_target_response_to_pb(t: TargetStatus) -> pb.ForgetTargetResponse:

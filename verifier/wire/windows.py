@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.wire import fields as F
+from verifier.wire import limits as L
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ def open_window_request_to_pb(o: WindowOpening) -> pb.OpenWindowRequest:
 
 def open_window_request_from_pb(msg: pb.OpenWindowRequest) -> WindowOpening:
     return WindowOpening(
-        F.required(msg.run, "open_window_request.run"),
+        L.ident(F.required(msg.run, "open_window_request.run"), "open_window_request.run"),
         _timeout(msg.timeout_s, "open_window_request.timeout_s"),
     )
 
@@ -95,11 +96,11 @@ def seal_window_request_to_pb(s: WindowSealing) -> pb.SealWindowRequest:
 def seal_window_request_from_pb(msg: pb.SealWindowRequest) -> WindowSealing:
     at = "seal_window_request"
     return WindowSealing(
-        F.required(msg.window_id, f"{at}.window_id"),
-        F.required(msg.run, f"{at}.run"),
+        L.ident(F.required(msg.window_id, f"{at}.window_id"), f"{at}.window_id"),
+        L.ident(F.required(msg.run, f"{at}.run"), f"{at}.run"),
         F.sha256_hex(msg.results_sha256, f"{at}.results_sha256"),
         F.count(msg.results_size, f"{at}.results_size"),
-        F.required(msg.results_name, f"{at}.results_name"),
+        F.text(F.required(msg.results_name, f"{at}.results_name"), f"{at}.results_name"),
         _timeout(msg.timeout_s, f"{at}.timeout_s"),
     )
 
