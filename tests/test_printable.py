@@ -26,14 +26,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.helpers import not_vllm_policy, verifier_cli
+from tests.helpers import agent_stub, not_vllm_policy, verifier_cli
 from tests.test_bindings_store import M1
 from tests.test_fuzz_parsers import FUZZ
 from tests.test_policy_engine import entry, worker
 from verifier import wire
 from verifier._cli import fmt
 from verifier.api.v1 import verifier_pb2 as pb
-from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
 from verifier.errors import ExitCode
 from verifier.model import (
     ProcessKey,
@@ -200,7 +199,7 @@ def test_a_target_named_with_escape_sequences_is_listed_escaped(
     assert verifier_cli("run", "register", f"r{ANSI}", "--policy", str(policy),
                         "--verifier", addr).returncode == 0  # fmt: skip
     with grpc.insecure_channel(addr, options=list(wire.GRPC_OPTIONS)) as ch:
-        stub = pb_grpc.VerifierServiceStub(ch)
+        stub = agent_stub(ch)  # the agent's metadata (percent-encoded) is what the ingress reads
         try:
             nonce = stub.Hello(pb.HelloRequest(agent_id=f"a{ANSI}", targets=[target])).nonce
         except grpc.RpcError as e:  # refused at the door: as good, if it says why
