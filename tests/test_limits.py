@@ -263,3 +263,37 @@ def test_an_oversized_policy_is_invalid_argument_naming_the_limit_and_exit_3(
     # Negative control: the same policy without the padding registers.
     with VerifierClient(addr) as c:
         assert c.register_run("r", POLICY, "p.toml").name == "r"
+
+
+def test_processes_that_share_a_manifest_carry_its_files_once(
+    served: tuple[VerifierServer, str],
+) -> None:
+    """Tensor-parallel workers load the same code: the agent sends their shared manifest's
+    files once per report (``files_once``), so ``files_per_report`` counts distinct manifests;
+    the verifier takes the files from the first process and stores the report at once, with
+    no round trip for manifests."""
+    from dataclasses import replace
+
+    from tests.helpers import agent_stub
+    from tests.test_policy_engine import entry, worker
+    from verifier.agent.runner import files_once
+    from verifier.model import ProcessKey, TargetReport, merkle_root
+
+    server, addr = served
+    files = tuple(entry(f"/site/vllm/m{i}.py") for i in range(3))
+    digest = merkle_root((f.path, f.sha256) for f in files if f.sha256)
+    ranks = [
+        replace(worker(), key=ProcessKey("boot", 100 + r, 7), files=files, manifest_digest=digest)
+        for r in range(8)
+    ]
+    once = files_once(ranks)
+    assert [p.files is not None for p in once] == [True] + [False] * 7
+    assert files_once(once) == once  # idempotent; nothing else changed
+    assert [replace(p, files=None) for p in once] == [replace(p, files=None) for p in ranks]
+    with grpc.insecure_channel(addr, options=list(wire.GRPC_OPTIONS)) as ch:
+        stub = agent_stub(ch)
+        nonce = stub.Hello(pb.HelloRequest(agent_id="a", targets=["t"])).nonce
+        rep = TargetReport("a", "t", 1, nonce, time.time(), once)
+        ack = stub.Report(pb.ReportRequest(report=wire.report_to_pb(rep)))
+    assert (ack.accepted, list(ack.need_manifests)) == (True, [])
+    assert server.store.get_manifest(digest) == files

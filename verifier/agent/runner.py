@@ -14,6 +14,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Iterable
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,25 @@ from verifier.security.refusal import connection_failed, tls_refusal
 from verifier.security.tls import ClientTLS, client_channel
 
 log = structlog.get_logger("verifier.agent")
+
+
+def files_once(procs: Iterable[ProcessReport]) -> tuple[ProcessReport, ...]:
+    """PROCS with each manifest's files carried once: a process whose manifest digest an
+    earlier one in the same report carries with its files is sent with its digest only (the
+    verifier takes a digest's files from the first process that has them). Processes that
+    load the same code (tensor-parallel workers) then cost the report's files budget
+    (``files_per_report``, verifier/wire/limits.py) once, not once each."""
+    carried: set[str] = set()
+    out: list[ProcessReport] = []
+    for p in procs:
+        digest = p.manifest_digest
+        if p.files is not None and digest and digest in carried:
+            out.append(dataclasses.replace(p, files=None))
+            continue
+        if p.files is not None and digest:
+            carried.add(digest)
+        out.append(p)
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -143,7 +163,7 @@ class Agent:
         for p in procs:
             self.seen[p.key] = p
         # Digest only for manifests the verifier has already acknowledged.
-        slim = tuple(
+        slim = files_once(
             dataclasses.replace(p, files=None)
             if p.manifest_digest and p.manifest_digest in self.sent_digests
             else p
@@ -241,7 +261,7 @@ class Agent:
                 and current.manifest_digest == p.manifest_digest
             )
             procs.append(current if full and current is not None else p)
-        return dataclasses.replace(report, processes=tuple(procs))
+        return dataclasses.replace(report, processes=files_once(procs))
 
     # transport -------------------------------------------------------------------------
     def hello(self) -> None:

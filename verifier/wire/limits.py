@@ -59,8 +59,9 @@ _TABLE = (
         "files_per_report",
         500_000,
         "manifest entries in one report, all its processes together",
-        "the agent sends a manifest only when the verifier lacks it: the first report of a "
-        "host of 8 workers with distinct manifests carries about 240,000",
+        "the agent sends a manifest only when the verifier lacks it, and once per report "
+        "however many processes share it: the first report of a host of 8 workers with "
+        "distinct manifests carries about 240,000",
     ),
     Limit(
         "path_bytes",
