@@ -75,6 +75,23 @@ def from_report(make: Callable[[int], pb.TargetReport]) -> Callable[[int], objec
     return lambda n: wire.report_from_pb(make(n))
 
 
+def numbered(n: int) -> pb.TargetReport:
+    msg = report()
+    msg.seq = n
+    return msg
+
+
+def held(n: int) -> pb.TargetReport:
+    """A report of exactly N bytes (no files, no bindings): one long command-line argument."""
+    k = n
+    for _ in range(8):  # the lengths' varints settle in a step or two
+        msg = report(processes=[proc(cmdline=["x" * k])])
+        if msg.ByteSize() == n:
+            return msg
+        k -= msg.ByteSize() - n
+    raise AssertionError(f"no report of {n} bytes")
+
+
 # limit name -> a function that validates a message claiming N of what the limit bounds.
 CASES: dict[str, Callable[[int], object]] = {
     "processes_per_report": from_report(lambda n: report(processes=[proc(i) for i in range(n)])),
@@ -108,6 +125,8 @@ CASES: dict[str, Callable[[int], object]] = {
         pb.RegisterRunRequest(name="r", policy_toml="#" * n)
     ),
     "unix_time": from_report(lambda n: report(processes=[proc(start_time=float(n))])),
+    "report_seq": from_report(numbered),
+    "held_report_bytes": from_report(held),
 }
 
 # Also bounded by a limit above, through another field: each must be refused too.
@@ -116,7 +135,18 @@ VARIATIONS: dict[str, Callable[[int], object]] = {
     "id_bytes": lambda n: wire.hello_request_from_pb(hello(agent="a" * n)),
     "keys_per_report": from_report(lambda n: report(unobservable=["u"] * n)),
     "unix_time": from_report(lambda n: report(sent_unix=float(n))),
+    # 8 MiB held beside 200,000 manifest files (7 MiB): only the held part counts
+    "held_report_bytes": lambda n: wire.report_from_pb(_with_files(n, L.FILES_PER_MANIFEST.value)),
 }
+
+
+def _with_files(held_bytes: int, n: int) -> pb.TargetReport:
+    """A report holding HELD_BYTES (files_included counted) and N manifest files."""
+    flag = pb.ProcessReport(files_included=True).ByteSize()
+    msg = held(held_bytes - flag)
+    msg.processes[0].files_included = True
+    msg.processes[0].files.extend(files(n, "/" + "p" * 30))
+    return msg
 
 
 def test_every_limit_has_a_case() -> None:

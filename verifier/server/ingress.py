@@ -140,6 +140,40 @@ def _body_matches(method: str, request: Any, claim: AgentClaim) -> str | None:
     )
 
 
+DETAILS_BYTES = 4096
+"""The most UTF-8 bytes of a refusal's text. gRPC sends it percent-encoded in a trailer (up to
+three bytes each) under a 16 KiB metadata limit: a longer text (a refusal quoting a hostile
+value whole: 4,095 'é' are 24 kB encoded) reached the client as RESOURCE_EXHAUSTED "received
+metadata size exceeds hard limit", read as "busy", instead of the refusal."""
+
+
+def bounded_details(details: str) -> str:
+    """DETAILS, cut to ``DETAILS_BYTES`` of UTF-8 with the rest counted."""
+    data = details.encode("utf-8", "backslashreplace")
+    if len(data) <= DETAILS_BYTES:
+        return details
+    head = data[:DETAILS_BYTES].decode("utf-8", "ignore")  # never half a character
+    return f"{head}... [{len(data) - len(head.encode())} more bytes]"
+
+
+class _BoundedContext:
+    """The servicer's view of its call's context: every refusal's text bounded
+    (``bounded_details``), whatever value the servicer quotes in it; the rest delegated."""
+
+    def __init__(self, context: grpc.ServicerContext) -> None:
+        self._context = context
+
+    def abort(self, code: grpc.StatusCode, details: str) -> NoReturn:
+        self._context.abort(code, bounded_details(details))
+        raise AssertionError("unreachable")  # context.abort raises
+
+    def set_details(self, details: str) -> None:
+        self._context.set_details(bounded_details(details))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+
 def _limit_behind(exc: BaseException) -> bool:
     """Whether EXC was raised while handling a ``LimitError`` (``context.abort`` inside the
     servicer's ``except wire.WireError``), or is one."""
@@ -184,7 +218,7 @@ def _method_handler(
             if why is not None:
                 _abort(context, grpc.StatusCode.PERMISSION_DENIED, why)
         try:
-            return call(request, context)
+            return call(request, _BoundedContext(context))  # type: ignore[arg-type]
         except BaseException as e:
             if _limit_behind(e):
                 note_refusal("too_large")

@@ -128,6 +128,23 @@ _TABLE = (
         "so an oversized policy is refused naming this limit, not as a message too large",
     ),
     Limit(
+        "report_seq",
+        2**53 - 1,
+        "a report's sequence number",
+        "the agent numbers its next report from the last one the verifier stored: a report "
+        "numbered 2**63 - 1 left nothing its agent could number next (protobuf: value out "
+        "of range), locking that agent id out; 2**53 - 1 is exact in JSON too, and at two "
+        "reports a second lasts 140 million years",
+    ),
+    Limit(
+        "held_report_bytes",
+        8 * 1024 * 1024,
+        "bytes of a report without its manifests' files and its request bindings: what the "
+        "verifier stores as the report and holds in memory as its target's latest",
+        "a host's report (processes, native mappings, code chains, containers) is well "
+        "under 1 MiB; 8 MiB bounds what each target costs the verifier's memory",
+    ),
+    Limit(
         "unix_time",
         MAX_UNIX_TIME,
         "every time in seconds since the epoch (sent, collected, start, request times)",
@@ -150,6 +167,8 @@ LIST_ENTRIES = LIMITS["list_entries"]
 ID_BYTES = LIMITS["id_bytes"]
 TARGETS_PER_HELLO = LIMITS["targets_per_hello"]
 POLICY_BYTES = LIMITS["policy_bytes"]
+REPORT_SEQ = LIMITS["report_seq"]
+HELD_REPORT_BYTES = LIMITS["held_report_bytes"]
 UNIX_TIME = LIMITS["unix_time"]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.model import (
@@ -211,6 +211,20 @@ def check_sizes(msg: pb.TargetReport, at: str) -> None:
     L.at_most(L.CONTAINERS_PER_REPORT, len(msg.containers), f"{at}.containers")
     files = sum(len(p.files) for p in msg.processes)
     L.at_most(L.FILES_PER_REPORT, files, f"{at}.processes[*].files")
+    L.at_most(L.REPORT_SEQ, msg.seq, f"{at}.seq")
+    size = msg.ByteSize()
+    if size > L.HELD_REPORT_BYTES.value:  # only then worth taking the files and bindings out
+        size -= sum(_entry_bytes(f, 2) for p in msg.processes for f in p.files)  # field 17
+        size -= sum(_entry_bytes(b, 1) for b in msg.spans)  # field 11
+        size -= sum(_entry_bytes(r, 1) for r in msg.request_ids)  # field 12
+        L.at_most(L.HELD_REPORT_BYTES, size, f"{at} without files and bindings")
+
+
+def _entry_bytes(entry: Message, tag_bytes: int) -> int:
+    """What ENTRY takes in its repeated field: its tag, its length (a varint), its bytes. (A
+    process's own length may take a byte or two fewer without its files: counted as held.)"""
+    n = entry.ByteSize()
+    return tag_bytes + max(1, (n.bit_length() + 6) // 7) + n
 
 
 def report_from_pb(msg: pb.TargetReport, at: str = "report") -> TargetReport:
