@@ -293,15 +293,15 @@ class Attack:
 
 @st.composite
 def attacks(draw: st.DrawFn) -> Attack:
-    ids = st.one_of(VALID_TEXT, VALID_TEXT, NAME)
+    ids = st.one_of(PLAIN, PLAIN, PLAIN, VALID_TEXT, NAME)
     agent_id, target = draw(ids), draw(ids)
-    hello_id = draw(st.sampled_from([agent_id, agent_id, None, "agent-x"]))
+    hello_id = draw(st.sampled_from([agent_id, agent_id, agent_id, None, "agent-x"]))
     return Attack(
         hello_id=hello_id,
         report=draw(target_report(agent_id, target)),
         nonce=draw(st.sampled_from(["current", "current", "previous", "wrong", "empty"])),
         seq=draw(st.sampled_from(["next", "next", "same", "huge", "negative", "zero"])),
-        metadata=draw(st.sampled_from(["matching", "other", "none"])),
+        metadata=draw(st.sampled_from(["matching", "matching", "matching", "other", "none"])),
     )
 
 

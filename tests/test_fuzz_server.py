@@ -7,7 +7,7 @@ traffic is real gRPC: Hello, Report, RegisterRun and GetRunStatus messages built
 ``tests/fuzz_reports.py``, and raw bytes (garbage, valid messages cut short or with bits
 flipped) sent through a method whose serializer is the identity. Calls carry the
 ``x-verifier-agent-id`` / ``x-verifier-target`` metadata that authorization before decoding
-reads (matching the body, naming another agent, or absent).
+reads (``wire.agent_metadata``: matching the body, naming another agent, or absent).
 
 For EACH example:
 
@@ -23,12 +23,12 @@ For EACH example:
 
 Memory: each test reads the server's VmRSS after a warm-up (three well-behaved rounds) and
 again after its examples, and allows ``RSS_MARGIN_MIB`` = 64 MiB between the two. Measured on
-the 2-core CI machine: the verifier starts at about 67 MiB; the 40 default report examples
-(generated only) add 8 MiB, the other calls and raw bytes under 1 MiB; 300 random report
-examples add about 100 MiB (manifests and targets are cached without bound: issue 20). A
-hostile example that breaks the margin shows it: one 250,000-file manifest +440 MiB, a report
-a kilobyte under the 64 MiB message limit +160 MiB (held until its target reports again), six
-12 MiB reports on six targets +189 MiB.
+the 2-core CI machine (main at the ingress merge): the verifier starts at about 68 MiB; the 40
+default report examples add 12 MiB, the other calls and raw bytes under 15 MiB; 200 random
+report examples add about 100 MiB (``VERIFIER_FUZZ_RANDOM=1``: manifests and targets are
+still cached without bound). What breaks the margin on purpose: a report a kilobyte under the
+64 MiB message limit +117 MiB (held until its target reports again), six 12 MiB reports on
+six targets +167 MiB (before the ingress limits, one 250,000-file manifest took +440 MiB).
 
 Bounded for CI: ``VERIFIER_FUZZ_EXAMPLES`` (default ``DEFAULT_EXAMPLES``) examples per test,
 derandomized unless ``VERIFIER_FUZZ_RANDOM=1``. Each failure found is kept as an
@@ -61,7 +61,6 @@ from tests.helpers import VENV_BIN
 from verifier import wire
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
-from verifier.wire.fields import MAX_TEXT
 
 DEFAULT_EXAMPLES = 40
 FUZZ_EXAMPLES = int(os.environ.get("VERIFIER_FUZZ_EXAMPLES", str(DEFAULT_EXAMPLES)))
@@ -195,7 +194,10 @@ class Server:
         call: grpc.UnaryUnaryMultiCallable[bytes, bytes] = self.channel.unary_unary(
             SERVICE + method
         )
-        return lambda: call(data, timeout=DEADLINE_S)  # no serializers: bytes in, bytes out
+        # no serializers: bytes in, bytes out; the metadata an agent "agent-x" on "t" sends,
+        # so that Hello and Report bytes get past authorization to the parser
+        md = tuple(meta("agent-x", "t"))
+        return lambda: call(data, timeout=DEADLINE_S, metadata=md)
 
     def alive_or_restart(self, label: str) -> None:
         """Fail naming LABEL if the verifier died (after restarting it for the next one)."""
@@ -235,14 +237,8 @@ class Server:
 
 
 def meta(agent_id: str, *targets: str) -> list[tuple[str, str]]:
-    """The metadata authorization before decoding reads; a value gRPC cannot carry (not
-    printable ASCII) is left out, as a client library would refuse to send it."""
-    out = [("x-verifier-agent-id", agent_id)] + [("x-verifier-target", t) for t in targets]
-    return [
-        (k, v)
-        for k, v in out
-        if v.isascii() and v.isprintable() and v.strip() == v and len(v) <= MAX_TEXT
-    ]
+    """The metadata authorization before decoding reads, encoded as the agent encodes it."""
+    return list(wire.agent_metadata(agent_id, targets))
 
 
 def with_status(call: Callable[[], Any]) -> tuple[grpc.StatusCode, str, Any]:
@@ -405,6 +401,8 @@ CALLS = st.one_of(
 # 4,096-character text limit) percent-encode to 24 kB, past gRPC's 16 KiB metadata limit, so
 # the client gets RESOURCE_EXHAUSTED "received metadata size exceeds hard limit".
 @example(call=("GetRunStatus", pb.GetRunStatusRequest(name="é" * 4095)))
+# New, and still failing after the ingress limits: a policy error quotes the source name.
+@example(call=("RegisterRun", pb.RegisterRunRequest(name="w", policy_toml="0", source="é" * 4095)))
 def test_other_calls_get_a_clear_status(
     server: Server, bounded_rss: None, call: tuple[str, Any]
 ) -> None:
@@ -489,7 +487,9 @@ def test_a_seq_at_the_int64_limit_does_not_lock_the_agent_out(server: Server) ->
     code, why, _ = send_attack(server, a)
     assert_clear("a report numbered 2**63 - 1", code, why)
     hello = server.stub.Hello(
-        pb.HelloRequest(agent_id="victim", targets=["victim-t"]), timeout=DEADLINE_S
+        pb.HelloRequest(agent_id="victim", targets=["victim-t"]),
+        timeout=DEADLINE_S,
+        metadata=meta("victim", "victim-t"),
     )
     assert hello.last_seq < fz.INT64_MAX, f"last_seq {hello.last_seq}: no next seq exists"
 
