@@ -318,3 +318,17 @@ def test_each_refusal_of_hello_report_and_register_run_counts_exactly_one_reason
                 assert (method, reason, moved) == (method, reason, {reason: 1.0})
     finally:
         server.stop()
+
+
+def test_a_refusal_text_is_bounded_to_what_a_client_accepts() -> None:
+    """A refusal quoting a hostile value whole is cut (never inside a character) so that its
+    percent-encoded trailer stays under a client's 8 KiB soft limit; a short one is as is."""
+    from verifier.server.ingress import DETAILS_BYTES, bounded_details
+
+    assert bounded_details("no run named 'x'") == "no run named 'x'"
+    long = "no run named '" + "é" * 4095 + "'"
+    cut = bounded_details(long)
+    head, _, rest = cut.partition("... [")
+    assert long.startswith(head) and len(head.encode()) <= DETAILS_BYTES
+    assert rest == f"{len(long.encode()) - len(head.encode())} more bytes]"
+    assert 3 * len(cut.encode()) < 8192  # every byte percent-encoded, still under the limit

@@ -140,11 +140,12 @@ def _body_matches(method: str, request: Any, claim: AgentClaim) -> str | None:
     )
 
 
-DETAILS_BYTES = 4096
+DETAILS_BYTES = 2000
 """The most UTF-8 bytes of a refusal's text. gRPC sends it percent-encoded in a trailer (up to
-three bytes each) under a 16 KiB metadata limit: a longer text (a refusal quoting a hostile
-value whole: 4,095 'é' are 24 kB encoded) reached the client as RESOURCE_EXHAUSTED "received
-metadata size exceeds hard limit", read as "busy", instead of the refusal."""
+three bytes each: 6,000 here) and a client drops trailers over 8 KiB at random (its soft
+limit) and always over 16 KiB: a longer text (a refusal quoting a hostile value whole: 4,095
+'é' are 24 kB encoded) reached the client as RESOURCE_EXHAUSTED "received metadata size
+exceeds hard limit", read as "busy", or as "Stream removed", instead of the refusal."""
 
 
 def bounded_details(details: str) -> str:
