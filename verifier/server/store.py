@@ -24,16 +24,17 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from verifier.errors import ConfigError, UsageError
 from verifier.ledger import bindings, chain
 from verifier.model import FileEntry, RequestId, RequestSpan
-from verifier.server import schema
+from verifier.server import manifest_rows, schema
 from verifier.server.db import Database, open_database
 from verifier.server.index import (
     ProcessSeen,
-    index_manifest,
     index_processes,
     index_requests,
     needs_rebuild,
     rebuild,
+    write_manifest_index,
 )
+from verifier.server.manifest_rows import PreparedManifest
 
 if TYPE_CHECKING:  # signing needs `cryptography`, imported only when a key is used
     from verifier.ledger import merkle
@@ -75,27 +76,6 @@ class StoredReport:
 T = TypeVar("T")
 
 
-def _manifest_rows(files: Sequence[FileEntry]) -> list[dict[str, Any]]:
-    """A manifest as it is stored (``manifests.files_json``, hashed into the ledger): one JSON
-    object per file, keys in this order."""
-    return [
-        {
-            "path": f.path,
-            "sha256": f.sha256,
-            "size": f.size,
-            "kind": f.kind,
-            "module": f.module,
-            "at": f.at,
-        }
-        for f in files
-    ]
-
-
-def _manifest_files(rows: list[dict[str, Any]]) -> tuple[FileEntry, ...]:
-    """``_manifest_rows`` read back."""
-    return tuple(FileEntry(**r) for r in rows)
-
-
 class Store:
     """Thread-safe store over one connection guarded by a lock. TARGET: an SQLite file or a
     ``postgresql://`` URL (``db.open_database``)."""
@@ -118,6 +98,8 @@ class Store:
             self._db.close()
             raise ConfigError(f"verifier database {self.path} is corrupt: {integrity}")
         self._lock = threading.Lock()
+        self._writing = False  # a write transaction holds the store (``writing``)
+        self.transactions = 0  # write transactions begun (``writing``)
         self._frontier: merkle.Frontier | None = None  # the tree as last signed (checkpoints)
         self.columns_added: list[str] = []
         self._tx([], self._add_columns)
@@ -126,6 +108,10 @@ class Store:
         self.reindexed = 0
         if needs_rebuild(self._db):
             self._tx([], self._reindex)
+        # Runs are immutable once registered: kept in memory (registration writes through),
+        # so a status call never waits for a report's transaction to read one.
+        self._runs_lock = threading.Lock()
+        self._runs: dict[str, RunRecord] = {r.name: r for r in self._read_runs()}
 
     def _add_columns(self, db: Database) -> None:
         self.columns_added = schema.add_columns(db)
@@ -225,6 +211,12 @@ class Store:
         with self._lock:
             self._db.close()
 
+    @property
+    def writing(self) -> bool:
+        """Whether a write transaction holds the store now (what the contention tests and an
+        operator's debugger look at; nothing decides on it)."""
+        return self._writing
+
     def _tx(
         self,
         statements: list[tuple[str, tuple[Any, ...]]],
@@ -232,6 +224,8 @@ class Store:
     ) -> None:
         """Run STATEMENTS, then THEN (ledger entries), in one transaction."""
         with self._lock:
+            self._writing = True
+            self.transactions += 1
             try:
                 self._db.begin()
                 for sql, args in statements:
@@ -246,6 +240,8 @@ class Store:
                 if isinstance(e, self._db.errors):  # the database refused: start clean next
                     self._db.recover()
                 raise
+            finally:
+                self._writing = False
 
     def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
@@ -276,21 +272,43 @@ class Store:
                 db, rec.created_unix, "run", chain.run_ref(name), chain.run_subject(*row)
             ),
         )
+        with self._runs_lock:
+            self._runs[rec.name] = rec
         return rec
 
     def get_run(self, name: str, missing_ok: bool = False) -> RunRecord | None:
+        """Run NAME: from memory when known; else read (another verifier on the same
+        PostgreSQL database may have registered it)."""
+        with self._runs_lock:
+            known = self._runs.get(name)
+        if known is not None:
+            return known
         rows = self._query(f"SELECT {RUN_COLUMNS} FROM runs WHERE name = ?", (name,))  # noqa: S608
         if not rows:
             if missing_ok:
                 return None
             raise UnknownRun(f"no run named {name!r}")
-        return RunRecord(*rows[0])
+        rec = RunRecord(*rows[0])
+        with self._runs_lock:
+            self._runs[rec.name] = rec
+        return rec
+
+    def _read_runs(self) -> list[RunRecord]:
+        rows = self._query(f"SELECT {RUN_COLUMNS} FROM runs ORDER BY created_unix")  # noqa: S608
+        return [RunRecord(*r) for r in rows]
 
     def list_runs(self) -> list[RunRecord]:
-        return [
-            RunRecord(*r)
-            for r in self._query(f"SELECT {RUN_COLUMNS} FROM runs ORDER BY created_unix")  # noqa: S608
-        ]
+        """Every run, oldest first: read again when the store is free (runs other verifiers
+        registered), else the runs in memory, without waiting for the transaction."""
+        if self._lock.acquire(blocking=False):
+            try:
+                rows = self._db.execute(f"SELECT {RUN_COLUMNS} FROM runs").fetchall()  # noqa: S608
+            finally:
+                self._lock.release()
+            with self._runs_lock:
+                self._runs.update((r[0], RunRecord(*r)) for r in rows)
+        with self._runs_lock:
+            return sorted(self._runs.values(), key=lambda r: (r.created_unix, r.name))
 
     # manifests -------------------------------------------------------------------------
     def has_manifest(self, digest: str) -> bool:
@@ -301,23 +319,29 @@ class Store:
         if not rows:
             return None
         files: list[dict[str, Any]] = json.loads(rows[0][0])
-        return _manifest_files(files)
+        return manifest_rows.files_from_rows(files)
 
     # reports ---------------------------------------------------------------------------
     def last_seq(self, agent_id: str) -> int:
         rows = self._query("SELECT MAX(seq) FROM reports WHERE agent_id = ?", (agent_id,))
         return int(rows[0][0]) if rows and rows[0][0] is not None else 0
 
+    prepare_manifests = staticmethod(manifest_rows.prepare)
+
     def save_report(
         self,
         rep: StoredReport,
-        manifests: Mapping[str, Sequence[FileEntry]],
+        manifests: Mapping[str, Sequence[FileEntry]] | Sequence[PreparedManifest],
         processes: Sequence[ProcessSeen] = (),
         spans: Sequence[RequestSpan] = (),
         request_ids: Sequence[RequestId] = (),
     ) -> bool:
-        """Store one report, its new manifests, the processes it saw (index) and the request
-        bindings that came with it, atomically; False if the seq was seen."""
+        """Store one report, its new manifests (as files, or ``prepare_manifests``'s), the
+        processes it saw (index) and the request bindings that came with it, atomically;
+        False if the seq was seen."""
+        prepared = (
+            self.prepare_manifests(manifests) if isinstance(manifests, Mapping) else manifests
+        )
         with self._lock:
             seen = self._db.execute(
                 "SELECT 1 FROM reports WHERE agent_id = ? AND seq = ?", (rep.agent_id, rep.seq)
@@ -327,17 +351,15 @@ class Store:
         row = (rep.agent_id, rep.seq, rep.target, rep.received_unix, rep.report)
 
         def store(db: Database) -> None:
-            for d, f in manifests.items():  # content-addressed: each digest once
-                if db.execute("SELECT 1 FROM manifests WHERE digest = ?", (d,)).fetchone():
+            for m in prepared:  # content-addressed: each digest once
+                if db.execute("SELECT 1 FROM manifests WHERE digest = ?", (m.digest,)).fetchone():
                     continue
-                rows = _manifest_rows(f)
-                files_json = json.dumps(rows)
                 db.execute(
-                    "INSERT INTO manifests (digest, files_json) VALUES (?, ?)", (d, files_json)
+                    "INSERT INTO manifests (digest, files_json) VALUES (?, ?)",
+                    (m.digest, m.files_json),
                 )
-                subject = chain.manifest_subject(files_json)
-                chain.append(db, rep.received_unix, "manifest", d, subject)
-                index_manifest(db, d, rows)
+                chain.append(db, rep.received_unix, "manifest", m.digest, m.subject)
+                write_manifest_index(db, m.index)
             db.execute(
                 "INSERT INTO reports (agent_id, seq, target, received_unix, report) "
                 "VALUES (?, ?, ?, ?, ?)",
