@@ -2,11 +2,14 @@
 
 A 200,000-file report allocates a few hundred MiB while it is decoded, checked and stored
 (protobuf arenas, one object per file, the JSON rows of its manifest). CPython frees the
-objects, but glibc's allocator keeps much of the freed heap mapped, so the process's resident
-size stays near its peak. ``Trimmer`` asks glibc to return it (``malloc_trim(0)``) when the
-resident size grew past a threshold since the last look: the history keeper calls it about
-twice a second, so every large allocation (a report stored, or one refused after decoding) is
-followed by a trim, and quiet times cost one read of ``/proc/self/statm``.
+objects, but glibc's allocator keeps much of the freed memory mapped, so the process's
+resident size stays far above where it was. Two remedies, both glibc only (elsewhere nothing
+is done): ``fix_mmap_threshold`` keeps large buffers in their own mappings, returned when
+freed, and ``Trimmer`` asks glibc to return free heap pages (``malloc_trim(0)``) whenever the
+resident size moved by more than a threshold since the last trim. The history keeper calls it
+about twice a second, so every large allocation (a report stored, or one refused after
+decoding) is followed by a trim, and quiet times cost one read of ``/proc/self/statm``.
+Measured numbers: docs/operations.md, "Contention and memory".
 """
 
 from __future__ import annotations
