@@ -98,7 +98,7 @@ class Store:
             self._db.close()
             raise ConfigError(f"verifier database {self.path} is corrupt: {integrity}")
         self._lock = threading.Lock()
-        self._writing = False  # a write transaction holds the store (``writing``)
+        self._writing: str | None = None  # what the write transaction in progress stores
         self.transactions = 0  # write transactions begun (``writing``)
         self._frontier: merkle.Frontier | None = None  # the tree as last signed (checkpoints)
         self.columns_added: list[str] = []
@@ -212,19 +212,21 @@ class Store:
             self._db.close()
 
     @property
-    def writing(self) -> bool:
-        """Whether a write transaction holds the store now (what the contention tests and an
-        operator's debugger look at; nothing decides on it)."""
+    def writing(self) -> str | None:
+        """What the write transaction that holds the store now stores ("report AGENT/SEQ",
+        "write" for anything else), None when none does: what the contention tests and a
+        debugger look at; nothing decides on it."""
         return self._writing
 
     def _tx(
         self,
         statements: list[tuple[str, tuple[Any, ...]]],
         then: Callable[[Database], object] | None = None,
+        what: str = "write",
     ) -> None:
-        """Run STATEMENTS, then THEN (ledger entries), in one transaction."""
+        """Run STATEMENTS, then THEN (ledger entries), in one transaction (storing WHAT)."""
         with self._lock:
-            self._writing = True
+            self._writing = what
             self.transactions += 1
             try:
                 self._db.begin()
@@ -241,7 +243,7 @@ class Store:
                     self._db.recover()
                 raise
             finally:
-                self._writing = False
+                self._writing = None
 
     def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
@@ -380,7 +382,7 @@ class Store:
                 )  # fmt: skip
                 chain.append(db, rep.received_unix, "bindings", batch, subject)
 
-        self._tx([], store)
+        self._tx([], store, f"report {rep.agent_id}/{rep.seq}")
         return True
 
     def latest_reports(self) -> list[StoredReport]:
