@@ -7,8 +7,8 @@ watch: on two cores about 0.8 s checking and preparing it, then about 2 s in its
 on SQLite (200,000 files: docs/operations.md). No wall-clock thresholds: each test asserts
 ORDER, watching the phase the large ingest is in (``VerifierService.ingesting``; and
 ``Store.writing``, what the transaction in progress stores, with ``Store.transactions``);
-deadlines only stop a hung test. Each test fails with one lock across every agent's ingest,
-or with a status call that reads its run from the database (both tried).
+deadlines only stop a hung test. The status test fails when a status call reads its run from
+the database, the other with one lock across every agent's ingest (both tried).
 """
 
 from __future__ import annotations
