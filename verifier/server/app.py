@@ -328,7 +328,11 @@ class VerifierServer:
         self.health_server.start()
 
     def _keep_history(self) -> None:
+        from verifier.server.memory import Trimmer, fix_mmap_threshold
+
         next_checkpoint = 0.0
+        fix_mmap_threshold()  # a large report's freed memory given back (server/memory.py)
+        trimmer = Trimmer()
         while not self._stop.is_set():
             self.service.dirty.wait(timeout=1.0)  # also re-evaluates on time (STALE)
             self.service.dirty.clear()
@@ -336,6 +340,7 @@ class VerifierServer:
                 self.service.refresh_verdicts()
             except Exception as e:  # noqa: BLE001 - the keeper logs and keeps going
                 log.error("history_failed", error=f"{type(e).__name__}: {e}")
+            trimmer.maybe_trim()
             due = time.monotonic() >= next_checkpoint
             if due or self._grown() >= self.config.checkpoint_every:
                 next_checkpoint = time.monotonic() + self.config.checkpoint_interval_s

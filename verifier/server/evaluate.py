@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from verifier import wire
@@ -11,7 +12,14 @@ from verifier.model import FileEntry, RunVerdict, TargetReport
 from verifier.policy import Policy, PolicyError, evaluate_run, load_policy, refused_run
 from verifier.policy.interface import TargetSnapshot
 from verifier.server import clock
+from verifier.server.bounded import LruCache
 from verifier.server.store import RunRecord, Store
+
+# Files of manifests kept parsed beyond those the latest snapshots hold (least recently used
+# dropped; a manifest larger than this is not cached, its snapshot holds it while current):
+# a vLLM process loads about 10,000 files, so this keeps about ten of them; an agent sending a
+# fresh 200,000-file manifest in every report makes the verifier keep none of them.
+MANIFEST_CACHE_FILES = 100_000
 
 
 @dataclass(frozen=True)
@@ -29,14 +37,17 @@ class Tracked:
 
 
 class Evaluator:
-    """Caches parsed policies and manifests by digest, and every target's latest snapshot
-    (loaded from the store once, then kept current by ``note`` on each ingest), so evaluating
-    never scans or decodes stored reports."""
+    """Caches parsed policies (one per registered run's policy) and manifests by digest
+    (bounded: MANIFEST_CACHE_FILES files), and every target's latest snapshot (loaded from
+    the store once, then kept current by ``note`` on each ingest), so evaluating never scans
+    or decodes stored reports."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, manifest_cache_files: int = MANIFEST_CACHE_FILES) -> None:
         self.store = store
         self._policies: dict[str, Policy | PolicyError] = {}
-        self._manifests: dict[str, tuple[FileEntry, ...]] = {}
+        self.manifests: LruCache[str, tuple[FileEntry, ...]] = LruCache(
+            manifest_cache_files, weight=len
+        )
         self._latest: dict[str, Tracked] | None = None
         self._lock = threading.Lock()
 
@@ -53,13 +64,17 @@ class Evaluator:
             self._policies[run.policy_digest] = pol
         return pol
 
-    def _manifest(self, digest: str | None) -> tuple[FileEntry, ...]:
+    def _manifest(
+        self, digest: str | None, given: Mapping[str, tuple[FileEntry, ...]]
+    ) -> tuple[FileEntry, ...]:
         if digest is None:
             return ()
-        got = self._manifests.get(digest)
+        got = given.get(digest)
+        if got is None:
+            got = self.manifests.get(digest)
         if got is None:
             got = self.store.get_manifest(digest) or ()
-            self._manifests[digest] = got
+        self.manifests.put(digest, got)
         return got
 
     def _snapshot(
@@ -68,11 +83,12 @@ class Evaluator:
         received_unix: float,
         authenticated_as: str | None,
         received_boot_s: float | None,
+        given: Mapping[str, tuple[FileEntry, ...]] | None = None,
     ) -> TargetSnapshot:
         procs = tuple(
             p
             if p.files is not None
-            else dataclasses.replace(p, files=self._manifest(p.manifest_digest))
+            else dataclasses.replace(p, files=self._manifest(p.manifest_digest, given or {}))
             for p in report.processes
         )
         containers = tuple(sorted({p.container_id for p in procs if p.container_id}))
@@ -120,12 +136,14 @@ class Evaluator:
         received_unix: float,
         authenticated_as: str | None = "local",
         received_boot_s: float | None = None,
+        manifests: Mapping[str, tuple[FileEntry, ...]] | None = None,
     ) -> None:
         """A report was stored: it is now its target's latest evidence (an expired or forgotten
         target is back, as new). RECEIVED_BOOT_S: when it arrived on the age clock
-        (``clock.boot_s``; None: now)."""
+        (``clock.boot_s``; None: now). MANIFESTS: the ones it brought (digest -> files), so
+        they are not read back from the store."""
         at = clock.boot_s() if received_boot_s is None else received_boot_s
-        snap = self._snapshot(report, received_unix, authenticated_as, at)
+        snap = self._snapshot(report, received_unix, authenticated_as, at, manifests)
         with self._lock:
             self._tracked()[report.target] = Tracked(snap, report.agent_id, report.seq, at)
 

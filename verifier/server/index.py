@@ -34,29 +34,50 @@ class ProcessSeen:
     runner: str | None
 
 
-def index_manifest(db: Database, digest: str, files: Sequence[dict[str, Any]]) -> None:
-    """Index one newly stored manifest (inside the transaction that stores it)."""
+@dataclass(frozen=True)
+class ManifestIndex:
+    """The index rows of one manifest, built before the transaction that writes them."""
+
+    paths: list[tuple[str]]
+    blobs: list[tuple[str]]
+    hashed: list[tuple[str, str, str]]  # (manifest, path, sha256)
+    unhashed: list[tuple[str, str]]  # (manifest, path)
+
+
+def manifest_index(digest: str, files: Sequence[dict[str, Any]]) -> ManifestIndex:
+    """The index rows of manifest DIGEST listing FILES (no database needed)."""
     rows = [(str(f["path"]), f.get("sha256")) for f in files if isinstance(f.get("path"), str)]
-    if not rows:
-        return
-    db.executemany(
-        "INSERT INTO paths (path) VALUES (?) ON CONFLICT DO NOTHING", [(p,) for p, _ in rows]
-    )
     hashed = [(p, h) for p, h in rows if isinstance(h, str)]
-    db.executemany(
-        "INSERT INTO blobs (sha256) VALUES (?) ON CONFLICT DO NOTHING", [(h,) for _, h in hashed]
+    return ManifestIndex(
+        [(p,) for p, _ in rows],
+        [(h,) for _, h in hashed],
+        [(digest, p, h) for p, h in hashed],
+        [(digest, p) for p, h in rows if not isinstance(h, str)],
     )
+
+
+def write_manifest_index(db: Database, ix: ManifestIndex) -> None:
+    """Write IX (inside the transaction that stores its manifest)."""
+    if not ix.paths:
+        return
+    db.executemany("INSERT INTO paths (path) VALUES (?) ON CONFLICT DO NOTHING", ix.paths)
+    db.executemany("INSERT INTO blobs (sha256) VALUES (?) ON CONFLICT DO NOTHING", ix.blobs)
     db.executemany(
         "INSERT INTO manifest_files (manifest, path_id, blob_id) "
         "SELECT ?, p.id, b.id FROM paths p, blobs b WHERE p.path = ? AND b.sha256 = ? "
         "ON CONFLICT DO NOTHING",
-        [(digest, p, h) for p, h in hashed],
+        ix.hashed,
     )
     db.executemany(
         "INSERT INTO manifest_files (manifest, path_id, blob_id) "
         "SELECT ?, p.id, NULL FROM paths p WHERE p.path = ? ON CONFLICT DO NOTHING",
-        [(digest, p) for p, h in rows if not isinstance(h, str)],
+        ix.unhashed,
     )
+
+
+def index_manifest(db: Database, digest: str, files: Sequence[dict[str, Any]]) -> None:
+    """Index one newly stored manifest (inside the transaction that stores it)."""
+    write_manifest_index(db, manifest_index(digest, files))
 
 
 def index_processes(db: Database, target: str, at: float, processes: Sequence[ProcessSeen]) -> None:

@@ -6,6 +6,7 @@ gRPC status and a reason, never stored and never able to produce a PASS.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import secrets
 import threading
@@ -23,6 +24,7 @@ from verifier.model import FileEntry, RunVerdict, TargetReport, merkle_root
 from verifier.policy import Policy, PolicyError, load_policy, policy_digest, unsafe_flags
 from verifier.security.auth import READ_ROLES, Authorizer
 from verifier.server import clock
+from verifier.server.bounded import KeyedLocks, LruCache
 from verifier.server.evaluate import Evaluator, Tracked
 from verifier.server.index import processes_seen
 from verifier.server.metrics import VerifierMetrics
@@ -60,6 +62,14 @@ _WINDOW_CODES = {
 }
 # A target silent this long is expired: in no run's verdict, recorded in the ledger.
 DEFAULT_TARGET_EXPIRY_S = 3600.0
+# What the service remembers across requests, each bounded (docs/operations.md, "Contention and
+# memory"): the current nonce of this many agents (least recently heard from forgotten first:
+# such an agent's next report is refused with "nonce mismatch" and it says Hello again), and
+# this many manifest digests known to be stored (a forgotten one is asked of the database).
+MAX_AGENT_NONCES = 65_536
+MAX_KNOWN_MANIFESTS = 65_536
+# Verdicts status calls computed, waiting for the history keeper to record them.
+MAX_SEEN_VERDICTS = 1024
 
 
 def expiry_error(pol: Policy, expiry_s: float) -> str | None:
@@ -84,15 +94,25 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         signing_key: Ed25519PrivateKey | None = None,
         *,
         max_window_waits: int = MAX_WAITING,
+        max_agent_nonces: int = MAX_AGENT_NONCES,
+        max_known_manifests: int = MAX_KNOWN_MANIFESTS,
     ) -> None:
         self.store = store
         self.target_expiry_s = target_expiry_s
         self.auth = auth or Authorizer(secure=False)
         self.evaluator = Evaluator(store)
         self.report_interval_s = report_interval_s
-        self._nonces: dict[str, str] = {}
-        self._lock = threading.Lock()
-        self._known: set[str] = set()  # manifest digests already stored
+        self.nonces: LruCache[str, str] = LruCache(max_agent_nonces)
+        # Nonce and seq are per agent: one agent's reports are ingested one at a time, other
+        # agents' alongside (the store's one writer is the only thing they share), and a
+        # target's report is stored and noted with ForgetTarget kept out (("target", name)).
+        self._locks = KeyedLocks()
+        self.known: LruCache[str, bool] = LruCache(max_known_manifests)  # digests stored
+        # (run, verdict, detail) a status call computed: recorded by the history keeper, so
+        # a status call never waits for a report's transaction to write its history.
+        self._seen: collections.deque[tuple[str, str, dict[str, Any]]] = collections.deque(
+            maxlen=MAX_SEEN_VERDICTS
+        )
         self.dirty = threading.Event()  # new evidence: the history keeper re-evaluates
         self.metrics = VerifierMetrics(store.ledger_size)
         # server/windows.py
@@ -106,8 +126,8 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed hello: {e}")
         self.auth.require_agent(context, hello.agent_id, hello.targets)
         nonce = secrets.token_hex(16)
-        with self._lock:
-            self._nonces[hello.agent_id] = nonce
+        with self._locks.hold(("agent", hello.agent_id)):
+            self.nonces.put(hello.agent_id, nonce)
         log.info("hello", agent=hello.agent_id, targets=list(hello.targets))
         reply = wire.HelloReply(nonce, self.report_interval_s, self.store.last_seq(hello.agent_id))
         return wire.hello_response_to_pb(reply)
@@ -123,8 +143,8 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
             agent=report.agent_id, target=report.target, seq=report.seq
         )
         peer = self.auth.require_agent(context, report.agent_id, [report.target])
-        with self._lock:
-            expected = self._nonces.get(report.agent_id)
+        with self._locks.hold(("agent", report.agent_id)):
+            expected = self.nonces.get(report.agent_id)
             if expected is None or not secrets.compare_digest(expected, report.nonce):
                 context.abort(
                     grpc.StatusCode.FAILED_PRECONDITION,
@@ -138,27 +158,44 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
                 self.metrics.report("need_manifests")
                 ack = wire.ReportAck(False, report.seq, expected, tuple(need))
                 return wire.report_response_to_pb(ack)
-            stripped = dataclasses.replace(
-                report,
-                processes=tuple(dataclasses.replace(p, files=None) for p in report.processes),
-                spans=(),
-                request_ids=(),
-            )
-            stored = StoredReport(
-                report.agent_id,
-                report.seq,
-                report.target,
-                time.time(),
-                wire.report_to_bytes(stripped),
-            )
+            nonce = self._ingest(report, manifests, peer, (received, received_boot_s), context)
+            self.nonces.put(report.agent_id, nonce)
+        self.dirty.set()
+        return wire.report_response_to_pb(wire.ReportAck(True, report.seq, nonce))
+
+    def ingesting(self) -> list[str]:
+        """The agents whose report is being ingested now (after its nonce check, until it is
+        stored and noted): what a test or a debugger looks at; nothing decides on it."""
+        return sorted(
+            str(k[1]) for k in self._locks.held() if isinstance(k, tuple) and k[0] == "agent"
+        )
+
+    def _ingest(
+        self,
+        report: TargetReport,
+        manifests: dict[str, tuple[FileEntry, ...]],
+        peer: Any,
+        received: tuple[float, float],
+        context: grpc.ServicerContext,
+    ) -> str:
+        """Store REPORT with its new MANIFESTS and make it its target's latest evidence; the
+        agent's next nonce. Everything that needs no database (the stored body, the manifests'
+        JSON, ledger subjects and index rows) is built first: the store's lock, which every
+        agent shares, is held only for the writes."""
+        stripped = dataclasses.replace(
+            report,
+            processes=tuple(dataclasses.replace(p, files=None) for p in report.processes),
+            spans=(),
+            request_ids=(),
+        )
+        stored = StoredReport(
+            report.agent_id, report.seq, report.target, time.time(), wire.report_to_bytes(stripped)
+        )
+        prepared = self.store.prepare_manifests(manifests)
+        seen = processes_seen(report.processes)
+        with self._locks.hold(("target", report.target)):  # ForgetTarget waits
             try:
-                self.store.save_report(
-                    stored,
-                    manifests,
-                    processes_seen(report.processes),
-                    report.spans,
-                    report.request_ids,
-                )
+                self.store.save_report(stored, prepared, seen, report.spans, report.request_ids)
             except self.store.errors as e:
                 # Not stored, so never acknowledged: the agent keeps it spooled and retries.
                 log.error("report_not_stored", agent=report.agent_id, seq=report.seq, error=str(e))
@@ -166,16 +203,20 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
                     grpc.StatusCode.UNAVAILABLE,
                     f"report {report.seq} not stored, the verifier's database refused it: {e}",
                 )
-            ingest_s = time.monotonic() - received
+            del prepared  # a large manifest's rows are garbage from here on
+            for digest in manifests:
+                self.known.put(digest, True)
+            ingest_s = time.monotonic() - received[0]
             self.metrics.stored(report, stored.received_unix, ingest_s)
             log.debug("report_stored", ingest_s=round(ingest_s, 6), processes=len(report.processes))
             self.evaluator.note(
-                stripped, stored.received_unix, self.auth.authenticated_as(peer), received_boot_s
+                stripped,
+                stored.received_unix,
+                self.auth.authenticated_as(peer),
+                received[1],
+                manifests,
             )
-            nonce = secrets.token_hex(16)
-            self._nonces[report.agent_id] = nonce
-        self.dirty.set()
-        return wire.report_response_to_pb(wire.ReportAck(True, report.seq, nonce))
+        return secrets.token_hex(16)
 
     def _manifests(
         self, report: TargetReport, context: grpc.ServicerContext
@@ -202,10 +243,10 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         return manifests, need
 
     def _known_manifest(self, digest: str) -> bool:
-        if digest in self._known:
+        if digest in self.known:
             return True
         if self.store.has_manifest(digest):
-            self._known.add(digest)
+            self.known.put(digest, True)
             return True
         return False
 
@@ -254,7 +295,10 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
             context.abort(grpc.StatusCode.NOT_FOUND, e.explain())
         except Error as e:
             context.abort(grpc.StatusCode.INTERNAL, e.explain())
-        self.store.record_verdict(run.name, verdict.verdict.value, verdict_detail(verdict))
+        # The history records what a client was told; written by the history keeper, so this
+        # call never waits for a report's transaction (the keeper records it within a second).
+        self._seen.append((run.name, verdict.verdict.value, verdict_detail(verdict)))
+        self.dirty.set()
         self.metrics.verdict(run.name, verdict.verdict.value)
         return wire.get_run_status_response_to_pb(verdict)
 
@@ -318,7 +362,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         except wire.WireError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed forget request: {e}")
         by = self.auth.authenticated_as(peer) or "unauthenticated"
-        with self._lock:  # no report of it is stored in between
+        with self._locks.hold(("target", name)):  # no report of it is stored in between
             gone = self.evaluator.forget(name)
             if gone is None:
                 context.abort(grpc.StatusCode.NOT_FOUND, f"no target named {name!r}")
@@ -335,8 +379,18 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
             self.store.retire_target(target, "expired", "verifier", (t.agent_id, t.seq))
             log.info("target_expired", target=target, expiry_s=self.target_expiry_s)
 
+    def record_seen(self) -> None:
+        """Record the verdicts status calls computed since the last call (history keeps
+        each change, so one the keeper would also compute is written once)."""
+        while self._seen:
+            run, verdict, detail = self._seen.popleft()
+            if self.store.record_verdict(run, verdict, detail):
+                log.info("verdict", run=run, verdict=verdict)
+
     def refresh_verdicts(self) -> None:
-        """Re-evaluate every run after new evidence; history records each change."""
+        """Record what status calls saw, then re-evaluate every run after new evidence;
+        history records each change."""
+        self.record_seen()
         self.expire_targets()
         now = time.time()
         snaps = self.evaluator.snapshots()

@@ -24,16 +24,17 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from verifier.errors import ConfigError, DatabaseCorrupt, UsageError
 from verifier.ledger import bindings, chain
 from verifier.model import FileEntry, RequestId, RequestSpan
-from verifier.server import schema
+from verifier.server import manifest_rows, schema
 from verifier.server.db import Database, is_corruption, open_database
 from verifier.server.index import (
     ProcessSeen,
-    index_manifest,
     index_processes,
     index_requests,
     needs_rebuild,
     rebuild,
+    write_manifest_index,
 )
+from verifier.server.manifest_rows import PreparedManifest
 
 if TYPE_CHECKING:  # signing needs `cryptography`, imported only when a key is used
     from verifier.ledger import merkle
@@ -75,27 +76,6 @@ class StoredReport:
 T = TypeVar("T")
 
 
-def _manifest_rows(files: Sequence[FileEntry]) -> list[dict[str, Any]]:
-    """A manifest as it is stored (``manifests.files_json``, hashed into the ledger): one JSON
-    object per file, keys in this order."""
-    return [
-        {
-            "path": f.path,
-            "sha256": f.sha256,
-            "size": f.size,
-            "kind": f.kind,
-            "module": f.module,
-            "at": f.at,
-        }
-        for f in files
-    ]
-
-
-def _manifest_files(rows: list[dict[str, Any]]) -> tuple[FileEntry, ...]:
-    """``_manifest_rows`` read back."""
-    return tuple(FileEntry(**r) for r in rows)
-
-
 class Store:
     """Thread-safe store over one connection guarded by a lock. TARGET: an SQLite file or a
     ``postgresql://`` URL (``db.open_database``)."""
@@ -123,6 +103,8 @@ class Store:
                 + " ".join(integrity.split())
             )
         self._lock = threading.Lock()
+        self._writing: str | None = None  # what the write transaction in progress stores
+        self.transactions = 0  # write transactions begun (``writing``)
         self._frontier: merkle.Frontier | None = None  # the tree as last signed (checkpoints)
         self.columns_added: list[str] = []
         self._tx([], self._add_columns)
@@ -131,6 +113,10 @@ class Store:
         self.reindexed = 0
         if needs_rebuild(self._db):
             self._tx([], self._reindex)
+        # Runs are immutable once registered: kept in memory (registration writes through),
+        # so a status call never waits for a report's transaction to read one.
+        self._runs_lock = threading.Lock()
+        self._runs: dict[str, RunRecord] = {r.name: r for r in self._read_runs()}
 
     def _add_columns(self, db: Database) -> None:
         self.columns_added = schema.add_columns(db)
@@ -230,13 +216,23 @@ class Store:
         with self._lock:
             self._db.close()
 
+    @property
+    def writing(self) -> str | None:
+        """What the write transaction that holds the store now stores ("report AGENT/SEQ",
+        "write" for anything else), None when none does: what the contention tests and a
+        debugger look at; nothing decides on it."""
+        return self._writing
+
     def _tx(
         self,
         statements: list[tuple[str, tuple[Any, ...]]],
         then: Callable[[Database], object] | None = None,
+        what: str = "write",
     ) -> None:
-        """Run STATEMENTS, then THEN (ledger entries), in one transaction."""
+        """Run STATEMENTS, then THEN (ledger entries), in one transaction (storing WHAT)."""
         with self._lock:
+            self._writing = what
+            self.transactions += 1
             try:
                 self._db.begin()
                 for sql, args in statements:
@@ -251,6 +247,8 @@ class Store:
                 if isinstance(e, self._db.errors):  # the database refused: start clean next
                     self._db.recover()
                 raise
+            finally:
+                self._writing = None
 
     def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
@@ -281,21 +279,43 @@ class Store:
                 db, rec.created_unix, "run", chain.run_ref(name), chain.run_subject(*row)
             ),
         )
+        with self._runs_lock:
+            self._runs[rec.name] = rec
         return rec
 
     def get_run(self, name: str, missing_ok: bool = False) -> RunRecord | None:
+        """Run NAME: from memory when known; else read (another verifier on the same
+        PostgreSQL database may have registered it)."""
+        with self._runs_lock:
+            known = self._runs.get(name)
+        if known is not None:
+            return known
         rows = self._query(f"SELECT {RUN_COLUMNS} FROM runs WHERE name = ?", (name,))  # noqa: S608
         if not rows:
             if missing_ok:
                 return None
             raise UnknownRun(f"no run named {name!r}")
-        return RunRecord(*rows[0])
+        rec = RunRecord(*rows[0])
+        with self._runs_lock:
+            self._runs[rec.name] = rec
+        return rec
+
+    def _read_runs(self) -> list[RunRecord]:
+        rows = self._query(f"SELECT {RUN_COLUMNS} FROM runs ORDER BY created_unix")  # noqa: S608
+        return [RunRecord(*r) for r in rows]
 
     def list_runs(self) -> list[RunRecord]:
-        return [
-            RunRecord(*r)
-            for r in self._query(f"SELECT {RUN_COLUMNS} FROM runs ORDER BY created_unix")  # noqa: S608
-        ]
+        """Every run, oldest first: read again when the store is free (runs other verifiers
+        registered), else the runs in memory, without waiting for the transaction."""
+        if self._lock.acquire(blocking=False):
+            try:
+                rows = self._db.execute(f"SELECT {RUN_COLUMNS} FROM runs").fetchall()  # noqa: S608
+            finally:
+                self._lock.release()
+            with self._runs_lock:
+                self._runs.update((r[0], RunRecord(*r)) for r in rows)
+        with self._runs_lock:
+            return sorted(self._runs.values(), key=lambda r: (r.created_unix, r.name))
 
     # manifests -------------------------------------------------------------------------
     def has_manifest(self, digest: str) -> bool:
@@ -306,23 +326,29 @@ class Store:
         if not rows:
             return None
         files: list[dict[str, Any]] = json.loads(rows[0][0])
-        return _manifest_files(files)
+        return manifest_rows.files_from_rows(files)
 
     # reports ---------------------------------------------------------------------------
     def last_seq(self, agent_id: str) -> int:
         rows = self._query("SELECT MAX(seq) FROM reports WHERE agent_id = ?", (agent_id,))
         return int(rows[0][0]) if rows and rows[0][0] is not None else 0
 
+    prepare_manifests = staticmethod(manifest_rows.prepare)
+
     def save_report(
         self,
         rep: StoredReport,
-        manifests: Mapping[str, Sequence[FileEntry]],
+        manifests: Mapping[str, Sequence[FileEntry]] | Sequence[PreparedManifest],
         processes: Sequence[ProcessSeen] = (),
         spans: Sequence[RequestSpan] = (),
         request_ids: Sequence[RequestId] = (),
     ) -> bool:
-        """Store one report, its new manifests, the processes it saw (index) and the request
-        bindings that came with it, atomically; False if the seq was seen."""
+        """Store one report, its new manifests (as files, or ``prepare_manifests``'s), the
+        processes it saw (index) and the request bindings that came with it, atomically;
+        False if the seq was seen."""
+        prepared = (
+            self.prepare_manifests(manifests) if isinstance(manifests, Mapping) else manifests
+        )
         with self._lock:
             seen = self._db.execute(
                 "SELECT 1 FROM reports WHERE agent_id = ? AND seq = ?", (rep.agent_id, rep.seq)
@@ -332,17 +358,15 @@ class Store:
         row = (rep.agent_id, rep.seq, rep.target, rep.received_unix, rep.report)
 
         def store(db: Database) -> None:
-            for d, f in manifests.items():  # content-addressed: each digest once
-                if db.execute("SELECT 1 FROM manifests WHERE digest = ?", (d,)).fetchone():
+            for m in prepared:  # content-addressed: each digest once
+                if db.execute("SELECT 1 FROM manifests WHERE digest = ?", (m.digest,)).fetchone():
                     continue
-                rows = _manifest_rows(f)
-                files_json = json.dumps(rows)
                 db.execute(
-                    "INSERT INTO manifests (digest, files_json) VALUES (?, ?)", (d, files_json)
+                    "INSERT INTO manifests (digest, files_json) VALUES (?, ?)",
+                    (m.digest, m.files_json),
                 )
-                subject = chain.manifest_subject(files_json)
-                chain.append(db, rep.received_unix, "manifest", d, subject)
-                index_manifest(db, d, rows)
+                chain.append(db, rep.received_unix, "manifest", m.digest, m.subject)
+                write_manifest_index(db, m.index)
             db.execute(
                 "INSERT INTO reports (agent_id, seq, target, received_unix, report) "
                 "VALUES (?, ?, ?, ?, ?)",
@@ -363,7 +387,7 @@ class Store:
                 )  # fmt: skip
                 chain.append(db, rep.received_unix, "bindings", batch, subject)
 
-        self._tx([], store)
+        self._tx([], store, f"report {rep.agent_id}/{rep.seq}")
         return True
 
     def latest_reports(self) -> list[StoredReport]:
