@@ -22,7 +22,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.helpers import Backend, not_vllm_policy
+from tests.helpers import Backend, agent_stub, not_vllm_policy
 from verifier import wire
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
@@ -81,7 +81,7 @@ def served(backend: Backend, tmp_path: Path) -> Iterator[tuple[VerifierServer, s
 @pytest.fixture
 def stub(served: tuple[VerifierServer, str]) -> Iterator[pb_grpc.VerifierServiceStub]:
     with grpc.insecure_channel(served[1], options=list(wire.GRPC_OPTIONS)) as ch:
-        yield pb_grpc.VerifierServiceStub(ch)
+        yield agent_stub(ch)
 
 
 def hello(stub: pb_grpc.VerifierServiceStub, agent: str, target: str) -> str:

@@ -19,7 +19,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.helpers import VENV_BIN
+from tests.helpers import VENV_BIN, agent_stub
 from tests.test_contention import POLICY, manifest, report
 from verifier import wire
 from verifier.api.v1 import verifier_pb2 as pb
@@ -113,7 +113,7 @@ def test_rss_returns_near_its_baseline_after_hostile_reports(
     """
     proc, addr = verifier
     with grpc.insecure_channel(addr, options=list(wire.GRPC_OPTIONS)) as ch:
-        stub = pb_grpc.VerifierServiceStub(ch)
+        stub = agent_stub(ch)
         stub.RegisterRun(pb.RegisterRunRequest(name="r", policy_toml=POLICY))
         nonce = stub.Hello(pb.HelloRequest(agent_id="ok", targets=["ok-t"])).nonce
         assert stub.Report(report("ok", "ok-t", manifest(2000, "ok"), 1, nonce)).accepted
@@ -166,7 +166,7 @@ def small_bounds(tmp_path: Path) -> Iterator[tuple[VerifierServer, pb_grpc.Verif
     server.start()
     try:
         with grpc.insecure_channel(addr, options=list(wire.GRPC_OPTIONS)) as ch:
-            yield server, pb_grpc.VerifierServiceStub(ch)
+            yield server, agent_stub(ch)
     finally:
         server.stop()
 
