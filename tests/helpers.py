@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -237,3 +238,17 @@ def agent_stub(channel: grpc.Channel) -> pb_grpc.VerifierServiceStub:
     """A VerifierService stub whose Hello and Report carry the agent metadata their bodies
     claim."""
     return pb_grpc.VerifierServiceStub(grpc.intercept_channel(channel, _AgentMetadata()))
+
+
+@contextlib.contextmanager
+def running_verifier(listen: str, db: str | Path, **config: Any) -> Iterator[Any]:
+    """A real verifier (in this process) on LISTEN with database DB and the other ServeConfig
+    fields in CONFIG, started, then stopped however the block ends."""
+    from verifier.server.app import ServeConfig, VerifierServer
+
+    server = VerifierServer(ServeConfig(listen, db, **config))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import verifier_cli
+from tests.helpers import running_verifier, verifier_cli
 from tests.test_faults import AGENT_ID, FakeWorker, policy, serve, worker
 from tests.test_gate_e2e import Daemon
 from verifier.client.api import VerifierClient
@@ -318,14 +318,9 @@ def test_wait_begun_while_the_verifier_is_down_passes_once_it_comes_up(
 @pytest.fixture
 def verifier(tmp_path: Path) -> Iterator[str]:
     a = f"unix:{tmp_path}/v.sock"
-    server = VerifierServer(ServeConfig(a, tmp_path / "db.sqlite3", workers=4))
-    server.start()
-    try:
-        with VerifierClient(a) as c:
-            c.register_run("r", policy(30.0), "p.toml")  # no target reports: PENDING
+    with running_verifier(a, tmp_path / "db.sqlite3", workers=4), VerifierClient(a) as c:
+        c.register_run("r", policy(30.0), "p.toml")  # no target reports: PENDING
         yield a
-    finally:
-        server.stop()
 
 
 def test_errors_that_cannot_pass_end_the_wait_at_once_and_an_undecided_run_times_out(

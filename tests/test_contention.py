@@ -22,12 +22,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.helpers import Backend, agent_stub, not_vllm_policy
+from tests.helpers import Backend, agent_stub, not_vllm_policy, running_verifier
 from verifier import wire
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
 from verifier.model import FileEntry, ProcessKey, ProcessReport, TargetReport, merkle_root
-from verifier.server.app import ServeConfig, VerifierServer
+from verifier.server.app import VerifierServer
 
 POLICY = not_vllm_policy('version = 1\n[[hooks]]\nname = "h"\nrole = "worker"\n')
 BIG_FILES = 100_000  # half the most one manifest may list: the same phases, half the time
@@ -70,12 +70,8 @@ def big() -> pb.ReportRequest:
 
 @pytest.fixture
 def served(backend: Backend, tmp_path: Path) -> Iterator[tuple[VerifierServer, str]]:
-    server = VerifierServer(ServeConfig(f"unix:{tmp_path}/v.sock", backend.target))
-    server.start()
-    try:
+    with running_verifier(f"unix:{tmp_path}/v.sock", backend.target) as server:
         yield server, f"unix:{tmp_path}/v.sock"
-    finally:
-        server.stop()
 
 
 @pytest.fixture

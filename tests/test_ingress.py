@@ -19,6 +19,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from tests.helpers import running_verifier
 from tests.test_policy_engine import worker
 from tests.test_security import certs
 from verifier import wire
@@ -66,12 +67,8 @@ def tls_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Verif
     tmp = tmp_path_factory.mktemp("ingress-tls")
     d = certs(tmp)  # agent-a reports for target a; nobody for z
     tls = ServerTLS(d / "verifier.pem", d / "verifier.key", d / "ca.pem")
-    server = VerifierServer(ServeConfig("127.0.0.1:0", tmp / "db.sqlite3", tls=tls))
-    server.start()
-    try:
+    with running_verifier("127.0.0.1:0", tmp / "db.sqlite3", tls=tls) as server:
         yield server, d
-    finally:
-        server.stop()
 
 
 @pytest.fixture
