@@ -6,6 +6,7 @@ case runs against SQLite and against a real PostgreSQL server."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -140,9 +141,16 @@ def test_audit_verify_cli_exit_codes(backend: Backend, tmp_path: Path) -> None:
 def test_audit_cli_names_a_missing_foreign_or_unreachable_database(tmp_path: Path) -> None:
     out = verifier_cli("audit", "verify", "--db", str(tmp_path / "none.sqlite3"))
     assert out.returncode == 3 and "no such database file" in out.stderr
+    # Bytes that are no database: a file given by mistake and a database whose header was
+    # destroyed look the same, and an audit must not read either as configuration: exit 1
+    # (docs/operations.md, "A damaged database"). An SQLite file of another program is 3.
     (tmp_path / "junk.sqlite3").write_bytes(b"not a database at all" * 100)
     out = verifier_cli("audit", "verify", "--db", str(tmp_path / "junk.sqlite3"))
-    assert out.returncode == 3 and "Traceback" not in out.stderr, out.stderr
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "is corrupt: file is not a database" in out.stderr, out.stderr
+    sqlite3.connect(tmp_path / "other.sqlite3").execute("CREATE TABLE t (x)").connection.close()
+    out = verifier_cli("audit", "verify", "--db", str(tmp_path / "other.sqlite3"))
+    assert out.returncode == 3 and "not a verifier database" in out.stderr, out.stderr
     from verifier.testing.vllm_server import free_port
 
     url = f"postgresql://postgres:secret@127.0.0.1:{free_port()}/verifier"  # nobody listens

@@ -13,31 +13,11 @@ report is linear in its size and bounded, whoever sends it.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from contextvars import ContextVar
-from dataclasses import dataclass
 from typing import NoReturn
 
-from verifier.wire.fields import MAX_UNIX_TIME, WireError
+from verifier.wire.fields import UNIX_TIME, Limit, LimitError, enforced, relaxed
 
-
-@dataclass(frozen=True)
-class Limit:
-    name: str
-    value: int
-    bounds: str
-    why: str
-
-
-class LimitError(WireError):
-    """A received value over one of :data:`LIMITS`."""
-
-    def __init__(self, at: str, limit: Limit, got: float) -> None:
-        shown = str(got) if isinstance(got, int) else f"{got:.6g}"
-        super().__init__(at, f"{shown} > limit {limit.name} ({limit.value})")
-        self.limit = limit
-        self.got = got
+__all__ = ["UNIX_TIME", "Limit", "LimitError", "enforced", "relaxed"]  # with the table below
 
 
 _TABLE = (
@@ -144,12 +124,7 @@ _TABLE = (
         "a host's report (processes, native mappings, code chains, containers) is well "
         "under 1 MiB; 8 MiB bounds what each target costs the verifier's memory",
     ),
-    Limit(
-        "unix_time",
-        MAX_UNIX_TIME,
-        "every time in seconds since the epoch (sent, collected, start, request times)",
-        "9999-12-31T23:59:59Z: every stored time can be printed as a date",
-    ),
+    UNIX_TIME,
 )
 
 LIMITS: dict[str, Limit] = {x.name: x for x in _TABLE}
@@ -169,26 +144,6 @@ TARGETS_PER_HELLO = LIMITS["targets_per_hello"]
 POLICY_BYTES = LIMITS["policy_bytes"]
 REPORT_SEQ = LIMITS["report_seq"]
 HELD_REPORT_BYTES = LIMITS["held_report_bytes"]
-UNIX_TIME = LIMITS["unix_time"]
-
-
-_ENFORCED: ContextVar[bool] = ContextVar("verifier_wire_limits_enforced", default=True)
-
-
-@contextlib.contextmanager
-def relaxed() -> Iterator[None]:
-    """Read without the limits: bytes this verifier (or an older one, with other limits) stored
-    and ledgered are read back whatever they hold, so that a database stays auditable after a
-    limit is lowered. The limits are for what arrives on the wire."""
-    token = _ENFORCED.set(False)
-    try:
-        yield
-    finally:
-        _ENFORCED.reset(token)
-
-
-def enforced() -> bool:
-    return _ENFORCED.get()
 
 
 def over(limit: Limit, at: str, got: float) -> NoReturn:
@@ -197,7 +152,7 @@ def over(limit: Limit, at: str, got: float) -> NoReturn:
 
 def at_most(limit: Limit, got: int, at: str) -> int:
     """GOT, or LimitError naming LIMIT when it is above it (unless ``relaxed``)."""
-    if got > limit.value and _ENFORCED.get():
+    if got > limit.value and enforced():
         over(limit, at, got)
     return got
 
