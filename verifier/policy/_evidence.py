@@ -154,7 +154,7 @@ def with_files(
 def serving(snap: I.TargetSnapshot, ctx: I.EvalContext) -> bool:
     """Whether some process of the target has run min_steps productive steps (by then every
     module the serving path imports lazily has been imported)."""
-    return any(productive(p) >= ctx.min_steps for p in snap.processes)
+    return bool(snap.processes) and snap.most_productive >= ctx.min_steps
 
 
 def insufficient(p: ProcessReport, snap: I.TargetSnapshot, ctx: I.EvalContext) -> Finding:

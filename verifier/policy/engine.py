@@ -58,6 +58,36 @@ def _dedup(findings: list[Finding]) -> list[Finding]:
     return out
 
 
+MAX_FINDINGS = 256
+"""The most findings one target's verdict lists (its verdict is judged on all of them). A
+report of 4,096 processes drew about 28,000: a 7.9 MB status answer, and ten such targets put
+every status call over the 64 MiB message limit."""
+_WORST_FIRST = (Severity.ERROR, Severity.PENDING, Severity.WARNING, Severity.INFO)
+
+
+def _listed(findings: list[Finding], target: str) -> list[Finding]:
+    """FINDINGS, or the MAX_FINDINGS - 1 most severe of them (in their order) and one
+    ``verdict.findings_omitted`` counting the rest by id."""
+    if len(findings) <= MAX_FINDINGS:
+        return findings
+    rank = sorted(range(len(findings)), key=lambda i: _WORST_FIRST.index(findings[i].severity))
+    kept = set(rank[: MAX_FINDINGS - 1])
+    omitted: dict[str, int] = {}
+    for i, f in enumerate(findings):
+        if i not in kept:
+            omitted[f.id] = omitted.get(f.id, 0) + 1
+    n = len(findings) - len(kept)
+    note = Finding(
+        F.VERDICT_FINDINGS_OMITTED,
+        Severity.INFO,
+        f"{n} more findings of target {target} are not listed (the verdict is judged on all "
+        f"{len(findings)}): {', '.join(f'{k} x{v}' for k, v in sorted(omitted.items()))}",
+        target,
+        {"omitted": n, "by_id": omitted},
+    )
+    return [f for i, f in enumerate(findings) if i in kept] + [note]
+
+
 @dataclass(frozen=True)
 class Policy:
     """A loaded policy: which targets it covers, how much evidence it needs, and its rules.
@@ -162,7 +192,7 @@ class Policy:
         return TargetVerdict(
             target=snap.target,
             verdict=target_verdict(findings, stale),
-            findings=tuple(findings),
+            findings=tuple(_listed(findings, snap.target)),
             evaluated_unix=now,
             report_unix=snap.evidence_unix,
             # a hook named for its role and by default may judge a process twice: once each

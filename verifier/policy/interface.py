@@ -8,6 +8,7 @@ not have gives a ``PENDING`` finding, never silence, so absence of evidence is n
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -89,6 +90,13 @@ class TargetSnapshot:
     # Roots of independent vLLM process trees the agent saw under this target
     # (``TargetReport.mixed_roots``): two servers under one name.
     mixed_roots: tuple[ProcessKey, ...] = ()
+
+    @functools.cached_property
+    def most_productive(self) -> int:
+        """The most productive steps any of its processes ran (0 with none): rules ask it once
+        per process, so it is computed once (asked of every process each time, a status call
+        on a report of 4,096 processes took 10 s)."""
+        return max((p.steps.productive for p in self.processes if p.steps is not None), default=0)
 
     @property
     def evidence_boot_s(self) -> float | None:
