@@ -122,6 +122,9 @@ FINDINGS: dict[str, FindingKind] = {
         Severity.PENDING, "", "fewer selected targets reported than the run needs (run level)"
     ),
     EVIDENCE_NO_PROCESSES: FindingKind(Severity.PENDING, "", "the target reported no processes"),
+    VERDICT_FINDINGS_OMITTED: FindingKind(
+        Severity.INFO, "", "more findings than a verdict lists; counted by id"
+    ),
     EVIDENCE_UNOBSERVABLE: FindingKind(
         Severity.PENDING,
         "",
