@@ -126,6 +126,11 @@ CASES: dict[str, Callable[[int], object]] = {
     ),
     "unix_time": from_report(lambda n: report(processes=[proc(start_time=float(n))])),
     "report_seq": from_report(numbered),
+    "entries_per_report": from_report(
+        lambda n: report(
+            processes=[proc(i, cmdline=[""] * (n // 4 + (i < n % 4))) for i in range(4)]
+        )
+    ),
     "held_report_bytes": from_report(held),
 }
 
@@ -135,6 +140,14 @@ VARIATIONS: dict[str, Callable[[int], object]] = {
     "id_bytes": lambda n: wire.hello_request_from_pb(hello(agent="a" * n)),
     "keys_per_report": from_report(lambda n: report(unobservable=["u"] * n)),
     "unix_time": from_report(lambda n: report(sent_unix=float(n))),
+    # empty log lines, the attack measured: each a message, counted at any depth
+    "entries_per_report": from_report(
+        lambda n: report(
+            processes=[
+                proc(i, runner_log=[pb.LogLine()] * (n // 4 + (i < n % 4))) for i in range(4)
+            ]
+        )
+    ),
     # 8 MiB held beside 200,000 manifest files (7 MiB): only the held part counts
     "held_report_bytes": lambda n: wire.report_from_pb(_with_files(n, L.FILES_PER_MANIFEST.value)),
 }

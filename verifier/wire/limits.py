@@ -108,6 +108,15 @@ _TABLE = (
         "so an oversized policy is refused naming this limit, not as a message too large",
     ),
     Limit(
+        "entries_per_report",
+        131_072,
+        "entries of every repeated field of a report's processes, at any depth, manifest "
+        "files excepted (native mappings, code chains, log lines, hooks, command line, ...)",
+        "each entry is a Python object once read (100-200 bytes) and the latest report of "
+        "every target is held: 65,536 empty log lines in each of 40 processes (7.9 MB, "
+        "within held_report_bytes) held 300 MiB; a host's report has a few thousand",
+    ),
+    Limit(
         "report_seq",
         2**53 - 1,
         "a report's sequence number",
@@ -142,6 +151,7 @@ LIST_ENTRIES = LIMITS["list_entries"]
 ID_BYTES = LIMITS["id_bytes"]
 TARGETS_PER_HELLO = LIMITS["targets_per_hello"]
 POLICY_BYTES = LIMITS["policy_bytes"]
+ENTRIES_PER_REPORT = LIMITS["entries_per_report"]
 REPORT_SEQ = LIMITS["report_seq"]
 HELD_REPORT_BYTES = LIMITS["held_report_bytes"]
 

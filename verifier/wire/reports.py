@@ -213,11 +213,32 @@ def check_sizes(msg: pb.TargetReport, at: str) -> None:
     L.at_most(L.FILES_PER_REPORT, files, f"{at}.processes[*].files")
     L.at_most(L.REPORT_SEQ, msg.seq, f"{at}.seq")
     size = msg.ByteSize()
-    if size > L.HELD_REPORT_BYTES.value:  # only then worth taking the files and bindings out
-        size -= sum(_entry_bytes(f, 2) for p in msg.processes for f in p.files)  # field 17
-        size -= sum(_entry_bytes(b, 1) for b in msg.spans)  # field 11
-        size -= sum(_entry_bytes(r, 1) for r in msg.request_ids)  # field 12
-        L.at_most(L.HELD_REPORT_BYTES, size, f"{at} without files and bindings")
+    # An entry takes at least two bytes (a tag and a length): below this, there cannot be
+    # more entries than entries_per_report, nor more than held_report_bytes.
+    if size <= 2 * L.ENTRIES_PER_REPORT.value:
+        return
+    size -= sum(_entry_bytes(f, 2) for p in msg.processes for f in p.files)  # field 17
+    size -= sum(_entry_bytes(b, 1) for b in msg.spans)  # field 11
+    size -= sum(_entry_bytes(r, 1) for r in msg.request_ids)  # field 12
+    L.at_most(L.HELD_REPORT_BYTES, size, f"{at} without files and bindings")
+    if size > 2 * L.ENTRIES_PER_REPORT.value:
+        entries = sum(_entries(p, skip="files") for p in msg.processes)
+        L.at_most(L.ENTRIES_PER_REPORT, entries, f"{at}.processes[*] (repeated entries)")
+
+
+def _entries(msg: Message, skip: str = "") -> int:
+    """Entries of MSG's repeated fields, at any depth (field SKIP of MSG itself left out)."""
+    n = 0
+    for fd, value in msg.ListFields():
+        if fd.name == skip:
+            continue
+        if fd.is_repeated:
+            n += len(value)
+            if fd.message_type is not None and not fd.message_type.GetOptions().map_entry:
+                n += sum(_entries(v) for v in value)
+        elif fd.message_type is not None:
+            n += _entries(value)
+    return n
 
 
 def _entry_bytes(entry: Message, tag_bytes: int) -> int:
