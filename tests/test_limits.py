@@ -406,3 +406,19 @@ def test_a_status_call_on_targets_of_many_processes_answers_bounded(
     assert [t.target for t in v.targets] == ["t1", "t2", "t3"]
     assert all(len(t.findings) <= MAX_FINDINGS for t in v.targets)
     assert all(t.verdict.value != "PASS" for t in v.targets) and v.verdict.value != "PASS"
+
+
+def test_a_hello_at_the_target_limit_with_the_longest_names_gets_through(
+    served: tuple[VerifierServer, str],
+) -> None:
+    """16 targets of 256 bytes of 'e-acute' (every byte percent-encoded in the metadata: 12 KiB
+    of headers): the Hello is answered, not refused by gRPC's own metadata limit (48 such
+    names were, at its 8 KiB default)."""
+    from tests.helpers import agent_stub
+
+    _, addr = served
+    targets = [f"{i:02d}" + "é" * 127 for i in range(L.TARGETS_PER_HELLO.value)]
+    assert {len(t.encode()) for t in targets} == {L.ID_BYTES.value}
+    with grpc.insecure_channel(addr, options=list(wire.GRPC_OPTIONS)) as ch:
+        reply = agent_stub(ch).Hello(pb.HelloRequest(agent_id="é" * 128, targets=targets))
+    assert len(reply.nonce) == 32

@@ -20,11 +20,20 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 """The gRPC message size limit of the server and every client, both directions (a worker's
 full manifest, tens of thousands of files, is a few MiB)."""
 
+MAX_METADATA_BYTES = 32 * 1024
+"""The metadata (headers, trailers) the server and every client accept: an agent's
+``x-verifier-*`` headers (``targets_per_hello`` names of ``id_bytes``, percent-encoded) and a
+refusal's text (``server.ingress.DETAILS_BYTES``) fit under it. gRPC's defaults (8 KiB, above
+which it drops metadata at random, and 16 KiB) refused a Hello naming 48 long targets."""
+
 GRPC_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_metadata_size", MAX_METADATA_BYTES),
+    ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),
 )
-"""Channel and server options that apply :data:`MAX_MESSAGE_BYTES`."""
+"""Channel and server options that apply :data:`MAX_MESSAGE_BYTES` and
+:data:`MAX_METADATA_BYTES`."""
 
 MAX_UNIX_TIME = 253_402_300_799
 """9999-12-31T23:59:59Z, the ``unix_time`` limit (``limits.py``): the last second every date

@@ -96,9 +96,11 @@ _TABLE = (
     ),
     Limit(
         "targets_per_hello",
-        256,
+        16,
         "targets one agent names in its Hello (and x-verifier-target metadata entries)",
-        "an agent watches one target; a host agent a handful",
+        "an agent watches one target; a host agent a handful. Its metadata must fit gRPC's "
+        "metadata limit (MAX_METADATA_BYTES, 32 KiB): 16 names of 256 bytes, each byte "
+        "percent-encoded, are 12 KiB (256 names were refused by gRPC itself)",
     ),
     Limit(
         "policy_bytes",
