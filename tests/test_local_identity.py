@@ -282,3 +282,26 @@ def test_hostile_relay_clients_do_not_hang_the_verifier() -> None:
 def test_bad_local_agent_flags_are_usage_errors(value: str) -> None:
     out = verifier_cli("serve", "--listen", "unix:/nonexistent/v.sock", "--local-agent", value)
     assert out.returncode == 2 and "--local-agent" in out.stderr, out.stderr
+
+
+def test_one_peer_holding_connections_leaves_a_quarter_for_everyone_else() -> None:
+    """Found by an attacker helper: one process holding 64 idle connections locked every
+    other client out of the Unix socket (`status`, `wait` exit 4). One peer (a uid in a
+    container) may hold three quarters of the relay's connections; a client of another uid
+    is still served, and the peer's next connection is closed at accept."""
+    with served(relay_max_connections=8, relay_first_byte_s=30.0) as (server, addr):
+        path = addr[len("unix:") :]
+        assert server.relay is not None and server.relay.max_per_peer == 6
+        held = []
+        for _ in range(8):  # this test's uid (root) asks for all of them
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(path)
+            held.append(s)
+        time.sleep(0.5)
+        assert server.relay.refused == 2
+        assert sum(_closed_within(s, 0.2) for s in held) == 2  # the two over its share
+        got = as_uid(addr, NOBODY)  # another uid: reaches the verifier (and is refused there)
+        assert got["code"] == "PERMISSION_DENIED", got
+        assert "uid 65534 is not a local agent" in str(got["details"]), got
+        for s in held:
+            s.close()

@@ -12,9 +12,12 @@ Who must be trusted: the kernel (it fills ``SO_PEERCRED``), and root on the veri
 (root can be any uid). Which uids may report for which targets is configuration
 (:class:`LocalAgent`, ``verifier serve --local-agent UID[:TARGET,...]``).
 
-The relay is bounded: at most ``max_connections`` at once (more are closed at accept), a
-connection that sends nothing within ``first_byte_s`` or nothing either way for ``idle_s`` is
-closed, and ``stop`` closes everything.
+The relay is bounded: at most ``max_connections`` at once, and one peer (one uid in one
+container) at most three quarters of them (``max_per_peer``): a quarter stays for everyone
+else, so that one local user holding connections open cannot lock every other client
+(`verifier status`, `wait`, other agents) out; more are closed at accept. A connection
+that sends nothing within ``first_byte_s`` or nothing either way for ``idle_s`` is closed,
+and ``stop`` closes everything.
 """
 
 from __future__ import annotations
@@ -147,11 +150,13 @@ class UnixRelay:
         self.path = path
         self.upstream_port = upstream_port
         self.max_connections = max_connections
+        self.max_per_peer = max(1, max_connections - max_connections // 4)
         self.first_byte_s = first_byte_s
         self.idle_s = idle_s
         self.container_of = container_of
         self._ids: dict[int, PeerCred] = {}  # upstream local port -> the peer it relays
         self._conns: set[socket.socket] = set()  # accepted connections (the limit counts these)
+        self._per_peer: dict[tuple[int, str | None], int] = {}  # (uid, container): connections
         self._upstreams: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -185,16 +190,30 @@ class UnixRelay:
                 if self._stop.is_set():
                     return
                 continue
-            with self._lock:
-                full = len(self._conns) >= self.max_connections
-                if not full:
-                    self._conns.add(conn)
-            if full:
-                self.refused += 1
-                log.warning("relay_full", max_connections=self.max_connections)
+            try:
+                cred = self._credentials(conn)
+            except OSError:
                 conn.close()
                 continue
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            who = (cred.uid, cred.container)
+            with self._lock:
+                full = len(self._conns) >= self.max_connections
+                mine = self._per_peer.get(who, 0) >= self.max_per_peer
+                if not (full or mine):
+                    self._conns.add(conn)
+                    self._per_peer[who] = self._per_peer.get(who, 0) + 1
+            if full or mine:
+                self.refused += 1
+                log.warning(
+                    "relay_full",
+                    max_connections=self.max_connections,
+                    max_per_peer=self.max_per_peer,
+                    peer=cred.describe(),
+                    by_peer=mine,
+                )
+                conn.close()
+                continue
+            threading.Thread(target=self._serve, args=(conn, cred), daemon=True).start()
 
     def _credentials(self, conn: socket.socket) -> PeerCred:
         cred = peer_credentials(conn)
@@ -207,11 +226,10 @@ class UnixRelay:
                 cred = PeerCred(cred.pid, cred.uid, cred.gid, container)
         return cred
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket, cred: PeerCred) -> None:
         up: socket.socket | None = None
         port = 0
         try:
-            cred = self._credentials(conn)
             up = socket.create_connection(("127.0.0.1", self.upstream_port), timeout=5)
             port = up.getsockname()[1]
             with self._lock:
@@ -225,6 +243,12 @@ class UnixRelay:
                 if port:
                     self._ids.pop(port, None)
                 self._conns.discard(conn)
+                who = (cred.uid, cred.container)
+                left = self._per_peer.get(who, 1) - 1
+                if left > 0:
+                    self._per_peer[who] = left
+                else:
+                    self._per_peer.pop(who, None)
                 if up is not None:
                     self._upstreams.discard(up)
             for s in (conn, up):
