@@ -546,6 +546,8 @@ def test_max_message_bytes_is_64_mib_and_applied_both_ways() -> None:
     assert dict(wire.GRPC_OPTIONS) == {
         "grpc.max_send_message_length": wire.MAX_MESSAGE_BYTES,
         "grpc.max_receive_message_length": wire.MAX_MESSAGE_BYTES,
+        "grpc.max_metadata_size": 32 * 1024,  # an agent's headers, a refusal's text
+        "grpc.absolute_max_metadata_size": 32 * 1024,
     }
 
 
