@@ -35,6 +35,7 @@ proto-check:      ## regenerate into a temp dir; fail with a diff if the checked
 
 bench: setup      ## benchmarks; results belong in BENCHMARKS.md
 	$(PY) bench/hook_fire.py
+	$(PY) bench/identity_cost.py
 	$(PY) bench/step_cost.py
 	$(PY) bench/server_throughput.py
 	$(PY) bench/server_throughput.py --speculative
@@ -44,11 +45,13 @@ bench: setup      ## benchmarks; results belong in BENCHMARKS.md
 	$(PY) bench/agent_collect.py
 	$(PY) bench/compare_boots.py
 	$(PY) bench/ledger_ingest.py
+	$(PY) bench/index_check.py
 	$(PY) bench/bindings_ledger.py
 	$(PY) bench/load_test.py
 
-bench-smoke: setup  ## every benchmark's --smoke (one round, smallest inputs; CI runs them: tests/test_bench_smoke.py)
-	$(PY) bench/_smoke.py
+bench-smoke: setup  ## every benchmark's --smoke, checked as CI checks them (tests/test_bench_smoke.py: exit 0, rows that parse, ratio and floor)
+	scripts/postgres-host.sh
+	$(PY) -m pytest tests/test_bench_smoke.py
 
 clean:            ## remove caches and scratch (keeps .venv and the model)
 	rm -rf .scratch .pytest_cache .mypy_cache .ruff_cache

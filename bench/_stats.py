@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import re
 import statistics
 import timeit
 from collections.abc import Callable, Mapping
@@ -30,9 +32,36 @@ def interleaved_ns(
 
 
 def print_rows(stats: dict[str, dict[str, float]], fmt: str = "7.1f") -> None:
+    """One line per arm: median, min, max and the noise floor (spread); ``parse_rows`` reads
+    them back."""
     width = max(len(k) for k in stats)
     for k, v in stats.items():
         print(
             f"  {k:<{width}}  median {v['median']:{fmt}}  min {v['min']:{fmt}}  "
             f"max {v['max']:{fmt}}  spread {v['spread']:.1%}"
         )
+
+
+_NUM = r"(-?\d+(?:\.\d+)?)"
+ROW = re.compile(
+    rf"^  (?P<arm>\S.*?)\s+median\s+{_NUM}\s+min\s+{_NUM}\s+max\s+{_NUM}\s+spread\s+{_NUM}%$"
+)
+
+
+def parse_rows(text: str) -> dict[str, dict[str, float]]:
+    """The rows ``print_rows`` printed in TEXT, by arm (the machine-readable form of every
+    benchmark's figures). A line that starts like a row (``median`` ... ``spread``) and does
+    not parse, or that holds a NaN, raises ValueError: a row nobody can read is no figure."""
+    rows: dict[str, dict[str, float]] = {}
+    for line in text.splitlines():
+        if not (" median " in line and " spread " in line):
+            continue
+        m = ROW.match(line)
+        if m is None:
+            raise ValueError(f"a benchmark row that does not parse: {line!r}")
+        values = [float(v) for v in m.groups()[1:]]
+        if any(math.isnan(v) for v in values):
+            raise ValueError(f"a benchmark row with NaN: {line!r}")
+        median, low, high, spread = values
+        rows[m["arm"]] = {"median": median, "min": low, "max": high, "spread": spread / 100}
+    return rows

@@ -90,8 +90,11 @@ def trial(d: Path, server_addr: str, interval: float, n: int) -> float:
 def main() -> None:
     global TRIALS, INTERVALS  # trial() and the report read them
     if _smoke.parse(__doc__).smoke:
-        _smoke.begin("one trial at the shortest report interval", ["the longer intervals"])
-        TRIALS, INTERVALS = _smoke.ROUNDS, INTERVALS[:1]
+        _smoke.begin(
+            "one trial at each of the two shortest report intervals, interleaved",
+            ["the longest interval (1 s: the same code, one more arm)"],
+        )
+        TRIALS, INTERVALS = _smoke.ROUNDS, INTERVALS[:2]
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         addr = f"unix:{d}/v.sock"

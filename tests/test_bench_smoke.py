@@ -4,9 +4,13 @@ bench/_smoke.py), one test per script so that a broken one is named.
 Each test asserts that the script exits 0, that every line it prints is marked as smoke (no
 smoke number can pass for a result), and that its output holds the numbers the benchmark
 exists to produce (its ratio against the same-run baseline, its noise floor), never how long
-anything took. The scripts that need a live vLLM server are given the session's shared one
-(``vllm_server``) and boot none. A benchmark added without an entry in EXPECT fails
-``test_every_benchmark_has_a_smoke_test``.
+anything took; its rows (``_stats.print_rows``) must parse back (``_stats.parse_rows``), at
+least two of them (an arm and its baseline) where the script reports a noise floor. The
+harness itself has negative controls (``test_harness_catches``): a script whose measured
+function raises, one that prints no ratio, one with an unmarked line, one with a row that
+does not parse, each fails the check that would let it rot. The scripts that need a live
+vLLM server are given the session's shared one (``vllm_server``) and boot none. A benchmark
+added without an entry in EXPECT fails ``test_every_benchmark_has_a_smoke_test``.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -25,16 +30,19 @@ from verifier.testing.postgres import PostgresServer
 from verifier.testing.vllm_server import VllmServer
 
 
-def _load_smoke() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("_smoke", REPO / "bench" / "_smoke.py")
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-smoke = _load_smoke()
-FLOOR = r"spread \d+\.\d%"  # _stats.print_rows: the noise floor of every arm
+smoke = _load("_smoke")
+stats = _load("_stats")
+# _stats.print_rows: the noise floor of every arm. A script whose EXPECT holds FLOOR must
+# also print at least two rows that parse (an arm and its baseline, in one run).
+FLOOR = r"spread \d+\.\d%"
 # Per script: what its output must hold (regular expressions, each searched in the output).
 EXPECT: dict[str, tuple[str, ...]] = {
     "agent_collect.py": (
@@ -97,8 +105,9 @@ EXPECT: dict[str, tuple[str, ...]] = {
 }
 
 
-def run_smoke(script: str, cmd: Sequence[str]) -> str:
-    """Run CMD (SCRIPT's smoke mode); check its exit, its marks and its numbers."""
+def run_smoke(script: str, cmd: Sequence[str], expect: Sequence[str] | None = None) -> str:
+    """Run CMD (SCRIPT's smoke mode); check its exit, its marks, its rows and its numbers
+    (EXPECT[SCRIPT] unless EXPECT is given)."""
     out = subprocess.run(
         list(cmd), capture_output=True, text=True, timeout=300, check=False, cwd=REPO
     )
@@ -109,8 +118,15 @@ def run_smoke(script: str, cmd: Sequence[str]) -> str:
     unmarked = [line for line in lines if not line.startswith(smoke.MARK)]
     assert not unmarked, f"{script} printed lines not marked as smoke: {unmarked[:3]}"
     text = "\n".join(line.removeprefix(smoke.MARK) for line in lines)
-    for pattern in EXPECT[script]:
+    try:
+        rows = stats.parse_rows(text)
+    except ValueError as e:
+        raise AssertionError(f"{script}: {e}{tail}") from e
+    patterns = EXPECT[script] if expect is None else expect
+    for pattern in patterns:
         assert re.search(pattern, text), f"{script}: no match for {pattern!r}{tail}"
+    if FLOOR in patterns:
+        assert len(rows) >= 2, f"{script}: {len(rows)} parsed rows, an arm and its baseline{tail}"
     return text
 
 
@@ -145,3 +161,100 @@ def test_live_scripts_refuse_to_smoke_without_a_server() -> None:
     )  # fmt: skip
     assert out.returncode == 2, out.stderr
     assert "--smoke needs --url and --pid of a running vLLM server" in out.stderr
+
+
+# A stand-in benchmark for the harness's negative controls: the smoke machinery of every
+# script (_smoke.parse, begin; _stats.interleaved_ns, print_rows) around a measured function.
+CONTROL = """
+import sys
+sys.path.insert(0, {bench!r})
+import _smoke
+from _stats import interleaved_ns, print_rows
+
+
+def measured() -> None:
+    {body}
+
+
+_smoke.parse(None)
+_smoke.begin("a negative control of the smoke harness")
+s = interleaved_ns({{"baseline": lambda: None, "measured": measured}}, rounds=2, number=10)
+{report}
+"""
+GOOD_REPORT = (
+    "print_rows(s)\n"
+    "ratio = s['measured']['median'] / s['baseline']['median']\n"
+    "print(f'  measured / baseline (medians): {ratio:.2f}')"
+)
+CONTROL_EXPECT = (r"measured / baseline \(medians\): \d+\.\d+", FLOOR)
+DEFECTS = {
+    # the defect -> (the measured function's body, the report, what the check must say)
+    "passes": ("pass", GOOD_REPORT, None),
+    "measured function raises": ("raise RuntimeError('an API change')", GOOD_REPORT, "exited 1"),
+    "no ratio printed": ("pass", "print_rows(s)", "no match for"),
+    "no rows printed": ("pass", GOOD_REPORT.split("\n", 1)[1], "no match for"),
+    "unmarked line": ("pass", GOOD_REPORT + "\nsys.__stdout__.write('7.0\\n')", "not marked"),
+    "row that does not parse": (
+        "pass", GOOD_REPORT + "\nprint('  measured  median nan  min nan  max nan  spread nan%')",
+        "does not parse",
+    ),
+    "one row only": (
+        "pass", "print_rows({'measured': s['measured']})\n" + GOOD_REPORT.split("\n", 1)[1],
+        "parsed rows",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("defect", sorted(DEFECTS))
+def test_harness_catches(defect: str, tmp_path: Path) -> None:
+    """A benchmark broken in each of these ways fails its smoke test (and a sound one passes:
+    the failures come from the defect, not from the stand-in)."""
+    body, report, says = DEFECTS[defect]
+    script = tmp_path / "control.py"
+    script.write_text(CONTROL.format(bench=str(REPO / "bench"), body=body, report=report))
+    cmd = [sys.executable, str(script), smoke.FLAG]
+    if says is None:
+        run_smoke("control.py", cmd, CONTROL_EXPECT)
+        return
+    with pytest.raises(AssertionError) as caught:
+        run_smoke("control.py", cmd, CONTROL_EXPECT)
+    assert says in str(caught.value)
+
+
+def recipe(target: str) -> list[str]:
+    """The command lines of the Makefile's TARGET."""
+    lines = (REPO / "Makefile").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"{target}:"))
+    body = []
+    for line in lines[start + 1 :]:
+        if not line.startswith("\t"):
+            break
+        body.append(line.strip())
+    return body
+
+
+def test_make_bench_runs_every_full_benchmark() -> None:
+    """A full mode nobody runs rots unseen: `make bench` runs every script in bench/ (bench/gpu's
+    run on the device, through the GPU kit)."""
+    run = {line.split()[1] for line in recipe("bench") if line.startswith("$(PY) bench/")}
+    cpu = {f"bench/{s}" for s in smoke.scripts() if not s.startswith("gpu/")}
+    assert sorted(cpu - run) == []
+
+
+def test_ci_runs_these_tests_and_no_tests_fails() -> None:
+    """`.ci/run` runs `make test`, which runs scripts/test.sh: two phases whose marker
+    expressions are each other's complement (so every test of this file runs in one of them,
+    the live ones with the session's vLLM server), and a phase that selects nothing (pytest's
+    exit 5) fails the script."""
+    assert "make test" in (REPO / ".ci" / "run").read_text().splitlines()
+    assert "scripts/test.sh" in recipe("test")
+    script = (REPO / "scripts" / "test.sh").read_text()
+    phases = re.findall(r'-m "([^"]+)"', script)
+    assert phases == ["not vllm and not docker", "vllm or docker"]
+    # exit 5 in one phase: the first runs one test (and passes), the second selects nothing
+    out = subprocess.run(
+        ["bash", "scripts/test.sh", "-p", "no:cacheprovider", "-k", "a_hash_outside_the_history",
+         "tests/test_benchmarks_doc.py"],
+        capture_output=True, text=True, timeout=120, check=False, cwd=REPO,
+    )  # fmt: skip
+    assert (out.returncode, "1 passed" in out.stdout) == (5, True), out.stdout[-2000:]
