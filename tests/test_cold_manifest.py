@@ -1,8 +1,12 @@
-"""The agent's cold manifest parses each site's RECORDs once for all the processes that see
-the same files (``distindex.Sites``), and judges every process exactly as a fresh index of
-its own does: the same provenance classes (a file patched against its RECORD, a file no
-RECORD lists), the same drift (a malformed RECORD), the same disagreements. Two real probed
-interpreters importing a fake distribution and a real installed one (structlog)."""
+"""The agent's cold manifest, made faster, judges exactly as before.
+
+* It parses each site's RECORDs once for all the processes that see the same files
+  (``distindex.Sites``), and judges every process as a fresh index of its own does: the same
+  provenance classes (a file patched against its RECORD, a file no RECORD lists), the same
+  drift (a malformed RECORD), the same disagreements. Two real probed interpreters importing
+  a fake distribution and a real installed one (structlog).
+* It compiles the sources of loaded pycs on every core (``compilers``): the same drifts and
+  the same pycs shown compiled from their source as compiling each here, one by one."""
 
 from __future__ import annotations
 
@@ -12,18 +16,32 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+import pytest
+
+from tests import test_bytecode as tb
 from tests.helpers import probe_env, wait_ready
+from verifier.evidence import compilers, pycfile
+from verifier.evidence.bytecode import judge_bytecode
 from verifier.evidence.distindex import DistIndex, Sites
 from verifier.evidence.hashing import Hasher
 from verifier.evidence.judge import dist_index, view_of
 from verifier.evidence.process import read_process
 from verifier.evidence.procfs import ProcFS
+from verifier.evidence.pycfile import CompileCache
 from verifier.evidence.report import report_with_judgement, to_report
-from verifier.model import DRIFT_RECORD_UNREADABLE, Origin, ProcessReport
+from verifier.model import (
+    DRIFT_BYTECODE_STALE,
+    DRIFT_BYTECODE_UNCHECKED,
+    DRIFT_RECORD_UNREADABLE,
+    FileEntry,
+    Origin,
+    ProcessReport,
+)
 
 CODE = "import fakedist.core, fakedist.extra, brokendist, structlog"
 
@@ -130,3 +148,52 @@ def test_an_index_without_a_view_shares_nothing(tmp_path: Path) -> None:
     other.add_site(str(site))
     assert len(shared) == 2
     assert alone.faults == viewed.faults == other.faults
+
+
+def pycs(directory: Path) -> list[FileEntry]:
+    """40 loaded pycs (more than compilers.MIN_JOBS): fresh ones, stale ones (their source
+    rewritten after, size and mtime kept), sources that no longer compile, unchecked-hash
+    pycs of changed sources, and fresh optimized ones."""
+    files = []
+    for i in range(40):
+        kind = i % 5
+        mode = tb.UNCHECKED if kind == 3 else tb.TIMESTAMP
+        src, pyc = tb.write_module(
+            directory / f"p{i}", tb.OLD + f"N = {i}\n".encode(), mode, 2 if kind == 4 else -1
+        )
+        if kind == 1:
+            tb.make_stale(src, pyc, tb.NEW + f"N = {i}\n".encode())
+        elif kind == 2:
+            tb.make_stale(src, pyc, b"VALUE = 'old\n\n" + f"N = {i}\n".encode())
+        elif kind == 3:
+            tb.make_stale(src, pyc, tb.NEW + f"N = {i}\n".encode())
+        files.append(tb.entry(pyc, module=f"p{i}.mod"))
+    return files
+
+
+def test_compiles_on_every_core_judge_as_compiling_here(tmp_path: Path) -> None:
+    files = pycs(tmp_path)
+    serial = judge_bytecode(files, Path, cache=None)  # each compiled here, one after another
+    parallel = judge_bytecode(files, Path, cache=CompileCache())
+    assert serial == parallel
+    found = Counter(d.id for d in parallel.drift)
+    # negative controls: 8 stale, 8 uncompilable (stale too), 8 unchecked-and-stale
+    assert found == {DRIFT_BYTECODE_STALE: 24, DRIFT_BYTECODE_UNCHECKED: 8}
+    assert len(parallel.compiled_from) == 16
+
+
+def test_helpers_answer_what_this_process_computes_and_a_failed_one_is_made_up_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    jobs = []
+    for f in pycs(tmp_path):
+        pyc = Path(f.path)
+        src = pyc.parent.parent / "mod.py"
+        level = pycfile.optimization(pyc.name)
+        jobs.append((pyc.read_bytes(), src.read_bytes(), str(src), level))
+    here = [pycfile.compare(*job) for job in jobs]
+    assert compilers.compare_all(jobs, helpers=2) == here
+    assert sum(o is None for o in here) == 16 and all(o is None or o[0] for o in here)
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # no helper can start
+    assert compilers._in_helper(jobs[:2]) is None
+    assert compilers.compare_all(jobs, helpers=2) == here
