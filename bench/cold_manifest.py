@@ -9,6 +9,8 @@ process, interleaved in every round, and their ratio taken per round (pair):
   cold     a fresh `python` that imports the agent, makes an `Agent` and calls `collect()`
            once: discovery, journals, every file hashed, every RECORD parsed, every pyc
            compiled and compared, everything judged (interpreter start and imports counted)
+  cold @C  (with --against TREE) the same with the agent of TREE, checked out at commit C:
+           what a change bought, priced in the same run
 Page cache warm for both arms (the comparison is CPU work), then, where this process may
 (root), with the caches dropped before every arm (`echo 3 > /proc/sys/vm/drop_caches`: the
 reads, the interpreter's own imports and openssl's binary come from disk).
@@ -96,8 +98,7 @@ def drop_caches() -> bool:
     return True
 
 
-def arms(pid: int, listing: Path) -> dict[str, Callable[[], None]]:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+def arms(pid: int, listing: Path, against: Path | None) -> dict[str, Callable[[], None]]:
     cores = str(os.cpu_count() or 2)
 
     def openssl() -> None:
@@ -107,13 +108,21 @@ def arms(pid: int, listing: Path) -> dict[str, Callable[[], None]]:
                 stdin=fh, stdout=subprocess.DEVNULL, check=True,
             )  # fmt: skip
 
-    def cold() -> None:
-        subprocess.run(
-            [sys.executable, "-c", COLD, str(pid)],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True,
-        )  # fmt: skip
+    def cold(tree: Path) -> Callable[[], None]:
+        env = dict(os.environ, PYTHONPATH=str(tree))
 
-    return {"openssl": openssl, "cold": cold}
+        def run() -> None:
+            subprocess.run(
+                [sys.executable, "-c", COLD, str(pid)],
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True,
+            )  # fmt: skip
+
+        return run
+
+    out = {"openssl": openssl, "cold": cold(REPO)}
+    if against is not None:
+        out[f"cold @{commit(against)}"] = cold(against)
+    return out
 
 
 def timed(fn: Callable[[], None], drop: bool) -> float:
@@ -137,22 +146,30 @@ def paired(fns: dict[str, Callable[[], None]], rounds: int, drop: bool) -> dict[
 def report(title: str, results: dict[str, list[float]]) -> None:
     print(title)
     print_rows({k: summary(v) for k, v in results.items()}, fmt="6.3f")
-    ratios = [c / o for c, o in zip(results["cold"], results["openssl"], strict=True)]
+    for arm, base in [("cold", "openssl"), *[(k, "openssl") for k in results if "@" in k]]:
+        ratio(results, arm, base, " (target <= 1.2)" if arm == "cold" else "")
+    for k in [k for k in results if "@" in k]:
+        ratio(results, "cold", k, "")
+
+
+def ratio(results: dict[str, list[float]], arm: str, base: str, note: str) -> None:
+    """ARM / BASE per pair (the same round), with their median and spread."""
+    ratios = [a / b for a, b in zip(results[arm], results[base], strict=True)]
     r = summary(ratios)
     print(
-        f"  cold / openssl per pair: {', '.join(f'{x:.2f}' for x in ratios)}; "
+        f"  {arm} / {base} per pair: {', '.join(f'{x:.2f}' for x in ratios)}; "
         f"median {r['median']:.3f}, min {r['min']:.3f}, max {r['max']:.3f}, "
-        f"spread {r['spread']:.1%} (target <= 1.2)"
+        f"spread {r['spread']:.1%}{note}"
     )
 
 
-def measure(pid: int, rounds: int, dropped_rounds: int) -> None:
+def measure(pid: int, rounds: int, dropped_rounds: int, against: Path | None = None) -> None:
     files, recorded, native = loaded_files(pid)
     size = sum(os.path.getsize(f) for f in files)
     with tempfile.TemporaryDirectory() as tmp:
         listing = Path(tmp) / "files.lst"
         listing.write_bytes(b"\0".join(os.fsencode(f) for f in files))
-        fns = arms(pid, listing)
+        fns = arms(pid, listing, against)
         for fn in fns.values():
             fn()  # warm the page cache (and check that both run)
         print(
@@ -167,13 +184,14 @@ def measure(pid: int, rounds: int, dropped_rounds: int) -> None:
             print("page cache dropped: skipped (cannot write /proc/sys/vm/drop_caches)")
 
 
-def commit() -> str:
+def commit(tree: Path = REPO) -> str:
+    """TREE's commit (short), "+dirty" when tracked files differ from it."""
     out = subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+        ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     dirty = subprocess.run(
-        ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+        ["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
         capture_output=True, text=True, check=False,
     ).stdout.strip()  # fmt: skip
     return out.stdout.strip() + ("+dirty" if dirty else "")
@@ -184,6 +202,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="paired rounds, cache warm")
     parser.add_argument(
         "--dropped-rounds", type=int, default=DROPPED_ROUNDS, help="paired rounds, cache dropped"
+    )
+    parser.add_argument(
+        "--against",
+        type=Path,
+        help="another checkout (a git worktree of an earlier commit): its cold agent is a third "
+        "arm, to price a change in the same run",
     )
     _smoke.add_args(parser)
     args = parser.parse_args()
@@ -196,7 +220,7 @@ def main() -> None:
         for i in range(4):
             server.complete(f"bench {i}", max_tokens=8)
         time.sleep(2)  # the probes' sweepers have recorded everything
-        measure(server.pid, args.rounds, args.dropped_rounds)
+        measure(server.pid, args.rounds, args.dropped_rounds, args.against)
 
 
 def smoke() -> None:
