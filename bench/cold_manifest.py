@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import io
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -125,26 +126,45 @@ def arms(pid: int, listing: Path, against: Path | None) -> dict[str, Callable[[]
     return out
 
 
-def timed(fn: Callable[[], None], drop: bool) -> float:
+def timed(fn: Callable[[], None], drop: bool) -> tuple[float, float]:
+    """Wall seconds of FN, and the CPU seconds (user + system) of the processes it waited for
+    (theirs and their children's: openssl under xargs, the agent's compile helpers)."""
     if drop:
         drop_caches()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     fn()
-    return time.perf_counter() - t0
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu
 
 
-def paired(fns: dict[str, Callable[[], None]], rounds: int, drop: bool) -> dict[str, list[float]]:
-    """ROUNDS rounds, the arms alternating which goes first (seconds per arm and round)."""
-    out: dict[str, list[float]] = {k: [] for k in fns}
+Results = dict[str, list[float]]
+
+
+def paired(fns: dict[str, Callable[[], None]], rounds: int, drop: bool) -> tuple[Results, Results]:
+    """ROUNDS rounds, the arms alternating which goes first: wall and CPU seconds per arm and
+    round."""
+    wall: Results = {k: [] for k in fns}
+    cpu: Results = {k: [] for k in fns}
     names = list(fns)
     for i in range(rounds):
         for name in names if i % 2 == 0 else reversed(names):
-            out[name].append(timed(fns[name], drop))
-    return out
+            w, c = timed(fns[name], drop)
+            wall[name].append(w)
+            cpu[name].append(c)
+    return wall, cpu
 
 
-def report(title: str, results: dict[str, list[float]]) -> None:
-    print(title)
+def report(title: str, both: tuple[Results, Results]) -> None:
+    results, cpu = both
+    print(f"{title}: CPU seconds (user + system, the arm's processes)")
+    print_rows({k: summary(v) for k, v in cpu.items()}, fmt="6.3f")
+    print(f"  cold / openssl, CPU, median of pairs: {_median_ratio(cpu, 'cold', 'openssl'):.3f}")
+    for k in [k for k in cpu if "@" in k]:
+        print(f"  cold / {k}, CPU, median of pairs: {_median_ratio(cpu, 'cold', k):.3f}")
+    print(f"{title}: wall seconds")
     print_rows({k: summary(v) for k, v in results.items()}, fmt="6.3f")
     for arm, base in [("cold", "openssl"), *[(k, "openssl") for k in results if "@" in k]]:
         ratio(results, arm, base, " (target <= 1.2)" if arm == "cold" else "")
@@ -152,7 +172,11 @@ def report(title: str, results: dict[str, list[float]]) -> None:
         ratio(results, "cold", k, "")
 
 
-def ratio(results: dict[str, list[float]], arm: str, base: str, note: str) -> None:
+def _median_ratio(results: Results, arm: str, base: str) -> float:
+    return summary([a / b for a, b in zip(results[arm], results[base], strict=True)])["median"]
+
+
+def ratio(results: Results, arm: str, base: str, note: str) -> None:
     """ARM / BASE per pair (the same round), with their median and spread."""
     ratios = [a / b for a, b in zip(results[arm], results[base], strict=True)]
     r = summary(ratios)
@@ -176,9 +200,9 @@ def measure(pid: int, rounds: int, dropped_rounds: int, against: Path | None = N
             f"{len(files)} files ({recorded} recorded by the probes, {native} more mapped "
             f"native), {size / 1e6:.0f} MB; {os.cpu_count()} cores; commit {commit()}"
         )
-        report(f"page cache warm, {rounds} paired rounds, seconds", paired(fns, rounds, False))
+        report(f"page cache warm, {rounds} paired rounds", paired(fns, rounds, False))
         if dropped_rounds and drop_caches():
-            title = f"page cache dropped before every arm, {dropped_rounds} paired rounds, seconds"
+            title = f"page cache dropped before every arm, {dropped_rounds} paired rounds"
             report(title, paired(fns, dropped_rounds, True))
         elif dropped_rounds:
             print("page cache dropped: skipped (cannot write /proc/sys/vm/drop_caches)")
