@@ -105,6 +105,19 @@ class _Site:
     # directory (relative to the site) -> the dists whose RECORD lists a file under it; built
     # on demand (folders())
     _folders: dict[str, list[_Dist]] | None = None
+    # module -> the rows installing it; built on demand (modules())
+    _modules: dict[str, list[_Row]] | None = None
+
+    def modules(self) -> dict[str, list[_Row]]:
+        """Every module a row of this site installs, with those rows (in RECORD order)."""
+        if self._modules is None:
+            modules: dict[str, list[_Row]] = {}
+            for record_path, rows in self.rows.items():
+                name = _module_of(record_path)
+                if name is not None:
+                    modules.setdefault(name, []).extend(rows)
+            self._modules = modules
+        return self._modules
 
     def folders(self) -> dict[str, list[_Dist]]:
         """Every directory under which some RECORD row of this site names a file, with the
@@ -319,8 +332,6 @@ class DistIndex:
         self._chains: dict[str, tuple[str, ...]] = {}  # directory -> its sites, nearest first
         self._elsewhere: dict[str, list[_Row]] = {}  # rows naming "../" or absolute paths
         self._claims: dict[str, list[Claim]] = {}  # paths looked up -> their Claims
-        self._modules: dict[str, list[_Row]] = {}  # module -> rows installing it (on demand)
-        self._moduled: set[str] = set()  # sites whose rows are in _modules
         self._roots: list[tuple[str, LocalInstall]] = []  # directory installs, longest first
 
     # -- sites ------------------------------------------------------------------------------
@@ -528,14 +539,8 @@ class DistIndex:
     def claimants(self, module: str) -> list[Claim]:
         """RECORD rows, across indexed sites, that install MODULE (``a/b.py``,
         ``a/b/__init__.py`` or an extension ``a/b[.<tag>].so|.pyd``)."""
-        for site, entry in self._sites.items():
-            if site not in self._moduled:
-                self._moduled.add(site)
-                for record_path, rows in entry.rows.items():
-                    name = _module_of(record_path)
-                    if name is not None:
-                        self._modules.setdefault(name, []).extend(rows)
-        return [_claim(*r) for r in self._modules.get(module, ())]
+        rows = (r for entry in self._sites.values() for r in entry.modules().get(module, ()))
+        return [_claim(*r) for r in rows]
 
     def package_folder(self, path: str) -> Folder | None:
         """The innermost folder holding PATH in which RECORDs of its site list files (a
