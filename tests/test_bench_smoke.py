@@ -61,6 +61,11 @@ EXPECT: dict[str, tuple[str, ...]] = {
         r"by request id +p50 +\d+\.\d+ +p99",
         FLOOR,
     ),
+    "cold_manifest.py": (
+        r"\d+ files \(\d+ recorded by the probes, \d+ more mapped native\)",
+        r"cold / openssl per pair: .* median \d+\.\d+, .* spread \d+\.\d%",
+        FLOOR,
+    ),
     "compare_boots.py": (
         r"1\. the same configuration(.|\n)*tokens_per_s: A [\d.]+",
         r"2\. one client vs four clients(.|\n)*tokens_per_s: A [\d.]+",

@@ -34,7 +34,7 @@ from verifier.agent.trees import TreeMemory
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
 from verifier.errors import NotAuthorized, UnavailableError
 from verifier.evidence.container import container_of
-from verifier.evidence.distindex import DistIndex
+from verifier.evidence.distindex import DistIndex, Sites
 from verifier.evidence.docker_api import DEFAULT_SOCKET
 from verifier.evidence.hashing import Hasher
 from verifier.evidence.journal import JournalCache
@@ -102,6 +102,9 @@ class Agent:
         # (pid, start ticks) -> (manifest digest, when, judgement) of the last full check
         self._checked: dict[tuple[int, int], tuple[str | None, float, Judgement]] = {}
         self._indexes: dict[tuple[int, int], DistIndex] = {}  # RECORDs parsed once per process
+        # ... and once per collect for all the processes that see the same files (each collect
+        # a new one: a process started later reads the RECORDs as they are then)
+        self._sites = Sites()
         # The mapped bytes first seen per process and native mapping (changed in place)
         self.natives = NativeMemory()
         self.witnesses = Witnesses()  # py-spy stack samples of step-running processes
@@ -142,6 +145,7 @@ class Agent:
         began = time.time()  # the counters below are read from here on
         refused: list[str] = []
         found = discover(self.procfs, self.config.root_pid, self.journals, refused)
+        self._sites = Sites()
         procs = [p for p in map(self._report, found) if p is not None]
         mixed_roots = self.trees.observe(found)
         spans, request_ids = self.bindings.collect(found, self.journals)
@@ -222,7 +226,8 @@ class Agent:
         fresh = last is not None and last[0] == digest and now - last[1] < self.config.recheck_s
         index = self._indexes.get(key)
         if index is None:
-            index = self._indexes[key] = dist_index(self.procfs, ev.identity.pid)
+            index = self._indexes[key] = dist_index(self.procfs, ev.identity.pid, self._sites)
+        index.sites = self._sites  # sites it indexes later: parsed as they are then
         try:
             report, judged = report_with_judgement(
                 self.procfs,

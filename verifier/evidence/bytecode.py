@@ -47,6 +47,8 @@ hashed (it must still hold the bytes the process loaded) only when it is not cac
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import importlib.util
 import os
@@ -56,6 +58,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from verifier.evidence import compilers
 from verifier.evidence.pycfile import (
     FLAG_CHECK,
     FLAG_HASH,
@@ -97,6 +100,10 @@ class BytecodeJudgement:
 
     drift: tuple[Drift, ...]
     compiled_from: Mapping[str, str]
+
+
+class _Deferred(Exception):
+    """A comparison kept to be compiled with the others (``_Judge.deferred``)."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +150,19 @@ def judge_bytecode(
     finding."""
     other = python if python is not None and python != platform.python_version() else None
     judge = _Judge(files, to_host, cache, other)
+    if cache is not None and cache.limit > 0:
+        # Every comparison not cached yet, compiled on every core and cached: the loop below
+        # then finds each in the cache, as it finds those of earlier calls.
+        judge.deferred = {}
+        for entry in files:
+            if entry.kind == "bytecode" and entry.at == "load":
+                with contextlib.suppress(OSError, ValueError, _Deferred):
+                    judge.entry(entry)
+        jobs = list(judge.deferred.items())
+        judge.deferred = None
+        outcomes = compilers.compare_all([job for _, (job, _) in jobs], here=compare)
+        for (key, (_, checked)), outcome in zip(jobs, outcomes, strict=True):
+            cache.put(key, dataclasses.replace(checked, outcome=outcome))
     found: dict[tuple[str, str], Drift] = {}
     shown: dict[str, str] = {}
     for entry in files:
@@ -184,6 +204,9 @@ class _Judge:
         self.cache = cache
         self.other_python = other_python  # the process's release, when not this verifier's
         self.sources = {f.module: f.path for f in files if f.kind == "source" and f.module}
+        # When set: comparisons not cached are not compiled but kept here (cache key -> the
+        # compare job and what is known without it), to be compiled together (judge_bytecode)
+        self.deferred: dict[bytes, tuple[compilers.Job, Checked]] | None = None
 
     def entry(self, entry: FileEntry) -> tuple[list[Drift], str | None]:
         """The drifts of one loaded pyc, and the sha256 of the source it was shown to be
@@ -250,6 +273,16 @@ class _Judge:
             if got is None or identity("", got[1]) != identity("", src_st):
                 return None
             source = got[0]
+            if self.deferred is not None:
+                self.deferred[key] = (
+                    (data, source, pyc.source, pyc.optimize),
+                    Checked(
+                        loaded=True,
+                        source_sha256=hashlib.sha256(source).hexdigest(),
+                        hash_matches=hash_matches(pyc.head, source) if pyc.hash_based else None,
+                    ),
+                )
+                raise _Deferred
             checked = Checked(
                 loaded=True,
                 outcome=compare(data, source, pyc.source, pyc.optimize),

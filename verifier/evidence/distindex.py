@@ -102,10 +102,22 @@ class _Site:
     # Rows naming a file inside the site, by the path RECORD writes (no "..", not absolute):
     # keeping them unjoined makes indexing a dict insert per row.
     rows: dict[str, list[_Row]] = field(default_factory=dict)
-    moduled: bool = False  # rows are in DistIndex._modules
     # directory (relative to the site) -> the dists whose RECORD lists a file under it; built
     # on demand (folders())
     _folders: dict[str, list[_Dist]] | None = None
+    # module -> the rows installing it; built on demand (modules())
+    _modules: dict[str, list[_Row]] | None = None
+
+    def modules(self) -> dict[str, list[_Row]]:
+        """Every module a row of this site installs, with those rows (in RECORD order)."""
+        if self._modules is None:
+            modules: dict[str, list[_Row]] = {}
+            for record_path, rows in self.rows.items():
+                name = _module_of(record_path)
+                if name is not None:
+                    modules.setdefault(name, []).extend(rows)
+            self._modules = modules
+        return self._modules
 
     def folders(self) -> dict[str, list[_Dist]]:
         """Every directory under which some RECORD row of this site names a file, with the
@@ -266,6 +278,36 @@ def _local_install(data: object, dist: _Dist) -> LocalInstall | None:
     return LocalInstall(dist.name, dist.version, url, editable, root)
 
 
+@dataclass(frozen=True)
+class _Parsed:
+    """What indexing one site added to an index: its entry (read-only once made), and the
+    rows naming paths outside it, the directory installs and the faults it found, in order."""
+
+    entry: _Site
+    elsewhere: tuple[tuple[str, _Row], ...]
+    roots: tuple[tuple[str, LocalInstall], ...]
+    faults: tuple[Fault, ...]
+
+
+class Sites:
+    """Sites already parsed, for every index of a process that sees the same filesystem (its
+    *view*: mount namespace and root directory, ``judge.view_of``). The processes of one
+    vLLM tree share their site-packages: one parse serves them all. Keep one only as long as
+    the files may be taken as unchanged (the agent: one per collect)."""
+
+    def __init__(self) -> None:
+        self._parsed: dict[tuple[object, str], _Parsed] = {}
+
+    def get(self, view: object, site: str) -> _Parsed | None:
+        return self._parsed.get((view, site))
+
+    def put(self, view: object, site: str, parsed: _Parsed) -> None:
+        self._parsed[(view, site)] = parsed
+
+    def __len__(self) -> int:
+        return len(self._parsed)
+
+
 class DistIndex:
     """The installed distributions a process can see, indexed per site directory on demand.
 
@@ -275,8 +317,14 @@ class DistIndex:
     part of what its site-packages holds, and decoding every hash would dominate.
     """
 
-    def __init__(self, to_host: Callable[[str], Path]) -> None:
+    def __init__(
+        self, to_host: Callable[[str], Path], sites: Sites | None = None, view: object = None
+    ) -> None:
         self.to_host = to_host
+        # SITES: sites parsed for other processes of the same VIEW (None: no view known, so
+        # nothing is shared); replaceable between lookups (the agent gives each collect one)
+        self.sites = sites
+        self.view = view
         self.problems: list[str] = []  # what was skipped, and why
         self.faults: list[Fault] = []  # the same, with the file and distribution concerned
         self._site_of: dict[str, str | None] = {}  # directory -> nearest site (or None)
@@ -284,7 +332,6 @@ class DistIndex:
         self._chains: dict[str, tuple[str, ...]] = {}  # directory -> its sites, nearest first
         self._elsewhere: dict[str, list[_Row]] = {}  # rows naming "../" or absolute paths
         self._claims: dict[str, list[Claim]] = {}  # paths looked up -> their Claims
-        self._modules: dict[str, list[_Row]] = {}  # module -> rows installing it (on demand)
         self._roots: list[tuple[str, LocalInstall]] = []  # directory installs, longest first
 
     # -- sites ------------------------------------------------------------------------------
@@ -329,42 +376,72 @@ class DistIndex:
         site = norm_path(site)
         if site in self._sites or not site.startswith("/"):
             return
-        self._sites[site] = entry = _Site()
+        shared = self.sites is not None and self.view is not None
+        parsed = self.sites.get(self.view, site) if self.sites is not None and shared else None
+        if parsed is None:
+            parsed = self._parse_site(site)
+            if self.sites is not None and shared:
+                self.sites.put(self.view, site, parsed)
+        self._sites[site] = parsed.entry
+        for path, row in parsed.elsewhere:
+            self._elsewhere.setdefault(path, []).append(row)
+        self._roots.extend(parsed.roots)
+        for fault in parsed.faults:
+            self.problems.append(fault.detail)
+            self.faults.append(fault)
+        self._roots.sort(key=lambda r: len(r[0]), reverse=True)
+        self._claims.clear()  # a "../" row of this site may name a path looked up before
+
+    def _parse_site(self, site: str) -> _Parsed:
+        """Every ``*.dist-info`` directory of SITE read: what indexing it adds."""
+        entry = _Site()
+        elsewhere: list[tuple[str, _Row]] = []
+        roots: list[tuple[str, LocalInstall]] = []
+        faults: list[Fault] = []
         try:
             with os.scandir(self.to_host(site)) as it:
                 names = sorted(e.name for e in it if e.name.endswith(_DIST_INFO) and e.is_dir())
         except (FileNotFoundError, NotADirectoryError, ValueError):  # ValueError: NUL, "\ud800"
-            return
+            names = []
         except OSError as e:
-            self._fault(f"cannot list {site}: {e.strerror or e}", site)
-            return
+            faults.append(Fault(site, f"cannot list {site}: {e.strerror or e}"))
+            names = []
         for name in names:
-            dist = self._add_dist(site, entry, name)
+            dist = self._add_dist(site, entry, name, elsewhere, faults)
+            if dist.local is not None and dist.local.root is not None:
+                roots.append((dist.local.root, dist.local))
             if entry.dists.setdefault(dist.name, dist) is not dist:
-                self._fault(
-                    f"{site}/{name}: a second {dist.name} in {site}; ignored",
-                    f"{site.rstrip('/')}/{name}",
-                    dist.name,
+                faults.append(
+                    Fault(
+                        f"{site.rstrip('/')}/{name}",
+                        f"{site}/{name}: a second {dist.name} in {site}; ignored",
+                        dist.name,
+                    )
                 )
-        self._roots.sort(key=lambda r: len(r[0]), reverse=True)
-        self._claims.clear()  # a "../" row of this site may name a path looked up before
+        return _Parsed(entry, tuple(elsewhere), tuple(roots), tuple(faults))
 
-    def _add_dist(self, site: str, entry: _Site, dir_name: str) -> _Dist:
+    def _add_dist(
+        self,
+        site: str,
+        entry: _Site,
+        dir_name: str,
+        elsewhere: list[tuple[str, _Row]],
+        faults: list[Fault],
+    ) -> _Dist:
         """Index one ``.dist-info`` directory: its name, version, RECORD and direct_url."""
-        dist = self._read_metadata(site, dir_name)
+        dist = self._read_metadata(site, dir_name, faults)
         base = f"{site.rstrip('/')}/{dir_name}"
-        for row in self._read_record(base, dist.name):
+        rows = entry.rows
+        for row in self._read_record(base, dist.name, faults):
             rp = row[0]
             if rp[0] != "/" and _clean(rp):
-                entry.rows.setdefault(rp, []).append((dist, row))
+                rows.setdefault(rp, []).append((dist, row))
             else:
-                self._elsewhere.setdefault(record_abspath(site, rp), []).append((dist, row))
-        dist.local = self._read_direct_url(base, dist)
-        if dist.local is not None and dist.local.root is not None:
-            self._roots.append((dist.local.root, dist.local))
+                elsewhere.append((record_abspath(site, rp), (dist, row)))
+        dist.local = self._read_direct_url(base, dist, faults)
         return dist
 
-    def _read_metadata(self, site: str, dir_name: str) -> _Dist:
+    def _read_metadata(self, site: str, dir_name: str, faults: list[Fault]) -> _Dist:
         """Canonical name and version from METADATA, falling back on the directory's name
         (``<name>-<version>.dist-info``) for whatever METADATA does not say."""
         stem = dir_name[: -len(_DIST_INFO)]
@@ -374,16 +451,16 @@ class DistIndex:
             fields = _metadata(self.to_host(path))
         except (OSError, UnicodeDecodeError) as e:
             why = f"{path}: unreadable ({_why(e)}); name from directory name"
-            self._fault(why, path, canonical_name(name))
+            faults.append(Fault(path, why, canonical_name(name)))
             fields = {"name": name}
         if "name" not in fields:
             why = f"{path}: no Name header; name from directory name"
-            self._fault(why, path, canonical_name(name))
+            faults.append(Fault(path, why, canonical_name(name)))
         return _Dist(
             canonical_name(fields.get("name") or name), fields.get("version") or version, site
         )
 
-    def _read_record(self, base: str, dist: str) -> list[list[str]]:
+    def _read_record(self, base: str, dist: str, faults: list[Fault]) -> list[list[str]]:
         """Every well-formed row of ``<base>/RECORD`` (of distribution DIST). Malformed rows
         are skipped; a RECORD that is not UTF-8 or stops parsing part way keeps the rows before
         the fault. Each fault is kept (``faults``)."""
@@ -391,20 +468,21 @@ class DistIndex:
         try:
             data = self.to_host(path).read_bytes()
         except OSError as e:
-            self._fault(f"{path}: unreadable ({_why(e)})", path, dist)
+            faults.append(Fault(path, f"{path}: unreadable ({_why(e)})", dist))
             return []
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as e:
             text = data[: e.start].decode("utf-8").rpartition("\n")[0]
-            self._fault(f"{path}: not UTF-8 at byte {e.start}; rows before it kept", path, dist)
+            why = f"{path}: not UTF-8 at byte {e.start}; rows before it kept"
+            faults.append(Fault(path, why, dist))
         rows, bad = _record_rows(text)
         if bad:
             why = f"{path}: {len(bad)} malformed rows skipped, first {bad[0]}"
-            self._fault(why, path, dist)
+            faults.append(Fault(path, why, dist))
         return rows
 
-    def _read_direct_url(self, base: str, dist: _Dist) -> LocalInstall | None:
+    def _read_direct_url(self, base: str, dist: _Dist, faults: list[Fault]) -> LocalInstall | None:
         """The local install ``<base>/direct_url.json`` describes, if any."""
         host = self.to_host(f"{base}/direct_url.json")
         try:
@@ -413,7 +491,7 @@ class DistIndex:
             return None
         except (OSError, ValueError) as e:  # JSONDecodeError, UnicodeDecodeError: ValueErrors
             path = f"{base}/direct_url.json"
-            self._fault(f"{path}: skipped ({_why(e)})", path, dist.name)
+            faults.append(Fault(path, f"{path}: skipped ({_why(e)})", dist.name))
             return None
 
     def _fault(self, message: str, path: str, distribution: str | None = None) -> None:
@@ -461,14 +539,8 @@ class DistIndex:
     def claimants(self, module: str) -> list[Claim]:
         """RECORD rows, across indexed sites, that install MODULE (``a/b.py``,
         ``a/b/__init__.py`` or an extension ``a/b[.<tag>].so|.pyd``)."""
-        for entry in self._sites.values():
-            if not entry.moduled:
-                entry.moduled = True
-                for record_path, rows in entry.rows.items():
-                    name = _module_of(record_path)
-                    if name is not None:
-                        self._modules.setdefault(name, []).extend(rows)
-        return [_claim(*r) for r in self._modules.get(module, ())]
+        rows = (r for entry in self._sites.values() for r in entry.modules().get(module, ()))
+        return [_claim(*r) for r in rows]
 
     def package_folder(self, path: str) -> Folder | None:
         """The innermost folder holding PATH in which RECORDs of its site list files (a

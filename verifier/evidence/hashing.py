@@ -17,7 +17,6 @@ import hashlib
 import os
 import threading
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 CHUNK = 1 << 20
@@ -101,9 +100,37 @@ class Hasher:
                 misses.append((key[2], path))
         if misses:
             order = [p for _, p in sorted(misses, reverse=True)]
-            with ThreadPoolExecutor(max_workers=self.workers) as pool:
-                results.update(zip(order, pool.map(self.hash_file, order), strict=True))
+            results.update(zip(order, self._hash_all(order), strict=True))
         return [results[p] for p in unique]
+
+    def _hash_all(self, order: list[str]) -> list[Hashed]:
+        """``hash_file`` of every path of ORDER, in order, by WORKERS threads that each take
+        the next path when done with one (no future, no queue per file: most loaded files
+        are small, and per-file bookkeeping cost as much as hashing them)."""
+        out: list[Hashed | None] = [None] * len(order)
+        take = iter(range(len(order)))
+        lock = threading.Lock()
+        raised: list[BaseException] = []
+
+        def work() -> None:
+            try:
+                while not raised:
+                    with lock:
+                        i = next(take, None)
+                    if i is None:
+                        return
+                    out[i] = self.hash_file(order[i])
+            except BaseException as e:  # noqa: BLE001 - re-raised in the caller, as the pool did
+                raised.append(e)
+
+        threads = [threading.Thread(target=work) for _ in range(min(self.workers, len(order)))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if raised:
+            raise raised[0]
+        return [h for h in out if h is not None]
 
 
 def _open(path: str) -> int | Hashed:

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from verifier.errors import UnavailableError
 from verifier.evidence import bytecode, origins, unfiled
-from verifier.evidence.distindex import DistIndex
+from verifier.evidence.distindex import DistIndex, Sites
 from verifier.evidence.hashing import Hasher
 from verifier.evidence.native import native_mappings
 from verifier.evidence.probe_reader import ProbeState
@@ -267,9 +267,25 @@ def _to_host(procfs: ProcFS, pid: int) -> Callable[[str], Path]:
     return to_host
 
 
-def dist_index(procfs: ProcFS, pid: int) -> DistIndex:
-    """An index of the distributions installed as PID sees its filesystem."""
-    return DistIndex(_to_host(procfs, pid))
+def dist_index(procfs: ProcFS, pid: int, sites: Sites | None = None) -> DistIndex:
+    """An index of the distributions installed as PID sees its filesystem. SITES: sites
+    parsed for other processes, shared with those that see the same filesystem (``view_of``;
+    none when PID's view cannot be read)."""
+    view = view_of(procfs, pid) if sites is not None else None
+    return DistIndex(_to_host(procfs, pid), sites, view)
+
+
+def view_of(procfs: ProcFS, pid: int) -> tuple[str, int, int] | None:
+    """What PID sees its files through: its mount namespace and the device and inode of its
+    root directory. Two processes with the same view read the same bytes at the same path.
+    None when either cannot be read (the process is gone, or not ours to read)."""
+    where = procfs.root / str(pid)
+    try:
+        ns = os.readlink(where / "ns" / "mnt")
+        st = os.stat(where / "root")
+    except OSError:
+        return None
+    return ns, st.st_dev, st.st_ino
 
 
 def judge(

@@ -1,0 +1,275 @@
+"""The agent's full cold manifest against the fastest tool computing the same digest, as
+whole processes (issue 21, target 4: <= 1.2x).
+
+The file list is what a live vLLM worker tree loaded: every file on disk its probes recorded
+with a sha256, and every native library mapped (the agent hashes both). Two arms, each a new
+process, interleaved in every round, and their ratio taken per round (pair):
+  openssl  `xargs -0 -P<cores> -n 64 openssl dgst -sha256` over the list: OpenSSL's sha256
+           (SHA extensions), one process per core: the baseline
+  cold     a fresh `python` that imports the agent, makes an `Agent` and calls `collect()`
+           once: discovery, journals, every file hashed, every RECORD parsed, every pyc
+           compiled and compared, everything judged (interpreter start and imports counted)
+  cold @C  (with --against TREE) the same with the agent of TREE, checked out at commit C:
+           what a change bought, priced in the same run
+Page cache warm for both arms (the comparison is CPU work), then, where this process may
+(root), with the caches dropped before every arm (`echo 3 > /proc/sys/vm/drop_caches`: the
+reads, the interpreter's own imports and openssl's binary come from disk).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _smoke
+from _stats import print_rows, summary
+
+REPO = Path(__file__).resolve().parents[1]
+ROUNDS = 5
+DROPPED_ROUNDS = 3
+DROP = Path("/proc/sys/vm/drop_caches")
+
+# The cold arm: what a freshly started agent computes for its first report.
+COLD = """
+import sys, tempfile
+from pathlib import Path
+from verifier.agent.runner import Agent, AgentConfig
+with tempfile.TemporaryDirectory() as tmp:
+    config = AgentConfig("127.0.0.1:9", "bench", "bench", Path(tmp), root_pid=int(sys.argv[1]),
+                         docker_socket=None)
+    agent = Agent(config)
+    report = agent.collect()
+    agent.channel.close()
+files = sum(len(p.files or ()) for p in report.processes)
+print(len(report.processes), files, flush=True)
+"""
+
+# smoke mode's stand-in target (as agent_collect.py's): a probed Python process without
+# site-packages that imported a few standard library modules
+STAND_IN = """
+import sys
+import verifier.probe as p
+p.start()
+import decimal, email.mime.text, json  # noqa: E401
+print("up", flush=True)
+sys.stdin.read()
+"""
+
+
+def loaded_files(pid: int) -> tuple[list[str], int, int]:
+    """The distinct files on disk the tree of PID loaded (probe records with a sha256) or
+    maps (native libraries): what the cold manifest hashes. Also how many of each."""
+    from verifier.agent.runner import Agent, AgentConfig
+
+    with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stderr(io.StringIO()):
+        # (stderr: the agent's warning that its verifier address is insecure; it sends nothing)
+        config = AgentConfig(
+            "127.0.0.1:9", "bench", "bench", Path(tmp), root_pid=pid, docker_socket=None
+        )
+        agent = Agent(config)
+        report = agent.collect()
+        agent.channel.close()
+    recorded = {
+        f.path
+        for p in report.processes
+        for f in p.files or ()
+        if f.sha256 and os.path.isfile(f.path)
+    }
+    native = {m.path for p in report.processes for m in p.native_mappings if os.path.isfile(m.path)}
+    return sorted(recorded | native), len(recorded), len(native - recorded)
+
+
+def drop_caches() -> bool:
+    """Drop the page cache (root only); whether it was dropped."""
+    try:
+        os.sync()
+        DROP.write_text("3\n")
+    except OSError:
+        return False
+    return True
+
+
+def arms(pid: int, listing: Path, against: Path | None) -> dict[str, Callable[[], None]]:
+    cores = str(os.cpu_count() or 2)
+
+    def openssl() -> None:
+        with listing.open("rb") as fh:
+            subprocess.run(
+                ["xargs", "-0", f"-P{cores}", "-n", "64", "openssl", "dgst", "-sha256"],
+                stdin=fh, stdout=subprocess.DEVNULL, check=True,
+            )  # fmt: skip
+
+    def cold(tree: Path) -> Callable[[], None]:
+        env = dict(os.environ, PYTHONPATH=str(tree))
+
+        def run() -> None:
+            subprocess.run(
+                [sys.executable, "-c", COLD, str(pid)],
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True,
+            )  # fmt: skip
+
+        return run
+
+    out = {"openssl": openssl, "cold": cold(REPO)}
+    if against is not None:
+        out[f"cold @{commit(against)}"] = cold(against)
+    return out
+
+
+def timed(fn: Callable[[], None], drop: bool) -> tuple[float, float]:
+    """Wall seconds of FN, and the CPU seconds (user + system) of the processes it waited for
+    (theirs and their children's: openssl under xargs, the agent's compile helpers)."""
+    if drop:
+        drop_caches()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    fn()
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu
+
+
+Results = dict[str, list[float]]
+
+
+def paired(fns: dict[str, Callable[[], None]], rounds: int, drop: bool) -> tuple[Results, Results]:
+    """ROUNDS rounds, the arms alternating which goes first: wall and CPU seconds per arm and
+    round."""
+    wall: Results = {k: [] for k in fns}
+    cpu: Results = {k: [] for k in fns}
+    names = list(fns)
+    for i in range(rounds):
+        for name in names if i % 2 == 0 else reversed(names):
+            w, c = timed(fns[name], drop)
+            wall[name].append(w)
+            cpu[name].append(c)
+    return wall, cpu
+
+
+def report(title: str, both: tuple[Results, Results]) -> None:
+    results, cpu = both
+    print(f"{title}: CPU seconds (user + system, the arm's processes)")
+    print_rows({k: summary(v) for k, v in cpu.items()}, fmt="6.3f")
+    print(f"  cold / openssl, CPU, median of pairs: {_median_ratio(cpu, 'cold', 'openssl'):.3f}")
+    for k in [k for k in cpu if "@" in k]:
+        print(f"  cold / {k}, CPU, median of pairs: {_median_ratio(cpu, 'cold', k):.3f}")
+    print(f"{title}: wall seconds")
+    print_rows({k: summary(v) for k, v in results.items()}, fmt="6.3f")
+    for arm, base in [("cold", "openssl"), *[(k, "openssl") for k in results if "@" in k]]:
+        ratio(results, arm, base, " (target <= 1.2)" if arm == "cold" else "")
+    for k in [k for k in results if "@" in k]:
+        ratio(results, "cold", k, "")
+
+
+def _median_ratio(results: Results, arm: str, base: str) -> float:
+    return summary([a / b for a, b in zip(results[arm], results[base], strict=True)])["median"]
+
+
+def ratio(results: Results, arm: str, base: str, note: str) -> None:
+    """ARM / BASE per pair (the same round), with their median and spread."""
+    ratios = [a / b for a, b in zip(results[arm], results[base], strict=True)]
+    r = summary(ratios)
+    print(
+        f"  {arm} / {base} per pair: {', '.join(f'{x:.2f}' for x in ratios)}; "
+        f"median {r['median']:.3f}, min {r['min']:.3f}, max {r['max']:.3f}, "
+        f"spread {r['spread']:.1%}{note}"
+    )
+
+
+def measure(pid: int, rounds: int, dropped_rounds: int, against: Path | None = None) -> None:
+    files, recorded, native = loaded_files(pid)
+    size = sum(os.path.getsize(f) for f in files)
+    with tempfile.TemporaryDirectory() as tmp:
+        listing = Path(tmp) / "files.lst"
+        listing.write_bytes(b"\0".join(os.fsencode(f) for f in files))
+        fns = arms(pid, listing, against)
+        for fn in fns.values():
+            fn()  # warm the page cache (and check that both run)
+        print(
+            f"{len(files)} files ({recorded} recorded by the probes, {native} more mapped "
+            f"native), {size / 1e6:.0f} MB; {os.cpu_count()} cores; commit {commit()}"
+        )
+        report(f"page cache warm, {rounds} paired rounds", paired(fns, rounds, False))
+        if dropped_rounds and drop_caches():
+            title = f"page cache dropped before every arm, {dropped_rounds} paired rounds"
+            report(title, paired(fns, dropped_rounds, True))
+        elif dropped_rounds:
+            print("page cache dropped: skipped (cannot write /proc/sys/vm/drop_caches)")
+
+
+def commit(tree: Path = REPO) -> str:
+    """TREE's commit (short), "+dirty" when tracked files differ from it."""
+    out = subprocess.run(
+        ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    dirty = subprocess.run(
+        ["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True, text=True, check=False,
+    ).stdout.strip()  # fmt: skip
+    return out.stdout.strip() + ("+dirty" if dirty else "")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="paired rounds, cache warm")
+    parser.add_argument(
+        "--dropped-rounds", type=int, default=DROPPED_ROUNDS, help="paired rounds, cache dropped"
+    )
+    parser.add_argument(
+        "--against",
+        type=Path,
+        help="another checkout (a git worktree of an earlier commit): its cold agent is a third "
+        "arm, to price a change in the same run",
+    )
+    _smoke.add_args(parser)
+    args = parser.parse_args()
+    if args.smoke:
+        smoke()
+        return
+    from verifier.testing.vllm_server import VllmServer
+
+    with VllmServer(REPO / ".cache" / "tiny-llama", scratch_parent=REPO / ".scratch") as server:
+        for i in range(4):
+            server.complete(f"bench {i}", max_tokens=8)
+        time.sleep(2)  # the probes' sweepers have recorded everything
+        measure(server.pid, args.rounds, args.dropped_rounds, args.against)
+
+
+def smoke() -> None:
+    """Both arms, one round, cache warm, on a stand-in probed process (STAND_IN)."""
+    _smoke.begin(
+        "both arms (a fresh agent process, parallel openssl), one paired round, page cache "
+        "warm, on a probed Python process (no site-packages) that imported a few standard "
+        "library modules",
+        [
+            "vLLM's tree (three processes, 6,500 files, RECORDs of ~180 distributions: a cold "
+            "agent costs seconds of CPU on it)",
+            "the rounds with the page cache dropped (they would slow every other test)",
+        ],
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, VERIFIER_PROBE_DIR=f"{tmp}/probe", PYTHONPATH=str(REPO))
+        child = subprocess.Popen([sys.executable, "-S", "-c", STAND_IN], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
+        try:
+            assert child.stdout is not None and child.stdout.readline().strip() == "up"
+            time.sleep(1.5)  # the probe's sweeper has recorded everything
+            measure(child.pid, _smoke.ROUNDS, 0)
+        finally:
+            child.communicate(timeout=30)
+
+
+if __name__ == "__main__":
+    main()
