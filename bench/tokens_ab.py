@@ -32,6 +32,7 @@ benchmarks (the runner's ``execute_model`` and ``sample_tokens``): their wrapper
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import statistics
@@ -186,19 +187,29 @@ def calibrate(bench: Bench, control_pct: float, warm: int) -> int:
     for _ in range(warm):
         for arm in ARMS:
             bench.phase(arm)
-    probe = [bench.phase("A1") for _ in range(3)]
+    base = [bench.phase("A1") for _ in range(5)]
     steps = bench.phase("C")["control_calls"]
-    wall = statistics.median(p["wall"] for p in probe)
+    wall = min(p["wall"] for p in base)  # the least disturbed: CONTROL % of a quiet step
     bench.control_ns = int(wall / max(steps, 1) * control_pct / 100 * 1e9)
     return int(steps)
 
 
-def run_rounds(bench: Bench, rounds: int, rng: random.Random) -> list[dict[str, dict[str, float]]]:
+def run_rounds(
+    bench: Bench, rounds: int, rng: random.Random, budget_s: float = 0.0
+) -> list[dict[str, dict[str, float]]]:
+    """ROUNDS rounds of every arm, each round in a random order; with BUDGET_S, also stop
+    after the round that ends past it (a loaded machine makes phases slow)."""
     out = []
-    for _ in range(rounds):
+    end = time.monotonic() + budget_s
+    for i in range(rounds):
         order = list(ARMS)
         rng.shuffle(order)
         out.append({arm: bench.phase(arm) for arm in order})
+        if (i + 1) % 20 == 0:
+            print(f"  ... {i + 1} rounds", flush=True)
+        if budget_s and time.monotonic() > end:
+            print(f"  time budget of {budget_s:g} s spent after {i + 1} rounds", flush=True)
+            break
     return out
 
 
@@ -280,6 +291,7 @@ def measure(  # noqa: PLR0917 - the method's knobs, all named by the callers
     warm: int,
     control: float,
     seed: int,
+    budget_s: float = 0.0,
 ) -> dict[str, Any]:
     """The whole method on one workload of BENCH's engine: warm-up and calibration, ROUNDS
     rounds of every arm in a seeded random order, the switch check, the report."""
@@ -289,7 +301,7 @@ def measure(  # noqa: PLR0917 - the method's knobs, all named by the callers
         f"\nphase: {batch} requests x {max_tokens} tokens (prompt {prompt_len}), {steps} steps; "
         f"control busy wait {bench.control_ns} ns per step"
     )
-    results = run_rounds(bench, rounds, random.Random(seed))  # noqa: S311 - an order
+    results = run_rounds(bench, rounds, random.Random(seed), budget_s)  # noqa: S311 - an order
     ok = check_switch(results, steps)
     print(
         f"switch check: probe steps counted in B phases only ({steps} per B phase, 0 in A1, "
@@ -298,7 +310,8 @@ def measure(  # noqa: PLR0917 - the method's knobs, all named by the callers
     found = report(results, bench.tokens, control, seed)
     return {
         "batch": batch, "prompt_len": prompt_len, "max_tokens": max_tokens, "rounds": rounds,
-        "steps_per_phase": steps, "control_pct": control, "control_ns": bench.control_ns,
+        "rounds_run": len(results), "steps_per_phase": steps, "control_pct": control,
+        "control_ns": bench.control_ns,
         "switch_ok": ok, "stats": found, "phases": results,
     }  # fmt: skip
 
@@ -320,8 +333,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--control", type=float, default=1.0, help="control: %% of a step")
     parser.add_argument("--hooks", action="store_true", help="declare step and sample hooks")
     parser.add_argument("--seed", type=int, default=21)
+    parser.add_argument("--budget-s", type=float, default=0.0, help="stop rounds after this")
+    parser.add_argument("--save", type=Path, help="append the run (every phase) as a JSON line")
+    parser.add_argument(
+        "--pool", type=Path, nargs="+", help="no engine: the report of saved runs' rounds pooled"
+    )
     _smoke.add_args(parser)
     args = parser.parse_args(argv)
+    if args.pool:
+        return pool(args.pool, args.seed)
     if args.smoke:
         _smoke.begin(
             "one offline boot of the tiny model, 3 rounds of 2 requests x 4 tokens, every arm, "
@@ -338,9 +358,29 @@ def main(argv: list[str] | None = None) -> int:
     )
     got = measure(
         bench, args.batch, args.prompt_len, args.max_tokens, args.rounds, args.warm,
-        args.control, args.seed,
+        args.control, args.seed, args.budget_s,
     )  # fmt: skip
+    if args.save:
+        got["commit"] = commit()
+        with args.save.open("a") as f:
+            f.write(json.dumps(got, default=str) + "\n")
     return 0 if got["switch_ok"] else 1
+
+
+def pool(files: list[Path], seed: int) -> int:
+    """The report of the rounds of every saved run in FILES together (runs of the same
+    workload: each round's ratios are within the round, so rounds of separate boots pool)."""
+    runs = [json.loads(line) for p in files for line in p.read_text().splitlines() if line]
+    shapes = {(r["batch"], r["prompt_len"], r["max_tokens"], r["control_pct"]) for r in runs}
+    if len(shapes) != 1:
+        raise SystemExit(f"runs of different workloads cannot pool: {sorted(shapes)}")
+    rounds = [rd for r in runs for rd in r["phases"]]
+    commits = sorted({str(r.get("commit")) for r in runs})
+    print(f"pooled: {len(runs)} runs, {len(rounds)} rounds, commits {commits}")
+    print(f"switch check of every run: {all(r['switch_ok'] for r in runs)}")
+    r0 = runs[0]
+    report(rounds, r0["batch"] * r0["max_tokens"], r0["control_pct"], seed)
+    return 0
 
 
 if __name__ == "__main__":

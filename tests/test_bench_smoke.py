@@ -101,6 +101,12 @@ EXPECT: dict[str, tuple[str, ...]] = {
     "gpu/digest.py": (r'"v2": \{\s*"verdict": "FAIL"', r'"id": "liveness.hook.firing"'),
     "gpu/overhead.py": (r'OVERHEAD \{.*"tokens_per_s": \d', r'"itl_ms": \d'),
     "gpu/overhead_report.py": (r'"ratio_probe_over_none": \d+\.\d+', r'"noise_floor": \{'),
+    "gpu/tokens_ab_gpu.py": (
+        r"engine arguments: \{.*\"max_num_seqs\": 256",
+        r"batch 256, \d+ steps per phase(.|\n)*A/A floor ±\d+\.\d+ %",
+        r"probe / no-probe = \d+\.\d+  95 % interval",
+        FLOOR,
+    ),
     "gpu/validate.py": (r'deltas: \[\{.*"d_steps_productive": [1-9]', r"policy v2: \d+ rules"),
 }
 
