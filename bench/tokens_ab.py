@@ -16,11 +16,15 @@ against steps of ms (~0.1 %). Here nothing changes between arms but the probe's 
     B       probe hot path on
     C       off, plus a positive control: a busy wait of CONTROL % of a step's time in every
             ``execute_model`` (it must be seen: proof that the method sees that much)
-* ROUNDS rounds, each running the four arms once in a seeded random order; per round the
-  ratio of each arm's tokens/s to A1's; the result per arm is the median ratio with a
-  bootstrap 95 % interval of that median. The noise floor is the A2/A1 interval's half-width
-  (the same method run with no difference at all). Both wall-clock tokens/s and tokens per
-  CPU-second of this process (all threads) are reported.
+* ROUNDS rounds (or as many as --budget-s allows), each running the four arms once in a
+  seeded random order. Two estimators, fixed in advance, of each arm's tokens/s against A1's,
+  each with a bootstrap 95 % interval (rounds resampled whole, so a round's arms stay
+  paired): the median of per-round ratios, and the ratio of the arms' fastest-decile phases
+  (other processes only ever slow a phase down). The noise floor is the A2/A1 interval's
+  half-width (the same method run with no difference at all). Both wall-clock tokens/s and
+  tokens per CPU-second of this process (all threads) are reported. Runs saved with --save
+  pool with --pool (every ratio is within a round, so rounds of separate boots pool; the
+  control's size is calibrated per boot, so a pooled control row mixes sizes).
 * the switch is checked on every phase: the probe's step counter advances by the phase's
   steps in B phases and by 0 in the others (exit 1 otherwise).
 
@@ -35,6 +39,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -350,16 +355,20 @@ def main(argv: list[str] | None = None) -> int:
         )
         args.batch, args.max_tokens, args.rounds, args.warm = 2, 4, 3, 1
     (REPO / ".scratch").mkdir(exist_ok=True)
-    setup_env(HOOKS if args.hooks else "")
-    t0 = time.monotonic()
-    bench = Bench(args.model, {**CPU_LLM, "max_num_seqs": args.batch})
-    print(
-        f"commit {commit()}; boot {time.monotonic() - t0:.0f} s; switched: {bench.switch.labels()}"
-    )
-    got = measure(
-        bench, args.batch, args.prompt_len, args.max_tokens, args.rounds, args.warm,
-        args.control, args.seed, args.budget_s,
-    )  # fmt: skip
+    scratch = setup_env(HOOKS if args.hooks else "")
+    try:
+        t0 = time.monotonic()
+        bench = Bench(args.model, {**CPU_LLM, "max_num_seqs": args.batch})
+        print(
+            f"commit {commit()}; boot {time.monotonic() - t0:.0f} s; "
+            f"switched: {bench.switch.labels()}"
+        )
+        got = measure(
+            bench, args.batch, args.prompt_len, args.max_tokens, args.rounds, args.warm,
+            args.control, args.seed, args.budget_s,
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)  # the probe's files, vLLM's caches
     if args.save:
         got["commit"] = commit()
         with args.save.open("a") as f:
@@ -377,6 +386,11 @@ def pool(files: list[Path], seed: int) -> int:
     rounds = [rd for r in runs for rd in r["phases"]]
     commits = sorted({str(r.get("commit")) for r in runs})
     print(f"pooled: {len(runs)} runs, {len(rounds)} rounds, commits {commits}")
+    for i, r in enumerate(runs):
+        print(
+            f"  run {i + 1}: {len(r['phases'])} rounds, {r['steps_per_phase']} steps per phase, "
+            f"control busy wait {r['control_ns']} ns per step"
+        )
     print(f"switch check of every run: {all(r['switch_ok'] for r in runs)}")
     r0 = runs[0]
     report(rounds, r0["batch"] * r0["max_tokens"], r0["control_pct"], seed)

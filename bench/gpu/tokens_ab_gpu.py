@@ -84,7 +84,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     model = Path(os.environ.get("MODEL", ".gpu/call2/model")).resolve()
     (ab.REPO / ".scratch").mkdir(exist_ok=True)
-    ab.setup_env(HOOKS if os.environ.get("HOOKS") == "1" else "")
+    ab.setup_env(HOOKS if os.environ.get("HOOKS") == "1" else "")  # a throwaway machine
     kwargs = llm_kwargs(max(batches))
     t0 = time.monotonic()
     bench = ab.Bench(model, kwargs)
