@@ -105,9 +105,23 @@ EXPECT: dict[str, tuple[str, ...]] = {
         r"with 100 hooks firing once per step",
         FLOOR,
     ),
+    "tokens_ab.py": (
+        r"switch check: probe steps counted in B phases only .*: True",
+        r"estimator: paired median(.|\n)*estimator: fastest decile",
+        r"A/A \(off / off\) = \d+\.\d+  95 % interval \[.*\]  A/A floor ±\d+\.\d+ %",
+        r"probe / no-probe = \d+\.\d+  95 % interval \[\d+\.\d+, \d+\.\d+\]",
+        r"control \(\+1 % of a step, busy\) / no-probe = \d+\.\d+ .*seen: (True|False)",
+        FLOOR,
+    ),
     "gpu/digest.py": (r'"v2": \{\s*"verdict": "FAIL"', r'"id": "liveness.hook.firing"'),
     "gpu/overhead.py": (r'OVERHEAD \{.*"tokens_per_s": \d', r'"itl_ms": \d'),
     "gpu/overhead_report.py": (r'"ratio_probe_over_none": \d+\.\d+', r'"noise_floor": \{'),
+    "gpu/tokens_ab_gpu.py": (
+        r"engine arguments: \{.*\"max_num_seqs\": 256",
+        r"batch 256, \d+ steps per phase(.|\n)*A/A floor ±\d+\.\d+ %",
+        r"probe / no-probe = \d+\.\d+  95 % interval",
+        FLOOR,
+    ),
     "gpu/validate.py": (r'deltas: \[\{.*"d_steps_productive": [1-9]', r"policy v2: \d+ rules"),
 }
 
