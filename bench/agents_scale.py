@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import fcntl
 import multiprocessing as mp
 import os
 import sqlite3
@@ -42,6 +43,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -251,6 +253,32 @@ def row(
             f"{sum(r['none_acked'] for r in rs)} | {sum(r['missing'] for r in rs)} |")  # fmt: skip
 
 
+@contextlib.contextmanager
+def held(lock: str | None) -> Iterator[None]:
+    """LOCK flocked (None: nothing held)."""
+    if lock is None:
+        yield
+        return
+    with Path(lock).open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def say(r: int, label: str, offered: float, k: int, res: dict[str, Any]) -> None:
+    print(f"  round {r} {label}: {k} agents: offered {offered:.0f}/s acked "
+          f"{res['acked_s']:.1f}/s, verifier {res['cpu_per'] * 1e3:.3f} ms CPU per report "
+          f"({res['cpu']:.0%} CPU), generator {res['gen_cpu']:.0%} CPU, Report p50 "
+          f"{res['rep_p50'] * 1e3:.1f} ms p99 {res['rep_p99'] * 1e3:.1f} ms, status "
+          f"p50 {res['st_p50'] * 1e3:.1f} ms p99 {res['st_p99'] * 1e3:.1f} ms "
+          f"({res['st_n']} calls, {res['st_err']} errors), refused {res['refused']} "
+          f"failed {res['failed']} agents with nothing acked {res['none_acked']}, "
+          f"acked {res['acked_total']} missing {res['missing']} exit {res['exit']}, "
+          f"load average {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--agents", type=int, default=500)
@@ -259,6 +287,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--bindings", type=int, default=20)
     ap.add_argument("--src", action="append", default=[], help="LABEL=PATH of a source tree")
+    ap.add_argument("--lock", help="a file to flock for each round (a machine shared with others)")
     _smoke.add_args(ap)
     args = ap.parse_args()
     if args.smoke:
@@ -275,20 +304,13 @@ def main() -> None:
     results: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in srcs}
     with tempfile.TemporaryDirectory(prefix="agents-scale-") as tmp:
         for r in range(args.rounds):
-            for i, (label, src) in enumerate(srcs):
-                res = arm(src, Path(tmp) / f"r{r}a{i}", args.agents, args.rate, args.seconds,
-                          args.bindings)  # fmt: skip
-                results[label].append(res)
-                print(f"  round {r} {label}: {args.agents} agents: offered "
-                      f"{args.agents * args.rate:.0f}/s acked {res['acked_s']:.1f}/s, verifier "
-                      f"{res['cpu_per'] * 1e3:.3f} ms CPU per report ({res['cpu']:.0%} CPU), "
-                      f"generator {res['gen_cpu']:.0%} CPU, Report p50 "
-                      f"{res['rep_p50'] * 1e3:.1f} ms p99 {res['rep_p99'] * 1e3:.1f} ms, status "
-                      f"p50 {res['st_p50'] * 1e3:.1f} ms p99 {res['st_p99'] * 1e3:.1f} ms "
-                      f"({res['st_n']} calls, {res['st_err']} errors), refused {res['refused']} "
-                      f"failed {res['failed']} agents with nothing acked {res['none_acked']}, "
-                      f"acked {res['acked_total']} missing {res['missing']} exit {res['exit']}",
-                      flush=True)  # fmt: skip
+            with held(args.lock):
+                order = [*srcs[r % len(srcs) :], *srcs[: r % len(srcs)]]  # rotated per round
+                for label, src in order:
+                    res = arm(src, Path(tmp) / f"r{r}{len(results[label])}", args.agents,
+                              args.rate, args.seconds, args.bindings)  # fmt: skip
+                    results[label].append(res)
+                    say(r, label, args.agents * args.rate, args.agents, res)
     print(
         "\n| arm | agents | offered /s | acked /s (spread) | acked / baseline | verifier CPU ms "
         "per report (spread) | CPU per report / baseline | capacity on 2 cores (2 / CPU per "
