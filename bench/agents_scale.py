@@ -307,7 +307,7 @@ def main() -> None:
             with held(args.lock):
                 order = [*srcs[r % len(srcs) :], *srcs[: r % len(srcs)]]  # rotated per round
                 for label, src in order:
-                    res = arm(src, Path(tmp) / f"r{r}{len(results[label])}", args.agents,
+                    res = arm(src, Path(tmp) / f"r{r}-{label}", args.agents,
                               args.rate, args.seconds, args.bindings)  # fmt: skip
                     results[label].append(res)
                     say(r, label, args.agents * args.rate, args.agents, res)
