@@ -1,113 +1,65 @@
-"""How many agents one verifier process sustains on this machine at one report per second each.
+"""Verifier throughput: how many reports/s one `verifier serve` acknowledges from K agents with
+binding streams, what each acknowledged report costs its CPU, and the status p99 meanwhile.
 
-`verifier serve` runs as its own process; K simulated agents (threads in this process) each
-say Hello, send one full report (3 processes, a 5,000-file worker manifest shared by all
-agents, as identical wheels would be), then a digest-only report every second with advancing
-step and hook counts. Measurement starts once every agent's first report is acknowledged
-(steady state); the load generator shares the machine's two cores with the verifier. A separate client asks for the run's status 5 times a second (verdict
-latency). Each K runs for DURATION seconds; reported: offered and acknowledged reports/s,
-Report RPC latency, verdict (GetRunStatus) latency, and the verifier's CPU use.
+Method. Every arm runs a fresh `verifier serve` (SQLite, loopback TCP, its defaults) on a fresh
+database, from a source tree given by ``--src LABEL=PATH`` (several: the code before and after a
+change, measured in the same run; the first is the baseline of the ratios), ROUNDS rounds with
+the arms interleaved, so each arm's spread over rounds is its noise floor.
+
+Load: K agents (asyncio coroutines over grpc.aio in ONE load-generator process, so it costs
+little and its CPU is measured, not hidden) each say Hello and then, RATE times a second, send
+a report (3 processes, the worker's 500-file manifest by digest, sent in full once when the
+verifier asks; BINDINGS request bindings: a span and a client-id mapping each). Each agent's
+request is built once and only its seq, nonce, times and binding ids change per report
+(serialized by upb in C). An agent waits for its acknowledgement before its next report (as
+`verifier agent` does); on any error it counts a refusal (RESOURCE_EXHAUSTED) or a failure,
+backs off (0.2 s doubling to 4 s), says Hello again and goes on: an agent never dies, and an
+agent that got nothing acknowledged is counted as such, never as capacity.
+
+Measured (after every agent's first report was acknowledged, or 60 s): acknowledged
+reports/s; the verifier's CPU-seconds per acknowledged report (/proc/PID/stat), so that its
+capacity on two dedicated cores is stated next to the rate reached on two cores shared with the
+load generator (2 / cpu_per_report, an upper bound: one process's Python holds the GIL); the
+load generator's own CPU; Report latency; GetRunStatus p50/p99 from a separate client (a thread
+of the parent process, 5 calls/s). After the arm (SIGTERM), every (agent, seq) acknowledged
+must be in the database: 1..last acknowledged seq of every agent.
+
+Usage: bench/agents_scale.py [--agents 500] [--rate 2] [--seconds 10] [--rounds 3]
+                             [--bindings 20] [--src base=/path/to/tree --src new=.]
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import contextlib
+import fcntl
+import multiprocessing as mp
 import os
+import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _smoke
+from load_test import POLICY, free_port, report, wait_serving
 
 from verifier import wire
 from verifier.api.v1 import verifier_pb2 as pb
 from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
-from verifier.client.api import VerifierClient
-from verifier.model import (
-    FileEntry,
-    HookEvidence,
-    ProcessKey,
-    ProcessReport,
-    RunnerEvidence,
-    StepEvidence,
-    TargetReport,
-    merkle_root,
-)  # fmt: skip
 
-DURATION = 10.0
-LEVELS: tuple[int, ...] = (25, 50, 100, 200)
-POLICY = 'version = 1\n[[hooks]]\nname = "h"\nrole = "worker"\n'
-# fake agents report no vLLM files: pinning vLLM would never pass, so say so
-POLICY += "[provenance]\nunsafe_allow_unpinned_serving_package = true\n"
-FILES = tuple(
-    FileEntry(f"/site/pkg/mod{i}.py", f"{i:064x}", 1000, "source", f"pkg.mod{i}", "load")
-    for i in range(5000)
-)
-DIGEST = merkle_root((f.path, f.sha256 or "") for f in FILES)
-
-
-def procs(n: int, steps: int, full: bool) -> tuple[ProcessReport, ...]:
-    out = []
-    for rank, role in enumerate(("api_server", "engine_core", "worker")):
-        is_worker = role == "worker"
-        out.append(ProcessReport(
-            key=ProcessKey("boot", 1000 * n + rank + 1, 5), ns_pid=rank + 1, ppid=1, start_time=1.0,
-            role=role, rank=0 if is_worker else None, container_id=None, cmdline=("python",),
-            exe="/usr/bin/python3", probe_present=True,
-            runner=RunnerEvidence("R", "/r.py", "0" * 64, ("R",)) if is_worker else None,
-            steps=StepEvidence(steps if is_worker else 0, steps if is_worker else 0, 0, 4 * steps, steps, 1, 1),
-            hooks=(HookEvidence("h", "m:C.f", True, True, "m.C", "method", None, "m.C",
-                                steps if is_worker else 0, steps if is_worker else 0, 1, steps),),
-            manifest_digest=DIGEST, files=FILES if full else None,
-        ))  # fmt: skip
-    return tuple(out)
-
-
-class Load:
-    def __init__(self, addr: str, k: int) -> None:
-        self.addr, self.k = addr, k
-        self.latencies: list[float] = []
-        self.acked = 0
-        self.errors = 0
-        self.stop = threading.Event()
-        self.lock = threading.Lock()
-
-    def agent(self, n: int) -> None:
-        with grpc.insecure_channel(self.addr, options=list(wire.GRPC_OPTIONS)) as ch:
-            stub = pb_grpc.VerifierServiceStub(ch)
-            md = wire.agent_metadata(f"a{n}", [f"t{n}"])
-            nonce = stub.Hello(
-                pb.HelloRequest(agent_id=f"a{n}", targets=[f"t{n}"]), metadata=md
-            ).nonce
-            seq, nxt = 0, time.monotonic() + (n % 10) / 10  # spread agents over the second
-            while not self.stop.is_set():
-                time.sleep(max(0.0, nxt - time.monotonic()))
-                nxt += 1.0
-                seq += 1
-                rep = TargetReport(
-                    f"a{n}", f"t{n}", seq, nonce, time.time(), procs(n, seq, seq == 1)
-                )
-                t0 = time.monotonic()
-                try:
-                    resp = stub.Report(
-                        pb.ReportRequest(report=wire.report_to_pb(rep)), timeout=10, metadata=md
-                    )
-                except grpc.RpcError:
-                    with self.lock:
-                        self.errors += 1
-                    continue
-                dt = time.monotonic() - t0
-                nonce = resp.nonce
-                with self.lock:
-                    if resp.accepted:
-                        self.acked += 1
-                    self.latencies.append(dt)
+RUN = "load"
+REPO = Path(__file__).resolve().parent.parent
+SERVICE = "/verifier.api.v1.VerifierService/"
 
 
 def cpu_seconds(pid: int) -> float:
@@ -115,72 +67,264 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def pct(values: list[float], q: float) -> float:
-    return statistics.quantiles(values, n=100)[int(q) - 1] if len(values) > 1 else float("nan")
+def pct(values: list[float], q: int) -> float:
+    if len(values) < 2:
+        return float("nan")
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
-def level(addr: str, server_pid: int, k: int) -> None:
-    load = Load(addr, k)
-    threads = [
-        threading.Thread(target=load.agent, args=(n + k * 1000,), daemon=True) for n in range(k)
-    ]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + 120
-    while load.acked < k and time.monotonic() < deadline:  # every first (full) report is in
-        time.sleep(0.2)
-    time.sleep(1.0)
-    with load.lock:
-        load.latencies.clear()
-        acked0 = load.acked
-    cpu0, t0 = cpu_seconds(server_pid), time.monotonic()
-    status_lat: list[float] = []
-    with VerifierClient(addr, timeout_s=30) as client:
-        while time.monotonic() - t0 < DURATION:
+class Agent:
+    """One simulated agent: its request built once, re-stamped per report."""
+
+    def __init__(self, n: int, tag: str, bindings: int) -> None:
+        self.id, self.n = f"{tag}-a{n}", n
+        self.md = wire.agent_metadata(self.id, ["t-" + self.id])
+        self.full = pb.ReportRequest(
+            report=wire.report_to_pb(report(self.id, n, 1, bindings, True))
+        )
+        self.req = pb.ReportRequest(
+            report=wire.report_to_pb(report(self.id, n, 1, bindings, False))
+        )
+        self.acked = 0  # last acknowledged seq
+
+    def stamp(self, req: pb.ReportRequest, seq: int, nonce: str) -> bytes:
+        r, now = req.report, time.time()
+        r.seq, r.nonce, r.sent_unix, r.collected_unix = seq, nonce, now, now
+        w = r.processes[2].steps
+        w.productive = w.total = 16 * seq
+        for j, (s, i) in enumerate(zip(r.spans, r.request_ids, strict=True)):
+            s.internal_id = i.internal_id = f"cmpl-{self.id}-{seq}-{j}"
+            s.first_step, s.last_step = 16 * (seq - 1) + j % 16, 16 * (seq - 1) + j % 16 + 8
+            s.first_unix, s.last_unix, i.unix = now - 0.5, now, now - 0.5
+            i.external_id = f"x-{self.id}-{seq}-{j}"
+        return req.SerializeToString()
+
+
+async def agents_main(addr: str, tag: str, k: int, rate: float, bindings: int,  # noqa: PLR0917
+                      t_win: float, t_end: float, out: Any) -> None:  # fmt: skip
+    counts = {"acked": 0, "refused": 0, "failed": 0, "win_acked": 0, "win_refused": 0,
+              "win_failed": 0, "first": 0}  # fmt: skip
+    lat: list[float] = []
+    agents = [Agent(n, tag, bindings) for n in range(k)]
+    async with grpc.aio.insecure_channel(addr, options=list(wire.GRPC_OPTIONS)) as ch:
+        hello = ch.unary_unary(SERVICE + "Hello", request_serializer=pb.HelloRequest.SerializeToString,
+                               response_deserializer=pb.HelloResponse.FromString)  # fmt: skip
+        send: Any = ch.unary_unary(SERVICE + "Report", request_serializer=None,
+                              response_deserializer=pb.ReportResponse.FromString)  # fmt: skip
+
+        async def run(a: Agent) -> None:
+            nonce: str | None = None
+            seq, backoff, full = 1, 0.2, False
+            nxt = time.time() + (a.n % 100) / 100 / rate  # spread over the interval
+            while True:
+                await asyncio.sleep(max(0.0, nxt - time.time()))
+                if time.time() >= t_end:
+                    return
+                inside = t_win <= time.time()
+                try:
+                    if nonce is None:
+                        h = await hello(pb.HelloRequest(agent_id=a.id, targets=["t-" + a.id]),
+                                        metadata=a.md, timeout=30)  # fmt: skip
+                        nonce = h.nonce
+                    body = a.stamp(a.full if full else a.req, seq, nonce)
+                    t0 = time.monotonic()
+                    resp = await send(body, metadata=a.md, timeout=30)
+                    dt = time.monotonic() - t0
+                except grpc.aio.AioRpcError as e:
+                    key = "refused" if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else "failed"
+                    counts[key] += 1
+                    counts["win_" + key] += inside
+                    nonce, nxt = None, time.time() + backoff
+                    backoff = min(2 * backoff, 4.0)
+                    continue
+                nonce = resp.nonce
+                if not resp.accepted:  # the verifier asks for the manifest: send it in full
+                    full = True
+                    continue
+                full, backoff = False, 0.2
+                counts["acked"] += 1
+                counts["first"] += a.acked == 0
+                a.acked = seq
+                if t_win <= time.time() < t_end:
+                    counts["win_acked"] += 1
+                    lat.append(dt)
+                seq += 1
+                nxt += 1.0 / rate
+                nxt = max(nxt, time.time() - 1.0 / rate)  # behind: no burst to catch up
+
+        await asyncio.gather(*(run(a) for a in agents))
+    out.put({**counts, "lat": lat, "last": {a.id: a.acked for a in agents}})
+
+
+def generator(addr: str, tag: str, k: int, rate: float, bindings: int,  # noqa: PLR0917
+              ready: Any, go: Any, out: Any) -> None:  # fmt: skip
+    ready.put(os.getpid())
+    t_win, t_end = go.get()
+    asyncio.run(agents_main(addr, tag, k, rate, bindings, t_win, t_end, out))
+
+
+def status_loop(addr: str, stop: threading.Event, lat: list[float], errors: list[str]) -> None:
+    with grpc.insecure_channel(addr, options=list(wire.GRPC_OPTIONS)) as ch:
+        stub = pb_grpc.VerifierServiceStub(ch)
+        while not stop.is_set():
             s0 = time.monotonic()
-            client.status("scale")
-            status_lat.append(time.monotonic() - s0)
-            time.sleep(0.2)
-    elapsed = time.monotonic() - t0
-    cpu = (cpu_seconds(server_pid) - cpu0) / elapsed
-    load.stop.set()
-    for t in threads:
-        t.join()
-    with load.lock:
-        acked = (load.acked - acked0) / elapsed
-        lat = list(load.latencies)
-    print(
-        f"  {k:>4} agents: offered {k:>4}/s  acked {acked:6.1f}/s  errors {load.errors}  "
-        f"Report p50 {pct(lat, 50) * 1e3:6.1f} ms p99 {pct(lat, 99) * 1e3:7.1f} ms  "
-        f"status p50 {pct(status_lat, 50) * 1e3:6.1f} ms p99 {pct(status_lat, 99) * 1e3:7.1f} ms  "
-        f"verifier CPU {cpu:.0%}",
-        flush=True,
-    )
+            try:
+                stub.GetRunStatus(pb.GetRunStatusRequest(name=RUN), timeout=30)
+                lat.append(time.monotonic() - s0)
+            except grpc.RpcError as e:
+                errors.append(str(e.code()))
+            stop.wait(max(0.0, 0.2 - (time.monotonic() - s0)))
+
+
+def serve(tmp: Path, src: Path) -> tuple[str, subprocess.Popen[bytes], str]:
+    tmp.mkdir()
+    db, addr = str(tmp / "verifier.sqlite3"), f"127.0.0.1:{free_port()}"
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    log = (tmp / "serve.log").open("wb")
+    server = subprocess.Popen([sys.executable, "-m", "verifier", "serve", "--listen", addr,
+                               "--db", db], stdout=log, stderr=subprocess.STDOUT, env=env,
+                              cwd=src)  # fmt: skip
+    wait_serving(addr, server, tmp / "serve.log")
+    with grpc.insecure_channel(addr) as ch:
+        pb_grpc.VerifierServiceStub(ch).RegisterRun(
+            pb.RegisterRunRequest(name=RUN, policy_toml=POLICY, source="bench"), timeout=30
+        )
+    return addr, server, db
+
+
+def arm(src: Path, tmp: Path, k: int, rate: float, seconds: float, bindings: int) -> dict[str, Any]:  # noqa: PLR0917
+    addr, server, db = serve(tmp, src)
+    ctx = mp.get_context("spawn")
+    ready, go, out = ctx.Queue(), ctx.Queue(), ctx.Queue()
+    gen = ctx.Process(target=generator, args=(addr, tmp.name, k, rate, bindings, ready, go, out))
+    gen.start()
+    gen_pid = ready.get(timeout=120)
+    warm = 3.0 + k / 100  # every agent's first report (one full manifest) is in
+    t_win = time.time() + warm
+    go.put((t_win, t_win + seconds))
+    time.sleep(max(0.0, t_win - time.time()))
+    cpu0, gcpu0, m0 = cpu_seconds(server.pid), cpu_seconds(gen_pid), time.monotonic()
+    stop, slat, serr = threading.Event(), [], []  # type: ignore[var-annotated]
+    st = threading.Thread(target=status_loop, args=(addr, stop, slat, serr))
+    st.start()
+    time.sleep(max(0.0, t_win + seconds - time.time()))
+    elapsed = time.monotonic() - m0
+    cpu, gcpu = cpu_seconds(server.pid) - cpu0, cpu_seconds(gen_pid) - gcpu0
+    stop.set()
+    st.join()
+    res = out.get(timeout=120)
+    gen.join(timeout=60)
+    server.terminate()
+    code = server.wait(timeout=60)
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+        stored = set(conn.execute("SELECT agent_id, seq FROM reports").fetchall())
+    missing = sum(1 for a, last in res["last"].items() for s in range(1, last + 1)
+                  if (a, s) not in stored)  # fmt: skip
+    acked = res["win_acked"]
+    return {
+        "acked_s": acked / elapsed, "cpu_per": cpu / acked if acked else float("nan"),
+        "cpu": cpu / elapsed, "gen_cpu": gcpu / elapsed, "refused": res["win_refused"],
+        "failed": res["win_failed"], "none_acked": sum(1 for v in res["last"].values() if not v),
+        "rep_p50": pct(res["lat"], 50), "rep_p99": pct(res["lat"], 99),
+        "st_p50": pct(slat, 50), "st_p99": pct(slat, 99), "st_n": len(slat), "st_err": len(serr),
+        "missing": missing, "acked_total": sum(res["last"].values()), "exit": code,
+    }  # fmt: skip
+
+
+def row(
+    label: str, k: int, rate: float, rs: list[dict[str, Any]], base: list[dict[str, Any]]
+) -> str:
+    def med(key: str) -> float:
+        return float(statistics.median(r[key] for r in rs))
+
+    def spread(key: str) -> float:
+        vals = [r[key] for r in rs]
+        return float((max(vals) - min(vals)) / statistics.median(vals))
+
+    ratio = statistics.median(r["acked_s"] / b["acked_s"] for r, b in zip(rs, base, strict=True))
+    cratio = statistics.median(r["cpu_per"] / b["cpu_per"] for r, b in zip(rs, base, strict=True))
+    cpu_ms = med("cpu_per") * 1e3
+    return (f"| {label} | {k} | {k * rate:.0f} | {med('acked_s'):.0f} ({spread('acked_s'):.0%}) | "
+            f"{ratio:.2f}x | {cpu_ms:.3f} ({spread('cpu_per'):.0%}) | {cratio:.2f}x | "
+            f"{2 / med('cpu_per'):.0f} | {med('cpu'):.0%} | {med('gen_cpu'):.0%} | "
+            f"{med('rep_p50') * 1e3:.1f} / {med('rep_p99') * 1e3:.1f} ms | "
+            f"{med('st_p50') * 1e3:.1f} / {med('st_p99') * 1e3:.1f} ms ({spread('st_p99'):.0%}) | "
+            f"{sum(r['refused'] for r in rs)}, {sum(r['failed'] for r in rs)}, "
+            f"{sum(r['none_acked'] for r in rs)} | {sum(r['missing'] for r in rs)} |")  # fmt: skip
+
+
+@contextlib.contextmanager
+def held(lock: str | None) -> Iterator[None]:
+    """LOCK flocked (None: nothing held)."""
+    if lock is None:
+        yield
+        return
+    with Path(lock).open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def say(r: int, label: str, offered: float, k: int, res: dict[str, Any]) -> None:
+    print(f"  round {r} {label}: {k} agents: offered {offered:.0f}/s acked "
+          f"{res['acked_s']:.1f}/s, verifier {res['cpu_per'] * 1e3:.3f} ms CPU per report "
+          f"({res['cpu']:.0%} CPU), generator {res['gen_cpu']:.0%} CPU, Report p50 "
+          f"{res['rep_p50'] * 1e3:.1f} ms p99 {res['rep_p99'] * 1e3:.1f} ms, status "
+          f"p50 {res['st_p50'] * 1e3:.1f} ms p99 {res['st_p99'] * 1e3:.1f} ms "
+          f"({res['st_n']} calls, {res['st_err']} errors), refused {res['refused']} "
+          f"failed {res['failed']} agents with nothing acked {res['none_acked']}, "
+          f"acked {res['acked_total']} missing {res['missing']} exit {res['exit']}, "
+          f"load average {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
 
 
 def main() -> None:
-    global DURATION, LEVELS  # level() reads DURATION
-    if _smoke.parse(__doc__).smoke:
-        _smoke.begin(
-            "one level, 3 agents, 1 s", ["more than one level (the same code, more agents)"]
-        )
-        DURATION, LEVELS = 1.0, (3,)
-    with tempfile.TemporaryDirectory() as tmp:
-        addr = f"unix:{tmp}/v.sock"
-        exe = str(Path(sys.executable).parent / "verifier")
-        server = subprocess.Popen([exe, "serve", "--listen", addr, "--db", f"{tmp}/db.sqlite3"],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-        try:
-            while not Path(f"{tmp}/v.sock").exists():
-                time.sleep(0.1)
-            with VerifierClient(addr) as client:
-                client.register_run("scale", POLICY, "bench")
-            print(f"agents at 1 report/s each, {DURATION:g} s per level, one verifier process")
-            for k in LEVELS:
-                level(addr, server.pid, k)
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    ap.add_argument("--agents", type=int, default=500)
+    ap.add_argument("--rate", type=float, default=2.0, help="reports/s per agent")
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--bindings", type=int, default=20)
+    ap.add_argument("--src", action="append", default=[], help="LABEL=PATH of a source tree")
+    ap.add_argument("--lock", help="a file to flock for each round (a machine shared with others)")
+    _smoke.add_args(ap)
+    args = ap.parse_args()
+    if args.smoke:
+        _smoke.begin("one arm (this tree), 3 agents, 1 s, 2 bindings, the durability check",
+                     ["several source trees (the same code per arm)"])  # fmt: skip
+        args.agents, args.rate, args.seconds, args.rounds, args.bindings = 3, 2.0, 1.0, 1, 2
+        args.src = []
+    srcs = [(s.split("=", 1)[0], Path(s.split("=", 1)[1]).resolve()) for s in args.src] or [
+        ("this tree", REPO)
+    ]
+    print(f"{args.agents} agents x {args.rate:g} reports/s, {args.bindings} bindings each, "
+          f"{args.seconds:g} s measured, {args.rounds} rounds, arms interleaved, baseline "
+          f"{srcs[0][0]}", flush=True)  # fmt: skip
+    results: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in srcs}
+    with tempfile.TemporaryDirectory(prefix="agents-scale-") as tmp:
+        for r in range(args.rounds):
+            with held(args.lock):
+                order = [*srcs[r % len(srcs) :], *srcs[: r % len(srcs)]]  # rotated per round
+                for label, src in order:
+                    res = arm(src, Path(tmp) / f"r{r}-{label}", args.agents,
+                              args.rate, args.seconds, args.bindings)  # fmt: skip
+                    results[label].append(res)
+                    say(r, label, args.agents * args.rate, args.agents, res)
+    print(
+        "\n| arm | agents | offered /s | acked /s (spread) | acked / baseline | verifier CPU ms "
+        "per report (spread) | CPU per report / baseline | capacity on 2 cores (2 / CPU per "
+        "report) | verifier CPU | generator CPU | Report p50 / p99 | status p50 / p99 "
+        "(spread of p99) | refused, failed, agents never acked | acked but not stored |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    base = results[srcs[0][0]]
+    for label, _ in srcs:
+        print(row(label, args.agents, args.rate, results[label], base))
+    lost = sum(r["missing"] for rs in results.values() for r in rs)
+    print(f"\nevery acknowledged report stored: {lost == 0}")
+    if lost:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

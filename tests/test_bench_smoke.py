@@ -54,7 +54,11 @@ EXPECT: dict[str, tuple[str, ...]] = {
         r"sidecar CPU at .* of one core",
         FLOOR,
     ),
-    "agents_scale.py": (r"3 agents: offered +3/s +acked +[\d.]+/s .*Report p50 .*verifier CPU",),
+    "agents_scale.py": (
+        r"3 agents: offered 6/s acked [\d.]+/s, verifier [\d.]+ ms CPU per report",
+        r"\| this tree \| 3 \| 6 \| [\d.]+ \(\d+%\) \| [\d.]+x \| [\d.]+ \(\d+%\) \|",
+        r"every acknowledged report stored: True",
+    ),
     "bindings_ledger.py": (
         r"sqlite: ingest(.|\n)*store / raw \(medians\): \d+\.\d+",
         r"postgresql: ingest(.|\n)*store / raw \(medians\): \d+\.\d+",

@@ -168,3 +168,29 @@ def ledger_seqs(server: VerifierServer) -> dict[tuple[str, int], int]:
         if key is not None:
             out.setdefault((str(key[0]), int(key[1])), int(seq))
     return out
+
+
+def test_status_calls_are_answered_while_reports_hold_every_worker(tmp_path: Path) -> None:
+    """Status reads have threads of their own (server/app.py READ_METHODS): with every one of
+    the verifier's workers inside an agent's Report (both waiting for the store, held here as
+    a long transaction would hold it), a GetRunStatus is still answered, before either report
+    is. With one pool for all (as before), the status call queued behind the reports until
+    the store was free (tried: this test then fails at its deadline)."""
+    addr = f"unix:{tmp_path}/v.sock"
+    with (
+        running_verifier(addr, tmp_path / "db.sqlite3", workers=2) as server,
+        grpc.insecure_channel(addr, options=list(wire.GRPC_OPTIONS)) as ch,
+    ):
+        stub = agent_stub(ch)
+        warm(stub)
+        agents = [("w0", "wt0"), ("w1", "wt1")]
+        nonces = [hello(stub, a, t) for a, t in agents]
+        with server.store._lock:  # the store is busy: reports wait for it, holding a worker
+            calls = [
+                stub.Report.future(report(a, t, manifest(10, a), 1, n), timeout=HUNG_S)
+                for (a, t), n in zip(agents, nonces, strict=True)
+            ]
+            wait_for("every worker in a Report", lambda: server.service.ingesting() == ["w0", "w1"])
+            status = stub.GetRunStatus(pb.GetRunStatusRequest(name="r"), timeout=HUNG_S)
+            assert (status.verdict.run, [c.done() for c in calls]) == ("r", [False, False])
+        assert [c.result().accepted for c in calls] == [True, True]

@@ -133,13 +133,33 @@ class Policy:
         return None if at is None else now_boot_s - at
 
     def evaluate_target(
-        self, snap: I.TargetSnapshot, now: float, now_boot_s: float | None = None
+        self,
+        snap: I.TargetSnapshot,
+        now: float,
+        now_boot_s: float | None = None,
+        judgements: Judgements | None = None,
     ) -> TargetVerdict:
-        findings: list[Finding] = []
+        """SNAP's verdict at NOW: its age judged now, everything else (``judge``) taken from
+        JUDGEMENTS when they hold it for this policy and this very snapshot."""
         age = self.age(snap, now, now_boot_s)
         stale = age is None or age > self.evidence.freshness_s
-        if stale:
-            findings.append(stale_finding(snap, age, self.evidence.freshness_s))
+        judged = self.judge(snap) if judgements is None else judgements.judged(self, snap)
+        # evidence.stale comes from here alone, so the deduplicated list stays deduplicated
+        findings = [stale_finding(snap, age, self.evidence.freshness_s)] if stale else []
+        findings.extend(judged.findings)
+        return TargetVerdict(
+            target=snap.target,
+            verdict=target_verdict(findings, stale),
+            findings=tuple(_listed(findings, snap.target)),
+            evaluated_unix=now,
+            report_unix=snap.evidence_unix,
+            hooks=judged.hooks,
+        )
+
+    def judge(self, snap: I.TargetSnapshot) -> Judged:
+        """What SNAP's evaluation finds that does not depend on when it is judged: every
+        finding but ``evidence.stale`` (deduplicated, in order) and the hook counts."""
+        findings: list[Finding] = []
         skew = snap.clock_skew_s
         if skew is not None and abs(skew) > self.evidence.clock_skew_s:
             findings.append(clock_skew_finding(snap, skew, self.evidence.clock_skew_s))
@@ -188,16 +208,62 @@ class Policy:
                 findings.extend(rule.evaluate(snap, ctx))
                 if isinstance(rule, I.CountsHooks):
                     counts.extend(rule.hook_counts(snap, ctx))
-        findings = _dedup(findings)
-        return TargetVerdict(
-            target=snap.target,
-            verdict=target_verdict(findings, stale),
-            findings=tuple(_listed(findings, snap.target)),
-            evaluated_unix=now,
-            report_unix=snap.evidence_unix,
-            # a hook named for its role and by default may judge a process twice: once each
-            hooks=tuple({(c.name, c.pid): c for c in counts}.values()),
-        )
+        # a hook named for its role and by default may judge a process twice: once each
+        hooks = tuple({(c.name, c.pid): c for c in counts}.values())
+        return Judged(tuple(_dedup(findings)), hooks)
+
+
+@dataclass(frozen=True)
+class Judged:
+    """``Policy.judge``'s result: a target's findings but ``evidence.stale``, its hook counts."""
+
+    findings: tuple[Finding, ...]
+    hooks: tuple[HookCount, ...]
+
+
+# Entries Judgements keeps (one per policy and target; cleared when full): far more than the
+# targets a verifier tracks times its runs' policies.
+MAX_JUDGEMENTS = 65_536
+
+
+class Judgements:
+    """Verdicts kept, not recomputed per status call: ``Policy.judge`` of a (policy, target)
+    kept while the target's latest snapshot is the same object (a new report is a new
+    snapshot) and the policy the same object (a run registered with another policy has
+    another). Only the age, which decides STALE, is judged on every call, so a verdict from
+    here is exactly what a fresh evaluation gives at the same time. Thread-safe: entries are
+    replaced whole (a race computes one twice)."""
+
+    def __init__(self, max_entries: int = MAX_JUDGEMENTS) -> None:
+        self._max = max_entries
+        self._by: dict[tuple[int, str], tuple[Policy, I.TargetSnapshot, Judged]] = {}
+        self._variants: dict[tuple[int, str], tuple[Policy, Policy]] = {}
+        self.hits = self.misses = 0
+
+    def judged(self, policy: Policy, snap: I.TargetSnapshot) -> Judged:
+        key = (id(policy), snap.target)
+        kept = self._by.get(key)
+        if kept is not None and kept[0] is policy and kept[1] is snap:
+            self.hits += 1
+            return kept[2]
+        self.misses += 1
+        out = policy.judge(snap)
+        if len(self._by) >= self._max:
+            self._by.clear()
+        self._by[key] = (policy, snap, out)
+        return out
+
+    def without(self, policy: Policy, flag: str) -> Policy:
+        """``unsafe.without``, the same object each time (so its judgements are kept too)."""
+        key = (id(policy), flag)
+        kept = self._variants.get(key)
+        if kept is not None and kept[0] is policy:
+            return kept[1]
+        out = without(policy, flag)
+        if len(self._variants) >= self._max:
+            self._variants.clear()
+        self._variants[key] = (policy, out)
+        return out
 
 
 def _container_ids(snap: I.TargetSnapshot) -> tuple[str, ...]:
@@ -233,11 +299,13 @@ def evaluate_run(
     now: float,
     *,
     now_boot_s: float | None = None,
+    judgements: Judgements | None = None,
 ) -> RunVerdict:
     """The run's verdict over the targets the policy selects (others are ignored): ``combine``
     of their verdicts, PENDING (``evidence.no_report``) while fewer than ``min_targets`` of them
     have reported or a target named in ``[targets] names`` has not. NOW is the wall clock
-    (displayed); NOW_BOOT_S the verifier's age clock (``Policy.age``)."""
+    (displayed); NOW_BOOT_S the verifier's age clock (``Policy.age``); JUDGEMENTS: what to
+    reuse of earlier evaluations (the same verdict, computed faster)."""
     latest: dict[str, I.TargetSnapshot] = {}
     for snap in snapshots:
         if not policy.selects(snap.target, _container_ids(snap)):
@@ -245,7 +313,9 @@ def evaluate_run(
         prev = latest.get(snap.target)
         if prev is None or snap.received_unix >= prev.received_unix:
             latest[snap.target] = snap
-    targets = tuple(policy.evaluate_target(latest[t], now, now_boot_s) for t in sorted(latest))
+    targets = tuple(
+        policy.evaluate_target(latest[t], now, now_boot_s, judgements) for t in sorted(latest)
+    )
     sel = policy.selection
     missing = [n for n in sel.names if n not in latest]
     findings: list[Finding] = []
@@ -271,7 +341,9 @@ def evaluate_run(
     if findings:
         verdicts.append(Verdict.PENDING)
     verdict = combine(verdicts)
-    findings.extend(_unsafe_findings(run, policy, digest, snapshots, now, verdict=verdict))
+    findings.extend(
+        _unsafe_findings(run, policy, digest, snapshots, now, verdict=verdict, kept=judgements)
+    )
     return RunVerdict(
         run=run,
         policy_digest=digest,
@@ -290,6 +362,7 @@ def _unsafe_findings(
     now: float,
     *,
     verdict: Verdict,
+    kept: Judgements | None = None,
 ) -> list[Finding]:
     """One ``policy.unsafe`` WARNING per unsafe flag the policy sets, saying whether this
     verdict holds only because of it: the run is evaluated again with the flag at its safe
@@ -308,7 +381,8 @@ def _unsafe_findings(
                 )
             )
             continue
-        alt = evaluate_run(run, without(policy, flag), digest, snapshots, now).verdict
+        safe = without(policy, flag) if kept is None else kept.without(policy, flag)
+        alt = evaluate_run(run, safe, digest, snapshots, now, judgements=kept).verdict
         if alt == verdict:
             what = f"{shown(flag)} is set; this verdict ({verdict.value}) does not depend on it"
         elif verdict == Verdict.PASS:

@@ -45,6 +45,10 @@ SERVICE_NAME = "verifier.api.v1.VerifierService"
 # The history keeper re-evaluates at most this often: it records verdict changes, while
 # status/wait evaluate on demand, so gate latency does not depend on it.
 HISTORY_PACE_S = 0.5
+# Status reads have threads of their own (never queued behind agents' reports, which may keep
+# every other thread busy): the calls a gate, `verifier status` and `verifier wait` make.
+READ_METHODS = ("GetRunStatus", "ListRuns", "ListTargets")
+READ_WORKERS = 2
 
 
 @dataclass(frozen=True)
@@ -200,11 +204,14 @@ class VerifierServer:
         )
         self.health = health.HealthServicer()
         opts = list(wire.GRPC_OPTIONS)
+        self._reads = futures.ThreadPoolExecutor(READ_WORKERS, thread_name_prefix="status")
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=config.workers),
             options=opts,
             maximum_concurrent_rpcs=config.max_concurrent_rpcs,
-            interceptors=[RpcObserver(self.service.metrics)],
+            interceptors=[
+                RpcObserver(self.service.metrics, dict.fromkeys(READ_METHODS, self._reads))
+            ],
         )
         self.audit = AuditService(self.store, self._key, auth)  # same listener, same auth
         # Both through the ingress: callers authorized before their bytes are parsed.
@@ -372,6 +379,7 @@ class VerifierServer:
         for name in ("", SERVICE_NAME):
             self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.server.stop(self.config.grace_s).wait()
+        self._reads.shutdown(wait=False)
         if self.health_server is not None:
             self.health_server.stop(0).wait()
         if self.relay is not None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from verifier import wire
 from verifier.model import FileEntry, RunVerdict, TargetReport
 from verifier.policy import Policy, PolicyError, evaluate_run, load_policy, refused_run
+from verifier.policy.engine import Judgements
 from verifier.policy.interface import TargetSnapshot
 from verifier.server import clock
 from verifier.server.bounded import LruCache
@@ -50,6 +51,8 @@ class Evaluator:
         )
         self._latest: dict[str, Tracked] | None = None
         self._lock = threading.Lock()
+        # what evaluations of a (policy, target snapshot) found, reused until either changes
+        self.judgements = Judgements()
 
     def policy(self, run: RunRecord) -> Policy | PolicyError:
         """RUN's parsed policy, or why this verifier refuses it: a run stored by an earlier
@@ -183,4 +186,12 @@ class Evaluator:
         if isinstance(pol, PolicyError):
             return refused_run(run.name, run.policy_digest, pol, now)
         snaps = self.snapshots() if snaps is None else snaps
-        return evaluate_run(run.name, pol, run.policy_digest, snaps, now, now_boot_s=clock.boot_s())
+        return evaluate_run(
+            run.name,
+            pol,
+            run.policy_digest,
+            snaps,
+            now,
+            now_boot_s=clock.boot_s(),
+            judgements=self.judgements,
+        )

@@ -14,7 +14,8 @@ the interceptor's wrapper and are not counted here: over ``--max-concurrent-rpcs
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from concurrent import futures
 from contextvars import ContextVar
 from typing import Any
 
@@ -172,8 +173,15 @@ class RpcObserver(grpc.ServerInterceptor):
     method and the peer (contextvars; the servicer adds the identity and, for a report,
     agent, target and seq)."""
 
-    def __init__(self, metrics: VerifierMetrics) -> None:
+    def __init__(
+        self,
+        metrics: VerifierMetrics,
+        pools: Mapping[str, futures.ThreadPoolExecutor] | None = None,
+    ) -> None:
         self.metrics = metrics
+        # methods served by their own threads (gRPC's per-method pool): status reads are not
+        # queued behind agents' reports when those keep every other thread busy
+        self.pools = dict(pools or {})
         for m in METHODS:
             self.metrics.rpcs.zero(method=m, code="OK")
 
@@ -207,6 +215,9 @@ class RpcObserver(grpc.ServerInterceptor):
                 self._done(method, code, time.monotonic() - began, context)
                 structlog.contextvars.clear_contextvars()
 
+        pool = self.pools.get(method)
+        if pool is not None:
+            observed.experimental_thread_pool = pool  # type: ignore[attr-defined]
         return grpc.unary_unary_rpc_method_handler(
             observed,
             request_deserializer=handler.request_deserializer,

@@ -108,6 +108,10 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         # target's report is stored and noted with ForgetTarget kept out (("target", name)).
         self._locks = KeyedLocks()
         self.known: LruCache[str, bool] = LruCache(max_known_manifests)  # digests stored
+        # Each agent's last stored seq: read from the database at its Hello (another verifier
+        # on the same database may have stored its reports), then kept here as its reports
+        # are stored, so a Report does not wait on the store (a commit in progress) to read it.
+        self._last_seqs: LruCache[str, int] = LruCache(max_agent_nonces)
         # (run, verdict, detail) a status call computed: recorded by the history keeper, so
         # a status call never waits for a report's transaction to write its history.
         self._seen: collections.deque[tuple[str, str, dict[str, Any]]] = collections.deque(
@@ -127,9 +131,11 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         self.auth.require_agent(context, hello.agent_id, hello.targets)
         nonce = secrets.token_hex(16)
         with self._locks.hold(("agent", hello.agent_id)):
+            last = self.store.last_seq(hello.agent_id)
+            self._last_seqs.put(hello.agent_id, last)
             self.nonces.put(hello.agent_id, nonce)
         log.info("hello", agent=hello.agent_id, targets=list(hello.targets))
-        reply = wire.HelloReply(nonce, self.report_interval_s, self.store.last_seq(hello.agent_id))
+        reply = wire.HelloReply(nonce, self.report_interval_s, last)
         return wire.hello_response_to_pb(reply)
 
     def Report(self, request: pb.ReportRequest, context: grpc.ServicerContext) -> pb.ReportResponse:
@@ -150,7 +156,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
                     grpc.StatusCode.FAILED_PRECONDITION,
                     "nonce mismatch: say Hello and report again with the nonce it returns",
                 )
-            if report.seq <= self.store.last_seq(report.agent_id):
+            if report.seq <= self._last_seq(report.agent_id):
                 self.metrics.report("duplicate")
                 return wire.report_response_to_pb(wire.ReportAck(True, report.seq, expected))
             manifests, need = self._manifests(report, context)
@@ -160,8 +166,17 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
                 return wire.report_response_to_pb(ack)
             nonce = self._ingest(report, manifests, peer, (received, received_boot_s), context)
             self.nonces.put(report.agent_id, nonce)
+            self._last_seqs.put(report.agent_id, report.seq)
         self.dirty.set()
         return wire.report_response_to_pb(wire.ReportAck(True, report.seq, nonce))
+
+    def _last_seq(self, agent_id: str) -> int:
+        """AGENT_ID's last stored seq (call holding its lock)."""
+        last = self._last_seqs.get(agent_id)
+        if last is None:
+            last = self.store.last_seq(agent_id)
+            self._last_seqs.put(agent_id, last)
+        return last
 
     def ingesting(self) -> list[str]:
         """The agents whose report is being ingested now (after its nonce check, until it is

@@ -26,6 +26,7 @@ from verifier.ledger import bindings, chain
 from verifier.model import FileEntry, RequestId, RequestSpan
 from verifier.server import manifest_rows, schema
 from verifier.server.db import Database, is_corruption, open_database
+from verifier.server.group_commit import GroupCommit
 from verifier.server.index import (
     ProcessSeen,
     index_processes,
@@ -106,6 +107,8 @@ class Store:
         self._writing: str | None = None  # what the write transaction in progress stores
         self.transactions = 0  # write transactions begun (``writing``)
         self._frontier: merkle.Frontier | None = None  # the tree as last signed (checkpoints)
+        # Reports arriving while one commits are committed together (server/group_commit.py)
+        self.reports: GroupCommit[bool] = GroupCommit(self._batch)
         self.columns_added: list[str] = []
         self._tx([], self._add_columns)
         self.backfilled = 0
@@ -250,6 +253,12 @@ class Store:
             finally:
                 self._writing = None
 
+    def _batch(self, writes: Sequence[Callable[[Database], bool]], what: str) -> list[bool]:
+        """WRITES in one transaction (group commit): their results once it committed."""
+        out: list[bool] = []
+        self._tx([], lambda db: out.extend(w(db) for w in writes), what)
+        return out
+
     def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
             return list(self._db.execute(sql, args).fetchall())
@@ -345,19 +354,19 @@ class Store:
     ) -> bool:
         """Store one report, its new manifests (as files, or ``prepare_manifests``'s), the
         processes it saw (index) and the request bindings that came with it, atomically;
-        False if the seq was seen."""
+        False if the seq was seen. Returns once its transaction committed: reports saved
+        concurrently share one (group commit); one the database refuses fails alone."""
         prepared = (
             self.prepare_manifests(manifests) if isinstance(manifests, Mapping) else manifests
         )
-        with self._lock:
-            seen = self._db.execute(
-                "SELECT 1 FROM reports WHERE agent_id = ? AND seq = ?", (rep.agent_id, rep.seq)
-            ).fetchone()
-        if seen:
-            return False
         row = (rep.agent_id, rep.seq, rep.target, rep.received_unix, rep.report)
 
-        def store(db: Database) -> None:
+        def store(db: Database) -> bool:
+            seen = db.execute(
+                "SELECT 1 FROM reports WHERE agent_id = ? AND seq = ?", (rep.agent_id, rep.seq)
+            ).fetchone()
+            if seen:
+                return False
             for m in prepared:  # content-addressed: each digest once
                 if db.execute("SELECT 1 FROM manifests WHERE digest = ?", (m.digest,)).fetchone():
                     continue
@@ -386,9 +395,10 @@ class Store:
                     bindings.rows_sha256(span_rows), bindings.rows_sha256(id_rows),
                 )  # fmt: skip
                 chain.append(db, rep.received_unix, "bindings", batch, subject)
+            return True
 
-        self._tx([], store, f"report {rep.agent_id}/{rep.seq}")
-        return True
+        # committed with the other reports waiting, returning only once this one is
+        return self.reports.submit(store, f"report {rep.agent_id}/{rep.seq}")
 
     def latest_reports(self) -> list[StoredReport]:
         """The most recent report of every target."""

@@ -1,0 +1,122 @@
+"""Verdicts kept, not recomputed per status call (``verifier.policy.engine.Judgements``): what a
+(policy, target snapshot) evaluation finds is kept until a new report or another policy, and
+only the age is judged on every call. The answer must be exactly what a fresh evaluation
+gives: each step below compares the verifier's evaluator (with what it kept) against a fresh
+policy object evaluating the same snapshots at the same instant, across report arrivals, a
+staleness boundary crossed with no report arriving, and a second run with another policy over
+the same targets. The age clock is set by the test (``clock.boot_s``), so no sleeps."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import as_weak_as_needed
+from tests.test_policy_engine import HOOK_V1, api, engine, worker
+from verifier.model import RunVerdict, TargetReport, Verdict
+from verifier.policy import evaluate_run, load_policy, policy_digest
+from verifier.server import clock
+from verifier.server.evaluate import Evaluator
+from verifier.server.store import RunRecord, Store
+
+FRESH_S = 10.0
+T0 = 5000.0  # the age clock when the first reports arrive
+POLICY = as_weak_as_needed(f"version = 1\n{HOOK_V1}[evidence]\nfreshness_s = {FRESH_S}\n")
+# another policy over the same targets: the hook must fire far more often than it did
+STRICT = POLICY.replace(
+    'name = "v1_step"\n', 'name = "v1_step"\nmin_fires_per_productive_step = 1000\n', 1
+)
+
+
+class Age:
+    now = T0
+
+
+@pytest.fixture
+def evaluator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Evaluator:
+    monkeypatch.setattr(clock, "boot_s", lambda: Age.now)
+    Age.now = T0
+    return Evaluator(Store(tmp_path / "db.sqlite3"))
+
+
+def register(ev: Evaluator, name: str, text: str) -> RunRecord:
+    return ev.store.register_run(name, text, policy_digest(text), "test")
+
+
+def note(ev: Evaluator, target: str, seq: int, hooked: bool) -> None:
+    procs = (api(), engine(), worker() if hooked else worker(hooks=()))
+    sent = 1_700_000_000.0 + Age.now
+    ev.note(TargetReport("a-" + target, target, seq, "", sent, procs), sent, "local", Age.now)
+
+
+def fresh(ev: Evaluator, run: RunRecord, now: float) -> RunVerdict:
+    """The verdict as a first evaluation computes it: a policy object never used before."""
+    pol = load_policy(run.policy_toml, run.source)
+    return evaluate_run(run.name, pol, run.policy_digest, ev.snapshots(), now, now_boot_s=Age.now)
+
+
+def both(ev: Evaluator, run: RunRecord) -> tuple[RunVerdict, RunVerdict]:
+    now = 1_700_000_000.0 + Age.now
+    return ev.run_verdict(run, now), fresh(ev, run, now)
+
+
+def verdicts(v: RunVerdict) -> dict[str, Verdict]:
+    return {t.target: t.verdict for t in v.targets}
+
+
+def test_kept_verdicts_equal_fresh_ones_across_reports_staleness_and_policies(
+    evaluator: Evaluator,
+) -> None:
+    ev = evaluator
+    run = register(ev, "r", POLICY)
+    note(ev, "a", 1, hooked=True)
+    note(ev, "b", 1, hooked=False)
+    steps: list[tuple[float, str, dict[str, Verdict]]] = []
+
+    def check(label: str) -> None:
+        kept, first = both(ev, run)
+        assert kept == first, label
+        steps.append((Age.now, label, verdicts(kept)))
+
+    check("first reports")
+    Age.now = T0 + FRESH_S - 0.001
+    check("just fresh")
+    assert ev.judgements.hits > 0  # reused, not recomputed: this is the kept path
+    Age.now = T0 + FRESH_S + 0.001  # no report arrived: both turn STALE on time
+    check("just stale")
+    note(ev, "a", 2, hooked=False)  # a new report: its new evidence is judged, not the old
+    check("a reports again, unhooked")
+    Age.now += FRESH_S / 2
+    note(ev, "b", 2, hooked=True)
+    check("b reports again, hooked")
+    assert [(label, v) for _, label, v in steps] == [
+        ("first reports", {"a": Verdict.PASS, "b": Verdict.FAIL}),
+        ("just fresh", {"a": Verdict.PASS, "b": Verdict.FAIL}),
+        ("just stale", {"a": Verdict.STALE, "b": Verdict.STALE}),
+        ("a reports again, unhooked", {"a": Verdict.FAIL, "b": Verdict.STALE}),
+        ("b reports again, hooked", {"a": Verdict.FAIL, "b": Verdict.PASS}),
+    ]
+    # a run registered with another policy over the same snapshots reuses nothing of the first
+    strict = register(ev, "strict", STRICT)
+    kept, first = both(ev, strict)
+    assert kept == first
+    assert verdicts(kept)["b"] != Verdict.PASS  # negative control: "b" PASSes under POLICY
+    assert verdicts(ev.run_verdict(run, 1_700_000_000.0 + Age.now))["b"] == Verdict.PASS
+
+
+def test_a_stale_verdict_is_recomputed_with_its_age_each_call(evaluator: Evaluator) -> None:
+    """The STALE finding names the evidence's age: two calls a second apart differ in it,
+    each equal to a fresh evaluation (nothing of a stale verdict is kept beyond the rules')."""
+    ev = evaluator
+    run = register(ev, "r", POLICY)
+    note(ev, "a", 1, hooked=True)
+    Age.now = T0 + FRESH_S + 1
+    kept1, first1 = both(ev, run)
+    Age.now += 1
+    kept2, first2 = both(ev, run)
+    assert (kept1, kept2) == (first1, first2)
+    stale = [dataclasses.asdict(v.targets[0].findings[0]) for v in (kept1, kept2)]
+    assert stale[0]["id"] == stale[1]["id"] == "evidence.stale"
+    assert stale[0] != stale[1]

@@ -1,0 +1,108 @@
+"""Group commit: reports that arrive while a transaction commits are written together, in one
+transaction and one fsync, and each caller returns only once ITS write is committed.
+
+Why: with ``synchronous=FULL`` (SQLite) or a PostgreSQL commit, the fsync per report was the
+largest single cost of ingest (21 % of the verifier's CPU at 500 agents, BENCHMARKS.md); one
+commit for every report waiting costs about as much as one for a single report.
+
+How (leader and followers, no thread of its own): a caller appends its write to the pending
+list; if no batch is being written it becomes the leader, takes everything pending and writes
+it in one transaction (``run_batch``); callers that arrive meanwhile wait, and when the batch
+is done one of them leads the next. Durability is unchanged: a caller returns (and the
+servicer acknowledges) only after the transaction holding its write committed.
+
+Failure: when a batch's transaction fails, nothing of it was committed; each of its writes is
+then tried again alone, so only the writes that fail alone fail (a report the database
+refuses, or all of them when the disk is full), and every caller gets its own outcome.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+# The most writes one transaction takes: a bound on how long its lock is held and how much
+# one failed batch has to retry.
+MAX_BATCH = 256
+
+
+class _Write(Generic[T]):
+    __slots__ = ("done", "error", "label", "result", "write")
+
+    def __init__(self, write: Callable[[Any], T], label: str) -> None:
+        self.write = write
+        self.label = label
+        self.done = False
+        self.result: T | None = None
+        self.error: BaseException | None = None
+
+
+class GroupCommit(Generic[T]):
+    """Writes submitted concurrently, committed together. RUN_BATCH(writes, label) runs every
+    write of a batch (each given the database connection) in ONE transaction and commits it,
+    raising if it did not commit; a batch of one is also how a write is retried alone."""
+
+    def __init__(
+        self,
+        run_batch: Callable[[Sequence[Callable[[Any], T]], str], list[T]],
+        max_batch: int = MAX_BATCH,
+    ) -> None:
+        self._run_batch = run_batch
+        self._max = max_batch
+        self._cond = threading.Condition()
+        self._pending: list[_Write[T]] = []
+        self._leading = False
+        self.batches: list[int] = []  # sizes of the last transactions tried (tests, debugging)
+
+    def submit(self, write: Callable[[Any], T], label: str = "write") -> T:
+        """Run WRITE (given the store's connection, it executes statements) in a transaction with
+        whatever else is pending; its result once that transaction committed. Raises what
+        WRITE raised when it was tried alone."""
+        item: _Write[T] = _Write(write, label)
+        with self._cond:
+            self._pending.append(item)
+            while self._leading and not item.done:
+                self._cond.wait()
+            if not item.done:
+                self._leading = True
+                batch, self._pending = self._pending[: self._max], self._pending[self._max :]
+        if not item.done:
+            try:
+                self._write(batch)
+            finally:
+                with self._cond:
+                    self._leading = False
+                    self._cond.notify_all()
+        if item.error is not None:
+            raise item.error
+        return item.result  # type: ignore[return-value]  # done without error: set
+
+    def _write(self, batch: list[_Write[T]]) -> None:
+        self.batches = [*self.batches[-63:], len(batch)]
+        label = batch[0].label if len(batch) == 1 else f"{len(batch)} writes"
+        try:
+            results = self._run_batch([w.write for w in batch], label)
+        except Exception as e:  # noqa: BLE001 - nothing committed: each write is tried alone
+            if len(batch) == 1:
+                batch[0].error, batch[0].done = e, True
+                return
+            for w in batch:
+                self._alone(w)
+            return
+        except BaseException as e:
+            for w in batch:
+                w.error, w.done = e, True
+            raise
+        for w, r in zip(batch, results, strict=True):
+            w.result, w.done = r, True
+
+    def _alone(self, w: _Write[T]) -> None:
+        self.batches = [*self.batches[-63:], 1]
+        try:
+            w.result = self._run_batch([w.write], w.label)[0]
+        except BaseException as e:  # noqa: BLE001 - handed to the caller that submitted it
+            w.error = e
+        w.done = True
