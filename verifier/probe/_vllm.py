@@ -48,6 +48,7 @@ from typing import Any
 
 from verifier.probe import _bindings, _code, _core, _device, _postimport, _spec
 from verifier.probe import layout as L
+from verifier.probe._split import split_tokens
 
 STEP_METHODS = ("execute_model", "sample_tokens")
 DUMMY_METHOD = "_dummy_run"  # on the runner class (V1 and V2)
@@ -163,37 +164,6 @@ def record_runner(worker: Any) -> None:
             _code.watch(f"runner.{m}", cls, m, instance=runner)
         if hasattr(type(worker), m):
             _code.watch(f"worker.{m}", type(worker), m, instance=worker)
-
-
-def split_tokens(so: Any, total: int) -> tuple[int, int]:
-    """(prefill, decode) tokens of one step's scheduler output. New requests prefill; a
-    continuing request decodes when it is scheduled one token plus its speculative drafts,
-    and otherwise continues a chunked prefill (a last prefill chunk of exactly one token is
-    counted as decode). Only new requests are looked at one by one, unless some continuing
-    request is scheduled more than it would be to decode. (0, 0) for an output without
-    these fields (another vLLM): its tokens are then counted, but not split."""
-    try:
-        counts = so.num_scheduled_tokens
-        new = so.scheduled_new_reqs
-        spec = so.scheduled_spec_decode_tokens
-        cached = so.scheduled_cached_reqs.req_ids
-    except AttributeError:
-        return 0, 0
-    prefill = 0
-    for r in new:
-        prefill += counts.get(r.req_id, 0)
-    drafts = sum(map(len, spec.values())) if spec else 0
-    rest = total - prefill
-    if rest == len(cached) + drafts:
-        return prefill, rest  # every continuing request decodes
-    decode = 0
-    for rid in cached:
-        k = counts.get(rid, 0)
-        if k == 1 + (len(spec.get(rid, ())) if spec else 0):
-            decode += k
-        else:
-            prefill += k
-    return prefill, decode
 
 
 # Request bindings per step (None: off, VERIFIER_PROBE_BINDINGS=0; the benchmark toggles it).
