@@ -16,6 +16,7 @@ the sum, on the worst row. Arms are interleaved.
 
 from __future__ import annotations
 
+import argparse
 import functools
 import itertools
 import os
@@ -332,9 +333,15 @@ def print_grid(g: dict[str, dict[str, float]]) -> None:
 
 
 def smoke_mode() -> None:
-    """--smoke: every arm and cell, 200 steps each, one round."""
+    """--smoke: every arm and cell, 200 steps each, one round; else --steps and --rounds."""
     global N, ROUNDS
-    if _smoke.parse(__doc__).smoke:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    _smoke.add_args(parser)
+    parser.add_argument("--steps", type=int, default=N, help="steps per timing")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="interleaved rounds")
+    args = parser.parse_args()
+    N, ROUNDS = args.steps, args.rounds
+    if args.smoke:
         _smoke.begin("every arm and every cell (shape x batch, hooks, first-hit), 200 steps each")
         N, ROUNDS = 200, _smoke.ROUNDS
 

@@ -17,15 +17,6 @@ _irregular: dict[str, None] = {}
 IRREGULAR_MAX = 64
 
 
-def _partial(r: Any, k: int) -> bool:
-    """Whether new request R, scheduled K tokens, has prompt left for a later step (unknown:
-    True). V2 sends the tokens to prefill (``prefill_token_ids``), V1 the prompt's."""
-    ids = getattr(r, "prefill_token_ids", None) or getattr(r, "prompt_token_ids", None)
-    if ids is None:
-        return True
-    return int(getattr(r, "num_computed_tokens", 0) or 0) + k < len(ids)
-
-
 def split_tokens(so: Any, total: int) -> tuple[int, int]:
     """(prefill, decode) tokens of one step's scheduler output. New requests prefill; a
     continuing request decodes when it is scheduled one token plus its speculative drafts,
@@ -50,17 +41,20 @@ def split_tokens(so: Any, total: int) -> tuple[int, int]:
         return 0, 0
     hint = _irregular
     prefill = 0
-    partial: list[str] | None = None
+    partial = None
     for r in new:
         rid = r.req_id
         k = counts.get(rid, 0)
         prefill += k
         if hint:
             hint.pop(rid, None)
-        if _partial(r, k):
+        # prompt left for a later step (unknown: assumed); V2 sends what it prefills
+        ids = getattr(r, "prefill_token_ids", None) or getattr(r, "prompt_token_ids", None)
+        if ids is None or (getattr(r, "num_computed_tokens", 0) or 0) + k < len(ids):
             if partial is None:
-                partial = []
-            partial.append(rid)
+                partial = [rid]
+            else:
+                partial.append(rid)
     drafts = sum(map(len, spec.values())) if spec else 0
     rest = total - prefill
     if rest == len(cached) + drafts:
@@ -69,7 +63,8 @@ def split_tokens(so: Any, total: int) -> tuple[int, int]:
         decode = _split_continuing(counts, spec, cont, rest, drafts)
         prefill += rest - decode
     if partial is not None:
-        hint.update(dict.fromkeys(partial))
+        for rid in partial:
+            hint[rid] = None
         if len(hint) > IRREGULAR_MAX:
             hint.clear()  # a hint only: a step it would have served takes the long way
     return prefill, decode
@@ -81,9 +76,12 @@ def _split_continuing(counts: Any, spec: Any, cont: Any, rest: int, drafts: int)
     up (see ``split_tokens``)."""
     hint = _irregular
     cached = cont.req_ids
-    resumed = getattr(cont, "resumed_req_ids", None) or ()
+    resumed = getattr(cont, "resumed_req_ids", None)
+    candidates = list(hint)
+    if resumed:
+        candidates += [r for r in resumed if r not in hint]
     seen_tok = seen_n = seen_d = decode = 0
-    for rid in (*hint, *(r for r in resumed if r not in hint)):
+    for rid in candidates:
         k = counts.get(rid)
         if k is None:  # not scheduled (finished, preempted, or new this step)
             hint.pop(rid, None)
