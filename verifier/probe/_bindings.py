@@ -304,7 +304,8 @@ def _steady_new(nst: Any, fin: Any, so: Any) -> list[str] | None:
     table never saw can only make the counts disagree, unless an open request is missing
     at the same time."""
     try:
-        new = [r.req_id for r in so.scheduled_new_reqs]
+        reqs = so.scheduled_new_reqs
+        new = [r.req_id for r in reqs] if reqs else []
         n_cont = len(so.scheduled_cached_reqs.req_ids)
         total = so.total_num_scheduled_tokens
         drafted = so.scheduled_spec_decode_tokens
@@ -313,8 +314,13 @@ def _steady_new(nst: Any, fin: Any, so: Any) -> list[str] | None:
     table = _open
     if drafted or len(nst) != len(new) + n_cont or len(table) + len(new) > MAX_OPEN:
         return None
-    fin = fin or ()
-    n_fin = sum(1 for rid in fin if rid in table)
+    n_fin = 0
+    if fin:
+        for rid in fin:
+            if rid in table:
+                n_fin += 1
+    else:
+        fin = ()
     irr_tok = irr_n = 0
     for rid in _irregular:
         k = nst.get(rid)
