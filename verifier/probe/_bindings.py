@@ -230,7 +230,7 @@ def _fold_steps(steps: int) -> None:
     folded without touching the requests that merely go on (``_fold_steady``); consecutive
     speculative steps that scheduled the same tokens to the same requests are applied as
     one run; any other step request by request."""
-    global _steady
+    global _steady, _epoch, _epoch_last
     run: Any = None  # num_scheduled_tokens of the run, its first step and its length
     first: Any = None
     length = 0
@@ -240,8 +240,22 @@ def _fold_steps(steps: int) -> None:
         step, now, files, nst, fin, snap, so = entry
         if snap is not None:
             _last_snap[0] = snap
-        if run is None and _steady and _fold_steady(entry):
-            continue
+        if run is None and _steady:
+            if (
+                not fin
+                and not _irregular
+                and len(nst) == len(_open)
+                and getattr(so, "total_num_scheduled_tokens", -1) == len(nst)
+                and not getattr(so, "scheduled_new_reqs", True)
+                and not getattr(so, "scheduled_spec_decode_tokens", None)
+            ):
+                # the steadiest step: the same requests again (no new one, as many as are
+                # open), one token each (see _steady_new)
+                _epoch += 1
+                _epoch_last = (step, now, files)
+                continue
+            if _fold_steady(entry):
+                continue
         if run is not None and nst == run:
             length += 1
             last = (step, now, files)
