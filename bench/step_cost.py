@@ -1,73 +1,40 @@
-"""Probe cost per engine step: the worker's execute_model with and without the probe's wrapper,
-with N declared hooks firing in every step (N = 1, 10, 100), and with and without the
-request bindings (which requests each step served; ``_bindings``).
+"""Probe cost per engine step, where users run it: batch 1, 8, 64 and 256, for plain decode
+steps, mixed steps (a chunked prefill continuing among decodes, plus a new request) and
+speculative steps (every request verifying drafts), two-phase as vLLM's V1 runs a step
+(``execute_model``, then ``sample_tokens``), with request bindings on; plus declared hooks
+firing N times per step (N = 1, 10, 100) and a first-hit hook after its hit.
 
-The probe wraps the concrete worker class's ``execute_model`` (see verifier/probe/_vllm.py).
-This benchmark applies the same wrapper to a stand-in worker whose step does nothing (or
-only calls N hooked functions, each wrapped the way VERIFIER_HOOKS wraps a target), so the
-difference between the arms is exactly the probe's per-step work (counting steps, tokens by
-phase and requests in shared memory; each fire's counters). Arms are interleaved.
+The probe wraps the concrete worker class's ``execute_model`` and ``sample_tokens`` (see
+verifier/probe/_vllm.py). This benchmark applies the same wrappers to a stand-in worker whose
+step does nothing, fed scheduler outputs built from vLLM 0.32's own field lists
+(``SchedulerOutput``, ``CachedRequestData``, ``NewRequestData``; checked against the installed
+vLLM by tests/test_split_hint.py), so the difference between the arms is exactly the probe's
+per-step work. The bindings' per-request work, done by the probe's writer thread off the
+step, is timed apart after each timing and added: the budget (2 us per step) is judged on
+the sum, on the worst row. Arms are interleaved.
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
+import itertools
 import os
 import sys
 import tempfile
 import time
 import timeit
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _smoke
-from _stats import interleaved_ns, print_rows
+from _stats import interleaved_ns, print_rows, summary
 
 N = 20_000
 ROUNDS = 15
-
-
-class Cached:
-    def __init__(self, req_ids: list[str]) -> None:
-        self.req_ids = req_ids
-
-
-class SchedulerOutput:
-    """The fields the probe reads from vLLM's SchedulerOutput: a decode step of REQS
-    continuing requests, one token each (the common step)."""
-
-    def __init__(self, tokens: int, reqs: int) -> None:
-        self.total_num_scheduled_tokens = tokens
-        self.num_scheduled_tokens = {f"req-{i}": tokens // max(reqs, 1) for i in range(reqs)}
-        self.scheduled_new_reqs: list[Any] = []
-        self.scheduled_cached_reqs = Cached(list(self.num_scheduled_tokens))
-        self.scheduled_spec_decode_tokens: dict[str, list[int]] = {}
-        self.finished_req_ids: set[str] = set()
-
-
-def churn(reqs: int, prompt: int, n: int) -> list[SchedulerOutput]:
-    """N steps of REQS requests where, every step, one request finishes and a new one
-    arrives with PROMPT prefill tokens (one open and one close per step for the bindings)."""
-    out = []
-    live = [f"c-{i}" for i in range(reqs - 1)]
-    for step in range(n):
-        new = f"c-{reqs - 1 + step}"
-        so = SchedulerOutput(tokens=0, reqs=0)
-        so.num_scheduled_tokens = {**dict.fromkeys(live, 1), new: prompt}
-        so.total_num_scheduled_tokens = len(live) + prompt
-        so.scheduled_new_reqs = [NewReq(new)]
-        so.scheduled_cached_reqs = Cached(list(live))
-        so.finished_req_ids = {live.pop(0)}
-        live.append(new)
-        out.append(so)
-    return out
-
-
-class NewReq:
-    def __init__(self, req_id: str) -> None:
-        self.req_id = req_id
 
 
 class Runner:
@@ -102,177 +69,293 @@ def plain(n: int) -> tuple[Any, ...]:
     return tuple(noop for _ in range(n))
 
 
-def _wrapped(worker: Any) -> Any:
-    from verifier.probe import _vllm
-
-    _vllm._wrap_worker_class(type(worker))
-    return worker
-
-
-def bindings_arms(bare: Any, probed: Any) -> dict[str, dict[str, float]]:
-    """The probed step with and without request bindings (``_vllm._bind_step`` switched
-    between timings, outside them), interleaved, beside the bare step: a steady decode of 8
-    requests, and a step where one of 8 requests finishes and a new one (16 prompt tokens)
-    starts. The bindings' per-request work (``_bindings.fold``, done by the probe's writer
-    thread) is timed apart, after each bindings timing, per step it folds."""
-    import itertools
-
-    from _stats import summary
-
-    from verifier.probe import _bindings, _vllm
-
-    decode = SchedulerOutput(tokens=8, reqs=8)
-    steps = churn(8, 16, 4096)
-    nxt = itertools.cycle(steps).__next__
-    arms: dict[str, tuple[Any, Callable[[], object], str]] = {}
-    for what, fn_bare, fn_probed in (
-        (
-            "8 requests decode",
-            lambda: bare.execute_model(decode),
-            lambda: probed.execute_model(decode),
-        ),
-        (
-            "1 of 8 replaced per step",
-            lambda: bare.execute_model(nxt()),
-            lambda: probed.execute_model(nxt()),
-        ),
-    ):
-        fold_key = f"bindings fold per step, {what}"
-        arms[f"bare step, {what}"] = (None, fn_bare, "")
-        arms[f"probed step, {what}, no bindings"] = (None, fn_probed, "")
-        arms[f"probed step, {what}, bindings"] = (_bindings.step, fn_probed, fold_key)
-    results: dict[str, list[float]] = {k: [] for k in arms}
-    results.update({key: [] for _, _, key in arms.values() if key})
-    saved, saved_max = _vllm._bind_step, _bindings.LOG_MAX
-    _bindings.LOG_MAX = 1 << 40  # no fold inside the timed steps: it is timed apart
-    try:
-        for _ in range(ROUNDS):
-            for name, (bind, fn, fold_key) in arms.items():
-                _vllm._bind_step = bind
-                results[name].append(timeit.timeit(fn, number=N) / N * 1e9)
-                if fold_key:
-                    t0 = time.perf_counter_ns()
-                    _bindings.fold()
-                    _bindings.flush()
-                    results[fold_key].append((time.perf_counter_ns() - t0) / N)
-    finally:
-        _vllm._bind_step, _bindings.LOG_MAX = saved, saved_max
-    return {k: summary(v) for k, v in results.items()}
+BATCHES = (1, 8, 64, 256)
+SHAPES = ("decode", "mixed", "spec")
+CHUNK = 64  # tokens of one prefill chunk (mixed steps); a new prompt is two chunks
+DRAFTS = 3  # drafts per request (spec steps)
+CYCLE = 512  # distinct scheduler outputs per cell, replayed in turn (exactly periodic)
+BUDGET_NS = 2000
 
 
-class SpecRunner:
-    """A runner whose live config has (or lacks) a speculative config, like vLLM's."""
+@dataclass
+class CachedRequestData:
+    """vLLM 0.32's ``CachedRequestData`` (vllm/v1/core/sched/output.py), every field."""
 
+    req_ids: list[str]
+    resumed_req_ids: set[str]
+    new_token_ids: list[list[int]]
+    all_token_ids: dict[str, list[int]]
+    new_block_ids: list[tuple[list[int], ...] | None]
+    num_computed_tokens: list[int]
+    num_output_tokens: list[int]
+
+
+@dataclass
+class NewRequestData:
+    """vLLM 0.32's ``NewRequestData``, every field."""
+
+    req_id: str
+    prompt_token_ids: list[int] | None
+    mm_features: list[Any]
+    sampling_params: Any
+    pooling_params: Any
+    block_ids: tuple[list[int], ...]
+    num_computed_tokens: int
+    lora_request: Any
+    prompt_embeds: Any = None
+    prompt_is_token_ids: list[bool] | None = None
+    prefill_token_ids: list[int] | None = None
+    replay_start: int = 0
+
+
+@dataclass
+class SchedulerOutput:
+    """vLLM 0.32's ``SchedulerOutput``: its required fields and the optional ones a step of
+    these shapes sets (the others keep vLLM's defaults, which the probe does not read)."""
+
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: CachedRequestData
+    num_scheduled_tokens: dict[str, int]
+    total_num_scheduled_tokens: int
+    scheduled_spec_decode_tokens: dict[str, list[int]]
+    scheduled_encoder_inputs: dict[str, list[int]]
+    finished_req_ids: set[str]
+    free_encoder_mm_hashes: list[str]
+    preempted_req_ids: set[str] | None = None
+    num_invalid_spec_tokens: dict[str, int] | None = None
+
+
+@dataclass
+class ModelRunnerOutput:
+    """The fields of vLLM 0.32's ``ModelRunnerOutput`` the probe reads."""
+
+    req_ids: list[str]
+    req_id_to_index: dict[str, int]
+    sampled_token_ids: list[list[int]]
+
+
+def _rid(cell: str, j: int) -> str:
+    # shaped like vLLM's internal ids: cmpl-<uuid>-0-<8 chars>
+    return f"cmpl-{cell}{j % CYCLE:026x}-0-{j % CYCLE:08x}"
+
+
+def _cached(ids: list[str], computed: list[int], out: list[int]) -> CachedRequestData:
+    return CachedRequestData(ids, set(), [], {}, [None] * len(ids), computed, out)
+
+
+def _new(rid: str) -> NewRequestData:
+    prompt = list(range(2 * CHUNK))
+    return NewRequestData(rid, prompt, [], None, None, ([0],), 0, None)
+
+
+def _output(ids: list[str], counts: dict[str, int]) -> SchedulerOutput:
+    return SchedulerOutput([], _cached(ids, [100] * len(ids), [10] * len(ids)), counts,
+                           sum(counts.values()), {}, {}, set(), [])  # fmt: skip
+
+
+def cell_steps(shape: str, batch: int) -> list[tuple[SchedulerOutput, ModelRunnerOutput]]:
+    """CYCLE steps of SHAPE at BATCH requests, each with its runner output, as vLLM's V1
+    scheduler and model runner make them. decode: BATCH continuing requests, one token each.
+    spec: BATCH continuing requests, each verifying DRAFTS drafts (1 + DRAFTS tokens) and
+    sampling 1 to 1 + DRAFTS tokens. mixed: BATCH - 2 decoding, one continuing a chunked
+    prefill (its second chunk of CHUNK tokens, no output yet), one new (its first chunk of
+    a 2 x CHUNK prompt); every step the chunked one starts decoding, the new one continues,
+    one decoding request finishes (announced in the next step) and a new one comes
+    (at BATCH 1: one request continuing a chunked prefill, step after step)."""
+    cell = f"{shape[0]}{batch:03d}"
+    out = []
+    for t in range(CYCLE):
+        if shape == "mixed" and batch > 1:
+            dec = [_rid(cell, j) for j in range(t - batch + 1, t - 1)]  # admitted earlier
+            chunked, new = _rid(cell, t - 1), _rid(cell, t)
+            counts = {**dict.fromkeys(dec, 1), chunked: CHUNK, new: CHUNK}
+            so = _output([*dec, chunked], counts)
+            so.scheduled_cached_reqs.num_computed_tokens[-1] = CHUNK
+            so.scheduled_cached_reqs.num_output_tokens[-1] = 0
+            so.scheduled_new_reqs = [_new(new)]
+            so.finished_req_ids = {_rid(cell, t - batch)}
+            sampled = {**{r: [7] for r in dec}, new: [], chunked: [7]}
+        elif shape == "mixed":
+            rid = _rid(cell, 0)
+            so = _output([rid], {rid: CHUNK})
+            so.scheduled_cached_reqs.num_output_tokens[0] = 0
+            sampled = {rid: []}
+        else:
+            ids = [_rid(cell, j) for j in range(batch)]
+            k = 1 + (DRAFTS if shape == "spec" else 0)
+            so = _output(ids, dict.fromkeys(ids, k))
+            if shape == "spec":
+                so.scheduled_spec_decode_tokens = {r: [5, 6, 7] for r in ids}
+            sampled = {r: [7] * (1 + (i + t) % k) for i, r in enumerate(ids)}
+        ro = ModelRunnerOutput(list(sampled), {r: i for i, r in enumerate(sampled)},
+                               list(sampled.values()))  # fmt: skip
+        out.append((so, ro))
+    return out
+
+
+class SpecConfig:
+    method = "ngram"
+    num_speculative_tokens = DRAFTS
+
+
+class VllmConfig:
     def __init__(self, spec: Any) -> None:
-        self.vllm_config = type("Cfg", (), {"speculative_config": spec})()
+        self.speculative_config = spec
 
 
-class RunnerOutput:
-    """The fields the probe reads from vLLM's ModelRunnerOutput."""
-
-    def __init__(self, sampled: dict[str, list[int]]) -> None:
-        self.req_ids = list(sampled)
-        self.req_id_to_index = {r: i for i, r in enumerate(self.req_ids)}
-        self.sampled_token_ids = [sampled[r] for r in self.req_ids]
+class TwoPhaseRunner:
+    def __init__(self, spec: Any) -> None:
+        self.vllm_config = VllmConfig(spec)
 
 
-def make_two_phase(spec: Any, out: Any) -> Any:
-    """A V1-shaped worker: execute_model returns nothing, sample_tokens returns OUT."""
+def two_phase_worker(spec: Any) -> Any:
+    """A V1-shaped worker (a class of its own): ``execute_model`` returns None, and
+    ``sample_tokens`` the step's runner output (handed to it here: the stand-in samples
+    nothing)."""
 
     class Worker:
-        model_runner = SpecRunner(spec)
+        model_runner = TwoPhaseRunner(spec)
 
         def execute_model(self, scheduler_output: Any) -> None:
             return None
 
-        def sample_tokens(self, grammar: Any) -> Any:
-            return out
+        def sample_tokens(self, grammar_output: Any) -> Any:
+            return grammar_output
 
     return Worker()
 
 
-def spec_arms() -> dict[str, dict[str, float]]:
-    """One step as V1 runs it (execute_model, then sample_tokens), bare and probed: a decode
-    step of 8 requests without speculation, and one where each of the 8 requests verifies 3
-    draft tokens (ngram, k = 3) and accepts 2 (3 tokens sampled each). The probed arms run
-    with speculation on or off in the live config (``_vllm._spec_on``, set between timings),
-    so "spec off" is the field check alone. The spec-on arms run with the per-request log
-    (``_spec.BIND``) on, except the one marked "no per-request log"; the writer thread's
-    work on that log (``_bindings._fold_spec``) is timed apart, per step. Interleaved."""
-    from _stats import summary
+def _stepper(worker: Any, steps: list[tuple[Any, Any]]) -> Callable[[], object]:
+    nxt = itertools.cycle(steps).__next__
+    execute, sample = worker.execute_model, worker.sample_tokens
 
+    def one() -> object:
+        so, ro = nxt()
+        execute(so)
+        return sample(ro)
+
+    return one
+
+
+def _reset_bindings() -> None:
+    """Close what the previous cell left open (its requests are not this cell's), so each
+    cell's timings start from its own requests only; drop the records (written apart)."""
+    from verifier.probe import _bindings
+
+    _bindings._log.clear()
+    _bindings._spec_log.clear()
+    if _bindings._open:
+        _bindings._close(list(_bindings._open), "open", None)
+    _bindings._spec_open.clear()
+    _bindings._buf.clear()
+    split = sys.modules.get("verifier.probe._split")  # absent before the split's hint
+    if split is not None:
+        split._irregular.clear()
+
+
+def _fold_all() -> None:
+    """The writer thread's fold (its lock held by the caller)."""
+    from verifier.probe import _bindings
+
+    if hasattr(_bindings, "_fold_all"):
+        _bindings._fold_all()
+    else:  # before _fold_all: what fold() did
+        _bindings._fold_spec(len(_bindings._spec_log))
+        _bindings._fold_steps(len(_bindings._log))
+
+
+def grid_arms(rounds: int, n: int) -> dict[str, dict[str, float]]:
+    """Every cell (shape x batch), two-phase, bindings on: the bare stand-in and the probed one
+    (the probe's wrappers on a class of its own), interleaved, and after each probed timing
+    the writer thread's fold of what those steps logged (per step). The writer's lock is held
+    throughout: it folds only when timed here."""
     from verifier.probe import _bindings, _spec, _vllm
 
-    ngram = type("Spec", (), {"method": "ngram", "num_speculative_tokens": 3})()
-    plain_so = SchedulerOutput(tokens=8, reqs=8)
-    spec_so = SchedulerOutput(tokens=32, reqs=8)
-    spec_so.scheduled_spec_decode_tokens = {r: [1, 2, 3] for r in spec_so.num_scheduled_tokens}
-    plain_out = RunnerOutput({r: [5] for r in plain_so.num_scheduled_tokens})
-    spec_out = RunnerOutput({r: [1, 2, 7] for r in spec_so.num_scheduled_tokens})
-
-    def run(w: Any, so: Any) -> Callable[[], object]:
-        def one() -> object:
-            w.execute_model(so)
-            return w.sample_tokens(None)
-
-        return one
-
-    workers = {}
-    for name, spec, so, out in (
-        ("decode", None, plain_so, plain_out),
-        ("spec decode", ngram, spec_so, spec_out),
-    ):
-        bare, probed = make_two_phase(spec, out), make_two_phase(spec, out)
-        _vllm._wrap_worker_class(type(probed))
-        run(probed, so)()  # the first step records the runner (and its speculative config)
-        workers[name] = (run(bare, so), run(probed, so))
-    log = _bindings.spec_step
-    drafts = "two-phase probed step, 8 requests x 3 drafts, spec on"
-    arms: dict[str, tuple[bool, Any, Callable[[], object]]] = {
-        "two-phase bare step, 8 requests decode": (False, None, workers["decode"][0]),
-        "two-phase probed step, 8 requests decode, spec off": (False, None, workers["decode"][1]),
-        "two-phase bare step, 8 requests x 3 drafts": (False, None, workers["spec decode"][0]),
-        drafts: (True, log, workers["spec decode"][1]),
-        f"{drafts}, no per-request log": (True, None, workers["spec decode"][1]),
-        "two-phase probed step, 8 requests decode, spec on": (True, log, workers["decode"][1]),
-    }
-    fold_key = "per-request fold per step (writer thread), 8 requests x 3 drafts"
-    results: dict[str, list[float]] = {k: [] for k in [*arms, fold_key]}
-    saved = _vllm._spec_on, _spec.BIND, _bindings.LOG_MAX
-    # The probe's writer thread folds the logs every 0.5 s: it waits on this lock meanwhile,
-    # so the fold timed here is the whole of each timing's log. No fold inside the timed
-    # steps either (as in bindings_arms), and the steps' own bindings log is dropped after
-    # each timing: left to the writer, it would be folded during the timings that follow.
+    cells = {}
+    for shape in SHAPES:
+        for batch in BATCHES:
+            spec = SpecConfig() if shape == "spec" else None
+            steps = cell_steps(shape, batch)
+            bare, probed = two_phase_worker(spec), two_phase_worker(spec)
+            _vllm._wrap_worker_class(type(probed))
+            cells[shape, batch] = (shape == "spec", _stepper(bare, steps), _stepper(probed, steps))
+    arms = ("bare", "probed", "fold", "in-step", "total")
+    keys = [f"{what} {s} {b}" for s, b in cells for what in arms]
+    results: dict[str, list[float]] = {k: [] for k in keys}
+    saved = _vllm._spec_on, _spec.BIND, _vllm._bind_step, _bindings.LOG_MAX
     _bindings.LOG_MAX = 1 << 40
+    _vllm._bind_step, _spec.BIND = _bindings.step, _bindings.spec_step
     _bindings._fold_lock.acquire()
     try:
-        for _ in range(ROUNDS):
-            for name, (on, bind, fn) in arms.items():
-                _vllm._spec_on, _spec.BIND = on, bind
-                _bindings._spec_log.clear()
-                results[name].append(timeit.timeit(fn, number=N) / N * 1e9)
-                if name == drafts:
-                    t0 = time.perf_counter_ns()
-                    _bindings._fold_spec(len(_bindings._spec_log))
-                    results[fold_key].append((time.perf_counter_ns() - t0) / N)
-                _bindings._spec_log.clear()
-                _bindings._spec_open.clear()
-                _bindings._log.clear()
+        for _ in range(rounds):
+            for (shape, batch), (on, bare, probed) in cells.items():
+                _reset_bindings()
+                _vllm._spec_on = on
+                probed()  # the first step records the runner (and its speculative config)
+                _fold_all()
+                tag = f"{shape} {batch}"
+                results[f"bare {tag}"].append(timeit.timeit(bare, number=n) / n * 1e9)
+                results[f"probed {tag}"].append(timeit.timeit(probed, number=n) / n * 1e9)
+                t0 = time.perf_counter_ns()
+                _fold_all()
+                results[f"fold {tag}"].append((time.perf_counter_ns() - t0) / n)
+                # the round's own difference (bare and probed timed back to back)
+                diff = results[f"probed {tag}"][-1] - results[f"bare {tag}"][-1]
+                results[f"in-step {tag}"].append(diff)
+                results[f"total {tag}"].append(diff + results[f"fold {tag}"][-1])
+        _reset_bindings()
     finally:
-        _vllm._spec_on, _spec.BIND, _bindings.LOG_MAX = saved
+        _vllm._spec_on, _spec.BIND, _vllm._bind_step, _bindings.LOG_MAX = saved
         _bindings._fold_lock.release()
     return {k: summary(v) for k, v in results.items()}
 
 
+def print_grid(g: dict[str, dict[str, float]]) -> None:
+    """One row per cell: bare and probed step (ns, medians), the probe's cost in the step
+    (median of the rounds' paired differences), the writer thread's fold per step, their
+    sum with its noise floor (the paired sums' max - min, in ns), and the same from each
+    arm's fastest round (min probed - min bare + min fold: the cost without the other
+    processes' interference, which only ever adds)."""
+    print("probe cost per two-phase engine step, bindings on (ns per step; in step = probed - "
+          "bare, paired per round; writer = fold per step, off the step; floor = max - min "
+          "of the rounds' paired totals; min = from each arm's fastest round)")  # fmt: skip
+    worst: tuple[float, str] = (float("-inf"), "")
+    worst_min: tuple[float, str] = (float("-inf"), "")
+    for shape in SHAPES:
+        for batch in BATCHES:
+            tag = f"{shape} {batch}"
+            b, p, f = g[f"bare {tag}"], g[f"probed {tag}"], g[f"fold {tag}"]
+            ins, tot = g[f"in-step {tag}"], g[f"total {tag}"]
+            low = p["min"] - b["min"] + f["min"]
+            worst = max(worst, (tot["median"], tag))
+            worst_min = max(worst_min, (low, tag))
+            print(
+                f"  {shape:<6} batch {batch:>3}: bare {b['median']:6.1f}  probed "
+                f"{p['median']:8.1f}  in step {ins['median']:+8.1f}  writer {f['median']:+8.1f}  "
+                f"total {tot['median']:+8.1f} (floor {tot['max'] - tot['min']:.0f} ns, "
+                f"spread {tot['spread']:.1%})  min {low:+8.1f}"
+            )
+    for what, (ns, tag) in (("median", worst), ("min", worst_min)):
+        verdict = "MEETS" if ns <= BUDGET_NS else "OVER"
+        print(f"  worst row ({what}): {tag}, {ns:+.0f} ns per step (in step and writer): "
+              f"budget {BUDGET_NS} ns per step at every batch and shape: {verdict}")  # fmt: skip
+
+
 def smoke_mode() -> None:
-    """--smoke: every arm, 200 steps each (bindings_arms and spec_arms read N and ROUNDS)."""
+    """--smoke: every arm and cell, 200 steps each, one round; else --steps and --rounds."""
     global N, ROUNDS
-    if _smoke.parse(__doc__).smoke:
-        _smoke.begin("every arm (bindings, speculation, N hooks, first-hit), 200 steps each")
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    _smoke.add_args(parser)
+    parser.add_argument("--steps", type=int, default=N, help="steps per timing")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="interleaved rounds")
+    args = parser.parse_args()
+    N, ROUNDS = args.steps, args.rounds
+    if args.smoke:
+        _smoke.begin("every arm and every cell (shape x batch, hooks, first-hit), 200 steps each")
         N, ROUNDS = 200, _smoke.ROUNDS
 
 
-def main() -> None:  # noqa: PLR0915 - every arm and every line of the report, in one place
+def main() -> None:
     smoke_mode()
     with tempfile.TemporaryDirectory() as d:
         os.environ["VERIFIER_PROBE_DIR"] = d
@@ -280,31 +363,20 @@ def main() -> None:  # noqa: PLR0915 - every arm and every line of the report, i
         from verifier.probe import _vllm
 
         p.start("bench")
-        from verifier.probe import _hooks
+        from verifier.probe import _firsthit, _hooks
 
         for i in range(4):  # declared hooks: each new request notes their fire counts
             _hooks.declare(f"declared_{i}", "", "api")
-        bindings = bindings_arms(make_worker(), _wrapped(make_worker()))
-        spec = spec_arms()
-        bare = make_worker()
-        probed = make_worker()
-        _vllm._wrap_worker_class(type(probed))
-        decode = SchedulerOutput(tokens=8, reqs=8)
-        empty = SchedulerOutput(tokens=0, reqs=0)
-        arms: dict[str, Callable[[], object]] = {
-            "bare step": lambda: bare.execute_model(decode),
-            "probed step": lambda: probed.execute_model(decode),
-            "probed empty": lambda: probed.execute_model(empty),
-        }
+        grid = grid_arms(ROUNDS, N)
+        decode = cell_steps("decode", 8)[0][0]
+        arms: dict[str, Callable[[], object]] = {}
         for n in (1, 10, 100):
             b, w = make_worker(plain(n)), make_worker(hooked(n))
             _vllm._wrap_worker_class(type(w))
             arms[f"bare step, {n} plain calls"] = functools.partial(b.execute_model, decode)
             arms[f"probed step, {n} hooks fire"] = functools.partial(w.execute_model, decode)
-        # a first-hit hook after its first call: the original function is back in place
-        from verifier.probe import _firsthit, _hooks
 
-        class Target:
+        class Target:  # a first-hit hook after its first call: the original is back in place
             def step(self) -> None:
                 return None
 
@@ -315,39 +387,11 @@ def main() -> None:  # noqa: PLR0915 - every arm and every line of the report, i
         arms["plain call"] = plain_t.step
         arms["first-hit hooked call, after its hit"] = hit.step
         s = interleaved_ns(arms, ROUNDS, N)
-        s.update(bindings)
-        s.update(spec)
-        print(f"probe cost per engine step: {ROUNDS} interleaved rounds x {N} steps, ns per step")
+        print_grid(grid)
+        print(
+            f"hooks: {ROUNDS} interleaved rounds x {N} steps, ns per step (one-phase, 8 requests)"
+        )
         print_rows(s)
-        extra = s["probed step"]["median"] - s["bare step"]["median"]
-        print(f"  probe overhead per productive step = {extra:.0f} ns (budget 2000 ns)")
-        for what in ("8 requests decode", "1 of 8 replaced per step"):
-            off = s[f"probed step, {what}, no bindings"]["median"]
-            on = s[f"probed step, {what}, bindings"]["median"]
-            fold = s[f"bindings fold per step, {what}"]["median"]
-            base = s[f"bare step, {what}"]["median"]
-            print(
-                f"  request bindings, {what}: +{on - off:.0f} ns in the step "
-                f"(probe overhead {off - base:.0f} ns without, {on - base:.0f} ns with: "
-                f"{(on - base) / (off - base):.2f}x), +{fold:.0f} ns per step in the writer thread"
-            )
-        base = s["two-phase bare step, 8 requests decode"]["median"]
-        off = s["two-phase probed step, 8 requests decode, spec off"]["median"]
-        on_plain = s["two-phase probed step, 8 requests decode, spec on"]["median"]
-        base_spec = s["two-phase bare step, 8 requests x 3 drafts"]["median"]
-        on = s["two-phase probed step, 8 requests x 3 drafts, spec on"]["median"]
-        print(
-            f"  speculation: probe overhead per two-phase step {off - base:.0f} ns with "
-            f"speculation off, {on_plain - base:.0f} ns on (a step without drafts), "
-            f"{on - base_spec:.0f} ns on with 8 x 3 drafts "
-            f"({(on - base_spec) / (off - base):.2f}x the spec-off overhead)"
-        )
-        no_log = s["two-phase probed step, 8 requests x 3 drafts, spec on, no per-request log"]
-        fold = s["per-request fold per step (writer thread), 8 requests x 3 drafts"]["median"]
-        print(
-            f"  per-request speculation counts: +{on - no_log['median']:.0f} ns in the step "
-            f"(the log), +{fold:.0f} ns per step in the writer thread"
-        )
         for n in (1, 10, 100):
             cost = (
                 s[f"probed step, {n} hooks fire"]["median"]

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from verifier.probe import _core, _hooks, _vllm
+from verifier.probe import _core, _hooks, _split, _vllm
 from verifier.probe import layout as L
 
 HOOK = L.hook_slot(0)
@@ -62,7 +62,7 @@ def so(
 
 
 def split(s: types.SimpleNamespace) -> tuple[int, int]:
-    return _vllm.split_tokens(s, s.total_num_scheduled_tokens)
+    return _split.split_tokens(s, s.total_num_scheduled_tokens)
 
 
 # -- the prefill/decode split ------------------------------------------------------------------
@@ -95,7 +95,7 @@ def test_speculative_drafts_decode_with_their_request() -> None:
 
 
 def test_output_of_another_shape_is_not_split() -> None:
-    assert _vllm.split_tokens(types.SimpleNamespace(total_num_scheduled_tokens=4), 4) == (0, 0)
+    assert _split.split_tokens(types.SimpleNamespace(total_num_scheduled_tokens=4), 4) == (0, 0)
 
 
 # -- steps: productive, empty, phases ----------------------------------------------------------

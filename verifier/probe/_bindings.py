@@ -26,6 +26,14 @@ every ``FLUSH_INTERVAL_S``, from the step when ``BATCH`` records are waiting aft
 (never blocking: if the writer holds a lock, the step leaves the work to it), and at exit
 (``atexit`` and multiprocessing's finalizers, which are what runs in a vLLM worker), when the
 requests still open are written with ``"end": "open"``. Nothing here raises into vLLM.
+
+Steady steps (every open request scheduled again, one token each but a few) are folded
+without touching the requests that merely go on (``_fold_steady``): the fold's work follows
+what changed (requests opened, closed, or not plain), not the batch.
+
+Size: one module because the step's log, the fold's table (with its steady-step epoch) and
+the writer share state under one lock, read as module globals on the step's path; the API
+server's half (``ext`` and its wrappers) is the part that could move out.
 """
 
 from __future__ import annotations
@@ -51,10 +59,20 @@ BATCH = 256  # records waiting before the step itself writes them
 FLUSH_INTERVAL_S = 0.5
 
 # Steps not folded into the table yet: (step, unix ns, files, num_scheduled_tokens,
-# finished_req_ids, hook snapshot or None). Bound as a default argument of step().
-_log: deque[tuple[int, int, int, Any, Any, Any]] = deque()
-# Open requests by internal id: [s0, s1, n, tok, t0, t1, f0, f1, hook snapshot at s0].
+# finished_req_ids, hook snapshot or None, the scheduler output). Bound as a default
+# argument of step().
+_log: deque[tuple[int, int, int, Any, Any, Any, Any]] = deque()
+# Open requests by internal id: [s0, s1, n, tok, t0, t1, f0, f1, hook snapshot at s0, epoch]:
+# their counts so far, less what the steady steps since EPOCH add (``_settle``).
 _open: dict[str, list[Any]] = {}
+# Steady steps (``_fold_steady``): every open request is scheduled, each with one token but
+# the few in ``_irregular`` (and the new ones). Each adds one step and one token to every open
+# request without touching it: ``_epoch`` counts them, ``_epoch_last`` is the latest one's
+# (step, unix ns, files). ``_steady``: the latest folded step scheduled every open request.
+_epoch = 0
+_epoch_last: tuple[int, int, int] = (0, 0, 0)
+_steady = False
+_irregular: dict[str, None] = {}
 # Speculative steps not folded yet (only while speculation is on): (scheduled_spec_decode_tokens,
 # num_invalid_spec_tokens, req_id_to_index, sampled_token_ids) of one step, by reference.
 _spec_log: deque[tuple[Any, Any, Any, Any]] = deque()
@@ -96,7 +114,7 @@ def step(
     so: Any,
     total: int,
     now: int,
-    _log: deque[tuple[int, int, int, Any, Any, Any]] = _log,
+    _log: deque[tuple[int, int, int, Any, Any, Any, Any]] = _log,
     _files: int = L.S_FILES_RECORDED,
     _snapshot: Callable[[], Any] = snapshot,
 ) -> None:
@@ -113,7 +131,7 @@ def step(
             snap = None
             if fin or getattr(so, "scheduled_new_reqs", True):
                 snap = _snapshot()
-            _log.append((total, now, _core.COUNTERS[_files], nst, fin, snap))
+            _log.append((total, now, _core.COUNTERS[_files], nst, fin, snap, so))
             if len(_log) > LOG_MAX:
                 fold(block=False)
     except Exception as e:  # noqa: BLE001 - a probe never raises into a step
@@ -169,9 +187,11 @@ def take_back(total: int) -> None:
     writer is folding now or has folded it already (then its requests keep one step more)."""
     if not _fold_lock.acquire(blocking=False):
         return
+    global _steady
     try:
         if _log and _log[-1][0] == total:
             _log.pop()
+            _steady = False  # its new requests continue unseen: the next step opens them
     finally:
         _fold_lock.release()
 
@@ -185,13 +205,7 @@ def fold(block: bool = True) -> None:
         return
     try:
         _start_writer()
-        # The steps logged so far, and then every speculative step logged by now: a request's
-        # finish is logged after its last output was, so its counts are all in when it closes.
-        steps = len(_log)
-        if _spec_log:
-            _fold_spec(len(_spec_log))
-        _fold_steps(steps)
-        _core.COUNTERS[L.S_BIND_OPEN] = len(_open)
+        _fold_all()
     except Exception as e:  # noqa: BLE001 - a probe never raises into vLLM
         _core.report_error("bindings", f"fold: {type(e).__name__}: {e}")
     finally:
@@ -200,16 +214,48 @@ def fold(block: bool = True) -> None:
         flush(block=block)
 
 
+def _fold_all() -> None:
+    """Fold everything logged so far (the caller holds the fold lock): the steps logged so
+    far, and then every speculative step logged by now (a request's finish is logged after
+    its last output was, so its counts are all in when it closes)."""
+    steps = len(_log)
+    if _spec_log:
+        _fold_spec(len(_spec_log))
+    _fold_steps(steps)
+    _core.COUNTERS[L.S_BIND_OPEN] = len(_open)
+
+
 def _fold_steps(steps: int) -> None:
-    """Fold the first STEPS logged steps (the caller holds the fold lock)."""
+    """Fold the first STEPS logged steps (the caller holds the fold lock). A steady step is
+    folded without touching the requests that merely go on (``_fold_steady``); consecutive
+    speculative steps that scheduled the same tokens to the same requests are applied as
+    one run; any other step request by request."""
+    global _steady, _epoch, _epoch_last
     run: Any = None  # num_scheduled_tokens of the run, its first step and its length
     first: Any = None
     length = 0
     last: Any = None
     for _ in range(steps):
-        step, now, files, nst, fin, snap = _log.popleft()
+        entry = _log.popleft()
+        step, now, files, nst, fin, snap, so = entry
         if snap is not None:
             _last_snap[0] = snap
+        if run is None and _steady:
+            if (
+                not fin
+                and not _irregular
+                and len(nst) == len(_open)
+                and getattr(so, "total_num_scheduled_tokens", -1) == len(nst)
+                and not getattr(so, "scheduled_new_reqs", True)
+                and not getattr(so, "scheduled_spec_decode_tokens", None)
+            ):
+                # the steadiest step: the same requests again (no new one, as many as are
+                # open), one token each (see _steady_new)
+                _epoch += 1
+                _epoch_last = (step, now, files)
+                continue
+            if _fold_steady(entry):
+                continue
         if run is not None and nst == run:
             length += 1
             last = (step, now, files)
@@ -218,22 +264,124 @@ def _fold_steps(steps: int) -> None:
                 _apply(run, first, length, last)
             run, length = nst, 1
             first = last = (step, now, files, _last_snap[0])
+        if not fin and getattr(so, "scheduled_spec_decode_tokens", None):
+            _steady = False  # the run may go on (a steady step is never speculative)
+            continue
+        complete = _apply(run, first, length, last) if run else True
         if fin:
-            if run:
-                _apply(run, first, length, last)
-            run = None
             _close(fin, "finished", snap or _last_snap[0])
+        run = None
+        # The next step may be steady if this one scheduled every open request, and closed
+        # none of them: an id new and finished in one step is closed at once, and continues
+        # (in vLLM's eyes) unseen by the table until a step like this one opens it again.
+        _steady = complete and len(_open) == len(nst) and not any(r in nst for r in fin or ())
     if run:
-        _apply(run, first, length, last)
+        _steady = _apply(run, first, length, last) and len(_open) == len(run)
 
 
-def _apply(nst: dict[str, int], first: Any, length: int, last: Any) -> None:
+def _fold_steady(entry: tuple[int, int, int, Any, Any, Any, Any]) -> bool:
+    """Fold one logged step (ENTRY) that follows a step which scheduled every open request,
+    if it is steady (``_steady_new``). Returns False, having changed nothing, if not."""
+    global _epoch, _epoch_last
+    step, now, files, nst, fin, snap, so = entry
+    new = _steady_new(nst, fin, so)
+    if new is None:
+        return False
+    if fin:
+        _close(fin, "finished", snap or _last_snap[0])
+    table = _open
+    epoch = _epoch
+    for rid in tuple(_irregular):
+        k = nst[rid]
+        table[rid][3] += k - 1  # the epoch adds one
+        if k == 1:
+            del _irregular[rid]
+    snap0 = _last_snap[0]
+    for rid in new:
+        k = nst[rid]
+        table[rid] = [step, step, 0, k - 1, now, now, files, files, snap0, epoch]
+        if k != 1:
+            _irregular[rid] = None
+    _epoch = epoch + 1
+    _epoch_last = (step, now, files)
+    return True
+
+
+def _steady_new(nst: Any, fin: Any, so: Any) -> list[str] | None:
+    """The new request ids of a steady step, None if the step is not steady: every open
+    request not finished is scheduled again, one token each but the ``_irregular`` ones,
+    with no drafts, the new ones never seen. Told from the totals (vLLM schedules every
+    request at least one token, so tokens that add up to one per request are one each) and
+    the few requests that are not plain, never by looking at every request. This assumes
+    every continuing request was admitted in a step folded here (the fold makes sure of it
+    after a step it did not see: ``take_back``; an id new and finished at once); an id the
+    table never saw can only make the counts disagree, unless an open request is missing
+    at the same time."""
+    try:
+        reqs = so.scheduled_new_reqs
+        new = [r.req_id for r in reqs] if reqs else []
+        n_cont = len(so.scheduled_cached_reqs.req_ids)
+        total = so.total_num_scheduled_tokens
+        drafted = so.scheduled_spec_decode_tokens
+    except AttributeError:
+        return None
+    table = _open
+    if drafted or len(nst) != len(new) + n_cont or len(table) + len(new) > MAX_OPEN:
+        return None
+    n_fin = 0
+    if fin:
+        for rid in fin:
+            if rid in table:
+                n_fin += 1
+    else:
+        fin = ()
+    irr_tok = irr_n = 0
+    for rid in _irregular:
+        k = nst.get(rid)
+        if k is not None:
+            irr_tok += k
+            irr_n += 1
+        elif rid not in fin:
+            return None  # an open request left out of this step
+    new_tok = 0
+    for rid in new:
+        k = nst.get(rid)
+        if k is None or rid in table or rid in fin:
+            return None
+        new_tok += k
+    if n_cont != len(table) - n_fin or total - new_tok - irr_tok != n_cont - irr_n:
+        return None
+    return new
+
+
+def _settle(e: list[Any]) -> None:
+    """Add to open entry E what the steady steps since its epoch added (one step, one token
+    each; its latest step is the latest steady one)."""
+    d = _epoch - e[9]
+    if d:
+        e[2] += d
+        e[3] += d
+        e[1], e[5], e[7] = _epoch_last
+        e[9] = _epoch
+
+
+def _apply(nst: dict[str, int], first: Any, length: int, last: Any) -> bool:
     """LENGTH steps, from FIRST (step, ns, files, hook snapshot) to LAST (step, ns, files),
-    each scheduled the tokens of NST."""
+    each scheduled the tokens of NST. Every open entry is settled (``_settle``) first: the
+    requests NST leaves out are not in the next steady steps. False if some request could
+    not be tracked (``MAX_OPEN``)."""
     global _overflow_reported
     table = _open
+    if _epoch_last[0] and any(o[9] != _epoch for o in table.values()):
+        for o in table.values():
+            _settle(o)
+    irregular = _irregular
+    irregular.clear()
     s1, t1, f1 = last[:3]
+    complete = True
     for rid, k in nst.items():
+        if k != 1:
+            irregular[rid] = None
         e = table.get(rid)
         if e is not None:
             e[1] = s1
@@ -243,12 +391,15 @@ def _apply(nst: dict[str, int], first: Any, length: int, last: Any) -> None:
             e[7] = f1
         elif len(table) < MAX_OPEN:
             s0, t0, f0, snap = first
-            table[rid] = [s0, s1, length, k * length, t0, t1, f0, f1, snap]
+            table[rid] = [s0, s1, length, k * length, t0, t1, f0, f1, snap, _epoch]
         else:
+            complete = False
+            irregular.pop(rid, None)
             _core.COUNTERS[L.S_BIND_OVERFLOW] += 1
             if not _overflow_reported:
                 _overflow_reported = True
                 _core.report_error("bindings", f"more than {MAX_OPEN} open requests")
+    return complete
 
 
 def _close(ids: Iterable[str], end: str, snap: Any) -> None:
@@ -257,6 +408,8 @@ def _close(ids: Iterable[str], end: str, snap: Any) -> None:
         e = _open.pop(rid, None)
         spec = _spec_open.pop(rid, None) if _spec_open else None
         if e is not None:  # else never scheduled here, or not tracked (overflow)
+            _settle(e)
+            _irregular.pop(rid, None)
             _buf.append(("req", rid, e, snap, end, spec))
 
 
@@ -264,7 +417,7 @@ def _record(item: Any) -> dict[str, Any]:
     if isinstance(item, dict):
         return item
     _, rid, e, snap, end, spec = item
-    s0, s1, n, tok, t0, t1, f0, f1, snap0 = e
+    s0, s1, n, tok, t0, t1, f0, f1, snap0 = e[:9]
     names, fires = snap if snap is not None else ((), ())
     fires0 = snap0[1] if snap0 is not None else ()
     hooks = {name: fires[i] - (fires0[i] if i < len(fires0) else 0) for i, name in enumerate(names)}
@@ -414,8 +567,16 @@ def _after_fork() -> None:
         except OSError:
             pass
         _fd = -1
+    reset()
+
+
+def reset() -> None:
+    """Forget every request and step logged (a forked child; tests)."""
+    global _epoch, _epoch_last, _steady
     _log.clear()
     _open.clear()
+    _irregular.clear()
+    _epoch, _epoch_last, _steady = 0, (0, 0, 0), False
     _spec_log.clear()
     _spec_open.clear()
     _hooks[:] = [(), ()]

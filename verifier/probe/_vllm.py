@@ -48,6 +48,7 @@ from typing import Any
 
 from verifier.probe import _bindings, _code, _core, _device, _postimport, _spec
 from verifier.probe import layout as L
+from verifier.probe._split import split_tokens
 
 STEP_METHODS = ("execute_model", "sample_tokens")
 DUMMY_METHOD = "_dummy_run"  # on the runner class (V1 and V2)
@@ -165,37 +166,6 @@ def record_runner(worker: Any) -> None:
             _code.watch(f"worker.{m}", type(worker), m, instance=worker)
 
 
-def split_tokens(so: Any, total: int) -> tuple[int, int]:
-    """(prefill, decode) tokens of one step's scheduler output. New requests prefill; a
-    continuing request decodes when it is scheduled one token plus its speculative drafts,
-    and otherwise continues a chunked prefill (a last prefill chunk of exactly one token is
-    counted as decode). Only new requests are looked at one by one, unless some continuing
-    request is scheduled more than it would be to decode. (0, 0) for an output without
-    these fields (another vLLM): its tokens are then counted, but not split."""
-    try:
-        counts = so.num_scheduled_tokens
-        new = so.scheduled_new_reqs
-        spec = so.scheduled_spec_decode_tokens
-        cached = so.scheduled_cached_reqs.req_ids
-    except AttributeError:
-        return 0, 0
-    prefill = 0
-    for r in new:
-        prefill += counts.get(r.req_id, 0)
-    drafts = sum(map(len, spec.values())) if spec else 0
-    rest = total - prefill
-    if rest == len(cached) + drafts:
-        return prefill, rest  # every continuing request decodes
-    decode = 0
-    for rid in cached:
-        k = counts.get(rid, 0)
-        if k == 1 + (len(spec.get(rid, ())) if spec else 0):
-            decode += k
-        else:
-            prefill += k
-    return prefill, decode
-
-
 # Request bindings per step (None: off, VERIFIER_PROBE_BINDINGS=0; the benchmark toggles it).
 _bind_step: Callable[[Any, int, int], None] | None = _bindings.step
 
@@ -210,6 +180,9 @@ def _count_step(
     _reqs_max: int = L.S_REQUESTS_MAX,
     _phase: int = L.S_CURRENT_PHASE,
     _last: int = L.S_LAST_STEP_UNIX_NS,
+    _decode: tuple[int, int, int] = (L.PHASE_DECODE, L.S_STEPS_DECODE, L.S_TOKENS_DECODE),
+    _prefill: tuple[int, int, int] = (L.PHASE_PREFILL, L.S_STEPS_PREFILL, L.S_TOKENS_PREFILL),
+    _productive_bit: int = L.PHASE_PRODUCTIVE,
 ) -> int:
     """Count one step; its phase bits. It runs on every step: slot numbers are bound as
     defaults and each shared slot is touched as few times as the counts allow."""
@@ -223,17 +196,20 @@ def _count_step(
         c[_tokens] += n
         reqs = len(getattr(so, "num_scheduled_tokens", ()) or ())
         c[_reqs] += reqs
-        c[_reqs_max] = max(c[_reqs_max], reqs)
+        if reqs > c[_reqs_max]:  # noqa: PLR1730 - a shared-memory write only when it grows
+            c[_reqs_max] = reqs
         prefill, decode = split_tokens(so, n)
-        phase = L.PHASE_PRODUCTIVE
+        phase = _productive_bit
         if prefill:
-            phase |= L.PHASE_PREFILL
-            c[L.S_STEPS_PREFILL] += 1
-            c[L.S_TOKENS_PREFILL] += prefill
+            bit, steps, tokens = _prefill
+            phase |= bit
+            c[steps] += 1
+            c[tokens] += prefill
         if decode:
-            phase |= L.PHASE_DECODE
-            c[L.S_STEPS_DECODE] += 1
-            c[L.S_TOKENS_DECODE] += decode
+            bit, steps, tokens = _decode
+            phase |= bit
+            c[steps] += 1
+            c[tokens] += decode
         c[_phase] = phase
     else:
         c[L.S_STEPS_EMPTY] += 1
@@ -305,7 +281,7 @@ def _wrap_worker_class(cls: type) -> None:
         def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
             nonlocal recorded
             global _waiting, _step_phase
-            if _warming or _dummy_depth or kwargs.get("dummy_run"):
+            if _warming or _dummy_depth or (kwargs and kwargs.get("dummy_run")):
                 # warm-up (V2 kernel warm-up drives the worker) or padding: not a step
                 return _dummy_call(orig_exec, self, (scheduler_output, *args), kwargs)
             c = _core.COUNTERS
@@ -439,12 +415,14 @@ def _mark_in_step(cls: type, name: str) -> None:
     if orig is None or _ours(orig):
         return
 
+    in_step = L.S_IN_STEP  # bound here: no module lookups in the step
+
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         if _warming or _dummy_depth:
             return orig(self, *args, **kwargs)  # warm-up: not in a step
         global _waiting
         c = _core.COUNTERS
-        c[L.S_IN_STEP] = 1
+        c[in_step] = 1
         try:
             out = orig(self, *args, **kwargs)
             if _spec_on:  # before the step closes: its counts are in when it does
@@ -452,7 +430,7 @@ def _mark_in_step(cls: type, name: str) -> None:
             return out
         finally:
             _waiting = False
-            c[L.S_IN_STEP] = 0
+            c[in_step] = 0
 
     functools.update_wrapper(wrapper, orig)
     _mark(wrapper)
