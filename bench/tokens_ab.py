@@ -16,7 +16,10 @@ against steps of ms (~0.1 %). Here nothing changes between arms but the probe's 
     B       probe hot path on
     C       off, plus a positive control: a busy wait of CONTROL % of a step's time in every
             ``execute_model`` (it must be seen: proof that the method sees that much)
-* ROUNDS rounds (or as many as --budget-s allows), each running the four arms once in a
+    D       probe hot path on, its request bindings off (``_vllm._bind_step = None``): B
+            against D is what the bindings (their in-step record and the writer thread's
+            fold) cost
+* ROUNDS rounds (or as many as --budget-s allows), each running the five arms once in a
   seeded random order. Two estimators, fixed in advance, of each arm's tokens/s against A1's,
   each with a bootstrap 95 % interval (rounds resampled whole, so a round's arms stay
   paired): the median of per-round ratios, and the ratio of the arms' fastest-decile phases
@@ -26,7 +29,7 @@ against steps of ms (~0.1 %). Here nothing changes between arms but the probe's 
   pool with --pool (every ratio is within a round, so rounds of separate boots pool; the
   control's size is calibrated per boot, so a pooled control row mixes sizes).
 * the switch is checked on every phase: the probe's step counter advances by the phase's
-  steps in B phases and by 0 in the others (exit 1 otherwise).
+  steps in B and D phases and by 0 in the others (exit 1 otherwise).
 
 What stays on in every arm: the probe's import hooks and idle background threads (not priced
 here; they cost nothing per step). ``--hooks`` also declares the two hooks of the server
@@ -58,7 +61,7 @@ HOOKS = (
     "v1_step=vllm.v1.worker.gpu_model_runner:GPUModelRunner.execute_model,"
     "v1_sample=vllm.v1.worker.gpu_model_runner:GPUModelRunner.sample_tokens"
 )
-ARMS = ("A1", "A2", "B", "C")
+ARMS = ("A1", "A2", "B", "C", "D")
 BOOTSTRAP = 2000
 FAST_Q = 0.1  # the 0.1 quantile of phase times: the fastest decile of phases
 
@@ -164,15 +167,23 @@ class Bench:
 
     def phase(self, arm: str) -> dict[str, float]:
         """One generate of the fixed batch in ARM: wall s, CPU s, probe steps counted."""
-        if arm == "B":
+        from verifier.probe import _vllm
+
+        bind = _vllm._bind_step
+        if arm in ("B", "D"):
             self.switch.on()
+            if arm == "D":  # the probe on, its request bindings off (what they cost)
+                _vllm._bind_step = None
         elif arm == "C":
             self.install_control()
         else:
             self.switch.off()
         steps0, calls0 = self.counters[self.steps_slot], self.control_calls
         c0, t0 = time.process_time(), time.perf_counter()
-        outs = self.llm.generate(self.prompts, self.params, use_tqdm=False)
+        try:
+            outs = self.llm.generate(self.prompts, self.params, use_tqdm=False)
+        finally:
+            _vllm._bind_step = bind
         t1, c1 = time.perf_counter(), time.process_time()
         got = sum(len(o.outputs[0].token_ids) for o in outs)
         if got != self.tokens:
@@ -223,7 +234,7 @@ def check_switch(results: list[dict[str, dict[str, float]]], steps: int) -> bool
     ok = True
     for r in results:
         for arm, p in r.items():
-            want = steps if arm == "B" else 0
+            want = steps if arm in ("B", "D") else 0
             ok &= p["probe_steps"] == want
             ok &= p["control_calls"] == (steps if arm == "C" else 0)
     return ok
@@ -237,7 +248,9 @@ def report(
     rng = random.Random(seed)  # noqa: S311 - resampling, not secrets
     found: dict[str, Any] = {}
     for metric, label in (("wall", "tokens/s (wall clock)"), ("cpu", "tokens per CPU-second")):
-        per_arm = {a: [tokens / r[a][metric] for r in results] for a in ARMS}
+        # Runs recorded before arm D existed have none: report the arms every round has.
+        arms = [a for a in ARMS if all(a in r for r in results)]
+        per_arm = {a: [tokens / r[a][metric] for r in results] for a in arms}
         print(f"\n{label}, {len(results)} rounds, per arm:")
         print_rows({a: summary(v) for a, v in per_arm.items()}, fmt="9.1f")
         for name, est in ESTIMATORS.items():
@@ -260,6 +273,13 @@ def report(
             found[f"{metric}/{name}"] = {
                 "aa": aa, "floor": floor, "probe": pb, "control": cc, "control_seen": seen,
             }  # fmt: skip
+            if "D" in arms:
+                nb = interval(results, "D", metric, est, rng)
+                print(
+                    f"    probe without bindings / no-probe = {nb[0]:.4f}  95 % interval "
+                    f"[{nb[1]:.4f}, {nb[2]:.4f}]  ({nb[0] - 1:+.2%})"
+                )
+                found[f"{metric}/{name}"]["probe_no_bindings"] = nb
     return found
 
 
@@ -309,8 +329,8 @@ def measure(  # noqa: PLR0917 - the method's knobs, all named by the callers
     results = run_rounds(bench, rounds, random.Random(seed), budget_s)  # noqa: S311 - an order
     ok = check_switch(results, steps)
     print(
-        f"switch check: probe steps counted in B phases only ({steps} per B phase, 0 in A1, "
-        f"A2, C), control in C only: {ok}"
+        f"switch check: probe steps counted in B and D phases only ({steps} per phase, 0 in "
+        f"A1, A2, C), control in C only: {ok}"
     )
     found = report(results, bench.tokens, control, seed)
     return {

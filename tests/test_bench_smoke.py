@@ -112,11 +112,12 @@ EXPECT: dict[str, tuple[str, ...]] = {
         FLOOR,
     ),
     "tokens_ab.py": (
-        r"switch check: probe steps counted in B phases only .*: True",
+        r"switch check: probe steps counted in B and D phases only .*: True",
         r"estimator: paired median(.|\n)*estimator: fastest decile",
         r"A/A \(off / off\) = \d+\.\d+  95 % interval \[.*\]  A/A floor ±\d+\.\d+ %",
         r"probe / no-probe = \d+\.\d+  95 % interval \[\d+\.\d+, \d+\.\d+\]",
         r"control \(\+1 % of a step, busy\) / no-probe = \d+\.\d+ .*seen: (True|False)",
+        r"probe without bindings / no-probe = \d+\.\d+  95 % interval \[\d+\.\d+, \d+\.\d+\]",
         FLOOR,
     ),
     "gpu/digest.py": (r'"v2": \{\s*"verdict": "FAIL"', r'"id": "liveness.hook.firing"'),
