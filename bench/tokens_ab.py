@@ -39,6 +39,7 @@ benchmarks (the runner's ``execute_model`` and ``sample_tokens``): their wrapper
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -110,6 +111,25 @@ def interval(
     return est(rounds, arm, metric), boot[int(0.025 * BOOTSTRAP)], boot[int(0.975 * BOOTSTRAP) - 1]
 
 
+class GcClock:
+    """Time this process spends in the garbage collector, and its collections by generation
+    (``gc.callbacks``): an arm that allocates more makes collections more frequent, a cost
+    the per-step microbenchmark cannot see."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.collections = [0, 0, 0]
+        self._t0 = 0.0
+        gc.callbacks.append(self._tick)
+
+    def _tick(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+            return
+        self.seconds += time.perf_counter() - self._t0
+        self.collections[int(info["generation"])] += 1
+
+
 class Bench:
     """The offline engine, its probe switch, and the phases."""
 
@@ -136,6 +156,7 @@ class Bench:
         self.exec_owner, self.exec_orig = step.owner, step.original
         self.control_ns = 0
         self.control_calls = 0
+        self.gc = GcClock()
 
     def workload(self, batch: int, prompt_len: int, max_tokens: int) -> None:
         """Every later phase: BATCH requests of PROMPT_LEN fixed token ids (distinct per
@@ -179,6 +200,7 @@ class Bench:
         else:
             self.switch.off()
         steps0, calls0 = self.counters[self.steps_slot], self.control_calls
+        gc0, full0 = self.gc.seconds, self.gc.collections[2]
         c0, t0 = time.process_time(), time.perf_counter()
         try:
             outs = self.llm.generate(self.prompts, self.params, use_tqdm=False)
@@ -194,6 +216,8 @@ class Bench:
             "cpu": c1 - c0,
             "probe_steps": self.counters[self.steps_slot] - steps0,
             "control_calls": self.control_calls - calls0,
+            "gc_s": self.gc.seconds - gc0,
+            "gc_full": self.gc.collections[2] - full0,
         }
 
 
@@ -247,6 +271,12 @@ def report(
     against A1 with its bootstrap interval: A2 (the floor), B (the probe), C (the control)."""
     rng = random.Random(seed)  # noqa: S311 - resampling, not secrets
     found: dict[str, Any] = {}
+    if all("gc_s" in p for r in results for p in r.values()):  # recorded before: none
+        print("\ngarbage collector per phase (ms, median) and full collections (all phases):")
+        for a in [a for a in ARMS if all(a in r for r in results)]:
+            ms = statistics.median(r[a]["gc_s"] * 1e3 for r in results)
+            full = sum(int(r[a]["gc_full"]) for r in results)
+            print(f"  {a}  gc {ms:8.3f} ms  full collections {full}")
     for metric, label in (("wall", "tokens/s (wall clock)"), ("cpu", "tokens per CPU-second")):
         # Runs recorded before arm D existed have none: report the arms every round has.
         arms = [a for a in ARMS if all(a in r for r in results)]
