@@ -115,7 +115,7 @@ def cross_check(
     file hashed after the fact."""
     rejected = {f.path for f in files if f.at == "rejected"}
     recorded = [f for f in files if f.sha256 and f.path not in rejected and unfiled.on_disk(f)]
-    seen = hasher.hash_files(str(procfs.in_root(pid, f.path)) for f in recorded)
+    seen = hasher.hash_files(procfs.in_root_str(pid, f.path) for f in recorded)
     hashed_at = hashed_at or {}
     disagreements: list[FileDisagreement] = []
     drift: list[Drift] = []
@@ -218,7 +218,7 @@ def fileless(procfs: ProcFS, pid: int, probe: ProbeState) -> list[Drift]:
     """Modules the probe saw claiming a file that the agent, too, finds missing."""
     out = []
     for module, claimed in probe.fileless:
-        if os.path.lexists(procfs.in_root(pid, claimed)):
+        if os.path.lexists(procfs.in_root_str(pid, claimed)):
             continue  # there now: nothing the agent can confirm
         out.append(
             Drift(

@@ -92,7 +92,7 @@ def report_with_judgement(
     runner = probe.runner
     now = None
     if runner is not None and runner.file:
-        now = hasher.hash_file(str(procfs.in_root(ident.pid, runner.file))).sha256
+        now = hasher.hash_file(procfs.in_root_str(ident.pid, runner.file)).sha256
     judged = previous or judge(
         procfs,
         ident.pid,
