@@ -208,7 +208,8 @@ def measure(pid: int, rounds: int, dropped_rounds: int, against: Path | None = N
             f"{len(files)} files ({recorded} recorded by the probes, {native} more mapped "
             f"native), {size / 1e6:.0f} MB; {os.cpu_count()} cores; commit {commit()}"
         )
-        report(f"page cache warm, {rounds} paired rounds", paired(fns, rounds, False))
+        if rounds:
+            report(f"page cache warm, {rounds} paired rounds", paired(fns, rounds, False))
         if dropped_rounds and drop_caches():
             title = f"page cache dropped before every arm, {dropped_rounds} paired rounds"
             report(title, paired(fns, dropped_rounds, True))
