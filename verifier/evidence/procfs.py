@@ -213,7 +213,7 @@ class ProcFS:
         if ".." in path.split("/"):
             path = posixpath.normpath("/" + path)
         out = f"{self.root}/{pid}/root/{path.lstrip('/')}"
-        if "//" in out or "/." in out or out.endswith("/"):
+        if "//" in out or "/./" in out or out.endswith(("/", "/.")):
             return str(self.root / str(pid) / "root" / path.lstrip("/"))  # as a Path spells it
         return out
 
