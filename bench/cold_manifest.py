@@ -2,13 +2,18 @@
 whole processes (issue 21, target 4: <= 1.2x).
 
 The file list is what a live vLLM worker tree loaded: every file on disk its probes recorded
-with a sha256, and every native library mapped (the agent hashes both). Two arms, each a new
+with a sha256, and every native library mapped (the agent hashes both). Arms, each a new
 process, interleaved in every round, and their ratio taken per round (pair):
   openssl  `xargs -0 -P<cores> -n 64 openssl dgst -sha256` over the list: OpenSSL's sha256
            (SHA extensions), one process per core: the baseline
   cold     a fresh `python` that imports the agent, makes an `Agent` and calls `collect()`
            once: discovery, journals, every file hashed, every RECORD parsed, every pyc
-           compiled and compared, everything judged (interpreter start and imports counted)
+           compiled and compared, everything judged (interpreter start and imports counted),
+           with an empty state directory: a first-ever start
+  restart  the same with the state directory of an agent that judged these files before
+           (the common case: the agent or vLLM restarts): every pyc is still read and hashed,
+           its source read and hashed, but its compile verdict is found by content
+           (verifier/evidence/verdicts.py)
   cold @C  (with --against TREE) the same with the agent of TREE, checked out at commit C:
            what a change bought, priced in the same run
 Page cache warm for both arms (the comparison is CPU work), then, where this process may
@@ -40,12 +45,15 @@ DROPPED_ROUNDS = 3
 DROP = Path("/proc/sys/vm/drop_caches")
 
 # The cold arm: what a freshly started agent computes for its first report.
+# argv: the target's pid, and the agent's state directory (its spool: where a previous agent
+# kept its compile verdicts), or none: a new empty one (a first-ever start)
 COLD = """
 import sys, tempfile
 from pathlib import Path
 from verifier.agent.runner import Agent, AgentConfig
 with tempfile.TemporaryDirectory() as tmp:
-    config = AgentConfig("127.0.0.1:9", "bench", "bench", Path(tmp), root_pid=int(sys.argv[1]),
+    state = Path(sys.argv[2]) if len(sys.argv) > 2 else Path(tmp)
+    config = AgentConfig("127.0.0.1:9", "bench", "bench", state, root_pid=int(sys.argv[1]),
                          docker_socket=None)
     agent = Agent(config)
     report = agent.collect()
@@ -109,18 +117,20 @@ def arms(pid: int, listing: Path, against: Path | None) -> dict[str, Callable[[]
                 stdin=fh, stdout=subprocess.DEVNULL, check=True,
             )  # fmt: skip
 
-    def cold(tree: Path) -> Callable[[], None]:
+    def cold(tree: Path, state: Path | None = None) -> Callable[[], None]:
         env = dict(os.environ, PYTHONPATH=str(tree))
+        argv = [sys.executable, "-c", COLD, str(pid), *([str(state)] if state else [])]
 
         def run() -> None:
             subprocess.run(
-                [sys.executable, "-c", COLD, str(pid)],
-                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True,
-            )  # fmt: skip
+                argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True
+            )
 
         return run
 
-    out = {"openssl": openssl, "cold": cold(REPO)}
+    # "restart": the state directory of an agent that already judged these files (its first
+    # run, at warm-up, fills it); every later run finds its compile verdicts there
+    out = {"openssl": openssl, "cold": cold(REPO), "restart": cold(REPO, listing.parent)}
     if against is not None:
         out[f"cold @{commit(against)}"] = cold(against)
     return out
@@ -161,30 +171,28 @@ def report(title: str, both: tuple[Results, Results]) -> None:
     results, cpu = both
     print(f"{title}: CPU seconds (user + system, the arm's processes)")
     print_rows({k: summary(v) for k, v in cpu.items()}, fmt="6.3f")
-    print(f"  cold / openssl, CPU, median of pairs: {_median_ratio(cpu, 'cold', 'openssl'):.3f}")
+    for arm in ("cold", "restart"):
+        ratio(cpu, arm, "openssl", "", "CPU")
     for k in [k for k in cpu if "@" in k]:
-        print(f"  cold / {k}, CPU, median of pairs: {_median_ratio(cpu, 'cold', k):.3f}")
+        ratio(cpu, "cold", k, "", "CPU")
     print(f"{title}: wall seconds")
     print_rows({k: summary(v) for k, v in results.items()}, fmt="6.3f")
-    for arm, base in [("cold", "openssl"), *[(k, "openssl") for k in results if "@" in k]]:
-        ratio(results, arm, base, " (target <= 1.2)" if arm == "cold" else "")
+    others = [k for k in results if "@" in k]
+    for arm, base in [
+        ("cold", "openssl"),
+        ("restart", "openssl"),
+        *[(k, "openssl") for k in others],
+    ]:
+        ratio(results, arm, base, " (target <= 1.2)" if "@" not in arm else "")
     for k in [k for k in results if "@" in k]:
         ratio(results, "cold", k, "")
 
 
-def _median_ratio(results: Results, arm: str, base: str) -> float:
-    return summary([a / b for a, b in zip(results[arm], results[base], strict=True)])["median"]
-
-
-def ratio(results: Results, arm: str, base: str, note: str) -> None:
-    """ARM / BASE per pair (the same round), with their median and spread."""
+def ratio(results: Results, arm: str, base: str, note: str, what: str = "wall") -> None:
+    """ARM / BASE per pair (the same round): a row (median, min, max, spread), then the pairs."""
     ratios = [a / b for a, b in zip(results[arm], results[base], strict=True)]
-    r = summary(ratios)
-    print(
-        f"  {arm} / {base} per pair: {', '.join(f'{x:.2f}' for x in ratios)}; "
-        f"median {r['median']:.3f}, min {r['min']:.3f}, max {r['max']:.3f}, "
-        f"spread {r['spread']:.1%}{note}"
-    )
+    print_rows({f"{arm} / {base}, {what}": summary(ratios)}, fmt="6.3f")
+    print(f"    per pair: {', '.join(f'{x:.2f}' for x in ratios)}{note}")
 
 
 def measure(pid: int, rounds: int, dropped_rounds: int, against: Path | None = None) -> None:
@@ -200,7 +208,8 @@ def measure(pid: int, rounds: int, dropped_rounds: int, against: Path | None = N
             f"{len(files)} files ({recorded} recorded by the probes, {native} more mapped "
             f"native), {size / 1e6:.0f} MB; {os.cpu_count()} cores; commit {commit()}"
         )
-        report(f"page cache warm, {rounds} paired rounds", paired(fns, rounds, False))
+        if rounds:
+            report(f"page cache warm, {rounds} paired rounds", paired(fns, rounds, False))
         if dropped_rounds and drop_caches():
             title = f"page cache dropped before every arm, {dropped_rounds} paired rounds"
             report(title, paired(fns, dropped_rounds, True))
@@ -248,9 +257,9 @@ def main() -> None:
 
 
 def smoke() -> None:
-    """Both arms, one round, cache warm, on a stand-in probed process (STAND_IN)."""
+    """Every arm, one round, cache warm, on a stand-in probed process (STAND_IN)."""
     _smoke.begin(
-        "both arms (a fresh agent process, parallel openssl), one paired round, page cache "
+        "every arm (a fresh agent process, empty and kept state, parallel openssl), one paired round, page cache "
         "warm, on a probed Python process (no site-packages) that imported a few standard "
         "library modules",
         [

@@ -67,7 +67,8 @@ EXPECT: dict[str, tuple[str, ...]] = {
     ),
     "cold_manifest.py": (
         r"\d+ files \(\d+ recorded by the probes, \d+ more mapped native\)",
-        r"cold / openssl per pair: .* median \d+\.\d+, .* spread \d+\.\d%",
+        r"cold / openssl, wall +median +\d+\.\d+ .* spread \d+\.\d%",
+        r"restart / openssl, wall +median +\d+\.\d+ .* spread \d+\.\d%",
         FLOOR,
     ),
     "compare_boots.py": (

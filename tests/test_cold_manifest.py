@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import posixpath
 import signal
 import subprocess
 import sys
@@ -197,3 +198,21 @@ def test_helpers_answer_what_this_process_computes_and_a_failed_one_is_made_up_f
     monkeypatch.setattr(sys, "executable", "/bin/false")  # no helper can start
     assert compilers._in_helper(jobs[:2]) is None
     assert compilers.compare_all(jobs, helpers=2) == here
+
+
+@pytest.mark.parametrize("root", ["/proc", "/tmp/proc/", "/srv/.hidden/proc"])
+def test_in_root_str_spells_a_path_as_in_root_does(root: str) -> None:
+    """The hot loops' string form of ``ProcFS.in_root`` is the Path's own spelling, for clean
+    paths (the fast path, also under dot-directories like ``.venv``) and for every shape Path
+    normalizes (doubled and trailing slashes, ``.`` components) or the process climbs (``..``
+    stays at its root)."""
+    procfs = ProcFS(root)
+    paths = ["/a/b.py", "/w/.venv/lib/x.py", "a//b", "/a/./b", "/a/../../b", "/", "", "/a/"]
+    paths += ["/.hidden/x", "x/.", "./a", "/a/.", "/a/..", ".", "..", "/a/b/"]
+    for path in paths:
+        # the join the agent used before (a ".." path normalized first, as then)
+        climbed = posixpath.normpath("/" + path) if ".." in path.split("/") else path
+        joined = str(Path(root) / "7" / "root" / climbed.lstrip("/"))
+        assert (joined, joined) == (procfs.in_root_str(7, path), str(procfs.in_root(7, path)))
+    assert procfs.in_root_str(7, "/a/../../b") == f"{Path(root)}/7/root/b"
+    assert procfs.in_root_str(7, "/w/.venv/x.py") == f"{Path(root)}/7/root/w/.venv/x.py"

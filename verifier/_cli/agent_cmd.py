@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,12 @@ def add_parser(sub: Any) -> None:
         help="serve Prometheus metrics over HTTP at http://HOST:PORT/metrics (a bare PORT: "
         "127.0.0.1); off by default (docs/operations.md)",
     )
+    p.add_argument(
+        "--no-compile-cache",
+        action="store_true",
+        help="do not keep pyc compile verdicts in the spool directory across restarts (also "
+        "VERIFIER_AGENT_COMPILE_CACHE=0; docs/operations.md)",
+    )
     docker = p.add_mutually_exclusive_group()
     docker.add_argument(
         "--docker-socket",
@@ -75,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
         docker_socket=None if args.no_docker else args.docker_socket,
         tls=tls_from(args),
         metrics_listen=args.metrics_listen,
+        compile_cache=not args.no_compile_cache
+        and os.environ.get("VERIFIER_AGENT_COMPILE_CACHE", "1") != "0",
     )
     Agent(config).serve_forever()
     return 0

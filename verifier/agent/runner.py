@@ -44,6 +44,8 @@ from verifier.evidence.process import ProcessEvidence, still_running
 from verifier.evidence.procfs import ProcFS
 from verifier.evidence.report import report_with_judgement
 from verifier.evidence.stacks import Witnesses
+from verifier.evidence.verdicts import FILENAME as VERDICTS_FILE
+from verifier.evidence.verdicts import VerdictStore
 from verifier.metrics.http import serve_metrics
 from verifier.model import ProcessKey, ProcessReport, TargetReport
 from verifier.security.refusal import connection_failed, tls_refusal
@@ -87,6 +89,8 @@ class AgentConfig:
     docker_socket: str | None = DEFAULT_SOCKET  # the Docker API, to name containers (None: no)
     tls: ClientTLS | None = None  # None: insecure (warned)
     metrics_listen: str | None = None  # HOST:PORT: Prometheus metrics over HTTP (metrics.py)
+    # Keep compile verdicts by content in spool_dir across restarts (verifier/evidence/verdicts.py)
+    compile_cache: bool = True
 
 
 class Agent:
@@ -113,6 +117,10 @@ class Agent:
         # Request bindings the probes appended since the last report (offsets kept by the spool)
         self.bindings = Bindings(config.spool_dir / "bindings-offsets.json")
         self.spool = Spool(config.spool_dir, config.spool_max_bytes)
+        # pyc compile outcomes by content: a restarted agent compiles only what changed
+        self.verdicts = VerdictStore(
+            config.spool_dir / VERDICTS_FILE if config.compile_cache else None
+        )
         self.metrics = AgentMetrics(
             lambda: (len(self.spool), self.spool.size_bytes(), self.spool.dropped)
         )
@@ -237,6 +245,7 @@ class Agent:
                 index=index,
                 reuse=last[2] if last else None,
                 memory=self.natives,
+                verdicts=self.verdicts,
             )
         except (UnavailableError, OSError) as e:
             if still_running(self.procfs, ev):

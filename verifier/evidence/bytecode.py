@@ -76,6 +76,7 @@ from verifier.evidence.pycfile import (
     stamp_matches,
     u32,
 )
+from verifier.evidence.verdicts import VerdictStore, content_key
 from verifier.model import (
     DRIFT_BYTECODE_SOURCELESS,
     DRIFT_BYTECODE_STALE,
@@ -136,6 +137,7 @@ def judge_bytecode(
     *,
     cache: CompileCache | None = SHARED_CACHE,
     python: str | None = None,
+    verdicts: VerdictStore | None = None,
 ) -> BytecodeJudgement:
     """Each bytecode file one process ran, compared with its source: the drifts (at most one
     per id and path) and the pycs shown to be compiled from their source.
@@ -143,13 +145,14 @@ def judge_bytecode(
     FILES: the process's manifest (only ``kind == "bytecode"`` entries read ``at == "load"``
     are judged). TO_HOST maps a path as the process sees it to one this code can read
     (``/proc/<pid>/root/<path>`` in production). CACHE: where comparisons are kept between
-    calls (None: nowhere). PYTHON: the process's Python release as its probe recorded it
-    (``3.11.2``; None: unknown, taken as this one): when it is not this verifier's, other code
-    is *unverified*, not *stale*. Never raises on odd files: what cannot be read is either
-    nothing to report (a pyc changed or gone since load: the cross-check's) or an *unverified*
-    finding."""
+    calls (None: nowhere). VERDICTS: compile outcomes kept by content across agent restarts
+    (``verdicts.py``; saved before returning when one was added; None: none). PYTHON: the
+    process's Python release as its probe recorded it (``3.11.2``; None: unknown, taken as
+    this one): when it is not this verifier's, other code is *unverified*, not *stale*.
+    Never raises on odd files: what cannot be read is either nothing to report (a pyc
+    changed or gone since load: the cross-check's) or an *unverified* finding."""
     other = python if python is not None and python != platform.python_version() else None
-    judge = _Judge(files, to_host, cache, other)
+    judge = _Judge(files, to_host, cache, other, verdicts)
     if cache is not None and cache.limit > 0:
         # Every comparison not cached yet, compiled on every core and cached: the loop below
         # then finds each in the cache, as it finds those of earlier calls.
@@ -160,9 +163,11 @@ def judge_bytecode(
                     judge.entry(entry)
         jobs = list(judge.deferred.items())
         judge.deferred = None
-        outcomes = compilers.compare_all([job for _, (job, _) in jobs], here=compare)
-        for (key, (_, checked)), outcome in zip(jobs, outcomes, strict=True):
+        outcomes = compilers.compare_all([job for _, (job, _, _) in jobs], here=compare)
+        for (key, (_, checked, vkey)), outcome in zip(jobs, outcomes, strict=True):
             cache.put(key, dataclasses.replace(checked, outcome=outcome))
+            if verdicts is not None:
+                verdicts.put(vkey, outcome)
     found: dict[tuple[str, str], Drift] = {}
     shown: dict[str, str] = {}
     for entry in files:
@@ -176,6 +181,8 @@ def judge_bytecode(
             found.setdefault((d.id, d.path), d)
         if source_sha is not None:
             shown[entry.path] = source_sha
+    if verdicts is not None:
+        verdicts.save()
     return BytecodeJudgement(tuple(found.values()), shown)
 
 
@@ -199,14 +206,16 @@ class _Judge:
         to_host: Callable[[str], Path],
         cache: CompileCache | None,
         other_python: str | None,
+        verdicts: VerdictStore | None = None,
     ) -> None:
         self.to_host = to_host
+        self.verdicts = verdicts  # compile outcomes by content, across agent restarts
         self.cache = cache
         self.other_python = other_python  # the process's release, when not this verifier's
         self.sources = {f.module: f.path for f in files if f.kind == "source" and f.module}
         # When set: comparisons not cached are not compiled but kept here (cache key -> the
         # compare job and what is known without it), to be compiled together (judge_bytecode)
-        self.deferred: dict[bytes, tuple[compilers.Job, Checked]] | None = None
+        self.deferred: dict[bytes, tuple[compilers.Job, Checked, str]] | None = None
 
     def entry(self, entry: FileEntry) -> tuple[list[Drift], str | None]:
         """The drifts of one loaded pyc, and the sha256 of the source it was shown to be
@@ -273,22 +282,25 @@ class _Judge:
             if got is None or identity("", got[1]) != identity("", src_st):
                 return None
             source = got[0]
-            if self.deferred is not None:
-                self.deferred[key] = (
-                    (data, source, pyc.source, pyc.optimize),
-                    Checked(
-                        loaded=True,
-                        source_sha256=hashlib.sha256(source).hexdigest(),
-                        hash_matches=hash_matches(pyc.head, source) if pyc.hash_based else None,
-                    ),
-                )
-                raise _Deferred
-            checked = Checked(
+            source_sha = hashlib.sha256(source).hexdigest()
+            known = Checked(
                 loaded=True,
-                outcome=compare(data, source, pyc.source, pyc.optimize),
-                source_sha256=hashlib.sha256(source).hexdigest(),
+                source_sha256=source_sha,
                 hash_matches=hash_matches(pyc.head, source) if pyc.hash_based else None,
             )
+            # _loaded checked that the pyc's bytes are those the process loaded (its sha256)
+            vkey = content_key(sha, source_sha, pyc.source, pyc.optimize, u32(pyc.head, 4))
+            kept, outcome = self.verdicts.get(vkey) if self.verdicts is not None else (False, None)
+            if kept:
+                checked = dataclasses.replace(known, outcome=outcome)
+            elif self.deferred is not None:
+                self.deferred[key] = ((data, source, pyc.source, pyc.optimize), known, vkey)
+                raise _Deferred
+            else:
+                outcome = compare(data, source, pyc.source, pyc.optimize)
+                checked = dataclasses.replace(known, outcome=outcome)
+                if self.verdicts is not None:
+                    self.verdicts.put(vkey, outcome)
         if self.cache is not None:
             self.cache.put(key, checked)
         return checked

@@ -40,6 +40,7 @@ from verifier.evidence.hashing import Hasher
 from verifier.evidence.native import native_mappings
 from verifier.evidence.probe_reader import ProbeState
 from verifier.evidence.procfs import CHANGED_SLACK_S, ProcFS
+from verifier.evidence.verdicts import VerdictStore
 from verifier.model import (
     AFTER_THE_FACT,
     DRIFT_CHANGED_AFTER_START,
@@ -114,7 +115,7 @@ def cross_check(
     file hashed after the fact."""
     rejected = {f.path for f in files if f.at == "rejected"}
     recorded = [f for f in files if f.sha256 and f.path not in rejected and unfiled.on_disk(f)]
-    seen = hasher.hash_files(str(procfs.in_root(pid, f.path)) for f in recorded)
+    seen = hasher.hash_files(procfs.in_root_str(pid, f.path) for f in recorded)
     hashed_at = hashed_at or {}
     disagreements: list[FileDisagreement] = []
     drift: list[Drift] = []
@@ -217,7 +218,7 @@ def fileless(procfs: ProcFS, pid: int, probe: ProbeState) -> list[Drift]:
     """Modules the probe saw claiming a file that the agent, too, finds missing."""
     out = []
     for module, claimed in probe.fileless:
-        if os.path.lexists(procfs.in_root(pid, claimed)):
+        if os.path.lexists(procfs.in_root_str(pid, claimed)):
             continue  # there now: nothing the agent can confirm
         out.append(
             Drift(
@@ -299,6 +300,7 @@ def judge(
     index: DistIndex | None = None,
     reuse: Judgement | None = None,
     native: Sequence[NativeMapping] | None = None,
+    verdicts: VerdictStore | None = None,
 ) -> Judgement:
     """Everything above for one process. Never raises on odd files: each problem is a
     disagreement or a drift with its reason. INDEX: reuse one made by ``dist_index`` for the
@@ -306,7 +308,8 @@ def judge(
     process, whose manifest-only part is kept if the manifest and the native mappings are
     unchanged, and whose vouched files stay vouched (``cross_check``). NATIVE: the process's
     native mappings, if already read (else read here: the hasher's cache answers for the
-    inodes already hashed)."""
+    inodes already hashed). VERDICTS: compile outcomes kept across agent restarts
+    (``bytecode.judge_bytecode``)."""
     hashed_at = probe.hashed_at
     ctx = context(procfs, pid, probe)
     vouched = set(reuse.vouched) if reuse is not None else set()
@@ -336,7 +339,9 @@ def judge(
     if reuse is not None and reuse.static_key == key:
         provenance, static = reuse.provenance, list(reuse.static_drift)
     else:
-        provenance, static = _static(procfs, pid, probe, files, index, ctx=ctx, native=native)
+        provenance, static = _static(
+            procfs, pid, probe, files, index, ctx=ctx, native=native, verdicts=verdicts
+        )
     drift += static
     drift.sort(key=lambda d: (d.id, d.path))
     return Judgement(
@@ -374,6 +379,7 @@ def _static(
     *,
     ctx: origins.Context,
     native: Sequence[NativeMapping] = (),
+    verdicts: VerdictStore | None = None,
 ) -> tuple[Provenance, list[Drift]]:
     to_host = _to_host(procfs, pid)
     index = index or DistIndex(to_host)
@@ -381,7 +387,7 @@ def _static(
     ran = tuple(f for f in files if f.at != "rejected" and f.kind != unfiled.INLINE)
     version = probe.interp.get("version")  # written by the process: a string, or anything
     python = version if isinstance(version, str) else None
-    code = bytecode.judge_bytecode(ran, to_host, python=python)
+    code = bytecode.judge_bytecode(ran, to_host, python=python, verdicts=verdicts)
     provenance, drift = origins.classify(ran, index, ctx, native, code.compiled_from)
     drift += code.drift
     drift += fileless(procfs, pid, probe)

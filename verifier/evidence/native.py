@@ -91,7 +91,7 @@ def native_mappings(
         why = err.explain() if isinstance(err, UnavailableError) else (err.strerror or str(err))
         return (NativeMapping(maps, None, -1, "unreadable", f"cannot read {maps}: {why}"),)
     mapped = hasher.hash_files(str(procfs.root / str(pid) / "map_files" / e.range) for e in execs)
-    on_disk = hasher.hash_files(str(procfs.in_root(pid, e.path)) for e in execs)
+    on_disk = hasher.hash_files(procfs.in_root_str(pid, e.path) for e in execs)
     out = []
     for e, m, d in zip(execs, mapped, on_disk, strict=True):
         # maps says "(deleted)" whenever the mapped inode was unlinked, also when another file

@@ -205,9 +205,17 @@ class ProcFS:
         from the process itself: a ".." above its root stays at the root, as it does for the
         process, instead of climbing out of ``/proc/<pid>/root`` (paths without ".." are kept
         as they are: normalizing "a/link/.." would change what a symlink means)."""
+        return Path(self.in_root_str(pid, path))
+
+    def in_root_str(self, pid: int, path: str) -> str:
+        """``str(in_root(pid, path))`` without building a Path (the hot loops: tens of
+        thousands of files per cold collect)."""
         if ".." in path.split("/"):
             path = posixpath.normpath("/" + path)
-        return self.root / str(pid) / "root" / path.lstrip("/")
+        out = f"{self.root}/{pid}/root/{path.lstrip('/')}"
+        if "//" in out or "/./" in out or out.endswith(("/", "/.")):
+            return str(self.root / str(pid) / "root" / path.lstrip("/"))  # as a Path spells it
+        return out
 
     def parents(self) -> dict[int, int]:
         """pid -> ppid for every process in the tree (one scan)."""

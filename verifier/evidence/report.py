@@ -15,6 +15,7 @@ from verifier.evidence.native import NativeMemory, native_mappings
 from verifier.evidence.origins import stdlib_test
 from verifier.evidence.process import ProcessEvidence
 from verifier.evidence.procfs import ProcFS
+from verifier.evidence.verdicts import VerdictStore
 from verifier.model import (
     EVIDENCE_JOURNAL_EDITED,
     EVIDENCE_PROBE_UNBOUND,
@@ -44,6 +45,7 @@ def report_with_judgement(
     index: DistIndex | None = None,
     reuse: Judgement | None = None,
     memory: NativeMemory | None = None,
+    verdicts: VerdictStore | None = None,
 ) -> tuple[ProcessReport, Judgement | None]:
     """One process's report with the agent's own /proc evidence added. HASHER: reuse one so
     unchanged files are answered from its cache. PREVIOUS: the last judgement of its files, to
@@ -51,7 +53,8 @@ def report_with_judgement(
     distribution index, to reuse (see ``judge.dist_index``). REUSE: an earlier judgement whose
     manifest-only part (origins, bytecode) is kept while the manifest is unchanged. MEMORY:
     the native mappings' bytes first seen (the agent's, across reports), so a library
-    rewritten in place between two reports is ``changed``. The code that runs each step
+    rewritten in place between two reports is ``changed``. VERDICTS: compile outcomes kept
+    across agent restarts (``verdicts.py``). The code that runs each step
     method and hook target is verified every time (``codecheck``)."""
     ident = ev.identity
     ref = container_of(procfs, ident.pid)
@@ -89,7 +92,7 @@ def report_with_judgement(
     runner = probe.runner
     now = None
     if runner is not None and runner.file:
-        now = hasher.hash_file(str(procfs.in_root(ident.pid, runner.file))).sha256
+        now = hasher.hash_file(procfs.in_root_str(ident.pid, runner.file)).sha256
     judged = previous or judge(
         procfs,
         ident.pid,
@@ -100,6 +103,7 @@ def report_with_judgement(
         index=index,
         reuse=reuse,
         native=mappings,
+        verdicts=verdicts,
     )
     # What runs the step methods and hook targets: verified on every report (a chain can
     # change without any file changing; compiled files are cached).
