@@ -118,13 +118,14 @@ def store_batch(  # noqa: PLR0917 - one call site, inside the store's transactio
     return span_rows, id_rows
 
 
-def _canonical(row: Sequence[Any]) -> list[Any]:
+def _canonical(row: Sequence[Any]) -> Sequence[Any]:
     """ROW without its trailing NULLs: a column added later (``spec_json``) is NULL in rows
-    stored before it existed, and leaving NULLs out keeps their digests what they were."""
-    out = list(row)
-    while out and out[-1] is None:
-        out.pop()
-    return out
+    stored before it existed, and leaving NULLs out keeps their digests what they were. A
+    slice, not a list (JSON writes a tuple as the same array; one copy, made in C)."""
+    n = len(row)
+    while n and row[n - 1] is None:
+        n -= 1
+    return row[:n]
 
 
 def rows_bytes(rows: Iterable[Sequence[Any]]) -> bytes:

@@ -28,47 +28,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verifier import wire
-from verifier.errors import CheckFailed
-from verifier.ledger import bindings, chain
+from verifier.ledger import chain
+from verifier.ledger.content_check import Difference, IndexDisagrees, check_content, require
+from verifier.ledger.content_check import fmt_key as _fmt_key
 from verifier.ledger.interface import Database
+
+__all__ = [
+    "Difference", "IndexDisagrees", "check_content", "check_manifest_files", "check_processes",
+    "compare", "require",
+]  # fmt: skip
 
 PKey = tuple[str, str, int, int, str]  # target, boot_id, pid, start_ticks, manifest
 PROCESS_FIELDS = ("role", "rank", "container_id", "runner", "first_unix", "last_unix", "reports")
-
-
-class IndexDisagrees(CheckFailed):
-    """An index row the answer would use is not what the ledgered content says (exit 1)."""
-
-
-@dataclass(frozen=True)
-class Difference:
-    """One index row that is not what the ledgered content derives."""
-
-    table: str
-    key: str
-    field: str  # a column, or "row" for a row missing from or extra in the table
-    stored: Any
-    derived: Any
-
-    def __str__(self) -> str:
-        if self.field == "row" and self.derived is None:
-            return f"{self.table} {self.key}: a row no ledgered content derives"
-        if self.field == "row":
-            return f"{self.table} {self.key}: missing (the ledgered content derives it)"
-        if self.field == "ledger entry":
-            return f"{self.table} {self.key}: changed after it was ledgered, or never ledgered"
-        if self.derived is None:
-            return (
-                f"{self.table} {self.key}: {self.field} {self.stored!r} is in no ledgered manifest"
-            )
-        return (
-            f"{self.table} {self.key}: {self.field} is {self.stored!r}, the ledgered content "
-            f"says {self.derived!r}"
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {"table": self.table, "key": self.key, "field": self.field,
-                "stored": self.stored, "derived": self.derived}  # fmt: skip
 
 
 @dataclass
@@ -87,79 +58,6 @@ class _Proc:
     def values(self) -> tuple[Any, ...]:
         return (self.role, self.rank, self.container_id, self.runner, self.first_unix,
                 self.last_unix, self.reports)  # fmt: skip
-
-
-def _fmt_key(k: Sequence[Any]) -> str:
-    return json.dumps(list(k))
-
-
-# Content against its ledger entry (for the rows one answer uses) -----------------------------
-
-
-def _subjects(db: Database, kind: str, refs: Iterable[str]) -> dict[str, str]:
-    """The subject of the ledger entry of each of REFS of KIND whose fields match its own
-    hash (the chain between entries is ``chain.verify``'s, or the inclusion proof's)."""
-    wanted = set(refs)
-    out: dict[str, str] = {}
-    if not wanted:
-        return out
-    # One pass over the kind's entries (the ledger has no index on ref: a query per ref would
-    # scan it once per ref).
-    for seq, at, k, r, subject, prev, h in db.execute(
-        "SELECT seq, at_unix, kind, ref, subject, prev, hash FROM ledger WHERE kind = ?", (kind,)
-    ):
-        if r in wanted and chain.entry_hash((int(seq), at, k, r, subject, prev)) == h:
-            out[str(r)] = str(subject)
-    return out
-
-
-def check_content(
-    db: Database,
-    manifests: Iterable[str] = (),
-    reports: Iterable[tuple[str, int]] = (),
-    batches: Iterable[str] = (),
-) -> list[Difference]:
-    """The stored MANIFESTS (digests), REPORTS ((agent, seq)) and binding BATCHES (refs) an
-    answer rests on, each against the subject of its own ledger entry: content edited after
-    it was ledgered, or never ledgered, is named (table, key, "ledger entry")."""
-    manifests, batches = sorted(set(manifests)), sorted(set(batches))
-    out: list[Difference] = []
-    want = _subjects(db, "manifest", manifests)
-    for d in sorted(set(manifests)):
-        row = db.execute("SELECT files_json FROM manifests WHERE digest = ?", (d,)).fetchone()
-        if row is not None and want.get(d) != chain.manifest_subject(row[0]):
-            out.append(Difference("manifests", d, "ledger entry", "changed or unledgered", None))
-    refs = {chain.report_ref(a, int(n)): (a, int(n)) for a, n in reports}
-    want = _subjects(db, "report", refs)
-    for ref, (agent, seq) in sorted(refs.items()):
-        row = db.execute(
-            "SELECT target, received_unix, report FROM reports WHERE agent_id = ? AND seq = ?",
-            (agent, seq),
-        ).fetchone()
-        got = (
-            None if row is None else chain.report_subject(agent, seq, row[0], row[1], bytes(row[2]))
-        )
-        if got is not None and want.get(ref) != got:
-            out.append(Difference("reports", ref, "ledger entry", "changed or unledgered", None))
-    want = _subjects(db, "bindings", batches)
-    for ref in sorted(set(batches)):
-        head = db.execute(
-            "SELECT target, received_unix FROM binding_batches WHERE ref = ?", (ref,)
-        ).fetchone()
-        spans = db.execute(
-            f"SELECT {bindings.span_select(db)} FROM bindings WHERE batch = ? ORDER BY rowid",  # noqa: S608
-            (ref,),
-        ).fetchall()
-        ids = db.execute(
-            f"SELECT {bindings.ID_COLUMNS} FROM request_ids WHERE batch = ? ORDER BY rowid",  # noqa: S608
-            (ref,),
-        ).fetchall()
-        got = None if head is None else chain.bindings_subject(
-            ref, head[0], float(head[1]), bindings.rows_sha256(spans), bindings.rows_sha256(ids)
-        )  # fmt: skip
-        if want.get(ref) != got:
-            out.append(Difference("bindings", ref, "ledger entry", "changed or unledgered", None))
-    return out
 
 
 # Manifests: paths, blobs, manifest_files ------------------------------------------------
@@ -206,11 +104,12 @@ def _stored_manifest_files(
     out: dict[tuple[str, str], Any] = {}
     bad: list[Difference] = []
     for manifest, path_id, blob_id, path, sha in rows:
-        key = _fmt_key([manifest, int(path_id)])
         if path is None:
+            key = _fmt_key([manifest, int(path_id)])
             bad.append(Difference("manifest_files", key, "path_id", int(path_id), None))
             continue
         if blob_id is not None and sha is None:
+            key = _fmt_key([manifest, int(path_id)])
             bad.append(Difference("manifest_files", key, "blob_id", int(blob_id), None))
             continue
         out[(str(manifest), str(path))] = sha
@@ -226,7 +125,9 @@ def check_manifest_files(db: Database, digests: Iterable[str] | None = None) -> 
     have, out = _stored_manifest_files(db, digests)
     if digests is not None:  # the whole database: chain.verify walks every entry instead
         out += check_content(db, manifests=digests)
-    for k in sorted(set(want) | set(have)):
+    # Only the keys that differ (a dict's items compare in C: O(rows), no key formatted).
+    differ = set(want.items()) ^ set(have.items())
+    for k in sorted({k for k, _ in differ}):
         key = _fmt_key(k)
         if k not in have:
             out.append(Difference("manifest_files", key, "row", None, want[k]))
@@ -268,17 +169,25 @@ def _reports(db: Database, targets: list[str] | None) -> list[Any]:
     return out
 
 
-def _derive_processes(db: Database, targets: list[str] | None) -> dict[PKey, _Proc]:
+def _derive_processes(
+    db: Database, targets: list[str] | None, requests: bool = True
+) -> dict[PKey, _Proc]:
     """The ``processes`` rows the stored reports (decoded) and bindings derive, replayed in
     storage order as the verifier indexed them (``verifier.server.index.index_processes``
-    then ``index_requests`` per report)."""
+    then ``index_requests`` per report); without REQUESTS, every field but the counts.
+
+    For TARGETS (one answer's check) the reports read are checked against their ledger
+    entries (one probe each); the binding rows are counted in SQL, per batch and process,
+    and not re-hashed: the rows an answer returns are hashed by that answer (their batches,
+    :func:`check_content`), the request counts are checked against the stored rows, and the
+    rows against their ledger entries by ``verifier audit verify`` (docs/audit.md)."""
     reports = _reports(db, targets)
-    batches = _batches(db, targets)
     if targets is not None:  # the whole database: chain.verify walks every entry instead
-        bad = check_content(db, reports=[(str(r[0]), int(r[1])) for r in reports],
-                            batches=list(batches))  # fmt: skip
+        bad = check_content(db, reports=[(str(r[0]), int(r[1])) for r in reports])
         if bad:
             raise IndexDisagrees("; ".join(map(str, bad[:3])) + " (`verifier audit verify`)")
+    refs = [chain.report_ref(str(r[0]), int(r[1])) for r in reports]
+    batches = _batches(db, targets, refs) if requests else {}
     out: dict[PKey, _Proc] = {}
     for agent_id, seq, target, received, body in reports:
         try:
@@ -286,13 +195,13 @@ def _derive_processes(db: Database, targets: list[str] | None) -> dict[PKey, _Pr
         except wire.WireError:
             continue  # chain.verify names it (changed), or the verifier never indexed it
         _seen(out, str(target), float(received), report.processes)
-        for span_key in batches.get(json.dumps([agent_id, int(seq)]), ()):
+        for span_key, n in batches.get(chain.report_ref(str(agent_id), int(seq)), ()):
             if span_key in out:
-                out[span_key].requests_live += 1
+                out[span_key].requests_live += n
     for spans in batches.values():
-        for span_key in spans:
+        for span_key, n in spans:
             if span_key in out:
-                out[span_key].requests_all += 1
+                out[span_key].requests_all += n
     return out
 
 
@@ -314,19 +223,39 @@ def _seen(out: dict[PKey, _Proc], target: str, at: float, processes: Sequence[An
             got.reports += 1
 
 
-def _batches(db: Database, targets: list[str] | None) -> dict[str, list[PKey]]:
-    """Each stored batch's spans as the process and manifest they count for."""
-    sql = "SELECT batch, target, boot_id, pid, start_ticks, manifest_first FROM bindings"
+def _batches(
+    db: Database, targets: list[str] | None, refs: Sequence[str] = ()
+) -> dict[str, list[tuple[PKey, int]]]:
+    """Each stored batch's spans counted per process and manifest of their first step (what
+    ``index_requests`` counts), in SQL. For TARGETS: the batches REFS (their reports') and
+    the target's other stored batches, each through ``bindings_by_batch``: O(their rows)
+    inside the database, none of them decoded here."""
+    cols = "target, boot_id, pid, start_ticks, manifest_first"
     rows: list[Any] = []
     if targets is None:
-        rows = db.execute(sql + " ORDER BY rowid").fetchall()
+        rows = db.execute(
+            f"SELECT batch, {cols}, COUNT(*) FROM bindings GROUP BY batch, {cols}"  # noqa: S608
+        ).fetchall()
     else:
+        wanted = set(refs)
         for t in sorted(set(targets)):
-            rows += db.execute(sql + " WHERE target = ? ORDER BY rowid", (t,)).fetchall()
-    out: dict[str, list[PKey]] = {}
-    for batch, target, boot, pid, ticks, manifest in rows:
-        out.setdefault(str(batch), []).append((str(target), str(boot), int(pid), int(ticks),
-                                               str(manifest)))  # fmt: skip
+            wanted |= {
+                str(r)
+                for (r,) in db.execute("SELECT ref FROM binding_batches WHERE target = ?", (t,))
+            }
+        for ref in sorted(wanted):
+            rows += db.execute(
+                f"SELECT batch, {cols}, COUNT(*) FROM bindings WHERE batch = ? "  # noqa: S608
+                f"GROUP BY batch, {cols}",
+                (ref,),
+            ).fetchall()
+    keep = None if targets is None else set(targets)
+    out: dict[str, list[tuple[PKey, int]]] = {}
+    for batch, target, boot, pid, ticks, manifest, n in rows:
+        if keep is not None and str(target) not in keep:
+            continue
+        key: PKey = (str(target), str(boot), int(pid), int(ticks), str(manifest))
+        out.setdefault(str(batch), []).append((key, int(n)))
     return out
 
 
@@ -349,12 +278,39 @@ def _stored_processes(db: Database, targets: list[str] | None) -> dict[PKey, tup
     return out
 
 
+def _counts_agree(db: Database, have: dict[PKey, tuple[Any, ...]], want: dict[PKey, _Proc]) -> bool:
+    """Whether every stored request count of a row WANT derives equals the stored bindings of
+    its process and manifest, counted in ``bindings_by_manifest`` alone (no table row read:
+    O(the process's bindings) in index entries) and set as ``requests_all``. False when
+    a count differs, or when another (target, boot) shares the (manifest, pid, start) and
+    the index count would be theirs too: the caller then counts batch by batch."""
+    for k in set(have) & set(want):
+        _, _, pid, ticks, manifest = k
+        others = db.execute(
+            "SELECT COUNT(*) FROM processes WHERE manifest = ? AND pid = ? AND start_ticks = ?",
+            (manifest, pid, ticks),
+        ).fetchone()[0]
+        if int(others) != 1:
+            return False
+        n = db.execute(
+            "SELECT COUNT(*) FROM bindings WHERE manifest_first = ? AND pid = ? "
+            "AND start_ticks = ?",
+            (manifest, pid, ticks),
+        ).fetchone()[0]
+        if int(n) != have[k][7]:
+            return False
+        want[k].requests_all = int(n)
+    return True
+
+
 def check_processes(db: Database, targets: Iterable[str] | None = None) -> list[Difference]:
     """The ``processes`` rows of TARGETS (every target: None) against what the stored reports
     and bindings of those targets derive: a row edited (each field), deleted or forged."""
     targets = None if targets is None else list(targets)
-    want = _derive_processes(db, targets)
     have = _stored_processes(db, targets)
+    want = _derive_processes(db, targets, requests=targets is None)
+    if targets is not None and not _counts_agree(db, have, want):
+        want = _derive_processes(db, targets)  # count them batch by batch, as served
     out = []
     for k in sorted(set(want) | set(have), key=lambda k: tuple(map(str, k))):
         key = _fmt_key(k)
@@ -376,15 +332,3 @@ def check_processes(db: Database, targets: Iterable[str] | None = None) -> list[
 def compare(db: Database) -> list[Difference]:
     """Every index table against the ledgered content: the differences (none: they agree)."""
     return _check_paths_blobs(db) + check_manifest_files(db) + check_processes(db)
-
-
-def require(differences: Sequence[Difference], what: str) -> None:
-    """Raise :class:`IndexDisagrees` naming the first differences, if any."""
-    if not differences:
-        return
-    shown = "; ".join(str(d) for d in differences[:3])
-    more = f" (and {len(differences) - 3} more)" if len(differences) > 3 else ""
-    raise IndexDisagrees(
-        f"{what}: the index tables disagree with the ledgered content: {shown}{more}; "
-        "`verifier audit verify --db` lists every difference"
-    )

@@ -82,24 +82,24 @@ def find_file(db: Database, query: str, sample: int = 0) -> list[Sighting]:
         raise NotFound(f"no stored manifest has a file matching {query!r}")
     runs = _runs(db)
     out: list[Sighting] = []
+    sampled: set[str] = set()  # the batches of the ids in the answer: hashed before it
     for manifest, path, sha in rows:
         for target, boot, pid, ticks, role, rank, container, first, last, n, served in db.execute(
             "SELECT target, boot_id, pid, start_ticks, role, rank, container_id, first_unix, "
             "last_unix, reports, requests FROM processes WHERE manifest = ? ORDER BY first_unix",
             (manifest,),
         ):
-            ids = (
-                [
-                    str(r[0])
-                    for r in db.execute(
-                        "SELECT internal_id FROM bindings WHERE manifest_first = ? AND pid = ? "
-                        "AND start_ticks = ? AND boot_id = ? AND target = ? LIMIT ?",
-                        (manifest, pid, ticks, boot, target, sample),
-                    )
-                ]
+            got = (
+                db.execute(
+                    "SELECT internal_id, batch FROM bindings WHERE manifest_first = ? "
+                    "AND pid = ? AND start_ticks = ? AND boot_id = ? AND target = ? LIMIT ?",
+                    (manifest, pid, ticks, boot, target, sample),
+                ).fetchall()
                 if sample and served
                 else []
             )
+            ids = [str(i) for i, _ in got]
+            sampled |= {str(b) for _, b in got}
             out.append(
                 Sighting(
                     path,
@@ -121,6 +121,7 @@ def find_file(db: Database, query: str, sample: int = 0) -> list[Sighting]:
             )
     if not out:
         raise NotFound(f"a manifest lists {query!r}, but no stored report names a process with it")
+    index_check.require(index_check.check_content(db, batches=sampled), f"audit file {query}")
     return out
 
 

@@ -1,0 +1,155 @@
+"""Stored content against its own ledger entry, for the rows one answer rests on, and the
+differences the index checks name (:mod:`verifier.ledger.index_check`).
+
+A manifest, a report or a batch of request bindings is checked by recomputing the subject of
+its ledger entry: one probe per entry through the ledger's index on (kind, ref) where the
+database has it (``ledger_by_ref``), else one pass over the kind's entries. A batch is hashed
+whole (O(its rows)): its ledger subject is one digest over every row.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from verifier.errors import CheckFailed
+from verifier.ledger import bindings, chain
+from verifier.ledger.interface import Database
+
+
+class IndexDisagrees(CheckFailed):
+    """An index row the answer would use is not what the ledgered content says (exit 1)."""
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One index row that is not what the ledgered content derives."""
+
+    table: str
+    key: str
+    field: str  # a column, or "row" for a row missing from or extra in the table
+    stored: Any
+    derived: Any
+
+    def __str__(self) -> str:
+        if self.field == "row" and self.derived is None:
+            return f"{self.table} {self.key}: a row no ledgered content derives"
+        if self.field == "row":
+            return f"{self.table} {self.key}: missing (the ledgered content derives it)"
+        if self.field == "ledger entry":
+            return f"{self.table} {self.key}: changed after it was ledgered, or never ledgered"
+        if self.derived is None:
+            return (
+                f"{self.table} {self.key}: {self.field} {self.stored!r} is in no ledgered manifest"
+            )
+        return (
+            f"{self.table} {self.key}: {self.field} is {self.stored!r}, the ledgered content "
+            f"says {self.derived!r}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"table": self.table, "key": self.key, "field": self.field,
+                "stored": self.stored, "derived": self.derived}  # fmt: skip
+
+
+def fmt_key(k: Sequence[Any]) -> str:
+    return json.dumps(list(k))
+
+
+# Content against its ledger entry (for the rows one answer uses) -----------------------------
+
+
+def _has_ref_index(db: Database) -> bool:
+    """Whether the ledger has its index on (kind, ref) (``ledger_by_ref``; a database made by
+    an older verifier may not)."""
+    sql = (
+        "SELECT 1 FROM pg_indexes WHERE indexname = 'ledger_by_ref'"
+        if db.kind == "postgresql"
+        else "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = 'ledger_by_ref'"
+    )
+    return db.execute(sql).fetchone() is not None
+
+
+def _subjects(db: Database, kind: str, refs: Iterable[str]) -> dict[str, str]:
+    """The subject of the ledger entry of each of REFS of KIND whose fields match its own
+    hash (the chain between entries is ``chain.verify``'s, or the inclusion proof's). One
+    probe per ref through ``ledger_by_ref``; without that index, one pass over the kind's
+    entries (a query per ref would scan the ledger once per ref)."""
+    wanted = set(refs)
+    out: dict[str, str] = {}
+    if not wanted:
+        return out
+    sql = "SELECT seq, at_unix, kind, ref, subject, prev, hash FROM ledger WHERE kind = ?"
+    rows: list[Any] = []
+    if _has_ref_index(db):
+        for r in sorted(wanted):
+            rows += db.execute(sql + " AND ref = ? ORDER BY seq", (kind, r)).fetchall()
+    else:
+        rows = db.execute(sql + " ORDER BY seq", (kind,)).fetchall()
+    for seq, at, k, r, subject, prev, h in rows:
+        if r in wanted and chain.entry_hash((int(seq), at, k, r, subject, prev)) == h:
+            out[str(r)] = str(subject)
+    return out
+
+
+def check_content(
+    db: Database,
+    manifests: Iterable[str] = (),
+    reports: Iterable[tuple[str, int]] = (),
+    batches: Iterable[str] = (),
+) -> list[Difference]:
+    """The stored MANIFESTS (digests), REPORTS ((agent, seq)) and binding BATCHES (refs) an
+    answer rests on, each against the subject of its own ledger entry: content edited after
+    it was ledgered, or never ledgered, is named (table, key, "ledger entry")."""
+    manifests, batches = sorted(set(manifests)), sorted(set(batches))
+    out: list[Difference] = []
+    want = _subjects(db, "manifest", manifests)
+    for d in sorted(set(manifests)):
+        row = db.execute("SELECT files_json FROM manifests WHERE digest = ?", (d,)).fetchone()
+        if row is not None and want.get(d) != chain.manifest_subject(row[0]):
+            out.append(Difference("manifests", d, "ledger entry", "changed or unledgered", None))
+    refs = {chain.report_ref(a, int(n)): (a, int(n)) for a, n in reports}
+    want = _subjects(db, "report", refs)
+    for ref, (agent, seq) in sorted(refs.items()):
+        row = db.execute(
+            "SELECT target, received_unix, report FROM reports WHERE agent_id = ? AND seq = ?",
+            (agent, seq),
+        ).fetchone()
+        got = (
+            None if row is None else chain.report_subject(agent, seq, row[0], row[1], bytes(row[2]))
+        )
+        if got is not None and want.get(ref) != got:
+            out.append(Difference("reports", ref, "ledger entry", "changed or unledgered", None))
+    want = _subjects(db, "bindings", batches)
+    for ref in sorted(set(batches)):
+        head = db.execute(
+            "SELECT target, received_unix FROM binding_batches WHERE ref = ?", (ref,)
+        ).fetchone()
+        spans = db.execute(
+            f"SELECT {bindings.span_select(db)} FROM bindings WHERE batch = ? ORDER BY rowid",  # noqa: S608
+            (ref,),
+        ).fetchall()
+        ids = db.execute(
+            f"SELECT {bindings.ID_COLUMNS} FROM request_ids WHERE batch = ? ORDER BY rowid",  # noqa: S608
+            (ref,),
+        ).fetchall()
+        got = None if head is None else chain.bindings_subject(
+            ref, head[0], float(head[1]), bindings.rows_sha256(spans), bindings.rows_sha256(ids)
+        )  # fmt: skip
+        if want.get(ref) != got:
+            out.append(Difference("bindings", ref, "ledger entry", "changed or unledgered", None))
+    return out
+
+
+def require(differences: Sequence[Difference], what: str) -> None:
+    """Raise :class:`IndexDisagrees` naming the first differences, if any."""
+    if not differences:
+        return
+    shown = "; ".join(str(d) for d in differences[:3])
+    more = f" (and {len(differences) - 3} more)" if len(differences) > 3 else ""
+    raise IndexDisagrees(
+        f"{what}: the index tables disagree with the ledgered content: {shown}{more}; "
+        "`verifier audit verify --db` lists every difference"
+    )
