@@ -165,6 +165,10 @@ def test_a_coordinated_edit_of_rows_and_count_is_left_to_audit_verify(backend: B
     backend.sql(("DELETE FROM bindings WHERE internal_id = ?", (OTHER,)),
                 "UPDATE processes SET requests = requests - 1")  # fmt: skip
     assert refusals(backend.target) == {"request": False, "file": False}
+    # ... and says that its count is the index's, for `audit verify` to check: never silent.
+    told = verifier_cli("audit", "file", SHA_A, "--db", backend.target)
+    assert told.returncode == 0, told.stderr
+    assert "request(s) (index count: `audit verify` re-hashes it)" in told.stdout, told.stdout
     out = verifier_cli("audit", "verify", "--db", backend.target)
     said = out.stdout + out.stderr
     assert out.returncode == 1 and 'bindings ["a", 2]' in said and "changed" in said, said
