@@ -25,7 +25,11 @@ of the parent process, 5 calls/s). After the arm (SIGTERM), every (agent, seq) a
 must be in the database: 1..last acknowledged seq of every agent.
 
 Usage: bench/agents_scale.py [--agents 500] [--rate 2] [--seconds 10] [--rounds 3]
-                             [--bindings 20] [--src base=/path/to/tree --src new=.]
+                             [--bindings 20] [--status-rate 5] [--src base=/path/to/tree --src new=.]
+
+``--status-rate 0`` leaves the status client out: the CPU per acknowledged report is then the
+agents' calls' alone (with it, answered status calls are in it too, and an arm that refuses
+them looks cheaper).
 """
 
 from __future__ import annotations
@@ -163,7 +167,8 @@ def generator(addr: str, tag: str, k: int, rate: float, bindings: int,  # noqa: 
     asyncio.run(agents_main(addr, tag, k, rate, bindings, t_win, t_end, out))
 
 
-def status_loop(addr: str, stop: threading.Event, lat: list[float], errors: list[str]) -> None:
+def status_loop(addr: str, stop: threading.Event, lat: list[float], errors: list[str],
+                period: float = 0.2) -> None:  # fmt: skip
     with grpc.insecure_channel(addr, options=list(wire.GRPC_OPTIONS)) as ch:
         stub = pb_grpc.VerifierServiceStub(ch)
         while not stop.is_set():
@@ -173,7 +178,7 @@ def status_loop(addr: str, stop: threading.Event, lat: list[float], errors: list
                 lat.append(time.monotonic() - s0)
             except grpc.RpcError as e:
                 errors.append(str(e.code()))
-            stop.wait(max(0.0, 0.2 - (time.monotonic() - s0)))
+            stop.wait(max(0.0, period - (time.monotonic() - s0)))
 
 
 def serve(tmp: Path, src: Path) -> tuple[str, subprocess.Popen[bytes], str]:
@@ -192,7 +197,8 @@ def serve(tmp: Path, src: Path) -> tuple[str, subprocess.Popen[bytes], str]:
     return addr, server, db
 
 
-def arm(src: Path, tmp: Path, k: int, rate: float, seconds: float, bindings: int) -> dict[str, Any]:  # noqa: PLR0917
+def arm(src: Path, tmp: Path, k: int, rate: float, seconds: float, bindings: int,  # noqa: PLR0917
+        status_rate: float = 5.0) -> dict[str, Any]:  # fmt: skip
     addr, server, db = serve(tmp, src)
     ctx = mp.get_context("spawn")
     ready, go, out = ctx.Queue(), ctx.Queue(), ctx.Queue()
@@ -205,13 +211,15 @@ def arm(src: Path, tmp: Path, k: int, rate: float, seconds: float, bindings: int
     time.sleep(max(0.0, t_win - time.time()))
     cpu0, gcpu0, m0 = cpu_seconds(server.pid), cpu_seconds(gen_pid), time.monotonic()
     stop, slat, serr = threading.Event(), [], []  # type: ignore[var-annotated]
-    st = threading.Thread(target=status_loop, args=(addr, stop, slat, serr))
-    st.start()
+    st = threading.Thread(target=status_loop, args=(addr, stop, slat, serr, 1 / (status_rate or 1)))
+    if status_rate > 0:  # 0: the agents' reports alone (their CPU per report, unmixed)
+        st.start()
     time.sleep(max(0.0, t_win + seconds - time.time()))
     elapsed = time.monotonic() - m0
     cpu, gcpu = cpu_seconds(server.pid) - cpu0, cpu_seconds(gen_pid) - gcpu0
     stop.set()
-    st.join()
+    if st.is_alive():
+        st.join()
     res = out.get(timeout=120)
     gen.join(timeout=60)
     server.terminate()
@@ -286,6 +294,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--bindings", type=int, default=20)
+    ap.add_argument("--status-rate", type=float, default=5.0,
+                    help="GetRunStatus calls/s from a separate client (0: none)")  # fmt: skip
     ap.add_argument("--src", action="append", default=[], help="LABEL=PATH of a source tree")
     ap.add_argument("--lock", help="a file to flock for each round (a machine shared with others)")
     _smoke.add_args(ap)
@@ -299,6 +309,7 @@ def main() -> None:
         ("this tree", REPO)
     ]
     print(f"{args.agents} agents x {args.rate:g} reports/s, {args.bindings} bindings each, "
+          f"{args.status_rate:g} status calls/s, "
           f"{args.seconds:g} s measured, {args.rounds} rounds, arms interleaved, baseline "
           f"{srcs[0][0]}", flush=True)  # fmt: skip
     results: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in srcs}
@@ -307,8 +318,8 @@ def main() -> None:
             with held(args.lock):
                 order = [*srcs[r % len(srcs) :], *srcs[: r % len(srcs)]]  # rotated per round
                 for label, src in order:
-                    res = arm(src, Path(tmp) / f"r{r}-{label}", args.agents,
-                              args.rate, args.seconds, args.bindings)  # fmt: skip
+                    res = arm(src, Path(tmp) / f"r{r}-{label}", args.agents, args.rate,
+                              args.seconds, args.bindings, args.status_rate)  # fmt: skip
                     results[label].append(res)
                     say(r, label, args.agents * args.rate, args.agents, res)
     print(

@@ -108,9 +108,9 @@ def stalled(addr: str, n: int) -> Iterator[None]:
         )
         probe = pb_grpc.VerifierServiceStub(ch)
 
-        def full() -> bool:  # the slots are taken once a real call is refused
+        def full() -> bool:  # the slots are taken once a real agent's call is refused
             try:
-                probe.ListRuns(pb.ListRunsRequest(), timeout=5)
+                probe.Hello(pb.HelloRequest(), timeout=5)
             except grpc.RpcError as e:
                 return bool(e.code() == BUSY)
             return False

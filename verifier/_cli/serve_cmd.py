@@ -81,8 +81,9 @@ def add_parser(sub: Any) -> None:
         type=int,
         default=64,
         metavar="N",
-        help="answer RESOURCE_EXHAUSTED beyond N RPCs in progress rather than queue without "
-        "bound (default 64); agents back off and keep their reports spooled",
+        help="answer agents' calls (Hello, Report) RESOURCE_EXHAUSTED beyond N in progress "
+        "rather than queue without bound (default 64); agents back off and keep their reports "
+        "spooled. Status reads have a bound of their own: busy agents never refuse them",
     )
     p.add_argument(
         "--metrics-listen",

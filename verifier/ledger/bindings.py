@@ -128,10 +128,15 @@ def _canonical(row: Sequence[Any]) -> Sequence[Any]:
     return row[:n]
 
 
+# one encoder for every batch (json.dumps with options builds a JSONEncoder per call); the
+# bytes are json.dumps(..., separators=(",", ":"))'s
+_ROWS_JSON = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def rows_bytes(rows: Iterable[Sequence[Any]]) -> bytes:
     """The canonical bytes of rows in order: one compact JSON array of arrays (a row's
     trailing NULL columns left out)."""
-    return json.dumps([_canonical(r) for r in rows], separators=(",", ":")).encode()
+    return _ROWS_JSON([_canonical(r) for r in rows]).encode()
 
 
 def rows_sha256(rows: Iterable[Sequence[Any]]) -> str:

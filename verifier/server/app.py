@@ -31,6 +31,15 @@ from verifier.security.auth import Authorizer, load_tokens
 from verifier.security.peercred import LocalAgent, UnixRelay
 from verifier.security.tls import ServerTLS, is_local, warn_insecure
 from verifier.server import ingress
+from verifier.server.admission import (
+    AGENT_METHODS,
+    READ_LIMIT,
+    READ_METHODS,
+    READ_WORKERS,
+    Admission,
+    ClassPool,
+    grpc_limit,
+)
 from verifier.server.audit_service import AuditService
 from verifier.server.db import redact
 from verifier.server.metrics import RpcObserver
@@ -45,10 +54,8 @@ SERVICE_NAME = "verifier.api.v1.VerifierService"
 # The history keeper re-evaluates at most this often: it records verdict changes, while
 # status/wait evaluate on demand, so gate latency does not depend on it.
 HISTORY_PACE_S = 0.5
-# Status reads have threads of their own (never queued behind agents' reports, which may keep
-# every other thread busy): the calls a gate, `verifier status` and `verifier wait` make.
-READ_METHODS = ("GetRunStatus", "ListRuns", "ListTargets")
-READ_WORKERS = 2
+# Agents' calls and status reads are admitted by class, each with its own bound and threads
+# (server/admission.py): agents keeping their bound full never refuse nor queue a status read.
 
 
 @dataclass(frozen=True)
@@ -67,9 +74,10 @@ class ServeConfig:
     insecure: bool = False  # serve without TLS on a non-local address (named, warned)
     checkpoint_interval_s: float = 60.0
     checkpoint_every: int = 1000  # also sign once the ledger grew by this many entries
-    # Beyond this many RPCs in progress (running or queued for a worker), the verifier answers
-    # RESOURCE_EXHAUSTED at once instead of queueing without bound; agents back off and keep
-    # the report spooled. None: no limit.
+    # Beyond this many agents' calls (Hello, Report) in progress (running or queued for one of
+    # the agents' workers), the verifier answers them RESOURCE_EXHAUSTED at once instead of
+    # queueing without bound; agents back off and keep the report spooled. Status reads have
+    # a bound of their own (server/admission.py). None: no limit.
     max_concurrent_rpcs: int | None = 64
     metrics_listen: str | None = None  # HOST:PORT: Prometheus metrics over HTTP (metrics.py)
     # A target silent this long is expired (in no verdict; ledgered); > every freshness_s.
@@ -204,14 +212,21 @@ class VerifierServer:
         )
         self.health = health.HealthServicer()
         opts = list(wire.GRPC_OPTIONS)
-        self._reads = futures.ThreadPoolExecutor(READ_WORKERS, thread_name_prefix="status")
+        limit = config.max_concurrent_rpcs
+        self.admission = Admission(
+            (
+                (AGENT_METHODS, ClassPool("agents", config.workers, limit)),
+                (
+                    READ_METHODS,
+                    ClassPool("status", READ_WORKERS, None if limit is None else READ_LIMIT),
+                ),
+            )
+        )
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=config.workers),
             options=opts,
-            maximum_concurrent_rpcs=config.max_concurrent_rpcs,
-            interceptors=[
-                RpcObserver(self.service.metrics, dict.fromkeys(READ_METHODS, self._reads))
-            ],
+            maximum_concurrent_rpcs=grpc_limit(limit),
+            interceptors=[RpcObserver(self.service.metrics), self.admission],
         )
         self.audit = AuditService(self.store, self._key, auth)  # same listener, same auth
         # Both through the ingress: callers authorized before their bytes are parsed.
@@ -379,7 +394,7 @@ class VerifierServer:
         for name in ("", SERVICE_NAME):
             self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.server.stop(self.config.grace_s).wait()
-        self._reads.shutdown(wait=False)
+        self.admission.shutdown()
         if self.health_server is not None:
             self.health_server.stop(0).wait()
         if self.relay is not None:

@@ -6,16 +6,16 @@ verdicts, methods) are exported at zero from the start.
 
 A refusal's reason comes from its status code (``refusal_reason``) unless the code that
 refused noted a more precise one for the call (``note_refusal``: "undecodable" bytes, a
-"too_large" value over a ``wire.limits`` limit). Calls that gRPC refuses itself never reach
-the interceptor's wrapper and are not counted here: over ``--max-concurrent-rpcs``
-("Concurrent RPC limit exceeded", RESOURCE_EXHAUSTED) and messages over the 64 MiB limit.
+"too_large" value over a ``wire.limits`` limit, "busy" for a call over its class's bound in
+``admission.Admission``). Calls that gRPC refuses itself never reach the interceptor's wrapper
+and are not counted here: over its own ``maximum_concurrent_rpcs`` (``admission.grpc_limit``:
+above the classes' bounds, for the other methods) and messages over the 64 MiB limit.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
-from concurrent import futures
+from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
@@ -173,15 +173,8 @@ class RpcObserver(grpc.ServerInterceptor):
     method and the peer (contextvars; the servicer adds the identity and, for a report,
     agent, target and seq)."""
 
-    def __init__(
-        self,
-        metrics: VerifierMetrics,
-        pools: Mapping[str, futures.ThreadPoolExecutor] | None = None,
-    ) -> None:
+    def __init__(self, metrics: VerifierMetrics) -> None:
         self.metrics = metrics
-        # methods served by their own threads (gRPC's per-method pool): status reads are not
-        # queued behind agents' reports when those keep every other thread busy
-        self.pools = dict(pools or {})
         for m in METHODS:
             self.metrics.rpcs.zero(method=m, code="OK")
 
@@ -215,7 +208,8 @@ class RpcObserver(grpc.ServerInterceptor):
                 self._done(method, code, time.monotonic() - began, context)
                 structlog.contextvars.clear_contextvars()
 
-        pool = self.pools.get(method)
+        # the threads an inner interceptor chose (admission.Admission), kept
+        pool = getattr(behavior, "experimental_thread_pool", None)
         if pool is not None:
             observed.experimental_thread_pool = pool  # type: ignore[attr-defined]
         return grpc.unary_unary_rpc_method_handler(

@@ -57,9 +57,13 @@ def severity_from_pb(value: int, at: str = "severity") -> Severity:
     return _SEVERITIES_BACK[value]
 
 
+# one encoder for every finding: json.dumps with options builds a JSONEncoder per call
+_CONTEXT_JSON = json.JSONEncoder(sort_keys=True, allow_nan=False).encode
+
+
 def finding_to_pb(finding: Finding) -> pb.Finding:
     try:
-        context = json.dumps(dict(finding.context), sort_keys=True, allow_nan=False)
+        context = _CONTEXT_JSON(dict(finding.context)) if finding.context else ""
     except (TypeError, ValueError) as e:
         raise WireError(f"finding {finding.id!r} context", f"not JSON: {e}") from e
     return pb.Finding(
@@ -67,7 +71,7 @@ def finding_to_pb(finding: Finding) -> pb.Finding:
         severity=severity_to_pb(finding.severity),
         message=finding.message,
         target=finding.target,
-        context_json=context if finding.context else "",
+        context_json=context,
     )
 
 
