@@ -39,10 +39,12 @@ bench: setup      ## benchmarks; results belong in BENCHMARKS.md
 	$(PY) bench/step_cost.py
 	$(PY) bench/server_throughput.py
 	$(PY) bench/server_throughput.py --speculative
+	$(PY) bench/tokens_ab.py
 	$(PY) bench/gate_latency.py
 	$(PY) bench/agents_scale.py
 	$(PY) bench/hash_scan.py
 	$(PY) bench/agent_collect.py
+	$(PY) bench/cold_manifest.py
 	$(PY) bench/compare_boots.py
 	$(PY) bench/ledger_ingest.py
 	$(PY) bench/index_check.py
