@@ -148,38 +148,111 @@ def spec_step(
     """Log one speculative step's drafts and sampled tokens (references: vLLM builds them
     anew each step and does not change them afterwards) for ``fold`` to share out per request.
     ``_spec`` calls it where it counts the step, before the step's requests can be announced
-    finished (vLLM announces a finish in a later step's scheduler output)."""
+    finished (vLLM announces a finish in a later step's scheduler output). A uniform step
+    (``_spec._uniform``) comes as (None, K, req_ids, one byte per request: tokens sampled):
+    every request drafted K and sampled that many."""
     _spec_log.append((spec, invalid, index, sampled))
 
 
-def _fold_spec(count: int, _positions: int = L.SPEC_POSITIONS) -> None:
+def _fold_spec(count: int) -> None:
     """Share COUNT logged speculative steps out to their requests, as ``_spec`` counts the
-    process's totals: a request with drafts and sampled tokens has one draft, its draft tokens
-    (less invalid ones), ``sampled - 1`` accepted, positions ``0 .. accepted - 1``; every
-    request in the output has its sampled tokens emitted."""
-    table = _spec_open
+    process's totals. Consecutive uniform steps of the same requests in the same order (a
+    steady batch) are shared out together, one pass over their requests for the whole run
+    (``_fold_uniform``); any other step request by request (``_fold_spec_step``)."""
+    log = _spec_log
+    run: list[bytes] = []
+    run_ids: Any = None
+    run_k = 0
     for _ in range(count):
-        spec, invalid, index, sampled = _spec_log.popleft()
-        n_out = len(sampled)
-        for rid, i in index.items():
-            if i < n_out:
-                e = table.get(rid)
-                if e is None:
-                    e = table[rid] = [0] * (4 + _positions)
-                e[3] += len(sampled[i])
-        for rid, draft in (spec or {}).items():
-            i = index.get(rid)
-            if i is None or i >= n_out or not draft:
-                continue
-            n = len(sampled[i])
-            if not n:
-                continue
-            e = table[rid]
-            e[0] += 1
-            e[1] += len(draft) - (invalid.get(rid, 0) if invalid else 0)
-            e[2] += n - 1
-            for p in range(min(n - 1, _positions)):
-                e[4 + p] += 1
+        entry = log.popleft()
+        if entry[0] is None:
+            _, k, ids, lens = entry
+            if run and (k != run_k or (ids is not run_ids and ids != run_ids)):
+                _fold_uniform(run_ids, run_k, run)
+                run = []
+            if not run:
+                run_ids, run_k = ids, k
+            run.append(lens)
+            continue
+        if run:
+            _fold_uniform(run_ids, run_k, run)
+            run = []
+        _fold_spec_step(*entry)
+    if run:
+        _fold_uniform(run_ids, run_k, run)
+
+
+def _fold_uniform(
+    ids: list[str], k: int, run: list[bytes], _positions: int = L.SPEC_POSITIONS
+) -> None:
+    """Share out RUN, uniform steps of requests IDS (each step's sampled-token counts, one
+    byte per request in IDS order), each request drafting K per step: per request, one
+    draft and K draft tokens per step, and for each step in which it sampled v tokens, v
+    emitted, v - 1 accepted, positions 0 .. v - 2. One Python pass over the requests per run;
+    per request, its column of the run (a strided slice of the joined bytes) is counted by
+    value in C (``bytes.count``), K counts whatever the run's length."""
+    table = _spec_open
+    steps = len(run)
+    width = 4 + _positions
+    top = min(k, _positions)
+    joined = b"".join(run) if steps > 1 else run[0]
+    stride = len(ids)
+    values = range(1, top + 1)
+    for j, rid in enumerate(ids):
+        col = joined[j::stride] if steps > 1 else joined[j : j + 1]
+        e = table.get(rid)
+        if e is None:
+            e = table[rid] = [0] * width
+        at_least = steps  # steps in which the request sampled more than v tokens
+        emitted = 0
+        for v in values:
+            m = col.count(v)
+            emitted += v * m
+            at_least -= m
+            if not at_least:
+                break
+            e[3 + v] += at_least  # position v - 1
+        else:
+            if top == k:  # the rest sampled K + 1
+                emitted += (k + 1) * at_least
+            else:  # positions beyond the counted ones: their tokens still count
+                emitted = sum(col)
+        e[0] += steps
+        e[1] += steps * k
+        e[2] += emitted - steps
+        e[3] += emitted
+
+
+def _fold_spec_step(
+    spec: Any, invalid: Any, index: Any, sampled: Any, _positions: int = L.SPEC_POSITIONS
+) -> None:
+    """Share one logged speculative step out request by request: a request with drafts and
+    sampled tokens has one draft, its draft tokens (less invalid ones), ``sampled - 1``
+    accepted, positions ``0 .. accepted - 1``; every request in the output has its sampled
+    tokens emitted."""
+    table = _spec_open
+    n_out = len(sampled)
+    for rid, i in index.items():
+        if i < n_out:
+            e = table.get(rid)
+            if e is None:
+                e = table[rid] = [0] * (4 + _positions)
+            e[3] += len(sampled[i])
+    if spec is None:
+        return
+    for rid, draft in spec.items():
+        i = index.get(rid)
+        if i is None or i >= n_out or not len(draft):
+            continue
+        n = len(sampled[i])
+        if not n:
+            continue
+        e = table[rid]
+        e[0] += 1
+        e[1] += len(draft) - (invalid.get(rid, 0) if invalid else 0)
+        e[2] += n - 1
+        for p in range(min(n - 1, _positions)):
+            e[4 + p] += 1
 
 
 def take_back(total: int) -> None:

@@ -15,6 +15,23 @@ from typing import Any
 # step's totals, and a wrong or missing hint costs one pass over the continuing requests.
 _irregular: dict[str, None] = {}
 IRREGULAR_MAX = 64
+# The latest step's drafts and their total (``drafts_of``: ``_spec`` counts the same step).
+_drafts: list[Any] = [None, 0]
+
+
+def drafts_of(spec: dict[str, Any]) -> int:
+    """The total of SPEC's drafts (a step's ``scheduled_spec_decode_tokens``), taken once per
+    step: ``split_tokens`` took it already when SPEC is the step it split last."""
+    memo = _drafts
+    if memo[0] is spec:
+        return int(memo[1])
+    return sum(map(len, spec.values()))
+
+
+def _take_drafts(spec: dict[str, Any]) -> int:
+    drafts = sum(map(len, spec.values()))
+    _drafts[0], _drafts[1] = spec, drafts
+    return drafts
 
 
 def split_tokens(so: Any, total: int) -> tuple[int, int]:
@@ -55,7 +72,7 @@ def split_tokens(so: Any, total: int) -> tuple[int, int]:
                 partial = [rid]
             else:
                 partial.append(rid)
-    drafts = sum(map(len, spec.values())) if spec else 0
+    drafts = _take_drafts(spec) if spec else 0
     rest = total - prefill
     if rest == len(cached) + drafts:
         decode = rest  # every continuing request decodes
