@@ -9,6 +9,7 @@ The sampled tokens may come as a numpy array (the V2 runner): never tested for t
 
 from __future__ import annotations
 
+import functools
 import random
 import types
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
+from tests.test_step_split_fold import reference_records
 from verifier.probe import _bindings, _core, _spec, _split, _vllm
 from verifier.probe import layout as L
 
@@ -111,16 +113,17 @@ def schedule(seed: int, steps: int, batch: int, as_array: bool) -> Iterator[tupl
         invalid: dict[str, int] | None = None
         sampled: dict[str, list[int]] = {}
         new = []
+        fewer = rnd.choice(live) if rnd.random() < 0.1 else None  # drafts fewer than K
+        empty = rnd.choice(live) if rnd.random() < 0.05 else None  # samples nothing
         for rid in live:
-            d = K if rnd.random() > 0.02 else rnd.randint(1, K - 1)
+            d = K if rid != fewer else rnd.randint(1, K - 1)
             spec[rid] = list(range(d))
             counts[rid] = 1 + d
-            n = rnd.randint(1, d + 1) if rnd.random() > 0.01 else 0
-            sampled[rid] = [7] * n
+            sampled[rid] = [7] * (rnd.randint(1, d + 1) if rid != empty else 0)
         if rnd.random() < 0.05:
             rid = rnd.choice(live)
             invalid = {rid: 1}
-        if rnd.random() < 0.1:
+        if rnd.random() < 0.05:
             serial += 1
             rid = f"r{serial}"
             counts[rid] = 5
@@ -130,13 +133,13 @@ def schedule(seed: int, steps: int, batch: int, as_array: bool) -> Iterator[tupl
             ))  # fmt: skip
             live.append(rid)
         order = list(sampled)
-        if rnd.random() < 0.1:
+        if rnd.random() < 0.05:
             rnd.shuffle(order)
         yield out_pair(
             counts, new, spec, invalid, finished, sampled=sampled, order=order, as_array=as_array
         )
         finished = set()
-        if rnd.random() < 0.1 and len(live) > 2:
+        if rnd.random() < 0.05 and len(live) > 2:
             finished.add(live.pop(rnd.randrange(len(live))))
 
 
@@ -218,13 +221,20 @@ def totals(c: memoryview) -> dict[str, Any]:
     }
 
 
-def shares() -> dict[str, list[int]]:
-    """Each request's share as its record carries it (the open ones closed as at exit)."""
+def records() -> list[dict[str, Any]]:
+    """The request records (the open ones closed as at exit)."""
     _bindings.fold()
     with _bindings._fold_lock:
         _bindings._close(list(_bindings._open), "open", None)
+    recs = list(map(_bindings._record, _bindings._buf))
+    _bindings._buf.clear()
+    return recs
+
+
+def shares(recs: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """Each request's share as its record carries it."""
     got = {}
-    for r in map(_bindings._record, _bindings._buf):
+    for r in recs:
         s = r["spec"]
         pos = s["pos"] + [0] * (L.SPEC_POSITIONS - len(s["pos"]))
         got[r["id"]] = [s["drafts"], s["draft_tokens"], s["accepted"], s["emitted"], *pos]
@@ -233,21 +243,34 @@ def shares() -> dict[str, list[int]]:
 
 @pytest.mark.parametrize("as_array", [False, True], ids=["lists", "array"])
 @pytest.mark.parametrize("seed", range(4))
-def test_counts_equal_counting_request_by_request(probe: None, seed: int, as_array: bool) -> None:
+def test_counts_equal_counting_request_by_request(
+    probe: None, seed: int, as_array: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [0]
+    clocked = functools.partial(_vllm._count_step, _time_ns=lambda: now[0])
+    monkeypatch.setattr(_vllm, "_count_step", clocked)
     w = worker()
     rnd = random.Random(seed)  # noqa: S311 - a reproducible simulation, not a secret
     steps = list(schedule(seed, 300, 24, as_array))
-    for so, out in steps:
+    for t, (so, out) in enumerate(steps, start=1):
         w.queued.append(out)
+        now[0] = 1000 * t
         w.execute_model(so)
         w.sample_tokens(None)
         if rnd.random() < 0.1:
             _bindings.fold()  # the writer folds at any point
     assert _spec.K == K
+    assert _bindings._epoch > 50  # steady uniform steps took the steady way (under test)
     tot, per = reference(steps)
     assert totals(_core.COUNTERS) == tot
+    recs = records()
     # every request's share, the open ones and those closed after a finish alike
-    assert {r: e for r, e in shares().items() if r in per} == per
+    assert {r: e for r, e in shares(recs).items() if r in per} == per
+    # and its steps and tokens, as looking at every request in every step gives
+    keep = ("id", "s0", "s1", "n", "tok", "t0", "t1", "end")
+    got = sorted(({k: r[k] for k in keep} for r in recs), key=lambda r: (r["id"], r["s0"]))
+    want = reference_records([(so, t, 1000 * t) for t, (so, _) in enumerate(steps, start=1)])
+    assert got == want
 
 
 def test_a_steady_uniform_batch_looks_up_no_request(probe: None) -> None:
@@ -272,12 +295,13 @@ def test_a_steady_uniform_batch_looks_up_no_request(probe: None) -> None:
         w.queued.append(out)
         w.execute_model(so)
         w.sample_tokens(None)
-    assert [e[0] for e in _bindings._spec_log] == [None] * len(steps)  # each logged as uniform
+    assert [e[1] for e in _bindings._spec_log] == [K] * len(steps)  # each logged as uniform
     _bindings.fold()
     assert Looked.looked == 0
+    assert _bindings._epoch == len(steps) - 1  # all but the first folded as steady steps
     tot, per = reference(steps)
     assert totals(_core.COUNTERS) == tot
-    assert shares() == per
+    assert shares(records()) == per
 
 
 def test_an_array_of_sampled_tokens_is_counted_as_its_rows(probe: None) -> None:

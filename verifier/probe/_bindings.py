@@ -62,7 +62,8 @@ FLUSH_INTERVAL_S = 0.5
 # finished_req_ids, hook snapshot or None, the scheduler output). Bound as a default
 # argument of step().
 _log: deque[tuple[int, int, int, Any, Any, Any, Any]] = deque()
-# Open requests by internal id: [s0, s1, n, tok, t0, t1, f0, f1, hook snapshot at s0, epoch]:
+# Open requests by internal id: [s0, s1, n, tok, t0, t1, f0, f1, hook snapshot at s0, epoch,
+# epoch tokens]:
 # their counts so far, less what the steady steps since EPOCH add (``_settle``).
 _open: dict[str, list[Any]] = {}
 # Steady steps (``_fold_steady``): every open request is scheduled, each with one token but
@@ -70,6 +71,12 @@ _open: dict[str, list[Any]] = {}
 # request without touching it: ``_epoch`` counts them, ``_epoch_last`` is the latest one's
 # (step, unix ns, files). ``_steady``: the latest folded step scheduled every open request.
 _epoch = 0
+_epoch_tok = 0  # tokens each open request was scheduled by the steady steps so far
+# Uniform speculative steps (``_spec._uniform``) shared out already, by id of their drafts
+# (the drafts and how many steps logged them): a steady step may be one (every open request
+# scheduled 1 + K tokens).
+_uniform_specs: dict[int, list[Any]] = {}
+UNIFORM_SPECS_MAX = 4096
 _epoch_last: tuple[int, int, int] = (0, 0, 0)
 _steady = False
 _irregular: dict[str, None] = {}
@@ -149,8 +156,8 @@ def spec_step(
     anew each step and does not change them afterwards) for ``fold`` to share out per request.
     ``_spec`` calls it where it counts the step, before the step's requests can be announced
     finished (vLLM announces a finish in a later step's scheduler output). A uniform step
-    (``_spec._uniform``) comes as (None, K, req_ids, one byte per request: tokens sampled):
-    every request drafted K and sampled that many."""
+    (``_spec._uniform``) comes as (drafts, K, req_ids, one byte per request: tokens
+    sampled): every request drafted K and sampled that many."""
     _spec_log.append((spec, invalid, index, sampled))
 
 
@@ -165,8 +172,16 @@ def _fold_spec(count: int) -> None:
     run_k = 0
     for _ in range(count):
         entry = log.popleft()
-        if entry[0] is None:
-            _, k, ids, lens = entry
+        if entry[1].__class__ is int:
+            spec, k, ids, lens = entry
+            uniform = _uniform_specs
+            if len(uniform) >= UNIFORM_SPECS_MAX:
+                uniform.clear()  # steps taken back, never folded: a hint only
+            seen = uniform.get(id(spec))
+            if seen is not None and seen[0] is spec:
+                seen[1] += 1
+            else:
+                uniform[id(spec)] = [spec, 1]
             if run and (k != run_k or (ids is not run_ids and ids != run_ids)):
                 _fold_uniform(run_ids, run_k, run)
                 run = []
@@ -303,7 +318,8 @@ def _fold_steps(steps: int) -> None:
     folded without touching the requests that merely go on (``_fold_steady``); consecutive
     speculative steps that scheduled the same tokens to the same requests are applied as
     one run; any other step request by request."""
-    global _steady, _epoch, _epoch_last
+    global _steady, _epoch, _epoch_last, _epoch_tok
+    uniform = _uniform_specs
     run: Any = None  # num_scheduled_tokens of the run, its first step and its length
     first: Any = None
     length = 0
@@ -313,18 +329,24 @@ def _fold_steps(steps: int) -> None:
         step, now, files, nst, fin, snap, so = entry
         if snap is not None:
             _last_snap[0] = snap
+        drafts: Any = getattr(so, "scheduled_spec_decode_tokens", None)
+        even = drafts is not None and uniform and _uniform_step(drafts)
         if run is None and _steady:
+            per = 1 + (len(next(iter(drafts.values()))) if even else 0)
             if (
                 not fin
-                and not _irregular
+                and (even or not _irregular)
                 and len(nst) == len(_open)
-                and getattr(so, "total_num_scheduled_tokens", -1) == len(nst)
+                and getattr(so, "total_num_scheduled_tokens", -1) == per * len(nst)
                 and not getattr(so, "scheduled_new_reqs", True)
-                and not getattr(so, "scheduled_spec_decode_tokens", None)
+                and (even or not drafts)
             ):
                 # the steadiest step: the same requests again (no new one, as many as are
-                # open), one token each (see _steady_new)
+                # open), one token each (see _steady_new), or each 1 + the K drafts of a
+                # uniform speculative step (vLLM schedules a request at least 1 + its
+                # drafts, so a total of 1 + K each is 1 + K each)
                 _epoch += 1
+                _epoch_tok += per
                 _epoch_last = (step, now, files)
                 continue
             if _fold_steady(entry):
@@ -337,8 +359,8 @@ def _fold_steps(steps: int) -> None:
                 _apply(run, first, length, last)
             run, length = nst, 1
             first = last = (step, now, files, _last_snap[0])
-        if not fin and getattr(so, "scheduled_spec_decode_tokens", None):
-            _steady = False  # the run may go on (a steady step is never speculative)
+        if not fin and drafts and not even:
+            _steady = False  # the run may go on (only a uniform one may be steady)
             continue
         complete = _apply(run, first, length, last) if run else True
         if fin:
@@ -352,10 +374,22 @@ def _fold_steps(steps: int) -> None:
         _steady = _apply(run, first, length, last) and len(_open) == len(run)
 
 
+def _uniform_step(drafts: Any) -> bool:
+    """Whether DRAFTS (a logged step's) are those of a uniform speculative step shared out
+    already (``_fold_spec``); each step logged so is answered yes once."""
+    seen = _uniform_specs.get(id(drafts))
+    if seen is None or seen[0] is not drafts:
+        return False
+    seen[1] -= 1
+    if not seen[1]:
+        del _uniform_specs[id(drafts)]
+    return True
+
+
 def _fold_steady(entry: tuple[int, int, int, Any, Any, Any, Any]) -> bool:
     """Fold one logged step (ENTRY) that follows a step which scheduled every open request,
     if it is steady (``_steady_new``). Returns False, having changed nothing, if not."""
-    global _epoch, _epoch_last
+    global _epoch, _epoch_last, _epoch_tok
     step, now, files, nst, fin, snap, so = entry
     new = _steady_new(nst, fin, so)
     if new is None:
@@ -363,7 +397,7 @@ def _fold_steady(entry: tuple[int, int, int, Any, Any, Any, Any]) -> bool:
     if fin:
         _close(fin, "finished", snap or _last_snap[0])
     table = _open
-    epoch = _epoch
+    epoch, tok = _epoch, _epoch_tok
     for rid in tuple(_irregular):
         k = nst[rid]
         table[rid][3] += k - 1  # the epoch adds one
@@ -372,10 +406,10 @@ def _fold_steady(entry: tuple[int, int, int, Any, Any, Any, Any]) -> bool:
     snap0 = _last_snap[0]
     for rid in new:
         k = nst[rid]
-        table[rid] = [step, step, 0, k - 1, now, now, files, files, snap0, epoch]
+        table[rid] = [step, step, 0, k - 1, now, now, files, files, snap0, epoch, tok]
         if k != 1:
             _irregular[rid] = None
-    _epoch = epoch + 1
+    _epoch, _epoch_tok = epoch + 1, tok + 1
     _epoch_last = (step, now, files)
     return True
 
@@ -433,9 +467,9 @@ def _settle(e: list[Any]) -> None:
     d = _epoch - e[9]
     if d:
         e[2] += d
-        e[3] += d
+        e[3] += _epoch_tok - e[10]
         e[1], e[5], e[7] = _epoch_last
-        e[9] = _epoch
+        e[9], e[10] = _epoch, _epoch_tok
 
 
 def _apply(nst: dict[str, int], first: Any, length: int, last: Any) -> bool:
@@ -464,7 +498,7 @@ def _apply(nst: dict[str, int], first: Any, length: int, last: Any) -> bool:
             e[7] = f1
         elif len(table) < MAX_OPEN:
             s0, t0, f0, snap = first
-            table[rid] = [s0, s1, length, k * length, t0, t1, f0, f1, snap, _epoch]
+            table[rid] = [s0, s1, length, k * length, t0, t1, f0, f1, snap, _epoch, _epoch_tok]
         else:
             complete = False
             irregular.pop(rid, None)
@@ -645,8 +679,10 @@ def _after_fork() -> None:
 
 def reset() -> None:
     """Forget every request and step logged (a forked child; tests)."""
-    global _epoch, _epoch_last, _steady
+    global _epoch, _epoch_last, _steady, _epoch_tok
     _log.clear()
+    _uniform_specs.clear()
+    _epoch_tok = 0
     _open.clear()
     _irregular.clear()
     _epoch, _epoch_last, _steady = 0, (0, 0, 0), False

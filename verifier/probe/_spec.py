@@ -136,7 +136,7 @@ def count(
     if uniform is not None:
         _count_uniform(c, len(spec), uniform[1])
         if bind is not None:
-            bind(None, K, out.req_ids, uniform[0])
+            bind(spec, K, out.req_ids, uniform[0])
         return
     c[_emitted] += sum(map(len, sampled))
     if bind is not None and index:
