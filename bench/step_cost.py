@@ -257,11 +257,7 @@ def _fold_all() -> None:
     """The writer thread's fold (its lock held by the caller)."""
     from verifier.probe import _bindings
 
-    if hasattr(_bindings, "_fold_all"):
-        _bindings._fold_all()
-    else:  # before _fold_all: what fold() did
-        _bindings._fold_spec(len(_bindings._spec_log))
-        _bindings._fold_steps(len(_bindings._log))
+    _bindings._fold_all()
 
 
 def grid_arms(rounds: int, n: int) -> dict[str, dict[str, float]]:

@@ -6,14 +6,10 @@ internal one. Both go to the process's ``bindings.jsonl`` (format in ``layout``)
   and closes it when the id shows up in ``scheduler_output.finished_req_ids`` (ids finished
   since the previous step; vLLM schedules a step, empty if need be, to announce them). A
   closed entry becomes one ``"req"`` record.
-* In the API server, ``OutputProcessor.add_request`` is wrapped at class level: it sees each
-  engine request with its internal id (``request.request_id``, e.g.
-  ``cmpl-<X-Request-Id>-0-<8 random chars>``; a child of an ``n > 1`` request gets
-  ``<index>_`` in front) and the external id (``request.external_req_id``, e.g.
-  ``cmpl-<X-Request-Id>-0``). One ``"ext"`` record per internal id. The client's raw
-  ``X-Request-Id`` is added as ``"xrid"`` when the request came through an OpenAI serving
-  class that read it (``BaseServing._base_request_id`` is wrapped to note it in a context
-  variable, which the engine request's task inherits).
+* In the API server, ``_extids`` adds one ``"ext"`` record per internal id (its external id),
+  through this module's buffer and writer.
+* Speculation per request (``_specshare``) is shared out by the same fold and closed with
+  the request's entry.
 
 Cost per step: ``step()`` only appends references to the step's ``num_scheduled_tokens`` and
 ``finished_req_ids`` to a log (and reads the hook counters in a step that admits or finishes
@@ -27,20 +23,19 @@ every ``FLUSH_INTERVAL_S``, from the step when ``BATCH`` records are waiting aft
 (``atexit`` and multiprocessing's finalizers, which are what runs in a vLLM worker), when the
 requests still open are written with ``"end": "open"``. Nothing here raises into vLLM.
 
-Steady steps (every open request scheduled again, one token each but a few) are folded
-without touching the requests that merely go on (``_fold_steady``): the fold's work follows
-what changed (requests opened, closed, or not plain), not the batch.
+Steady steps (every open request scheduled again, one token each but a few; or 1 + K each,
+a uniform speculative step) are folded without touching the requests that merely go on
+(``_fold_steady``): the fold's work follows what changed (requests opened, closed, or not
+plain), not the batch.
 
 Size: one module because the step's log, the fold's table (with its steady-step epoch) and
 the writer share state under one lock, read as module globals on the step's path; the API
-server's half (``ext`` and its wrappers) is the part that could move out.
+server's half (``_extids``) and the speculation shares (``_specshare``) have moved out.
 """
 
 from __future__ import annotations
 
 import atexit
-import contextvars
-import functools
 import json
 import os
 import sys
@@ -50,8 +45,12 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from verifier.probe import _core
+from verifier.probe import _core, _specshare
 from verifier.probe import layout as L
+from verifier.probe._specshare import _spec_log, _spec_open, spec_step
+
+# where ``_vllm``, the benchmark and the tests find them (the same objects, never rebound)
+__all__ = ["_spec_log", "_spec_open", "spec_step"]
 
 MAX_OPEN = 100_000  # open requests tracked at once; beyond that, S_BIND_OVERFLOW counts
 LOG_MAX = 1024  # steps logged before the step itself folds them in
@@ -72,19 +71,9 @@ _open: dict[str, list[Any]] = {}
 # (step, unix ns, files). ``_steady``: the latest folded step scheduled every open request.
 _epoch = 0
 _epoch_tok = 0  # tokens each open request was scheduled by the steady steps so far
-# Uniform speculative steps (``_spec._uniform``) shared out already, by id of their drafts
-# (the drafts and how many steps logged them): a steady step may be one (every open request
-# scheduled 1 + K tokens).
-_uniform_specs: dict[int, list[Any]] = {}
-UNIFORM_SPECS_MAX = 4096
 _epoch_last: tuple[int, int, int] = (0, 0, 0)
 _steady = False
 _irregular: dict[str, None] = {}
-# Speculative steps not folded yet (only while speculation is on): (scheduled_spec_decode_tokens,
-# num_invalid_spec_tokens, req_id_to_index, sampled_token_ids) of one step, by reference.
-_spec_log: deque[tuple[Any, Any, Any, Any]] = deque()
-# Speculation per open request: [drafts, draft tokens, accepted, emitted, accepted at 0, ...].
-_spec_open: dict[str, list[int]] = {}
 _hooks: list[Any] = [(), ()]  # hook names, their slot bases (declaration order)
 _last_snap: list[Any] = [None]  # the latest hook snapshot folded (fallback for a new id)
 # Records waiting to be written: ("req", ...) tuples or ready "ext" dicts.
@@ -96,9 +85,6 @@ _fd_pid = 0
 _writer_pid = 0
 _atexit_done = False
 _overflow_reported = False
-_xrid: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "verifier_probe_xrid", default=None
-)
 
 
 def _hook_bases() -> tuple[tuple[str, ...], tuple[int, ...]]:
@@ -145,131 +131,6 @@ def step(
         _core.report_error("bindings", f"{type(e).__name__}: {e}")
 
 
-def spec_step(
-    spec: Any,
-    invalid: Any,
-    index: Any,
-    sampled: Any,
-    _spec_log: deque[tuple[Any, Any, Any, Any]] = _spec_log,
-) -> None:
-    """Log one speculative step's drafts and sampled tokens (references: vLLM builds them
-    anew each step and does not change them afterwards) for ``fold`` to share out per request.
-    ``_spec`` calls it where it counts the step, before the step's requests can be announced
-    finished (vLLM announces a finish in a later step's scheduler output). A uniform step
-    (``_spec._uniform``) comes as (drafts, K, req_ids, one byte per request: tokens
-    sampled): every request drafted K and sampled that many."""
-    _spec_log.append((spec, invalid, index, sampled))
-
-
-def _fold_spec(count: int) -> None:
-    """Share COUNT logged speculative steps out to their requests, as ``_spec`` counts the
-    process's totals. Consecutive uniform steps of the same requests in the same order (a
-    steady batch) are shared out together, one pass over their requests for the whole run
-    (``_fold_uniform``); any other step request by request (``_fold_spec_step``)."""
-    log = _spec_log
-    run: list[bytes] = []
-    run_ids: Any = None
-    run_k = 0
-    for _ in range(count):
-        entry = log.popleft()
-        if entry[1].__class__ is int:
-            spec, k, ids, lens = entry
-            uniform = _uniform_specs
-            if len(uniform) >= UNIFORM_SPECS_MAX:
-                uniform.clear()  # steps taken back, never folded: a hint only
-            seen = uniform.get(id(spec))
-            if seen is not None and seen[0] is spec:
-                seen[1] += 1
-            else:
-                uniform[id(spec)] = [spec, 1]
-            if run and (k != run_k or (ids is not run_ids and ids != run_ids)):
-                _fold_uniform(run_ids, run_k, run)
-                run = []
-            if not run:
-                run_ids, run_k = ids, k
-            run.append(lens)
-            continue
-        if run:
-            _fold_uniform(run_ids, run_k, run)
-            run = []
-        _fold_spec_step(*entry)
-    if run:
-        _fold_uniform(run_ids, run_k, run)
-
-
-def _fold_uniform(
-    ids: list[str], k: int, run: list[bytes], _positions: int = L.SPEC_POSITIONS
-) -> None:
-    """Share out RUN, uniform steps of requests IDS (each step's sampled-token counts, one
-    byte per request in IDS order), each request drafting K per step: per request, one
-    draft and K draft tokens per step, and for each step in which it sampled v tokens, v
-    emitted, v - 1 accepted, positions 0 .. v - 2. One Python pass over the requests per run;
-    per request, its column of the run (a strided slice of the joined bytes) is counted by
-    value in C (``bytes.count``), K counts whatever the run's length."""
-    table = _spec_open
-    steps = len(run)
-    width = 4 + _positions
-    top = min(k, _positions)
-    joined = b"".join(run) if steps > 1 else run[0]
-    stride = len(ids)
-    values = range(1, top + 1)
-    for j, rid in enumerate(ids):
-        col = joined[j::stride] if steps > 1 else joined[j : j + 1]
-        e = table.get(rid)
-        if e is None:
-            e = table[rid] = [0] * width
-        at_least = steps  # steps in which the request sampled more than v tokens
-        emitted = 0
-        for v in values:
-            m = col.count(v)
-            emitted += v * m
-            at_least -= m
-            if not at_least:
-                break
-            e[3 + v] += at_least  # position v - 1
-        else:
-            if top == k:  # the rest sampled K + 1
-                emitted += (k + 1) * at_least
-            else:  # positions beyond the counted ones: their tokens still count
-                emitted = sum(col)
-        e[0] += steps
-        e[1] += steps * k
-        e[2] += emitted - steps
-        e[3] += emitted
-
-
-def _fold_spec_step(
-    spec: Any, invalid: Any, index: Any, sampled: Any, _positions: int = L.SPEC_POSITIONS
-) -> None:
-    """Share one logged speculative step out request by request: a request with drafts and
-    sampled tokens has one draft, its draft tokens (less invalid ones), ``sampled - 1``
-    accepted, positions ``0 .. accepted - 1``; every request in the output has its sampled
-    tokens emitted."""
-    table = _spec_open
-    n_out = len(sampled)
-    for rid, i in index.items():
-        if i < n_out:
-            e = table.get(rid)
-            if e is None:
-                e = table[rid] = [0] * (4 + _positions)
-            e[3] += len(sampled[i])
-    if spec is None:
-        return
-    for rid, draft in spec.items():
-        i = index.get(rid)
-        if i is None or i >= n_out or not len(draft):
-            continue
-        n = len(sampled[i])
-        if not n:
-            continue
-        e = table[rid]
-        e[0] += 1
-        e[1] += len(draft) - (invalid.get(rid, 0) if invalid else 0)
-        e[2] += n - 1
-        for p in range(min(n - 1, _positions)):
-            e[4 + p] += 1
-
-
 def take_back(total: int) -> None:
     """Drop step TOTAL's entry (its ``execute_model`` raised: it ran no step), unless the
     writer is folding now or has folded it already (then its requests keep one step more)."""
@@ -308,7 +169,7 @@ def _fold_all() -> None:
     its last output was, so its counts are all in when it closes)."""
     steps = len(_log)
     if _spec_log:
-        _fold_spec(len(_spec_log))
+        _specshare.fold(len(_spec_log))
     _fold_steps(steps)
     _core.COUNTERS[L.S_BIND_OPEN] = len(_open)
 
@@ -319,7 +180,7 @@ def _fold_steps(steps: int) -> None:
     speculative steps that scheduled the same tokens to the same requests are applied as
     one run; any other step request by request."""
     global _steady, _epoch, _epoch_last, _epoch_tok
-    uniform = _uniform_specs
+    uniform = _specshare.uniform_specs
     run: Any = None  # num_scheduled_tokens of the run, its first step and its length
     first: Any = None
     length = 0
@@ -330,7 +191,7 @@ def _fold_steps(steps: int) -> None:
         if snap is not None:
             _last_snap[0] = snap
         drafts: Any = getattr(so, "scheduled_spec_decode_tokens", None)
-        even = drafts is not None and uniform and _uniform_step(drafts)
+        even = drafts is not None and uniform and _specshare.uniform_step(drafts)
         if run is None and _steady:
             per = 1 + (len(next(iter(drafts.values()))) if even else 0)
             if (
@@ -372,18 +233,6 @@ def _fold_steps(steps: int) -> None:
         _steady = complete and len(_open) == len(nst) and not any(r in nst for r in fin or ())
     if run:
         _steady = _apply(run, first, length, last) and len(_open) == len(run)
-
-
-def _uniform_step(drafts: Any) -> bool:
-    """Whether DRAFTS (a logged step's) are those of a uniform speculative step shared out
-    already (``_fold_spec``); each step logged so is answered yes once."""
-    seen = _uniform_specs.get(id(drafts))
-    if seen is None or seen[0] is not drafts:
-        return False
-    seen[1] -= 1
-    if not seen[1]:
-        del _uniform_specs[id(drafts)]
-    return True
 
 
 def _fold_steady(entry: tuple[int, int, int, Any, Any, Any, Any]) -> bool:
@@ -681,7 +530,7 @@ def reset() -> None:
     """Forget every request and step logged (a forked child; tests)."""
     global _epoch, _epoch_last, _steady, _epoch_tok
     _log.clear()
-    _uniform_specs.clear()
+    _specshare.uniform_specs.clear()
     _epoch_tok = 0
     _open.clear()
     _irregular.clear()
@@ -691,77 +540,6 @@ def reset() -> None:
     _hooks[:] = [(), ()]
     _last_snap[0] = None
     _buf.clear()
-
-
-# --- API server: external id -> internal id ------------------------------------------------
-
-
-def ext(internal: Any, external: Any) -> None:
-    """Buffer one external-id record (the API server)."""
-    rec: dict[str, Any] = {"k": "ext", "id": internal, "ext": external, "t": time.time_ns()}
-    xrid = _xrid.get()
-    if xrid is not None:
-        rec["xrid"] = xrid
-    _buf.append(rec)
-    _start_writer()
-    if len(_buf) >= BATCH:
-        flush(block=False)
-
-
-def _wrap_add_request(cls: type) -> None:
-    orig = cls.__dict__.get("add_request")
-    if orig is None or getattr(orig, "__verifier_probe__", False):
-        return
-
-    def add_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-        new = None
-        try:
-            rid = request.request_id
-            states = getattr(self, "request_states", None)
-            if states is None or rid not in states:  # a repeat is a streaming update
-                new = rid, getattr(request, "external_req_id", None)
-        except Exception as e:  # noqa: BLE001 - a probe never raises into vLLM
-            _core.report_error("bindings", f"add_request: {type(e).__name__}: {e}")
-        result = orig(self, request, *args, **kwargs)
-        if new is not None:
-            try:
-                ext(*new)
-            except Exception as e:  # noqa: BLE001
-                _core.report_error("bindings", f"add_request: {type(e).__name__}: {e}")
-        return result
-
-    functools.update_wrapper(add_request, orig)
-    add_request.__verifier_probe__ = True  # type: ignore[attr-defined]
-    cls.add_request = add_request  # type: ignore[attr-defined]
-
-
-def _wrap_base_request_id(cls: type) -> None:
-    raw = cls.__dict__.get("_base_request_id")
-    if not isinstance(raw, staticmethod):
-        return
-    orig = raw.__func__
-    if getattr(orig, "__verifier_probe__", False):
-        return
-
-    def _base_request_id(raw_request: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            headers = getattr(raw_request, "headers", None)
-            _xrid.set(None if headers is None else headers.get("X-Request-Id"))
-        except Exception as e:  # noqa: BLE001 - a probe never raises into vLLM
-            _core.report_error("bindings", f"X-Request-Id: {type(e).__name__}: {e}")
-        return orig(raw_request, *args, **kwargs)
-
-    functools.update_wrapper(_base_request_id, orig)
-    _base_request_id.__verifier_probe__ = True  # type: ignore[attr-defined]
-    cls._base_request_id = staticmethod(_base_request_id)  # type: ignore[attr-defined]
-
-
-def on_output_processor(module: Any) -> None:
-    _wrap_add_request(module.OutputProcessor)
-
-
-def on_serving(module: Any) -> None:
-    _wrap_base_request_id(module.BaseServing)
 
 
 _core.on_fork(_after_fork)
