@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import operator
 import os
 import sys
 import threading
@@ -75,6 +76,7 @@ _epoch_last: tuple[int, int, int] = (0, 0, 0)
 _steady = False
 _irregular: dict[str, None] = {}
 _hooks: list[Any] = [(), ()]  # hook names, their slot bases (declaration order)
+_getter: list[Any] = [None, None]  # the slot bases and their itemgetter (two or more)
 _last_snap: list[Any] = [None]  # the latest hook snapshot folded (fallback for a new id)
 # Records waiting to be written: ("req", ...) tuples or ready "ext" dicts.
 _buf: deque[Any] = deque()
@@ -93,13 +95,18 @@ def _hook_bases() -> tuple[tuple[str, ...], tuple[int, ...]]:
     st = _core.STATE
     names = st.hook_names if st is not None else {}
     if len(names) != len(_hooks[0]):
-        _hooks[:] = [tuple(names), tuple(names.values())]
+        bases = tuple(names.values())
+        _hooks[:] = [tuple(names), bases]
+        _getter[:] = [bases, operator.itemgetter(*bases) if len(bases) > 1 else None]
     return _hooks[0], _hooks[1]
 
 
 def snapshot() -> tuple[tuple[str, ...], tuple[int, ...]]:
-    """Every declared hook's name and fire count now."""
+    """Every declared hook's name and fire count now (read by one ``itemgetter`` where there
+    are two or more)."""
     names, bases = _hook_bases()
+    if _getter[0] is bases and _getter[1] is not None:
+        return names, _getter[1](_core.COUNTERS)
     return names, tuple(map(_core.COUNTERS.__getitem__, bases))
 
 
@@ -538,6 +545,7 @@ def reset() -> None:
     _spec_log.clear()
     _spec_open.clear()
     _hooks[:] = [(), ()]
+    _getter[:] = [None, None]
     _last_snap[0] = None
     _buf.clear()
 

@@ -15,6 +15,9 @@ from typing import Any
 # step's totals, and a wrong or missing hint costs one pass over the continuing requests.
 _irregular: dict[str, None] = {}
 IRREGULAR_MAX = 64
+# Steps of this many requests or fewer look at every continuing request: cheaper than the hint
+# there (measured: 0.3-0.7 against 1.0-1.4 us per step at 1 and 8 requests).
+SMALL = 8
 # The latest step's drafts and their total (``drafts_of``: ``_spec`` counts the same step).
 _drafts: list[Any] = [None, 0]
 
@@ -57,6 +60,8 @@ def split_tokens(so: Any, total: int) -> tuple[int, int]:
     except AttributeError:
         return 0, 0
     hint = _irregular
+    if len(counts) <= SMALL:
+        return _split_small(counts, spec, cached, total)
     prefill = 0
     partial = None
     for r in new:
@@ -85,6 +90,24 @@ def split_tokens(so: Any, total: int) -> tuple[int, int]:
         if len(hint) > IRREGULAR_MAX:
             hint.clear()  # a hint only: a step it would have served takes the long way
     return prefill, decode
+
+
+def _split_small(counts: Any, spec: Any, cached: Any, total: int) -> tuple[int, int]:
+    """(prefill, decode) of a small step, every continuing request looked at (the hint is
+    not kept at small batches: dropped, a larger step rebuilds it with one pass)."""
+    if _irregular:
+        _irregular.clear()
+    decode = 0
+    if spec:
+        for rid in cached:
+            k = counts.get(rid, 0)
+            if k == 1 + len(spec.get(rid, ())):
+                decode += k
+    else:
+        for rid in cached:
+            if counts.get(rid, 0) == 1:
+                decode += 1
+    return total - decode, decode
 
 
 def _split_continuing(counts: Any, spec: Any, cont: Any, rest: int, drafts: int) -> int:
