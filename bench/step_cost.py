@@ -278,7 +278,7 @@ def grid_arms(rounds: int, n: int) -> dict[str, dict[str, float]]:
     arms = ("bare", "probed", "fold", "in-step", "total")
     keys = [f"{what} {s} {b}" for s, b in cells for what in arms]
     results: dict[str, list[float]] = {k: [] for k in keys}
-    saved = _vllm._spec_on, _spec.BIND, _vllm._bind_step, _bindings.LOG_MAX
+    saved = _vllm._spec_on, _spec.BIND, _vllm._bind_step, _bindings.LOG_MAX, _spec.K
     _bindings.LOG_MAX = 1 << 40
     _vllm._bind_step, _spec.BIND = _bindings.step, _bindings.spec_step
     _bindings._fold_lock.acquire()
@@ -286,7 +286,9 @@ def grid_arms(rounds: int, n: int) -> dict[str, dict[str, float]]:
         for _ in range(rounds):
             for (shape, batch), (on, bare, probed) in cells.items():
                 _reset_bindings()
-                _vllm._spec_on = on
+                # the live config's speculation, as the runner's record sets it (once per
+                # runner class: the cells share one)
+                _vllm._spec_on, _spec.K = on, DRAFTS if on else 0
                 probed()  # the first step records the runner (and its speculative config)
                 _fold_all()
                 tag = f"{shape} {batch}"
@@ -301,7 +303,7 @@ def grid_arms(rounds: int, n: int) -> dict[str, dict[str, float]]:
                 results[f"total {tag}"].append(diff + results[f"fold {tag}"][-1])
         _reset_bindings()
     finally:
-        _vllm._spec_on, _spec.BIND, _vllm._bind_step, _bindings.LOG_MAX = saved
+        _vllm._spec_on, _spec.BIND, _vllm._bind_step, _bindings.LOG_MAX, _spec.K = saved
         _bindings._fold_lock.release()
     return {k: summary(v) for k, v in results.items()}
 
