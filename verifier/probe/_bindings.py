@@ -198,16 +198,18 @@ def _fold_steps(steps: int) -> None:
         if snap is not None:
             _last_snap[0] = snap
         drafts: Any = getattr(so, "scheduled_spec_decode_tokens", None)
-        even = drafts is not None and uniform and _specshare.uniform_step(drafts)
+        even = False
+        per = 1
+        if drafts:
+            even = bool(uniform) and _specshare.uniform_step(drafts)
+            per = 1 + len(next(iter(drafts.values()))) if even else 0
         if run is None and _steady:
-            per = 1 + (len(next(iter(drafts.values()))) if even else 0)
             if (
                 not fin
                 and (even or not _irregular)
                 and len(nst) == len(_open)
                 and getattr(so, "total_num_scheduled_tokens", -1) == per * len(nst)
                 and not getattr(so, "scheduled_new_reqs", True)
-                and (even or not drafts)
             ):
                 # the steadiest step: the same requests again (no new one, as many as are
                 # open), one token each (see _steady_new), or each 1 + the K drafts of a
