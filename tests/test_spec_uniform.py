@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from tests.test_step_split_fold import reference_records
-from verifier.probe import _bindings, _core, _spec, _split, _vllm
+from verifier.probe import _bindings, _core, _spec, _specshare, _split, _vllm
 from verifier.probe import layout as L
 
 K = 3
@@ -241,11 +241,13 @@ def shares(recs: list[dict[str, Any]]) -> dict[str, list[int]]:
     return got
 
 
+@pytest.mark.parametrize("numpy", [False, True], ids=["bytes", "numpy"])
 @pytest.mark.parametrize("as_array", [False, True], ids=["lists", "array"])
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(3))
 def test_counts_equal_counting_request_by_request(
-    probe: None, seed: int, as_array: bool, monkeypatch: pytest.MonkeyPatch
+    probe: None, seed: int, as_array: bool, numpy: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(_specshare, "NUMPY", numpy)
     now = [0]
     clocked = functools.partial(_vllm._count_step, _time_ns=lambda: now[0])
     monkeypatch.setattr(_vllm, "_count_step", clocked)
@@ -273,9 +275,13 @@ def test_counts_equal_counting_request_by_request(
     assert got == want
 
 
-def test_a_steady_uniform_batch_looks_up_no_request(probe: None) -> None:
+@pytest.mark.parametrize("numpy", [False, True], ids=["bytes", "numpy"])
+def test_a_steady_uniform_batch_looks_up_no_request(
+    probe: None, numpy: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """256 requests drafting K each, 50 steps: no request is looked up in the output's index,
     in the step or in the fold, and the fold shares the run out in one pass."""
+    monkeypatch.setattr(_specshare, "NUMPY", numpy)
     w = worker()
     ids = [f"q{i}" for i in range(256)]
     steps = [

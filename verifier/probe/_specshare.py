@@ -12,6 +12,7 @@ as steady steps (every open request scheduled 1 + K tokens).
 
 from __future__ import annotations
 
+import sys
 from collections import deque
 from typing import Any
 
@@ -27,6 +28,7 @@ _spec_open: dict[str, list[int]] = {}
 # scheduled 1 + K tokens).
 uniform_specs: dict[int, list[Any]] = {}
 UNIFORM_SPECS_MAX = 4096
+NUMPY = True  # count a run's columns with numpy where it is imported already (tests: both)
 
 
 def spec_step(
@@ -85,41 +87,43 @@ def _fold_uniform(
     ids: list[str], k: int, run: list[bytes], _positions: int = L.SPEC_POSITIONS
 ) -> None:
     """Share out RUN, uniform steps of requests IDS (each step's sampled-token counts, one
-    byte per request in IDS order), each request drafting K per step: per request, one
-    draft and K draft tokens per step, and for each step in which it sampled v tokens, v
-    emitted, v - 1 accepted, positions 0 .. v - 2. One Python pass over the requests per run;
-    per request, its column of the run (a strided slice of the joined bytes) is counted by
-    value in C (``bytes.count``), K counts whatever the run's length."""
+    byte per request in IDS order, each 1 to K + 1), each request drafting K per step: per
+    request, one draft and K draft tokens per step, and for each step in which it sampled v
+    tokens, v emitted, v - 1 accepted, positions 0 .. v - 2. One Python pass over the
+    requests per run, whatever its length (``_by_value`` counts the run's columns)."""
     table = _spec_open
     steps = len(run)
     width = 4 + _positions
     top = min(k, _positions)
-    joined = b"".join(run) if steps > 1 else run[0]
-    stride = len(ids)
-    values = range(1, top + 1)
+    by_value = _by_value(b"".join(run), steps, len(ids), k)
     for j, rid in enumerate(ids):
-        col = joined[j::stride] if steps > 1 else joined[j : j + 1]
         e = table.get(rid)
         if e is None:
             e = table[rid] = [0] * width
         at_least = steps  # steps in which the request sampled more than v tokens
         emitted = 0
-        for v in values:
-            m = col.count(v)
+        for v, counts in enumerate(by_value, start=1):
+            m = counts[j]
             emitted += v * m
             at_least -= m
-            if not at_least:
-                break
-            e[3 + v] += at_least  # position v - 1
-        else:
-            if top == k:  # the rest sampled K + 1
-                emitted += (k + 1) * at_least
-            else:  # positions beyond the counted ones: their tokens still count
-                emitted = sum(col)
+            if at_least and v <= top:
+                e[3 + v] += at_least  # position v - 1
         e[0] += steps
         e[1] += steps * k
         e[2] += emitted - steps
         e[3] += emitted
+
+
+def _by_value(joined: bytes, steps: int, width: int, k: int) -> list[list[int]]:
+    """For v = 1 .. K + 1, how many of STEPS rows of JOINED (WIDTH bytes each) hold v, per
+    column: with numpy where the process has it already (vLLM's do; the probe never imports
+    it), else a strided slice per column counted in C (``bytes.count``)."""
+    np = sys.modules.get("numpy") if NUMPY else None
+    if np is not None and steps > 1:
+        arr = np.frombuffer(joined, dtype=np.uint8).reshape(steps, width)
+        return [(arr == v).sum(axis=0).tolist() for v in range(1, k + 2)]
+    cols = [joined[j::width] for j in range(width)]
+    return [[c.count(v) for c in cols] for v in range(1, k + 2)]
 
 
 def _fold_spec_step(
