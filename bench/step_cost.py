@@ -17,6 +17,7 @@ the sum, on the worst row. Arms are interleaved.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import itertools
 import os
@@ -134,9 +135,18 @@ class ModelRunnerOutput:
     sampled_token_ids: list[list[int]]
 
 
+_IDS: dict[tuple[str, int], str] = {}
+
+
 def _rid(cell: str, j: int) -> str:
-    # shaped like vLLM's internal ids: cmpl-<uuid>-0-<8 chars>
-    return f"cmpl-{cell}{j % CYCLE:026x}-0-{j % CYCLE:08x}"
+    """Request J's id, shaped like vLLM's internal ids (cmpl-<uuid>-0-<8 chars>), one string
+    object per request as in vLLM (its scheduler outputs and runner outputs hold the
+    request's own ``request_id`` step after step)."""
+    key = cell, j % CYCLE
+    rid = _IDS.get(key)
+    if rid is None:
+        rid = _IDS[key] = f"cmpl-{cell}{j % CYCLE:026x}-0-{j % CYCLE:08x}"
+    return rid
 
 
 def _cached(ids: list[str], computed: list[int], out: list[int]) -> CachedRequestData:
@@ -257,11 +267,7 @@ def _fold_all() -> None:
     """The writer thread's fold (its lock held by the caller)."""
     from verifier.probe import _bindings
 
-    if hasattr(_bindings, "_fold_all"):
-        _bindings._fold_all()
-    else:  # before _fold_all: what fold() did
-        _bindings._fold_spec(len(_bindings._spec_log))
-        _bindings._fold_steps(len(_bindings._log))
+    _bindings._fold_all()
 
 
 def grid_arms(rounds: int, n: int) -> dict[str, dict[str, float]]:
@@ -282,7 +288,8 @@ def grid_arms(rounds: int, n: int) -> dict[str, dict[str, float]]:
     arms = ("bare", "probed", "fold", "in-step", "total")
     keys = [f"{what} {s} {b}" for s, b in cells for what in arms]
     results: dict[str, list[float]] = {k: [] for k in keys}
-    saved = _vllm._spec_on, _spec.BIND, _vllm._bind_step, _bindings.LOG_MAX
+    k0 = getattr(_spec, "K", 0)  # absent before uniform steps: set, unread there
+    saved = _vllm._spec_on, _spec.BIND, _vllm._bind_step, _bindings.LOG_MAX, k0
     _bindings.LOG_MAX = 1 << 40
     _vllm._bind_step, _spec.BIND = _bindings.step, _bindings.spec_step
     _bindings._fold_lock.acquire()
@@ -290,7 +297,9 @@ def grid_arms(rounds: int, n: int) -> dict[str, dict[str, float]]:
         for _ in range(rounds):
             for (shape, batch), (on, bare, probed) in cells.items():
                 _reset_bindings()
-                _vllm._spec_on = on
+                # the live config's speculation, as the runner's record sets it (once per
+                # runner class: the cells share one)
+                _vllm._spec_on, _spec.K = on, DRAFTS if on else 0
                 probed()  # the first step records the runner (and its speculative config)
                 _fold_all()
                 tag = f"{shape} {batch}"
@@ -305,7 +314,7 @@ def grid_arms(rounds: int, n: int) -> dict[str, dict[str, float]]:
                 results[f"total {tag}"].append(diff + results[f"fold {tag}"][-1])
         _reset_bindings()
     finally:
-        _vllm._spec_on, _spec.BIND, _vllm._bind_step, _bindings.LOG_MAX = saved
+        _vllm._spec_on, _spec.BIND, _vllm._bind_step, _bindings.LOG_MAX, _spec.K = saved
         _bindings._fold_lock.release()
     return {k: summary(v) for k, v in results.items()}
 
@@ -367,6 +376,8 @@ def main() -> None:
 
         for i in range(4):  # declared hooks: each new request notes their fire counts
             _hooks.declare(f"declared_{i}", "", "api")
+        with contextlib.suppress(ImportError):  # loaded in every vLLM process: the probe
+            import numpy  # noqa: F401 - counts uniform runs with it there
         grid = grid_arms(ROUNDS, N)
         decode = cell_steps("decode", 8)[0][0]
         arms: dict[str, Callable[[], object]] = {}

@@ -193,8 +193,8 @@ def test_a_directory_planted_under_a_future_name_is_never_written_into(tmp_path:
                                 "size": 1, "kind": "source", "at": "load"}) + "\\n")
         os.symlink(os.environ["VICTIM"], os.path.join(d, "bindings.jsonl"))
         import verifier.probe as p; p.start()
-        from verifier.probe import _bindings
-        _bindings.ext("i-1", "e-1"); _bindings.flush()
+        from verifier.probe import _bindings, _extids
+        _extids.ext("i-1", "e-1"); _bindings.flush()
     """
     with in_namespace(probe, code, VICTIM=str(victim)) as pid:
         ev = read_process(ProcFS(), pid)

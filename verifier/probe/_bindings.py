@@ -6,14 +6,10 @@ internal one. Both go to the process's ``bindings.jsonl`` (format in ``layout``)
   and closes it when the id shows up in ``scheduler_output.finished_req_ids`` (ids finished
   since the previous step; vLLM schedules a step, empty if need be, to announce them). A
   closed entry becomes one ``"req"`` record.
-* In the API server, ``OutputProcessor.add_request`` is wrapped at class level: it sees each
-  engine request with its internal id (``request.request_id``, e.g.
-  ``cmpl-<X-Request-Id>-0-<8 random chars>``; a child of an ``n > 1`` request gets
-  ``<index>_`` in front) and the external id (``request.external_req_id``, e.g.
-  ``cmpl-<X-Request-Id>-0``). One ``"ext"`` record per internal id. The client's raw
-  ``X-Request-Id`` is added as ``"xrid"`` when the request came through an OpenAI serving
-  class that read it (``BaseServing._base_request_id`` is wrapped to note it in a context
-  variable, which the engine request's task inherits).
+* In the API server, ``_extids`` adds one ``"ext"`` record per internal id (its external id),
+  through this module's buffer and writer.
+* Speculation per request (``_specshare``) is shared out by the same fold and closed with
+  the request's entry.
 
 Cost per step: ``step()`` only appends references to the step's ``num_scheduled_tokens`` and
 ``finished_req_ids`` to a log (and reads the hook counters in a step that admits or finishes
@@ -27,21 +23,21 @@ every ``FLUSH_INTERVAL_S``, from the step when ``BATCH`` records are waiting aft
 (``atexit`` and multiprocessing's finalizers, which are what runs in a vLLM worker), when the
 requests still open are written with ``"end": "open"``. Nothing here raises into vLLM.
 
-Steady steps (every open request scheduled again, one token each but a few) are folded
-without touching the requests that merely go on (``_fold_steady``): the fold's work follows
-what changed (requests opened, closed, or not plain), not the batch.
+Steady steps (every open request scheduled again, one token each but a few; or 1 + K each,
+a uniform speculative step) are folded without touching the requests that merely go on
+(``_fold_steady``): the fold's work follows what changed (requests opened, closed, or not
+plain), not the batch.
 
 Size: one module because the step's log, the fold's table (with its steady-step epoch) and
 the writer share state under one lock, read as module globals on the step's path; the API
-server's half (``ext`` and its wrappers) is the part that could move out.
+server's half (``_extids``) and the speculation shares (``_specshare``) have moved out.
 """
 
 from __future__ import annotations
 
 import atexit
-import contextvars
-import functools
 import json
+import operator
 import os
 import sys
 import threading
@@ -50,8 +46,12 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from verifier.probe import _core
+from verifier.probe import _core, _specshare
 from verifier.probe import layout as L
+from verifier.probe._specshare import _spec_log, _spec_open, spec_step
+
+# where ``_vllm``, the benchmark and the tests find them (the same objects, never rebound)
+__all__ = ["_spec_log", "_spec_open", "spec_step"]
 
 MAX_OPEN = 100_000  # open requests tracked at once; beyond that, S_BIND_OVERFLOW counts
 LOG_MAX = 1024  # steps logged before the step itself folds them in
@@ -62,7 +62,8 @@ FLUSH_INTERVAL_S = 0.5
 # finished_req_ids, hook snapshot or None, the scheduler output). Bound as a default
 # argument of step().
 _log: deque[tuple[int, int, int, Any, Any, Any, Any]] = deque()
-# Open requests by internal id: [s0, s1, n, tok, t0, t1, f0, f1, hook snapshot at s0, epoch]:
+# Open requests by internal id: [s0, s1, n, tok, t0, t1, f0, f1, hook snapshot at s0, epoch,
+# epoch tokens]:
 # their counts so far, less what the steady steps since EPOCH add (``_settle``).
 _open: dict[str, list[Any]] = {}
 # Steady steps (``_fold_steady``): every open request is scheduled, each with one token but
@@ -70,15 +71,12 @@ _open: dict[str, list[Any]] = {}
 # request without touching it: ``_epoch`` counts them, ``_epoch_last`` is the latest one's
 # (step, unix ns, files). ``_steady``: the latest folded step scheduled every open request.
 _epoch = 0
+_epoch_tok = 0  # tokens each open request was scheduled by the steady steps so far
 _epoch_last: tuple[int, int, int] = (0, 0, 0)
 _steady = False
 _irregular: dict[str, None] = {}
-# Speculative steps not folded yet (only while speculation is on): (scheduled_spec_decode_tokens,
-# num_invalid_spec_tokens, req_id_to_index, sampled_token_ids) of one step, by reference.
-_spec_log: deque[tuple[Any, Any, Any, Any]] = deque()
-# Speculation per open request: [drafts, draft tokens, accepted, emitted, accepted at 0, ...].
-_spec_open: dict[str, list[int]] = {}
 _hooks: list[Any] = [(), ()]  # hook names, their slot bases (declaration order)
+_getter: list[Any] = [None, None]  # the slot bases and their itemgetter (two or more)
 _last_snap: list[Any] = [None]  # the latest hook snapshot folded (fallback for a new id)
 # Records waiting to be written: ("req", ...) tuples or ready "ext" dicts.
 _buf: deque[Any] = deque()
@@ -89,9 +87,6 @@ _fd_pid = 0
 _writer_pid = 0
 _atexit_done = False
 _overflow_reported = False
-_xrid: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "verifier_probe_xrid", default=None
-)
 
 
 def _hook_bases() -> tuple[tuple[str, ...], tuple[int, ...]]:
@@ -100,13 +95,18 @@ def _hook_bases() -> tuple[tuple[str, ...], tuple[int, ...]]:
     st = _core.STATE
     names = st.hook_names if st is not None else {}
     if len(names) != len(_hooks[0]):
-        _hooks[:] = [tuple(names), tuple(names.values())]
+        bases = tuple(names.values())
+        _hooks[:] = [tuple(names), bases]
+        _getter[:] = [bases, operator.itemgetter(*bases) if len(bases) > 1 else None]
     return _hooks[0], _hooks[1]
 
 
 def snapshot() -> tuple[tuple[str, ...], tuple[int, ...]]:
-    """Every declared hook's name and fire count now."""
+    """Every declared hook's name and fire count now (read by one ``itemgetter`` where there
+    are two or more)."""
     names, bases = _hook_bases()
+    if _getter[0] is bases and _getter[1] is not None:
+        return names, _getter[1](_core.COUNTERS)
     return names, tuple(map(_core.COUNTERS.__getitem__, bases))
 
 
@@ -136,50 +136,6 @@ def step(
                 fold(block=False)
     except Exception as e:  # noqa: BLE001 - a probe never raises into a step
         _core.report_error("bindings", f"{type(e).__name__}: {e}")
-
-
-def spec_step(
-    spec: Any,
-    invalid: Any,
-    index: Any,
-    sampled: Any,
-    _spec_log: deque[tuple[Any, Any, Any, Any]] = _spec_log,
-) -> None:
-    """Log one speculative step's drafts and sampled tokens (references: vLLM builds them
-    anew each step and does not change them afterwards) for ``fold`` to share out per request.
-    ``_spec`` calls it where it counts the step, before the step's requests can be announced
-    finished (vLLM announces a finish in a later step's scheduler output)."""
-    _spec_log.append((spec, invalid, index, sampled))
-
-
-def _fold_spec(count: int, _positions: int = L.SPEC_POSITIONS) -> None:
-    """Share COUNT logged speculative steps out to their requests, as ``_spec`` counts the
-    process's totals: a request with drafts and sampled tokens has one draft, its draft tokens
-    (less invalid ones), ``sampled - 1`` accepted, positions ``0 .. accepted - 1``; every
-    request in the output has its sampled tokens emitted."""
-    table = _spec_open
-    for _ in range(count):
-        spec, invalid, index, sampled = _spec_log.popleft()
-        n_out = len(sampled)
-        for rid, i in index.items():
-            if i < n_out:
-                e = table.get(rid)
-                if e is None:
-                    e = table[rid] = [0] * (4 + _positions)
-                e[3] += len(sampled[i])
-        for rid, draft in (spec or {}).items():
-            i = index.get(rid)
-            if i is None or i >= n_out or not draft:
-                continue
-            n = len(sampled[i])
-            if not n:
-                continue
-            e = table[rid]
-            e[0] += 1
-            e[1] += len(draft) - (invalid.get(rid, 0) if invalid else 0)
-            e[2] += n - 1
-            for p in range(min(n - 1, _positions)):
-                e[4 + p] += 1
 
 
 def take_back(total: int) -> None:
@@ -220,7 +176,7 @@ def _fold_all() -> None:
     its last output was, so its counts are all in when it closes)."""
     steps = len(_log)
     if _spec_log:
-        _fold_spec(len(_spec_log))
+        _specshare.fold(len(_spec_log))
     _fold_steps(steps)
     _core.COUNTERS[L.S_BIND_OPEN] = len(_open)
 
@@ -230,7 +186,8 @@ def _fold_steps(steps: int) -> None:
     folded without touching the requests that merely go on (``_fold_steady``); consecutive
     speculative steps that scheduled the same tokens to the same requests are applied as
     one run; any other step request by request."""
-    global _steady, _epoch, _epoch_last
+    global _steady, _epoch, _epoch_last, _epoch_tok
+    uniform = _specshare.uniform_specs
     run: Any = None  # num_scheduled_tokens of the run, its first step and its length
     first: Any = None
     length = 0
@@ -240,18 +197,26 @@ def _fold_steps(steps: int) -> None:
         step, now, files, nst, fin, snap, so = entry
         if snap is not None:
             _last_snap[0] = snap
+        drafts: Any = getattr(so, "scheduled_spec_decode_tokens", None)
+        even = False
+        per = 1
+        if drafts:
+            even = bool(uniform) and _specshare.uniform_step(drafts)
+            per = 1 + len(next(iter(drafts.values()))) if even else 0
         if run is None and _steady:
             if (
                 not fin
-                and not _irregular
+                and (even or not _irregular)
                 and len(nst) == len(_open)
-                and getattr(so, "total_num_scheduled_tokens", -1) == len(nst)
+                and getattr(so, "total_num_scheduled_tokens", -1) == per * len(nst)
                 and not getattr(so, "scheduled_new_reqs", True)
-                and not getattr(so, "scheduled_spec_decode_tokens", None)
             ):
                 # the steadiest step: the same requests again (no new one, as many as are
-                # open), one token each (see _steady_new)
+                # open), one token each (see _steady_new), or each 1 + the K drafts of a
+                # uniform speculative step (vLLM schedules a request at least 1 + its
+                # drafts, so a total of 1 + K each is 1 + K each)
                 _epoch += 1
+                _epoch_tok += per
                 _epoch_last = (step, now, files)
                 continue
             if _fold_steady(entry):
@@ -264,8 +229,8 @@ def _fold_steps(steps: int) -> None:
                 _apply(run, first, length, last)
             run, length = nst, 1
             first = last = (step, now, files, _last_snap[0])
-        if not fin and getattr(so, "scheduled_spec_decode_tokens", None):
-            _steady = False  # the run may go on (a steady step is never speculative)
+        if not fin and drafts and not even:
+            _steady = False  # the run may go on (only a uniform one may be steady)
             continue
         complete = _apply(run, first, length, last) if run else True
         if fin:
@@ -282,7 +247,7 @@ def _fold_steps(steps: int) -> None:
 def _fold_steady(entry: tuple[int, int, int, Any, Any, Any, Any]) -> bool:
     """Fold one logged step (ENTRY) that follows a step which scheduled every open request,
     if it is steady (``_steady_new``). Returns False, having changed nothing, if not."""
-    global _epoch, _epoch_last
+    global _epoch, _epoch_last, _epoch_tok
     step, now, files, nst, fin, snap, so = entry
     new = _steady_new(nst, fin, so)
     if new is None:
@@ -290,7 +255,7 @@ def _fold_steady(entry: tuple[int, int, int, Any, Any, Any, Any]) -> bool:
     if fin:
         _close(fin, "finished", snap or _last_snap[0])
     table = _open
-    epoch = _epoch
+    epoch, tok = _epoch, _epoch_tok
     for rid in tuple(_irregular):
         k = nst[rid]
         table[rid][3] += k - 1  # the epoch adds one
@@ -299,10 +264,10 @@ def _fold_steady(entry: tuple[int, int, int, Any, Any, Any, Any]) -> bool:
     snap0 = _last_snap[0]
     for rid in new:
         k = nst[rid]
-        table[rid] = [step, step, 0, k - 1, now, now, files, files, snap0, epoch]
+        table[rid] = [step, step, 0, k - 1, now, now, files, files, snap0, epoch, tok]
         if k != 1:
             _irregular[rid] = None
-    _epoch = epoch + 1
+    _epoch, _epoch_tok = epoch + 1, tok + 1
     _epoch_last = (step, now, files)
     return True
 
@@ -360,9 +325,9 @@ def _settle(e: list[Any]) -> None:
     d = _epoch - e[9]
     if d:
         e[2] += d
-        e[3] += d
+        e[3] += _epoch_tok - e[10]
         e[1], e[5], e[7] = _epoch_last
-        e[9] = _epoch
+        e[9], e[10] = _epoch, _epoch_tok
 
 
 def _apply(nst: dict[str, int], first: Any, length: int, last: Any) -> bool:
@@ -391,7 +356,7 @@ def _apply(nst: dict[str, int], first: Any, length: int, last: Any) -> bool:
             e[7] = f1
         elif len(table) < MAX_OPEN:
             s0, t0, f0, snap = first
-            table[rid] = [s0, s1, length, k * length, t0, t1, f0, f1, snap, _epoch]
+            table[rid] = [s0, s1, length, k * length, t0, t1, f0, f1, snap, _epoch, _epoch_tok]
         else:
             complete = False
             irregular.pop(rid, None)
@@ -572,87 +537,19 @@ def _after_fork() -> None:
 
 def reset() -> None:
     """Forget every request and step logged (a forked child; tests)."""
-    global _epoch, _epoch_last, _steady
+    global _epoch, _epoch_last, _steady, _epoch_tok
     _log.clear()
+    _specshare.uniform_specs.clear()
+    _epoch_tok = 0
     _open.clear()
     _irregular.clear()
     _epoch, _epoch_last, _steady = 0, (0, 0, 0), False
     _spec_log.clear()
     _spec_open.clear()
     _hooks[:] = [(), ()]
+    _getter[:] = [None, None]
     _last_snap[0] = None
     _buf.clear()
-
-
-# --- API server: external id -> internal id ------------------------------------------------
-
-
-def ext(internal: Any, external: Any) -> None:
-    """Buffer one external-id record (the API server)."""
-    rec: dict[str, Any] = {"k": "ext", "id": internal, "ext": external, "t": time.time_ns()}
-    xrid = _xrid.get()
-    if xrid is not None:
-        rec["xrid"] = xrid
-    _buf.append(rec)
-    _start_writer()
-    if len(_buf) >= BATCH:
-        flush(block=False)
-
-
-def _wrap_add_request(cls: type) -> None:
-    orig = cls.__dict__.get("add_request")
-    if orig is None or getattr(orig, "__verifier_probe__", False):
-        return
-
-    def add_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-        new = None
-        try:
-            rid = request.request_id
-            states = getattr(self, "request_states", None)
-            if states is None or rid not in states:  # a repeat is a streaming update
-                new = rid, getattr(request, "external_req_id", None)
-        except Exception as e:  # noqa: BLE001 - a probe never raises into vLLM
-            _core.report_error("bindings", f"add_request: {type(e).__name__}: {e}")
-        result = orig(self, request, *args, **kwargs)
-        if new is not None:
-            try:
-                ext(*new)
-            except Exception as e:  # noqa: BLE001
-                _core.report_error("bindings", f"add_request: {type(e).__name__}: {e}")
-        return result
-
-    functools.update_wrapper(add_request, orig)
-    add_request.__verifier_probe__ = True  # type: ignore[attr-defined]
-    cls.add_request = add_request  # type: ignore[attr-defined]
-
-
-def _wrap_base_request_id(cls: type) -> None:
-    raw = cls.__dict__.get("_base_request_id")
-    if not isinstance(raw, staticmethod):
-        return
-    orig = raw.__func__
-    if getattr(orig, "__verifier_probe__", False):
-        return
-
-    def _base_request_id(raw_request: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            headers = getattr(raw_request, "headers", None)
-            _xrid.set(None if headers is None else headers.get("X-Request-Id"))
-        except Exception as e:  # noqa: BLE001 - a probe never raises into vLLM
-            _core.report_error("bindings", f"X-Request-Id: {type(e).__name__}: {e}")
-        return orig(raw_request, *args, **kwargs)
-
-    functools.update_wrapper(_base_request_id, orig)
-    _base_request_id.__verifier_probe__ = True  # type: ignore[attr-defined]
-    cls._base_request_id = staticmethod(_base_request_id)  # type: ignore[attr-defined]
-
-
-def on_output_processor(module: Any) -> None:
-    _wrap_add_request(module.OutputProcessor)
-
-
-def on_serving(module: Any) -> None:
-    _wrap_base_request_id(module.BaseServing)
 
 
 _core.on_fork(_after_fork)

@@ -31,16 +31,18 @@ each record of a ``vllm`` logger whose message mentions a model runner, as
 
 from __future__ import annotations
 
-import bisect
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
-from verifier.probe import _core
+from verifier.probe import _core, _split
 from verifier.probe import layout as L
 
 LOG_MAX = 32
+# The configured number of drafts per request (``num_speculative_tokens``; 0: unknown): a step
+# in which every request drafted this many is counted without a Python loop (``_uniform``).
+K = 0
 # Where each counted step is also logged for the per-request counts (``_bindings.spec_step``;
 # None: request bindings are off).
 BIND: Callable[[Any, Any, Any, Any], None] | None = None
@@ -60,6 +62,8 @@ def config_record(runner: Any, worker: Any) -> dict[str, Any]:
     if spec is None:
         return {"k": "spec", "on": False}
     k = getattr(spec, "num_speculative_tokens", None)
+    global K
+    K = k if isinstance(k, int) and not isinstance(k, bool) and 0 < k < 255 else 0
     method = getattr(spec, "method", None)
     return {
         "k": "spec",
@@ -111,37 +115,89 @@ def count(
     so: Any,
     out: Any,
     _emitted: int = L.S_SPEC_EMITTED,
+) -> None:
+    """Count one step: its scheduler output SO and its runner output OUT. The common step
+    (``_uniform``) is counted from one C-level pass over the sampled tokens; any other takes
+    ``_count_each``. Nothing here tests an array's truth value (the V2 runner may hand over
+    its sampled tokens as one)."""
+    c = _core.COUNTERS
+    sampled = getattr(out, "sampled_token_ids", None)
+    if sampled is None:
+        sampled = ()
+    spec: Any = getattr(so, "scheduled_spec_decode_tokens", None)
+    index = getattr(out, "req_id_to_index", None)
+    if index is None:
+        index = {}
+    invalid = getattr(so, "num_invalid_spec_tokens", None)
+    uniform = None
+    if spec and not invalid and len(index) == len(sampled):
+        uniform = _uniform(so, out, spec, sampled)
+    bind = BIND
+    if uniform is not None:
+        _count_uniform(c, len(spec), uniform[1])
+        if bind is not None:
+            bind(spec, K, out.req_ids, uniform[0])
+        return
+    c[_emitted] += sum(map(len, sampled))
+    if bind is not None and index:
+        bind(spec, invalid, index, sampled)
+    if spec:
+        _count_each(c, spec, invalid, index, sampled)
+
+
+def _uniform(so: Any, out: Any, spec: Any, sampled: Any) -> tuple[bytes, list[int]] | None:
+    """A uniform step's sampled-token counts (one byte per request, in ``out.req_ids``
+    order) and how many requests sampled v tokens or more (index v, 1 .. K + 1); None if the
+    step is not uniform: every scheduled request drafted exactly ``K`` tokens (the
+    configured number: vLLM trims drafts to it, so a total of ``K`` per request is ``K``
+    each; the total is the one ``_split`` took already), none invalidated, and every one is
+    in the output with 1 to K + 1 tokens sampled. Every request in the output is then a
+    drafted one: vLLM drafts only scheduled requests and outputs only scheduled ones, so as
+    many drafted as scheduled as in the output are the same requests. (The caller has checked
+    that no draft is invalidated and the output's index is as long as its sampled tokens.)"""
+    k = K
+    n = len(spec)
+    nst = getattr(so, "num_scheduled_tokens", None)
+    req_ids = getattr(out, "req_ids", None)
+    if (
+        not k
+        or nst is None
+        or req_ids is None
+        or not n == len(nst) == len(sampled) == len(req_ids)
+        or _split.drafts_of(spec) != n * k
+    ):
+        return None
+    try:
+        lens = bytes(map(len, sampled))
+    except ValueError:  # more than 255 tokens sampled for one request: not a draft's output
+        return None
+    at_least = [0] * (k + 3)
+    for v in range(k + 1, 0, -1):
+        at_least[v] = at_least[v + 1] + lens.count(v)
+    if at_least[1] != n:  # a request with nothing sampled, or more than K + 1 tokens
+        return None
+    return lens, at_least
+
+
+def _count_uniform(
+    c: memoryview,
+    drafts: int,
+    at_least: list[int],
+    _emitted: int = L.S_SPEC_EMITTED,
     _positions: int = L.SPEC_POSITIONS,
     _pos: int = L.S_SPEC_POS_BASE,
 ) -> None:
-    """Count one step: its scheduler output SO and its runner output OUT. The common step
-    (every drafted request in the output with tokens, no grammar-invalidated drafts) is
-    counted without a Python loop over the requests; any other takes ``_count_each``."""
-    c = _core.COUNTERS
-    sampled = getattr(out, "sampled_token_ids", None) or ()
-    c[_emitted] += sum(map(len, sampled))
-    spec = getattr(so, "scheduled_spec_decode_tokens", None)
-    index = getattr(out, "req_id_to_index", None) or {}
-    bind = BIND
-    if bind is not None and index:
-        bind(spec, getattr(so, "num_invalid_spec_tokens", None), index, sampled)
-    if not spec:
-        return
-    if getattr(so, "num_invalid_spec_tokens", None) or not all(spec.values()):
-        _count_each(c, spec, so.num_invalid_spec_tokens, index, sampled)
-        return
-    try:
-        lens = sorted(map(len, map(sampled.__getitem__, map(index.__getitem__, spec))))
-    except (KeyError, IndexError, TypeError):
-        lens = []
-    if not lens or not lens[0]:
-        _count_each(c, spec, None, index, sampled)
-        return
-    drafts = len(lens)
-    _add(c, drafts, sum(map(len, spec.values())), sum(lens) - drafts)
-    # position p accepted by every request that sampled more than p + 1 tokens
-    for p in range(min(lens[-1] - 1, _positions)):
-        c[_pos + p] += drafts - bisect.bisect_right(lens, p + 1)
+    """Count a uniform step of DRAFTS requests from AT_LEAST (requests that sampled v tokens
+    or more, by v): a request that sampled v tokens emitted v, accepted v - 1, at positions
+    0 .. v - 2."""
+    emitted = sum(at_least)  # each request counted once for every v up to its own
+    c[_emitted] += emitted
+    _add(c, drafts, drafts * K, emitted - drafts)
+    for p in range(min(K, _positions)):
+        m = at_least[p + 2]
+        if not m:
+            break  # a later position never accepts more than an earlier one
+        c[_pos + p] += m
 
 
 def _add(c: memoryview, drafts: int, tokens: int, accepted: int) -> None:
@@ -172,7 +228,7 @@ def _count_each(
         if i is None or i >= len(sampled):
             continue
         n = len(sampled[i])
-        if not n or not draft:
+        if not n or not len(draft):
             continue
         drafts += 1
         tokens += len(draft) - (invalid.get(rid, 0) if invalid else 0)

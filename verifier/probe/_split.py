@@ -15,6 +15,26 @@ from typing import Any
 # step's totals, and a wrong or missing hint costs one pass over the continuing requests.
 _irregular: dict[str, None] = {}
 IRREGULAR_MAX = 64
+# Steps with this many continuing requests or fewer, some not decoding, look at every one:
+# cheaper than the hint there (measured: 0.3-0.7 against 1.0-1.4 us per step at 1 and 8).
+SMALL = 8
+# The latest step's drafts and their total (``drafts_of``: ``_spec`` counts the same step).
+_drafts: list[Any] = [None, 0]
+
+
+def drafts_of(spec: dict[str, Any]) -> int:
+    """The total of SPEC's drafts (a step's ``scheduled_spec_decode_tokens``), taken once per
+    step: ``split_tokens`` took it already when SPEC is the step it split last."""
+    memo = _drafts
+    if memo[0] is spec:
+        return int(memo[1])
+    return sum(map(len, spec.values()))
+
+
+def _take_drafts(spec: dict[str, Any]) -> int:
+    drafts = sum(map(len, spec.values()))
+    _drafts[0], _drafts[1] = spec, drafts
+    return drafts
 
 
 def split_tokens(so: Any, total: int) -> tuple[int, int]:
@@ -55,10 +75,13 @@ def split_tokens(so: Any, total: int) -> tuple[int, int]:
                 partial = [rid]
             else:
                 partial.append(rid)
-    drafts = sum(map(len, spec.values())) if spec else 0
+    drafts = _take_drafts(spec) if spec else 0
     rest = total - prefill
     if rest == len(cached) + drafts:
         decode = rest  # every continuing request decodes
+    elif len(cached) <= SMALL:
+        decode = _split_small(counts, spec, cached)
+        prefill += rest - decode
     else:
         decode = _split_continuing(counts, spec, cont, rest, drafts)
         prefill += rest - decode
@@ -68,6 +91,22 @@ def split_tokens(so: Any, total: int) -> tuple[int, int]:
         if len(hint) > IRREGULAR_MAX:
             hint.clear()  # a hint only: a step it would have served takes the long way
     return prefill, decode
+
+
+def _split_small(counts: Any, spec: Any, cached: Any) -> int:
+    """Decode tokens of a few continuing requests, some not decoding: every one looked at
+    (cheaper than the hint at this size, which is left as it is)."""
+    decode = 0
+    if spec:
+        for rid in cached:
+            k = counts.get(rid, 0)
+            if k == 1 + len(spec.get(rid, ())):
+                decode += k
+    else:
+        for rid in cached:
+            if counts.get(rid, 0) == 1:
+                decode += 1
+    return decode
 
 
 def _split_continuing(counts: Any, spec: Any, cont: Any, rest: int, drafts: int) -> int:

@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from verifier.probe import _bindings, _code, _core, _device, _postimport, _spec
+from verifier.probe import _bindings, _code, _core, _device, _extids, _postimport, _spec
 from verifier.probe import layout as L
 from verifier.probe._split import split_tokens
 
@@ -565,8 +565,8 @@ def install() -> None:
         _spec.BIND = None
         return
     _spec.BIND = _bindings.spec_step
-    _postimport.when_imported("vllm.v1.engine.output_processor", _bindings.on_output_processor)
-    _postimport.when_imported("vllm.entrypoints.serve.engine.serving", _bindings.on_serving)
+    _postimport.when_imported("vllm.v1.engine.output_processor", _extids.on_output_processor)
+    _postimport.when_imported("vllm.entrypoints.serve.engine.serving", _extids.on_serving)
 
 
 def bindings_enabled() -> bool:
