@@ -24,8 +24,9 @@ import io
 import json
 import subprocess
 import sys
+import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -158,6 +159,18 @@ class Attached:
         with urllib.request.urlopen(req, timeout=120) as r:  # noqa: S310
             out: dict[str, Any] = json.loads(r.read())
         return out
+
+
+def loaded_tiny_server(run: Callable[[int], None]) -> None:
+    """A full run's live target: boot the tiny server (VllmServer), serve 4 requests, give the
+    probes' sweepers 2 s to record what was loaded, call RUN with its API server pid, stop it."""
+    from verifier.testing.vllm_server import VllmServer
+
+    with VllmServer(REPO / ".cache" / "tiny-llama", scratch_parent=REPO / ".scratch") as server:
+        for i in range(4):
+            server.complete(f"bench {i}", max_tokens=8)
+        time.sleep(2)  # the probes' sweepers have recorded everything
+        run(server.pid)
 
 
 def scripts() -> list[str]:

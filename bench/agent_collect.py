@@ -48,7 +48,6 @@ from verifier.evidence import bytecode
 from verifier.evidence.procfs import ProcFS
 from verifier.evidence.pycfile import CompileCache, read_head
 from verifier.model import FileEntry, TargetReport
-from verifier.testing.vllm_server import VllmServer
 
 REPO = Path(__file__).resolve().parents[1]
 ROUNDS = 5
@@ -166,11 +165,7 @@ def main() -> None:
     if args.smoke:
         smoke()
         return
-    with VllmServer(REPO / ".cache" / "tiny-llama", scratch_parent=REPO / ".scratch") as server:
-        for i in range(4):
-            server.complete(f"bench {i}", max_tokens=8)
-        time.sleep(2)  # the probes' sweepers have recorded everything
-        measure(server.pid, args.rounds)
+    _smoke.loaded_tiny_server(lambda pid: measure(pid, args.rounds))
 
 
 def smoke() -> None:

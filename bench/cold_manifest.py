@@ -247,13 +247,9 @@ def main() -> None:
     if args.smoke:
         smoke()
         return
-    from verifier.testing.vllm_server import VllmServer
-
-    with VllmServer(REPO / ".cache" / "tiny-llama", scratch_parent=REPO / ".scratch") as server:
-        for i in range(4):
-            server.complete(f"bench {i}", max_tokens=8)
-        time.sleep(2)  # the probes' sweepers have recorded everything
-        measure(server.pid, args.rounds, args.dropped_rounds, args.against)
+    _smoke.loaded_tiny_server(
+        lambda pid: measure(pid, args.rounds, args.dropped_rounds, args.against)
+    )
 
 
 def smoke() -> None:

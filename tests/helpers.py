@@ -252,3 +252,25 @@ def running_verifier(listen: str, db: str | Path, **config: Any) -> Iterator[Any
         yield server
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def fresh_probe(monkeypatch: Any) -> Iterator[None]:
+    """The probe's step path on private state: fresh counters, no bindings writer thread,
+    the split's hints and the bindings' table cleared before and after; any probe error
+    (``_core.report_error``) fails the test."""
+    from verifier.probe import _bindings, _core, _split
+    from verifier.probe import layout as L
+
+    errors: list[tuple[str, str]] = []
+    monkeypatch.setattr(
+        _core, "COUNTERS", memoryview(bytearray(L.SLOT_BYTES * L.N_SLOTS)).cast("Q")
+    )
+    monkeypatch.setattr(_core, "report_error", lambda where, msg: errors.append((where, msg)))
+    monkeypatch.setattr(_bindings, "_start_writer", lambda: None)
+    _bindings.reset()
+    _split._irregular.clear()
+    yield
+    _bindings.reset()
+    _split._irregular.clear()
+    assert errors == []

@@ -18,8 +18,9 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
+from tests.helpers import fresh_probe
 from tests.test_step_split_fold import reference_records
-from verifier.probe import _bindings, _core, _spec, _specshare, _split, _vllm
+from verifier.probe import _bindings, _core, _spec, _specshare, _vllm
 from verifier.probe import layout as L
 
 K = 3
@@ -28,25 +29,15 @@ K = 3
 @pytest.fixture
 def probe(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Fresh counters, request bindings on without the writer thread; any probe error fails."""
-    errors: list[tuple[str, str]] = []
-    monkeypatch.setattr(
-        _core, "COUNTERS", memoryview(bytearray(L.SLOT_BYTES * L.N_SLOTS)).cast("Q")
-    )
     monkeypatch.setattr(_core, "state", lambda mode="lazy": types.SimpleNamespace(
         remember=lambda rec: None))  # fmt: skip
-    monkeypatch.setattr(_core, "report_error", lambda where, msg: errors.append((where, msg)))
     monkeypatch.setattr(_vllm, "_bind_step", _bindings.step)
     monkeypatch.setattr(_vllm, "_spec_on", False)
     monkeypatch.setattr(_spec, "BIND", _bindings.spec_step)
     monkeypatch.setattr(_spec, "_pending", None)
-    monkeypatch.setattr(_bindings, "_start_writer", lambda: None)
     monkeypatch.setattr(_bindings, "_hooks", [(), ()])
-    _bindings.reset()
-    _split._irregular.clear()
-    yield
-    _bindings.reset()
-    _split._irregular.clear()
-    assert errors == []
+    with fresh_probe(monkeypatch):
+        yield
 
 
 class Looked(dict[str, int]):

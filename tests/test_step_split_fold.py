@@ -20,26 +20,15 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import REPO
-from verifier.probe import _bindings, _core, _split
-from verifier.probe import layout as L
+from tests.helpers import REPO, fresh_probe
+from verifier.probe import _bindings, _split
 
 
 @pytest.fixture
 def probe(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Fresh private counters, no writer thread, no declared hooks; any probe error fails."""
-    errors: list[tuple[str, str]] = []
-    monkeypatch.setattr(
-        _core, "COUNTERS", memoryview(bytearray(L.SLOT_BYTES * L.N_SLOTS)).cast("Q")
-    )
-    monkeypatch.setattr(_core, "report_error", lambda where, msg: errors.append((where, msg)))
-    monkeypatch.setattr(_bindings, "_start_writer", lambda: None)
-    _bindings.reset()
-    _split._irregular.clear()
-    yield
-    _bindings.reset()
-    _split._irregular.clear()
-    assert errors == []
+    with fresh_probe(monkeypatch):
+        yield
 
 
 class Lookups(dict[str, int]):

@@ -30,7 +30,7 @@ from typing import Any
 
 import grpc
 
-from verifier.server.metrics import PREFIXES, note_refusal
+from verifier.server.metrics import method_name, note_refusal
 
 AGENT_METHODS = ("Hello", "Report")
 READ_METHODS = ("GetRunStatus", "ListRuns", "ListTargets")
@@ -119,13 +119,12 @@ class Admission(grpc.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = continuation(handler_call_details)
-        full = handler_call_details.method
-        prefix = next((p for p in PREFIXES if full.startswith(p)), None)
-        pool = self.pools.get(full[len(prefix) :]) if prefix is not None else None
-        if handler is None or handler.unary_unary is None or pool is None:
+        method = method_name(handler_call_details.method)
+        pool = self.pools.get(method) if method is not None else None
+        if handler is None or handler.unary_unary is None or pool is None or method is None:
             return handler
         if pool.full():
-            behavior = _busy(pool, full[len(prefix or "") :])
+            behavior = _busy(pool, method)
             behavior.experimental_thread_pool = self.refusals  # type: ignore[attr-defined]
         else:
             behavior = _served(handler.unary_unary)

@@ -47,6 +47,13 @@ ZEROED_REFUSALS = ("Hello", "Report", "RegisterRun")  # refusals by reason expor
 SERVICE_PREFIX = "/verifier.api.v1.VerifierService/"
 PREFIXES = (SERVICE_PREFIX, "/verifier.api.v1.AuditService/")
 
+
+def method_name(full: str) -> str | None:
+    """``Report`` for ``/verifier.api.v1.VerifierService/Report``; None for another service."""
+    prefix = next((p for p in PREFIXES if full.startswith(p)), None)
+    return None if prefix is None else full[len(prefix) :]
+
+
 _NOTED: ContextVar[str | None] = ContextVar("verifier_refusal_reason", default=None)
 
 
@@ -184,11 +191,9 @@ class RpcObserver(grpc.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = continuation(handler_call_details)
-        full = handler_call_details.method
-        prefix = next((p for p in PREFIXES if full.startswith(p)), None)
-        if handler is None or handler.unary_unary is None or prefix is None:
+        method = method_name(handler_call_details.method)
+        if handler is None or handler.unary_unary is None or method is None:
             return handler
-        method = full[len(prefix) :]
         behavior = handler.unary_unary
 
         def observed(request: Any, context: grpc.ServicerContext) -> Any:
