@@ -103,6 +103,11 @@ EXPECT: dict[str, tuple[str, ...]] = {
         r"probe / no-probe = \d+\.\d+ +\(noise floor: boot-to-boot spread up to \d+\.\d+%\)",
         FLOOR,
     ),
+    "status_answer.py": (
+        r"the same answer from both arms: True",
+        r"kept / built per call = \d+\.\d+",
+        FLOOR,
+    ),
     "step_cost.py": (
         r"decode batch 256: bare .* in step +[+-]\d+\.\d .* writer +[+-]\d+\.\d .*\(floor \d+ ns",
         r"mixed +batch 256: ",

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.helpers import as_weak_as_needed
 from tests.test_policy_engine import HOOK_V1, api, engine, worker
-from verifier.model import RunVerdict, TargetReport, Verdict
+from verifier.model import Finding, RunVerdict, TargetReport, Verdict
 from verifier.policy import evaluate_run, load_policy, policy_digest
 from verifier.server import clock
 from verifier.server.evaluate import Evaluator
@@ -120,3 +121,56 @@ def test_a_stale_verdict_is_recomputed_with_its_age_each_call(evaluator: Evaluat
     stale = [dataclasses.asdict(v.targets[0].findings[0]) for v in (kept1, kept2)]
     assert stale[0]["id"] == stale[1]["id"] == "evidence.stale"
     assert stale[0] != stale[1]
+
+
+def test_a_kept_finding_s_message_is_built_once_and_equals_a_fresh_one(
+    evaluator: Evaluator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Status answers reuse each kept finding's message (``wire.verdicts.finding_to_pb``):
+    a second answer builds none, its bytes equal an answer built without the cache, and a
+    new report (new findings) is built afresh, not answered from the old messages."""
+    from verifier import wire
+    from verifier.api.v1 import verifier_pb2 as pb
+    from verifier.wire import verdicts as V
+
+    built: list[str] = []
+    convert = V._finding_to_pb
+
+    def counted(f: Finding) -> Any:
+        built.append(f.id)
+        return convert(f)
+
+    monkeypatch.setattr(V, "_finding_to_pb", counted)
+    ev = evaluator
+    run = register(ev, "r", POLICY)
+    note(ev, "a", 1, hooked=True)
+    note(ev, "b", 1, hooked=False)
+    now = 1_700_000_000.0 + Age.now
+
+    def answer() -> bytes:
+        return wire.get_run_status_response_to_pb(ev.run_verdict(run, now)).SerializeToString()
+
+    first = answer()
+    assert built, "the first answer converts its findings"
+    built.clear()
+    again = answer()
+    # kept: the targets' findings are not rebuilt (only the run-level ones, made per call)
+    assert again == first
+    assert built == [f.id for f in ev.run_verdict(run, now).findings]
+    monkeypatch.setattr(V, "finding_to_pb", convert)  # no cache at all: the same bytes
+    assert answer() == first
+    monkeypatch.undo()
+    monkeypatch.setattr(clock, "boot_s", lambda: Age.now)
+    monkeypatch.setattr(V, "_finding_to_pb", counted)
+    built.clear()
+    note(ev, "b", 2, hooked=True)  # b's hook now fires: new findings for b, built afresh
+    changed = answer()
+    assert built and changed != first
+    told = wire.get_run_status_response_from_pb(pb.GetRunStatusResponse.FromString(changed))
+    fresh_told = ev.run_verdict(run, now)
+    assert [(t.target, t.findings) for t in told.targets] == [
+        (t.target, t.findings) for t in fresh_told.targets
+    ]  # every finding as the evaluator has it now, none an old message
+    assert verdicts(told) == verdicts(fresh_told) == {
+        "a": Verdict.PASS, "b": Verdict.PASS,
+    }  # fmt: skip

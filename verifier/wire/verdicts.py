@@ -61,7 +61,26 @@ def severity_from_pb(value: int, at: str = "severity") -> Severity:
 _CONTEXT_JSON = json.JSONEncoder(sort_keys=True, allow_nan=False).encode
 
 
+# Findings kept by the evaluator (``policy.engine.Judgements``) are the same objects from one
+# status call to the next: their messages are built once. Keyed by identity, the finding held
+# (so its id cannot be reused while cached); a Finding is frozen and its context is never
+# changed after it is made. Bounded: cleared whole past _KEPT_MAX (then rebuilt as asked).
+_KEPT: dict[int, tuple[Finding, pb.Finding]] = {}
+_KEPT_MAX = 65_536
+
+
 def finding_to_pb(finding: Finding) -> pb.Finding:
+    kept = _KEPT.get(id(finding))
+    if kept is not None and kept[0] is finding:
+        return kept[1]
+    msg = _finding_to_pb(finding)
+    if len(_KEPT) >= _KEPT_MAX:
+        _KEPT.clear()
+    _KEPT[id(finding)] = (finding, msg)
+    return msg
+
+
+def _finding_to_pb(finding: Finding) -> pb.Finding:
     try:
         context = _CONTEXT_JSON(dict(finding.context)) if finding.context else ""
     except (TypeError, ValueError) as e:
