@@ -64,12 +64,16 @@ class GroupCommit(Generic[T]):
         item: _Write[T] = _Write(write, label)
         with self._cond:
             self._pending.append(item)
-            while self._leading and not item.done:
-                self._cond.wait()
-            if not item.done:
+        # Lead batches until this write's is done: a leader takes the oldest MAX_BATCH pending
+        # writes, which need not include its own (more were waiting): it then leads again.
+        while True:
+            with self._cond:
+                while self._leading and not item.done:
+                    self._cond.wait()
+                if item.done:
+                    break
                 self._leading = True
                 batch, self._pending = self._pending[: self._max], self._pending[self._max :]
-        if not item.done:
             try:
                 self._write(batch)
             finally:
