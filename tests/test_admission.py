@@ -9,6 +9,8 @@ transaction would hold it. No wall-clock thresholds: deadlines only stop a hung 
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,3 +88,42 @@ def test_grpc_limit_is_above_both_bounds() -> None:
     limit = grpc_limit(64)
     assert limit is not None and limit > 64 + READ_LIMIT
     assert grpc_limit(None) is None
+
+
+def test_calls_that_never_send_their_request_cannot_stall_the_refusals(tmp_path: Path) -> None:
+    """Attack: with the agents' class full, a client opens calls to Hello that send headers
+    and never their request (a slowloris). Refusing must not wait for a request: were the
+    refusal to read it first, the first such call would hold the refusals' one thread and
+    every later refusal would queue behind it, so a real agent's Hello would time out
+    (DEADLINE_EXCEEDED) instead of being told RESOURCE_EXHAUSTED and backing off."""
+    addr = f"unix:{tmp_path}/v.sock"
+    release = threading.Event()
+
+    def never() -> Iterator[pb.HelloRequest]:
+        release.wait()
+        yield from ()
+
+    with (
+        running_verifier(addr, tmp_path / "db.sqlite3", workers=4, max_concurrent_rpcs=2) as server,
+        grpc.insecure_channel(addr, options=list(wire.GRPC_OPTIONS)) as ch,
+    ):
+        stub = agent_stub(ch)
+        warm(stub)
+        stalled = ch.stream_unary(
+            "/verifier.api.v1.VerifierService/Hello",
+            request_serializer=pb.HelloRequest.SerializeToString,
+            response_deserializer=pb.HelloResponse.FromString,
+        )
+        try:
+            held = [stalled.future(never()) for _ in range(2)]  # the class's two slots
+            pool = server.admission.pools["Hello"]
+            wait_for("the agents' slots held", lambda: pool.in_flight == 2)
+            more = [stalled.future(never()) for _ in range(4)]  # arrive at a full class
+            assert [code_of(c) for c in more] == [BUSY] * 4  # refused without a request
+            real = stub.Hello.future(pb.HelloRequest(agent_id="a9", targets=["t9"]), timeout=10)
+            assert code_of(real) == BUSY  # told, not left to time out
+            assert [c.done() for c in held] == [False, False]  # the slots' holders still wait
+        finally:
+            release.set()
+            for c in held:
+                c.cancel()

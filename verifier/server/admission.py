@@ -79,12 +79,16 @@ class ClassPool(futures.ThreadPoolExecutor):
 
 
 def _busy(pool: ClassPool, method: str) -> Callable[[Any, grpc.ServicerContext], Any]:
+    """The refusal, served as a client-streaming handler: it never reads the request. (A unary
+    handler is called only once gRPC has read the request, on the pool thread: a call that
+    sends its headers and never its request would hold the refusals' thread, and every later
+    refusal would wait behind it, turning "busy" into clients' timeouts.)"""
     detail = (
         f"busy: {pool.limit} {pool.name} calls in flight (the verifier's bound for "
         f"{method}); back off and try again"
     )
 
-    def refuse(request: Any, context: grpc.ServicerContext) -> Any:
+    def refuse(requests: Any, context: grpc.ServicerContext) -> Any:
         note_refusal("busy")
         context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, detail)
 
@@ -124,11 +128,15 @@ class Admission(grpc.ServerInterceptor):
         if handler is None or handler.unary_unary is None or pool is None or method is None:
             return handler
         if pool.full():
-            behavior = _busy(pool, method)
-            behavior.experimental_thread_pool = self.refusals  # type: ignore[attr-defined]
-        else:
-            behavior = _served(handler.unary_unary)
-            behavior.experimental_thread_pool = pool  # type: ignore[attr-defined]
+            refuse = _busy(pool, method)
+            refuse.experimental_thread_pool = self.refusals  # type: ignore[attr-defined]
+            return grpc.stream_unary_rpc_method_handler(
+                refuse,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        behavior = _served(handler.unary_unary)
+        behavior.experimental_thread_pool = pool  # type: ignore[attr-defined]
         return grpc.unary_unary_rpc_method_handler(
             behavior,
             request_deserializer=handler.request_deserializer,

@@ -192,9 +192,17 @@ class RpcObserver(grpc.ServerInterceptor):
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = continuation(handler_call_details)
         method = method_name(handler_call_details.method)
-        if handler is None or handler.unary_unary is None or method is None:
+        if handler is None or method is None:
             return handler
-        behavior = handler.unary_unary
+        # unary calls, and admission's refusals (client-streaming: they never read a request)
+        behavior = handler.unary_unary or handler.stream_unary
+        if behavior is None:
+            return handler
+        make = (
+            grpc.unary_unary_rpc_method_handler
+            if handler.unary_unary is not None
+            else grpc.stream_unary_rpc_method_handler
+        )
 
         def observed(request: Any, context: grpc.ServicerContext) -> Any:
             structlog.contextvars.clear_contextvars()  # pool threads: nothing from a last call
@@ -217,7 +225,7 @@ class RpcObserver(grpc.ServerInterceptor):
         pool = getattr(behavior, "experimental_thread_pool", None)
         if pool is not None:
             observed.experimental_thread_pool = pool  # type: ignore[attr-defined]
-        return grpc.unary_unary_rpc_method_handler(
+        return make(
             observed,
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
