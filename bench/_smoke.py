@@ -173,6 +173,26 @@ def loaded_tiny_server(run: Callable[[int], None]) -> None:
         run(server.pid)
 
 
+def stand_in(script: str, run: Callable[[int], None]) -> None:
+    """Smoke's live target where a tiny server would be too slow: a probed Python process
+    running SCRIPT (stdlib only, run with ``-S``; it prints ``up`` once loaded and exits when
+    its stdin closes), its probe files in a temporary directory; RUN gets its pid after the
+    probe's sweeper had 1.5 s to record what was loaded."""
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, VERIFIER_PROBE_DIR=f"{tmp}/probe", PYTHONPATH=str(REPO))
+        child = subprocess.Popen([sys.executable, "-S", "-c", script], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
+        try:
+            assert child.stdout is not None and child.stdout.readline().strip() == "up"
+            time.sleep(1.5)  # the probe's sweeper has recorded everything
+            run(child.pid)
+        finally:
+            child.communicate(timeout=30)
+
+
 def scripts() -> list[str]:
     """Every benchmark script, relative to bench/ (helpers start with an underscore)."""
     found = [*BENCH.glob("*.py"), *BENCH.glob("gpu/*.py")]

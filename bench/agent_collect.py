@@ -179,16 +179,7 @@ def smoke() -> None:
             "and the index of installed distributions (the stand-in has no site-packages)"
         ],
     )
-    with tempfile.TemporaryDirectory() as tmp:
-        env = dict(os.environ, VERIFIER_PROBE_DIR=f"{tmp}/probe", PYTHONPATH=str(REPO))
-        child = subprocess.Popen([sys.executable, "-S", "-c", STAND_IN], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
-        try:
-            assert child.stdout is not None and child.stdout.readline().strip() == "up"
-            time.sleep(1.5)  # the probe's sweeper has recorded everything
-            measure(child.pid, _smoke.ROUNDS)
-        finally:
-            child.communicate(timeout=30)
+    _smoke.stand_in(STAND_IN, lambda pid: measure(pid, _smoke.ROUNDS))
 
 
 def measure(pid: int, rounds: int) -> None:

@@ -274,3 +274,38 @@ def fresh_probe(monkeypatch: Any) -> Iterator[None]:
     _bindings.reset()
     _split._irregular.clear()
     assert errors == []
+
+
+@contextlib.contextmanager
+def spawn_probed(
+    root: Path, code: str, *paths: Path, probe_dir: str = "probe", settle_s: float = 1.5
+) -> Iterator[int]:
+    """A probed interpreter that runs CODE with PATHS on PYTHONPATH (no bytecode written, so
+    every boot loads the sources), its probe files in ROOT/PROBE_DIR; yields its pid once CODE
+    has run and, after SETTLE_S, the probe's sweeper has recorded the interpreter layout. Its
+    temporary directory is ROOT/scratch, so that files under ROOT (itself under /tmp) are not
+    judged generated. Stopped (SIGTERM, then SIGKILL) on exit."""
+    import signal
+
+    ready = root / f"ready-{time.monotonic_ns()}"
+    (root / "scratch").mkdir(exist_ok=True)
+    script = f"{code}\nimport sys, time\nopen(sys.argv[1], 'w').write('ok')\ntime.sleep(600)\n"
+    env = probe_env(
+        root / probe_dir,
+        VERIFIER_PROBE_EARLY="1",
+        PYTHONPATH=":".join(map(str, paths)),
+        PYTHONDONTWRITEBYTECODE="1",
+        TMPDIR=str(root / "scratch"),
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script, str(ready)], env=env)
+    try:
+        wait_ready(proc, ready, 60)
+        time.sleep(settle_s)
+        yield proc.pid
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

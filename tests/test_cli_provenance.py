@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tests.helpers import probe_env, system_libz, verifier_cli, wait_ready
+from tests.helpers import probe_env, spawn_probed, system_libz, verifier_cli, wait_ready
 from verifier import wire
 from verifier._cli.diff_cmd import compare, render
 from verifier._cli.policy_cmd import render_policy
@@ -144,34 +144,7 @@ def test_policy_check_reports_the_line(tmp_path: Path) -> None:
 # A live process of any code, with the probe ------------------------------------------------
 
 
-@contextmanager
-def spawn(root: Path, code: str, *paths: Path) -> Iterator[int]:
-    """A probed interpreter that runs CODE with PATHS on PYTHONPATH (no bytecode written, so
-    every boot loads the sources); yields its pid once CODE has run and the probe's sweeper
-    has recorded the interpreter layout. Its temporary directory is ROOT/scratch, so that
-    files under ROOT (itself under /tmp) are not judged generated."""
-    ready = root / f"ready-{time.monotonic_ns()}"
-    (root / "scratch").mkdir(exist_ok=True)
-    script = f"{code}\nimport sys, time\nopen(sys.argv[1], 'w').write('ok')\ntime.sleep(600)\n"
-    env = probe_env(
-        root / "probe",
-        VERIFIER_PROBE_EARLY="1",
-        PYTHONPATH=":".join(map(str, paths)),
-        PYTHONDONTWRITEBYTECODE="1",
-        TMPDIR=str(root / "scratch"),
-    )
-    proc = subprocess.Popen([sys.executable, "-c", script, str(ready)], env=env)
-    try:
-        wait_ready(proc, ready, 60)
-        time.sleep(1.5)
-        yield proc.pid
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+spawn = spawn_probed  # a probed interpreter running some code (tests/helpers.py)
 
 
 def sha(data: bytes) -> str:

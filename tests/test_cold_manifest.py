@@ -11,21 +11,19 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import posixpath
-import signal
-import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
 from tests import test_bytecode as tb
-from tests.helpers import probe_env, wait_ready
+from tests.helpers import spawn_probed
 from verifier.evidence import compilers, pycfile
 from verifier.evidence.bytecode import judge_bytecode
 from verifier.evidence.distindex import DistIndex, Sites
@@ -73,30 +71,9 @@ def make_site(site: Path) -> None:
     _dist(site, "brokendist", {"brokendist.py": b"Z = 1\n"}, "not,a,valid,row\n")
 
 
-@contextmanager
-def probed(root: Path, site: Path, n: int) -> Iterator[int]:
+def probed(root: Path, site: Path, n: int) -> contextlib.AbstractContextManager[int]:
     """A probed interpreter importing CODE with SITE on its path; its pid once loaded."""
-    ready = root / f"ready-{n}"
-    (root / "scratch").mkdir(exist_ok=True)
-    script = f"{CODE}\nimport sys, time\nopen(sys.argv[1], 'w').write('ok')\ntime.sleep(600)\n"
-    env = probe_env(
-        root / f"probe-{n}",
-        VERIFIER_PROBE_EARLY="1",
-        PYTHONPATH=str(site),
-        PYTHONDONTWRITEBYTECODE="1",
-        TMPDIR=str(root / "scratch"),
-    )
-    proc = subprocess.Popen([sys.executable, "-c", script, str(ready)], env=env)
-    try:
-        wait_ready(proc, ready, 60)
-        yield proc.pid
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    return spawn_probed(root, CODE, site, probe_dir=f"probe-{n}", settle_s=0)
 
 
 def _judged(r: ProcessReport) -> tuple[object, ...]:
