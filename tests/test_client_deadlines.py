@@ -418,3 +418,53 @@ def test_a_verifier_that_refuses_the_client_ends_the_wait_at_once_with_exit_10(p
     assert ran.code == 10, ran
     assert "requires TLS and this client has none" in ran.stderr, ran.stderr
     assert ran.elapsed < 30, ran.elapsed  # not retried: far below its 60 s
+
+
+def test_a_wait_whose_last_call_had_no_time_left_is_a_timeout_not_an_unreachable_verifier(
+    tmp_path: Path,
+) -> None:
+    """CI once saw `wait server --timeout 3` exit 4 ("unreachable for the last 0.0 s") on a
+    healthy verifier: its last poll began with a millisecond of the 3 s left and got no answer
+    in it. A call cut that short by the command's own time says nothing about the verifier:
+    that wait timed out (exit 5, the run still PENDING). A real `verifier serve` is frozen
+    (SIGSTOP) after its first answer, so every later call gets no answer: with --timeout 0.8
+    the one call after the answer had under FAIR_CALL_S and the wait is a timeout naming that
+    call's time; with --timeout 4 (negative control) a call given ~3.8 s got no answer and
+    the verdict stays exit 4, the verifier unreachable after it answered before, for the time
+    since that call was made. Resumed (SIGCONT), the verifier still stops on SIGTERM."""
+    from tests.test_gate_e2e import local_verifier
+    from verifier.client.deadline import FAIR_CALL_S
+    from verifier.errors import TimeoutError_
+
+    with local_verifier(tmp_path) as v:
+        serve = v.daemons[0].proc
+        assert serve is not None
+        with VerifierClient(v.addr) as c:
+            c.register_run("r", policy(30.0), "p.toml")
+            got: dict[float, BaseException] = {}
+            for timeout_s in (0.8, 4.0):
+                frozen: list[bool] = []
+
+                def freeze(_v: RunVerdict, frozen: list[bool] = frozen) -> None:
+                    if not frozen:
+                        os.kill(serve.pid, signal.SIGSTOP)
+                        frozen.append(True)
+
+                try:
+                    with pytest.raises((TimeoutError_, UnavailableError)) as caught:
+                        wait_for(c, "r", timeout_s, poll_s=0.05, on_progress=freeze)
+                    got[timeout_s] = caught.value
+                finally:
+                    os.kill(serve.pid, signal.SIGCONT)
+                assert frozen, "the verifier answered once before it was frozen"
+            # paused and resumed, it still stops on SIGTERM (it once waited on a lock for good)
+            assert v.daemons[0].stop() == 0
+    short, long = got[0.8], got[4.0]
+    assert 0.8 < FAIR_CALL_S < 3.5
+    assert type(short) is TimeoutError_, short
+    assert str(short).startswith("run r still PENDING after 0.8 s"), short
+    assert "the last call had 0." in str(short), short
+    assert isinstance(long, UnavailableError) and not isinstance(long, TimeoutError_), long
+    assert "it answered before" in str(long) and "run r was PENDING then" in str(long), long
+    # the stretch began when the call that got no answer was made, ~3.9 s before the end
+    assert "unreachable for the last 3." in str(long), long

@@ -114,6 +114,11 @@ class UnavailableError(Error):
     exit_code = ExitCode.UNAVAILABLE
 
 
+class NoAnswerInTime(UnavailableError):
+    """A call's deadline passed without an answer (gRPC DEADLINE_EXCEEDED): the peer is hung
+    or slow, or the call was given too little time to tell (``verifier.client.deadline``)."""
+
+
 class TimeoutError_(Error):  # the builtin TimeoutError is another thing
     exit_code = ExitCode.TIMEOUT
 

@@ -18,6 +18,7 @@ from verifier.errors import (
     CheckFailed,
     ConfigError,
     Error,
+    NoAnswerInTime,
     NotAuthorized,
     TimeoutError_,
     UnavailableError,
@@ -62,7 +63,9 @@ def _translate(  # noqa: PLR0911 - one answer per status code
         refused = tls_refusal(address, tls, probe_s / PROBE_STEPS)
         if refused is not None:
             return NotAuthorized(refused)
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return NoAnswerInTime(f"verifier at {address} unreachable: {details or code.name}")
+    if code == grpc.StatusCode.UNAVAILABLE:
         return UnavailableError(f"verifier at {address} unreachable: {details or code.name}")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:  # back-pressure: up, but refusing load
         return UnavailableError(f"verifier at {address} busy: {details or code.name}")

@@ -21,13 +21,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from verifier.errors import Error, UnavailableError
+from verifier.errors import Error, NoAnswerInTime, UnavailableError
 
 T = TypeVar("T")
 
 DEFAULT_RPC_TIMEOUT_S = 10.0  # one call without a time given by the user (--rpc-timeout)
 FIRST_BACKOFF_S = 0.1  # the first pause before calling an unreachable verifier again
 MAX_BACKOFF_S = 1.0  # the longest pause: a verifier back up is seen within about a second
+# a call given less than this that got no answer says nothing about the verifier: on a loaded
+# host a healthy status answer can take a few hundred ms, and the last poll of a wait is given
+# only what is left of its --timeout (which can be a millisecond)
+FAIR_CALL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,14 @@ class Deadline:
 def transient(e: Error) -> bool:
     """Whether E can pass on its own (worth calling again): the verifier unreachable, hung,
     restarting or busy. A refused credential is not (``NotAuthorized``), nor an answer."""
-    return type(e) is UnavailableError
+    return type(e) in (UnavailableError, NoAnswerInTime)
+
+
+def cut_short(e: Error, given_s: float) -> bool:
+    """Whether E is a call that got no answer only because it was given less than
+    FAIR_CALL_S (GIVEN_S) by the command's own deadline: the command ran out of time, the
+    verifier was not shown to be unreachable."""
+    return isinstance(e, NoAnswerInTime) and given_s < FAIR_CALL_S
 
 
 @dataclass
@@ -71,16 +82,21 @@ class Outage:
     attempts: int = 0  # calls that failed, in all
     last: Error | None = None
     ever_answered: bool = False
+    attempts_in_stretch: int = 0  # calls that failed since it last answered
 
-    def failed(self, e: Error) -> None:
+    def failed(self, e: Error, began: float | None = None) -> None:
+        """E ended a call; BEGAN (monotonic): when that call was made (the verifier has not
+        been shown reachable since then), now when not given."""
         if self.since is None:
-            self.since = time.monotonic()
+            self.since = time.monotonic() if began is None else began
         self.attempts += 1
+        self.attempts_in_stretch += 1
         self.last = e
 
     def answered(self) -> None:
         self.since = None
         self.ever_answered = True
+        self.attempts_in_stretch = 0
 
     def describe(self, deadline: Deadline) -> str:
         """One line: the last failure, and for how long of DEADLINE it lasted."""
@@ -111,12 +127,13 @@ def retrying(
     Every other error is raised at once."""
     run = 0
     while True:
+        began = time.monotonic()
         try:
             got = call()
         except Error as e:
             if not transient(e):
                 raise
-            outage.failed(e)
+            outage.failed(e, began)
             run += 1
             if on_retry is not None:
                 on_retry(e)

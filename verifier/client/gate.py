@@ -30,7 +30,7 @@ from typing import Any
 from verifier import wire
 from verifier.client.address import resolve
 from verifier.client.api import VerifierClient
-from verifier.client.deadline import Deadline, Outage, retrying
+from verifier.client.deadline import Deadline, Outage, cut_short, retrying
 from verifier.client.window import is_fresh, seal, seal_content
 from verifier.errors import CheckFailed, Error, TimeoutError_, UnavailableError
 from verifier.model import RunVerdict, Severity, Verdict
@@ -72,12 +72,30 @@ def wait_for(
     outage = Outage()
     since: float | None = None
     verdict: RunVerdict | None = None
+    short: list[float] = []  # the last failed call's time, when it was cut short (cut_short)
+
+    def poll() -> RunVerdict:
+        given = client.call_timeout()
+        short.clear()
+        try:
+            return client.status(run)
+        except Error as e:
+            if cut_short(e, given):
+                short.append(given)
+            raise
+
     with client.within(deadline):
         while True:
             if verdict is not None and deadline.passed():
                 raise _timed_out(run, verdict, timeout_s)
-            got = retrying(lambda: client.status(run), deadline, outage, on_retry)
+            got = retrying(poll, deadline, outage, on_retry)
             if got is None:
+                if verdict is not None and short and outage.attempts_in_stretch == 1:
+                    # the verifier answered the call before; this one had only what was
+                    # left of the timeout: the run is undecided, not the verifier unreachable
+                    raise _timed_out(
+                        run, verdict, timeout_s, f"; the last call had {short[0]:.3f} s left"
+                    )
                 was = "" if verdict is None else f"; run {run} was {verdict.verdict.value} then"
                 raise UnavailableError(outage.describe(deadline) + was)
             verdict = got
@@ -92,14 +110,16 @@ def wait_for(
             time.sleep(min(poll_s, deadline.left()))
 
 
-def _timed_out(run: str, verdict: RunVerdict, timeout_s: float) -> TimeoutError_:
+def _timed_out(run: str, verdict: RunVerdict, timeout_s: float, note: str = "") -> TimeoutError_:
     if verdict.verdict == Verdict.PASS:
         return TimeoutError_(
             f"run {run} PASSes, but no report read after the wait began arrived "
-            f"within {timeout_s:g} s"
+            f"within {timeout_s:g} s{note}"
         )
     reason = first_reason(verdict)
-    return TimeoutError_(f"run {run} still {verdict.verdict.value} after {timeout_s:g} s: {reason}")
+    return TimeoutError_(
+        f"run {run} still {verdict.verdict.value} after {timeout_s:g} s: {reason}{note}"
+    )
 
 
 _RANK = {Severity.ERROR: 0, Severity.PENDING: 1, Severity.WARNING: 2, Severity.INFO: 3}

@@ -421,7 +421,11 @@ class VerifierServer:
             self.start()
             print(f"verifier listening on {self.config.listen} (port {self.port})", flush=True)
             print(self.key_line(), flush=True)
-            stop.wait()
+            # a timed wait: a signal taken by another thread only sets a flag, which the main
+            # thread acts on when it next runs Python; an untimed wait on a lock never does
+            # (seen: a verifier paused by SIGSTOP and resumed ignored SIGTERM for good)
+            while not stop.wait(0.5):
+                pass
         finally:
             self.stop()
             for s, h in previous.items():
