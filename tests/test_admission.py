@@ -47,12 +47,12 @@ def test_agents_at_their_bound_are_refused_busy_while_status_reads_are_answered(
         running_verifier(addr, tmp_path / "db.sqlite3", workers=4, max_concurrent_rpcs=2) as server,
         grpc.insecure_channel(addr, options=list(wire.GRPC_OPTIONS)) as ch,
     ):
-        refusals = server.service.metrics.refusals
+        refusals = server.service.metrics
         stub = agent_stub(ch)
         warm(stub)
         agents = [("a0", "t0"), ("a1", "t1"), ("a2", "t2")]
         nonces = [hello(stub, a, t) for a, t in agents]
-        assert refusals.value(method="Report", reason="busy") == 0  # negative control
+        assert refusals.refused_calls("Report", "busy") == 0  # negative control
         agents_pool = server.admission.pools["Report"]
         with server.store._lock:  # the store is busy: reports wait for it, holding their slot
             held = [
@@ -76,7 +76,7 @@ def test_agents_at_their_bound_are_refused_busy_while_status_reads_are_answered(
         wait_for("the slots given back", lambda: agents_pool.in_flight == 0)
         assert stub.Report(report("a2", "t2", manifest(5, "a2"), 1, nonces[2])).accepted
         busy = {
-            m: refusals.value(method=m, reason="busy")
+            m: refusals.refused_calls(m, "busy")
             for m in ("Report", "Hello", "GetRunStatus", "ListRuns")
         }
         assert busy == {"Report": 1, "Hello": 1, "GetRunStatus": 0, "ListRuns": 0}

@@ -59,7 +59,7 @@ def report_bytes(agent: str, target: str, nonce: str = "n" * 32, files: int = 0)
 
 
 def refusals(server: VerifierServer, method: str, reason: str) -> float:
-    return server.service.metrics.refusals.value(method=method, reason=reason)
+    return server.service.metrics.refused_calls(method, reason)
 
 
 @pytest.fixture(scope="module")
@@ -251,8 +251,8 @@ def test_garbage_bytes_to_every_method_are_invalid_argument_counted_once(tmp_pat
         with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
             for service, method in METHODS:
                 md = wire.agent_metadata("x", ["t"]) if method in ("Hello", "Report") else ()
-                total = sum(m.refusals.value(method=method, reason=r) for r in _reasons())
-                before = m.refusals.value(method=method, reason="undecodable")
+                total = sum(m.refused_calls(method, r) for r in _reasons())
+                before = m.refused_calls(method, "undecodable")
                 call = raw(ch, method, service)
                 code, why = refused(lambda c=call, md=md: c(GARBAGE, metadata=md))  # type: ignore[misc]
                 assert (method, code, why.startswith("undecodable request")) == (
@@ -260,10 +260,10 @@ def test_garbage_bytes_to_every_method_are_invalid_argument_counted_once(tmp_pat
                     grpc.StatusCode.INVALID_ARGUMENT,
                     True,
                 ), why
-                assert m.refusals.value(method=method, reason="undecodable") == before + 1
-                after = sum(m.refusals.value(method=method, reason=r) for r in _reasons())
+                assert m.refused_calls(method, "undecodable") == before + 1
+                after = sum(m.refused_calls(method, r) for r in _reasons())
                 assert after == total + 1, method  # exactly one reason per refusal
-        scraped = m.registry.render()
+        scraped = m.render()
         assert 'verifier_refusals_total{method="Report",reason="undecodable"} 1' in scraped
         assert 'verifier_reports_refused_total{reason="undecodable"} 1' in scraped
     finally:
@@ -307,10 +307,10 @@ def test_each_refusal_of_hello_report_and_register_run_counts_exactly_one_reason
         addr = f"127.0.0.1:{server.port}"
         with grpc.insecure_channel(addr, options=list(wire.GRPC_OPTIONS)) as ch:
             for method, reason, body, metadata in calls:
-                counts = {r: m.refusals.value(method=method, reason=r) for r in _reasons()}
+                counts = {r: m.refused_calls(method, r) for r in _reasons()}
                 call = raw(ch, method)
                 refused(lambda b=body, c=call, md=metadata: c(b, metadata=md))  # type: ignore[misc]
-                after = {r: m.refusals.value(method=method, reason=r) for r in _reasons()}
+                after = {r: m.refused_calls(method, r) for r in _reasons()}
                 moved = {r: after[r] - counts[r] for r in _reasons() if after[r] != counts[r]}
                 assert (method, reason, moved) == (method, reason, {reason: 1.0})
     finally:

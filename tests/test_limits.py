@@ -270,8 +270,8 @@ def test_the_verifier_refuses_over_limit_reports_and_far_future_times_naming_the
             req = pb.ReportRequest(report=msg)
             code, details = refused(lambda r=req: stub.Report(r, metadata=md))  # type: ignore[misc]
             assert (code, why in details) == (grpc.StatusCode.INVALID_ARGUMENT, True), details
-            assert server.service.metrics.refusals.value(method="Report", reason="too_large") == i
-            assert server.service.metrics.refused.value(reason="too_large") == i
+            assert server.service.metrics.refused_calls("Report", "too_large") == i
+            assert server.service.metrics.refused_reports("too_large") == i
         assert server.store.count_reports() == 0
 
 
@@ -293,7 +293,7 @@ def test_an_oversized_policy_is_invalid_argument_naming_the_limit_and_exit_3(
         grpc.StatusCode.INVALID_ARGUMENT,
         True,
     ), why
-    assert server.service.metrics.refusals.value(method="RegisterRun", reason="too_large") == 1
+    assert server.service.metrics.refused_calls("RegisterRun", "too_large") == 1
     path = tmp_path / "big.toml"
     path.write_text(big)
     out = verifier_cli("run", "register", "r", "--policy", str(path), "--verifier", addr)

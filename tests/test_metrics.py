@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import socket
 import subprocess
 import threading
@@ -18,41 +17,30 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as openmetrics_families,
+)
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers import agent_stub, not_vllm_policy
 from tests.test_gate_e2e import Daemon
 from verifier.errors import ConfigError
 from verifier.metrics.http import MetricsServer, parse_listen
-from verifier.metrics.registry import CONTENT_TYPE, Registry
+from verifier.metrics.registry import Bounded, ScrapeTime, new_registry
 from verifier.testing.vllm_server import free_port
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
-LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"(?:,|$)')
 
 
 def parse(text: str) -> Samples:
-    """The text exposition format, strictly: every sample belongs to a declared family."""
-    families: dict[str, str] = {}
+    """A scrape, read by prometheus_client's own parser (which refuses what is not the text
+    format): (sample name, labels) -> value."""
     out: Samples = {}
-    for line in text.splitlines():
-        if line.startswith("# TYPE "):
-            _, _, name, kind = line.split(" ")
-            assert kind in ("counter", "gauge", "histogram"), line
-            families[name] = kind
-            continue
-        if line.startswith("#") or not line:
-            continue
-        m = SAMPLE.match(line)
-        assert m, line
-        name, labels, value = m.groups()
-        family = re.sub(r"_(bucket|sum|count)$", "", name)
-        assert name in families or families.get(family) == "histogram", line
-        pairs = LABEL.findall(labels or "")
-        assert ",".join(f'{k}="{v}"' for k, v in pairs) == (labels or ""), line
-        unescaped = {k: v.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
-                     for k, v in pairs}  # fmt: skip
-        out[(name, frozenset(unescaped.items()))] = float(value)
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
     return out
 
 
@@ -64,9 +52,13 @@ def total(samples: Samples, name: str) -> float:
     return sum(v for (n, _), v in samples.items() if n == name)
 
 
+def series(samples: Samples, name: str) -> list[dict[str, str]]:
+    return [dict(labels) for (n, labels) in samples if n == name]
+
+
 def scrape(port: int) -> Samples:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        assert r.headers["Content-Type"] == CONTENT_TYPE
+        assert r.headers["Content-Type"] == CONTENT_TYPE_PLAIN_0_0_4
         return parse(r.read().decode())
 
 
@@ -86,51 +78,52 @@ def json_lines(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-# The registry ---------------------------------------------------------------------------------
+# The registry and the endpoint ----------------------------------------------------------------
 
 
-def test_the_text_format_of_each_kind() -> None:
-    r = Registry()
-    c = r.counter("x_events_total", 'events "seen"\\', ["kind"])
-    c.zero(kind="never")
-    c.inc(kind='a"b\\c\nd')
-    c.inc(2, kind='a"b\\c\nd')
-    g = r.gauge("x_size_bytes", "size")
-    g.set(-1.5)
-    h = r.histogram("x_duration_seconds", "time", ["m"])
-    for v in (0.0005, 0.02, 100.0):
-        h.observe(v, m="Report")
-    text = r.render()
-    assert '# HELP x_events_total events "seen"\\\\\n# TYPE x_events_total counter\n' in text
-    assert 'x_events_total{kind="a\\"b\\\\c\\nd"} 3.0\n' in text
-    s = parse(text)
-    assert get(s, "x_events_total", kind="never") == 0.0
-    assert get(s, "x_events_total", kind='a"b\\c\nd') == 3.0
-    assert get(s, "x_size_bytes") == -1.5
-    assert get(s, "x_duration_seconds_bucket", m="Report", le="0.001") == 1
-    assert get(s, "x_duration_seconds_bucket", m="Report", le="0.025") == 2
-    assert get(s, "x_duration_seconds_bucket", m="Report", le="10.0") == 2
-    assert get(s, "x_duration_seconds_bucket", m="Report", le="+Inf") == 3
-    assert get(s, "x_duration_seconds_count", m="Report") == 3
-    assert get(s, "x_duration_seconds_sum", m="Report") == pytest.approx(100.0205)
+def test_every_registry_carries_process_and_build_metrics() -> None:
+    s = parse(generate_latest(new_registry()).decode())
     assert get(s, "verifier_build_info", version=__import__("verifier").__version__) == 1
-    with pytest.raises(ValueError, match="only goes up"):
-        c.inc(-1, kind="never")
-    with pytest.raises(ValueError, match="labels"):
-        c.inc(kind="a", extra="b")
+    assert get(s, "process_resident_memory_bytes") > 0
+    assert abs(get(s, "process_start_time_seconds") - time.time()) < 24 * 3600
+    assert get(s, "process_open_fds") > 0
+    assert [x["implementation"] for x in series(s, "python_info")] == ["CPython"]
+    assert not [k for k in s if k[0].endswith("_created")]  # no _created series
 
 
 def test_a_value_read_at_scrape_time_that_fails_leaves_the_rest() -> None:
-    r = Registry()
-    g = r.gauge("x_entries", "entries")
+    r = new_registry()
 
-    def broken() -> list[tuple[tuple[str, ...], float]]:
+    def broken() -> float:
         raise OSError("database gone")
 
-    g.set_function(broken)
-    r.counter("x_ok_total", "ok").inc()
-    s = parse(r.render())
-    assert get(s, "x_ok_total") == 1.0 and ("x_entries", frozenset()) not in s
+    ScrapeTime(r, "x_entries", "entries", broken)
+    ScrapeTime(r, "x_ok_total", "ok", lambda: 3, counter=True)
+    s = parse(generate_latest(r).decode())
+    assert get(s, "x_ok_total") == 3.0 and ("x_entries", frozenset()) not in s
+
+
+def test_bounded_series_refuse_new_keys_and_forget_frees_a_place() -> None:
+    r = new_registry()
+    overflow = Counter("x_refused_total", "refused", ["label"], registry=r)
+    g = Gauge("x_hook", "hook", ["target", "hook"], registry=r)
+    b = Bounded("target", 2, 2, overflow)
+    for t in ("a", "b", "c"):
+        b.set(g, t, 1.0, "h")
+    b.replace(g, "a", {("h",): 1.0, ("i",): 2.0, ("j",): 3.0})  # j: over a's 2 hooks
+    s = parse(generate_latest(r).decode())
+    assert sorted((x["target"], x["hook"]) for x in series(s, "x_hook")) == [
+        ("a", "h"),
+        ("a", "i"),
+        ("b", "h"),
+    ]
+    assert get(s, "x_refused_total", label="target") == 2  # c, and a's third hook
+    b.replace(g, "a", {("i",): 5.0})  # h no longer reported: its series goes
+    b.forget("b")
+    b.set(g, "c", 1.0, "h")  # b's place is c's now
+    s = parse(generate_latest(r).decode())
+    assert {(x["target"], x["hook"]) for x in series(s, "x_hook")} == {("a", "i"), ("c", "h")}
+    assert get(s, "x_hook", target="a", hook="i") == 5.0
 
 
 def test_listen_addresses() -> None:
@@ -143,9 +136,14 @@ def test_listen_addresses() -> None:
             parse_listen(bad)
 
 
+def _registry_with_one() -> CollectorRegistry:
+    r = new_registry()
+    Counter("x_total", "x", registry=r).inc()
+    return r
+
+
 def test_the_endpoint_serves_metrics_and_nothing_else() -> None:
-    r = Registry()
-    r.counter("x_total", "x").inc()
+    r = _registry_with_one()
     server = MetricsServer("127.0.0.1:0", r).start()
     try:
         assert get(scrape(server.port), "x_total") == 1.0
@@ -159,6 +157,23 @@ def test_the_endpoint_serves_metrics_and_nothing_else() -> None:
         server.stop()
 
 
+def test_a_scraper_that_asks_for_openmetrics_gets_it() -> None:
+    server = MetricsServer("127.0.0.1:0", _registry_with_one()).start()
+    try:
+        ask = urllib.request.Request(
+            f"http://127.0.0.1:{server.port}/metrics",
+            headers={"Accept": "application/openmetrics-text; version=1.0.0"},
+        )
+        with urllib.request.urlopen(ask, timeout=5) as r:  # noqa: S310 - http://127.0.0.1 above
+            kind, text = r.headers["Content-Type"], r.read().decode()
+    finally:
+        server.stop()
+    assert kind.startswith("application/openmetrics-text")
+    assert text.endswith("# EOF\n")
+    families = {f.name: f for f in openmetrics_families(text)}  # type: ignore[no-untyped-call]
+    assert families["x"].type == "counter" and families["x"].samples[0].value == 1.0
+
+
 def _silent(port: int, n: int) -> list[socket.socket]:
     """N clients that connect and never send a request."""
     return [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(n)]
@@ -168,8 +183,7 @@ def test_silent_scrapers_cost_bounded_threads_and_never_starve_a_real_scrape() -
     """A hundred connections that say nothing: never more than MAX_CONNECTIONS threads serve
     them (the rest are closed at once), every silent client is dropped (closed at once, or after
     the idle timeout: its read sees EOF), and a real scrape is answered afterwards."""
-    r = Registry()
-    r.counter("x_total", "x").inc()
+    r = _registry_with_one()
     server = MetricsServer("127.0.0.1:0", r, idle_s=1.0, max_connections=4).start()
     before = threading.active_count()
     socks = _silent(server.port, 100)
@@ -235,6 +249,9 @@ def test_metrics_and_logs_of_a_live_verifier_and_agent(tmp_path: Path, sleeper: 
         assert get(v, "verifier_rpcs_total", method="Hello", code="OK") >= 1
         assert get(v, "verifier_rpcs_total", method="Report", code="OK") >= 3
         assert get(v, "verifier_bindings_ingested_total", kind="span") == 0  # no probe here
+        assert get(v, "verifier_target_processes", target="t") >= 0  # the series is there
+        assert get(v, "verifier_target_steps", target="t", kind="total") == 0  # no probe: no steps
+        assert get(v, "process_resident_memory_bytes") > 0 and get(v, "process_open_fds") > 0
         until("a verdict of run r", lambda: sum(
             get(scrape(vport), "verifier_run_verdict", run="r", verdict=x)
             for x in ("PASS", "FAIL", "PENDING", "STALE")) == 1, logs)  # fmt: skip
@@ -256,6 +273,7 @@ def test_metrics_and_logs_of_a_live_verifier_and_agent(tmp_path: Path, sleeper: 
         assert total(a, "verifier_agent_verifier_errors_total") == 0
         assert get(a, "verifier_agent_reports_refused_total", reason="malformed") == 0
         assert get(a, "verifier_agent_spool_dropped_total") == 0
+        assert get(a, "process_resident_memory_bytes") > 0
         acked = get(a, "verifier_agent_reports_acknowledged_total")
 
         # The verifier goes away: the agent counts failures and spools.
@@ -305,8 +323,7 @@ def test_metrics_and_logs_of_a_live_verifier_and_agent(tmp_path: Path, sleeper: 
 def test_metrics_listen_in_use_is_a_start_up_error(tmp_path: Path) -> None:
     from tests.helpers import verifier_cli
 
-    r = Registry()
-    taken = MetricsServer("127.0.0.1:0", r).start()
+    taken = MetricsServer("127.0.0.1:0", new_registry()).start()
     try:
         out = verifier_cli("serve", "--listen", f"unix:{tmp_path / 's'}", "--db",
                            str(tmp_path / "db"), "--metrics-listen",
@@ -342,7 +359,7 @@ def test_refusals_duplicates_and_manifest_requests_are_counted_by_reason(tmp_pat
             assert not stub.Report(report(nonce, 1, unknown)).accepted  # need_manifests
             nonce = stub.Report(report(nonce, 1)).nonce
             assert stub.Report(report(nonce, 1)).accepted  # a duplicate, acknowledged again
-        s = parse(server.service.metrics.registry.render())
+        s = parse(server.service.metrics.render())
     finally:
         server.stop()
     assert get(s, "verifier_reports_received_total") == 5
@@ -357,3 +374,140 @@ def test_refusals_duplicates_and_manifest_requests_are_counted_by_reason(tmp_pat
     assert get(s, "verifier_rpcs_total", method="Report", code="INVALID_ARGUMENT") == 1
     assert get(s, "verifier_rpcs_total", method="Report", code="OK") == 3
     assert get(s, "verifier_ledger_entries") == 2  # the manifest and the report
+
+
+# Evidence per target, over the real endpoint of a real verifier -------------------------------
+
+
+TARGET_FAMILIES = (
+    "verifier_target_steps",
+    "verifier_target_hook_fires",
+    "verifier_target_processes",
+    "verifier_last_report_timestamp_seconds",
+    "verifier_ingest_lag_seconds",
+)
+
+
+def _evidence_report(
+    agent: str, target: str, seq: int, nonce: str, steps: tuple[int, int], *, fires: dict[str, int]
+) -> Any:
+    """A Report of one worker that ran STEPS (total, productive) with hooks fired FIRES."""
+    import dataclasses
+
+    from tests.test_verifier_grpc import SHA, process
+    from verifier import wire
+    from verifier.api.v1 import verifier_pb2 as pb
+    from verifier.model import FileEntry, HookEvidence, StepEvidence, TargetReport
+
+    base = process((FileEntry("/a.py", SHA, 3, "source", "a", "load"),))
+    hooks = tuple(
+        HookEvidence(name, "m:C.f", True, True, "m.C", "method", None, "m.C", n, n, 1, steps[0])
+        for name, n in fires.items()
+    )
+    total, productive = steps
+    step = StepEvidence(total, productive, total - productive, productive, 1, 1, time.time_ns())
+    proc = dataclasses.replace(base, steps=step, hooks=hooks)
+    now = time.time()
+    rep = TargetReport(agent, target, seq, nonce, now, (proc,), collected_unix=now)
+    return pb.ReportRequest(report=wire.report_to_pb(rep))
+
+
+def test_evidence_per_target_moves_with_real_reports_and_goes_with_the_target(
+    tmp_path: Path,
+) -> None:
+    """Steps and hook fires per target, and the run's verdict, as scraped from the verifier's
+    /metrics after each real report; a hook no longer reported loses its series, and a
+    forgotten target loses all of its."""
+    import grpc
+
+    from tests.helpers import running_verifier
+    from verifier import wire
+    from verifier.api.v1 import verifier_pb2 as pb
+
+    policy = tmp_path / "p.toml"
+    policy.write_text(not_vllm_policy('version = 1\n[[hooks]]\nname = "h"\n'))
+    addr = f"unix:{tmp_path}/v.sock"
+    with (
+        running_verifier(
+            addr, tmp_path / "db", metrics_listen="127.0.0.1:0", runs=(("r", policy),)
+        ) as server,
+        grpc.insecure_channel(addr, options=list(wire.GRPC_OPTIONS)) as ch,
+    ):
+        port = server.metrics_http.port
+        stub = agent_stub(ch)
+        nonce = stub.Hello(pb.HelloRequest(agent_id="a", targets=["t"])).nonce
+        before = scrape(port)
+        assert series(before, "verifier_target_steps") == []  # negative control: no report yet
+        nonce = stub.Report(
+            _evidence_report("a", "t", 1, nonce, (5, 3), fires={"h": 2, "g": 1})
+        ).nonce
+        s = scrape(port)
+        assert (get(s, "verifier_target_steps", target="t", kind="total"),
+                get(s, "verifier_target_steps", target="t", kind="productive"),
+                get(s, "verifier_target_hook_fires", target="t", hook="h"),
+                get(s, "verifier_target_hook_fires", target="t", hook="g"),
+                get(s, "verifier_target_processes", target="t")) == (5, 3, 2, 1, 1)  # fmt: skip
+        stub.Report(_evidence_report("a", "t", 2, nonce, (9, 7), fires={"h": 6}))
+        s = scrape(port)
+        moved = (get(s, "verifier_target_steps", target="t", kind="total"),
+                 get(s, "verifier_target_steps", target="t", kind="productive"),
+                 get(s, "verifier_target_hook_fires", target="t", hook="h"))  # fmt: skip
+        assert moved == (9, 7, 6)
+        assert {x["hook"] for x in series(s, "verifier_target_hook_fires")} == {"h"}  # g gone
+        stub.GetRunStatus(pb.GetRunStatusRequest(name="r"))
+        s = scrape(port)
+        verdicts = {x["verdict"]: get(s, "verifier_run_verdict", **x)
+                    for x in series(s, "verifier_run_verdict") if x["run"] == "r"}  # fmt: skip
+        assert sorted(verdicts.values()) == [0, 0, 0, 1], verdicts
+        assert (
+            get(s, "verifier_verdicts_total", verdict=max(verdicts, key=verdicts.__getitem__)) >= 1
+        )
+        stub.ForgetTarget(wire.forget_target_request_to_pb("t"))
+        s = scrape(port)
+        for name in TARGET_FAMILIES:
+            assert series(s, name) == [], name
+
+
+def test_a_flood_of_agent_ids_and_targets_makes_bounded_series(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Agents that name themselves and their targets freely (insecure mode lets any local
+    agent claim any target): beyond the bound, a new target makes no series and is counted;
+    the first targets' series stay and keep moving."""
+    import grpc
+
+    from tests.helpers import running_verifier
+    from verifier import wire
+    from verifier.api.v1 import verifier_pb2 as pb
+    from verifier.server import metrics as server_metrics
+
+    monkeypatch.setattr(server_metrics, "MAX_TARGET_SERIES", 3)
+    monkeypatch.setattr(server_metrics, "HOOK_SERIES", 2)
+    addr = f"unix:{tmp_path}/v.sock"
+    with (
+        running_verifier(addr, tmp_path / "db", metrics_listen="127.0.0.1:0") as server,
+        grpc.insecure_channel(addr, options=list(wire.GRPC_OPTIONS)) as ch,
+    ):
+        port = server.metrics_http.port
+        stub = agent_stub(ch)
+        nonces = {}
+        for i in range(12):
+            agent, target = f"hostile-{i}\u2603", f"t{i}-" + "x" * 100
+            nonce = stub.Hello(pb.HelloRequest(agent_id=agent, targets=[target])).nonce
+            hooks = {f"h{j}": j for j in range(5)}  # 5 hook names, 2 exported
+            req = _evidence_report(agent, target, 1, nonce, (4, 4), fires=hooks)
+            nonces[i] = stub.Report(req).nonce
+        s = scrape(port)
+        stub.Report(
+            _evidence_report("hostile-0\u2603", "t0-" + "x" * 100, 2, nonces[0], (8, 8), fires={})
+        )
+        after = scrape(port)
+    for name in TARGET_FAMILIES:
+        targets = {x["target"] for x in series(s, name)}
+        assert targets == {f"t{i}-" + "x" * 100 for i in range(3)}, name
+    assert len(series(s, "verifier_target_hook_fires")) == 3 * 2
+    # each series refused is counted: 9 targets' lag, last report, processes, 2 step kinds and
+    # 5 hooks; and the 3 hooks over the bound of each of the 3 targets admitted
+    assert get(s, "verifier_metrics_series_refused_total", label="target") == 9 * 10 + 3 * 3
+    assert get(s, "verifier_reports_total", result="accepted") == 12  # every report stored
+    assert get(after, "verifier_target_steps", target="t0-" + "x" * 100, kind="total") == 8

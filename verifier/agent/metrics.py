@@ -10,63 +10,84 @@ import time
 from collections.abc import Callable
 
 import grpc
+from prometheus_client import Counter, Gauge, Histogram
 
-from verifier.metrics.registry import Registry
+from verifier.metrics.registry import LATENCY_BUCKETS, ScrapeTime, new_registry
 
 
 class AgentMetrics:
     """What ``verifier agent`` exports. SPOOL_SIZE gives (reports, bytes, dropped) at scrape."""
 
     def __init__(self, spool_size: Callable[[], tuple[int, int, int]] | None = None) -> None:
-        r = self.registry = Registry()
-        self.collects = r.counter("verifier_agent_collects_total", "collects of the target")
-        self.collect_duration = r.histogram(
-            "verifier_agent_collect_duration_seconds", "seconds one collect took"
+        r = self.registry = new_registry()
+        self.collects = Counter(
+            "verifier_agent_collects_total", "collects of the target", registry=r
         )
-        self.sent = r.counter(
-            "verifier_agent_reports_sent_total", "Report RPCs sent (retries and resends included)"
+        self.collect_duration = Histogram(
+            "verifier_agent_collect_duration_seconds",
+            "seconds one collect took",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
-        self.acknowledged = r.counter(
-            "verifier_agent_reports_acknowledged_total", "reports the verifier acknowledged"
+        self.sent = Counter(
+            "verifier_agent_reports_sent_total",
+            "Report RPCs sent (retries and resends included)",
+            registry=r,
         )
-        self.refused = r.counter(
+        self.acknowledged = Counter(
+            "verifier_agent_reports_acknowledged_total",
+            "reports the verifier acknowledged",
+            registry=r,
+        )
+        self.refused = Counter(
             "verifier_agent_reports_refused_total",
             "reports the verifier answered without acknowledging, by reason (malformed: dropped; "
             "nonce: said Hello again; need_manifests: resent with them)",
             ["reason"],
+            registry=r,
         )
-        self.errors = r.counter(
+        self.errors = Counter(
             "verifier_agent_verifier_errors_total",
             "failed exchanges with the verifier (unreachable, refused credentials, storage), "
             "by gRPC status code; the reports stay spooled",
             ["code"],
+            registry=r,
         )
-        self.bindings = r.counter(
+        self.bindings = Counter(
             "verifier_agent_bindings_sent_total",
             "request bindings in acknowledged reports (kind=span, kind=request_id)",
             ["kind"],
+            registry=r,
         )
-        self.last_ack = r.gauge(
+        self.last_ack = Gauge(
             "verifier_agent_last_report_timestamp_seconds",
             "when the verifier last acknowledged a report (unix s; 0: never)",
+            registry=r,
         )
-        self.spool_reports = r.gauge(
-            "verifier_agent_spool_reports", "reports spooled, not yet acknowledged"
-        )
-        self.spool_bytes = r.gauge("verifier_agent_spool_bytes", "bytes of the spooled reports")
-        self.dropped = r.counter(
-            "verifier_agent_spool_dropped_total",
-            "spooled reports dropped, oldest first, to keep the spool under --spool-max-bytes",
-        )
-        self.last_ack.set(0.0)
         for reason in ("malformed", "nonce", "need_manifests"):
-            self.refused.zero(reason=reason)
+            self.refused.labels(reason)
         for kind in ("span", "request_id"):
-            self.bindings.zero(kind=kind)
+            self.bindings.labels(kind)
         if spool_size is not None:
-            self.spool_reports.set_function(lambda: [((), float(spool_size()[0]))])
-            self.spool_bytes.set_function(lambda: [((), float(spool_size()[1]))])
-            self.dropped.set_function(lambda: [((), float(spool_size()[2]))])
+            ScrapeTime(
+                r,
+                "verifier_agent_spool_reports",
+                "reports spooled, not yet acknowledged",
+                lambda: spool_size()[0],
+            )
+            ScrapeTime(
+                r,
+                "verifier_agent_spool_bytes",
+                "bytes of the spooled reports",
+                lambda: spool_size()[1],
+            )
+            ScrapeTime(
+                r,
+                "verifier_agent_spool_dropped_total",
+                "spooled reports dropped, oldest first, to keep the spool under --spool-max-bytes",
+                lambda: spool_size()[2],
+                counter=True,
+            )
 
     def collected(self, seconds: float) -> None:
         self.collects.inc()
@@ -74,9 +95,9 @@ class AgentMetrics:
 
     def acked(self, spans: int, request_ids: int) -> None:
         self.acknowledged.inc()
-        self.bindings.inc(spans, kind="span")
-        self.bindings.inc(request_ids, kind="request_id")
+        self.bindings.labels("span").inc(spans)
+        self.bindings.labels("request_id").inc(request_ids)
         self.last_ack.set(time.time())
 
     def failed(self, code: grpc.StatusCode | None) -> None:
-        self.errors.inc(code=code.name if code is not None else "UNKNOWN")
+        self.errors.labels(code.name if code is not None else "UNKNOWN").inc()

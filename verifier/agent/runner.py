@@ -318,11 +318,11 @@ class Agent:
                 )
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                    self.metrics.refused.inc(reason="nonce")
+                    self.metrics.refused.labels("nonce").inc()
                     self.nonce = None
                     continue
                 if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                    self.metrics.refused.inc(reason="malformed")
+                    self.metrics.refused.labels("malformed").inc()
                     log.error("report_rejected", seq=report.seq, reason=e.details())
                     return True  # never deliverable: drop it rather than block the spool
                 raise
@@ -334,7 +334,7 @@ class Agent:
                     if p.files is not None and p.manifest_digest:
                         self.sent_digests.add(p.manifest_digest)
                 return True
-            self.metrics.refused.inc(reason="need_manifests")
+            self.metrics.refused.labels("need_manifests").inc()
             need = set(resp.need_manifests)
             self.sent_digests -= need
             report = self._full(report, need)

@@ -1,8 +1,7 @@
 """Prometheus metrics of ``verifier serve`` and ``verifier agent`` (docs/operations.md).
 
-``registry`` holds the metric types and the text exposition, ``http`` the endpoint that
-serves them; each daemon's own metrics live with it (``verifier.server.metrics``,
-``verifier.agent.metrics``). The package depends on nothing a vLLM environment lacks (the
-standard library and structlog), since the agent runs in one; a later issue may replace the
-registry by ``prometheus_client``.
+``registry`` makes each daemon's registry on ``prometheus_client`` (the client vLLM itself
+ships, so the agent adds nothing to a vLLM environment) and bounds the series a peer's names
+can make; ``http`` is the endpoint that serves them. Each daemon's own metrics live with it
+(``verifier.server.metrics``, ``verifier.agent.metrics``).
 """

@@ -1,5 +1,7 @@
-"""The metrics endpoint: ``GET /metrics`` in the text format, served by the standard
-library's ``http.server`` from a daemon thread (``--metrics-listen``).
+"""The metrics endpoint: ``GET /metrics`` in the text format (or OpenMetrics, when the
+scraper's ``Accept`` asks for it: ``prometheus_client``'s encoders), served by the standard
+library's ``http.server`` from a daemon thread (``--metrics-listen``). Not
+``prometheus_client.start_http_server``: that one serves any number of silent clients.
 
 A scraper that connects and says nothing, or a thousand of them, costs bounded threads and
 time: each connection gets ``IDLE_S`` to send its request and read the answer, and at most
@@ -12,9 +14,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import structlog
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
 
 from verifier.errors import ConfigError
-from verifier.metrics.registry import CONTENT_TYPE, Registry
 
 log = structlog.get_logger("verifier.metrics")
 
@@ -39,13 +42,12 @@ class MetricsServer:
     def __init__(
         self,
         listen: str,
-        registry: Registry,
+        registry: CollectorRegistry,
         *,
         idle_s: float = IDLE_S,
         max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         host, port = parse_listen(listen)
-        render = registry.render
         slots = threading.BoundedSemaphore(max_connections)
         self.turned_away = 0  # connections closed because MAX_CONNECTIONS were being served
 
@@ -56,9 +58,10 @@ class MetricsServer:
                 if self.path.split("?")[0] not in ("/metrics", "/"):
                     self.send_error(404, "only /metrics is served here")
                     return
-                body = render().encode()
+                encode, content_type = choose_encoder(self.headers.get("Accept", ""))
+                body = encode(registry)
                 self.send_response(200)
-                self.send_header("Content-Type", CONTENT_TYPE)
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
@@ -116,5 +119,5 @@ def _family(host: str) -> Any:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
-def serve_metrics(listen: str | None, registry: Registry) -> MetricsServer | None:
+def serve_metrics(listen: str | None, registry: CollectorRegistry) -> MetricsServer | None:
     return MetricsServer(listen, registry).start() if listen else None

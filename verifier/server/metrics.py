@@ -1,5 +1,6 @@
 """What ``verifier serve`` exports (docs/operations.md): reports by result and refusal reason,
-bindings ingested, ingest time and lag, verdicts, the ledger's size, every VerifierService
+bindings ingested, ingest time and lag, verdicts, the evidence of each target (processes,
+steps, hook fires: bounded, ``Bounded``), the ledger's size, every VerifierService
 and AuditService RPC by method and status, and every refused call by method and reason
 (``RpcObserver``, a gRPC server interceptor). Known label values (results, reasons,
 verdicts, methods) are exported at zero from the start.
@@ -21,8 +22,9 @@ from typing import Any
 
 import grpc
 import structlog
+from prometheus_client import Counter, Gauge, Histogram, generate_latest
 
-from verifier.metrics.registry import Registry
+from verifier.metrics.registry import LATENCY_BUCKETS, Bounded, ScrapeTime, new_registry
 from verifier.model import TargetReport
 
 log = structlog.get_logger("verifier.metrics")
@@ -80,97 +82,183 @@ def refusal_reason(code: grpc.StatusCode | None, method: str = "Report") -> str:
     }.get(code or grpc.StatusCode.UNKNOWN, "other")
 
 
+# Series labelled by a name a peer chooses (an agent in insecure mode claims any target; an
+# operator registers runs): at most this many names have series at once, each with at most
+# HOOK_SERIES hooks; more are counted in verifier_metrics_series_refused_total, not exported.
+# A target's series go when it expires or is forgotten. Read when VerifierMetrics is made.
+MAX_TARGET_SERIES = 1024
+MAX_RUN_SERIES = 1024
+HOOK_SERIES = 64
+STEP_KINDS = ("total", "productive")
+
+
 class VerifierMetrics:
     """What ``verifier serve`` exports. LEDGER_SIZE is read at scrape time."""
 
     def __init__(self, ledger_size: Callable[[], int] | None = None) -> None:
-        r = self.registry = Registry()
-        self.received = r.counter(
-            "verifier_reports_received_total", "Report RPCs received (every attempt)"
+        r = self.registry = new_registry()
+        self.received = Counter(
+            "verifier_reports_received_total",
+            "Report RPCs received (every attempt)",
+            registry=r,
         )
-        self.reports = r.counter(
+        self.reports = Counter(
             "verifier_reports_total",
             "reports by result: accepted (stored), duplicate (seq already stored), "
             "need_manifests (sent back for manifests), refused",
             ["result"],
+            registry=r,
         )
-        self.refused = r.counter(
-            "verifier_reports_refused_total", "reports refused, by reason", ["reason"]
+        self.refused = Counter(
+            "verifier_reports_refused_total", "reports refused, by reason", ["reason"], registry=r
         )
-        self.bindings = r.counter(
+        self.bindings = Counter(
             "verifier_bindings_ingested_total",
             "request bindings stored: kind=span (a request's steps), kind=request_id (an id map)",
             ["kind"],
+            registry=r,
         )
-        self.ingest = r.histogram(
+        self.ingest = Histogram(
             "verifier_ingest_duration_seconds",
             "seconds from a report's receipt to the commit of its transaction",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
-        self.lag = r.gauge(
+        self.lag = Gauge(
             "verifier_ingest_lag_seconds",
             "receipt minus the agent's collected_unix of the target's latest stored report "
             "(spool wait included; the agent's clock: skew included)",
             ["target"],
+            registry=r,
         )
-        self.last_report = r.gauge(
+        self.last_report = Gauge(
             "verifier_last_report_timestamp_seconds",
             "when the target's latest report was stored (unix s)",
             ["target"],
+            registry=r,
         )
-        self.verdicts = r.counter(
+        self.processes = Gauge(
+            "verifier_target_processes",
+            "processes in the target's latest stored report",
+            ["target"],
+            registry=r,
+        )
+        self.steps = Gauge(
+            "verifier_target_steps",
+            "engine steps in the target's latest stored report (kind=total: every step; "
+            "kind=productive: steps that scheduled tokens), the most any one process ran",
+            ["target", "kind"],
+            registry=r,
+        )
+        self.hook_fires = Gauge(
+            "verifier_target_hook_fires",
+            "fires of each hook in the target's latest stored report, the most any one "
+            "process counted",
+            ["target", "hook"],
+            registry=r,
+        )
+        self.verdicts = Counter(
             "verifier_verdicts_total",
             "verdicts computed (status RPCs and the history keeper), by value",
             ["verdict"],
+            registry=r,
         )
-        self.run_verdict = r.gauge(
+        self.run_verdict = Gauge(
             "verifier_run_verdict",
             "1 for each run's latest computed verdict, 0 for the others",
             ["run", "verdict"],
+            registry=r,
         )
-        self.ledger = r.gauge("verifier_ledger_entries", "entries in the audit ledger")
         if ledger_size is not None:
-            self.ledger.set_function(lambda: [((), float(ledger_size()))])
-        self.rpcs = r.counter(
+            ScrapeTime(r, "verifier_ledger_entries", "entries in the audit ledger", ledger_size)
+        self.rpcs = Counter(
             "verifier_rpcs_total",
             "RPCs answered, by method and gRPC status code",
             ["method", "code"],
+            registry=r,
         )
-        self.refusals = r.counter(
+        self.refusals = Counter(
             "verifier_refusals_total",
             "calls refused (any status but OK), by method and reason; a report's refusal is "
             "also in verifier_reports_refused_total",
             ["method", "reason"],
+            registry=r,
         )
-        self.rpc_duration = r.histogram(
-            "verifier_rpc_duration_seconds", "seconds to answer an RPC, by method", ["method"]
+        self.rpc_duration = Histogram(
+            "verifier_rpc_duration_seconds",
+            "seconds to answer an RPC, by method",
+            ["method"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
+        overflow = Counter(
+            "verifier_metrics_series_refused_total",
+            "series not exported because their label's bound was reached (label=target: "
+            "more targets, or more hooks of one target, than the bound; label=run: runs)",
+            ["label"],
+            registry=r,
+        )
+        self.targets = Bounded("target", MAX_TARGET_SERIES, HOOK_SERIES, overflow)
+        self.runs = Bounded("run", MAX_RUN_SERIES, len(VERDICTS), overflow)
         for result in REPORT_RESULTS:
-            self.reports.zero(result=result)
+            self.reports.labels(result)
         for reason in REFUSAL_REASONS:
-            self.refused.zero(reason=reason)
+            self.refused.labels(reason)
             for method in ZEROED_REFUSALS:
-                self.refusals.zero(method=method, reason=reason)
+                self.refusals.labels(method, reason)
         for kind in ("span", "request_id"):
-            self.bindings.zero(kind=kind)
+            self.bindings.labels(kind)
         for verdict in VERDICTS:
-            self.verdicts.zero(verdict=verdict)
+            self.verdicts.labels(verdict)
+
+    def value(self, name: str, **labels: str) -> float:
+        """The sample NAME with LABELS as a scrape would give it (0 when absent)."""
+        got = self.registry.get_sample_value(name, labels)
+        return 0.0 if got is None else got
+
+    def refused_calls(self, method: str, reason: str) -> float:
+        return self.value("verifier_refusals_total", method=method, reason=reason)
+
+    def refused_reports(self, reason: str) -> float:
+        return self.value("verifier_reports_refused_total", reason=reason)
+
+    def render(self) -> str:
+        """What a scrape in the text format gets."""
+        return generate_latest(self.registry).decode()
 
     def report(self, result: str) -> None:
-        self.reports.inc(result=result)
+        self.reports.labels(result).inc()
 
     def stored(self, report: TargetReport, received_unix: float, ingest_s: float) -> None:
-        self.reports.inc(result="accepted")
+        self.reports.labels("accepted").inc()
         self.ingest.observe(ingest_s)
+        t, targets = report.target, self.targets
         if report.collected_unix is not None:
-            self.lag.set(received_unix - report.collected_unix, target=report.target)
-        self.last_report.set(received_unix, target=report.target)
-        self.bindings.inc(len(report.spans), kind="span")
-        self.bindings.inc(len(report.request_ids), kind="request_id")
+            targets.set(self.lag, t, received_unix - report.collected_unix)
+        targets.set(self.last_report, t, received_unix)
+        targets.set(self.processes, t, len(report.processes))
+        steps = [p.steps for p in report.processes if p.steps is not None]
+        most: dict[tuple[str, ...], float] = {
+            ("total",): max((s.total for s in steps), default=0),
+            ("productive",): max((s.productive for s in steps), default=0),
+        }
+        targets.replace(self.steps, t, most)
+        fires: dict[tuple[str, ...], float] = {}
+        for p in report.processes:
+            for h in p.hooks:
+                fires[(h.name,)] = max(fires.get((h.name,), 0), h.fired)
+        targets.replace(self.hook_fires, t, fires)
+        self.bindings.labels("span").inc(len(report.spans))
+        self.bindings.labels("request_id").inc(len(report.request_ids))
+
+    def forget_target(self, target: str) -> None:
+        """TARGET expired or was forgotten: its series go."""
+        self.targets.forget(target)
 
     def verdict(self, run: str, value: str) -> None:
-        self.verdicts.inc(verdict=value)
+        self.verdicts.labels(value).inc()
         for v in VERDICTS:
-            self.run_verdict.set(1.0 if v == value else 0.0, run=run, verdict=v)
+            self.runs.set(self.run_verdict, run, 1.0 if v == value else 0.0, v)
 
 
 class RpcObserver(grpc.ServerInterceptor):
@@ -183,7 +271,7 @@ class RpcObserver(grpc.ServerInterceptor):
     def __init__(self, metrics: VerifierMetrics) -> None:
         self.metrics = metrics
         for m in METHODS:
-            self.metrics.rpcs.zero(method=m, code="OK")
+            self.metrics.rpcs.labels(m, "OK")
 
     def intercept_service(
         self,
@@ -239,18 +327,18 @@ class RpcObserver(grpc.ServerInterceptor):
         context: grpc.ServicerContext,
     ) -> None:
         name = code.name if code is not None else "UNKNOWN"
-        self.metrics.rpcs.inc(method=method, code=name)
-        self.metrics.rpc_duration.observe(seconds, method=method)
+        self.metrics.rpcs.labels(method, name).inc()
+        self.metrics.rpc_duration.labels(method).observe(seconds)
         if method == "Report":
             self.metrics.received.inc()
         if code == grpc.StatusCode.OK:
             return
         reason = _NOTED.get() or refusal_reason(code, method)
-        self.metrics.refusals.inc(method=method, reason=reason)
+        self.metrics.refusals.labels(method, reason).inc()
         if method != "Report":
             return
-        self.metrics.reports.inc(result="refused")
-        self.metrics.refused.inc(reason=reason)
+        self.metrics.reports.labels("refused").inc()
+        self.metrics.refused.labels(reason).inc()
         details = getattr(context, "details", lambda: b"")()
         if isinstance(details, bytes):
             details = details.decode(errors="replace")

@@ -383,6 +383,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
                 context.abort(grpc.StatusCode.NOT_FOUND, f"no target named {name!r}")
             status = self._status(gone, self._freshness_s(), clock.boot_s())
             self.store.retire_target(name, "forgotten", by, (gone.agent_id, gone.seq))
+            self.metrics.forget_target(name)
         log.info("target_forgotten", target=name, by=by)
         self.dirty.set()
         return wire.forget_target_response_to_pb(status)
@@ -392,6 +393,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         for t in self.evaluator.expire(self.target_expiry_s):
             target = t.snapshot.target
             self.store.retire_target(target, "expired", "verifier", (t.agent_id, t.seq))
+            self.metrics.forget_target(target)
             log.info("target_expired", target=target, expiry_s=self.target_expiry_s)
 
     def record_seen(self) -> None:
