@@ -1,4 +1,5 @@
-"""``verifier policy init`` (a policy pinning a known-good boot) and ``verifier policy check``."""
+"""``verifier policy init`` (a policy pinning a known-good boot), ``verifier policy check`` and
+``verifier policy schema`` (the policy file's JSON Schema)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import math
 import sys
 import time
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ from verifier.errors import ConfigError, UsageError
 from verifier.evidence.procfs import ProcFS
 from verifier.model import Origin, ProcessReport, Provenance
 from verifier.policy import PolicyError, load_policy, policy_digest, weakest_point
+from verifier.policy import schema as policy_schema
 from verifier.policy.strength import NO_LIVENESS, SERVING_DISTRIBUTIONS, UNPINNED_SERVING
 from verifier.policy.unsafe import shown, unsafe_flags
 
@@ -38,13 +41,19 @@ no fire on a productive step ([evidence] unsafe_allow_zero_fires), vLLM's distri
 [provenance] pristine ([provenance] unsafe_allow_unpinned_serving_package). init fails the
 same way, rather than writing such a policy, when the boot it pins shows no runner and no
 hook firing on steps, or vLLM's files were not all pristine or patched; --allow-unsafe writes
-the unsafe keys instead, each with a comment saying what it accepts, for you to review."""
+the unsafe keys instead, each with a comment saying what it accepts, for you to review.
+
+schema: print the JSON Schema of policy files (draft-07; shipped in the package as
+verifier/policy/policy.schema.json), for editors and check-jsonschema, which reads TOML:
+`verifier policy schema > policy.schema.json && check-jsonschema --schemafile
+policy.schema.json policy.toml`. It checks keys, types, patterns and bounds; `check` also
+checks what needs several values at once (a policy that could PASS on nothing, say)."""
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "policy",
-        help="write a policy from a known-good boot (init), or check one (check)",
+        help="write a policy from a known-good boot (init), check one (check), print its schema",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -73,6 +82,8 @@ def add_parser(sub: Any) -> None:
     )
     check.add_argument("file", metavar="FILE")
     check.set_defaults(handler=run_check)
+    schema = psub.add_parser("schema", help="print the JSON Schema of policy files")
+    schema.set_defaults(handler=run_schema)
 
 
 def _q(s: str) -> str:
@@ -266,4 +277,10 @@ def run_check(args: argparse.Namespace) -> int:
     for flag in unsafe_flags(policy):
         print(f"  UNSAFE {shown(flag)}")
     print(weakest_point(policy))
+    return 0
+
+
+def run_schema(args: argparse.Namespace) -> int:
+    shipped = resources.files(policy_schema.__package__ or "") / policy_schema.SCHEMA_FILE
+    sys.stdout.write(shipped.read_text())
     return 0

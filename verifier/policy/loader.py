@@ -44,17 +44,38 @@ from verifier.policy.strength import refusal, weakenings
 from verifier.policy.unsafe import unsafe_flags
 
 VERSION = 1
-_TOP = (
-    "version",
-    "targets",
-    "evidence",
-    "runner",
-    "hooks",
-    "files",
-    "forbid",
-    "provenance",
-    "patches",
-)
+# The keys of each table, by its path (``[[hooks]]`` entries: "hooks"); the JSON Schema of
+# policies (``schema.py``) is generated from these and the patterns below.
+KEYS: dict[str, tuple[str, ...]] = {
+    "": (
+        "version",
+        "targets",
+        "evidence",
+        "runner",
+        "hooks",
+        "files",
+        "forbid",
+        "provenance",
+        "patches",
+    ),
+    "targets": ("names", "container_ids", "min_targets", "containers"),
+    "evidence": (
+        "freshness_s",
+        "clock_skew_s",
+        "min_steps",
+        "require_probe",
+        "unsafe_allow_unauthenticated",
+        "unsafe_allow_no_liveness",
+        "unsafe_allow_zero_fires",
+    ),
+    "runner": ("expect_class", "witness"),
+    "hooks": ("name", "role", "min_fires_per_productive_step", "on", "count"),
+    "files": ("path", "module", "role", "sha256"),
+    "forbid": ("path", "module", "role"),
+    "provenance": ("pristine", "allow", "unsafe_allow_unpinned_serving_package"),
+    "patches": ("distribution", "path", "sha256", "note"),
+}
+_TOP = KEYS[""]
 _DISTRIBUTION = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
 _TOML_AT = re.compile(r"\s*\(at line (\d+), column \d+\)$|\s*\(at end of document\)$")
 _QUALNAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
@@ -230,7 +251,7 @@ def _entries(doc: _Doc, data: dict[str, Any], key: str, allowed: tuple[str, ...]
 
 
 def _targets(doc: _Doc, data: dict[str, Any]) -> I.TargetSelection:
-    t = _section(doc, data, "targets", ("names", "container_ids", "min_targets", "containers"))
+    t = _section(doc, data, "targets", KEYS["targets"])
     if t is None:
         return I.TargetSelection()
     names = t.strings("names") or ()
@@ -275,20 +296,7 @@ def _names(data: dict[str, Any], section: str, key: str) -> bool:
 
 
 def _evidence(doc: _Doc, data: dict[str, Any]) -> I.EvidenceSettings:
-    e = _section(
-        doc,
-        data,
-        "evidence",
-        (
-            "freshness_s",
-            "clock_skew_s",
-            "min_steps",
-            "require_probe",
-            "unsafe_allow_unauthenticated",
-            "unsafe_allow_no_liveness",
-            "unsafe_allow_zero_fires",
-        ),
-    )
+    e = _section(doc, data, "evidence", KEYS["evidence"])
     if e is None:
         return I.EvidenceSettings()
     return I.EvidenceSettings(
@@ -303,7 +311,7 @@ def _evidence(doc: _Doc, data: dict[str, Any]) -> I.EvidenceSettings:
 
 
 def _runner(doc: _Doc, data: dict[str, Any]) -> list[I.Rule]:
-    r = _section(doc, data, "runner", ("expect_class", "witness"))
+    r = _section(doc, data, "runner", KEYS["runner"])
     if r is None:
         return []
     cls = r.string(
@@ -320,8 +328,7 @@ def _hooks(doc: _Doc, data: dict[str, Any]) -> list[I.Rule]:
     out: list[I.Rule] = []
     seen: set[tuple[str, str | None, str, str]] = set()
     step_roles = ", only these run steps"
-    allowed = ("name", "role", "min_fires_per_productive_step", "on", "count")
-    for h in _entries(doc, data, "hooks", allowed):
+    for h in _entries(doc, data, "hooks", KEYS["hooks"]):
         name = str(h.string("name", required=True))
         role = h.role("role", I.STEP_ROLES, step_roles)
         ratio = h.number(
@@ -360,7 +367,7 @@ def _spec(t: _Table) -> FileSpec:
 
 def _files(doc: _Doc, data: dict[str, Any]) -> list[I.Rule]:
     out: list[I.Rule] = []
-    for f in _entries(doc, data, "files", ("path", "module", "role", "sha256")):
+    for f in _entries(doc, data, "files", KEYS["files"]):
         spec = _spec(f)
         sha = f.string("sha256", pattern=_SHA256, form="64 lowercase hex digits")
         out.append(RequireFile(spec, f.role("role"), sha))
@@ -369,17 +376,14 @@ def _files(doc: _Doc, data: dict[str, Any]) -> list[I.Rule]:
 
 def _forbid(doc: _Doc, data: dict[str, Any]) -> list[I.Rule]:
     return [
-        ForbidFile(_spec(f), f.role("role"))
-        for f in _entries(doc, data, "forbid", ("path", "module", "role"))
+        ForbidFile(_spec(f), f.role("role")) for f in _entries(doc, data, "forbid", KEYS["forbid"])
     ]
 
 
 def _provenance(doc: _Doc, data: dict[str, Any]) -> tuple[list[I.Rule], I.ProvenanceSettings]:
     """``[provenance]`` and ``[[patches]]``: the Pristine rule (if any), the allowed drift and
     the unsafe key."""
-    p = _section(
-        doc, data, "provenance", ("pristine", "allow", "unsafe_allow_unpinned_serving_package")
-    )
+    p = _section(doc, data, "provenance", KEYS["provenance"])
     pristine: tuple[str, ...] = ()
     allow: tuple[str, ...] = ()
     unpinned = False
@@ -394,7 +398,7 @@ def _provenance(doc: _Doc, data: dict[str, Any]) -> tuple[list[I.Rule], I.Proven
         allow = p.strings("allow", choices=F.ALLOWABLE_DRIFT) or ()
     patches = []
     seen: set[tuple[str, str]] = set()
-    for t in _entries(doc, data, "patches", ("distribution", "path", "sha256", "note")):
+    for t in _entries(doc, data, "patches", KEYS["patches"]):
         dist = canonical(
             str(t.string("distribution", required=True, pattern=_DISTRIBUTION, form="a name"))
         )
