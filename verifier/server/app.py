@@ -43,6 +43,7 @@ from verifier.server.admission import (
 from verifier.server.audit_service import AuditService
 from verifier.server.db import redact
 from verifier.server.metrics import RpcObserver
+from verifier.server.reflection import add_reflection
 from verifier.server.service import DEFAULT_TARGET_EXPIRY_S, VerifierService, expiry_error
 from verifier.server.store import RunExists, Store
 
@@ -93,6 +94,8 @@ class ServeConfig:
     relay_first_byte_s: float = 10.0
     relay_idle_s: float = 600.0
     container_of: Callable[[int], str | None] | None = None  # pid -> its container id
+    # gRPC server reflection of the services, authorized as status reads are (reflection.py)
+    reflection: bool = True
 
 
 def derived_run_name(name: str, digest: str) -> str:
@@ -233,6 +236,7 @@ class VerifierServer:
         services = {"VerifierService": self.service, "AuditService": self.audit}
         ingress.add_services(self.server, services, auth)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.reflection = add_reflection(self.server, auth) if config.reflection else None
         self.port = 0
         self.health_port = 0
         self.health_server: grpc.Server | None = None
@@ -395,6 +399,8 @@ class VerifierServer:
             self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.server.stop(self.config.grace_s).wait()
         self.admission.shutdown()
+        if self.reflection is not None:
+            self.reflection.shutdown(wait=False)
         if self.health_server is not None:
             self.health_server.stop(0).wait()
         if self.relay is not None:
