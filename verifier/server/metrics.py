@@ -193,8 +193,9 @@ class VerifierMetrics:
         )
         overflow = Counter(
             "verifier_metrics_series_refused_total",
-            "series not exported because their label's bound was reached (label=target: "
-            "more targets, or more hooks of one target, than the bound; label=run: runs)",
+            "values not exported because their series would exceed a bound, one per value "
+            "dropped (label=target: a target beyond the bound on targets, or a hook beyond "
+            "the bound of its target; label=run: a run beyond the bound on runs)",
             ["label"],
             registry=r,
         )
