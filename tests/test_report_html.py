@@ -243,7 +243,9 @@ def test_report_of_a_failing_run_shows_fail_and_its_findings(run: Run, chromium:
     got = open_page(chromium, page)
     assert got.title == "verifier report: run broken FAIL"
     assert "Run broken FAIL" in got.text
-    assert "PASS" not in got.text.split("Verdict over time")[0]
+    head = got.text.split("Verdict over time")[0]
+    assert "PASS" not in head
+    assert f"Why FAIL: liveness.runner.unexpected in {HOSTILE}" in head  # first, not at the end
     finding = r"error liveness\.runner\.unexpected " + re.escape(HOSTILE)
     assert re.search(finding, got.text), got.text[-3000:]
     assert "Measurement windows" not in got.text  # windows of another run are not its own
@@ -292,16 +294,17 @@ def test_hostile_and_huge_values_are_escaped_and_bounded() -> None:
     long = "x" * 100_000
     red = m.FindingRow("a.b", "error", "red \x1b[31m", HOSTILE)
     many = [m.FindingRow("a.b", "error", long, HOSTILE)] * m.MAX_FINDINGS
-    samples = (m.Sample(1.0, 1, 1, (("<i>", 1),)), m.Sample(float("nan"), 2, 2))
+    samples = (m.Sample(1.0, 1, 1, (("<marquee>", 1),)), m.Sample(float("nan"), 2, 2))
     r = m.Report(
         run='"><img src=x onerror=alert(1)>',
         verdict="FAIL",
         findings=(red, *many),
-        targets=(m.TargetView(long, processes=(m.ProcessView(1, "<b>", 0, samples=samples),)),),
+        targets=(m.TargetView(long, processes=(m.ProcessView(1, "<blink>", 0, samples=samples),)),),
         history=((float("inf"), "PASS"), (1.0, "<FAIL>")),
     )
     page = render(r)
-    assert "<img" not in page and "<b>" not in page and "<i>" not in page
+    assert "<img" not in page and "<blink" not in page and "<marquee" not in page
+    assert "&lt;blink&gt;" in page and "&lt;marquee&gt;" in page
     assert "\x1b" not in page and "\\x1b[31m" in page
     assert "more characters]" in page
     assert len(page) < 3_000_000  # 300 findings of 100 kB each, cut to a few kB each

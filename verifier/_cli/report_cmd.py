@@ -45,14 +45,16 @@ def add_parser(sub: Any) -> None:
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("run", metavar="RUN")
+    p.add_argument("run", metavar="RUN", help="the registered run's name")
     p.add_argument(
         "--html",
         required=True,
         metavar="OUT.html",
         help="where to write the page (replaced whole, never left half-written)",
     )
-    p.add_argument("--db", help=DB_HELP + " (history, timelines, provenance, windows)")
+    p.add_argument(
+        "--db", metavar="DATABASE", help=DB_HELP + " (history, timelines, provenance, windows)"
+    )
     add_verifier_option(p)
     p.set_defaults(handler=run_report)
 

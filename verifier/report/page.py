@@ -98,6 +98,23 @@ def _header(r: Report) -> str:
     )
 
 
+def _why(r: Report) -> str:
+    """Under a verdict that is not PASS, the findings that make it so, first."""
+    severity = {"FAIL": "error", "PENDING": "pending", "STALE": "pending"}.get(r.verdict)
+    why = [f for f in r.findings if f.severity == severity]
+    if not why:
+        return ""
+    items = "".join(
+        f"<li><code>{text(f.id)}</code> in "
+        + (f"<code>{text(f.target)}</code>" if f.target else "the run")
+        + (f": {text(f.message)}" if f.message else "")
+        + "</li>"
+        for f in why[:10]
+    )
+    more = f"<li>and {len(why) - 10} more (Findings, below)</li>" if len(why) > 10 else ""
+    return f'<div class="banner"><b>Why {text(r.verdict)}:</b><ul>{items}{more}</ul></div>'
+
+
 def _notes(r: Report) -> str:
     if not r.notes:
         return ""
@@ -287,6 +304,7 @@ def render(r: Report) -> str:
         f"<title>verifier report: run {text(r.run, 80)} {text(r.verdict or 'no verdict')}"
         f"</title><style>{CSS}</style></head><body><main>"
         + _header(r)
+        + _why(r)
         + _notes(r)
         + _history(r)
         + _targets(r)
