@@ -39,6 +39,7 @@ ALLOWED: dict[str, set[str]] = {
     "server": FOUNDATION | {"wire", "api", "policy", "ledger", "security", "metrics"},
     "client": FOUNDATION | {"wire", "api", "security"},
     "testing": FOUNDATION | {"evidence"},
+    "report": FOUNDATION | {"wire", "policy", "ledger"},
     "_cli": {"*"},
 }
 

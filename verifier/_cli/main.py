@@ -19,6 +19,7 @@ from verifier._cli import (
     inspect_cmd,
     keygen_cmd,
     policy_cmd,
+    report_cmd,
     run_cmd,
     serve_cmd,
     status_cmd,
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit_cmd.add_parser(sub)
     keygen_cmd.add_parser(sub)
     certs_cmd.add_parser(sub)
+    report_cmd.add_parser(sub)
     return parser
 
 
