@@ -1,8 +1,8 @@
 """One error hierarchy and the exit-code contract, in one place.
 
 :class:`ExitCode` is the contract: every code the CLI can return, with what it means and
-which commands return it. The CLI's ``--help`` epilog and the README's "Exit codes" table
-are both rendered from it (a test checks the README against :func:`exit_codes_table`).
+which commands return it. The CLI's ``--help`` epilog and docs/gate.md's "Exit codes" table
+are both rendered from it (a test checks that page against :func:`exit_codes_table`).
 
 Each code above 0 has exactly one base error class here; every other error in the package
 derives from exactly one of them and never sets ``exit_code`` itself (a test walks the
@@ -37,7 +37,8 @@ class ExitCode(IntEnum):
         "run FAILs; `seal`, `exec`: the window did not "
         "hold (`exec`: or the command's own nonzero code); `diff`: the two differ; `sample`: "
         "no step ran; `audit verify`: the ledger does not match; `audit verify-seal`: the seal "
-        "does not verify, or its window did not hold",
+        "does not verify, or its window did not hold; `report`: a stored record shown differs from its "
+        "ledger entry (the page is written, naming it)",
     )
     USAGE = 2, "usage: bad arguments, or a pid that is not a Python process"
     CONFIG = 3, "start-up or configuration error"
@@ -46,7 +47,7 @@ class ExitCode(IntEnum):
     NOT_FOUND = (
         6,
         "not found: nothing in the records matches",
-        "`audit request`, `audit file`, `audit run`, `audit export`",
+        "`audit request`, `audit file`, `audit run`, `audit export`, `report --db`",
     )
     BUNDLE_INVALID = (
         7,
@@ -62,7 +63,7 @@ class ExitCode(IntEnum):
     NOT_AUTHORIZED = 10, "not authorized: the verifier refused the caller's credentials or role"
 
     def describe(self) -> str:
-        """The meaning with the commands that return it, as the README's table says it."""
+        """The meaning with the commands that return it, as docs/gate.md's table says it."""
         return f"{self.meaning} ({self.when})" if self.when else self.meaning
 
 
@@ -72,7 +73,7 @@ def exit_codes_help() -> str:
 
 
 def exit_codes_table() -> str:
-    """The README's "Exit codes" table (Markdown)."""
+    """docs/gate.md's "Exit codes" table (Markdown)."""
     rows = "".join(f"| {c.value} | {c.describe()} |\n" for c in ExitCode)
     return "| code | meaning |\n|---|---|\n" + rows
 

@@ -1,5 +1,5 @@
 """The one JSON form of each domain object a user or a file sees, and the readers that take it
-back (README "JSON output").
+back (docs/gate.md "JSON output").
 
 - **A run's verdict** (``status --json``, ``wait --json``, a window file's start): written by
   :func:`run_verdict_to_json` in the form people read (``fired_on_productive_steps`` next to
