@@ -22,6 +22,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 import uuid
@@ -34,6 +35,7 @@ import pytest
 
 from tests.helpers import PRISTINE_VLLM_CPU, REPO, verifier_cli
 from verifier.agent.runner import Agent, AgentConfig
+from verifier.client.window import seal_content
 from verifier.model import Verdict
 from verifier.policy import TargetSnapshot, load_policy
 
@@ -413,3 +415,121 @@ def test_restarted_serving_container_needs_new_evidence(stack: Stack) -> None:
     out = verifier_cli("wait", "vllm", "--timeout", "180", "--verifier", stack.verifier, *stack.tls)
     assert out.returncode == 0, out.stdout + out.stderr
     assert Verdict.PASS.value == stack.status("vllm")["verdict"]
+
+
+# examples/vllm-bench on this module's stack (no vLLM boot of its own): the bench image is
+# built from examples/vllm-bench/Dockerfile on the stand-in vLLM image, offline.
+BENCH = REPO / "examples" / "vllm-bench"
+
+
+@pytest.fixture(scope="module")
+def bench_image(docker_images: None) -> str:
+    """verifier-bench:local, its wheels from scripts/images.sh's wheelhouse over loopback."""
+    port = free_port()
+    wheels = subprocess.Popen(
+        [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "--directory",
+         str(REPO / ".cache" / "wheelhouse"), str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        until("the wheel server", 30, lambda: healthy_url(f"http://127.0.0.1:{port}/"))
+        out = subprocess.run(
+            ["docker", "build", "--network", "host", "-f", str(BENCH / "Dockerfile"),
+             "--build-arg", "VLLM_IMAGE=verifier-vllm-cpu-base:local",
+             "--build-arg", f"WHEELS=http://127.0.0.1:{port}/", "-t", "verifier-bench:local",
+             str(REPO)],
+            capture_output=True, text=True, timeout=1200, check=False,
+            env={**os.environ, "DOCKER_BUILDKIT": "0"},
+        )  # fmt: skip
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    finally:
+        wheels.terminate()
+        wheels.wait(timeout=30)
+    return "verifier-bench:local"
+
+
+def healthy_url(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:  # noqa: S310 - a local URL
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def bench_compose(
+    stack: Stack, results: Path, *args: str, run: str = "bench"
+) -> subprocess.CompletedProcess[str]:
+    """`docker compose` with the example's file over the stack's (its README's command)."""
+    cmd = ["docker", "compose", "-p", stack.project, "-f", str(COMPOSE),
+           "-f", str(BENCH / "compose.yaml"), *args]  # fmt: skip
+    env = {**stack.env, "BENCH_RESULTS": str(results), "BENCH_RUN": run}
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, check=False)
+
+
+def signing_key(stack: Stack) -> Path:
+    """The verifier's public ledger key, out of its container (beside its database)."""
+    key = stack.tmp / "verifier.pub"
+    out = stack.compose("exec", "-T", "verifier", "cat",
+                        "/var/lib/verifier/verifier.sqlite3.signing.key.pub")  # fmt: skip
+    key.write_text(out.stdout)
+    return key
+
+
+def test_example_gates_vllm_bench_serve_and_a_load_script_and_the_seals_verify(
+    stack: Stack, bench_image: str
+) -> None:
+    """examples/vllm-bench as its README runs it: bench-setup registers run "bench"; `verifier
+    exec` in the bench container opens a window, runs vLLM's own `vllm bench serve` against
+    the probed container, and the verifier seals it (held, the step hook fired on every decode
+    step of the window); the load script is gated the same way; both seals verify offline
+    with the verifier's public key and the results files."""
+    results = stack.tmp / "bench-results"
+    results.mkdir()
+    setup = bench_compose(stack, results, "run", "--rm", "--no-deps", "-T", "bench-setup")
+    assert setup.returncode == 0, setup.stdout + setup.stderr
+    again = bench_compose(stack, results, "run", "--rm", "--no-deps", "-T", "bench-setup")
+    assert again.returncode == 0, again.stdout + again.stderr  # the same policy: a no-op
+    complete(stack.vllm_url)  # min_steps: the run PASSes only once steps ran
+    key = signing_key(stack)
+    for service, name in (("bench", "vllm-bench.json"), ("load", "load.json")):
+        out = bench_compose(stack, results, "run", "--rm", "--no-deps", "-T",
+                            "-e", "HF_HUB_OFFLINE=1", service)  # fmt: skip
+        log = out.stdout + out.stderr
+        assert out.returncode == 0, log
+        assert "verifier exec: window " in log and "on run bench opened" in log, log
+        measured = json.loads((results / name).read_text())
+        assert measured["completed"] == 20, measured
+        seal = results / f"{name}.seal.json"
+        content = seal_content(seal.read_text())
+        assert content["run"] == "bench" and content["held"] is True, content["findings"]
+        (step,) = [h for h in content["hooks"].values() if h["name"] == "step"]
+        assert step["fired"] == step["steps"] > 0, step
+        check = verifier_cli("audit", "verify-seal", str(seal), "--key", str(key),
+                             "--results", str(results / name))  # fmt: skip
+        assert check.returncode == 0, check.stdout + check.stderr
+    assert "Serving Benchmark Result" in log or "load: 20/20" in log
+
+
+def test_example_bench_never_starts_when_its_run_cannot_pass(
+    stack: Stack, bench_image: str
+) -> None:
+    """Negative control: run bench-dead (the example's policy plus a hook the probe was never
+    told about) FAILs, so `verifier exec` refuses to open the window: exit 1, the reason on
+    stderr, the bench never runs (no results) and no seal is written."""
+    text = (BENCH / "policy.toml").read_text() + '\n[[hooks]]\nname = "never"\n'
+    (stack.tmp / "bench-dead.toml").write_text(text)
+    out = verifier_cli("run", "register", "bench-dead", "--policy",
+                       str(stack.tmp / "bench-dead.toml"), "--verifier", stack.verifier,
+                       *stack.tls)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    complete(stack.vllm_url)
+    results = stack.tmp / "bench-dead-results"
+    results.mkdir()
+    for service in ("bench", "load"):
+        run = bench_compose(stack, results, "run", "--rm", "--no-deps", "-T", service,
+                            run="bench-dead")  # fmt: skip
+        log = run.stdout + run.stderr
+        assert run.returncode == 1, log
+        assert "liveness.hook.not_declared: hook never is not declared" in log, log
+        assert "opened" not in log, log
+    assert sorted(p.name for p in results.iterdir()) == []
