@@ -37,8 +37,8 @@ class ExitCode(IntEnum):
         "run FAILs; `seal`, `exec`: the window did not "
         "hold (`exec`: or the command's own nonzero code); `diff`: the two differ; `sample`: "
         "no step ran; `audit verify`: the ledger does not match; `audit verify-seal`: the seal "
-        "does not verify, or its window did not hold; `report`: a stored record shown differs from its "
-        "ledger entry (the page is written, naming it)",
+        "does not verify, or its window did not hold; `report`: a stored record shown differs "
+        "from its ledger entry (the page is written, naming it)",
     )
     USAGE = 2, "usage: bad arguments, or a pid that is not a Python process"
     CONFIG = 3, "start-up or configuration error"
