@@ -3,8 +3,10 @@ differences the index checks name (:mod:`verifier.ledger.index_check`).
 
 A manifest, a report or a batch of request bindings is checked by recomputing the subject of
 its ledger entry: one probe per entry through the ledger's index on (kind, ref) where the
-database has it (``ledger_by_ref``), else one pass over the kind's entries. A batch is hashed
-whole (O(its rows)): its ledger subject is one digest over every row.
+database has it (``ledger_by_ref``), else one pass over the kind's entries. A batch an answer
+returns rows of is hashed whole (O(its rows)): its ledger subject is one digest over every
+row. The per-process request counts a batch's subject also covers (since they were ledgered)
+are checked from its ``binding_batches`` row alone (:func:`ledgered_counts`).
 """
 
 from __future__ import annotations
