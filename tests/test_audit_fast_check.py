@@ -3,8 +3,9 @@
 target's other batches; the request counts of the target's processes are checked against the
 stored bindings counted in their index. Each attack on a row outside the answer (edit a row,
 delete one, forge one for another target, point a binding at another process, re-file a
-binding under another batch) is still refused, and the one coordinated edit the fast path
-leaves to `audit verify` (docs/audit.md) is named there."""
+binding under another batch) is still refused, and so is the coordinated edit of rows and
+count (checked against the per-process counts each batch's ledger entry commits to; more
+variations of it in tests/test_ledgered_counts.py)."""
 
 from __future__ import annotations
 
@@ -155,20 +156,27 @@ def test_a_binding_refiled_under_another_batch_is_refused(backend: Backend) -> N
     assert refusals(backend.target)["request"]
 
 
-def test_a_coordinated_edit_of_rows_and_count_is_left_to_audit_verify(backend: Backend) -> None:
-    """The documented limit: delete another request's binding AND lower the count to match.
-    `audit file` answers (its count is checked against rows it does not re-hash);
-    `audit verify` names the batch, and `audit request` for the batch's other requests
-    refuses."""
+def test_a_coordinated_edit_of_rows_and_count_is_refused(backend: Backend) -> None:
+    """The edit the fast path once left to `audit verify` (docs/audit.md): delete another
+    request's binding AND lower the process's count to match. The count now differs from the
+    counts the batches' ledger entries commit to: `audit file` and `audit request` refuse
+    (exit 1, naming the row and field), without re-hashing the batch; `audit verify` still
+    names the batch."""
     stocked(backend.target)
     more_batches(backend.target, 1)
+    told = verifier_cli("audit", "file", SHA_A, "--db", backend.target)  # negative control
+    assert told.returncode == 0, told.stderr
+    assert "served 8 request(s) (count checked against the ledger)" in told.stdout, told.stdout
+    assert "hashed whole" not in told.stdout  # every batch carries its ledgered counts
     backend.sql(("DELETE FROM bindings WHERE internal_id = ?", (OTHER,)),
                 "UPDATE processes SET requests = requests - 1")  # fmt: skip
-    assert refusals(backend.target) == {"request": False, "file": False}
-    # ... and says that its count is the index's, for `audit verify` to check: never silent.
-    told = verifier_cli("audit", "file", SHA_A, "--db", backend.target)
-    assert told.returncode == 0, told.stderr
-    assert "request(s) (index count: `audit verify` re-hashes it)" in told.stdout, told.stdout
+    assert refusals(backend.target) == {"request": True, "file": True}
+    for args in (("file", SHA_A), ("request", "alpha")):
+        told = verifier_cli("audit", *args, "--db", backend.target)
+        assert told.returncode == 1, (args, told.stdout, told.stderr)
+        assert "index tables disagree with the ledgered content" in told.stderr, told.stderr
+        assert "requests is 7, the ledgered content says 8" in told.stderr, told.stderr
+        assert told.stdout == ""  # nothing answered
     out = verifier_cli("audit", "verify", "--db", backend.target)
     said = out.stdout + out.stderr
     assert out.returncode == 1 and 'bindings ["a", 2]' in said and "changed" in said, said

@@ -3,6 +3,10 @@ runner and hook counts (``bindings``), and the API server's external ids for the
 internal ids (``request_ids``). They arrive with a report and are stored apart from it, as one
 batch per report (``binding_batches``) with one ledger entry (kind ``bindings``) whose subject
 covers every row of the batch in order; a retransmitted report is stored once, its batch too.
+Since per-process counts were ledgered, the subject also covers the batch's requests counted
+per process and manifest (:func:`counts_json`), stored beside the rows' digests in
+``binding_batches``: a quick audit checks a count against its batch's ledger entry without
+reading the rows (``verifier.ledger.index_check``). A batch stored before has NULL there.
 
 Rows are plain columns (no JSON to decode on the query path) and indexed by internal id,
 external id, client id and manifest digest, so a lookup stays milliseconds at millions of rows.
@@ -101,21 +105,61 @@ def store_batch(  # noqa: PLR0917 - one call site, inside the store's transactio
     spans: Sequence[RequestSpan],
     ids: Sequence[RequestId],
     received: float,
-) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-    """Insert one batch (inside the caller's transaction); its rows, for the ledger subject.
-    The index of requests served per process (``verifier.server.index``) is the caller's."""
+) -> tuple[str, str, str]:
+    """Insert one batch (inside the caller's transaction); the digests of its span and id rows
+    and its per-process counts, for the ledger subject. The index of requests served per
+    process (``verifier.server.index``) is the caller's."""
     span_rows = [span_row(batch, target, b) for b in spans]
     id_rows = [id_row(batch, target, r) for r in ids]
+    digests = (rows_sha256(span_rows), rows_sha256(id_rows), counts_json(span_rows))
     db.execute(
-        "INSERT INTO binding_batches (ref, target, received_unix, spans, ids) "
-        "VALUES (?, ?, ?, ?, ?)",
-        (batch, target, received, len(span_rows), len(id_rows)),
+        "INSERT INTO binding_batches (ref, target, received_unix, spans, ids, spans_sha256, "
+        "ids_sha256, counts_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (batch, target, received, len(span_rows), len(id_rows), *digests),
     )
     if span_rows:
         db.executemany(INSERT_SPAN, span_rows)
     if id_rows:
         db.executemany(INSERT_ID, id_rows)
-    return span_rows, id_rows
+    return digests
+
+
+# The columns of a span row a count is keyed by: boot_id, pid, start_ticks, manifest_first.
+_COUNT_KEY = (2, 3, 4, 12)
+
+
+def counts_json(span_rows: Iterable[Sequence[Any]]) -> str:
+    """A batch's requests counted per process and manifest of their first step (what
+    ``verifier.server.index.index_requests`` adds to ``processes.requests``), as compact JSON
+    ``[[boot_id, pid, start_ticks, manifest, count], ...]`` in key order: what the ledger
+    subject of a batch covers beside its rows' digests."""
+    counts: dict[tuple[str, int, int, str], int] = {}
+    for r in span_rows:
+        k = (str(r[2]), int(r[3]), int(r[4]), str(r[12]))
+        counts[k] = counts.get(k, 0) + 1
+    return _ROWS_JSON([[*k, n] for k, n in sorted(counts.items())])
+
+
+def parse_counts(text: str) -> list[tuple[tuple[str, int, int, str], int]]:
+    """:func:`counts_json`'s text read back (ValueError: not that shape)."""
+    out = []
+    for item in json.loads(text):
+        boot, pid, ticks, manifest, n = item
+        out.append(((str(boot), int(pid), int(ticks), str(manifest)), int(n)))
+    return out
+
+
+def has_counts(db: Database) -> bool:
+    """Whether ``binding_batches`` has the columns of ledgered counts (a database made before
+    them, opened read only, does not)."""
+    return db.has_column("binding_batches", "counts_json")
+
+
+def batch_columns(db: Database) -> str:
+    """The stored digests and counts of a batch for a SELECT (NULLs where not stored)."""
+    if has_counts(db):
+        return "spans_sha256, ids_sha256, counts_json"
+    return "NULL, NULL, NULL"
 
 
 def _canonical(row: Sequence[Any]) -> Sequence[Any]:
@@ -144,34 +188,55 @@ def rows_sha256(rows: Iterable[Sequence[Any]]) -> str:
     return hashlib.sha256(rows_bytes(rows)).hexdigest()
 
 
-def stored_batches(db: Database) -> Iterator[tuple[str, str, float, str, str]]:
-    """(ref, target, received, digest of its span rows, digest of its id rows) of every stored
-    batch, rows in storage order (one batch's rows are consecutive: a batch is written in one
-    transaction, one writer at a time). Streams the rows, holding one batch's rows at a time
-    and two digests per batch. Rows of no stored batch (inserted behind the ledger's back) come
-    last, with an empty target."""
-    spans = dict(_digests(db, f"SELECT {span_select(db)} FROM bindings ORDER BY rowid"))  # noqa: S608
-    ids = dict(_digests(db, f"SELECT {ID_COLUMNS} FROM request_ids ORDER BY rowid"))  # noqa: S608
+StoredBatch = tuple[str, str, float, str, str, str | None]
+
+
+def stored_batches(db: Database) -> Iterator[StoredBatch]:
+    """(ref, target, received, digest of its span rows, digest of its id rows, its counts)
+    of every stored batch, rows in storage order (one batch's rows are consecutive: a batch
+    is written in one transaction, one writer at a time). The counts are None for a batch
+    stored before counts were ledgered, and the rows' own when the stored digests and counts
+    agree with them; when they do not, a text that is no count (its subject then matches no
+    entry). Streams the rows, holding one batch's rows at a time and three digests per batch.
+    Rows of no stored batch (inserted behind the ledger's back) come last, with an empty
+    target."""
+    span_sql = f"SELECT {span_select(db)} FROM bindings ORDER BY rowid"  # noqa: S608
+    id_sql = f"SELECT {ID_COLUMNS} FROM request_ids ORDER BY rowid"  # noqa: S608
+    spans = {b: (d, c) for b, d, c in _digests(db, span_sql)}
+    ids = {b: d for b, d, _ in _digests(db, id_sql)}
     empty = rows_sha256(())
-    for ref, target, received in list(
-        db.execute("SELECT ref, target, received_unix FROM binding_batches ORDER BY rowid")
+    none = (empty, "[]")
+    for ref, target, received, s_sha, i_sha, counts in list(
+        db.execute(
+            f"SELECT ref, target, received_unix, {batch_columns(db)} FROM binding_batches "  # noqa: S608
+            "ORDER BY rowid"
+        )
     ):
-        yield ref, target, float(received), spans.pop(ref, empty), ids.pop(ref, empty)
+        s_rows, s_counts = spans.pop(ref, none)
+        i_rows = ids.pop(ref, empty)
+        if counts is not None and (s_sha, i_sha, counts) != (s_rows, i_rows, s_counts):
+            s_counts = "the batch's stored digests or counts are not its rows'"
+        yield ref, target, float(received), s_rows, i_rows, None if counts is None else s_counts
     for ref in sorted({*spans, *ids}):
-        yield ref, "", 0.0, spans.get(ref, empty), ids.get(ref, empty)
+        yield ref, "", 0.0, spans.get(ref, none)[0], ids.get(ref, empty), None
 
 
-def _digests(db: Database, sql: str) -> Iterator[tuple[str, str]]:
-    """(batch, digest of its rows) for consecutive runs of rows of one batch. A batch whose
-    rows are not consecutive (reordered behind the ledger's back) yields twice; the later
-    digest wins and does not match."""
+def _digests(db: Database, sql: str) -> Iterator[tuple[str, str, str]]:
+    """(batch, digest of its rows, their counts) for consecutive runs of rows of one batch.
+    A batch whose rows are not consecutive (reordered behind the ledger's back) yields twice;
+    the later digest wins and does not match. Counts are :func:`counts_json`'s for span rows
+    (meaningless for id rows)."""
     current: str | None = None
     rows: list[Any] = []
     for raw in db.execute(sql):
         if raw[0] != current:
             if current is not None:
-                yield current, rows_sha256(rows)
+                yield current, rows_sha256(rows), _counts_of(rows)
             current, rows = raw[0], []
         rows.append(raw)
     if current is not None:
-        yield current, rows_sha256(rows)
+        yield current, rows_sha256(rows), _counts_of(rows)
+
+
+def _counts_of(rows: Sequence[Sequence[Any]]) -> str:
+    return counts_json(rows) if rows and len(rows[0]) > 12 else "[]"

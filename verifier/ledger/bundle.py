@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from verifier.ledger import chain, dsse, merkle
+from verifier.ledger import bindings, chain, dsse, merkle
 from verifier.ledger import statement as st
 from verifier.ledger.errors import BundleCorrupt
 from verifier.ledger.interface import Database
@@ -196,14 +196,22 @@ def _bindings_subject(f: Fields) -> str:
     """A batch of request bindings (the one that came with report SEQ of AGENT_ID): the same
     layout as ``chain.bindings_subject`` (tests hold them together)."""
     ref = chain.report_ref(f.text("agent_id"), f.integer("seq"))
-    return chain.sha(
-        "bindings",
-        ref,
-        f.text("target"),
-        f.number("received"),
-        f.sha256_of("spans"),
-        f.sha256_of("ids"),
-    )
+    parts = [ref, f.text("target"), f.number("received"), f.sha256_of("spans"), f.sha256_of("ids")]
+    if f.has("counts_json"):  # a batch stored since per-process counts were ledgered
+        counts = f.text("counts_json")
+        if f.has("spans_b64") and counts != _counts_of_spans(f):
+            raise BundleCorrupt("counts_json is not the counts of the batch's rows", f.where)
+        parts.append(counts)
+    return chain.sha("bindings", *parts)
+
+
+def _counts_of_spans(f: Fields) -> str:
+    """``bindings.counts_json`` of the span rows in field spans_b64."""
+    try:
+        rows = json.loads(dsse.b64decode(f.text("spans_b64")))
+        return bindings.counts_json(rows)
+    except (ValueError, TypeError, IndexError, KeyError) as e:
+        raise BundleCorrupt(f"field spans_b64 does not hold span rows: {e}", f.where) from None
 
 
 register_kind(

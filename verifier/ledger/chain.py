@@ -91,10 +91,20 @@ def bindings_ref(agent_id: str, seq: int) -> str:
     return report_ref(agent_id, seq)
 
 
-def bindings_subject(
-    ref: str, target: str, received: float, spans_sha256: str, ids_sha256: str
+def bindings_subject(  # noqa: PLR0917 - the stored batch, column by column
+    ref: str,
+    target: str,
+    received: float,
+    spans_sha256: str,
+    ids_sha256: str,
+    counts_json: str | None = None,
 ) -> str:
-    return sha("bindings", ref, target, received, spans_sha256, ids_sha256)
+    """A batch of request bindings: its rows' digests and (since they were ledgered) its
+    requests counted per process and manifest (``bindings.counts_json``); a batch stored
+    before has no counts (None) and the subject it was ledgered with."""
+    if counts_json is None:
+        return sha("bindings", ref, target, received, spans_sha256, ids_sha256)
+    return sha("bindings", ref, target, received, spans_sha256, ids_sha256, counts_json)
 
 
 def canonical(obj: object) -> str:
@@ -160,8 +170,9 @@ def _contents(db: Database) -> Iterator[tuple[str, str, str, float]]:
         "SELECT window_id, sealed_unix, content_json FROM seals ORDER BY rowid"
     ):
         yield "seal", str(wid), seal_subject(content_json), at
-    for ref, target, received, spans, ids in bindings.stored_batches(db):
-        yield "bindings", ref, bindings_subject(ref, target, received, spans, ids), received
+    for ref, target, received, spans, ids, counts in bindings.stored_batches(db):
+        subject = bindings_subject(ref, target, received, spans, ids, counts)
+        yield "bindings", ref, subject, received
 
 
 def backfill(db: Database, now: float) -> int:

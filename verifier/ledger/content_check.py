@@ -3,8 +3,10 @@ differences the index checks name (:mod:`verifier.ledger.index_check`).
 
 A manifest, a report or a batch of request bindings is checked by recomputing the subject of
 its ledger entry: one probe per entry through the ledger's index on (kind, ref) where the
-database has it (``ledger_by_ref``), else one pass over the kind's entries. A batch is hashed
-whole (O(its rows)): its ledger subject is one digest over every row.
+database has it (``ledger_by_ref``), else one pass over the kind's entries. A batch an answer
+returns rows of is hashed whole (O(its rows)): its ledger subject is one digest over every
+row. The per-process request counts a batch's subject also covers (since they were ledgered)
+are checked from its ``binding_batches`` row alone (:func:`ledgered_counts`).
 """
 
 from __future__ import annotations
@@ -124,23 +126,93 @@ def check_content(
             out.append(Difference("reports", ref, "ledger entry", "changed or unledgered", None))
     want = _subjects(db, "bindings", batches)
     for ref in sorted(set(batches)):
-        head = db.execute(
-            "SELECT target, received_unix FROM binding_batches WHERE ref = ?", (ref,)
-        ).fetchone()
-        spans = db.execute(
-            f"SELECT {bindings.span_select(db)} FROM bindings WHERE batch = ? ORDER BY rowid",  # noqa: S608
-            (ref,),
-        ).fetchall()
-        ids = db.execute(
-            f"SELECT {bindings.ID_COLUMNS} FROM request_ids WHERE batch = ? ORDER BY rowid",  # noqa: S608
-            (ref,),
-        ).fetchall()
-        got = None if head is None else chain.bindings_subject(
-            ref, head[0], float(head[1]), bindings.rows_sha256(spans), bindings.rows_sha256(ids)
-        )  # fmt: skip
-        if want.get(ref) != got:
+        if want.get(ref) != batch_subject(db, ref):
             out.append(Difference("bindings", ref, "ledger entry", "changed or unledgered", None))
     return out
+
+
+def batch_subject(db: Database, ref: str) -> str | None:
+    """The ledger subject batch REF's stored rows recompute to (None: no such batch), hashed
+    whole: O(its rows). For a batch stored with its digests and counts, those must be its
+    rows' (else a subject that matches no entry)."""
+    head = db.execute(
+        f"SELECT target, received_unix, {bindings.batch_columns(db)} FROM binding_batches "  # noqa: S608
+        "WHERE ref = ?",
+        (ref,),
+    ).fetchone()
+    if head is None:
+        return None
+    spans = db.execute(
+        f"SELECT {bindings.span_select(db)} FROM bindings WHERE batch = ? ORDER BY rowid",  # noqa: S608
+        (ref,),
+    ).fetchall()
+    ids = db.execute(
+        f"SELECT {bindings.ID_COLUMNS} FROM request_ids WHERE batch = ? ORDER BY rowid",  # noqa: S608
+        (ref,),
+    ).fetchall()
+    derived = (bindings.rows_sha256(spans), bindings.rows_sha256(ids), bindings.counts_json(spans))
+    counts = head[4]
+    if counts is not None and tuple(head[2:5]) != derived:
+        return "the batch's stored digests or counts are not its rows'"
+    return chain.bindings_subject(
+        ref, head[0], float(head[1]), derived[0], derived[1], None if counts is None else derived[2]
+    )
+
+
+Counts = dict[str, list[tuple[tuple[str, str, int, int, str], int]]]
+
+
+def ledgered_counts(
+    db: Database, refs: Iterable[str]
+) -> tuple[Counts, list[str], list[Difference]]:
+    """The per-process counts of the stored batches REFS as their ledger entries commit to
+    them, without reading a binding row: each batch's stored digests and counts recompute
+    its entry's subject (one ledger probe and one ``binding_batches`` row per batch). A batch
+    stored before counts were ledgered (no counts) is hashed whole instead, O(its rows), and
+    counted from its rows. Returns (ref -> [((target, boot, pid, start, manifest), count)],
+    the refs hashed whole, differences): a
+    batch whose entry its stored values do not recompute, a ledgered batch whose row is gone,
+    a batch row with no ledger entry."""
+    refs = sorted(set(refs))
+    want = _subjects(db, "bindings", refs)
+    out: Counts = {}
+    whole: list[str] = []
+    bad: list[Difference] = []
+    for ref in refs:
+        head = db.execute(
+            f"SELECT target, received_unix, {bindings.batch_columns(db)} FROM binding_batches "  # noqa: S608
+            "WHERE ref = ?",
+            (ref,),
+        ).fetchone()
+        ledgered = want.get(ref)
+        if head is None:
+            if ledgered is not None:
+                bad.append(Difference("binding_batches", ref, "row", None, "a ledgered batch"))
+            continue
+        target, received, s_sha, i_sha, counts = head
+        if counts is None:  # stored before counts were ledgered: its rows are the evidence
+            whole.append(ref)
+            if ledgered is None or ledgered != batch_subject(db, ref):
+                bad.append(
+                    Difference("bindings", ref, "ledger entry", "changed or unledgered", None)
+                )
+                continue
+            rows = db.execute(
+                f"SELECT {bindings.span_select(db)} FROM bindings WHERE batch = ? "  # noqa: S608
+                "ORDER BY rowid",
+                (ref,),
+            ).fetchall()
+            counts = bindings.counts_json(rows)
+        elif ledgered != chain.bindings_subject(
+            ref, str(target), float(received), str(s_sha), str(i_sha), str(counts)
+        ):
+            bad.append(Difference("bindings", ref, "ledger entry", "changed or unledgered", None))
+            continue
+        try:
+            out[ref] = [((str(target), *k), n) for k, n in bindings.parse_counts(str(counts))]
+        except (ValueError, TypeError):  # ledgered so, yet no counts: never written by us
+            bad.append(Difference("binding_batches", ref, "counts_json", counts, None))
+    return out, whole, bad
 
 
 def require(differences: Sequence[Difference], what: str) -> None:

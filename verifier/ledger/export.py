@@ -51,7 +51,9 @@ class _Export:
 
     def batch(self, ref: str, predicate: dict[str, Any]) -> None:
         head = self.db.execute(
-            "SELECT target, received_unix FROM binding_batches WHERE ref = ?", (ref,)
+            f"SELECT target, received_unix, {bindings.batch_columns(self.db)} "  # noqa: S608
+            "FROM binding_batches WHERE ref = ?",
+            (ref,),
         ).fetchone()
         if head is None:
             raise NotFound(f"no stored batch of bindings {ref}")
@@ -69,6 +71,8 @@ class _Export:
             "bindings", agent_id=agent_id, seq=seq, target=head[0], received=float(head[1]),
             spans_b64=b64encode(_lines(spans)), ids_b64=b64encode(_lines(ids)),
         )  # fmt: skip
+        if head[4] is not None:  # stored since per-process counts were ledgered
+            content["fields"]["counts_json"] = str(head[4])
         self.add("bindings", ref, content, st.RUNTIME_EVIDENCE, predicate)
 
     def manifest(self, digest: str) -> None:

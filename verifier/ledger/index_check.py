@@ -29,7 +29,13 @@ from typing import Any
 
 from verifier import wire
 from verifier.ledger import chain
-from verifier.ledger.content_check import Difference, IndexDisagrees, check_content, require
+from verifier.ledger.content_check import (
+    Difference,
+    IndexDisagrees,
+    check_content,
+    ledgered_counts,
+    require,
+)
 from verifier.ledger.content_check import fmt_key as _fmt_key
 from verifier.ledger.interface import Database
 
@@ -170,24 +176,40 @@ def _reports(db: Database, targets: list[str] | None) -> list[Any]:
 
 
 def _derive_processes(
-    db: Database, targets: list[str] | None, requests: bool = True
-) -> dict[PKey, _Proc]:
+    db: Database, targets: list[str] | None, whole: list[str] | None = None
+) -> tuple[dict[PKey, _Proc], list[Difference]]:
     """The ``processes`` rows the stored reports (decoded) and bindings derive, replayed in
     storage order as the verifier indexed them (``verifier.server.index.index_processes``
-    then ``index_requests`` per report); without REQUESTS, every field but the counts.
+    then ``index_requests`` per report), and the differences found on the way.
 
-    For TARGETS (one answer's check) the reports read are checked against their ledger
-    entries (one probe each); the binding rows are counted in SQL, per batch and process,
-    and not re-hashed: the rows an answer returns are hashed by that answer (their batches,
-    :func:`check_content`), the request counts are checked against the stored rows, and the
-    rows against their ledger entries by ``verifier audit verify`` (docs/audit.md)."""
+    Every target (``audit verify``): the binding rows counted in SQL (``chain.verify`` checks
+    them against their entries). For TARGETS (one answer's check): the reports read are
+    checked against their ledger entries (one probe each) and the request counts are the
+    ones the ledger entries of the targets' batches commit to
+    (:func:`content_check.ledgered_counts`: one probe and one ``binding_batches`` row per
+    batch, no binding row read), so a count edited to match deleted, forged or moved rows
+    differs from the ledger's. Batches stored before counts were ledgered are hashed whole
+    instead; their refs are appended to WHOLE."""
     reports = _reports(db, targets)
-    if targets is not None:  # the whole database: chain.verify walks every entry instead
-        bad = check_content(db, reports=[(str(r[0]), int(r[1])) for r in reports])
-        if bad:
-            raise IndexDisagrees("; ".join(map(str, bad[:3])) + " (`verifier audit verify`)")
+    bad: list[Difference] = []
     refs = [chain.report_ref(str(r[0]), int(r[1])) for r in reports]
-    batches = _batches(db, targets, refs) if requests else {}
+    if targets is None:
+        batches = _batches(db)
+    else:
+        bad += check_content(db, reports=[(str(r[0]), int(r[1])) for r in reports])
+        if bad:  # the replay would read content that is not the ledger's
+            return {}, bad
+        for t in sorted(set(targets)):
+            refs += [
+                str(r)
+                for (r,) in db.execute("SELECT ref FROM binding_batches WHERE target = ?", (t,))
+            ]
+        batches, hashed, differ = ledgered_counts(db, refs)
+        keep = set(targets)
+        batches = {r: [c for c in cs if c[0][0] in keep] for r, cs in batches.items()}
+        bad += differ
+        if whole is not None:
+            whole += hashed
     out: dict[PKey, _Proc] = {}
     for agent_id, seq, target, received, body in reports:
         try:
@@ -202,7 +224,7 @@ def _derive_processes(
         for span_key, n in spans:
             if span_key in out:
                 out[span_key].requests_all += n
-    return out
+    return out, bad
 
 
 def _seen(out: dict[PKey, _Proc], target: str, at: float, processes: Sequence[Any]) -> None:
@@ -223,37 +245,16 @@ def _seen(out: dict[PKey, _Proc], target: str, at: float, processes: Sequence[An
             got.reports += 1
 
 
-def _batches(
-    db: Database, targets: list[str] | None, refs: Sequence[str] = ()
-) -> dict[str, list[tuple[PKey, int]]]:
+def _batches(db: Database) -> dict[str, list[tuple[PKey, int]]]:
     """Each stored batch's spans counted per process and manifest of their first step (what
-    ``index_requests`` counts), in SQL. For TARGETS: the batches REFS (their reports') and
-    the target's other stored batches, each through ``bindings_by_batch``: O(their rows)
-    inside the database, none of them decoded here."""
+    ``index_requests`` counts), in SQL: O(the binding rows) inside the database, none of them
+    decoded here."""
     cols = "target, boot_id, pid, start_ticks, manifest_first"
-    rows: list[Any] = []
-    if targets is None:
-        rows = db.execute(
-            f"SELECT batch, {cols}, COUNT(*) FROM bindings GROUP BY batch, {cols}"  # noqa: S608
-        ).fetchall()
-    else:
-        wanted = set(refs)
-        for t in sorted(set(targets)):
-            wanted |= {
-                str(r)
-                for (r,) in db.execute("SELECT ref FROM binding_batches WHERE target = ?", (t,))
-            }
-        for ref in sorted(wanted):
-            rows += db.execute(
-                f"SELECT batch, {cols}, COUNT(*) FROM bindings WHERE batch = ? "  # noqa: S608
-                f"GROUP BY batch, {cols}",
-                (ref,),
-            ).fetchall()
-    keep = None if targets is None else set(targets)
+    rows = db.execute(
+        f"SELECT batch, {cols}, COUNT(*) FROM bindings GROUP BY batch, {cols}"  # noqa: S608
+    ).fetchall()
     out: dict[str, list[tuple[PKey, int]]] = {}
     for batch, target, boot, pid, ticks, manifest, n in rows:
-        if keep is not None and str(target) not in keep:
-            continue
         key: PKey = (str(target), str(boot), int(pid), int(ticks), str(manifest))
         out.setdefault(str(batch), []).append((key, int(n)))
     return out
@@ -278,40 +279,49 @@ def _stored_processes(db: Database, targets: list[str] | None) -> dict[PKey, tup
     return out
 
 
-def _counts_agree(db: Database, have: dict[PKey, tuple[Any, ...]], want: dict[PKey, _Proc]) -> bool:
-    """Whether every stored request count of a row WANT derives equals the stored bindings of
-    its process and manifest, counted in ``bindings_by_manifest`` alone (no table row read:
-    O(the process's bindings) in index entries) and set as ``requests_all``. False when
-    a count differs, or when another (target, boot) shares the (manifest, pid, start) and
-    the index count would be theirs too: the caller then counts batch by batch."""
-    for k in set(have) & set(want):
-        _, _, pid, ticks, manifest = k
+def _rows_agree(
+    db: Database, have: dict[PKey, tuple[Any, ...]], want: dict[PKey, _Proc]
+) -> list[Difference]:
+    """The binding rows stored for each process WANT derives, counted in the index
+    ``bindings_by_manifest`` (manifest, pid, start): O(the process's bindings) in index
+    entries, no table row read, and filtered by target and boot only when another process
+    row shares that key; each must be the count the ledgered batches commit to
+    (``requests_all``). A row deleted, forged or moved to another process, with or without
+    the ``processes`` count edited to match, differs here or in ``requests``."""
+    out = []
+    for k in sorted(set(have) & set(want), key=lambda k: tuple(map(str, k))):
+        target, boot, pid, ticks, manifest = k
+        sql = (
+            "SELECT COUNT(*) FROM bindings WHERE manifest_first = ? AND pid = ? AND start_ticks = ?"
+        )
+        args: tuple[Any, ...] = (manifest, pid, ticks)
         others = db.execute(
             "SELECT COUNT(*) FROM processes WHERE manifest = ? AND pid = ? AND start_ticks = ?",
-            (manifest, pid, ticks),
+            args,
         ).fetchone()[0]
         if int(others) != 1:
-            return False
-        n = db.execute(
-            "SELECT COUNT(*) FROM bindings WHERE manifest_first = ? AND pid = ? "
-            "AND start_ticks = ?",
-            (manifest, pid, ticks),
-        ).fetchone()[0]
-        if int(n) != have[k][7]:
-            return False
-        want[k].requests_all = int(n)
-    return True
+            sql, args = sql + " AND target = ? AND boot_id = ?", (*args, target, boot)
+        n = int(db.execute(sql, args).fetchone()[0])
+        if n != want[k].requests_all:
+            out.append(Difference("bindings", _fmt_key(k), "rows", n, want[k].requests_all))
+    return out
 
 
-def check_processes(db: Database, targets: Iterable[str] | None = None) -> list[Difference]:
+def check_processes(
+    db: Database, targets: Iterable[str] | None = None, whole: list[str] | None = None
+) -> list[Difference]:
     """The ``processes`` rows of TARGETS (every target: None) against what the stored reports
-    and bindings of those targets derive: a row edited (each field), deleted or forged."""
+    and bindings of those targets derive: a row edited (each field), deleted or forged. For
+    TARGETS, the request counts are the ledgered batches' and the binding rows stored per
+    process are counted against them; the refs of batches stored before counts were
+    ledgered, hashed whole for want of them, are appended to WHOLE."""
     targets = None if targets is None else list(targets)
     have = _stored_processes(db, targets)
-    want = _derive_processes(db, targets, requests=targets is None)
-    if targets is not None and not _counts_agree(db, have, want):
-        want = _derive_processes(db, targets)  # count them batch by batch, as served
-    out = []
+    want, out = _derive_processes(db, targets, whole)
+    if out:
+        return out
+    if targets is not None:
+        out += _rows_agree(db, have, want)
     for k in sorted(set(want) | set(have), key=lambda k: tuple(map(str, k))):
         key = _fmt_key(k)
         if k not in have:

@@ -69,15 +69,19 @@ def _file_rows(db: Database, query: str) -> list[tuple[str, str, str | None]]:
     return rows
 
 
-def find_file(db: Database, query: str, sample: int = 0) -> list[Sighting]:
+def find_file(
+    db: Database, query: str, sample: int = 0, whole: list[str] | None = None
+) -> list[Sighting]:
     """Every process whose loaded files include QUERY: a sha256, an absolute path, or the
     end of a path (``vllm/v1/sample/sampler.py``), with the number of requests it served
-    meanwhile and, with SAMPLE, up to that many of their ids (one more query per process)."""
+    meanwhile (checked against the counts its batches' ledger entries commit to) and, with
+    SAMPLE, up to that many of their ids (one more query per process). The refs of batches
+    stored before counts were ledgered, hashed whole instead, are appended to WHOLE."""
     rows = _file_rows(db, query)
     # The stored manifests that mention QUERY at all (a scan of their ledgered JSON): an
     # index row deleted or re-pointed to hide a file is then a difference, not "not found".
     named = _manifests_naming(db, query)
-    _check_used(db, f"audit file {query}", {m for m, _, _ in rows} | named)
+    _check_used(db, f"audit file {query}", {m for m, _, _ in rows} | named, whole=whole)
     if not rows:
         raise NotFound(f"no stored manifest has a file matching {query!r}")
     runs = _runs(db)
@@ -139,7 +143,11 @@ def _manifests_naming(db: Database, query: str) -> set[str]:
 
 
 def _check_used(
-    db: Database, what: str, manifests: set[str], targets: set[str] | None = None
+    db: Database,
+    what: str,
+    manifests: set[str],
+    targets: set[str] | None = None,
+    whole: list[str] | None = None,
 ) -> None:
     """Before answering: the index rows the answer uses (the MANIFESTS' files, the processes
     of every target that ran one of them, or TARGETS) against the ledgered content, and that
@@ -163,7 +171,7 @@ def _check_used(
             ):
                 targets |= {str(t) for (t,) in db.execute(sql, (m,))}
     differences = index_check.check_manifest_files(db, manifests) if manifests else []
-    differences += index_check.check_processes(db, targets)
+    differences += index_check.check_processes(db, targets, whole)
     index_check.require(differences, what)
 
 
@@ -261,9 +269,10 @@ def _internal_ids(db: Database, query: str) -> dict[str, list[str]]:
     return out
 
 
-def find_request(db: Database, query: str) -> list[Served]:
+def find_request(db: Database, query: str, whole: list[str] | None = None) -> list[Served]:
     """What served request QUERY: the client's X-Request-Id, the API's external id
-    (``cmpl-...``) or the engine's internal id."""
+    (``cmpl-...``) or the engine's internal id. The refs of batches stored before counts were
+    ledgered, hashed whole by the check of the targets' processes, are appended to WHOLE."""
     ids = _internal_ids(db, query)
     runs = _runs(db)
     out: list[Served] = []
@@ -287,7 +296,7 @@ def find_request(db: Database, query: str) -> list[Served]:
         "SELECT DISTINCT batch FROM request_ids WHERE internal_id = ?", (i, i))}  # fmt: skip
     index_check.require(index_check.check_content(db, batches=batches), f"audit request {query}")
     if out:
-        _check_used(db, f"audit request {query}", set(), {s.target for s in out})
+        _check_used(db, f"audit request {query}", set(), {s.target for s in out}, whole)
     if not out:
         known = [i for i, e in ids.items() if e]
         if known:

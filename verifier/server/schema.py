@@ -77,7 +77,10 @@ CREATE TABLE IF NOT EXISTS binding_batches (
     target TEXT NOT NULL,
     received_unix {real} NOT NULL,
     spans BIGINT NOT NULL,
-    ids BIGINT NOT NULL
+    ids BIGINT NOT NULL,
+    spans_sha256 TEXT,
+    ids_sha256 TEXT,
+    counts_json TEXT
 );
 CREATE TABLE IF NOT EXISTS bindings (
     {rowid}
@@ -190,6 +193,11 @@ def for_kind(kind: str) -> str:
 ADDED_COLUMNS = (
     ("bindings", "spec_json", "TEXT"),
     ("checkpoints", "note", "TEXT"),  # the C2SP signed note of the checkpoint (ledger/note.py)
+    # A batch's row digests and per-process counts, as its ledger subject covers them
+    # (ledger/bindings.py); NULL in a batch stored before, whose subject does not.
+    ("binding_batches", "spans_sha256", "TEXT"),
+    ("binding_batches", "ids_sha256", "TEXT"),
+    ("binding_batches", "counts_json", "TEXT"),
 )
 
 

@@ -386,14 +386,11 @@ class Store:
             index_processes(db, rep.target, rep.received_unix, processes)
             if spans or request_ids:
                 batch = chain.bindings_ref(rep.agent_id, rep.seq)
-                span_rows, id_rows = bindings.store_batch(
+                digests = bindings.store_batch(
                     db, batch, rep.target, spans, request_ids, rep.received_unix
                 )
                 index_requests(db, rep.target, spans)
-                subject = chain.bindings_subject(
-                    batch, rep.target, rep.received_unix,
-                    bindings.rows_sha256(span_rows), bindings.rows_sha256(id_rows),
-                )  # fmt: skip
+                subject = chain.bindings_subject(batch, rep.target, rep.received_unix, *digests)
                 chain.append(db, rep.received_unix, "bindings", batch, subject)
             return True
 
