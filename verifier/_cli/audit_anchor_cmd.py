@@ -51,8 +51,12 @@ def add_actions(acts: Any) -> None:
         "extends --from, and the answer (a note signed now, the proof, the root at --from's "
         "size) is checked here with --key; --out writes the new note.",
     )
-    k.add_argument("--from", dest="old", required=True, metavar="OLD.note")
-    k.add_argument("--to", dest="new", metavar="NEW.note")
+    k.add_argument(
+        "--from", dest="old", required=True, metavar="OLD.note", help="the older signed checkpoint"
+    )
+    k.add_argument(
+        "--to", dest="new", metavar="NEW.note", help="the newer one (default: the latest stored)"
+    )
     k.add_argument("--key", required=True, help="the verifier's public key (PEM)")
     k.add_argument("--db", help=DB_HELP + " (produce the proof)")
     k.add_argument("--proof", metavar="FILE", help="a proof to check offline (without --db)")

@@ -71,7 +71,7 @@ def add_parser(sub: Any) -> None:
     check = psub.add_parser(
         "check", help="load a policy; print its digest and weakest point, or the error"
     )
-    check.add_argument("file", metavar="FILE")
+    check.add_argument("file", metavar="FILE", help="the policy file (TOML)")
     check.set_defaults(handler=run_check)
 
 

@@ -38,7 +38,7 @@ def add_parser(sub: Any) -> None:
         "PASS on fresh evidence within --timeout; 4: the verifier is unreachable (it is called "
         "again until --timeout; the command takes at most --timeout + 1 s for the answer).",
     )
-    w.add_argument("run")
+    w.add_argument("run", help="the run to open a window on")
     w.add_argument("--out", required=True, metavar="FILE", help="where to save the window id")
     w.add_argument(
         "--timeout", type=positive_seconds, required=True, help="seconds to wait for PASS"
@@ -51,7 +51,7 @@ def add_parser(sub: Any) -> None:
         description=SEAL_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    s.add_argument("run")
+    s.add_argument("run", help="the run the window is on")
     s.add_argument("--window", required=True, metavar="FILE", help="from `verifier window`")
     s.add_argument("--results", required=True, metavar="FILE", help="the measurement's results")
     s.add_argument("--out", metavar="FILE", help="seal path (default RESULTS.seal.json)")
