@@ -415,6 +415,8 @@ def test_bash_completion_completes_subcommands_and_their_options(tmp_path: Path)
     assert "--json" in _complete(script, "verifier -v run list --")
     assert _complete(script, "verifier wait r --tim") == ["--timeout"]
     assert _complete(script, "verifier audit verify-s") == ["verify-seal"]
+    quiet = run_cli("-q", "completion", "bash")  # -q never silences what a command is for
+    assert quiet.stdout == out.stdout
     zsh = run_cli("completion", "zsh")
     assert zsh.returncode == 0 and "bashcompinit" in zsh.stdout
     assert run_cli("completion", "fish").returncode == 2

@@ -47,7 +47,7 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--name", required=True, help="who holds the token (shown in logs)")
     t.add_argument("--role", choices=("operator", "harness", "auditor"), help="the role it grants")
     t.add_argument("--target", action="append", default=[], help="an agent's target")
-    t.set_defaults(handler=run_token)
+    t.set_defaults(handler=run_token, product_on_stdout=True)  # the token
 
 
 def run_init(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 
-VERBOSE_HELP = "more detail: the file lists folded into counts, then more log output (-vv)"
+VERBOSE_HELP = "more detail: file lists in full, info log lines (-vv: debug log lines)"
 QUIET_HELP = "print no result on stdout (the exit code says it); errors and warnings still show"
 JSON_HELP = "print the result as JSON (on commands that have a JSON form)"
 VERIFIER_HELP = "verifier address, as the subcommand's own --verifier (on client commands)"

@@ -81,7 +81,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for stream in (out, err):
         if isinstance(stream, io.TextIOWrapper):
             stream.reconfigure(errors="backslashreplace")
+    # -q silences a result, never the product a command is run for (a policy, a token, a
+    # completion script: set_defaults(product_on_stdout=True)) nor JSON that was asked for
     quiet = args.quiet and not getattr(args, "json", False)
+    quiet = quiet and not getattr(args, "product_on_stdout", False)
     sys.stdout = fmt.TerminalSafe(cast(IO[str], fmt.Discard()) if quiet else out)
     sys.stderr = fmt.TerminalSafe(err, keep_cr=True)
     try:
