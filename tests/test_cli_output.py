@@ -10,6 +10,7 @@ defined in a file, no vLLM). Terminals are real pseudo-terminals (``pty.openpty`
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import pty
@@ -28,7 +29,9 @@ import pytest
 from tests.helpers import REPO, state_dir, verifier_cli
 from tests.test_faults import CHILD, RUNNER, policy, serve
 from tests.test_gate_e2e import CLI, Daemon
+from verifier._cli import verdict_text
 from verifier._cli.main import build_parser
+from verifier.model import Finding, RunVerdict, Severity, TargetVerdict, Verdict
 
 # a file in a directory named like this tool's package, that no distribution claims: what a
 # copy of the probe planted beside the installed one looks like (never folded into "self")
@@ -466,3 +469,48 @@ def test_sigpipe_is_not_reset_to_default() -> None:
         cwd=REPO,
     )
     assert out.stdout.strip() == str(signal.SIG_IGN)
+
+
+# repeated findings -------------------------------------------------------------------------
+def _verdict() -> RunVerdict:
+    """Three processes with the same WARNING and the same ERROR (as the policy words them)."""
+    procs = [("api_server", None, 10), ("engine_core", None, 11), ("worker", 0, 12)]
+    findings = []
+    for role, rank, pid in procs:
+        who = f"{role}{'' if rank is None else f' rank {rank}'} (pid {pid})"
+        ctx = {"pid": pid, "role": role, "rank": rank}
+        findings.append(Finding("x.loader", Severity.WARNING, f"{who}: a loader", "t", ctx))
+        findings.append(Finding("x.bad", Severity.ERROR, f"{who}: a bad file", "t", ctx))
+    target = TargetVerdict("t", Verdict.FAIL, tuple(findings), 0.0, 0.0)
+    return RunVerdict("r", "sha256:" + "0" * 64, Verdict.FAIL, (target,), (), 0.0)
+
+
+def test_a_warning_said_of_several_processes_is_one_line_an_error_never_folds() -> None:
+    brief = verdict_text.render(_verdict(), verdict_text.BRIEF).splitlines()
+    full = verdict_text.render(_verdict(), verdict_text.FULL).splitlines()
+    assert [ln for ln in brief if "x.loader" in ln] == [
+        "    warning x.loader: in 3 processes (api_server (pid 10), engine_core (pid 11), "
+        "worker rank 0 (pid 12)): a loader"
+    ]
+    assert len([ln for ln in brief if "x.bad" in ln]) == 3  # each ERROR on its own line
+    assert len([ln for ln in full if "x.loader" in ln]) == 3  # -v: as the verifier said it
+    assert brief[0] == "run r: FAIL  (policy sha256:000000000000)"
+
+
+def test_window_and_seal_print_json_when_asked(served: Served) -> None:
+    """``window --json`` prints the opened window (its id as saved in --out); ``seal --json``
+    whether the window held, the seal's path and its content."""
+    saved, results = served.dir / "w.json", served.dir / "results.txt"
+    results.write_text("tokens/s 1\n")
+    opened = run_cli("window", "r", "--out", str(saved), "--timeout", "60", "--json",
+                     "--verifier", served.addr)  # fmt: skip
+    assert opened.returncode == 0, opened.stderr
+    window = json.loads(opened.stdout)
+    assert window["run"] == "r" and window["file"] == str(saved)
+    assert window["window_id"] in saved.read_text()
+    sealed = run_cli("seal", "r", "--window", str(saved), "--results", str(results), "--json",
+                     "--verifier", served.addr)  # fmt: skip
+    assert sealed.returncode == 0, sealed.stderr
+    seal = json.loads(sealed.stdout)
+    assert seal["held"] is True and Path(seal["seal"]).is_file()
+    assert seal["content"]["results"]["sha256"] == hashlib.sha256(results.read_bytes()).hexdigest()

@@ -44,7 +44,8 @@ def reason(v: RunVerdict) -> str:
 def render(v: RunVerdict, level: int = NORMAL) -> str:
     unsafe = [text(f.context.get("flag")) for f in v.findings if f.id == "policy.unsafe"]
     named = f"  UNSAFE: {'; '.join(unsafe)}" if unsafe else ""  # never only in the findings
-    lines = [f"run {text(v.run)}: {v.verdict.value}  (policy {text(v.policy_digest, 19)}){named}"]
+    digest = text(v.policy_digest, 0)[:19]  # sha256: and 12 hex: enough to tell policies apart
+    lines = [f"run {text(v.run)}: {v.verdict.value}  (policy {digest}){named}"]
     hidden = 0
     for f in v.findings:
         if level == BRIEF and f.severity == Severity.INFO:
@@ -55,9 +56,14 @@ def render(v: RunVerdict, level: int = NORMAL) -> str:
         lines.append(f"  target {text(t.target)}: {t.verdict.value}")
         lines.extend(_hook(h, level) for h in t.hooks)
         seen: dict[tuple[str, ...], str] = {}
-        for f in t.findings:
-            if level == BRIEF and f.severity == Severity.INFO:
-                hidden += 1
+        findings = list(t.findings)
+        if level == BRIEF:
+            hidden += sum(f.severity == Severity.INFO for f in findings)
+            findings = [f for f in findings if f.severity != Severity.INFO]
+        shown = [(f, ()) for f in findings] if level == FULL else _grouped(findings)
+        for f, where in shown:
+            if where:
+                lines.append(_finding(f, "    ", where))
                 continue
             lines.append(_finding(f, "    "))
             if f.id == "provenance.origins":
@@ -67,8 +73,57 @@ def render(v: RunVerdict, level: int = NORMAL) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _finding(f: Finding, indent: str) -> str:
-    return f"{indent}{f.severity.value:<7} {text(f.id)}: {text(f.message, 0)}"
+def _finding(f: Finding, indent: str, where: Sequence[str] = ()) -> str:
+    if not where:
+        return f"{indent}{f.severity.value:<7} {text(f.id)}: {text(f.message, 0)}"
+    rest = f.message[len(_process(f)) + 2 :]
+    return (
+        f"{indent}{f.severity.value:<7} {text(f.id)}: in {len(where)} processes "
+        f"({', '.join(where)}): {text(rest, 0)}"
+    )
+
+
+def _process(f: Finding) -> str:
+    """How a finding's message names its process (policy/_evidence.name), "" if it has none."""
+    c = f.context
+    if not isinstance(c.get("pid"), int) or not isinstance(c.get("role"), str):
+        return ""
+    rank = "" if c.get("rank") is None else f" rank {c.get('rank')}"
+    return f"{c['role']}{rank} (pid {c['pid']})"
+
+
+def _grouped(findings: list[Finding]) -> list[tuple[Finding, tuple[str, ...]]]:
+    """FINDINGS with each WARNING or INFO finding that says the same thing about several
+    processes (same id and severity, same message after the process's name) given once, with
+    the processes (the second item; empty for a finding shown as it is). ERROR and PENDING
+    findings, and provenance.origins (its files differ), are never grouped."""
+    groups: dict[tuple[str, str, str], list[Finding]] = {}
+    order: list[Finding | tuple[str, str, str]] = []  # a finding shown as it is, or a group
+    for f in findings:
+        who = _process(f)
+        groupable = (
+            f.severity in (Severity.WARNING, Severity.INFO)
+            and f.id != "provenance.origins"
+            and who
+            and f.message.startswith(who + ": ")
+        )
+        if not groupable:
+            order.append(f)
+            continue
+        key = (f.id, f.severity.value, f.message[len(who) + 2 :])
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        groups[key].append(f)
+    result: list[tuple[Finding, tuple[str, ...]]] = []
+    for item in order:
+        if isinstance(item, Finding):
+            result.append((item, ()))
+            continue
+        members = groups[item]
+        where = tuple(text(_process(g)) for g in members) if len(members) > 1 else ()
+        result.append((members[0], where))
+    return result
 
 
 def _hook(h: HookCount, level: int) -> str:
