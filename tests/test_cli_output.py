@@ -499,7 +499,8 @@ def test_a_warning_said_of_several_processes_is_one_line_an_error_never_folds() 
 
 def test_window_and_seal_print_json_when_asked(served: Served) -> None:
     """``window --json`` prints the opened window (its id as saved in --out); ``seal --json``
-    whether the window held, the seal's path and its content."""
+    whether the window held, the seal's path and its content (with the findings that broke
+    it), and nothing else on stdout."""
     saved, results = served.dir / "w.json", served.dir / "results.txt"
     results.write_text("tokens/s 1\n")
     opened = run_cli("window", "r", "--out", str(saved), "--timeout", "60", "--json",
@@ -510,7 +511,9 @@ def test_window_and_seal_print_json_when_asked(served: Served) -> None:
     assert window["window_id"] in saved.read_text()
     sealed = run_cli("seal", "r", "--window", str(saved), "--results", str(results), "--json",
                      "--verifier", served.addr)  # fmt: skip
-    assert sealed.returncode == 0, sealed.stderr
     seal = json.loads(sealed.stdout)
-    assert seal["held"] is True and Path(seal["seal"]).is_file()
+    # no step ran in the window (the fake worker stepped before it): not held, exit 1
+    assert (sealed.returncode, seal["held"]) == (1, False), sealed.stdout
+    assert Path(seal["seal"]).is_file()
+    assert [f["id"] for f in seal["content"]["findings"]] == ["window.no_steps"]
     assert seal["content"]["results"]["sha256"] == hashlib.sha256(results.read_bytes()).hexdigest()
