@@ -29,7 +29,7 @@ import pytest
 from tests.helpers import REPO, state_dir, verifier_cli
 from tests.test_faults import CHILD, RUNNER, policy, serve
 from tests.test_gate_e2e import CLI, Daemon
-from verifier._cli import verdict_text
+from verifier._cli import globalopts, verdict_text
 from verifier._cli.main import build_parser
 from verifier.model import Finding, RunVerdict, Severity, TargetVerdict, Verdict
 
@@ -517,3 +517,12 @@ def test_window_and_seal_print_json_when_asked(served: Served) -> None:
     assert Path(seal["seal"]).is_file()
     assert [f["id"] for f in seal["content"]["findings"]] == ["window.no_steps"]
     assert seal["content"]["results"]["sha256"] == hashlib.sha256(results.read_bytes()).hexdigest()
+
+
+def test_verbose_counts_wherever_it_is_given() -> None:
+    """``-v status -v`` is ``-vv`` (argparse alone would keep only the subcommand's count)."""
+    parser = build_parser()
+    for argv, expected in ((["-v", "status", "-v"], 2), (["status", "-vv"], 2), (["status"], 0)):
+        args = parser.parse_args(argv)
+        globalopts.resolve(parser, args)
+        assert (argv, args.verbose) == (argv, expected)

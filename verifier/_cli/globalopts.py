@@ -4,7 +4,7 @@
 argparse reads an option only at the level it was declared on, so ``verifier status -v`` would
 be an error with ``-v`` on the top parser alone. :func:`install` declares the same options on
 every leaf parser too, with ``SUPPRESS`` defaults there (an option not given after the
-subcommand leaves what was given before it), and :func:`resolve` merges the two and refuses
+subcommand sets nothing), and :func:`resolve` merges the two and refuses
 what the command cannot honour (``--json`` on a command that has no JSON output).
 """
 
@@ -21,8 +21,10 @@ VERIFIER_HELP = "verifier address, as the subcommand's own --verifier (on client
 
 def add_top(parser: argparse.ArgumentParser) -> None:
     """The global options on the top-level parser (before the subcommand)."""
-    parser.add_argument("-v", "--verbose", action="count", default=0, help=VERBOSE_HELP)
-    parser.add_argument("-q", "--quiet", action="store_true", help=QUIET_HELP)
+    parser.add_argument(
+        "-v", "--verbose", dest="verbose_before", action="count", default=0, help=VERBOSE_HELP
+    )
+    parser.add_argument("-q", "--quiet", dest="quiet_before", action="store_true", help=QUIET_HELP)
     parser.add_argument("--json", dest="global_json", action="store_true", help=JSON_HELP)
     parser.add_argument("--verifier", dest="global_verifier", metavar="ADDRESS", help=VERIFIER_HELP)
 
@@ -56,8 +58,11 @@ def install(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Merge the options given before the subcommand into ARGS; a usage error (exit 2) for one
-    the command does not take."""
+    """Merge the options given before the subcommand into ARGS (``-v`` counts wherever it was
+    given: ``-v status -v`` is ``-vv``); a usage error (exit 2) for one the command does not
+    take."""
+    args.verbose = args.verbose_before + getattr(args, "verbose", 0)
+    args.quiet = args.quiet_before or getattr(args, "quiet", False)
     if args.global_json:
         if not hasattr(args, "json"):
             parser.error(f"--json: `verifier {_name(args)}` has no JSON output")
