@@ -23,7 +23,11 @@ def add_parser(sub: Any) -> None:
         help="show a run's verdict, per target, with findings",
         description="One line per target and finding; with --json the verdicts, findings and, "
         "for every hook, its fired count next to the productive steps. Without RUN, every run. "
-        "Exit code: 0 PASS, 1 FAIL, 0 for PENDING/STALE too (status reports; wait gates).",
+        "Exit code: 0 PASS, 1 FAIL, 0 for PENDING/STALE too (status reports; wait gates). "
+        "Text output shows this tool's own loaded files (the probe, its .pth files) as one "
+        "'self' line per process (a copy that is not as installed is listed on its own), a file "
+        "list another process already showed as a count, and a warning said of several "
+        "processes once; -v lists every file and finding, --json keeps everything.",
     )
     st.add_argument("run", nargs="?", help="the run (default: every registered run)")
     st.add_argument("--json", action="store_true", help=JSON_HELP)
