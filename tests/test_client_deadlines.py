@@ -45,7 +45,7 @@ __all__ = ["worker"]  # the fixture, imported for the test that reaches PASS
 
 SLACK_S = 4.0
 CONTACT_SLACK_S = 3.0  # first connection to exit, beyond its time (4.7 s seen under xdist + load)
-INSECURE = "warning: INSECURE"
+INSECURE = "INSECURE mode"  # the one warning of an insecure client (a log line)
 
 
 @dataclass

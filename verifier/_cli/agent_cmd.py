@@ -39,7 +39,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--spool", type=Path, default=Path(".verifier-agent-spool"), help="spool directory"
     )
-    p.add_argument("--spool-max-bytes", type=int, default=64 * 1024 * 1024)
+    p.add_argument(
+        "--spool-max-bytes",
+        type=int,
+        default=64 * 1024 * 1024,
+        help="the spool's size limit; past it the oldest reports are dropped (default 64 MiB)",
+    )
     p.add_argument("--health", metavar="ADDRESS", help="serve gRPC health checks here")
     p.add_argument(
         "--metrics-listen",

@@ -37,7 +37,7 @@ def add_actions(acts: Any) -> None:
     c.add_argument("--out", metavar="FILE", help="write the note here (default: stdout)")
     add_verifier_option(c)
     c.add_argument("--key", metavar="KEY.pub", help=REMOTE_KEY_HELP)
-    c.set_defaults(handler=run_checkpoint)
+    c.set_defaults(handler=run_checkpoint, product_on_stdout=True)  # the note, without --out
     k = acts.add_parser(
         "consistency",
         help="a consistency proof between two signed checkpoints: produce (--db) or check",
@@ -51,14 +51,18 @@ def add_actions(acts: Any) -> None:
         "extends --from, and the answer (a note signed now, the proof, the root at --from's "
         "size) is checked here with --key; --out writes the new note.",
     )
-    k.add_argument("--from", dest="old", required=True, metavar="OLD.note")
-    k.add_argument("--to", dest="new", metavar="NEW.note")
+    k.add_argument(
+        "--from", dest="old", required=True, metavar="OLD.note", help="the older signed checkpoint"
+    )
+    k.add_argument(
+        "--to", dest="new", metavar="NEW.note", help="the newer one (default: the latest stored)"
+    )
     k.add_argument("--key", required=True, help="the verifier's public key (PEM)")
     k.add_argument("--db", help=DB_HELP + " (produce the proof)")
     k.add_argument("--proof", metavar="FILE", help="a proof to check offline (without --db)")
     k.add_argument("--out", metavar="FILE", help="write the proof here (with --db)")
     add_verifier_option(k)
-    k.set_defaults(handler=run_consistency)
+    k.set_defaults(handler=run_consistency, product_on_stdout=True)  # the proof
 
 
 REMOTE_KEY_HELP = (

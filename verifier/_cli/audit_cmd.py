@@ -103,8 +103,16 @@ def add_parser(sub: Any) -> None:
     x.add_argument("--db", required=True, help=DB_HELP)
     x.add_argument("--key", required=True, help="the verifier's private key (verifier keygen)")
     x.add_argument("--out", required=True, metavar="BUNDLE", help="where to write the bundle")
-    x.add_argument("--request", action="append", default=[], metavar="ID")
-    x.add_argument("--run", action="append", default=[], metavar="RUN")
+    x.add_argument(
+        "--request",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="a request to include (repeatable)",
+    )
+    x.add_argument(
+        "--run", action="append", default=[], metavar="RUN", help="a run to include (repeatable)"
+    )
     x.set_defaults(handler=run_export)
     f = acts.add_parser(
         "file",
@@ -115,7 +123,7 @@ def add_parser(sub: Any) -> None:
         "whose policy covers that target. Exit 6 when nothing matches. Exit 1 when an index row it "
         "would answer from disagrees with the ledgered content." + WIRE_HELP,
     )
-    f.add_argument("file", metavar="SHA256|PATH")
+    f.add_argument("file", metavar="SHA256|PATH", help="a sha256, an absolute path or a path's end")
     f.add_argument(
         "--requests",
         type=int,
@@ -138,7 +146,7 @@ def add_parser(sub: Any) -> None:
         "covering run's verdict at the time. Exit 6 when no binding matches. Exit 1 when a row it "
         "would answer from disagrees with the ledgered content." + WIRE_HELP,
     )
-    q.add_argument("id", metavar="ID")
+    q.add_argument("id", metavar="ID", help="a request id (client, API or engine id)")
     q.add_argument("--db", help=DB_HELP)
     add_remote_options(q)
     q.add_argument("--json", action="store_true", help="machine-readable result")
@@ -149,7 +157,7 @@ def add_parser(sub: Any) -> None:
         description="A run's policy digest, where the policy came from, when it was "
         "registered, and every change of its verdict. Exit 6 for an unknown run." + WIRE_HELP,
     )
-    r.add_argument("run")
+    r.add_argument("run", help="the run")
     r.add_argument("--db", help=DB_HELP)
     add_remote_options(r)
     r.add_argument("--json", action="store_true", help="machine-readable result")

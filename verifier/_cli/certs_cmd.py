@@ -19,8 +19,8 @@ def add_parser(sub: Any) -> None:
     )
     acts = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     i = acts.add_parser("init", help="create DIR/ca.pem and DIR/ca.key")
-    i.add_argument("--dir", type=Path, required=True)
-    i.add_argument("--days", type=int, default=3650)
+    i.add_argument("--dir", type=Path, required=True, help="where the CA files go")
+    i.add_argument("--days", type=int, default=3650, help="validity (default 3650)")
     i.add_argument("--force", action="store_true", help="replace an existing CA")
     i.set_defaults(handler=run_init)
     s = acts.add_parser(
@@ -28,13 +28,13 @@ def add_parser(sub: Any) -> None:
         help="issue DIR/NAME.pem and DIR/NAME.key from the CA in DIR",
         description="NAME is the certificate's common name: an agent's must be its --agent-id.",
     )
-    s.add_argument("name", metavar="NAME")
-    s.add_argument("--dir", type=Path, required=True)
+    s.add_argument("name", metavar="NAME", help="the common name (an agent's: its --agent-id)")
+    s.add_argument("--dir", type=Path, required=True, help="the CA's directory; output too")
     s.add_argument("--dns", action="append", default=[], help="server: a DNS name (repeatable)")
     s.add_argument("--ip", action="append", default=[], help="server: an IP address")
     s.add_argument("--target", action="append", default=[], help="agent: a target it reports")
     s.add_argument("--role", action="append", default=[], help="client: operator|harness|auditor")
-    s.add_argument("--days", type=int, default=365)
+    s.add_argument("--days", type=int, default=365, help="validity (default 365)")
     s.add_argument("--force", action="store_true", help="replace existing files")
     s.set_defaults(handler=run_issue)
     t = acts.add_parser(
@@ -44,10 +44,10 @@ def add_parser(sub: Any) -> None:
         "TOML entry to append to the file `verifier serve --tokens` reads (it holds only the "
         "token's sha256).",
     )
-    t.add_argument("--name", required=True)
-    t.add_argument("--role", choices=("operator", "harness", "auditor"))
+    t.add_argument("--name", required=True, help="who holds the token (shown in logs)")
+    t.add_argument("--role", choices=("operator", "harness", "auditor"), help="the role it grants")
     t.add_argument("--target", action="append", default=[], help="an agent's target")
-    t.set_defaults(handler=run_token)
+    t.set_defaults(handler=run_token, product_on_stdout=True)  # the token
 
 
 def run_init(args: argparse.Namespace) -> int:

@@ -36,9 +36,9 @@ def add_parser(sub: Any) -> None:
         "tokens (prefill, decode), tokens/s, tokens/step, each hook's fires. Exit 1 when no "
         "step ran (no load: nothing to measure).",
     )
-    s.add_argument("--pid", type=int, required=True)
-    s.add_argument("--seconds", type=float, required=True)
-    s.add_argument("--out", required=True, metavar="FILE")
+    s.add_argument("--pid", type=int, required=True, help="the vLLM server (its process tree)")
+    s.add_argument("--seconds", type=float, required=True, help="how long to sample")
+    s.add_argument("--out", required=True, metavar="FILE", help="where to write the sample")
     s.add_argument("--label", default="", help="free text kept in the sample (an arm's name)")
     s.add_argument("--proc", default="/proc", help=argparse.SUPPRESS)
     s.set_defaults(handler=run_sample)
@@ -63,7 +63,7 @@ def add_parser(sub: Any) -> None:
         default=DEFAULT_CONFIDENCE,
         help=f"of the t test behind the noise floor (default {DEFAULT_CONFIDENCE})",
     )
-    c.add_argument("--json", action="store_true")
+    c.add_argument("--json", action="store_true", help="print the comparisons as JSON")
     c.set_defaults(handler=run_compare)
 
 

@@ -44,7 +44,7 @@ def add_parser(sub: Any) -> None:
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("run")
+    p.add_argument("run", help="the run whose window CMD runs in")
     p.add_argument("--results", required=True, metavar="FILE", help="what CMD writes")
     p.add_argument("--out", metavar="SEAL", help="seal path (default RESULTS.seal.json)")
     p.add_argument(

@@ -114,3 +114,16 @@ class TerminalSafe:
 
     def __getattr__(self, name: str) -> Any:  # flush, isatty, fileno, encoding, buffer ...
         return getattr(self._stream, name)
+
+
+class Discard:
+    """A text stream that keeps nothing: stdout under ``-q/--quiet``."""
+
+    def write(self, s: str) -> int:
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False

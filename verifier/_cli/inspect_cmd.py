@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 from typing import Any
@@ -12,7 +11,9 @@ from typing import Any
 import structlog
 
 from verifier import wire
+from verifier._cli import selffiles
 from verifier._cli._local import read_local
+from verifier._cli.fmt import dumps
 from verifier.errors import UsageError
 from verifier.evidence.process import ProcessEvidence, tree_notes
 from verifier.evidence.procfs import ProcFS
@@ -48,7 +49,9 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--pid", type=int, required=True, help="process id to read")
     p.add_argument("--tree", action="store_true", help="also read every Python process under PID")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument(
+        "--json", action="store_true", help="print JSON instead of tables (every file kept)"
+    )
     p.add_argument("--proc", default="/proc", help=argparse.SUPPRESS)  # tests: captured trees
     p.set_defaults(handler=run)
 
@@ -70,15 +73,14 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         out = [{**ev.as_dict(), **judged_dict(r)} for ev, r in pairs]
         doc = {"processes": out, "notes": notes, "requests": requests}
-        json.dump(doc, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        sys.stdout.write(dumps(doc) + "\n")
     else:
-        sys.stdout.write(render(pairs))
+        sys.stdout.write(render(pairs, verbose=args.verbose > 0))
         text = [
             f"requests bound to steps {requests['bound']}, with a front-end id "
             f"{requests['ext']}, with a client id {requests['client']}"
         ]
-        sys.stdout.write("".join(f"NOTE {n}\n" for n in [*notes, *text]))
+        sys.stdout.write("".join(f"{n}\n" for n in wrap([f"NOTE {n}" for n in [*notes, *text]])))
     return 0
 
 
@@ -127,7 +129,7 @@ def _speculation_lines(sp: dict[str, Any] | None) -> list[str]:
         f"  spec     {sp['method']}  k {sp['num_speculative_tokens']}  steps {sp['steps']}  "
         f"drafts {sp['drafts']}  draft tokens {sp['draft_tokens']}  accepted "
         f"{sp['accepted_tokens']} ({'-' if rate is None else f'{rate:.0%}'})  per position "
-        f"{sp['accepted_per_position']}  emitted {sp['emitted_tokens']}"
+        f"{'/'.join(str(n) for n in sp['accepted_per_position'])}  emitted {sp['emitted_tokens']}"
         + (f"  unread steps {sp['unread_steps']}" if sp["unread_steps"] else "")
     ]
 
@@ -139,8 +141,80 @@ def _note_lines(d: dict[str, Any]) -> list[str]:
     return notes + [f"  JOURNAL EDITED  {x}" for x in d["probe"]["journal_problems"]]
 
 
-def render(pairs: list[tuple[ProcessEvidence, ProcessReport]]) -> str:
-    """Human-readable table, one block per process."""
+def _v(x: object) -> str:
+    """A recorded value for a table: "-" where none was recorded."""
+    return "-" if x is None else str(x)
+
+
+WIDTH = 100
+"""Columns the text output fits: longer lines are wrapped at spaces (a path is never cut)."""
+
+
+def wrap(lines: list[str]) -> list[str]:
+    """LINES with each one longer than WIDTH wrapped at spaces, the continuation indented
+    under the line's text; a single word longer than WIDTH (a path) stays whole."""
+    import textwrap
+
+    out: list[str] = []
+    for line in lines:
+        if len(line) <= WIDTH:
+            out.append(line)
+            continue
+        indent = " " * (len(line) - len(line.lstrip()) + 4)
+        out.extend(
+            textwrap.wrap(
+                line,
+                WIDTH,
+                subsequent_indent=indent,
+                break_long_words=False,
+                break_on_hyphens=False,
+                drop_whitespace=True,
+            )
+        )
+    return out
+
+
+def _counts(by: dict[str, int]) -> str:
+    return "  ".join(f"{k} {v}" for k, v in by.items())
+
+
+def _cut(s: str, n: int) -> str:
+    """S in at most N characters: the end replaced by an ellipsis when longer."""
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+HOOK_HEADER = (
+    "hook", "status", "loaded", "inst.", "fired", "steps", "productive", "decode", "outside"
+)  # fmt: skip
+
+
+def hook_table(hooks: list[dict[str, Any]], decode_steps: int) -> list[str]:
+    """One row per hook (fits 100 columns: names cut at 24 characters), then each hook's
+    target on a line of its own; "productive" and "decode" are fires/steps."""
+    rows = [HOOK_HEADER] + [
+        (
+            _cut(h["name"], 24),
+            _cut(h["status"], 18),
+            _yn(h["module_loaded"]),
+            _yn(h["instantiated"]),
+            str(h["fired"]),
+            str(h["steps"]),
+            f"{h['fired_on_productive_steps']}/{h['productive_steps']}",
+            f"{h['fired_on_decode_steps']}/{decode_steps}",
+            str(h["fired_outside_steps"]),
+        )
+        for h in hooks
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(HOOK_HEADER))]
+    lines = ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+             for row in rows]  # fmt: skip
+    lines += [f"    {h['name']}: target {h['target'] or '(api)'}" for h in hooks]
+    return lines
+
+
+def render(pairs: list[tuple[ProcessEvidence, ProcessReport]], verbose: bool = False) -> str:
+    """Human-readable table, one block per process; VERBOSE: every file listed (this tool's
+    own are otherwise one "self" line)."""
     lines: list[str] = []
     for ev, report in pairs:
         d = ev.as_dict()
@@ -150,7 +224,7 @@ def render(pairs: list[tuple[ProcessEvidence, ProcessReport]]) -> str:
         lines.append(f"pid {ev.identity.pid}  {role}  started {started}  {probe}")
         if ev.probe is None:
             lines.append(f"  {ev.note}")
-            lines.append(f"  cmdline  {' '.join(ev.identity.cmdline)[:120]}")
+            lines.append(f"  cmdline  {_cut(' '.join(ev.identity.cmdline), 88)}")
             lines.append("")
             continue
         lines.extend(_note_lines(d))
@@ -170,81 +244,58 @@ def render(pairs: list[tuple[ProcessEvidence, ProcessReport]]) -> str:
             f"tokens {s['tokens_scheduled']}  max batch {s['requests_max']}"
         )
         g = s["graph"]
-        mode = (
-            f"  eager {g.get('enforce_eager')}  compilation {g.get('compilation_mode')}  "
-            f"cudagraphs {g.get('cudagraph_mode')}"
-            if g
-            else "  mode not recorded"
-        )
         lines.append(
             f"           prefill {s['prefill']} ({s['prefill_tokens']} tokens)  decode "
             f"{s['decode']} ({s['decode_tokens']} tokens)  dummy {s['dummy']}"
             + (f"  raised {s['raised']}" if s.get("raised") else "")
-            + mode
+        )
+        lines.append(
+            f"  graph    eager {_v(g.get('enforce_eager'))}  compilation "
+            f"{_v(g.get('compilation_mode'))}  cudagraphs {_v(g.get('cudagraph_mode'))}"
+            if g
+            else "  graph    mode not recorded"
         )
         lines.extend(_speculation_lines(s["speculation"]))
         for x in r["log"]:
-            lines.append(f"  vllm log {x['level']} {x['logger']}: {x['message'][:160]}")
+            lines.append(_cut(f"  vllm log {x['level']} {x['logger']}: {x['message']}", 100))
         m = d["manifest"]
         lines.append(
-            f"  files    {m['files']} loaded  manifest {_short(m['digest'])}  {m['by_origin']}"
+            f"  files    {m['files']} loaded  manifest {_short(m['digest'])}  "
+            f"{_counts(m['by_origin'])}"
         )
         for err in d["probe"]["errors"]:
             lines.append(f"  probe error [{err['where']}] {err['msg']}")
         if d["hooks"]:
-            header = (
-                "hook",
-                "target",
-                "loaded",
-                "instantiated",
-                "fired",
-                "steps",
-                "on productive",
-                "productive steps",
-                "on decode",
-                "decode steps",
-                "outside steps",
-                "status",
-            )
-            rows = [header] + [
-                (
-                    h["name"],
-                    h["target"] or "(api)",
-                    _yn(h["module_loaded"]),
-                    _yn(h["instantiated"]),
-                    str(h["fired"]),
-                    str(h["steps"]),
-                    str(h["fired_on_productive_steps"]),
-                    str(h["productive_steps"]),
-                    str(h["fired_on_decode_steps"]),
-                    str(s["decode"]),
-                    str(h["fired_outside_steps"]),
-                    h["status"],
-                )
-                for h in d["hooks"]
-            ]
-            widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-            for row in rows:
-                lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+            lines.extend(hook_table(d["hooks"], s["decode"]))
             for h in d["hooks"]:
                 if h["status"] != "firing":
                     lines.append(f"    {h['name']}: {h['status']}: {h['why']}")
                 if h.get("device_fired") is not None:
                     lines.append(f"    {h['name']}: {_device_line(h, s['productive'])}")
-        lines.extend(render_judgement(report))
+        lines.extend(render_judgement(report, verbose))
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(wrap(lines))
 
 
-def render_judgement(r: ProcessReport) -> list[str]:
-    """Provenance classes, every file that is not pristine, drift, native libraries and
-    disagreements, as the agent judges them."""
+def render_judgement(r: ProcessReport, verbose: bool = True) -> list[str]:
+    """Provenance classes, every file that is not pristine (this tool's own in one line unless
+    VERBOSE), drift, native libraries and disagreements, as the agent judges them."""
     lines = []
     prov = r.provenance
     if prov is not None:
         counts = "  ".join(f"{o} {n}" for o, n in prov.counts)
         lines.append(f"  origin   {counts}")
-        for f in prov.files:
+        shown = list(prov.files)
+        if not verbose:
+            parts = selffiles.split([dataclasses.asdict(f) for f in prov.files])
+            own = {x["path"] for x in parts.own}
+            shown = [f for f in prov.files if f.path not in own]
+            if own:
+                lines.append(
+                    f"    self      {len(own)} files of this tool, digest {parts.digest()} "
+                    "(-v lists them)"
+                )
+        for f in shown:
             dist = f" [{f.distribution} {f.version}]" if f.distribution else ""
             lines.append(f"    {f.origin:<9} {f.path}{dist}: {f.reason}")
     lines.extend(render_code(r))

@@ -6,6 +6,7 @@ import argparse
 import io
 import sys
 from collections.abc import Sequence
+from typing import IO, cast
 
 from verifier import __version__
 from verifier._cli import (
@@ -13,9 +14,11 @@ from verifier._cli import (
     audit_cmd,
     certs_cmd,
     compare_cmd,
+    completion_cmd,
     diff_cmd,
     exec_cmd,
     fmt,
+    globalopts,
     inspect_cmd,
     keygen_cmd,
     policy_cmd,
@@ -39,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"verifier {__version__}")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
+    globalopts.add_top(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     inspect_cmd.add_parser(sub)
     diff_cmd.add_parser(sub)
@@ -56,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     keygen_cmd.add_parser(sub)
     certs_cmd.add_parser(sub)
     report_cmd.add_parser(sub)
+    completion_cmd.add_parser(sub)
+    globalopts.install(parser)  # after every subcommand: -v/-q after the subcommand's name too
     return parser
 
 
@@ -68,6 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not getattr(args, "takes_command", False) or rest[0] != "--":
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
         args.command_argv = rest[1:]
+    globalopts.resolve(parser, args)
     from verifier import _logging
 
     _logging.configure(args.verbose)
@@ -77,19 +83,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     for stream in (out, err):
         if isinstance(stream, io.TextIOWrapper):
             stream.reconfigure(errors="backslashreplace")
-    sys.stdout = fmt.TerminalSafe(out)
+    # -q silences a result, never the product a command is run for (a policy, a token, a
+    # completion script: set_defaults(product_on_stdout=True)) nor JSON that was asked for
+    quiet = args.quiet and not getattr(args, "json", False)
+    quiet = quiet and not getattr(args, "product_on_stdout", False)
+    sys.stdout = fmt.TerminalSafe(cast(IO[str], fmt.Discard()) if quiet else out)
     sys.stderr = fmt.TerminalSafe(err, keep_cr=True)
     try:
-        code: int = args.handler(args)
+        try:
+            code: int = args.handler(args)
+        finally:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        return _reader_gone(out)
     except Error as e:
         print(f"verifier: error: {fmt.message(e.explain())}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         return 130
     finally:
-        sys.stdout.flush()
         sys.stdout, sys.stderr = out, err
     return code
+
+
+def _reader_gone(out: object) -> int:
+    """The reader of stdout left (``verifier inspect --json | head -1``): end quietly, as a
+    command killed by SIGPIPE would, with its status (128 + 13). What is still buffered for
+    the closed pipe goes nowhere, so the interpreter's last flush cannot raise again."""
+    import os
+
+    try:
+        fd = out.fileno()  # type: ignore[attr-defined]
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    except (AttributeError, OSError, ValueError):
+        pass  # not a real file (a test's capture): nothing will flush it at exit
+    return EXIT_SIGPIPE
+
+
+EXIT_SIGPIPE = 141
 
 
 if __name__ == "__main__":

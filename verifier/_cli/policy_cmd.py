@@ -76,11 +76,11 @@ def add_parser(sub: Any) -> None:
         "accept it (each with a comment saying what it accepts) instead of failing",
     )
     init.add_argument("--proc", default="/proc", help=argparse.SUPPRESS)
-    init.set_defaults(handler=run_init)
+    init.set_defaults(handler=run_init, product_on_stdout=True)  # the policy, without -o
     check = psub.add_parser(
         "check", help="load a policy; print its digest and weakest point, or the error"
     )
-    check.add_argument("file", metavar="FILE")
+    check.add_argument("file", metavar="FILE", help="the policy file (TOML)")
     check.set_defaults(handler=run_check)
     schema = psub.add_parser("schema", help="print the JSON Schema of policy files")
     schema.set_defaults(handler=run_schema)

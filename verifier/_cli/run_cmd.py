@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from verifier._cli.common import add_verifier_option, rpc_timeout, tls_from
+from verifier._cli.fmt import dumps, when
 from verifier._cli.fmt import text as _t
-from verifier._cli.fmt import when
 from verifier.client.address import resolve
 from verifier.errors import ConfigError
 
@@ -23,11 +23,18 @@ def add_parser(sub: Any) -> None:
         description="Store NAME with the policy file and its digest. The same policy again is a "
         "no-op; a different policy under an existing name is refused (use a new name).",
     )
-    reg.add_argument("name")
+    reg.add_argument("name", help="the run's name (letters, digits, . _ -)")
     reg.add_argument("--policy", type=Path, required=True, help="policy file (TOML)")
     add_verifier_option(reg)
     reg.set_defaults(handler=register)
-    ls = runs.add_parser("list", help="list registered runs with their current verdict")
+    ls = runs.add_parser(
+        "list",
+        help="list registered runs with their current verdict",
+        description="One line per run: name, verdict, policy digest, when it was registered, "
+        "and its unsafe policy settings if any; 'no runs registered' when there is none. "
+        '--json: {"runs": [...]} (an empty list when there is none).',
+    )
+    ls.add_argument("--json", action="store_true", help="print the runs as JSON")
     add_verifier_option(ls)
     ls.set_defaults(handler=list_runs)
 
@@ -51,11 +58,22 @@ def list_runs(args: argparse.Namespace) -> int:
     from verifier.client.api import VerifierClient
 
     with VerifierClient(resolve(args.verifier), rpc_timeout(args), tls_from(args)) as client:
-        for r in client.list_runs():
-            flags = "; ".join(_t(f) for f in r.unsafe_flags)
-            unsafe = f"  UNSAFE: {flags}" if flags else ""
-            sys.stdout.write(
-                f"{_t(r.name)}  {r.verdict.value}  {_t(r.policy_digest, 19)}  registered "
-                f"{when(r.created_unix)}{unsafe}\n"
-            )
+        runs = client.list_runs()
+    if args.json:
+        doc = [
+            {"name": r.name, "verdict": r.verdict.value, "policy_digest": r.policy_digest,
+             "created_unix": r.created_unix, "unsafe_flags": list(r.unsafe_flags)}
+            for r in runs
+        ]  # fmt: skip
+        sys.stdout.write(dumps({"runs": doc}) + "\n")
+        return 0
+    if not runs:
+        sys.stdout.write("no runs registered\n")
+    for r in runs:
+        flags = "; ".join(_t(f) for f in r.unsafe_flags)
+        unsafe = f"  UNSAFE: {flags}" if flags else ""
+        sys.stdout.write(
+            f"{_t(r.name)}  {r.verdict.value}  {_t(r.policy_digest, 19)}  registered "
+            f"{when(r.created_unix)}{unsafe}\n"
+        )
     return 0

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from verifier._cli.common import add_verifier_option, rpc_timeout, tls_from
-from verifier._cli.fmt import text
+from verifier._cli.fmt import dumps, text
 from verifier._cli.fmt import when as _when
 from verifier.client.address import resolve
 
@@ -23,8 +23,10 @@ def add_parser(sub: Any) -> None:
         "its age on the verifier's boot clock ('?' when stored before the verifier restarted), "
         "the agent that sent it, how that agent was authenticated and its state: live (within "
         "the smallest freshness_s of the registered runs), stale, or expired (silent past "
-        "--target-expiry: in no run's verdict). Needs a reader role.",
+        "--target-expiry: in no run's verdict). Needs a reader role. 'no targets reported' "
+        'when there is none; --json: {"targets": [...]}.',
     )
+    ls.add_argument("--json", action="store_true", help="print the targets as JSON")
     add_verifier_option(ls)
     ls.set_defaults(handler=list_targets)
     forget = targets.add_parser(
@@ -34,7 +36,7 @@ def add_parser(sub: Any) -> None:
         "who retired it; if it reports again it comes back as a new target. Needs the "
         "operator role; an unknown NAME exits 2.",
     )
-    forget.add_argument("name")
+    forget.add_argument("name", help="the target to retire")
     add_verifier_option(forget)
     forget.set_defaults(handler=forget_target)
 
@@ -43,13 +45,24 @@ def list_targets(args: argparse.Namespace) -> int:
     from verifier.client.api import VerifierClient
 
     with VerifierClient(resolve(args.verifier), rpc_timeout(args), tls_from(args)) as client:
-        for t in client.list_targets():
-            age = "?" if t.age_s is None else f"{t.age_s:.1f}s"
-            sys.stdout.write(
-                f"{text(t.target)}  {text(t.state)}  last report {_when(t.last_report_unix)}  "
-                f"age {age}  agent {text(t.agent_id)}  authenticated as "
-                f"{text(t.authenticated_as) or 'nobody'}\n"
-            )
+        targets = client.list_targets()
+    if args.json:
+        doc = [
+            {"target": t.target, "state": t.state, "last_report_unix": t.last_report_unix,
+             "age_s": t.age_s, "agent_id": t.agent_id, "authenticated_as": t.authenticated_as}
+            for t in targets
+        ]  # fmt: skip
+        sys.stdout.write(dumps({"targets": doc}) + "\n")
+        return 0
+    if not targets:
+        sys.stdout.write("no targets reported\n")
+    for t in targets:
+        age = "?" if t.age_s is None else f"{t.age_s:.1f}s"
+        sys.stdout.write(
+            f"{text(t.target)}  {text(t.state)}  last report {_when(t.last_report_unix)}  "
+            f"age {age}  agent {text(t.agent_id)}  authenticated as "
+            f"{text(t.authenticated_as) or 'nobody'}\n"
+        )
     return 0
 
 

@@ -6,11 +6,13 @@ address: it is not trust-bearing (the evidence is in the verifier's ledger)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
 
 from verifier._cli.common import add_verifier_option, positive_seconds, rpc_timeout, tls_from
+from verifier._cli.fmt import dumps
 from verifier.errors import UsageError
 
 SEAL_DESCRIPTION = """\
@@ -38,11 +40,12 @@ def add_parser(sub: Any) -> None:
         "PASS on fresh evidence within --timeout; 4: the verifier is unreachable (it is called "
         "again until --timeout; the command takes at most --timeout + 1 s for the answer).",
     )
-    w.add_argument("run")
+    w.add_argument("run", help="the run to open a window on")
     w.add_argument("--out", required=True, metavar="FILE", help="where to save the window id")
     w.add_argument(
         "--timeout", type=positive_seconds, required=True, help="seconds to wait for PASS"
     )
+    w.add_argument("--json", action="store_true", help="print the opened window as JSON")
     add_verifier_option(w)
     w.set_defaults(handler=open_window)
     s = sub.add_parser(
@@ -51,7 +54,7 @@ def add_parser(sub: Any) -> None:
         description=SEAL_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    s.add_argument("run")
+    s.add_argument("run", help="the run the window is on")
     s.add_argument("--window", required=True, metavar="FILE", help="from `verifier window`")
     s.add_argument("--results", required=True, metavar="FILE", help="the measurement's results")
     s.add_argument("--out", metavar="FILE", help="seal path (default RESULTS.seal.json)")
@@ -60,6 +63,9 @@ def add_parser(sub: Any) -> None:
         type=positive_seconds,
         default=30.0,
         help="seconds the verifier waits for fresh evidence",
+    )
+    s.add_argument(
+        "--json", action="store_true", help="print the seal's content, path and whether it held"
     )
     add_verifier_option(s)
     s.set_defaults(handler=seal)
@@ -74,6 +80,9 @@ def open_window(args: argparse.Namespace) -> int:
     with VerifierClient(address, rpc_timeout(args), tls_from(args)) as client:
         opened = client.open_window(args.run, args.timeout)
     save_window(Path(args.out), address, opened)
+    if args.json:
+        print(dumps({**dataclasses.asdict(opened), "file": args.out}))
+        return 0
     print(
         f"window {opened.window_id} on run {args.run} opened (ledger entry {opened.ledger_seq}; "
         f"{args.out})"
@@ -113,5 +122,8 @@ def seal(args: argparse.Namespace) -> int:
         sealed, content, path = seal_window(
             client, w["window_id"], args.run, results, args.timeout, out
         )
-    print_seal(content, path, sealed.held)
+    if args.json:
+        print(dumps({"held": sealed.held, "seal": str(path), "content": content}))
+    else:
+        print_seal(content, path, sealed.held)
     return 0 if sealed.held else 1

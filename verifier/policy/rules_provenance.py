@@ -131,6 +131,7 @@ class OriginsReported:
                             "origin": f.origin,
                             "reason": f.reason,
                             "distribution": f.distribution,
+                            "sha256": f.sha256,  # what the process loaded (CLI: the self digest)
                         }
                         for f in prov.files
                     ],

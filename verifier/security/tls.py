@@ -2,7 +2,8 @@
 
 Insecure mode (no TLS, no authentication) is for local demos: a verifier listens without TLS
 only on a Unix socket or a loopback address, unless ``--insecure`` says otherwise out loud;
-every insecure start and every insecure client connection warns.
+a process that serves or connects insecurely warns once (the first time), through the
+logger: a JSON log line where logs are JSON, never a plain line among them.
 """
 
 from __future__ import annotations
@@ -46,13 +47,25 @@ def is_local(address: str) -> bool:
         return False
 
 
+_warned: list[str] = []  # what this process warned about: one warning per process
+
+
 def warn_insecure(what: str) -> None:
-    print(
-        f"verifier: warning: INSECURE mode: {what} without TLS or authentication "
-        "(for local demos only; see docs/security.md)",
-        file=sys.stderr,
-        flush=True,
-    )
+    """Warn, once per process, that WHAT (``serving on ADDRESS``, ``connecting to ADDRESS``)
+    runs without TLS or authentication: through structlog where the entry point configured
+    it (the CLI), else as one line on stderr (a library caller's process: structlog's own
+    default would print on stdout)."""
+    if _warned:
+        return
+    _warned.append(what)
+    import structlog
+
+    event = f"INSECURE mode: {what} without TLS or authentication"
+    note = "for local demos only; see docs/security.md"
+    if structlog.is_configured():
+        structlog.get_logger("verifier.security").warning(event, note=note)
+    else:
+        print(f"verifier: warning: {event} ({note})", file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)

@@ -161,7 +161,7 @@ class _Demo:
         _say(_indent(out))
         dead = _cli("wait", "dead-hook", "--timeout", "60", "--verifier", self.addr)
         _say(f"== 5. verifier wait dead-hook -> exit {dead.returncode} ==")
-        _say(_indent(dead.stderr))
+        _say(_indent(dead.stdout + "".join(_errors(dead.stderr))))
         return waiter.returncode == 0 and dead.returncode == 1
 
     def close(self) -> bool:
@@ -209,6 +209,11 @@ def main(argv: list[str] | None = None) -> int:
     _say(f"  processes left: {'none' if clean else 'SOME (bug)'}; scratch removed")
     _say(f"done in {time.monotonic() - t0:.0f} s")
     return 0 if ok and clean else 1
+
+
+def _errors(stderr: str) -> list[str]:
+    """The CLI's error lines in STDERR (its log lines, JSON here, left out)."""
+    return [ln + "\n" for ln in stderr.splitlines() if ln.startswith("verifier: error:")]
 
 
 def _indent(text: str) -> str:
