@@ -82,9 +82,9 @@ def _known(parser: argparse.ArgumentParser) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from verifier._cli.main import build_parser
-
-    script = bash_script(build_parser())
+    # the whole command tree: main.build_parser leaves itself in the namespace (no import of
+    # main from here, which would be a cycle)
+    script = bash_script(args.root_parser)
     if args.shell == "zsh":
         script = "autoload -U +X bashcompinit && bashcompinit\n" + script
     sys.stdout.write(script)

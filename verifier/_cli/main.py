@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     report_cmd.add_parser(sub)
     completion_cmd.add_parser(sub)
     globalopts.install(parser)  # after every subcommand: -v/-q after the subcommand's name too
+    parser.set_defaults(root_parser=parser)  # `completion` walks the whole tree
     return parser
 
 
