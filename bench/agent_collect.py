@@ -43,11 +43,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _smoke
 from _stats import print_rows, summary
 
-from verifier.agent.runner import Agent, AgentConfig
-from verifier.evidence import bytecode
-from verifier.evidence.procfs import ProcFS
-from verifier.evidence.pycfile import CompileCache, read_head
-from verifier.model import FileEntry, TargetReport
+from servewitness.agent.runner import Agent, AgentConfig
+from servewitness.evidence import bytecode
+from servewitness.evidence.procfs import ProcFS
+from servewitness.evidence.pycfile import CompileCache, read_head
+from servewitness.model import FileEntry, TargetReport
 
 REPO = Path(__file__).resolve().parents[1]
 ROUNDS = 5
@@ -149,7 +149,7 @@ def cache_bytes(report: TargetReport) -> tuple[int, int]:
 # standard library modules, not vLLM's tree of 6,500 files
 STAND_IN = """
 import sys
-import verifier.probe as p
+import servewitness_probe as p
 p.start()
 import decimal, email.mime.text, json  # noqa: E401
 print("up", flush=True)

@@ -57,9 +57,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _smoke
 from load_test import POLICY, free_port, report, wait_serving
 
-from verifier import wire
-from verifier.api.v1 import verifier_pb2 as pb
-from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
+from servewitness import wire
+from servewitness.api.v1 import verifier_pb2 as pb
+from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
 
 RUN = "load"
 REPO = Path(__file__).resolve().parent.parent
@@ -184,9 +184,9 @@ def status_loop(addr: str, stop: threading.Event, lat: list[float], errors: list
 def serve(tmp: Path, src: Path) -> tuple[str, subprocess.Popen[bytes], str]:
     tmp.mkdir()
     db, addr = str(tmp / "verifier.sqlite3"), f"127.0.0.1:{free_port()}"
-    env = {**os.environ, "PYTHONPATH": str(src)}
+    env = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{src / 'probe'}"}
     log = (tmp / "serve.log").open("wb")
-    server = subprocess.Popen([sys.executable, "-m", "verifier", "serve", "--listen", addr,
+    server = subprocess.Popen([sys.executable, "-m", "servewitness", "serve", "--listen", addr,
                                "--db", db], stdout=log, stderr=subprocess.STDOUT, env=env,
                               cwd=src)  # fmt: skip
     wait_serving(addr, server, tmp / "serve.log")

@@ -1,6 +1,6 @@
 """Request bindings in the ledger: batched ingest rate against the raw insert rate of the same
 database in the same run, and audit query latency (by request id, by file) at a large number
-of stored bindings. SQLite and a real, throwaway PostgreSQL server (verifier/testing/postgres).
+of stored bindings. SQLite and a real, throwaway PostgreSQL server (servewitness/testing/postgres).
 
 Ingest: each arm stores ROUNDS x BATCHES batches of BATCH request bindings (a span row and an
 id row per request), interleaved. ``store``: ``Store.save_report`` (report row, ledger entries,
@@ -12,7 +12,7 @@ sends) is outside both clocks, turning them into rows is inside the store's.
 Queries: the database is filled through ``Store.save_report`` to ROWS bindings (synthetic:
 TARGETS targets of PROCS processes, MANIFESTS manifests of FILES files shared among them), then
 QUERIES lookups by the client's id and by a file's sha256 go through the same functions the
-CLI calls (``verifier.ledger.queries.find_request`` / ``find_file``); p50 / p99 / max in ms.
+CLI calls (``servewitness.ledger.queries.find_request`` / ``find_file``); p50 / p99 / max in ms.
 
 Usage: bench/bindings_ledger.py [--backend sqlite|postgresql|both] [--rows N] [--queries N]
     [--batch N] [--db PATH]
@@ -38,15 +38,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import _smoke
 from _stats import print_rows, summary
 
+from servewitness import wire
+from servewitness.ledger import bindings
+from servewitness.ledger.queries import find_file, find_request
+from servewitness.model import FileEntry, ProcessKey, RequestId, RequestSpan, TargetReport
+from servewitness.server.db import open_database
+from servewitness.server.index import ProcessSeen, processes_seen
+from servewitness.server.store import Store, StoredReport
+from servewitness.testing.postgres import PostgresServer
 from tests.test_policy_engine import worker as worker_report
-from verifier import wire
-from verifier.ledger import bindings
-from verifier.ledger.queries import find_file, find_request
-from verifier.model import FileEntry, ProcessKey, RequestId, RequestSpan, TargetReport
-from verifier.server.db import open_database
-from verifier.server.index import ProcessSeen, processes_seen
-from verifier.server.store import Store, StoredReport
-from verifier.testing.postgres import PostgresServer
 
 Rows = tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]
 BATCH = 5000

@@ -13,7 +13,7 @@ process, interleaved in every round, and their ratio taken per round (pair):
   restart  the same with the state directory of an agent that judged these files before
            (the common case: the agent or vLLM restarts): every pyc is still read and hashed,
            its source read and hashed, but its compile verdict is found by content
-           (verifier/evidence/verdicts.py)
+           (servewitness/evidence/verdicts.py)
   cold @C  (with --against TREE) the same with the agent of TREE, checked out at commit C:
            what a change bought, priced in the same run
 Page cache warm for both arms (the comparison is CPU work), then, where this process may
@@ -50,7 +50,7 @@ DROP = Path("/proc/sys/vm/drop_caches")
 COLD = """
 import sys, tempfile
 from pathlib import Path
-from verifier.agent.runner import Agent, AgentConfig
+from servewitness.agent.runner import Agent, AgentConfig
 with tempfile.TemporaryDirectory() as tmp:
     state = Path(sys.argv[2]) if len(sys.argv) > 2 else Path(tmp)
     config = AgentConfig("127.0.0.1:9", "bench", "bench", state, root_pid=int(sys.argv[1]),
@@ -66,7 +66,7 @@ print(len(report.processes), files, flush=True)
 # site-packages that imported a few standard library modules
 STAND_IN = """
 import sys
-import verifier.probe as p
+import servewitness_probe as p
 p.start()
 import decimal, email.mime.text, json  # noqa: E401
 print("up", flush=True)
@@ -77,7 +77,7 @@ sys.stdin.read()
 def loaded_files(pid: int) -> tuple[list[str], int, int]:
     """The distinct files on disk the tree of PID loaded (probe records with a sha256) or
     maps (native libraries): what the cold manifest hashes. Also how many of each."""
-    from verifier.agent.runner import Agent, AgentConfig
+    from servewitness.agent.runner import Agent, AgentConfig
 
     with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stderr(io.StringIO()):
         # (stderr: the agent's warning that its verifier address is insecure; it sends nothing)
@@ -118,7 +118,7 @@ def arms(pid: int, listing: Path, against: Path | None) -> dict[str, Callable[[]
             )  # fmt: skip
 
     def cold(tree: Path, state: Path | None = None) -> Callable[[], None]:
-        env = dict(os.environ, PYTHONPATH=str(tree))
+        env = dict(os.environ, PYTHONPATH=f"{tree}{os.pathsep}{tree / 'probe'}")
         argv = [sys.executable, "-c", COLD, str(pid), *([str(state)] if state else [])]
 
         def run() -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _smoke
 
-from verifier.testing.vllm_server import VllmServer
+from servewitness.testing.vllm_server import VllmServer
 
 REPO = Path(__file__).resolve().parents[1]
 BOOTS = 4
@@ -32,7 +32,7 @@ PAUSE_S = 0.0  # each client's pause between requests (smoke mode: the sampler g
 
 def cli_in_process(*args: str) -> str:
     """`verifier ARGS` called in this process: its stdout (SystemExit on a failure)."""
-    from verifier._cli.main import main as verifier_main
+    from servewitness._cli.main import main as verifier_main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -46,7 +46,7 @@ def cli(*args: str) -> str:
     if IN_PROCESS:
         return cli_in_process(*args)
     out = subprocess.run(
-        [sys.executable, "-m", "verifier", *args], capture_output=True, text=True, check=False
+        [sys.executable, "-m", "servewitness", *args], capture_output=True, text=True, check=False
     )
     if out.returncode != 0:
         raise SystemExit(f"verifier {' '.join(args)}: {out.stderr}")

@@ -22,15 +22,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _smoke
 from _stats import print_rows, summary
 
-from verifier.agent.runner import Agent, AgentConfig
-from verifier.client.api import VerifierClient
-from verifier.client.gate import wait_for
-from verifier.server.app import ServeConfig, VerifierServer
+from servewitness.agent.runner import Agent, AgentConfig
+from servewitness.client.api import VerifierClient
+from servewitness.client.gate import wait_for
+from servewitness.server.app import ServeConfig, VerifierServer
 
 TARGET = """
 import sys, time
-import verifier.probe as p
-from verifier.probe import _vllm
+import servewitness_probe as p
+from servewitness_probe import _vllm
 p.start()
 _vllm.set_role("worker", rank=0)
 class Out:

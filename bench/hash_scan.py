@@ -10,7 +10,7 @@ for every arm alike):
                  for scale; the budget compares against the sha256 arms, which compute what
                  RECORD files and this project's manifests hold (skipped if not installed:
                  `apt-get install b3sum`)
-  cold           verifier.evidence.hashing.Hasher, a fresh cache each round
+  cold           servewitness.evidence.hashing.Hasher, a fresh cache each round
   rescan         the same Hasher again, nothing changed (served from its cache)
 Budgets (DESIGN.md): cold <= 1.2x the faster sha256sum arm; rescan <= 5 % of cold.
 """
@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _smoke
 from _stats import print_rows, summary
 
-from verifier.evidence.hashing import Hasher
-from verifier.evidence.procfs import ProcFS
-from verifier.testing.vllm_server import VllmServer
+from servewitness.evidence.hashing import Hasher
+from servewitness.evidence.procfs import ProcFS
+from servewitness.testing.vllm_server import VllmServer
 
 REPO = Path(__file__).resolve().parents[1]
 ROUNDS = 5

@@ -30,7 +30,7 @@ def main() -> None:
         n, rounds = 1000, _smoke.ROUNDS
     with tempfile.TemporaryDirectory() as d:
         os.environ["VERIFIER_PROBE_DIR"] = d
-        import verifier.probe as p
+        import servewitness_probe as p
 
         p.start("bench")
         hook = p.hook

@@ -76,7 +76,7 @@ def _import_all(names: list[str]) -> Callable[[], float]:
 def probe_arms(tmp: Path) -> None:
     os.environ["VERIFIER_PROBE_DIR"] = str(tmp / "probe")
     sys.dont_write_bytecode = True  # the source arm must stay source
-    from verifier.probe import _core, _files, _imports
+    from servewitness_probe import _core, _files, _imports
 
     _core.state("bench")
     _imports.install()  # the wrapped loader; no sweeper thread (no concurrent hashing)
@@ -147,12 +147,12 @@ sys.stdin.read()
 
 
 def agent_arms(tmp: Path) -> None:
-    from verifier.evidence import judge as J
-    from verifier.evidence.hashing import Hasher
-    from verifier.evidence.native import NativeMemory, native_mappings
-    from verifier.evidence.process import read_process
-    from verifier.evidence.procfs import ProcFS
-    from verifier.model import ProcessKey
+    from servewitness.evidence import judge as J
+    from servewitness.evidence.hashing import Hasher
+    from servewitness.evidence.native import NativeMemory, native_mappings
+    from servewitness.evidence.process import read_process
+    from servewitness.evidence.procfs import ProcFS
+    from servewitness.model import ProcessKey
 
     env = dict(os.environ, VERIFIER_PROBE_DIR=str(tmp / "agent-probe"), VERIFIER_PROBE_EARLY="1")
     child = f"SMOKE = {SMOKE}\n" + CHILD

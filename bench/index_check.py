@@ -1,5 +1,5 @@
 """What checking the index tables against the ledgered content costs (issue 19, item 6a):
-``verifier.ledger.index_check.compare`` (every row, what ``verifier audit verify --db`` adds)
+``servewitness.ledger.index_check.compare`` (every row, what ``verifier audit verify --db`` adds)
 and ``check_processes`` for one target (what ``audit file``/``request``/``export`` run before
 answering), on a database of N reports of TARGETS targets, each report three processes (API
 server, engine core, a worker with its runner and files) and a batch of two request bindings,
@@ -27,14 +27,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import _smoke
 from _stats import print_rows, summary
 
+from servewitness import wire
+from servewitness.ledger import chain, index_check
+from servewitness.model import TargetReport
+from servewitness.server.db import open_database
+from servewitness.server.index import processes_seen
+from servewitness.server.store import Store, StoredReport
 from tests.test_bindings_store import spans_for
 from tests.test_policy_engine import api, engine, worker
-from verifier import wire
-from verifier.ledger import chain, index_check
-from verifier.model import TargetReport
-from verifier.server.db import open_database
-from verifier.server.index import processes_seen
-from verifier.server.store import Store, StoredReport
 
 N = 10_000
 TARGETS = 10

@@ -3,7 +3,7 @@ one transaction) against the same report rows inserted with the same SQLite sett
 ledger, in the same run.
 
 Arms (interleaved, ROUNDS rounds of N reports each, a fresh database file per round):
-  ledger  verifier.server.store.Store.save_report: INSERT report + ledger.append (a read of
+  ledger  servewitness.server.store.Store.save_report: INSERT report + ledger.append (a read of
           the chain's last entry, a sha256 of the report, one more INSERT)
   raw     the same INSERT into the same schema, one transaction per report, no ledger
 Reports carry BODY bytes each (a digest-only agent report is about this size). Both arms pay
@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _smoke
 from _stats import print_rows, summary
 
-from verifier.server.schema import SQLITE as SCHEMA
-from verifier.server.store import Store, StoredReport
+from servewitness.server.schema import SQLITE as SCHEMA
+from servewitness.server.store import Store, StoredReport
 
 N = 2000
 ROUNDS = 7

@@ -21,9 +21,9 @@ ratio is against the baseline of the same round. Reported per arm: reports and b
 acknowledged per second (against offered), Report and status RPC latency p50/p99, how often
 the verifier answered RESOURCE_EXHAUSTED, its CPU and memory.
 
-After each arm the verifier is stopped (SIGTERM), then every (agent, seq) an agent saw
-acknowledged must be in the database's ``reports`` table, every binding of those reports in ``bindings``
-exactly once, and ``verifier audit verify --db`` must pass.
+After each arm the verifier is stopped (SIGTERM), then every (agent, seq) an agent saw acknowledged
+must be in the database's ``reports`` table, every binding of those reports in ``bindings`` exactly
+once, and ``verifier audit verify --db`` must pass.
 
 Usage: bench/load_test.py [--agents 5,20,100,300] [--seconds 12] [--rounds 2] [--bindings 20]
                           [--unlimited]
@@ -55,10 +55,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _smoke
 
-from verifier import wire
-from verifier.api.v1 import verifier_pb2 as pb
-from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
-from verifier.model import (
+from servewitness import wire
+from servewitness.api.v1 import verifier_pb2 as pb
+from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
+from servewitness.model import (
     FileEntry,
     HookEvidence,
     ProcessKey,

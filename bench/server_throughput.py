@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _smoke
 from _stats import print_rows, summary
 
-from verifier.testing.vllm_server import VllmServer
+from servewitness.testing.vllm_server import VllmServer
 
 REPO = Path(__file__).resolve().parents[1]
 V1_STEP = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.execute_model"

@@ -41,16 +41,16 @@ def main() -> None:
         _smoke.begin("both arms, 20 targets, 2 calls per round")
         targets, rounds, n = 20, _smoke.ROUNDS, 2
 
+    from servewitness import wire
+    from servewitness.api.v1 import verifier_pb2 as pb
+    from servewitness.model import TargetReport
+    from servewitness.policy import policy_digest
+    from servewitness.server import clock
+    from servewitness.server.evaluate import Evaluator
+    from servewitness.server.store import Store
+    from servewitness.wire import verdicts
     from tests.helpers import as_weak_as_needed
     from tests.test_policy_engine import HOOK_V1, api, engine, worker
-    from verifier import wire
-    from verifier.api.v1 import verifier_pb2 as pb
-    from verifier.model import TargetReport
-    from verifier.policy import policy_digest
-    from verifier.server import clock
-    from verifier.server.evaluate import Evaluator
-    from verifier.server.store import Store
-    from verifier.wire import verdicts
 
     with tempfile.TemporaryDirectory() as d:
         ev = Evaluator(Store(Path(d) / "db.sqlite3"))

@@ -5,13 +5,13 @@ speculative steps (every request verifying drafts), two-phase as vLLM's V1 runs 
 firing N times per step (N = 1, 10, 100) and a first-hit hook after its hit.
 
 The probe wraps the concrete worker class's ``execute_model`` and ``sample_tokens`` (see
-verifier/probe/_vllm.py). This benchmark applies the same wrappers to a stand-in worker whose
-step does nothing, fed scheduler outputs built from vLLM 0.32's own field lists
-(``SchedulerOutput``, ``CachedRequestData``, ``NewRequestData``; checked against the installed
-vLLM by tests/test_split_hint.py), so the difference between the arms is exactly the probe's
-per-step work. The bindings' per-request work, done by the probe's writer thread off the
-step, is timed apart after each timing and added: the budget (2 us per step) is judged on
-the sum, on the worst row. Arms are interleaved.
+probe/servewitness_probe/_vllm.py). This benchmark applies the same wrappers to a stand-in worker
+whose step does nothing, fed scheduler outputs built from vLLM 0.32's own field lists
+(``SchedulerOutput``, ``CachedRequestData``, ``NewRequestData``; checked against the installed vLLM
+by tests/test_split_hint.py), so the difference between the arms is exactly the probe's per-step
+work. The bindings' per-request work, done by the probe's writer thread off the step, is timed apart
+after each timing and added: the budget (2 us per step) is judged on the sum, on the worst row. Arms
+are interleaved.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def make_worker(calls: tuple[Any, ...] = ()) -> Any:
 
 def hooked(n: int) -> tuple[Any, ...]:
     """N functions, each wrapped as a declared hook (a counting wrapper) fires."""
-    from verifier.probe import _hooks
+    from servewitness_probe import _hooks
 
     def noop() -> None:
         return None
@@ -250,7 +250,7 @@ def _stepper(worker: Any, steps: list[tuple[Any, Any]]) -> Callable[[], object]:
 def _reset_bindings() -> None:
     """Close what the previous cell left open (its requests are not this cell's), so each
     cell's timings start from its own requests only; drop the records (written apart)."""
-    from verifier.probe import _bindings
+    from servewitness_probe import _bindings
 
     _bindings._log.clear()
     _bindings._spec_log.clear()
@@ -258,14 +258,14 @@ def _reset_bindings() -> None:
         _bindings._close(list(_bindings._open), "open", None)
     _bindings._spec_open.clear()
     _bindings._buf.clear()
-    split = sys.modules.get("verifier.probe._split")  # absent before the split's hint
+    split = sys.modules.get("servewitness_probe._split")  # absent before the split's hint
     if split is not None:
         split._irregular.clear()
 
 
 def _fold_all() -> None:
     """The writer thread's fold (its lock held by the caller)."""
-    from verifier.probe import _bindings
+    from servewitness_probe import _bindings
 
     _bindings._fold_all()
 
@@ -275,7 +275,7 @@ def grid_arms(rounds: int, n: int) -> dict[str, dict[str, float]]:
     (the probe's wrappers on a class of its own), interleaved, and after each probed timing
     the writer thread's fold of what those steps logged (per step). The writer's lock is held
     throughout: it folds only when timed here."""
-    from verifier.probe import _bindings, _spec, _vllm
+    from servewitness_probe import _bindings, _spec, _vllm
 
     cells = {}
     for shape in SHAPES:
@@ -368,11 +368,11 @@ def main() -> None:
     smoke_mode()
     with tempfile.TemporaryDirectory() as d:
         os.environ["VERIFIER_PROBE_DIR"] = d
-        import verifier.probe as p
-        from verifier.probe import _vllm
+        import servewitness_probe as p
+        from servewitness_probe import _vllm
 
         p.start("bench")
-        from verifier.probe import _firsthit, _hooks
+        from servewitness_probe import _firsthit, _hooks
 
         for i in range(4):  # declared hooks: each new request notes their fire counts
             _hooks.declare(f"declared_{i}", "", "api")

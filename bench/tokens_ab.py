@@ -9,7 +9,7 @@ against steps of ms (~0.1 %). Here nothing changes between arms but the probe's 
 * a phase is one ``LLM.generate`` of the same BATCH prompts (fixed token ids, greedy,
   ``ignore_eos``, MAX_TOKENS each, prefix caching off, no detokenization): the same steps of
   the same work every time;
-* arms, switched between phases by ``verifier.probe._switch`` (the probe's wrappers on the
+* arms, switched between phases by ``servewitness_probe._switch`` (the probe's wrappers on the
   worker's ``execute_model``/``sample_tokens`` and on any hooked runner method, put back to
   the originals and back again):
     A1, A2  probe hot path off (two copies of the baseline: their difference is the floor)
@@ -134,11 +134,10 @@ class Bench:
     """The offline engine, its probe switch, and the phases."""
 
     def __init__(self, model: Path, llm_kwargs: dict[str, Any]) -> None:
+        from servewitness_probe import _core
+        from servewitness_probe import layout as L
+        from servewitness_probe._switch import Switch
         from vllm import LLM
-
-        from verifier.probe import _core
-        from verifier.probe import layout as L
-        from verifier.probe._switch import Switch
 
         self.llm = LLM(str(model), **llm_kwargs)
         self.prompts: list[Any] = []
@@ -188,7 +187,7 @@ class Bench:
 
     def phase(self, arm: str) -> dict[str, float]:
         """One generate of the fixed batch in ARM: wall s, CPU s, probe steps counted."""
-        from verifier.probe import _vllm
+        from servewitness_probe import _vllm
 
         bind = _vllm._bind_step
         if arm in ("B", "D"):

@@ -40,7 +40,7 @@ if ! docker compose version >/dev/null 2>&1; then
 #!/bin/sh
 # Installed by scripts/docker-host.sh: `docker compose` through docker-compose v1.
 if [ "${1:-}" = "docker-cli-plugin-metadata" ]; then
-  echo '{"SchemaVersion":"0.1.0","Vendor":"vllm-provenance-verifier","Version":"v1-shim","ShortDescription":"docker-compose v1 as docker compose"}'
+  echo '{"SchemaVersion":"0.1.0","Vendor":"servewitness","Version":"v1-shim","ShortDescription":"docker-compose v1 as docker compose"}'
   exit 0
 fi
 shift

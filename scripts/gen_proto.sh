@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Generate verifier/api/v1/verifier_pb2{.py,.pyi,_grpc.py} from proto/verifier/api/v1/*.proto
+# Generate servewitness/api/v1/verifier_pb2{.py,.pyi,_grpc.py} from proto/verifier/api/v1/*.proto
 # with the protoc bundled in the grpcio-tools pinned in requirements/proto.txt.
 #
 #   scripts/gen_proto.sh            write into the repository (what `make proto` runs)
-#   scripts/gen_proto.sh OUTDIR     write into OUTDIR/verifier/api/v1/ instead
+#   scripts/gen_proto.sh OUTDIR     write into OUTDIR/servewitness/api/v1/ instead
 #   scripts/gen_proto.sh --check    generate into a temporary directory and fail with a diff
 #                                   if the checked-in files differ (what `make proto-check` runs)
 #
@@ -44,26 +44,36 @@ if [ ! -f "$tools/.installed" ]; then
   ) 9>.cache/proto-tools/.lock
 fi
 
-generate() {  # generate DIR: the one pinned generation command
+generate() {  # generate DIR: the one pinned generation command, into DIR/servewitness/api/v1
+  # The proto package stays verifier.api.v1 (the wire's names: a rename would break every peer);
+  # protoc names the Python modules after the .proto path, so they are moved under the import
+  # package servewitness and their imports of each other rewritten to match.
+  local raw
+  raw=$(mktemp -d)
   "$tools/bin/python" -m grpc_tools.protoc --proto_path=proto \
-    --python_out="$1" --pyi_out="$1" --grpc_python_out="$1" \
+    --python_out="$raw" --pyi_out="$raw" --grpc_python_out="$raw" \
     proto/verifier/api/v1/*.proto
+  mkdir -p "$1/servewitness/api/v1"
+  for f in "$raw"/verifier/api/v1/*; do
+    sed -e 's/^from verifier\.api\.v1 import/from servewitness.api.v1 import/' \
+      -e "s/'verifier\.api\.v1\.\([a-z_]*_pb2\)'/'servewitness.api.v1.\1'/" \
+      "$f" >"$1/servewitness/api/v1/$(basename "$f")"
+  done
+  rm -rf "$raw"
 }
 
 generated() {  # generated DIR: the generated files under DIR, relative to it, sorted
-  (cd "$1" && find verifier/api -type f \( -name '*_pb2.py' -o -name '*_pb2.pyi' \
+  (cd "$1" && find servewitness/api -type f \( -name '*_pb2.py' -o -name '*_pb2.pyi' \
     -o -name '*_pb2_grpc.py' \) | LC_ALL=C sort)
 }
 
 if [ "$mode" = write ]; then
-  mkdir -p "$out/verifier/api/v1"
   generate "$out"
   exit 0
 fi
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-mkdir -p "$tmp/verifier/api/v1"
 generate "$tmp"
 status=0
 if ! diff -u --label checked-in --label generated <(generated "$repo") <(generated "$tmp") >"$tmp/files.diff"; then

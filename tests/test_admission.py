@@ -16,11 +16,11 @@ from typing import Any
 
 import grpc
 
+from servewitness import wire
+from servewitness.api.v1 import verifier_pb2 as pb
+from servewitness.server.admission import READ_LIMIT, grpc_limit
 from tests.helpers import agent_stub, running_verifier
 from tests.test_contention import HUNG_S, hello, manifest, report, wait_for, warm
-from verifier import wire
-from verifier.api.v1 import verifier_pb2 as pb
-from verifier.server.admission import READ_LIMIT, grpc_limit
 
 BUSY = grpc.StatusCode.RESOURCE_EXHAUSTED
 

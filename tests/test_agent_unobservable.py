@@ -25,13 +25,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
-from verifier import wire
-from verifier.agent.runner import Agent, AgentConfig
-from verifier.errors import ProcessAccessDenied
-from verifier.evidence.procfs import ProcessIdentity, ProcFS
-from verifier.model import TargetReport, TargetVerdict, Verdict
-from verifier.policy import TargetSnapshot, load_policy
+from servewitness import wire
+from servewitness.agent.runner import Agent, AgentConfig
+from servewitness.errors import ProcessAccessDenied
+from servewitness.evidence.procfs import ProcessIdentity, ProcFS
+from servewitness.model import TargetReport, TargetVerdict, Verdict
+from servewitness.policy import TargetSnapshot, load_policy
+from tests.helpers import REPO, SOURCE_PATH
 
 POLICY = REPO / "deploy" / "policy.toml"  # the shipped compose policy, as it is
 API_SERVER = ["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m"]
@@ -213,8 +213,8 @@ def test_a_pid_the_agent_cannot_see_is_unobservable_with_the_namespace_hint(
 _AGENT = """
 import os, sys, tempfile
 from pathlib import Path
-from verifier import wire
-from verifier.agent.runner import Agent, AgentConfig
+from servewitness import wire
+from servewitness.agent.runner import Agent, AgentConfig
 pid = int(sys.argv[1])
 try:
     os.readlink(f"/proc/{pid}/exe")
@@ -232,7 +232,7 @@ agent.channel.close()
 
 
 def _agent_as(user: list[str], pid: int) -> str:
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(REPO),
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": SOURCE_PATH,
            "PYTHONDONTWRITEBYTECODE": "1", "HOME": "/tmp"}  # fmt: skip
     out = subprocess.run([*user, sys.executable, "-c", _AGENT, str(pid)], capture_output=True,
                          text=True, timeout=120, cwd="/", env=env, check=False)  # fmt: skip

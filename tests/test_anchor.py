@@ -21,14 +21,14 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from servewitness.errors import BundleCorrupt, WrongKey
+from servewitness.ledger import note
+from servewitness.ledger.keys import load_private_key, save_keypair
+from servewitness.server.db import open_database
+from servewitness.server.store import Store, StoredReport
 from tests.helpers import PRISTINE_VLLM_CPU, Backend, rechain, verifier_cli
 from tests.test_gate_e2e import Daemon
 from tests.test_ledger import populated
-from verifier.errors import BundleCorrupt, WrongKey
-from verifier.ledger import note
-from verifier.ledger.keys import load_private_key, save_keypair
-from verifier.server.db import open_database
-from verifier.server.store import Store, StoredReport
 
 # The reference implementation's example (golang.org/x/mod/sumdb/note, doc.go and note_test.go)
 GO_SKEY = "PRIVATE+KEY+PeterNeumann+c74f20a3+AYEKFALVFGyNhPJEMzD1QIDr+Y7hfZx09iUvxdXHKDFz"

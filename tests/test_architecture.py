@@ -14,19 +14,21 @@ import pytest
 
 from tests.helpers import REPO
 
-PKG = REPO / "verifier"
+PKG = REPO / "servewitness"
+PROBE = REPO / "probe" / "servewitness_probe"  # its own distribution, the table's "probe"
 MAX_LINES = 500
 
-# docs/architecture.md's table: what each package (or root module) may import of `verifier`.
-# "verifier" itself is the package's __init__ (its version).
-FOUNDATION = {"verifier", "errors", "model"}
+# docs/architecture.md's table: what each package (or root module) may import of `servewitness`
+# (and of `servewitness_probe`, the table's "probe"). "servewitness" itself is the package's
+# __init__ (its version).
+FOUNDATION = {"servewitness", "errors", "model"}
 ALLOWED: dict[str, set[str]] = {
-    "verifier": set(),
+    "servewitness": set(),
     "probe": set(),
     "errors": set(),
     "model": {"errors"},
     "api": set(),
-    "_logging": {"verifier"},
+    "_logging": {"servewitness"},
     "__main__": {"_cli"},
     "evidence": FOUNDATION | {"probe.layout"},
     "wire": FOUNDATION | {"api"},
@@ -45,12 +47,13 @@ ALLOWED: dict[str, set[str]] = {
 
 
 def _modules() -> Iterator[tuple[str, Path]]:
-    for path in sorted(PKG.rglob("*.py")):
-        rel = path.relative_to(REPO).with_suffix("")
-        if rel.parts[:3] == ("verifier", "api", "v1"):
-            continue  # generated
-        parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
-        yield ".".join(parts), path
+    for root in (PKG, PROBE):
+        for path in sorted(root.rglob("*.py")):
+            rel = path.relative_to(root.parent).with_suffix("")
+            if rel.parts[:3] == ("servewitness", "api", "v1"):
+                continue  # generated
+            parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+            yield ".".join(parts), path
 
 
 MODULES = dict(_modules())
@@ -72,7 +75,7 @@ def _imports(name: str, path: Path) -> set[str]:
             for a in node.names:
                 sub = f"{base}.{a.name}"
                 out.add(sub if sub in MODULES else base)
-    return {m for m in out if m == "verifier" or m.startswith("verifier.")}
+    return {m for m in out if m.split(".")[0] in ("servewitness", "servewitness_probe")}
 
 
 GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
@@ -80,12 +83,17 @@ GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
 
 def _package(module: str) -> str:
     parts = module.split(".")
-    return "verifier" if len(parts) == 1 else parts[1]
+    if parts[0] == "servewitness_probe":
+        return "probe"
+    return "servewitness" if len(parts) == 1 else parts[1]
 
 
 def _allows(allowed: set[str], target: str) -> bool:
     """Whether ALLOWED names TARGET's package, or the very module (``probe.layout``)."""
-    rest = target.split(".", 1)[1] if "." in target else "verifier"
+    if target.startswith("servewitness_probe"):
+        rest = "probe" + target.removeprefix("servewitness_probe")
+    else:
+        rest = target.split(".", 1)[1] if "." in target else "servewitness"
     return "*" in allowed or _package(target) in allowed or rest in allowed
 
 
@@ -134,7 +142,7 @@ def test_there_is_no_import_cycle() -> None:
 
 def test_the_cycle_search_finds_a_cycle_and_a_late_import_counts() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a -> b -> c -> a"]
-    late = "def f():\n    from verifier.probe import _hooks\n"
+    late = "def f():\n    from servewitness_probe import _hooks\n"
     tree = ast.parse(late)
     assert any(isinstance(n, ast.ImportFrom) for n in ast.walk(tree))  # ast.walk sees it
 
@@ -145,7 +153,7 @@ def test_nothing_outside_the_probe_imports_a_private_probe_module() -> None:
         for m, targets in GRAPH.items()
         if _package(m) != "probe"
         for t in targets
-        if t.startswith("verifier.probe.") and t.split(".")[2].startswith("_")
+        if t.startswith("servewitness_probe.") and t.split(".")[1].startswith("_")
     )
     assert wrong == []
 
@@ -179,9 +187,12 @@ def test_the_checks_see_the_package() -> None:
     assert {"probe", "evidence", "agent", "wire", "server", "policy", "ledger", "client"} <= {
         _package(m) for m in MODULES
     }
-    assert "verifier.wire" in GRAPH["verifier.server.service"]
-    assert "verifier.probe.layout" in GRAPH["verifier.evidence.procfs"]
-    assert "verifier.probe._hooks" in GRAPH["verifier.probe._firsthit"] | GRAPH["verifier.probe"]
-    assert not _allows(ALLOWED["evidence"], "verifier.server.store")
-    assert not _allows(ALLOWED["evidence"], "verifier.probe._vllm")
-    assert _allows(ALLOWED["agent"], "verifier.probe.layout")
+    assert "servewitness.wire" in GRAPH["servewitness.server.service"]
+    assert "servewitness_probe.layout" in GRAPH["servewitness.evidence.procfs"]
+    assert (
+        "servewitness_probe._hooks"
+        in GRAPH["servewitness_probe._firsthit"] | GRAPH["servewitness_probe"]
+    )
+    assert not _allows(ALLOWED["evidence"], "servewitness.server.store")
+    assert not _allows(ALLOWED["evidence"], "servewitness_probe._vllm")
+    assert _allows(ALLOWED["agent"], "servewitness_probe.layout")

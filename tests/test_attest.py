@@ -18,11 +18,10 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from tests.helpers import verifier_cli
-from verifier._cli.audit_cmd import run_offline_verify
-from verifier.ledger import chain, dsse, keys, merkle
-from verifier.ledger import statement as st
-from verifier.ledger.bundle import (
+from servewitness._cli.audit_cmd import run_offline_verify
+from servewitness.ledger import chain, dsse, keys, merkle
+from servewitness.ledger import statement as st
+from servewitness.ledger.bundle import (
     Attestation,
     LedgerEntry,
     build_bundle,
@@ -31,7 +30,7 @@ from verifier.ledger.bundle import (
     entries_from_db,
     tree_from_db,
 )
-from verifier.ledger.errors import (
+from servewitness.ledger.errors import (
     BundleCorrupt,
     KeyExists,
     KeyFileMissing,
@@ -39,9 +38,10 @@ from verifier.ledger.errors import (
     NotEd25519,
     WrongKey,
 )
-from verifier.ledger.verify_bundle import check_bundle, verify_bundle
-from verifier.server import schema
-from verifier.server.db import SQLiteDatabase
+from servewitness.ledger.verify_bundle import check_bundle, verify_bundle
+from servewitness.server import schema
+from servewitness.server.db import SQLiteDatabase
+from tests.helpers import verifier_cli
 
 # Merkle ----------------------------------------------------------------------------------
 
@@ -405,7 +405,7 @@ def test_a_checkpoint_over_part_of_the_ledger_verifies() -> None:
 
 def test_report_by_digest_matches_the_ledgers_report_subject() -> None:
     """The body_sha256 form recomputes the same subject as chain.report_subject."""
-    from verifier.ledger.bundle import content_subject
+    from servewitness.ledger.bundle import content_subject
 
     want = chain.report_subject("a", 3, "t", 1.5, b"xyz")
     by_body = content("report", agent_id="a", seq=3, target="t", received=1.5,
@@ -599,7 +599,7 @@ def test_offline_verify_cli_function(tmp_path: Path, capsys: pytest.CaptureFixtu
         run_offline_verify(str(path), str(tmp_path / "k"), as_json=False)
     with pytest.raises(KeyFileMissing):
         run_offline_verify(str(path), str(tmp_path / "nope"), as_json=False)
-    from verifier.ledger.errors import BundleMissing
+    from servewitness.ledger.errors import BundleMissing
 
     with pytest.raises(BundleMissing):
         run_offline_verify(str(tmp_path / "nope.json"), str(tmp_path / "k.pub"), as_json=False)

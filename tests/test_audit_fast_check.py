@@ -16,16 +16,16 @@ from typing import Any
 
 import pytest
 
+from servewitness import wire
+from servewitness.ledger import index_check
+from servewitness.ledger.queries import find_file, find_request
+from servewitness.model import ProcessKey, RequestId, RequestSpan, TargetReport
+from servewitness.server.db import open_database
+from servewitness.server.index import processes_seen
+from servewitness.server.store import Store, StoredReport
 from tests.helpers import Backend, verifier_cli
 from tests.test_bindings_store import M1, stocked
 from tests.test_policy_engine import worker
-from verifier import wire
-from verifier.ledger import index_check
-from verifier.ledger.queries import find_file, find_request
-from verifier.model import ProcessKey, RequestId, RequestSpan, TargetReport
-from verifier.server.db import open_database
-from verifier.server.index import processes_seen
-from verifier.server.store import Store, StoredReport
 
 SHA_A = "a" * 64  # the worker's first file
 PER_BATCH = 6

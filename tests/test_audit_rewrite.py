@@ -15,14 +15,14 @@ from typing import Any
 import grpc
 import pytest
 
+from servewitness.api.v1 import verifier_pb2 as pb
+from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
+from servewitness.client.api import VerifierClient
+from servewitness.ledger import keys, merkle, note
+from servewitness.server.app import ServeConfig, VerifierServer
+from servewitness.server.db import open_database
 from tests.helpers import rechain, verifier_cli
 from tests.test_faults import policy
-from verifier.api.v1 import verifier_pb2 as pb
-from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
-from verifier.client.api import VerifierClient
-from verifier.ledger import keys, merkle, note
-from verifier.server.app import ServeConfig, VerifierServer
-from verifier.server.db import open_database
 
 
 @pytest.fixture

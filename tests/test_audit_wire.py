@@ -19,17 +19,17 @@ from typing import Any
 import grpc
 import pytest
 
+from servewitness.client.api import AuditReply, VerifierClient
+from servewitness.errors import NotAuthorized
+from servewitness.ledger import note
+from servewitness.ledger.answers import AnswerRefused, check_answer
+from servewitness.ledger.keys import generate, load_private_key, load_public_key
+from servewitness.security.tls import ClientTLS
+from servewitness.testing.vllm_server import free_port
 from tests.helpers import Backend, verifier_cli
 from tests.test_bindings_store import stocked
 from tests.test_gate_e2e import Daemon
 from tests.test_security import certs, client
-from verifier.client.api import AuditReply, VerifierClient
-from verifier.errors import NotAuthorized
-from verifier.ledger import note
-from verifier.ledger.answers import AnswerRefused, check_answer
-from verifier.ledger.keys import generate, load_private_key, load_public_key
-from verifier.security.tls import ClientTLS
-from verifier.testing.vllm_server import free_port
 
 SHA_A = "a" * 64
 
@@ -114,7 +114,7 @@ def test_roles_no_key_limits_and_an_edited_index(tmp_path: Path) -> None:
         with VerifierClient(addr, tls=tls(d, "audit")) as c:
             with pytest.raises(NotAuthorized):
                 c.register_run("x", "version = 1\n", "t")
-            from verifier.api.v1 import verifier_pb2 as pb
+            from servewitness.api.v1 import verifier_pb2 as pb
 
             with pytest.raises(grpc.RpcError) as e:
                 c.stub.Hello(pb.HelloRequest(agent_id="audit", targets=["a"]), timeout=10)
@@ -201,15 +201,15 @@ def test_a_tampered_answer_is_refused(tmp_path: Path) -> None:
     size = int(json.loads(base64.b64decode(data["checkpoint"]["payload"]))["predicate"]["size"])
     refused("run", "all", run.bundle, note.sign_checkpoint(other, size, b"\0" * 32),
             "note does not verify")  # fmt: skip
-    from verifier.ledger.export import answer
-    from verifier.server.db import open_database
+    from servewitness.ledger.export import answer
+    from servewitness.server.db import open_database
 
     rodb = open_database(db, read_only=True)
     try:
         forged, _ = answer(rodb, other, "run", "all", 50)
     finally:
         rodb.close()
-    from verifier.ledger.bundle import dump
+    from servewitness.ledger.bundle import dump
 
     refused("run", "all", dump(forged), run.note, "does not verify")
     # Variations: a valid answer to another query replayed for this one; a valid note of

@@ -27,14 +27,14 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from servewitness import wire
+from servewitness.api.v1 import verifier_pb2 as pb
+from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
+from servewitness.model import ProcessKey, RequestId, RequestSpan, TargetReport
 from tests.helpers import VENV_BIN, agent_stub, not_vllm_policy, verifier_cli
-from verifier import wire
-from verifier.api.v1 import verifier_pb2 as pb
-from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
-from verifier.model import ProcessKey, RequestId, RequestSpan, TargetReport
 
 CLI = [str(VENV_BIN / "verifier")] if (VENV_BIN / "verifier").exists() else [
-    sys.executable, "-m", "verifier"]  # fmt: skip
+    sys.executable, "-m", "servewitness"]  # fmt: skip
 POLICY = not_vllm_policy('version = 1\n[[hooks]]\nname = "h"\nrole = "worker"\n')
 BUSY = grpc.StatusCode.RESOURCE_EXHAUSTED
 

@@ -25,9 +25,9 @@ from types import ModuleType
 
 import pytest
 
+from servewitness.testing.postgres import PostgresServer
+from servewitness.testing.vllm_server import VllmServer
 from tests.helpers import REPO
-from verifier.testing.postgres import PostgresServer
-from verifier.testing.vllm_server import VllmServer
 
 
 def _load(name: str) -> ModuleType:

@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from servewitness_probe import layout as L
 
-from verifier.evidence.bindings_reader import BindingsReader, ExternalId, RequestSpan
-from verifier.evidence.counters import read_counters
-from verifier.evidence.probe_reader import read_probe_dir
-from verifier.evidence.process import read_tree
-from verifier.evidence.procfs import ProcFS
-from verifier.probe import layout as L
-from verifier.testing.vllm_server import VllmServer
+from servewitness.evidence.bindings_reader import BindingsReader, ExternalId, RequestSpan
+from servewitness.evidence.counters import read_counters
+from servewitness.evidence.probe_reader import read_probe_dir
+from servewitness.evidence.process import read_tree
+from servewitness.evidence.procfs import ProcFS
+from servewitness.testing.vllm_server import VllmServer
 
 pytestmark = pytest.mark.vllm
 

@@ -8,9 +8,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from verifier.evidence.bindings_reader import BindingsReader, ExternalId, RequestSpan
-from verifier.model import RequestSpec
-from verifier.probe import layout as L
+from servewitness_probe import layout as L
+
+from servewitness.evidence.bindings_reader import BindingsReader, ExternalId, RequestSpan
+from servewitness.model import RequestSpec
 
 
 def req(rid: str, end: str = "finished", **over: Any) -> dict[str, Any]:

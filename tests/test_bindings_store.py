@@ -11,16 +11,16 @@ from dataclasses import replace
 
 import pytest
 
+from servewitness import wire
+from servewitness.errors import NotFound
+from servewitness.ledger.bindings import client_id
+from servewitness.ledger.queries import find_file, find_request
+from servewitness.model import ProcessKey, RequestId, RequestSpan, RequestSpec, TargetReport
+from servewitness.server.db import open_database
+from servewitness.server.index import processes_seen
+from servewitness.server.store import Store, StoredReport
 from tests.helpers import Backend, not_vllm_policy, verifier_cli
 from tests.test_policy_engine import worker
-from verifier import wire
-from verifier.errors import NotFound
-from verifier.ledger.bindings import client_id
-from verifier.ledger.queries import find_file, find_request
-from verifier.model import ProcessKey, RequestId, RequestSpan, RequestSpec, TargetReport
-from verifier.server.db import open_database
-from verifier.server.index import processes_seen
-from verifier.server.store import Store, StoredReport
 
 M1, M2 = "sha256:" + "3" * 64, "sha256:" + "4" * 64
 API = ProcessKey("boot", 10, 100)

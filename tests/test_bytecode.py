@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from verifier.evidence import bytecode, pycfile
-from verifier.evidence.bytecode import check_bytecode, judge_bytecode
-from verifier.evidence.pycfile import CompileCache
-from verifier.model import (
+from servewitness.evidence import bytecode, pycfile
+from servewitness.evidence.bytecode import check_bytecode, judge_bytecode
+from servewitness.evidence.pycfile import CompileCache
+from servewitness.model import (
     DRIFT_BYTECODE_SOURCELESS,
     DRIFT_BYTECODE_STALE,
     DRIFT_BYTECODE_UNCHECKED,
@@ -498,7 +498,7 @@ def test_an_entry_costs_a_few_hundred_bytes(tmp_path: Path) -> None:
 
 
 def test_a_pyc_is_rejected_only_if_every_read_of_it_was() -> None:
-    from verifier.evidence.journal import manifest_of
+    from servewitness.evidence.journal import manifest_of
 
     def rec(sha: str, at: str, t: float) -> dict[str, object]:
         return {"k": "file", "path": "/p/__pycache__/m.pyc", "kind": "bytecode", "sha256": sha,

@@ -26,11 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, probe_env, wait_ready, weak_policy
-from verifier.evidence.process import read_process
-from verifier.evidence.procfs import ProcFS
-from verifier.evidence.report import to_report
-from verifier.model import (
+from servewitness.evidence.process import read_process
+from servewitness.evidence.procfs import ProcFS
+from servewitness.evidence.report import to_report
+from servewitness.model import (
     DRIFT_BYTECODE_STALE,
     DRIFT_BYTECODE_UNCHECKED,
     Origin,
@@ -38,8 +37,9 @@ from verifier.model import (
     Severity,
     Verdict,
 )
-from verifier.policy import TargetSnapshot, load_policy
-from verifier.policy import findings as F
+from servewitness.policy import TargetSnapshot, load_policy
+from servewitness.policy import findings as F
+from tests.helpers import SOURCE_PATH, probe_env, wait_ready, weak_policy
 
 Mode = py_compile.PycInvalidationMode
 PUBLISHED = "VALUE = 'published'\n"
@@ -125,7 +125,7 @@ def run(tmp: Path, site: Path, expr: str = "m.VALUE", *flags: str, after: str = 
     env = probe_env(
         tmp / "probe",
         VERIFIER_PROBE_EARLY="1",
-        PYTHONPATH=f"{site}{os.pathsep}{REPO}",  # this checkout's probe, not another's
+        PYTHONPATH=f"{site}{os.pathsep}{SOURCE_PATH}",  # this checkout's probe, not another's
         PYTHONDONTWRITEBYTECODE="1",  # the attacker's pycs stay as written
         TMPDIR=str(tmp / "scratch"),  # files under TMP are not "generated"
     )

@@ -23,17 +23,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from servewitness_probe import layout as L
 
-from tests.helpers import probe_env, weak_policy
-from verifier.agent.runner import Agent, AgentConfig
-from verifier.evidence import unfiled
-from verifier.evidence.hashing import Hasher
-from verifier.evidence.journal import identity_of
-from verifier.evidence.judge import changed_after, cross_check
-from verifier.evidence.process import read_process
-from verifier.evidence.procfs import ProcFS
-from verifier.evidence.report import to_report
-from verifier.model import (
+from servewitness.agent.runner import Agent, AgentConfig
+from servewitness.evidence import unfiled
+from servewitness.evidence.hashing import Hasher
+from servewitness.evidence.journal import identity_of
+from servewitness.evidence.judge import changed_after, cross_check
+from servewitness.evidence.process import read_process
+from servewitness.evidence.procfs import ProcFS
+from servewitness.evidence.report import to_report
+from servewitness.model import (
     DRIFT_CHANGED_AFTER_START,
     DRIFT_MODIFIED_AFTER_LOAD,
     FileEntry,
@@ -41,8 +41,8 @@ from verifier.model import (
     ProcessReport,
     Verdict,
 )
-from verifier.policy import TargetSnapshot, load_policy
-from verifier.probe import layout as L
+from servewitness.policy import TargetSnapshot, load_policy
+from tests.helpers import probe_env, weak_policy
 
 PATCHED = "X = 'patched: runs unseen'\n"
 PUBLISHED = "X = 'published'\n".ljust(len(PATCHED) - 1) + "\n"  # the same size
@@ -132,7 +132,7 @@ with open(path, "w") as f:  # in place: the same inode
     f.write(os.environ["PUBLISHED"])
 if os.environ.get("RESTORE_MTIME"):
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-import verifier.probe as p
+import servewitness_probe as p
 p.start()
 """
 
@@ -155,7 +155,7 @@ def test_an_untouched_snapshot_file_is_listed_as_hashed_after_the_fact_and_passe
     victim = tmp_path / "mods" / "victim.py"
     victim.parent.mkdir()
     victim.write_text(PUBLISHED)
-    c = Child(tmp_path, "import victim\nimport verifier.probe as p\np.start()")
+    c = Child(tmp_path, "import victim\nimport servewitness_probe as p\np.start()")
     children.append(c)
     entry = c.wait_for(victim)
     assert (entry.at, entry.sha256) == ("snapshot", sha(PUBLISHED))
@@ -236,7 +236,7 @@ def test_a_new_hard_link_after_the_agent_looked_is_not_flagged_but_a_first_look_
     victim = tmp_path / "mods" / "victim.py"
     victim.parent.mkdir()
     victim.write_text(PUBLISHED)
-    c = Child(tmp_path, "import victim\nimport verifier.probe as p\np.start()")
+    c = Child(tmp_path, "import victim\nimport servewitness_probe as p\np.start()")
     children.append(c)
     c.wait_for(victim)
     agent = Agent(AgentConfig("unix:/", "t", "a", tmp_path / "spool", root_pid=c.proc.pid,
@@ -279,7 +279,7 @@ def test_a_module_executed_outside_the_import_system_and_rewritten_is_flagged(
     late.parent.mkdir()
     late.write_text(PATCHED)
     body = f"""
-import types, verifier.probe as p
+import types, servewitness_probe as p
 p.start()
 time.sleep(0.2)
 path = {str(late)!r}
@@ -312,7 +312,7 @@ def test_a_file_read_at_load_and_touched_later_is_not_flagged(
     same.write_text(PUBLISHED)
     other = tmp_path / "mods" / "other_mod.py"
     other.write_text(PUBLISHED)
-    body = "import verifier.probe as p\np.start()\nimport same_mod, other_mod"
+    body = "import servewitness_probe as p\np.start()\nimport same_mod, other_mod"
     c = Child(tmp_path, body)
     children.append(c)
     assert c.wait_for(same).at == "load"
@@ -357,7 +357,7 @@ def test_every_file_record_carries_the_identity_it_was_hashed_with(
     mod = tmp_path / "mods" / "plain_mod.py"
     mod.parent.mkdir()
     mod.write_text(PUBLISHED)
-    c = Child(tmp_path, "import verifier.probe as p\np.start()\nimport plain_mod, _csv")
+    c = Child(tmp_path, "import servewitness_probe as p\np.start()\nimport plain_mod, _csv")
     children.append(c)
     entry = c.wait_for(mod)
     st = mod.stat()

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import yaml
 
+from servewitness._cli.main import build_parser
+from servewitness.policy import load_policy
 from tests.helpers import REPO, verifier_cli
-from verifier._cli.main import build_parser
-from verifier.policy import load_policy
 
 WORKFLOW = REPO / "examples" / "ci" / "github-actions.yml"
 BENCH = REPO / "examples" / "vllm-bench"

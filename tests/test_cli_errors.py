@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import structlog
 
+from servewitness._cli._local import read_local
+from servewitness._cli.main import main
+from servewitness.evidence.hashing import Hashed, Hasher
+from servewitness.evidence.procfs import ProcFS
 from tests.helpers import verifier_cli
-from verifier._cli._local import read_local
-from verifier._cli.main import main
-from verifier.evidence.hashing import Hashed, Hasher
-from verifier.evidence.procfs import ProcFS
 
 
 @pytest.fixture
@@ -227,7 +227,7 @@ def test_logging_set_up_by_an_in_process_cli_run_survives_its_stderr_being_repla
 
     import structlog
 
-    from verifier import _logging
+    from servewitness import _logging
 
     old = sys.stderr
     first = io.StringIO()

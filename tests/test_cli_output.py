@@ -26,16 +26,16 @@ from pathlib import Path
 
 import pytest
 
+from servewitness._cli import globalopts, verdict_text
+from servewitness._cli.main import build_parser
+from servewitness.model import Finding, RunVerdict, Severity, TargetVerdict, Verdict
 from tests.helpers import REPO, state_dir, verifier_cli
 from tests.test_faults import CHILD, RUNNER, policy, serve
 from tests.test_gate_e2e import CLI, Daemon
-from verifier._cli import globalopts, verdict_text
-from verifier._cli.main import build_parser
-from verifier.model import Finding, RunVerdict, Severity, TargetVerdict, Verdict
 
 # a file in a directory named like this tool's package, that no distribution claims: what a
 # copy of the probe planted beside the installed one looks like (never folded into "self")
-PLANTED = "verifier/probe/planted.py"
+PLANTED = "probe/servewitness_probe/planted.py"
 
 
 @dataclass
@@ -155,9 +155,9 @@ def test_status_folds_this_tools_own_files_and_lists_every_other(served: Served)
         if f["id"] == "provenance.origins"
     ]
     files = origins["context"]["files"]
-    probe = [f["path"] for f in files if "/verifier/probe/" in f["path"]]
+    probe = [f["path"] for f in files if "/probe/servewitness_probe/" in f["path"]]
     own = [f for f in files if f["origin"] == "editable"]
-    assert any(p.endswith("/verifier/probe/_core.py") for p in probe), probe
+    assert any(p.endswith("/probe/servewitness_probe/_core.py") for p in probe), probe
     planted = [f for f in files if f["path"].endswith(PLANTED)]
     assert len(planted) == 1 and planted[0]["origin"] not in {"editable", "pristine"}, planted
     for f in files:  # -v: every file, as before
@@ -202,8 +202,8 @@ def test_inspect_fits_100_columns_and_prints_no_python_reprs(served: Served) -> 
     assert wide == [], wide
     reprs = [ln for ln in lines if re.search(r"\{'|\['|': ", ln)]
     assert reprs == [], reprs
-    assert "    self " in out.stdout and "/verifier/probe/_core.py" not in out.stdout
-    assert "/verifier/probe/_core.py" in full.stdout
+    assert "    self " in out.stdout and "/probe/servewitness_probe/_core.py" not in out.stdout
+    assert "/probe/servewitness_probe/_core.py" in full.stdout
 
 
 # 2. -q and --json; empty lists -------------------------------------------------------------
@@ -320,8 +320,8 @@ def test_the_insecure_warning_is_given_once_per_process() -> None:
     """Many insecure connections in one process: one warning (a fresh interpreter, with the
     CLI's logging configured, opens three channels)."""
     code = (
-        "from verifier import _logging\n_logging.configure()\n"
-        "from verifier.security.tls import client_channel\n"
+        "from servewitness import _logging\n_logging.configure()\n"
+        "from servewitness.security.tls import client_channel\n"
         "for a in ('unix:/nonexistent/a', 'unix:/nonexistent/b', 'localhost:1'):\n"
         "    client_channel(a, None, []).close()\n"
     )
@@ -459,7 +459,7 @@ def test_the_help_walk_catches_an_option_without_help() -> None:
 def test_sigpipe_is_not_reset_to_default() -> None:
     """The CLI handles a closed pipe itself: SIGPIPE stays ignored (Python's default), so a
     gRPC or database socket write is an error it can report, never a silent kill."""
-    code = "import signal, verifier._cli.main\nprint(signal.getsignal(signal.SIGPIPE))"
+    code = "import signal, servewitness._cli.main\nprint(signal.getsignal(signal.SIGPIPE))"
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,

@@ -20,11 +20,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tests.helpers import probe_env, spawn_probed, system_libz, verifier_cli, wait_ready
-from verifier import wire
-from verifier._cli.diff_cmd import compare, render
-from verifier._cli.policy_cmd import render_policy
-from verifier.model import (
+from servewitness import wire
+from servewitness._cli.diff_cmd import compare, render
+from servewitness._cli.policy_cmd import render_policy
+from servewitness.model import (
     DRIFT_MODIFIED_AFTER_LOAD,
     HookEvidence,
     ProcessKey,
@@ -33,8 +32,9 @@ from verifier.model import (
     StepEvidence,
     Verdict,
 )
-from verifier.policy import TargetSnapshot, load_policy
-from verifier.policy import findings as F
+from servewitness.policy import TargetSnapshot, load_policy
+from servewitness.policy import findings as F
+from tests.helpers import probe_env, spawn_probed, system_libz, verifier_cli, wait_ready
 
 SCRIPT = "import sys, time, mod_a{extra}; open(sys.argv[1], 'w').write('ok'); time.sleep(600)"
 
@@ -359,7 +359,7 @@ def test_diff_two_pids_and_two_files(tmp_path: Path) -> None:
 RUNNER = "class {cls}:\n    def execute_model(self, so):\n        return {n}\n"
 WITH_RUNNER = """\
 import fakedist.core, {runner}
-from verifier.probe import _vllm
+from servewitness_probe import _vllm
 class Worker:
     model_runner = {runner}.{cls}()
 _vllm.record_runner(Worker())

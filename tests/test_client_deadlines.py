@@ -32,14 +32,14 @@ from pathlib import Path
 
 import pytest
 
+from servewitness.client.api import VerifierClient
+from servewitness.client.gate import wait_for
+from servewitness.errors import UnavailableError
+from servewitness.model import RunVerdict
+from servewitness.server.app import ServeConfig, VerifierServer
 from tests.helpers import running_verifier, verifier_cli
 from tests.test_faults import AGENT_ID, FakeWorker, policy, serve, worker
 from tests.test_gate_e2e import Daemon
-from verifier.client.api import VerifierClient
-from verifier.client.gate import wait_for
-from verifier.errors import UnavailableError
-from verifier.model import RunVerdict
-from verifier.server.app import ServeConfig, VerifierServer
 
 __all__ = ["worker"]  # the fixture, imported for the test that reaches PASS
 
@@ -62,9 +62,9 @@ class Ran:
 
 
 def timed(*args: str, env: dict[str, str] | None = None, limit: float = 60) -> Ran:
-    """The real CLI (``python -m verifier``), timed from start to exit."""
+    """The real CLI (``python -m servewitness``), timed from start to exit."""
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "verifier", *args], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "servewitness", *args], capture_output=True,
                          text=True, timeout=limit, env=env, check=False)  # fmt: skip
     t1 = time.monotonic()
     return Ran(out.returncode, t1 - t0, out.stderr, out.stdout, t1)
@@ -291,7 +291,7 @@ def test_wait_begun_while_the_verifier_is_down_passes_once_it_comes_up(
     later, an agent reports a live fake worker, and the wait exits 0 with the run PASS."""
     addr = f"unix:{tmp_path}/v.sock"
     (tmp_path / "p.toml").write_text(policy())
-    gate = subprocess.Popen([sys.executable, "-m", "verifier", "wait", "r", "--timeout", "60",
+    gate = subprocess.Popen([sys.executable, "-m", "servewitness", "wait", "r", "--timeout", "60",
                              "--verifier", addr],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     daemons: list[Daemon] = []
@@ -432,9 +432,9 @@ def test_a_wait_whose_last_call_had_no_time_left_is_a_timeout_not_an_unreachable
     call's time; with --timeout 4 (negative control) a call given ~3.8 s got no answer and
     the verdict stays exit 4, the verifier unreachable after it answered before, for the time
     since that call was made. Resumed (SIGCONT), the verifier still stops on SIGTERM."""
+    from servewitness.client.deadline import FAIR_CALL_S
+    from servewitness.errors import TimeoutError_
     from tests.test_gate_e2e import local_verifier
-    from verifier.client.deadline import FAIR_CALL_S
-    from verifier.errors import TimeoutError_
 
     with local_verifier(tmp_path) as v:
         serve = v.daemons[0].proc

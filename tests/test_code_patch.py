@@ -24,12 +24,12 @@ from pathlib import Path
 
 import pytest
 
+from servewitness.evidence.process import read_process
+from servewitness.evidence.procfs import ProcFS
+from servewitness.evidence.report import to_report
+from servewitness.model import DRIFT_CODE_PATCHED, DRIFT_CODE_UNVERIFIED, CodeChain, ProcessReport
+from servewitness.policy import TargetSnapshot, load_policy
 from tests.helpers import not_vllm_policy, probe_env, wait_ready
-from verifier.evidence.process import read_process
-from verifier.evidence.procfs import ProcFS
-from verifier.evidence.report import to_report
-from verifier.model import DRIFT_CODE_PATCHED, DRIFT_CODE_UNVERIFIED, CodeChain, ProcessReport
-from verifier.policy import TargetSnapshot, load_policy
 
 TARGET = """\
 def helper(x):
@@ -307,7 +307,7 @@ def test_code_swapped_into_the_probes_own_wrapper_is_not_left_out(
         ("Runner.step", "verified"),
     ]
     (detail,) = _patched(report)
-    assert "runs in the namespace of" in detail and "verifier/probe/_hooks.py" in detail
+    assert "runs in the namespace of" in detail and "probe/servewitness_probe/_hooks.py" in detail
 
 
 # ------------------------------------------------------------- the live runner, as called

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from servewitness import wire
+from servewitness.model import DRIFT_CODE_PATCHED, DRIFT_CODE_UNVERIFIED
+from servewitness.policy import TargetSnapshot, load_policy
+from servewitness.testing.vllm_server import VllmServer
 from tests.conftest import SERVER_HOOKS
 from tests.helpers import REPO, inspect_json
-from verifier import wire
-from verifier.model import DRIFT_CODE_PATCHED, DRIFT_CODE_UNVERIFIED
-from verifier.policy import TargetSnapshot, load_policy
-from verifier.testing.vllm_server import VllmServer
 
 pytestmark = pytest.mark.vllm
 PLUGIN = REPO / "tests" / "data" / "patch_plugin"

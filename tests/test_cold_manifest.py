@@ -22,18 +22,16 @@ from pathlib import Path
 
 import pytest
 
-from tests import test_bytecode as tb
-from tests.helpers import spawn_probed
-from verifier.evidence import compilers, pycfile
-from verifier.evidence.bytecode import judge_bytecode
-from verifier.evidence.distindex import DistIndex, Sites
-from verifier.evidence.hashing import Hasher
-from verifier.evidence.judge import dist_index, view_of
-from verifier.evidence.process import read_process
-from verifier.evidence.procfs import ProcFS
-from verifier.evidence.pycfile import CompileCache
-from verifier.evidence.report import report_with_judgement, to_report
-from verifier.model import (
+from servewitness.evidence import compilers, pycfile
+from servewitness.evidence.bytecode import judge_bytecode
+from servewitness.evidence.distindex import DistIndex, Sites
+from servewitness.evidence.hashing import Hasher
+from servewitness.evidence.judge import dist_index, view_of
+from servewitness.evidence.process import read_process
+from servewitness.evidence.procfs import ProcFS
+from servewitness.evidence.pycfile import CompileCache
+from servewitness.evidence.report import report_with_judgement, to_report
+from servewitness.model import (
     DRIFT_BYTECODE_STALE,
     DRIFT_BYTECODE_UNCHECKED,
     DRIFT_RECORD_UNREADABLE,
@@ -41,6 +39,8 @@ from verifier.model import (
     Origin,
     ProcessReport,
 )
+from tests import test_bytecode as tb
+from tests.helpers import spawn_probed
 
 CODE = "import fakedist.core, fakedist.extra, brokendist, structlog"
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from servewitness.testing.vllm_server import VllmServer
 from tests.helpers import REPO, verifier_cli
-from verifier.testing.vllm_server import VllmServer
 
 # The module's samples fixture boots four servers in the first test's setup (about 4 minutes
 # on two cores, next to the session's idle server). pytest-timeout's 600 s per test would cut

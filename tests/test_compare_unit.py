@@ -1,5 +1,5 @@
-"""The arithmetic under `verifier compare` (verifier/measure/compare.py) and the measurement
-window's pace check (verifier/policy/window.py ``pace``, which the verifier runs when it seals a
+"""The arithmetic under `verifier compare` (servewitness/measure/compare.py) and the measurement
+window's pace check (servewitness/policy/window.py ``pace``, which the verifier runs when it seals a
 window), on hand-made numbers: the noise
 floor from replicate boots, one boot per arm (floor unknown), differences beyond and within
 the floor; fires and judged steps during a window, lag, no steps, a restarted process."""
@@ -13,19 +13,19 @@ from pathlib import Path
 
 import pytest
 
-from verifier import wire
-from verifier.client.window import load_window, save_window
-from verifier.errors import ConfigError
-from verifier.measure import compare as C
-from verifier.model import HookCount, ProcessKey, RunVerdict, TargetVerdict, Verdict
-from verifier.policy.window import (
+from servewitness import wire
+from servewitness.client.window import load_window, save_window
+from servewitness.errors import ConfigError
+from servewitness.measure import compare as C
+from servewitness.model import HookCount, ProcessKey, RunVerdict, TargetVerdict, Verdict
+from servewitness.policy.window import (
     WINDOW_HOOK_LAGGED,
     WINDOW_NO_STEPS,
     WINDOW_PROCESS_CHANGED,
     WindowFinding,
     hook_rows,
 )
-from verifier.policy.window import pace as pace_rows
+from servewitness.policy.window import pace as pace_rows
 
 M = "tokens_per_s"
 

@@ -1,4 +1,4 @@
-"""Compile verdicts kept by content across agent restarts (verifier/evidence/verdicts.py): a
+"""Compile verdicts kept by content across agent restarts (servewitness/evidence/verdicts.py): a
 restarted agent reuses a verdict only for the same pyc and source bytes, and ignores a store
 that is not whole and unedited. Real pycs written by py_compile, real files on disk."""
 
@@ -10,11 +10,11 @@ from pathlib import Path
 
 from structlog.testing import capture_logs
 
+from servewitness.evidence.bytecode import judge_bytecode
+from servewitness.evidence.pycfile import CompileCache
+from servewitness.evidence.verdicts import FILENAME, VerdictStore
+from servewitness.model import DRIFT_BYTECODE_STALE
 from tests.test_bytecode import NEW, OLD, entry, make_stale, write_module
-from verifier.evidence.bytecode import judge_bytecode
-from verifier.evidence.pycfile import CompileCache
-from verifier.evidence.verdicts import FILENAME, VerdictStore
-from verifier.model import DRIFT_BYTECODE_STALE
 
 
 def judged(pyc: Path, store: VerdictStore) -> tuple[list[str], dict[str, str]]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from verifier.evidence.container import (
+from servewitness.evidence.container import (
     RUNTIMES,
     ContainerRef,
     container_from_cgroup,

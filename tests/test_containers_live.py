@@ -33,11 +33,11 @@ from typing import Any
 
 import pytest
 
+from servewitness.agent.runner import Agent, AgentConfig
+from servewitness.client.window import seal_content
+from servewitness.model import Verdict
+from servewitness.policy import TargetSnapshot, load_policy
 from tests.helpers import PRISTINE_VLLM_CPU, REPO, verifier_cli
-from verifier.agent.runner import Agent, AgentConfig
-from verifier.client.window import seal_content
-from verifier.model import Verdict
-from verifier.policy import TargetSnapshot, load_policy
 
 # The first test pays for the images (a few minutes on a fresh machine) and a vLLM boot.
 pytestmark = [pytest.mark.vllm, pytest.mark.docker, pytest.mark.timeout(1800)]

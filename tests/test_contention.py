@@ -22,12 +22,12 @@ from pathlib import Path
 import grpc
 import pytest
 
+from servewitness import wire
+from servewitness.api.v1 import verifier_pb2 as pb
+from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
+from servewitness.model import FileEntry, ProcessKey, ProcessReport, TargetReport, merkle_root
+from servewitness.server.app import VerifierServer
 from tests.helpers import Backend, agent_stub, not_vllm_policy, running_verifier
-from verifier import wire
-from verifier.api.v1 import verifier_pb2 as pb
-from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
-from verifier.model import FileEntry, ProcessKey, ProcessReport, TargetReport, merkle_root
-from verifier.server.app import VerifierServer
 
 POLICY = not_vllm_policy('version = 1\n[[hooks]]\nname = "h"\nrole = "worker"\n')
 BIG_FILES = 100_000  # half the most one manifest may list: the same phases, half the time

@@ -30,8 +30,8 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 
+from servewitness.policy import PolicyError, load_policy
 from tests.helpers import REPO, VENV_BIN
-from verifier.policy import PolicyError, load_policy
 
 DEPLOY = REPO / "deploy"
 K8S = DEPLOY / "k8s"
@@ -317,7 +317,7 @@ def test_vllm_service_reaches_the_api_port(k8s_docs: list[Doc]) -> None:
 
 
 def test_verifier_probes_the_service_it_serves(k8s_docs: list[Doc]) -> None:
-    from verifier.server.app import SERVICE_NAME
+    from servewitness.server.app import SERVICE_NAME
 
     verifier = container(
         one(k8s_docs, "Deployment", "verifier")["spec"]["template"]["spec"], "verifier"
@@ -362,7 +362,8 @@ def test_configmap_policy_binds_the_target_to_a_label_of_the_serving_pod(
 ) -> None:
     """No Docker API in a pod: the binding is to a pod label, one the vLLM pod template carries
     and the Service selects its serving pods by, and the agent is told its pod (uid, name,
-    namespace, labels) through the downward API, as verifier.agent.containers.OwnPod reads it."""
+    namespace, labels) through the downward API, as servewitness.agent.containers.OwnPod reads
+    it."""
     data = tomllib.loads(_configmap_policy(k8s_docs))
     assert "container_ids" not in data["targets"]
     (target, spec) = data["targets"]["containers"].popitem()

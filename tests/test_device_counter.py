@@ -15,7 +15,7 @@ from tests.helpers import hook_by_name, inspect_json, probe_env, verifier_cli, w
 
 SCRIPT = """\
 import sys, time, torch
-from verifier.probe import hook
+from servewitness_probe import hook
 import devmod
 net = devmod.Net()
 for _ in range(5):

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from verifier.evidence.container import container_from_cgroup
-from verifier.evidence.docker_api import (
+from servewitness.evidence.container import container_from_cgroup
+from servewitness.evidence.docker_api import (
     DEFAULT_SOCKET,
     MAX_BODY,
     ContainerNotFound,

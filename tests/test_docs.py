@@ -3,7 +3,7 @@
 The README's "Gate your benchmark" blocks are marked ``<!-- gate-step: NAME -->``. The ones
 that do not start or stop vLLM are run, in order, in one bash shell against the session's
 shared vLLM server (tests/conftest.py); the vLLM start lines are checked, flag by flag, against
-the server the tests boot (verifier/testing/vllm_server.py) and the hooks it declares, so the
+the server the tests boot (servewitness/testing/vllm_server.py) and the hooks it declares, so the
 two cannot drift apart. Negative controls run the same checks on a broken copy of the README.
 """
 
@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
+from servewitness.errors import ExitCode, exit_codes_help, exit_codes_table
+from servewitness.policy import load_policy
+from servewitness.testing.vllm_server import DEFAULT_ARGS, VllmServer
 from tests import docblocks
 from tests.conftest import SERVER_HOOKS
 from tests.helpers import REPO, verifier_cli
-from verifier.errors import ExitCode, exit_codes_help, exit_codes_table
-from verifier.policy import load_policy
-from verifier.testing.vllm_server import DEFAULT_ARGS, VllmServer
 
 README = (REPO / "README.md").read_text()
 DOCS = sorted(p for p in (REPO / "docs").glob("*.md"))

@@ -8,15 +8,17 @@ import pkgutil
 
 import pytest
 
-import verifier
-from verifier import errors
-from verifier.errors import BASES, Error, ExitCode
+import servewitness
+from servewitness import errors
+from servewitness.errors import BASES, Error, ExitCode
 
 
 def _all_error_classes() -> set[type[Error]]:
     """Every subclass of ``Error`` defined anywhere in the package (every module imported)."""
-    for mod in pkgutil.walk_packages(verifier.__path__, "verifier."):
-        if mod.name.startswith(("verifier.probe", "verifier.api")) or mod.name.endswith("__main__"):
+    for mod in pkgutil.walk_packages(servewitness.__path__, "servewitness."):
+        if mod.name.startswith(("servewitness_probe", "servewitness.api")) or mod.name.endswith(
+            "__main__"
+        ):
             continue  # the stdlib-only probe, generated protobuf, and `python -m` entry points
         importlib.import_module(mod.name)
     found: set[type[Error]] = set()
@@ -24,7 +26,7 @@ def _all_error_classes() -> set[type[Error]]:
     while todo:
         cls = todo.pop()
         for sub in cls.__subclasses__():
-            if sub.__module__.startswith("verifier.") and sub not in found:
+            if sub.__module__.startswith("servewitness.") and sub not in found:
                 found.add(sub)
                 todo.append(sub)
     return found
@@ -33,7 +35,7 @@ def _all_error_classes() -> set[type[Error]]:
 def test_every_nonzero_code_has_exactly_one_base_error() -> None:
     assert set(BASES) == set(ExitCode) - {ExitCode.OK}
     assert all(base.exit_code is code for code, base in BASES.items())
-    assert all(base.__module__ == "verifier.errors" for base in BASES.values())
+    assert all(base.__module__ == "servewitness.errors" for base in BASES.values())
 
 
 def test_every_error_class_maps_into_the_contract_through_one_base() -> None:

@@ -9,11 +9,11 @@ import base64
 import json
 from pathlib import Path
 
+from servewitness.ledger.keys import generate, load_private_key, save_keypair
+from servewitness.server.db import open_database
+from servewitness.server.store import Store
 from tests.helpers import Backend, rechain, verifier_cli
 from tests.test_bindings_store import stocked
-from verifier.ledger.keys import generate, load_private_key, save_keypair
-from verifier.server.db import open_database
-from verifier.server.store import Store
 
 
 def keys(tmp_path: Path, name: str = "verifier.key") -> tuple[Path, Path]:

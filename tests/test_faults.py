@@ -6,7 +6,7 @@ subprocesses (or the real servicer over real gRPC) and kills with real signals; 
 The target is a small Python process with the real probe (``fake worker``): it declares a hook,
 runs five engine "steps" through the probe's own worker wrapping and then waits, so a policy
 PASSes on it without vLLM. Request bindings are appended to its probe's ``bindings.jsonl``
-(the format in ``verifier/probe/layout.py``) while the agent reads it.
+(the format in ``probe/servewitness_probe/layout.py``) while the agent reads it.
 
 What each test shows, and what was lost: docs/faults.md.
 """
@@ -32,18 +32,18 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from servewitness import wire
+from servewitness.agent import runner
+from servewitness.agent.runner import Agent, AgentConfig
+from servewitness.api.v1 import verifier_pb2 as pb
+from servewitness.client.api import VerifierClient
+from servewitness.model import TargetReport, Verdict
+from servewitness.server.app import ServeConfig, VerifierServer
+from servewitness.server.db import open_database
+from servewitness.server.store import Store, StoredReport
+from servewitness.testing.postgres import PostgresServer
 from tests.helpers import Backend, agent_stub, not_vllm_policy, probe_env, state_dir, verifier_cli
 from tests.test_gate_e2e import Daemon
-from verifier import wire
-from verifier.agent import runner
-from verifier.agent.runner import Agent, AgentConfig
-from verifier.api.v1 import verifier_pb2 as pb
-from verifier.client.api import VerifierClient
-from verifier.model import TargetReport, Verdict
-from verifier.server.app import ServeConfig, VerifierServer
-from verifier.server.db import open_database
-from verifier.server.store import Store, StoredReport
-from verifier.testing.postgres import PostgresServer
 
 AGENT_ID = "fault-agent"
 RUNNER = """\
@@ -63,9 +63,9 @@ class Worker:
         return self.model_runner.execute_model(so)
 """
 CHILD = """\
-import os, sys, verifier.probe as p
+import os, sys, servewitness_probe as p
 p.start()
-from verifier.probe import _core, _vllm
+from servewitness_probe import _core, _vllm
 # Its bindings.jsonl is held open here, as the probe's writer holds it (a reader takes only a
 # file the process holds for its own); the test appends the records (FakeWorker).
 bindings = os.open(os.path.join(_core.STATE.dir, "bindings.jsonl"), os.O_WRONLY | os.O_CREAT)

@@ -75,7 +75,7 @@ def test_first_hit_hooks_fire_once_and_step_aside(tmp_path: Path) -> None:
 
 
 SCRIPT_312 = """\
-import verifier.probe._bootstrap  # the .pth of this project's venv is not on this interpreter
+import servewitness_probe._bootstrap  # the .pth of this project's venv is not on this interpreter
 import json, sys, time
 import fhmod
 before = not getattr(fhmod.free, "__verifier_probe__", False)  # monitoring wraps nothing

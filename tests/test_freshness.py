@@ -1,6 +1,6 @@
 """Freshness on a clock that cannot be stepped back (issue 19, item 6's freshness half).
 
-The verifier measures a target's evidence age on its age clock (``verifier.server.clock``,
+The verifier measures a target's evidence age on its age clock (``servewitness.server.clock``,
 CLOCK_BOOTTIME), from when it received the report, and compares the report's own date (the
 agent's wall clock) with its receipt: a report dated beyond ``[evidence] clock_skew_s`` ahead or
 behind is ``evidence.clock_skew``, never fresh. Every test runs the real servicer over real gRPC
@@ -18,15 +18,15 @@ from pathlib import Path
 import grpc
 import pytest
 
+from servewitness import wire
+from servewitness.agent.runner import Agent, AgentConfig
+from servewitness.api.v1 import verifier_pb2 as pb
+from servewitness.client.api import VerifierClient
+from servewitness.model import TargetReport, Verdict
+from servewitness.server import service, store
+from servewitness.server.app import ServeConfig, VerifierServer
 from tests.helpers import agent_stub
 from tests.test_faults import FakeWorker, policy, probe_report, worker  # noqa: F401 - fixture
-from verifier import wire
-from verifier.agent.runner import Agent, AgentConfig
-from verifier.api.v1 import verifier_pb2 as pb
-from verifier.client.api import VerifierClient
-from verifier.model import TargetReport, Verdict
-from verifier.server import service, store
-from verifier.server.app import ServeConfig, VerifierServer
 
 FRESHNESS_S = 2.0
 # Run "r30": the same policy with a freshness no load on a shared 2-core machine reaches

@@ -26,30 +26,30 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from servewitness_probe import layout as L
 
-from verifier import wire
-from verifier.errors import NoSuchProcess
-from verifier.evidence import bytecode as bc
-from verifier.evidence.bindings_reader import BindingsReader, ExternalId, RequestSpan
-from verifier.evidence.codecheck import CodeCache, check_chains
-from verifier.evidence.container import (
+from servewitness import wire
+from servewitness.errors import NoSuchProcess
+from servewitness.evidence import bytecode as bc
+from servewitness.evidence.bindings_reader import BindingsReader, ExternalId, RequestSpan
+from servewitness.evidence.codecheck import CodeCache, check_chains
+from servewitness.evidence.container import (
     RUNTIMES,
     ContainerRef,
     container_from_cgroup,
     container_from_mountinfo,
     resolve_container,
 )
-from verifier.evidence.distindex import DistIndex
-from verifier.evidence.journal import parse, read_journal
-from verifier.evidence.native import executable_files
-from verifier.evidence.probe_reader import ProbeState, read_probe_dir
-from verifier.evidence.procfs import ProcFS, mapped_files
-from verifier.ledger import dsse
-from verifier.ledger.errors import BundleCorrupt, WrongKey
-from verifier.ledger.verify_bundle import check_bundle, verify_bundle
-from verifier.model import FileEntry, ProcessKey, ProcessReport, TargetReport
-from verifier.policy import PolicyError, load_policy
-from verifier.probe import layout as L
+from servewitness.evidence.distindex import DistIndex
+from servewitness.evidence.journal import parse, read_journal
+from servewitness.evidence.native import executable_files
+from servewitness.evidence.probe_reader import ProbeState, read_probe_dir
+from servewitness.evidence.procfs import ProcFS, mapped_files
+from servewitness.ledger import dsse
+from servewitness.ledger.errors import BundleCorrupt, WrongKey
+from servewitness.ledger.verify_bundle import check_bundle, verify_bundle
+from servewitness.model import FileEntry, ProcessKey, ProcessReport, TargetReport
+from servewitness.policy import PolicyError, load_policy
 
 FUZZ_EXAMPLES = int(os.environ.get("VERIFIER_FUZZ_EXAMPLES", "200"))
 FUZZ = settings(
@@ -735,8 +735,8 @@ def _zip_bytes(members: dict[str, bytes]) -> bytes:
 @example(data=_zip_bytes({"m.py": b"0" * 100_000}), size=3)
 def test_zip_bytes_never_raise(data: bytes, size: int) -> None:
     """Any bytes where the journal says a zip archive is: a disagreement, never a crash."""
-    from verifier.evidence import unfiled
-    from verifier.model import FileEntry
+    from servewitness.evidence import unfiled
+    from servewitness.model import FileEntry
 
     with tempfile.TemporaryDirectory() as d:
         (Path(d) / "1").mkdir()
@@ -774,8 +774,8 @@ def test_probe_dir_records_of_wrong_types_never_raise(
 ) -> None:
     """read_probe_dir over records the probed process wrote (it may be hostile), and the
     agent's checks of code from no plain file over what it read."""
-    from verifier.evidence import unfiled
-    from verifier.evidence.judge import context
+    from servewitness.evidence import unfiled
+    from servewitness.evidence.judge import context
 
     with tempfile.TemporaryDirectory() as d:
         (Path(d) / L.JOURNAL_FILE).write_bytes(_journal_bytes(records, junk))

@@ -56,11 +56,11 @@ from hypothesis import HealthCheck, Phase, event, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
+from servewitness import wire
+from servewitness.api.v1 import verifier_pb2 as pb
+from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
 from tests import fuzz_reports as fz
 from tests.helpers import VENV_BIN
-from verifier import wire
-from verifier.api.v1 import verifier_pb2 as pb
-from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
 
 DEFAULT_EXAMPLES = 40
 FUZZ_EXAMPLES = int(os.environ.get("VERIFIER_FUZZ_EXAMPLES", str(DEFAULT_EXAMPLES)))
@@ -110,7 +110,7 @@ sha256 = "{fz.NEVER_SHA}"
 unsafe_allow_unpinned_serving_package = true
 """
 CLI = [str(VENV_BIN / "verifier")] if (VENV_BIN / "verifier").exists() else [
-    sys.executable, "-m", "verifier"]  # fmt: skip
+    sys.executable, "-m", "servewitness"]  # fmt: skip
 SERVICE = "/verifier.api.v1.VerifierService/"
 
 

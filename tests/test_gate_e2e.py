@@ -21,14 +21,18 @@ from typing import Any
 
 import pytest
 
+from servewitness.testing.vllm_server import VllmServer
 from tests.helpers import PRISTINE_VLLM_CPU, inspect_json, verifier_cli
-from verifier.testing.vllm_server import VllmServer
 
 pytestmark = pytest.mark.vllm
 
 CLI = [str(Path(sys.executable).parent / "verifier")]
 SITE = f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
-PROJECT_PTH = ("_editable_impl_vllm_provenance_verifier.pth", "verifier_probe_early.pth")
+PROJECT_PTH = {
+    "_editable_impl_servewitness.pth": "servewitness",
+    "_editable_impl_servewitness_probe.pth": "servewitness-probe",
+    "servewitness_probe_early.pth": "servewitness-probe",
+}
 
 
 def policy(hooks: str = "", extra: str = "", freshness: float = 30.0, target: str = "cpu-0") -> str:
@@ -332,8 +336,8 @@ def test_golden_boot_policy_from_the_live_server_passes(
     # (as many as its class counts), with the reason.
     import re
 
+    from servewitness.model import Origin
     from tests.helpers import REPO
-    from verifier.model import Origin
 
     groups: list[tuple[dict[str, int], list[tuple[str, str, str | None, str]]]] = []
     for line in status.stdout.splitlines():
@@ -356,15 +360,18 @@ def test_golden_boot_policy_from_the_live_server_passes(
                 # this project's .pth files (the editable install's, the early probe's):
                 # recorded since every .pth is hashed, and listed by its RECORD
                 assert Path(path).parent == Path(sys.prefix) / SITE, path
-                assert Path(path).name in PROJECT_PTH, path
-                assert dist == "vllm-provenance-verifier"
+                assert dist == PROJECT_PTH[Path(path).name], path
+            elif origin == "editable" and path.startswith(f"{REPO}/probe/"):
+                assert path.startswith(f"{REPO}/probe/servewitness_probe/"), path
+                assert dist == "servewitness-probe"
+                assert reason == f"under the root of the editable install from file://{REPO}/probe"
             elif origin == "editable":
-                assert path.startswith(f"{REPO}/verifier/"), path
-                assert dist == "vllm-provenance-verifier"
+                assert path.startswith(f"{REPO}/servewitness/"), path
+                assert dist == "servewitness"
                 assert reason == f"under the root of the editable install from file://{REPO}"
     line = (
-        f"      editable  {REPO}/verifier/probe/__init__.py [vllm-provenance-verifier]: "
-        f"under the root of the editable install from file://{REPO}"
+        f"      editable  {REPO}/probe/servewitness_probe/__init__.py [servewitness-probe]: "
+        f"under the root of the editable install from file://{REPO}/probe"
     )
     assert line in status.stdout.splitlines(), status.stdout
 
@@ -372,7 +379,7 @@ def test_golden_boot_policy_from_the_live_server_passes(
 def test_harness_context_manager_waits_then_checks_liveness_held(
     address: tuple[str, Path, Daemon], agent: Daemon, vllm_server: VllmServer
 ) -> None:
-    from verifier.client.gate import GateFailed, measurement
+    from servewitness.client.gate import GateFailed, measurement
 
     addr, _, _ = address
     with measurement("live", address=addr, timeout_s=60) as m:

@@ -1,4 +1,4 @@
-"""Group commit (verifier/server/group_commit.py): reports that wait while a transaction holds
+"""Group commit (servewitness/server/group_commit.py): reports that wait while a transaction holds
 the store are committed together, and an acknowledged report is still a stored one.
 
 Real stores (SQLite and PostgreSQL), real faults: a trigger in the database that refuses one
@@ -20,13 +20,13 @@ from pathlib import Path
 
 import grpc
 
+from servewitness import wire
+from servewitness.api.v1 import verifier_pb2 as pb
+from servewitness.model import ProcessKey, ProcessReport, TargetReport
+from servewitness.server.db import open_database
+from servewitness.server.store import Store, StoredReport
 from tests.helpers import Backend, agent_stub
 from tests.test_faults import wait_serving
-from verifier import wire
-from verifier.api.v1 import verifier_pb2 as pb
-from verifier.model import ProcessKey, ProcessReport, TargetReport
-from verifier.server.db import open_database
-from verifier.server.store import Store, StoredReport
 
 N = 6
 HUNG_S = 60.0  # only so that a hung test fails
@@ -163,7 +163,8 @@ def test_sigkilled_verifier_loses_no_report_it_acknowledged_under_group_commit(
     addr, log = f"unix:{tmp_path}/v.sock", tmp_path / "serve.log"
     with log.open("wb") as f:
         server = subprocess.Popen(
-            [sys.executable, "-m", "verifier", "serve", "--listen", addr, "--db", backend.target],
+            [sys.executable, "-m", "servewitness", "serve", "--listen", addr,
+             "--db", backend.target],
             stdout=f, stderr=subprocess.STDOUT,
         )  # fmt: skip
     acked: dict[str, int] = {}
@@ -198,7 +199,7 @@ def test_sigkilled_verifier_loses_no_report_it_acknowledged_under_group_commit(
 
 def _rounds_of_more_writes_than_a_batch() -> None:
     """One round: a transaction held while 6 more writes queue behind it, batches of 2."""
-    from verifier.server.group_commit import GroupCommit
+    from servewitness.server.group_commit import GroupCommit
 
     ran: list[int] = []
     gate, first = threading.Event(), threading.Event()

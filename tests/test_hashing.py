@@ -6,7 +6,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from verifier.evidence.hashing import Hasher
+from servewitness.evidence.hashing import Hasher
 
 
 def _sha(data: bytes) -> str:

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from verifier.probe._hooks import HookDecl, parse_hooks
+from servewitness_probe._hooks import HookDecl, parse_hooks
 
 
 def test_valid_entries_of_both_forms_are_parsed() -> None:

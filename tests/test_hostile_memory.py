@@ -19,15 +19,15 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from servewitness import wire
+from servewitness.api.v1 import verifier_pb2 as pb
+from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
+from servewitness.server.app import ServeConfig, VerifierServer
+from servewitness.server.bounded import LruCache
+from servewitness.server.evaluate import MANIFEST_CACHE_FILES
+from servewitness.server.memory import rss_bytes
 from tests.helpers import VENV_BIN, agent_stub
 from tests.test_contention import POLICY, manifest, report
-from verifier import wire
-from verifier.api.v1 import verifier_pb2 as pb
-from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
-from verifier.server.app import ServeConfig, VerifierServer
-from verifier.server.bounded import LruCache
-from verifier.server.evaluate import MANIFEST_CACHE_FILES
-from verifier.server.memory import rss_bytes
 
 MiB = 1024 * 1024
 HOSTILE_FILES = 200_000  # the most files one manifest may list (docs/operations.md)
@@ -201,7 +201,7 @@ def test_nonce_and_manifest_caches_stay_at_their_bounds(
 
 def test_the_stated_bounds_are_the_defaults() -> None:
     """What docs/operations.md states is what a verifier gets."""
-    from verifier.server import service
+    from servewitness.server import service
 
     ops = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
     for name, value in (

@@ -16,14 +16,14 @@ from typing import Any
 
 import pytest
 
+from servewitness.ledger import index_check
+from servewitness.ledger.export import export
+from servewitness.ledger.keys import generate
+from servewitness.ledger.queries import find_file, find_request
+from servewitness.server.db import open_database
+from servewitness.server.store import Store
 from tests.helpers import Backend, verifier_cli
 from tests.test_bindings_store import M1, stocked
-from verifier.ledger import index_check
-from verifier.ledger.export import export
-from verifier.ledger.keys import generate
-from verifier.ledger.queries import find_file, find_request
-from verifier.server.db import open_database
-from verifier.server.store import Store
 
 SHA_A = "a" * 64  # the worker's first file (tests.test_policy_engine.entry)
 SAMPLER = "vllm/v1/worker/cpu_model_runner.py"

@@ -1,4 +1,4 @@
-"""The ingress (verifier/server/ingress.py) over real gRPC: a caller is authorized from its
+"""The ingress (servewitness/server/ingress.py) over real gRPC: a caller is authorized from its
 metadata before its bytes are parsed, the body must claim what the metadata did, and bytes
 that are not a request are INVALID_ARGUMENT, counted by reason. Real verifiers: mutual TLS
 with certificates from `verifier certs`, the Unix socket with local agents (kernel
@@ -19,16 +19,16 @@ from pathlib import Path
 import grpc
 import pytest
 
+from servewitness import wire
+from servewitness.api.v1 import verifier_pb2 as pb
+from servewitness.model import FileEntry, TargetReport
+from servewitness.security.peercred import LocalAgent
+from servewitness.security.tls import ClientTLS, ServerTLS
+from servewitness.server import ingress
+from servewitness.server.app import ServeConfig, VerifierServer
 from tests.helpers import running_verifier
 from tests.test_policy_engine import worker
 from tests.test_security import certs
-from verifier import wire
-from verifier.api.v1 import verifier_pb2 as pb
-from verifier.model import FileEntry, TargetReport
-from verifier.security.peercred import LocalAgent
-from verifier.security.tls import ClientTLS, ServerTLS
-from verifier.server import ingress
-from verifier.server.app import ServeConfig, VerifierServer
 
 GARBAGE = b"\xff\xff\xff\xff\x0f" + b"\x00" * 64  # a field tag with a truncated varint
 Raw = Callable[..., bytes]
@@ -271,7 +271,7 @@ def test_garbage_bytes_to_every_method_are_invalid_argument_counted_once(tmp_pat
 
 
 def _reasons() -> tuple[str, ...]:
-    from verifier.server.metrics import REFUSAL_REASONS
+    from servewitness.server.metrics import REFUSAL_REASONS
 
     return REFUSAL_REASONS
 
@@ -320,7 +320,7 @@ def test_each_refusal_of_hello_report_and_register_run_counts_exactly_one_reason
 def test_a_refusal_text_is_bounded_to_what_a_client_accepts() -> None:
     """A refusal quoting a hostile value whole is cut (never inside a character) so that its
     percent-encoded trailer stays under a client's 8 KiB soft limit; a short one is as is."""
-    from verifier.server.ingress import DETAILS_BYTES, bounded_details
+    from servewitness.server.ingress import DETAILS_BYTES, bounded_details
 
     assert bounded_details("no run named 'x'") == "no run named 'x'"
     long = "no run named '" + "é" * 4095 + "'"

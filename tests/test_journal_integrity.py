@@ -19,16 +19,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from servewitness_probe import layout as L
 
+from servewitness.agent.runner import Agent, AgentConfig
+from servewitness.evidence.probe_reader import read_probe_dir
+from servewitness.evidence.process import read_process
+from servewitness.evidence.procfs import ProcFS
+from servewitness.evidence.report import to_report
+from servewitness.model import (
+    EVIDENCE_JOURNAL_EDITED,
+    EVIDENCE_PROBE_UNBOUND,
+    ProcessReport,
+    Verdict,
+)
+from servewitness.policy import TargetSnapshot, load_policy
 from tests.helpers import probe_env, weak_policy
-from verifier.agent.runner import Agent, AgentConfig
-from verifier.evidence.probe_reader import read_probe_dir
-from verifier.evidence.process import read_process
-from verifier.evidence.procfs import ProcFS
-from verifier.evidence.report import to_report
-from verifier.model import EVIDENCE_JOURNAL_EDITED, EVIDENCE_PROBE_UNBOUND, ProcessReport, Verdict
-from verifier.policy import TargetSnapshot, load_policy
-from verifier.probe import layout as L
 
 FORBID = weak_policy('version = 1\n[[forbid]]\nmodule = "forbidden_mod"\n')
 
@@ -42,7 +47,7 @@ class Child:
         (mods / "honest_mod.py").write_text("X = 1\n")
         (mods / "forbidden_mod.py").write_text("SECRET = 'runs unseen'\n")
         code = (
-            "import sys, verifier.probe as p\n"
+            "import sys, servewitness_probe as p\n"
             "p.start()\n"
             "import honest_mod, forbidden_mod\n"
             f"{extra}"
@@ -231,7 +236,7 @@ def test_a_busy_honest_probe_is_never_read_as_edited(tmp_path: Path) -> None:
         (mods / f"m{i}.py").write_text(f"V = {i}\n")
     extra = (
         "import threading, importlib, time\n"
-        "from verifier.probe import _core\n"
+        "from servewitness_probe import _core\n"
         f"sys.path.insert(0, {str(mods)!r})\n"
         "def work(k):\n"
         "    for i in range(k, 400, 8):\n"

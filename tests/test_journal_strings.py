@@ -12,16 +12,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+from servewitness_probe import layout as L
+
+from servewitness import wire
+from servewitness.evidence.bindings_reader import BindingsReader
+from servewitness.evidence.journal import load_record
+from servewitness.evidence.probe_reader import read_probe_dir
+from servewitness.evidence.process import read_process
+from servewitness.evidence.procfs import ProcFS
+from servewitness.evidence.report import to_report
+from servewitness.model import ProcessKey, ProcessReport, TargetReport
 from tests.helpers import probe_env, wait_ready
-from verifier import wire
-from verifier.evidence.bindings_reader import BindingsReader
-from verifier.evidence.journal import load_record
-from verifier.evidence.probe_reader import read_probe_dir
-from verifier.evidence.process import read_process
-from verifier.evidence.procfs import ProcFS
-from verifier.evidence.report import to_report
-from verifier.model import ProcessKey, ProcessReport, TargetReport
-from verifier.probe import layout as L
 
 
 def _report(p: ProcessReport) -> TargetReport:

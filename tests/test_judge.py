@@ -14,13 +14,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from servewitness.agent.runner import Agent, AgentConfig
+from servewitness.evidence.hashing import Hasher
+from servewitness.evidence.judge import cross_check
+from servewitness.evidence.process import read_process
+from servewitness.evidence.procfs import ProcFS
+from servewitness.model import FileEntry
 from tests.helpers import probe_env, system_libz, wait_ready
-from verifier.agent.runner import Agent, AgentConfig
-from verifier.evidence.hashing import Hasher
-from verifier.evidence.judge import cross_check
-from verifier.evidence.process import read_process
-from verifier.evidence.procfs import ProcFS
-from verifier.model import FileEntry
 
 NOBODY = 65534
 
@@ -92,8 +92,8 @@ def test_stale_pyc_rewritten_by_its_loader_is_not_drift(tmp_path: Path) -> None:
     module). The rejected pyc never ran, so its new bytes are not a file modified after load."""
     import py_compile
 
-    from verifier.evidence.judge import judge
-    from verifier.model import DRIFT_MODIFIED_AFTER_LOAD
+    from servewitness.evidence.judge import judge
+    from servewitness.model import DRIFT_MODIFIED_AFTER_LOAD
 
     src = tmp_path / "mods" / "rewritten.py"
     src.parent.mkdir()
@@ -140,8 +140,8 @@ def test_native_libraries_of_a_live_process_are_judged_against_their_record(
     """A real process maps three copies of a library from a distribution's package folder:
     one as its RECORD lists it, one whose RECORD row has other bytes, one its RECORD does not
     list. The judgement classes each by the mapped inode; a malformed RECORD row is drift."""
-    from verifier.evidence.judge import judge
-    from verifier.model import DRIFT_RECORD_UNREADABLE, Origin
+    from servewitness.evidence.judge import judge
+    from servewitness.model import DRIFT_RECORD_UNREADABLE, Origin
 
     site = tmp_path / "site"
     (site / "natty").mkdir(parents=True)

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
+from servewitness.model import FileEntry
+from servewitness.server.db import open_database
+from servewitness.server.store import Store, StoredReport
 from tests.helpers import Backend, not_vllm_policy, rechain, verifier_cli
 from tests.test_gate_e2e import Daemon
-from verifier.model import FileEntry
-from verifier.server.db import open_database
-from verifier.server.store import Store, StoredReport
 
 FILES = (FileEntry("/x.py", "a" * 64, 1, "source", "x", "load"),)
 
@@ -151,7 +151,7 @@ def test_audit_cli_names_a_missing_foreign_or_unreachable_database(tmp_path: Pat
     sqlite3.connect(tmp_path / "other.sqlite3").execute("CREATE TABLE t (x)").connection.close()
     out = verifier_cli("audit", "verify", "--db", str(tmp_path / "other.sqlite3"))
     assert out.returncode == 3 and "not a verifier database" in out.stderr, out.stderr
-    from verifier.testing.vllm_server import free_port
+    from servewitness.testing.vllm_server import free_port
 
     url = f"postgresql://postgres:secret@127.0.0.1:{free_port()}/verifier"  # nobody listens
     for args in (["audit", "verify"], ["audit", "run", "r"], ["audit", "request", "x"]):
@@ -211,10 +211,10 @@ def test_audit_file_queries_and_their_errors(backend: Backend) -> None:
     report that no longer decodes is a clear error pointing at `audit verify`."""
     from dataclasses import replace
 
+    from servewitness import wire
+    from servewitness.model import TargetReport
+    from servewitness.server.index import processes_seen
     from tests.test_policy_engine import worker
-    from verifier import wire
-    from verifier.model import TargetReport
-    from verifier.server.index import processes_seen
 
     w = replace(worker(), manifest_digest="sha256:" + "3" * 64, container_id="c" * 64)
     assert w.files

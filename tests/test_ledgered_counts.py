@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
+from servewitness.ledger import bindings, chain
+from servewitness.model import ProcessKey, RequestId, RequestSpan
+from servewitness.server.db import Database, open_database
 from tests.helpers import Backend, verifier_cli
 from tests.test_audit_fast_check import OTHER, SHA_A, more_batches, refusals
 from tests.test_bindings_store import stocked
 from tests.test_export import keys
-from verifier.ledger import bindings, chain
-from verifier.model import ProcessKey, RequestId, RequestSpan
-from verifier.server.db import Database, open_database
 
 BATCH2 = json.dumps(["a", 2])
 

@@ -1,4 +1,4 @@
-"""The input limits (verifier/wire/limits.py): each at its value passes validation and one
+"""The input limits (servewitness/wire/limits.py): each at its value passes validation and one
 over is refused naming the limit, its value and the value received; a real verifier refuses
 over-limit reports and policies as INVALID_ARGUMENT counted "too_large"; validation is linear
 in a report's size; docs/operations.md shows the code's table."""
@@ -13,14 +13,14 @@ from typing import Any
 import grpc
 import pytest
 
+from servewitness import wire
+from servewitness.api.v1 import verifier_pb2 as pb
+from servewitness.client.api import VerifierClient
+from servewitness.errors import ConfigError
+from servewitness.server.app import ServeConfig, VerifierServer
+from servewitness.wire import limits as L
+from servewitness.wire.reports import check_sizes
 from tests.helpers import REPO, not_vllm_policy, verifier_cli
-from verifier import wire
-from verifier.api.v1 import verifier_pb2 as pb
-from verifier.client.api import VerifierClient
-from verifier.errors import ConfigError
-from verifier.server.app import ServeConfig, VerifierServer
-from verifier.wire import limits as L
-from verifier.wire.reports import check_sizes
 
 POLICY = not_vllm_policy('version = 1\n[[hooks]]\nname = "h"\nrole = "worker"\n')
 
@@ -276,7 +276,7 @@ def test_the_verifier_refuses_over_limit_reports_and_far_future_times_naming_the
 
 
 def pb_stub(ch: grpc.Channel) -> Any:
-    from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
+    from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
 
     return pb_grpc.VerifierServiceStub(ch)
 
@@ -317,10 +317,10 @@ def test_processes_that_share_a_manifest_carry_its_files_once(
     no round trip for manifests."""
     from dataclasses import replace
 
+    from servewitness.agent.runner import files_once
+    from servewitness.model import ProcessKey, TargetReport, merkle_root
     from tests.helpers import agent_stub
     from tests.test_policy_engine import entry, worker
-    from verifier.agent.runner import files_once
-    from verifier.model import ProcessKey, TargetReport, merkle_root
 
     server, addr = served
     files = tuple(entry(f"/site/vllm/m{i}.py") for i in range(3))
@@ -357,10 +357,10 @@ def test_a_target_of_many_processes_is_judged_in_linear_time_and_listed_bounded(
     judged on all of them: never PASS."""
     from dataclasses import replace
 
-    from verifier.model import Verdict
-    from verifier.policy import load_policy
-    from verifier.policy.engine import MAX_FINDINGS
-    from verifier.policy.interface import TargetSnapshot
+    from servewitness.model import Verdict
+    from servewitness.policy import load_policy
+    from servewitness.policy.engine import MAX_FINDINGS
+    from servewitness.policy.interface import TargetSnapshot
 
     pol = load_policy((REPO / "examples/policies/cpu-live-hook.toml").read_text(), "p.toml")
 
@@ -387,8 +387,8 @@ def test_a_status_call_on_targets_of_many_processes_answers_bounded(
     """Three targets of 4,096 bare processes each, over real gRPC: a status call answers
     (before: 10 s a target, and the answer grew 7.9 MB a target toward the 64 MiB message
     limit), each target listing at most MAX_FINDINGS findings, none PASS."""
+    from servewitness.policy.engine import MAX_FINDINGS
     from tests.helpers import agent_stub
-    from verifier.policy.engine import MAX_FINDINGS
 
     _, addr = served
     with VerifierClient(addr) as c:

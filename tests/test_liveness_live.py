@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
+from servewitness import wire
+from servewitness.model import ProcessReport
+from servewitness.policy import TargetSnapshot, load_policy
+from servewitness.policy import findings as F
+from servewitness.testing.vllm_server import VllmServer
 from tests.helpers import PRISTINE_VLLM_CPU, hook_by_name, inspect_json
-from verifier import wire
-from verifier.model import ProcessReport
-from verifier.policy import TargetSnapshot, load_policy
-from verifier.policy import findings as F
-from verifier.testing.vllm_server import VllmServer
 
 pytestmark = pytest.mark.vllm
 

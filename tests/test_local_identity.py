@@ -24,12 +24,12 @@ from pathlib import Path
 
 import pytest
 
+from servewitness.client.api import VerifierClient
+from servewitness.model import RunVerdict
+from servewitness.security.peercred import LocalAgent
+from servewitness.server.app import ServeConfig, VerifierServer
 from tests.helpers import PRISTINE_VLLM_CPU, REPO, verifier_cli
 from tests.test_policy_engine import CPU
-from verifier.client.api import VerifierClient
-from verifier.model import RunVerdict
-from verifier.security.peercred import LocalAgent
-from verifier.server.app import ServeConfig, VerifierServer
 
 NOBODY = 65534
 # strong (no unsafe key): the live CPU runner, pristine vLLM; the child reports a healthy
@@ -46,10 +46,10 @@ CHILD = """
 import json, os, sys
 import grpc
 from tests.test_policy_engine import worker
-from verifier import wire
-from verifier.api.v1 import verifier_pb2 as pb
-from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
-from verifier.model import TargetReport
+from servewitness import wire
+from servewitness.api.v1 import verifier_pb2 as pb
+from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
+from servewitness.model import TargetReport
 import time
 addr, uid, target, md = sys.argv[1], int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
 if uid != os.getuid():

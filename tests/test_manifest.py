@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
-from verifier.model import merkle_root
+from servewitness.model import merkle_root
 
 A = ("/a.py", "00" * 32)
 B = ("/b.py", "11" * 32)

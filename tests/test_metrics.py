@@ -24,12 +24,12 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
+from servewitness.errors import ConfigError
+from servewitness.metrics.http import MetricsServer, parse_listen
+from servewitness.metrics.registry import Bounded, ScrapeTime, new_registry
+from servewitness.testing.vllm_server import free_port
 from tests.helpers import agent_stub, not_vllm_policy
 from tests.test_gate_e2e import Daemon
-from verifier.errors import ConfigError
-from verifier.metrics.http import MetricsServer, parse_listen
-from verifier.metrics.registry import Bounded, ScrapeTime, new_registry
-from verifier.testing.vllm_server import free_port
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -338,10 +338,10 @@ def test_refusals_duplicates_and_manifest_requests_are_counted_by_reason(tmp_pat
     its own series, and only that one."""
     import grpc
 
+    from servewitness import wire
+    from servewitness.model import FileEntry
+    from servewitness.server.app import ServeConfig, VerifierServer
     from tests.test_verifier_grpc import SHA, hello, process, report
-    from verifier import wire
-    from verifier.model import FileEntry
-    from verifier.server.app import ServeConfig, VerifierServer
 
     addr = f"unix:{tmp_path}/v.sock"
     server = VerifierServer(ServeConfig(addr, tmp_path / "db.sqlite3", report_interval_s=0.2))
@@ -394,10 +394,10 @@ def _evidence_report(
     """A Report of one worker that ran STEPS (total, productive) with hooks fired FIRES."""
     import dataclasses
 
+    from servewitness import wire
+    from servewitness.api.v1 import verifier_pb2 as pb
+    from servewitness.model import FileEntry, HookEvidence, StepEvidence, TargetReport
     from tests.test_verifier_grpc import SHA, process
-    from verifier import wire
-    from verifier.api.v1 import verifier_pb2 as pb
-    from verifier.model import FileEntry, HookEvidence, StepEvidence, TargetReport
 
     base = process((FileEntry("/a.py", SHA, 3, "source", "a", "load"),))
     hooks = tuple(
@@ -420,9 +420,9 @@ def test_evidence_per_target_moves_with_real_reports_and_goes_with_the_target(
     forgotten target loses all of its."""
     import grpc
 
+    from servewitness import wire
+    from servewitness.api.v1 import verifier_pb2 as pb
     from tests.helpers import running_verifier
-    from verifier import wire
-    from verifier.api.v1 import verifier_pb2 as pb
 
     policy = tmp_path / "p.toml"
     policy.write_text(not_vllm_policy('version = 1\n[[hooks]]\nname = "h"\n'))
@@ -476,10 +476,10 @@ def test_a_flood_of_agent_ids_and_targets_makes_bounded_series(
     the first targets' series stay and keep moving."""
     import grpc
 
+    from servewitness import wire
+    from servewitness.api.v1 import verifier_pb2 as pb
+    from servewitness.server import metrics as server_metrics
     from tests.helpers import running_verifier
-    from verifier import wire
-    from verifier.api.v1 import verifier_pb2 as pb
-    from verifier.server import metrics as server_metrics
 
     monkeypatch.setattr(server_metrics, "MAX_TARGET_SERIES", 3)
     monkeypatch.setattr(server_metrics, "HOOK_SERIES", 2)

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from servewitness.evidence.hashing import Hasher
+from servewitness.evidence.native import native_mappings
+from servewitness.evidence.procfs import ProcFS
+from servewitness.model import NativeMapping, ProcessKey, ProcessReport, Verdict
+from servewitness.policy import TargetSnapshot, load_policy
 from tests.helpers import not_vllm_policy
-from verifier.evidence.hashing import Hasher
-from verifier.evidence.native import native_mappings
-from verifier.evidence.procfs import ProcFS
-from verifier.model import NativeMapping, ProcessKey, ProcessReport, Verdict
-from verifier.policy import TargetSnapshot, load_policy
 
 LIBZ = Path("/usr/lib/x86_64-linux-gnu/libz.so.1")
 

@@ -22,14 +22,14 @@ from pathlib import Path
 
 import pytest
 
+from servewitness.agent.runner import Agent, AgentConfig
+from servewitness.evidence.native import NativeMemory
+from servewitness.evidence.process import read_process
+from servewitness.evidence.procfs import ProcFS
+from servewitness.evidence.report import to_report
+from servewitness.model import NativeMapping, ProcessKey, ProcessReport, Verdict
+from servewitness.policy import TargetSnapshot, load_policy
 from tests.helpers import not_vllm_policy, probe_env, system_libz
-from verifier.agent.runner import Agent, AgentConfig
-from verifier.evidence.native import NativeMemory
-from verifier.evidence.process import read_process
-from verifier.evidence.procfs import ProcFS
-from verifier.evidence.report import to_report
-from verifier.model import NativeMapping, ProcessKey, ProcessReport, Verdict
-from verifier.policy import TargetSnapshot, load_policy
 
 CHANGED = "provenance.native.changed_in_place"
 
@@ -46,7 +46,7 @@ class Mapper:
         if create_from is not None:
             make = f"import shutil; shutil.copyfile({str(create_from)!r}, {str(lib)!r})\n"
         code = (
-            "import ctypes, sys, time, verifier.probe as p\n"
+            "import ctypes, sys, time, servewitness_probe as p\n"
             "p.start()\n"
             f"{make}"
             f"ctypes.CDLL({str(lib)!r})\n"

@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from servewitness.evidence.process import OFFLINE_FRONT_END_NOTE, OFFLINE_ONE_PROCESS_NOTE
+from servewitness.policy import findings as F
 from tests.helpers import PRISTINE_VLLM_CPU, hook_by_name, verifier_cli
 from tests.offline import (
     CPU_RUNNER,
@@ -29,8 +31,6 @@ from tests.offline import (
     verdict,
 )
 from tests.test_gate_e2e import local_verifier
-from verifier.evidence.process import OFFLINE_FRONT_END_NOTE, OFFLINE_ONE_PROCESS_NOTE
-from verifier.policy import findings as F
 
 pytestmark = pytest.mark.vllm
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from servewitness.model import ProcessReport, Verdict
+from servewitness.policy import findings as F
 from tests.test_policy_engine import HOOK_V1, api, engine, ids, judge, proc, worker
-from verifier.model import ProcessReport, Verdict
-from verifier.policy import findings as F
 
 
 def offline(pid: int = 50) -> ProcessReport:

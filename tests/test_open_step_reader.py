@@ -9,8 +9,9 @@ import threading
 import time
 from pathlib import Path
 
-from verifier.evidence import counters as R
-from verifier.probe import layout as L
+from servewitness_probe import layout as L
+
+from servewitness.evidence import counters as R
 
 
 def write(path: Path, **slots: int) -> None:

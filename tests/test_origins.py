@@ -16,13 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
-from tests.test_policy_engine import api, engine, worker
-from tests.test_policy_provenance import BASE, judged
-from verifier.evidence.distindex import DistIndex
-from verifier.evidence.judge import record_faults
-from verifier.evidence.origins import Context, classify, generated_dirs, source_of_bytecode
-from verifier.model import (
+from servewitness.evidence.distindex import DistIndex
+from servewitness.evidence.judge import record_faults
+from servewitness.evidence.origins import Context, classify, generated_dirs, source_of_bytecode
+from servewitness.model import (
     DRIFT_MODULE_SHADOWED,
     DRIFT_RECORD_UNREADABLE,
     Drift,
@@ -34,7 +31,10 @@ from verifier.model import (
     Severity,
     Verdict,
 )
-from verifier.policy import findings as F
+from servewitness.policy import findings as F
+from tests.helpers import REPO
+from tests.test_policy_engine import api, engine, worker
+from tests.test_policy_provenance import BASE, judged
 
 ALPHA = b"VALUE = 1\n"
 ALPHA_INIT = b"from alpha.core import VALUE\n"

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-import verifier
+import servewitness
 from tests.helpers import REPO
 
-PKG = verifier.__name__  # the import package, whatever it is called
-PKG_DIR = Path(verifier.__file__).parent
+PKG = servewitness.__name__  # the import package, whatever it is called
+PKG_DIR = Path(servewitness.__file__).parent
 
 
 @pytest.fixture(scope="module")

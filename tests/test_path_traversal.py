@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from verifier.evidence import judge
-from verifier.evidence.hashing import Hasher
-from verifier.evidence.procfs import ProcFS
-from verifier.model import FileEntry
+from servewitness.evidence import judge
+from servewitness.evidence.hashing import Hasher
+from servewitness.evidence.procfs import ProcFS
+from servewitness.model import FileEntry
 
 SECRET = b"root:$6$secret:19000:0:99999:7:::\n"
 SECRET_SHA = hashlib.sha256(SECRET).hexdigest()
@@ -86,8 +86,8 @@ def test_invalid_names_are_a_disagreement_not_a_crash(procfs: ProcFS, path: str)
 def test_the_whole_judgement_survives_hostile_names(procfs: ProcFS, path: str) -> None:
     """Origins (RECORD lookups), bytecode and fileless checks too, with the path as a source,
     a pyc, a sys.path entry and a fileless module's claim."""
-    from verifier.evidence.probe_reader import ProbeState
-    from verifier.model import StepEvidence
+    from servewitness.evidence.probe_reader import ProbeState
+    from servewitness.model import StepEvidence
 
     pyc = path.rstrip("\0") + "/__pycache__/x.cpython-311.pyc"
     files = (

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_policy_engine import HOOK_V1, NOW, api, engine, policy, snap, worker
-from verifier.agent.containers import (
+from servewitness.agent.containers import (
     POD_LABELS_ENV,
     POD_NAME_ENV,
     POD_NAMESPACE_ENV,
@@ -19,11 +18,12 @@ from verifier.agent.containers import (
     OwnPod,
     parse_downward_labels,
 )
-from verifier.agent.runner import Agent, AgentConfig
-from verifier.evidence.container import container_of
-from verifier.evidence.procfs import ProcFS
-from verifier.model import ContainerInfo, ProcessReport, Severity, TargetVerdict, Verdict
-from verifier.policy import PolicyError, TargetSnapshot
+from servewitness.agent.runner import Agent, AgentConfig
+from servewitness.evidence.container import container_of
+from servewitness.evidence.procfs import ProcFS
+from servewitness.model import ContainerInfo, ProcessReport, Severity, TargetVerdict, Verdict
+from servewitness.policy import PolicyError, TargetSnapshot
+from tests.test_policy_engine import HOOK_V1, NOW, api, engine, policy, snap, worker
 
 SERVING = "5" * 64
 IDLE = "1" * 64

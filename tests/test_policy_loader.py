@@ -7,11 +7,10 @@ import hashlib
 
 import pytest
 
-from tests.helpers import REPO, weak_policy
-from verifier.errors import ConfigError
-from verifier.policy import Policy, PolicyError, load_policy, policy_digest
-from verifier.policy import interface as I
-from verifier.policy.rules import (
+from servewitness.errors import ConfigError
+from servewitness.policy import Policy, PolicyError, load_policy, policy_digest
+from servewitness.policy import interface as I
+from servewitness.policy.rules import (
     EvidenceIntact,
     ExpectRunner,
     FileSpec,
@@ -22,13 +21,14 @@ from verifier.policy.rules import (
     RequireFile,
     ViewsAgree,
 )
-from verifier.policy.rules_provenance import (
+from servewitness.policy.rules_provenance import (
     DriftFree,
     HashedAfterReported,
     OriginsReported,
     Patch,
     Pristine,
 )
+from tests.helpers import REPO, weak_policy
 
 HOOK = '[[hooks]]\nname = "v1_step"\n'
 SHA = "0123456789abcdef" * 4

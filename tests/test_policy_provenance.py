@@ -11,10 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import weak_policy
-from tests.test_policy_engine import SITE, api, engine, entry, snap, worker
-from verifier.evidence.origins import classify
-from verifier.model import (
+from servewitness.evidence.origins import classify
+from servewitness.model import (
     DRIFT_BYTECODE_STALE,
     DRIFT_BYTECODE_UNCHECKED,
     DRIFT_BYTECODE_UNVERIFIED,
@@ -33,8 +31,10 @@ from verifier.model import (
     Severity,
     Verdict,
 )
-from verifier.policy import PolicyError, load_policy, unsafe_flags
-from verifier.policy import findings as F
+from servewitness.policy import PolicyError, load_policy, unsafe_flags
+from servewitness.policy import findings as F
+from tests.helpers import weak_policy
+from tests.test_policy_engine import SITE, api, engine, entry, snap, worker
 
 SHA_PUB = "1" * 64
 SHA_PATCH = "2" * 64

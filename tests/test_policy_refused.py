@@ -14,17 +14,17 @@ from pathlib import Path
 import grpc
 import pytest
 
+from servewitness.api.v1 import verifier_pb2 as pb
+from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
+from servewitness.client.api import VerifierClient
+from servewitness.errors import ConfigError, ExitCode
+from servewitness.model import Verdict
+from servewitness.policy import findings as F
+from servewitness.policy import policy_digest
+from servewitness.policy.strength import NO_LIVENESS, UNPINNED_SERVING, ZERO_FIRES
+from servewitness.server.store import Store
 from tests.helpers import PRISTINE_VLLM_CPU, verifier_cli, weak_policy
 from tests.test_gate_e2e import Daemon
-from verifier.api.v1 import verifier_pb2 as pb
-from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
-from verifier.client.api import VerifierClient
-from verifier.errors import ConfigError, ExitCode
-from verifier.model import Verdict
-from verifier.policy import findings as F
-from verifier.policy import policy_digest
-from verifier.policy.strength import NO_LIVENESS, UNPINNED_SERVING, ZERO_FIRES
-from verifier.server.store import Store
 
 FORBID_ONLY = 'version = 1\n[[forbid]]\nmodule = "no_such_module"\n'
 ZERO_HOOK = 'version = 1\n[[hooks]]\nname = "h"\nmin_fires_per_productive_step = 0\n'

@@ -1,4 +1,4 @@
-"""The policy file's JSON Schema (verifier/policy/policy.schema.json) and the loader accept the
+"""The policy file's JSON Schema (servewitness/policy/policy.schema.json) and the loader accept the
 same keys and types: the shipped file is what ``schema.build()`` generates from the loader's
 tables; the loader, driven with an unknown key in every table, names exactly the keys the
 schema lists; every example policy validates; a wrong type or an unknown key anywhere fails
@@ -18,10 +18,10 @@ from typing import Any
 import jsonschema
 import pytest
 
+from servewitness.policy import PolicyError, load_policy
+from servewitness.policy import schema as policy_schema
+from servewitness.policy.loader import KEYS
 from tests.helpers import REPO, verifier_cli
-from verifier.policy import PolicyError, load_policy
-from verifier.policy import schema as policy_schema
-from verifier.policy.loader import KEYS
 
 SHIPPED = Path(policy_schema.__file__).with_name(policy_schema.SCHEMA_FILE)
 SCHEMA: dict[str, Any] = json.loads(SHIPPED.read_text())

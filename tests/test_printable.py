@@ -26,24 +26,24 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.helpers import agent_stub, not_vllm_policy, verifier_cli
-from tests.test_bindings_store import M1
-from tests.test_fuzz_parsers import FUZZ
-from tests.test_policy_engine import entry, worker
-from verifier import wire
-from verifier._cli import fmt
-from verifier.api.v1 import verifier_pb2 as pb
-from verifier.errors import ExitCode
-from verifier.model import (
+from servewitness import wire
+from servewitness._cli import fmt
+from servewitness.api.v1 import verifier_pb2 as pb
+from servewitness.errors import ExitCode
+from servewitness.model import (
     ProcessKey,
     RequestId,
     RequestSpan,
     TargetReport,
     merkle_root,
 )
-from verifier.server.app import ServeConfig, VerifierServer
-from verifier.server.index import processes_seen
-from verifier.server.store import Store, StoredReport
+from servewitness.server.app import ServeConfig, VerifierServer
+from servewitness.server.index import processes_seen
+from servewitness.server.store import Store, StoredReport
+from tests.helpers import agent_stub, not_vllm_policy, verifier_cli
+from tests.test_bindings_store import M1
+from tests.test_fuzz_parsers import FUZZ
+from tests.test_policy_engine import entry, worker
 
 ESC = "\x1b"
 ANSI = f"{ESC}]0;owned{chr(7)}{ESC}[2J{ESC}[31mEVIL{ESC}[0m"  # title, clear screen, colour

@@ -14,15 +14,15 @@ HEAVY = [
     "structlog",
     "psutil",
     "vllm",
-    "verifier._cli",
-    "verifier.evidence",
+    "servewitness._cli",
+    "servewitness.evidence",
 ]
 
 
 def test_importing_and_starting_the_probe_pulls_in_nothing_heavy(tmp_path: Path) -> None:
     code = (
         "import json, sys, logging\n"
-        "import verifier.probe as p\n"
+        "import servewitness_probe as p\n"
         "assert p.start('test')\n"
         "p.hook.fire('x')\n"
         f"print(json.dumps({{m: m in sys.modules for m in {HEAVY!r}}}))\n"
@@ -41,11 +41,11 @@ def test_the_plugin_entry_point_is_registered_for_vllm() -> None:
     from importlib.metadata import entry_points
 
     eps = {ep.name: ep.value for ep in entry_points(group="vllm.general_plugins")}
-    assert eps.get("verifier_probe") == "verifier.probe:register"
+    assert eps.get("verifier_probe") == "servewitness_probe:register"
 
 
 def test_disabled_probe_writes_nothing(tmp_path: Path) -> None:
-    code = "import verifier.probe as p; print(p.start('test'))"
+    code = "import servewitness_probe as p; print(p.start('test'))"
     env = {"VERIFIER_PROBE_DIR": str(tmp_path), "VERIFIER_PROBE_DISABLE": "1"}
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True

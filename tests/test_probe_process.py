@@ -87,7 +87,7 @@ HOOKS = ",".join(
 
 def test_declared_hooks_count_fires_and_explain_silence(tmp_path: Path) -> None:
     body = """
-        import verifier.probe as p
+        import servewitness_probe as p
         p.start()
         import usermod
         r = usermod.Runner(1)
@@ -114,7 +114,7 @@ def test_declared_hooks_count_fires_and_explain_silence(tmp_path: Path) -> None:
 
 def test_class_hook_never_instantiated_reads_not_instantiated(tmp_path: Path) -> None:
     body = """
-        import verifier.probe as p
+        import servewitness_probe as p
         p.start()
         import usermod
     """
@@ -131,7 +131,7 @@ def test_class_hook_never_instantiated_reads_not_instantiated(tmp_path: Path) ->
 def test_hook_on_module_imported_before_the_probe_is_still_wrapped(tmp_path: Path) -> None:
     body = """
         import usermod
-        import verifier.probe as p
+        import servewitness_probe as p
         p.start()
         usermod.free()
     """
@@ -142,7 +142,7 @@ def test_hook_on_module_imported_before_the_probe_is_still_wrapped(tmp_path: Pat
 
 def test_api_fire_and_decorator_count_without_declaration(tmp_path: Path) -> None:
     body = """
-        from verifier.probe import hook
+        from servewitness_probe import hook
         @hook("decorated")
         def f():
             return 1
@@ -170,7 +170,7 @@ def test_import_records_hash_the_exact_bytes_read(tmp_path: Path) -> None:
     (tmp_path / "mods" / "after_mod.py").write_text("Y = 2\n")
     body = """
         import before_mod
-        import verifier.probe as p
+        import servewitness_probe as p
         p.start()
         import after_mod
         import time; time.sleep(1.5)  # one sweep
@@ -202,8 +202,8 @@ def test_early_bootstrap_sees_imports_before_any_plugin(tmp_path: Path) -> None:
 def test_forked_child_gets_its_own_counters_and_inherits_the_manifest(tmp_path: Path) -> None:
     body = """
         import os, sys
-        from verifier.probe import hook
-        import verifier.probe as p
+        from servewitness_probe import hook
+        import servewitness_probe as p
         p.start()
         hook.fire("h")
         import time; time.sleep(1.5)  # the sweeper has described the parent's modules
@@ -232,7 +232,7 @@ def test_state_directory_is_removed_at_exit_and_dead_ones_collected(tmp_path: Pa
     boot, pid_ns = state_name(os.getpid()).split("-")[:2]  # the child's boot and namespace
     (probe_dir / f"{boot}-{pid_ns}-999999999-1").mkdir(parents=True)  # a pid that cannot exist
     code = (
-        "import json, os, verifier.probe as p; p.start()\n"
+        "import json, os, servewitness_probe as p; p.start()\n"
         "print(json.dumps([os.getpid(), os.listdir(os.environ['VERIFIER_PROBE_DIR'])]))"
     )
     out = subprocess.run(

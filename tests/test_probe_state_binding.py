@@ -5,7 +5,7 @@ on the host) can create a directory under a process's name. Each test here build
 directory for a real Python process, probed or not, and reads the process the way the agent
 does (``read_process``, ``to_report``, a policy; one test through a real verifier and agent
 over gRPC). A directory is the process's state only when the kernel shows the process holding
-its files (``verifier.evidence.binding``); anything else is refused and said
+its files (``servewitness.evidence.binding``); anything else is refused and said
 (``evidence.probe_state.unbound``), and the process is reported without a probe.
 
 The forged state is good enough to PASS the policy below when taken for the process's own
@@ -27,16 +27,16 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from servewitness_probe import layout as L
 
+from servewitness.errors import ProcessAccessDenied
+from servewitness.evidence.probe_reader import read_probe_dir
+from servewitness.evidence.process import read_process
+from servewitness.evidence.procfs import ProcessIdentity, ProcFS
+from servewitness.evidence.report import to_report
+from servewitness.model import EVIDENCE_PROBE_UNBOUND, ProcessReport, TargetVerdict, Verdict
+from servewitness.policy import TargetSnapshot, load_policy
 from tests.helpers import not_vllm_policy, probe_env, state_name
-from verifier.errors import ProcessAccessDenied
-from verifier.evidence.probe_reader import read_probe_dir
-from verifier.evidence.process import read_process
-from verifier.evidence.procfs import ProcessIdentity, ProcFS
-from verifier.evidence.report import to_report
-from verifier.model import EVIDENCE_PROBE_UNBOUND, ProcessReport, TargetVerdict, Verdict
-from verifier.policy import TargetSnapshot, load_policy
-from verifier.probe import layout as L
 
 WORKER_TITLE = "VLLM::Worker_TP0"  # what vLLM's setproctitle shows: the process is a worker
 POLICY = not_vllm_policy(
@@ -72,7 +72,7 @@ def python(
     """A real Python process named TITLE (argv[0], as a vLLM worker's title reads) with its
     probe dir at PROBE: it runs CODE (after starting the probe if PROBED), prints READY, runs
     AFTER and waits for stdin to close."""
-    start = "import verifier.probe as p; p.start()\n" if probed else ""
+    start = "import servewitness_probe as p; p.start()\n" if probed else ""
     script = start + textwrap.dedent(code) + "\nprint('READY', flush=True)\n"
     script += textwrap.dedent(after) + "\nimport sys\nsys.stdin.read()\n"
     proc = subprocess.Popen(
@@ -171,7 +171,7 @@ def test_a_forged_state_for_an_unprobed_process_is_refused_and_fails_the_verdict
 
 def test_negative_control_a_probed_process_reads_as_its_own_and_passes(tmp_path: Path) -> None:
     probe, procfs = tmp_path / "probe", ProcFS()
-    code = "from verifier.probe import hook\nfor _ in range(3): hook.fire('h')\n"
+    code = "from servewitness_probe import hook\nfor _ in range(3): hook.fire('h')\n"
     with python(probe, code, probed=True) as proc:
         ev = read_process(procfs, proc.pid)
         report = to_report(procfs, ev)
@@ -190,7 +190,7 @@ def test_a_probed_process_keeps_its_own_state_when_a_forged_one_comes_first(
     renaming a real probe's directory: the process still holds the same files) and a forged
     directory under the new name, which the reader tries first: the process's own is read."""
     probe, procfs = tmp_path / "probe", ProcFS()
-    code = "from verifier.probe import hook\nfor _ in range(7): hook.fire('h')\n"
+    code = "from servewitness_probe import hook\nfor _ in range(7): hook.fire('h')\n"
     with python(probe, code, probed=True) as proc:
         ident = procfs.identity(proc.pid)
         new, legacy = names(ident)
@@ -353,7 +353,7 @@ def test_private_counters_are_said_and_a_counters_file_beside_them_is_not_read(
     """A probe that could not create shared state maps nothing: its journal is its own (held
     open) and says ``shared: false``; a ``counters`` file planted beside it is not its counts."""
     probe, procfs = tmp_path / "probe", ProcFS()
-    with python(probe, PRIVATE + "import verifier.probe as p; p.start()\n") as proc:
+    with python(probe, PRIVATE + "import servewitness_probe as p; p.start()\n") as proc:
         ident = procfs.identity(proc.pid)
         d = probe / state_name(proc.pid)
         planted = tmp_path / "planted"
@@ -390,7 +390,7 @@ class NoPtraceProcFS(ProcFS):
 def test_a_binding_that_cannot_be_checked_is_unobservable_never_probed(tmp_path: Path) -> None:
     """State found, but /proc will not show what the process holds: not read on the strength
     of its name; the agent reports the process as refused (unobservable, PENDING)."""
-    from verifier.agent.runner import Agent, AgentConfig
+    from servewitness.agent.runner import Agent, AgentConfig
 
     probe = tmp_path / "probe"
     with python(probe, probed=True, title="vllm-worker") as proc:
@@ -416,9 +416,9 @@ def test_a_binding_that_cannot_be_checked_is_unobservable_never_probed(tmp_path:
 def test_the_gate_fails_over_grpc_when_state_is_planted(tmp_path: Path) -> None:
     """End to end: a real agent reports the unprobed worker with the forged state beside it to
     a real verifier over gRPC; the run's status is FAIL and names the refused directory."""
-    from verifier.agent.runner import Agent, AgentConfig
-    from verifier.client.api import VerifierClient
-    from verifier.server.app import ServeConfig, VerifierServer
+    from servewitness.agent.runner import Agent, AgentConfig
+    from servewitness.client.api import VerifierClient
+    from servewitness.server.app import ServeConfig, VerifierServer
 
     probe, procfs = tmp_path / "probe", ProcFS()
     addr = f"unix:{tmp_path}/v.sock"
@@ -450,7 +450,7 @@ def test_planted_state_gets_any_python_process_reported(tmp_path: Path) -> None:
     """The agent reports vLLM processes (a probe, or vLLM in the command line). A Python
     process that is neither but has state planted under its name is reported too: refused
     evidence is said, not dropped with the process (control: without it, not reported)."""
-    from verifier.agent.discover import discover
+    from servewitness.agent.discover import discover
 
     probe, procfs = tmp_path / "probe", ProcFS()
     with python(probe, title="python3") as proc:

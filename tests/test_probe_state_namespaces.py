@@ -26,12 +26,13 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from tests.helpers import probe_env, state_name
-from verifier.evidence.process import read_process
-from verifier.evidence.procfs import ProcFS
-from verifier.probe import layout as L
+from servewitness_probe import layout as L
 
-FIRE = "import verifier.probe as p\np.start()\nfor _ in range({n}): p.hook.fire('h')\n"
+from servewitness.evidence.process import read_process
+from servewitness.evidence.procfs import ProcFS
+from tests.helpers import probe_env, state_name
+
+FIRE = "import servewitness_probe as p\np.start()\nfor _ in range({n}): p.hook.fire('h')\n"
 
 
 def spawn(probe: Path, code: str, *, mount_proc: bool = True, **env: str) -> subprocess.Popen[str]:
@@ -163,7 +164,7 @@ def test_no_collection_by_liveness_where_proc_is_another_namespaces(tmp_path: Pa
         boot, ns = state_name(int(os.readlink("/proc/self"))).split("-")[:2]
         planted = f"{{boot}}-{{ns}}-{_dead_pid()}-1"
         os.makedirs(os.path.join(os.environ["VERIFIER_PROBE_DIR"], planted))
-        import verifier.probe as p; p.start()
+        import servewitness_probe as p; p.start()
     """
     for mount_proc, survives in ((False, True), (True, False)):
         probe = tmp_path / f"probe-{mount_proc}"
@@ -192,8 +193,8 @@ def test_a_directory_planted_under_a_future_name_is_never_written_into(tmp_path:
             f.write(json.dumps({"k": "file", "path": "/planted.py", "sha256": "0" * 64,
                                 "size": 1, "kind": "source", "at": "load"}) + "\\n")
         os.symlink(os.environ["VICTIM"], os.path.join(d, "bindings.jsonl"))
-        import verifier.probe as p; p.start()
-        from verifier.probe import _bindings, _extids
+        import servewitness_probe as p; p.start()
+        from servewitness_probe import _bindings, _extids
         _extids.ext("i-1", "e-1"); _bindings.flush()
     """
     with in_namespace(probe, code, VICTIM=str(victim)) as pid:
@@ -212,11 +213,11 @@ def test_a_process_that_execs_itself_gets_fresh_state(tmp_path: Path) -> None:
     code = """
         import os, sys
         if not os.environ.get("EXECED"):
-            import verifier.probe as p; p.start()
+            import servewitness_probe as p; p.start()
             p.hook.fire("before")
             os.environ["EXECED"] = "1"
             os.execv(sys.executable, [sys.executable, "-c", sys.argv[1]] + sys.argv[1:])
-        import verifier.probe as p; p.start()
+        import servewitness_probe as p; p.start()
         p.hook.fire("h")
     """
     script = textwrap.dedent(code) + "\nprint('READY', flush=True)\nimport sys; sys.stdin.read()\n"

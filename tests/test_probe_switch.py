@@ -1,4 +1,4 @@
-"""The probe's per-step switch (``verifier.probe._switch``, used by bench/tokens_ab.py): off
+"""The probe's per-step switch (``servewitness_probe._switch``, used by bench/tokens_ab.py): off
 puts back the exact methods the probe wrapped, so a step counts nothing and fires nothing;
 on puts the probe's wrappers back, so steps count again. On worker and runner classes shaped
 like vLLM's two-phase V1 ones, wrapped by the probe's own code (``_vllm`` and ``_hooks``);
@@ -11,10 +11,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
-from verifier.probe import _core, _hooks, _vllm
-from verifier.probe import layout as L
-from verifier.probe._switch import Switch, original
+from servewitness_probe import _core, _hooks, _vllm
+from servewitness_probe import layout as L
+from servewitness_probe._switch import Switch, original
 
 HOOK = L.hook_slot(1)
 

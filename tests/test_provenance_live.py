@@ -28,18 +28,8 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import (
-    NOT_VLLM_KEYS,
-    REPO,
-    inspect_json,
-    probe_env,
-    system_libz,
-    verifier_cli,
-    wait_ready,
-    weak_policy,
-)
-from verifier import wire
-from verifier.model import (
+from servewitness import wire
+from servewitness.model import (
     DRIFT_BYTECODE_SOURCELESS,
     DRIFT_BYTECODE_STALE,
     DRIFT_BYTECODE_UNCHECKED,
@@ -51,8 +41,18 @@ from verifier.model import (
     ProcessReport,
     Severity,
 )
-from verifier.policy import TargetSnapshot, load_policy
-from verifier.policy import findings as F
+from servewitness.policy import TargetSnapshot, load_policy
+from servewitness.policy import findings as F
+from tests.helpers import (
+    NOT_VLLM_KEYS,
+    REPO,
+    inspect_json,
+    probe_env,
+    system_libz,
+    verifier_cli,
+    wait_ready,
+    weak_policy,
+)
 
 SITE = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}"
 SITE = SITE / "site-packages"
@@ -242,7 +242,9 @@ def test_patched_files_are_patched_with_both_hashes(live: Live) -> None:
 def test_editable_generated_stdlib_and_unknown(live: Live) -> None:
     prov = live.report.provenance
     assert prov is not None
-    assert origin_of(live, REPO / "verifier/probe/_core.py") == "editable"  # pip install -e .
+    assert (
+        origin_of(live, REPO / "probe/servewitness_probe/_core.py") == "editable"
+    )  # pip install -e .
     assert origin_of(live, live.gen / "kernel_gen.py") == "generated"  # under its TMPDIR
     assert origin_of(live, live.pkg / "plainmod.py") == "unknown"
     assert prov.count(Origin.STDLIB) > 50
@@ -474,4 +476,7 @@ def test_real_server_runs_pristine_vllm_and_torch_with_no_drift(vllm_server: Any
         f for f in worker["provenance"]["files"] if f["origin"] not in ("editable", "generated")
     ]
     assert others == []
-    assert any(f["path"].startswith(str(REPO / "verifier")) for f in worker["provenance"]["files"])
+    assert any(
+        f["path"].startswith(str(REPO / "probe" / "servewitness_probe"))
+        for f in worker["provenance"]["files"]
+    )

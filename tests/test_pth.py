@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
+from servewitness.model import DRIFT_CHANGED_AFTER_START, DRIFT_PTH_UNCLAIMED, Origin, Severity
+from tests.helpers import SOURCE_PATH
 from tests.test_unfiled import Judged, run_probed
-from verifier.model import DRIFT_CHANGED_AFTER_START, DRIFT_PTH_UNCLAIMED, Origin, Severity
 
 VERSION = f"python{sys.version_info.major}.{sys.version_info.minor}"
 MARK = "import os; open(os.environ['PTH_MARK'] + '.{name}', 'w').write('ran')\n"
@@ -44,9 +44,9 @@ PTH = {
 SITECUSTOMIZE = MARK.format(name="sitecustomize")
 SCRIPT = """\
 import os, time
-import verifier.probe
+import servewitness_probe
 time.sleep(1)                  # the plugin starts late; the cleaner has done its work
-verifier.probe.start()
+servewitness_probe.start()
 open(os.environ["READY_FILE"], "w").write("ready")
 time.sleep(600)
 """
@@ -77,7 +77,7 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Judge
         tmp,
         [str(tmp / "venv" / "bin" / "python"), str(script)],
         # the fresh venv sees no installed package: the probe under test comes from this checkout
-        env={"PTH_MARK": str(tmp / "mark"), "PYTHONPATH": str(REPO)},
+        env={"PTH_MARK": str(tmp / "mark"), "PYTHONPATH": SOURCE_PATH},
         early=False,
     )
     yield tmp, got
@@ -152,7 +152,7 @@ def test_this_projects_and_setuptools_pth_files_are_claimed(tmp_path: Path) -> N
     got = run_probed(tmp_path, [sys.executable, str(script)])
     site = Path(sys.prefix) / "lib" / VERSION / "site-packages"
     recorded = {Path(f.path) for f in got.files(kind="pth")}
-    assert {site / "verifier_probe_early.pth", site / "distutils-precedence.pth"} <= recorded
+    assert {site / "servewitness_probe_early.pth", site / "distutils-precedence.pth"} <= recorded
     assert {p.parent for p in recorded} == {site}
     assert got.drift_paths(DRIFT_PTH_UNCLAIMED) == set()
     assert got.report.drift == ()

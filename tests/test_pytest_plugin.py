@@ -1,4 +1,4 @@
-"""The pytest plugin (verifier.client.pytest_plugin) in a real inner pytest session (pytester,
+"""The pytest plugin (servewitness.client.pytest_plugin) in a real inner pytest session (pytester,
 in a subprocess) against a real verifier, a real agent and the session's vLLM server: a gated
 test passes and its seal verifies offline; a gate that cannot pass fails the inner test with
 the verifier's reason and never runs the block; the plugin is opt-in."""
@@ -12,14 +12,14 @@ from collections.abc import Iterator
 
 import pytest
 
+from servewitness.client.window import seal_content
+from servewitness.testing.vllm_server import VllmServer
 from tests.helpers import REPO, verifier_cli
 from tests.test_gate_e2e import Local, hook, local_verifier, policy
-from verifier.client.window import seal_content
-from verifier.testing.vllm_server import VllmServer
 
 pytest_plugins = ["pytester"]
 
-PLUGIN = "verifier.client.pytest_plugin"
+PLUGIN = "servewitness.client.pytest_plugin"
 
 INNER = """
 import json

@@ -16,11 +16,11 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 
+from servewitness import wire
+from servewitness.security.tls import ServerTLS
+from servewitness.testing.vllm_server import free_port
 from tests.helpers import running_verifier, verifier_cli
 from tests.test_security import certs
-from verifier import wire
-from verifier.security.tls import ServerTLS
-from verifier.testing.vllm_server import free_port
 
 EXPECTED = {
     "verifier.api.v1.VerifierService",

@@ -30,18 +30,18 @@ from pathlib import Path
 
 import pytest
 
+from servewitness.report import model as m
+from servewitness.report import render
 from tests.helpers import REPO, Backend, not_vllm_policy, probe_env, state_dir, verifier_cli
 from tests.test_faults import RUNNER, wait_serving
 from tests.test_gate_e2e import Daemon
-from verifier.report import model as m
-from verifier.report import render
 
 HOSTILE = "<script>document.title='pwned'</script>"
 SIZE = (1100, 1600)
 CHILD = """\
-import os, select, sys, time, verifier.probe as p
+import os, select, sys, time, servewitness_probe as p
 p.start()
-from verifier.probe import _vllm
+from servewitness_probe import _vllm
 import fakerunner
 
 class SchedulerOutput:
@@ -314,8 +314,8 @@ def test_caps_cut_a_long_run_and_the_page_says_so(
 ) -> None:
     """With at most 3 timeline points per target, the page draws 3 of the stored reports
     (the first and the latest among them) and names the cut."""
-    from verifier._cli._audit_db import open_ro, reading
-    from verifier.report import from_db
+    from servewitness._cli._audit_db import open_ro, reading
+    from servewitness.report import from_db
 
     monkeypatch.setattr(m, "MAX_SAMPLES", 3)
     db = open_ro(str(run.db))
@@ -415,9 +415,9 @@ def test_timeline_sampling_and_history_read_the_same_on_sqlite_and_postgresql(
     """The page's SQL (a window function, ``%`` among placeholders) on both dialects: of 10
     stored reports, at most 4 evenly spread with the first and the latest; the latest 2 of 3
     verdict changes with the count."""
-    from verifier._cli._audit_db import open_ro, reading
-    from verifier.report import from_db
-    from verifier.server.store import Store
+    from servewitness._cli._audit_db import open_ro, reading
+    from servewitness.report import from_db
+    from servewitness.server.store import Store
 
     Store(backend.target).close()  # the schema
     backend.sql(*[

@@ -14,12 +14,12 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from servewitness_probe import _core, _spec
 
+from servewitness import wire
+from servewitness.model import LogLine, ProcessReport, SpecEvidence, Verdict
+from servewitness.policy import findings as F
 from tests.test_policy_engine import CPU, V2, api, engine, judge, steps, worker
-from verifier import wire
-from verifier.model import LogLine, ProcessReport, SpecEvidence, Verdict
-from verifier.policy import findings as F
-from verifier.probe import _core, _spec
 
 TRITON = LogLine(
     "WARNING",

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from servewitness.testing.vllm_server import free_port
 from tests.helpers import not_vllm_policy, verifier_cli
 from tests.test_gate_e2e import Daemon
-from verifier.testing.vllm_server import free_port
 
 POLICY = not_vllm_policy('version = 1\n[[hooks]]\nname = "h"\n')
 

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
+from servewitness.agent.spool import Spool
+from servewitness.client.address import normalize
+from servewitness.errors import DatabaseCorrupt, UsageError
+from servewitness.evidence.container import container_id_from_cgroup
+from servewitness.model import FileEntry
+from servewitness.server.store import RunExists, Store, StoredReport, UnknownRun
 from tests.helpers import Backend
-from verifier.agent.spool import Spool
-from verifier.client.address import normalize
-from verifier.errors import DatabaseCorrupt, UsageError
-from verifier.evidence.container import container_id_from_cgroup
-from verifier.model import FileEntry
-from verifier.server.store import RunExists, Store, StoredReport, UnknownRun
 
 CID = "0123456789abcdef" * 4
 
@@ -112,7 +112,7 @@ def test_bad_addresses_are_usage_errors(bad: str) -> None:
 def test_journal_cache_reads_only_appends_and_restarts_on_a_new_journal(tmp_path: Path) -> None:
     import json
 
-    from verifier.evidence.journal import JournalCache
+    from servewitness.evidence.journal import JournalCache
 
     journal = tmp_path / "journal.jsonl"
 

@@ -13,10 +13,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from servewitness_probe import _bindings, _core, _spec, _vllm
+from servewitness_probe import layout as L
 
-from verifier.evidence.probe_reader import _speculation
-from verifier.probe import _bindings, _core, _spec, _vllm
-from verifier.probe import layout as L
+from servewitness.evidence.probe_reader import _speculation
 
 
 class FakeState:

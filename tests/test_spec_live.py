@@ -18,17 +18,17 @@ from typing import Any
 
 import pytest
 
+from servewitness import wire
+from servewitness.evidence.bindings_reader import BindingsReader
+from servewitness.evidence.bindings_reader import RequestSpan as ProbeSpan
+from servewitness.model import DRIFT_MODULE_CUSTOM_LOADER, Severity, Verdict
+from servewitness.policy import TargetSnapshot, load_policy
+from servewitness.policy import findings as F
+from servewitness.testing.vllm_server import VllmServer
 from tests.conftest import SPEC_PROPOSE, SPEC_REJECT, V1_STEP
 from tests.helpers import PRISTINE_VLLM_CPU, REPO, hook_by_name, inspect_json, verifier_cli
 from tests.test_gate_e2e import local_verifier
 from tests.test_unfiled import HONEST_CUSTOM_LOADERS
-from verifier import wire
-from verifier.evidence.bindings_reader import BindingsReader
-from verifier.evidence.bindings_reader import RequestSpan as ProbeSpan
-from verifier.model import DRIFT_MODULE_CUSTOM_LOADER, Severity, Verdict
-from verifier.policy import TargetSnapshot, load_policy
-from verifier.policy import findings as F
-from verifier.testing.vllm_server import VllmServer
 
 pytestmark = pytest.mark.vllm
 

@@ -17,11 +17,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
+from servewitness_probe import _bindings, _core, _spec, _specshare, _vllm
+from servewitness_probe import layout as L
 
 from tests.helpers import fresh_probe
 from tests.test_step_split_fold import reference_records
-from verifier.probe import _bindings, _core, _spec, _specshare, _vllm
-from verifier.probe import layout as L
 
 K = 3
 

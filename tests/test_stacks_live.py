@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from servewitness.agent.runner import Agent, AgentConfig
+from servewitness.evidence.stacks import Witnesses, dump_files, py_spy
+from servewitness.model import ProcessReport
+from servewitness.policy import TargetSnapshot, load_policy
+from servewitness.policy import findings as F
+from servewitness.testing.vllm_server import VllmServer
 from tests.helpers import PRISTINE_VLLM_CPU
-from verifier.agent.runner import Agent, AgentConfig
-from verifier.evidence.stacks import Witnesses, dump_files, py_spy
-from verifier.model import ProcessReport
-from verifier.policy import TargetSnapshot, load_policy
-from verifier.policy import findings as F
-from verifier.testing.vllm_server import VllmServer
 
 pytestmark = pytest.mark.vllm
 

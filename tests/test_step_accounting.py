@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from verifier.probe import _core, _hooks, _split, _vllm
-from verifier.probe import layout as L
+from servewitness_probe import _core, _hooks, _split, _vllm
+from servewitness_probe import layout as L
 
 HOOK = L.hook_slot(0)
 

@@ -12,14 +12,14 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from servewitness_probe import _bindings, _core, _spec, _vllm
+from servewitness_probe import layout as L
 
+from servewitness.evidence.counters import steps_of
+from servewitness.model import Severity, Verdict
+from servewitness.policy import findings as F
 from tests.test_policy_engine import ids, judge, steps, worker
 from tests.test_spec_counts import NGRAM, FakeState, config, journal, output, so
-from verifier.evidence.counters import steps_of
-from verifier.model import Severity, Verdict
-from verifier.policy import findings as F
-from verifier.probe import _bindings, _core, _spec, _vllm
-from verifier.probe import layout as L
 
 __all__ = ["journal"]  # the fixture, imported for these tests
 

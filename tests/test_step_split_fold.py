@@ -19,9 +19,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from servewitness_probe import _bindings, _split
 
 from tests.helpers import REPO, fresh_probe
-from verifier.probe import _bindings, _split
 
 
 @pytest.fixture

@@ -74,7 +74,7 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def serve(db: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "verifier", "serve", "--db", str(db), "--listen",
+    cmd = [sys.executable, "-m", "servewitness", "serve", "--db", str(db), "--listen",
            f"unix:{tmp_path}/v.sock", "--insecure"]  # fmt: skip
     return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=60)
 

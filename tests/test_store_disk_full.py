@@ -10,13 +10,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from servewitness import wire
+from servewitness.ledger import keys
+from servewitness.model import TargetReport
+from servewitness.server.index import processes_seen
+from servewitness.server.store import Store, StoredReport
 from tests.test_faults import fill, small_disk
 from tests.test_policy_engine import api, engine, worker
-from verifier import wire
-from verifier.ledger import keys
-from verifier.model import TargetReport
-from verifier.server.index import processes_seen
-from verifier.server.store import Store, StoredReport
 
 M = "sha256:" + "3" * 64
 PROCS = tuple(replace(p, manifest_digest=M) for p in (api(), engine(), worker()))

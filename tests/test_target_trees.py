@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from servewitness.agent.trees import TreeMemory, tree_roots
+from servewitness.client.api import VerifierClient
+from servewitness.model import Verdict
+from servewitness.server.app import ServeConfig, VerifierServer
 from tests.helpers import probe_env
 from tests.test_faults import CHILD, RUNNER, policy
-from verifier.agent.trees import TreeMemory, tree_roots
-from verifier.client.api import VerifierClient
-from verifier.model import Verdict
-from verifier.server.app import ServeConfig, VerifierServer
 
 pytestmark = pytest.mark.skipif(
     shutil.which("unshare") is None, reason="needs unshare (util-linux)"
@@ -35,9 +35,9 @@ pytestmark = pytest.mark.skipif(
 NAMESPACE = """\
 import subprocess, sys, time
 from pathlib import Path
-from verifier.agent.discover import discover
-from verifier.agent.runner import Agent, AgentConfig
-from verifier.evidence.procfs import ProcFS
+from servewitness.agent.discover import discover
+from servewitness.agent.runner import Agent, AgentConfig
+from servewitness.evidence.procfs import ProcFS
 
 addr, layout, child, then, spool = sys.argv[1:6]
 worker = [sys.executable, child]
@@ -160,8 +160,8 @@ def test_pid_selects_a_tree_and_nothing_is_mixed(verifier: str, tmp_path: Path) 
 def test_tree_memory_is_sticky_only_once_two_trees_were_seen_together() -> None:
     """A server restarted in place (one tree, then another) is never mixed; two at once are,
     from then on."""
-    from verifier.evidence.process import ProcessEvidence
-    from verifier.evidence.procfs import ProcessIdentity
+    from servewitness.evidence.process import ProcessEvidence
+    from servewitness.evidence.procfs import ProcessIdentity
 
     def ev(pid: int, ppid: int, role: str = "worker") -> ProcessEvidence:
         ident = ProcessIdentity(pid, pid, ppid, pid * 10, 0.0, "b", "python", (), "")

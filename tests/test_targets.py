@@ -17,16 +17,16 @@ from pathlib import Path
 import grpc
 import pytest
 
+from servewitness import wire
+from servewitness.api.v1 import verifier_pb2 as pb
+from servewitness.client.api import VerifierClient
+from servewitness.errors import ConfigError, UsageError
+from servewitness.model import TargetReport, Verdict
+from servewitness.server.app import ServeConfig, VerifierServer
+from servewitness.server.store import Store
 from tests.helpers import agent_stub, verifier_cli
 from tests.test_faults import FakeWorker, policy, probe_report, worker  # noqa: F401 - fixture
 from tests.test_security import client, tls_verifier  # noqa: F401 - fixture
-from verifier import wire
-from verifier.api.v1 import verifier_pb2 as pb
-from verifier.client.api import VerifierClient
-from verifier.errors import ConfigError, UsageError
-from verifier.model import TargetReport, Verdict
-from verifier.server.app import ServeConfig, VerifierServer
-from verifier.server.store import Store
 
 EXPIRY_S = 3.0
 FRESHNESS_S = 1.5

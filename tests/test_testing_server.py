@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from verifier.testing.vllm_server import ServerError, VllmServer
+from servewitness.testing.vllm_server import ServerError, VllmServer
 
 
 def test_a_start_that_never_becomes_ready_fails_with_the_stacks_of_its_tree(

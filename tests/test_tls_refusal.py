@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from servewitness.testing.vllm_server import free_port
 from tests.helpers import agent_stub, verifier_cli
 from tests.test_gate_e2e import Daemon
 from tests.test_security import agent, certs, client, running_tls_verifier, sleeping_process
-from verifier.testing.vllm_server import free_port
 
 
 @pytest.fixture
@@ -155,14 +155,14 @@ def test_a_pass_over_mutual_tls_names_the_agent_and_a_foreign_target_is_refused(
     the verdict says who sent it; the same agent reporting for another target is refused."""
     import grpc
 
+    from servewitness import wire
+    from servewitness.api.v1 import verifier_pb2 as pb
+    from servewitness.client.api import VerifierClient
+    from servewitness.model import TargetReport
+    from servewitness.security.tls import ClientTLS, ServerTLS
+    from servewitness.server.app import ServeConfig, VerifierServer
     from tests.helpers import PRISTINE_VLLM_CPU
     from tests.test_policy_engine import CPU, worker
-    from verifier import wire
-    from verifier.api.v1 import verifier_pb2 as pb
-    from verifier.client.api import VerifierClient
-    from verifier.model import TargetReport
-    from verifier.security.tls import ClientTLS, ServerTLS
-    from verifier.server.app import ServeConfig, VerifierServer
 
     d = certs(tmp_path)
     assert (

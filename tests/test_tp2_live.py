@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
+from servewitness import wire
+from servewitness.policy import TargetSnapshot, load_policy
+from servewitness.policy import findings as F
+from servewitness.testing.vllm_server import VllmServer
 from tests.conftest import V1_STEP
 from tests.helpers import PRISTINE_VLLM_CPU, REPO, hook_by_name, inspect_json
-from verifier import wire
-from verifier.policy import TargetSnapshot, load_policy
-from verifier.policy import findings as F
-from verifier.testing.vllm_server import VllmServer
 
 pytestmark = pytest.mark.vllm
 RANK0_PLUGIN = REPO / "tests" / "data" / "rank0_plugin"

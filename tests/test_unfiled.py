@@ -25,9 +25,8 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import inspect_json, probe_env, wait_ready, weak_policy
-from verifier import wire
-from verifier.model import (
+from servewitness import wire
+from servewitness.model import (
     DRIFT_CHANGED_AFTER_START,
     DRIFT_MODIFIED_AFTER_LOAD,
     DRIFT_MODULE_CUSTOM_LOADER,
@@ -38,7 +37,8 @@ from verifier.model import (
     ProcessReport,
     Severity,
 )
-from verifier.policy import TargetSnapshot, load_policy
+from servewitness.policy import TargetSnapshot, load_policy
+from tests.helpers import inspect_json, probe_env, wait_ready, weak_policy
 
 # A policy with nothing but a rule that cannot fail: what every policy judges (drift, the
 # cross-check) is what is left.
@@ -133,15 +133,15 @@ def test_main_script_is_recorded_when_the_sweeper_looks_before_it_runs(tmp_path:
         tmp_path / "site" / "sitecustomize.py",
         """\
         import threading
-        from verifier.probe import _imports
-        import verifier.probe
+        from servewitness_probe import _imports
+        import servewitness_probe
         passed = threading.Event()
         sweep_modules = _imports._sweep_modules
         def traced(st):
             sweep_modules(st)
             passed.set()
         _imports._sweep_modules = traced
-        verifier.probe.start("early")
+        servewitness_probe.start("early")
         assert passed.wait(30), "the sweeper never passed"
         import __main__
         assert not hasattr(__main__, "__file__")  # the script has not started
@@ -161,7 +161,7 @@ def test_main_script_is_recorded_once_when_the_probe_starts_after_it_runs(tmp_pa
     """The other order: the script is running (``__file__`` set) when the probe starts: one
     record of the script (``snapshot``), not one from the start and another from the sweeper."""
     script = _write(
-        tmp_path / "drive.py", "import verifier.probe\nverifier.probe.start()\n" + SLEEPER
+        tmp_path / "drive.py", "import servewitness_probe\nservewitness_probe.start()\n" + SLEEPER
     )
     got = run_probed(tmp_path, [sys.executable, str(script)], early=False)
     mains = got.files(module="__main__")
@@ -176,8 +176,8 @@ import os, sys, time
 # an offline driver: builds its engine, runs its prompts, reports its numbers
 PROMPTS = ["a", "b"]
 {rewrite}
-import verifier.probe
-verifier.probe.start()
+import servewitness_probe
+servewitness_probe.start()
 """
     + READY
     + "time.sleep(600)\n"
@@ -238,7 +238,7 @@ def test_command_code_that_lies_about_itself_is_a_disagreement(tmp_path: Path) -
     code = (
         "import os, sys, time\n"
         "sys.orig_argv[sys.orig_argv.index('-c') + 1] = 'print(\"innocent\")'\n"
-        "import verifier.probe\nverifier.probe.start()\n" + READY + "time.sleep(600)\n"
+        "import servewitness_probe\nservewitness_probe.start()\n" + READY + "time.sleep(600)\n"
     )
     got = run_probed(tmp_path, [sys.executable, "-c", code], early=False)
     [d] = got.report.disagreements
@@ -454,8 +454,8 @@ LATE_ZIP = (
 import os, sys, time, zipfile
 sys.path.insert(0, os.environ["ZIP"])
 import zmod                      # before the probe
-import verifier.probe
-verifier.probe.start()
+import servewitness_probe
+servewitness_probe.start()
 time.sleep(2)                    # the sweeper reads zmod from the archive
 import zlate                     # after: read at load
 with zipfile.ZipFile(os.environ["ZIP"] + ".new", "w") as z:   # then the archive is replaced
@@ -511,7 +511,9 @@ def test_an_honest_vllm_server_passes_with_nothing_new(vllm_server: Any) -> None
         assert [d for d in r.drift if d.id != DRIFT_MODULE_CUSTOM_LOADER] == [], r.role
         assert r.disagreements == (), r.role
         files = r.files or ()
-        assert any(f.kind == "pth" and f.path.endswith("/verifier_probe_early.pth") for f in files)
+        assert any(
+            f.kind == "pth" and f.path.endswith("/servewitness_probe_early.pth") for f in files
+        )
         assert any(f.module == "__main__" for f in files), r.role
     snap = TargetSnapshot("serving", reports, time.time())
     verdicts = {

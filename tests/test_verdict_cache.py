@@ -1,4 +1,4 @@
-"""Verdicts kept, not recomputed per status call (``verifier.policy.engine.Judgements``): what a
+"""Verdicts kept, not recomputed per status call (``servewitness.policy.engine.Judgements``): what a
 (policy, target snapshot) evaluation finds is kept until a new report or another policy, and
 only the age is judged on every call. The answer must be exactly what a fresh evaluation
 gives: each step below compares the verifier's evaluator (with what it kept) against a fresh
@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
+from servewitness.model import Finding, RunVerdict, TargetReport, Verdict
+from servewitness.policy import evaluate_run, load_policy, policy_digest
+from servewitness.server import clock
+from servewitness.server.evaluate import Evaluator
+from servewitness.server.store import RunRecord, Store
 from tests.helpers import as_weak_as_needed
 from tests.test_policy_engine import HOOK_V1, api, engine, worker
-from verifier.model import Finding, RunVerdict, TargetReport, Verdict
-from verifier.policy import evaluate_run, load_policy, policy_digest
-from verifier.server import clock
-from verifier.server.evaluate import Evaluator
-from verifier.server.store import RunRecord, Store
 
 FRESH_S = 10.0
 T0 = 5000.0  # the age clock when the first reports arrive
@@ -129,9 +129,9 @@ def test_a_kept_finding_s_message_is_built_once_and_equals_a_fresh_one(
     """Status answers reuse each kept finding's message (``wire.verdicts.finding_to_pb``):
     a second answer builds none, its bytes equal an answer built without the cache, and a
     new report (new findings) is built afresh, not answered from the old messages."""
-    from verifier import wire
-    from verifier.api.v1 import verifier_pb2 as pb
-    from verifier.wire import verdicts as V
+    from servewitness import wire
+    from servewitness.api.v1 import verifier_pb2 as pb
+    from servewitness.wire import verdicts as V
 
     built: list[str] = []
     convert = V._finding_to_pb

@@ -17,15 +17,22 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from servewitness import wire
+from servewitness.agent.runner import Agent, AgentConfig
+from servewitness.api.v1 import verifier_pb2 as pb
+from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
+from servewitness.client.api import VerifierClient
+from servewitness.errors import ConfigError, UnavailableError, UsageError
+from servewitness.model import (
+    FileEntry,
+    ProcessKey,
+    ProcessReport,
+    TargetReport,
+    Verdict,
+    merkle_root,
+)
+from servewitness.server.app import ServeConfig, VerifierServer
 from tests.helpers import Backend, agent_stub, not_vllm_policy, probe_env
-from verifier import wire
-from verifier.agent.runner import Agent, AgentConfig
-from verifier.api.v1 import verifier_pb2 as pb
-from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
-from verifier.client.api import VerifierClient
-from verifier.errors import ConfigError, UnavailableError, UsageError
-from verifier.model import FileEntry, ProcessKey, ProcessReport, TargetReport, Verdict, merkle_root
-from verifier.server.app import ServeConfig, VerifierServer
 
 SHA = "ab" * 32
 POLICY = not_vllm_policy('version = 1\n[[hooks]]\nname = "h"\nrole = "worker"\n')
@@ -179,7 +186,9 @@ def test_unreachable_verifier_is_unavailable(tmp_path: Path) -> None:
 def test_agent_spools_while_the_verifier_is_away_then_delivers_each_report_once(
     tmp_path: Path,
 ) -> None:
-    code = "import verifier.probe as p, sys; p.start(); print('up', flush=True); sys.stdin.read()"
+    code = (
+        "import servewitness_probe as p, sys; p.start(); print('up', flush=True); sys.stdin.read()"
+    )
     child = subprocess.Popen(
         [sys.executable, "-c", code],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -262,7 +271,7 @@ def test_agent_restarted_with_a_fresh_spool_is_not_mistaken_for_duplicates(
 def test_runner_file_changed_after_load_is_a_disagreement_between_probe_and_agent(
     tmp_path: Path,
 ) -> None:
-    from verifier.policy import TargetSnapshot, load_policy
+    from servewitness.policy import TargetSnapshot, load_policy
 
     mods = tmp_path / "mods"
     mods.mkdir()
@@ -270,8 +279,8 @@ def test_runner_file_changed_after_load_is_a_disagreement_between_probe_and_agen
         "class Runner:\n    def execute_model(self, so):\n        pass\n"
     )
     code = (
-        "import sys, fakerunner, verifier.probe as p\n"
-        "from verifier.probe import _vllm\n"
+        "import sys, fakerunner, servewitness_probe as p\n"
+        "from servewitness_probe import _vllm\n"
         "p.start()\n"
         "class Worker:\n    model_runner = fakerunner.Runner()\n"
         "_vllm.record_runner(Worker())\n"
@@ -307,14 +316,14 @@ def test_runner_file_changed_after_load_is_a_disagreement_between_probe_and_agen
 
 def test_tampered_probe_record_and_a_vanished_file_are_disagreements(tmp_path: Path) -> None:
     """The probe's own record is never the only evidence: the agent re-hashes every file."""
-    from verifier.policy import TargetSnapshot, load_policy
+    from servewitness.policy import TargetSnapshot, load_policy
 
     mods = tmp_path / "mods"
     mods.mkdir()
     (mods / "honest.py").write_text("X = 1\n")
     (mods / "doomed.py").write_text("Y = 2\n")
     code = (
-        "import sys, verifier.probe as p\n"
+        "import sys, servewitness_probe as p\n"
         "p.start()\n"
         "import honest, doomed\n"
         "print('up', flush=True); sys.stdin.read()\n"

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
+from servewitness.testing.vllm_server import VllmServer
 from tests.conftest import MALFORMED_ENTRY, V1_STEP, V2_STEP
 from tests.helpers import hook_by_name, inspect_json, verifier_cli
-from verifier.testing.vllm_server import VllmServer
 
 pytestmark = pytest.mark.vllm
 

@@ -18,10 +18,10 @@ from typing import Any, NamedTuple
 
 import pytest
 
+from servewitness.client.window import seal_content
+from servewitness.testing.vllm_server import VllmServer
 from tests.helpers import REPO, verifier_cli
 from tests.test_gate_e2e import Daemon
-from verifier.client.window import seal_content
-from verifier.testing.vllm_server import VllmServer
 
 pytestmark = pytest.mark.vllm
 
@@ -214,13 +214,13 @@ HALF = POLICY.replace('on = "decode"\n', 'on = "decode"\nmin_fires_per_productiv
 def test_harness_block_where_a_hook_stops_fails_and_seals_why(
     stack: Stack,
 ) -> None:
-    """The harness context manager (verifier.client.gate.measurement) with results: the gate passes
+    """The harness context manager (client.gate.measurement) with results: the gate passes
         on entry, the logprobs hook stops firing inside the block, and leaving the block raises
         GateFailed although the run itself still PASSes (over the process's life the hook fired
         on at least half of the decode steps, which this run's policy asks), after writing the
         results' statement with the window.hook_lagged finding. The block opens on evidence read
     after it was entered: the 16 firing steps just before it are not the block's."""
-    from verifier.client.gate import GateFailed, measurement
+    from servewitness.client.gate import GateFailed, measurement
 
     addr, d, server, _ = stack
     assert 'name = "logprobs"\non = "decode"\nmin_fires_per_productive_step = 0.5' in HALF

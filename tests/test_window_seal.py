@@ -24,19 +24,19 @@ from typing import Any
 import grpc
 import pytest
 
+from servewitness import wire
+from servewitness.api.v1 import verifier_pb2 as pb
+from servewitness.client.api import VerifierClient
+from servewitness.client.window import sha256_file
+from servewitness.errors import TimeoutError_, UsageError
+from servewitness.ledger import dsse, keys, note
+from servewitness.ledger import statement as st
+from servewitness.model import TargetReport
+from servewitness.server.app import ServeConfig, VerifierServer
+from servewitness.server.store import Store
 from tests.helpers import agent_stub, probe_env, state_dir, verifier_cli
 from tests.test_faults import policy, probe_report
 from tests.test_gate_e2e import Daemon
-from verifier import wire
-from verifier.api.v1 import verifier_pb2 as pb
-from verifier.client.api import VerifierClient
-from verifier.client.window import sha256_file
-from verifier.errors import TimeoutError_, UsageError
-from verifier.ledger import dsse, keys, note
-from verifier.ledger import statement as st
-from verifier.model import TargetReport
-from verifier.server.app import ServeConfig, VerifierServer
-from verifier.server.store import Store
 
 # The worker's code is in a file, as vLLM's is (code from no file is provenance.code.patched);
 # with `skip` set its steps count but do not reach the runner, so the hook does not fire.
@@ -62,9 +62,9 @@ class Worker:
 # A probed worker that steps on command: "step N" runs N steps that fire the hook, "idle N"
 # runs N steps that do not (the hook stopped firing), each answered "ok".
 STEPPER = """\
-import sys, verifier.probe as p
+import sys, servewitness_probe as p
 p.start()
-from verifier.probe import _vllm
+from servewitness_probe import _vllm
 import fakerunner
 
 class SchedulerOutput:

@@ -10,12 +10,12 @@ import subprocess
 import time
 from pathlib import Path
 
+from servewitness.testing.vllm_server import free_port
 from tests.helpers import verifier_cli
 from tests.test_faults import policy
 from tests.test_gate_e2e import Daemon
 from tests.test_security import certs
 from tests.test_window_seal import Stepper, in_thread, payload, stepper  # noqa: F401 - fixture
-from verifier.testing.vllm_server import free_port
 
 
 def test_windows_over_mutual_tls_harness_may_auditor_and_agent_may_not(

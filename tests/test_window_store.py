@@ -9,10 +9,10 @@ import json
 
 import pytest
 
+from servewitness.ledger import chain, keys, merkle, note
+from servewitness.server import window_rows
+from servewitness.server.store import Store
 from tests.helpers import Backend
-from verifier.ledger import chain, keys, merkle, note
-from verifier.server import window_rows
-from verifier.server.store import Store
 
 
 def test_window_and_seal_are_ledgered_proven_and_edits_are_caught(backend: Backend) -> None:

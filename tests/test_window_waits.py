@@ -14,11 +14,11 @@ from pathlib import Path
 import grpc
 import pytest
 
+from servewitness.api.v1 import verifier_pb2 as pb
+from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
+from servewitness.client.api import VerifierClient
+from servewitness.server.app import ServeConfig, VerifierServer
 from tests.test_faults import policy
-from verifier.api.v1 import verifier_pb2 as pb
-from verifier.api.v1 import verifier_pb2_grpc as pb_grpc
-from verifier.client.api import VerifierClient
-from verifier.server.app import ServeConfig, VerifierServer
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""verifier.wire: every domain value survives domain -> message -> bytes -> message -> domain,
+"""servewitness.wire: every domain value survives domain -> message -> bytes -> message -> domain,
 and a message that cannot describe a valid value is rejected with the field and the reason."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from verifier import wire
-from verifier.api.v1 import verifier_pb2 as pb
-from verifier.errors import UsageError
-from verifier.model import (
+from servewitness import wire
+from servewitness.api.v1 import verifier_pb2 as pb
+from servewitness.errors import UsageError
+from servewitness.model import (
     DRIFT_BYTECODE_STALE,
     DRIFT_MODULE_FILELESS,
     DRIFT_RECORD_UNREADABLE,
@@ -499,7 +499,7 @@ def test_envelopes_round_trip() -> None:
 
 
 def test_every_domain_field_has_a_wire_field() -> None:
-    """A field added to verifier.model without a wire field fails here, not in production."""
+    """A field added to servewitness.model without a wire field fails here, not in production."""
     renamed = {"files": {"files", "files_included"}, "context": {"context_json"}}
     pairs: list[tuple[type, Any]] = [
         (ProcessKey, pb.ProcessKey),
@@ -1004,7 +1004,7 @@ def test_run_verdict_json_round_trips_and_reads_as_people_read_it() -> None:
 
 def test_status_json_is_the_one_verdict_form() -> None:
     """`status --json` prints exactly run_verdict_to_json for each run (no second form)."""
-    from verifier._cli import status_cmd
+    from servewitness._cli import status_cmd
 
     assert "verdict_json" not in vars(status_cmd)
     assert not hasattr(wire, "run_verdict_to_pb_json")

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from verifier.api.v1 import verifier_pb2 as pb
-from verifier.wire import WireError
-from verifier.wire import fields as F
-from verifier.wire import limits as L
-from verifier.wire import reports as R
+from servewitness.api.v1 import verifier_pb2 as pb
+from servewitness.wire import WireError
+from servewitness.wire import fields as F
+from servewitness.wire import limits as L
+from servewitness.wire import reports as R
 
 TEXT = F.MAX_TEXT
 

@@ -26,10 +26,10 @@ early=${VERIFIER_PROBE_EARLY:-0}
 if [ "${1:-}" = "--check" ] || { [ -n "$early" ] && [ "$early" != "0" ]; }; then
   scratch=$(mktemp -d)
   if ! VERIFIER_PROBE_EARLY=1 VERIFIER_PROBE_DIR="$scratch" "$PY" -c \
-      'import sys; sys.exit("verifier.probe._bootstrap" not in sys.modules)'; then
+      'import sys; sys.exit("servewitness_probe._bootstrap" not in sys.modules)'; then
     rm -rf "$scratch"
     echo "verifier-vllm-entrypoint: the early probe (VERIFIER_PROBE_EARLY) does not start" \
-      "in $PY: verifier_probe_early.pth is not in a site directory of it (was the package" \
+      "in $PY: servewitness_probe_early.pth is not in a site directory of it (was the package" \
       "installed into the interpreter vLLM runs under? build arg PYTHON)" >&2
     exit 1
   fi

@@ -80,12 +80,12 @@ def start_stack() -> list[subprocess.Popen[bytes]]:
     WORK.mkdir(parents=True, exist_ok=True)
     sock = f"unix:{WORK}/v.sock"
     log = (WORK / "stack.log").open("ab")
-    verifier = [PY, "-m", "verifier", "serve", "--listen", sock, "--db", str(WORK / "db")]
+    verifier = [PY, "-m", "servewitness", "serve", "--listen", sock, "--db", str(WORK / "db")]
     procs = [subprocess.Popen(verifier, stdout=log, stderr=subprocess.STDOUT)]
     deadline = time.monotonic() + 60
     while not (WORK / "v.sock").exists() and time.monotonic() < deadline:
         time.sleep(0.2)
-    agent = [PY, "-m", "verifier", "agent", "--verifier", sock, "--target", "h200", "--pid",
+    agent = [PY, "-m", "servewitness", "agent", "--verifier", sock, "--target", "h200", "--pid",
              API_PID, "--interval", "0.5", "--spool", str(WORK / "spool"), "--no-docker"]  # fmt: skip
     procs.append(subprocess.Popen(agent, stdout=log, stderr=subprocess.STDOUT))
     return procs

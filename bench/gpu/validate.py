@@ -154,7 +154,7 @@ def request_spec(inspect_out: str) -> list[dict[str, object]]:
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [PY, "-m", "verifier", *args],
+        [PY, "-m", "servewitness", *args],
         check=False,
         capture_output=True,
         text=True,
@@ -338,7 +338,7 @@ def smoke() -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import _smoke
 
-    from verifier.policy import load_policy
+    from servewitness.policy import load_policy
 
     args = _smoke.parse(__doc__, live=True)
     _smoke.begin(

@@ -38,7 +38,7 @@ def _patch(module: ModuleType) -> None:
     def execute_model(self: Any, *args: Any, **kwargs: Any) -> Any:
         out = orig(self, *args, **kwargs)
         if _rank() == 0:
-            from verifier.probe import hook
+            from servewitness_probe import hook
 
             hook.fire("rank0_only")
         return out

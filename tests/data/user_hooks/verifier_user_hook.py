@@ -1,6 +1,6 @@
 """A user's own hook module that vLLM never imports: its hook must be reported not loaded."""
 
-from verifier.probe import hook
+from servewitness_probe import hook
 
 
 @hook("user_patched")

@@ -1,0 +1,240 @@
+"""Modules executed by a loader whose bytes the probe does not see: custom loaders.
+
+The probe hashes what the file loaders it wraps read (``_imports``), what zipimport reads
+(``_zips``), and builtin, frozen and namespace modules run no bytes of a file (or those of the
+standard library's, hashed after the fact). A module whose spec names any other loader ran
+code that no file record names: a meta-path finder serving source from a string, a loader
+that rewrites the source it read, one that returns another module. Each such module becomes
+an ``unfiled`` journal record::
+
+    {"k": "unfiled", "how": "loader", "module": NAME, "loader": "pkg.mod.Class",
+     "loader_file": PATH|null, "file": PATH|null, "source_sha256": HEX|null,
+     "source_size": int|null, "at": "load"|"snapshot"|"late"}
+
+``loader_file`` is the file that defines the loader's class (where its own methods were
+compiled from), so the agent can judge it against its distribution's RECORD;
+``source_sha256`` is the sha256 of what the loader's ``get_source`` returns, when it has one
+(the probe's word only: no file holds it).
+
+A subclass of a wrapped file loader or of zipimport's that overrides none of the methods on
+the code path leaves the reading to its base: not custom. Modules are seen two ways: the
+import system's ``_load_unlocked`` is wrapped (a module global of ``importlib._bootstrap``)
+so that a module imported through a custom loader is recorded even if it leaves
+``sys.modules`` at once, and the sweeper looks at every module in ``sys.modules`` (a loader
+run by hand, ``loader.exec_module(module)``, passes no import statement).
+
+A module with no spec at all was made by hand (``types.ModuleType``) or in C (torch's
+``torch._C._jit``: hundreds in a vLLM process, all of them C functions). One whose own
+functions (or its classes' methods) were compiled from no file (``co_filename`` like
+``<string>``), or from another file than its ``__file__`` says, had source executed into it:
+an ``unfiled`` record with ``how: "exec"`` and the filename its code claims. Code compiled
+from a file, in a module without ``__file__``, has that file hashed as the module's (torch
+inductor's generated modules set ``__file__`` to the file they compiled: hashed as such).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import types
+import zipimport
+from importlib.machinery import (
+    BuiltinImporter,
+    ExtensionFileLoader,
+    FrozenImporter,
+    NamespaceLoader,
+    SourceFileLoader,
+    SourcelessFileLoader,
+)
+from typing import Any
+
+from servewitness_probe import _core, _files
+
+# Loaders whose bytes the probe records, or that run no bytes of a file.
+_READERS: tuple[type, ...] = (
+    SourceFileLoader,
+    SourcelessFileLoader,
+    ExtensionFileLoader,
+    zipimport.zipimporter,
+)
+_NO_FILE: tuple[Any, ...] = (BuiltinImporter, FrozenImporter, NamespaceLoader)
+# The methods that make or run a module's code (get_data: the one the probe wraps).
+_CODE_PATH = (
+    "exec_module",
+    "load_module",
+    "get_code",
+    "source_to_code",
+    "create_module",
+    "get_data",
+)
+
+_custom_types: dict[type, bool] = {}
+_pending: list[tuple[str, Any, Any]] = []  # (name, module, spec) seen by _load_unlocked
+_done: set[str] = set()
+_installed = False
+
+
+def _custom_type(t: type) -> bool:
+    if t in _NO_FILE or t in _READERS:
+        return False
+    base = next((b for b in _READERS if issubclass(t, b)), None)
+    if base is None:
+        return True
+    below = t.__mro__[: t.__mro__.index(base)]
+    return any(m in vars(k) for k in below for m in _CODE_PATH)
+
+
+def is_custom(loader: Any) -> bool:
+    """Whether LOADER runs code the probe does not see the bytes of (never raises; a few
+    tenths of a microsecond: it runs on every import)."""
+    if loader is None:
+        return False  # no loader: nothing executed by one
+    if isinstance(loader, type):  # a class as its own loader: builtin, frozen, or another's
+        return loader not in _NO_FILE
+    t = type(loader)
+    custom = _custom_types.get(t)
+    if custom is None:
+        try:
+            custom = _custom_type(t)
+        except Exception:  # noqa: BLE001 - a hostile class: custom
+            custom = True
+        _custom_types[t] = custom
+    return custom
+
+
+def _defining_file(cls: type) -> str | None:
+    """The file that defines the loader class CLS: where the first of its own methods was
+    compiled from, else its module's file (a class that only inherits, ``class L(Base):
+    pass``, is defined where that statement is, not where its base is)."""
+    for value in list(vars(cls).values()):
+        code = getattr(getattr(value, "__func__", value), "__code__", None)
+        filename = getattr(code, "co_filename", None)
+        if isinstance(filename, str):
+            return filename
+    mod = sys.modules.get(getattr(cls, "__module__", None) or "")
+    file = getattr(mod, "__file__", None)
+    return file if isinstance(file, str) else None
+
+
+def _source(loader: Any, name: str) -> tuple[str, int] | None:
+    """(sha256, size) of what LOADER's get_source gives for NAME (None: it gives nothing)."""
+    get_source = getattr(loader, "get_source", None)
+    if get_source is None:
+        return None
+    try:
+        src = get_source(name)
+    except Exception:  # noqa: BLE001 - any loader's failure: no source
+        return None
+    if isinstance(src, str):
+        data = src.encode("utf-8", "surrogatepass")
+    elif isinstance(src, bytes):
+        data = src
+    else:
+        return None
+    return hashlib.sha256(data).hexdigest(), len(data)
+
+
+def record(st: Any, name: str, module: Any, spec: Any, at: str) -> None:
+    """Journal module NAME (MODULE, SPEC) if a custom loader executed it (once per name)."""
+    if name in _done:
+        return
+    loader = getattr(spec, "loader", None)
+    if not is_custom(loader):
+        return
+    _done.add(name)
+    cls = loader if isinstance(loader, type) else type(loader)
+    try:
+        file = vars(module).get("__file__")
+    except TypeError:
+        file = None
+    src = _source(loader, name)
+    st.remember(
+        {
+            "k": "unfiled",
+            "how": "loader",
+            "module": name,
+            "loader": f"{getattr(cls, '__module__', '?')}.{getattr(cls, '__qualname__', '?')}",
+            "loader_file": _defining_file(cls),
+            "file": file if isinstance(file, str) else None,
+            "source_sha256": src[0] if src else None,
+            "source_size": src[1] if src else None,
+            "at": at,
+        }
+    )
+
+
+def _code_filename(name: str, module: types.ModuleType) -> str | None:
+    """The filename the first function defined in MODULE (or in a class of it) was compiled
+    from (None: it defines none in Python)."""
+    try:
+        for value in list(vars(module).values()):
+            if getattr(value, "__module__", None) != name:
+                continue
+            candidates = list(vars(value).values()) if isinstance(value, type) else [value]
+            for fn in candidates:
+                if isinstance(fn, types.FunctionType):
+                    return fn.__code__.co_filename
+    except Exception:  # noqa: BLE001 - odd objects (proxies, lazy attributes): no answer
+        return None
+    return None
+
+
+def record_exec(st: Any, name: str, module: Any, file: str | None, at: str) -> None:
+    """Journal module NAME, which has no spec, if code compiled from no file was executed
+    into it, or from another file than FILE (its ``__file__``, which the sweeper hashes) says
+    (once per name). Without a ``__file__``, the file its code names is hashed as its own
+    (what a module made from a file by hand, ``exec(compile(src, path, ...))``, ran)."""
+    if name in _done or not isinstance(module, types.ModuleType):
+        return
+    filename = _code_filename(name, module)
+    if filename is None or filename == file:
+        return
+    _done.add(name)
+    if file is None and os.path.isabs(filename) and os.path.isfile(filename):
+        st.remember(_files.file_record(filename, "source", name, at))
+        return
+    st.remember(
+        {
+            "k": "unfiled",
+            "how": "exec",
+            "module": name,
+            "loader": None,
+            "loader_file": None,
+            "file": filename,
+            "source_sha256": None,
+            "source_size": None,
+            "at": at,
+        }
+    )
+
+
+def install() -> None:
+    """Wrap the import system's ``_load_unlocked`` (idempotent; survives fork)."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    bootstrap = sys.modules.get("_frozen_importlib")
+    orig = getattr(bootstrap, "_load_unlocked", None)
+    if orig is None or getattr(orig, "__verifier_probe__", False):
+        return
+
+    def _load_unlocked(spec: Any) -> Any:
+        module = orig(spec)
+        try:
+            if is_custom(spec.loader):
+                _pending.append((spec.name, module, spec))
+        except Exception as e:  # noqa: BLE001 - a probe never raises into an import
+            _core.report_error("loaders", f"{type(e).__name__}: {e}")
+        return module
+
+    _load_unlocked.__verifier_probe__ = True  # type: ignore[attr-defined]
+    bootstrap._load_unlocked = _load_unlocked  # type: ignore[union-attr]
+
+
+def sweep(st: Any) -> None:
+    """Journal the modules custom loaders executed since the last sweep (import statements)."""
+    while _pending:
+        name, module, spec = _pending.pop(0)
+        record(st, name, module, spec, "load")

@@ -1,0 +1,3 @@
+from servewitness._cli.main import main
+
+raise SystemExit(main())

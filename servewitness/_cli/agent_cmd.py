@@ -1,0 +1,94 @@
+"""``verifier agent``: the sidecar that reports this target's vLLM processes."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from servewitness._cli.common import add_verifier_option, positive_seconds, tls_from
+from servewitness.client.address import resolve
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "agent",
+        help="run the sidecar agent: find vLLM processes, report their evidence",
+        description="Find the vLLM processes visible here (same PID namespace), read their "
+        "probes and /proc, and report them to the verifier every interval. Keeps a bounded "
+        "on-disk spool while the verifier is unreachable. Stops on SIGTERM/SIGINT.",
+    )
+    add_verifier_option(p)
+    p.add_argument("--target", default=socket.gethostname(), help="target name (default: hostname)")
+    p.add_argument("--agent-id", help="agent identity (default: HOSTNAME/TARGET)")
+    p.add_argument(
+        "--pid",
+        type=int,
+        help="only report this process and its descendants; without it, every vLLM process "
+        "visible is reported, and two independent servers seen at once make the target "
+        "evidence.target.mixed (never PASS)",
+    )
+    p.add_argument(
+        "--interval",
+        type=positive_seconds,
+        metavar="S",
+        help="seconds between reports (default: the verifier's)",
+    )
+    p.add_argument(
+        "--spool", type=Path, default=Path(".verifier-agent-spool"), help="spool directory"
+    )
+    p.add_argument(
+        "--spool-max-bytes",
+        type=int,
+        default=64 * 1024 * 1024,
+        help="the spool's size limit; past it the oldest reports are dropped (default 64 MiB)",
+    )
+    p.add_argument("--health", metavar="ADDRESS", help="serve gRPC health checks here")
+    p.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics over HTTP at http://HOST:PORT/metrics (a bare PORT: "
+        "127.0.0.1); off by default (docs/operations.md)",
+    )
+    p.add_argument(
+        "--no-compile-cache",
+        action="store_true",
+        help="do not keep pyc compile verdicts in the spool directory across restarts (also "
+        "VERIFIER_AGENT_COMPILE_CACHE=0; docs/operations.md)",
+    )
+    docker = p.add_mutually_exclusive_group()
+    docker.add_argument(
+        "--docker-socket",
+        metavar="PATH",
+        default="/var/run/docker.sock",
+        help="the Docker API socket, to name each container (name, image, labels) in reports; "
+        "when it is missing the reports say so per container (default: %(default)s)",
+    )
+    docker.add_argument(
+        "--no-docker", action="store_true", help="do not ask any Docker API about containers"
+    )
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from servewitness.agent.runner import Agent, AgentConfig, default_agent_id
+
+    config = AgentConfig(
+        verifier=resolve(args.verifier),
+        target=args.target,
+        agent_id=args.agent_id or default_agent_id(args.target),
+        spool_dir=args.spool,
+        spool_max_bytes=args.spool_max_bytes,
+        interval_s=args.interval,
+        root_pid=args.pid,
+        health_listen=args.health,
+        docker_socket=None if args.no_docker else args.docker_socket,
+        tls=tls_from(args),
+        metrics_listen=args.metrics_listen,
+        compile_cache=not args.no_compile_cache
+        and os.environ.get("VERIFIER_AGENT_COMPILE_CACHE", "1") != "0",
+    )
+    Agent(config).serve_forever()
+    return 0

@@ -1,0 +1,83 @@
+"""``verifier audit verify-seal SEAL --key PUB [--results FILE] [--checkpoint OLD.note]``:
+check a sealed measurement window offline (``servewitness/ledger/verify_seal.py``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from servewitness.errors import ConfigError
+
+DESCRIPTION = """\
+Check a measurement window's seal (RESULTS.seal.json from `verifier exec` or `verifier seal`)
+offline, with the verifier's public key alone: the DSSE signature by --key; the statement's
+shape (a measurement-window predicate whose gate decision, window and seal agree, whose
+subject is the sealed results file); the checkpoint note's signature; the window's and the
+seal's ledger entries (their hashes, their subjects recomputed from the statement, their
+inclusion in the signed checkpoint); with --results, that the file's bytes are the ones
+sealed; with --checkpoint (a note kept elsewhere), that the seal's checkpoint extends it when
+the seal carries the proof (else said to be not checked).
+
+Exit 0: everything verifies AND the window held. 1: it verifies but the window did not hold,
+or something does not match (each named). 3: the seal, key, checkpoint or results file
+cannot be read, or the seal is not a seal document."""
+
+
+def add_actions(acts: Any) -> None:
+    v = acts.add_parser(
+        "verify-seal",
+        help="check a sealed measurement window offline with the verifier's public key",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    v.add_argument("seal", metavar="SEAL", help="RESULTS.seal.json")
+    v.add_argument("--key", required=True, metavar="PUB", help="the verifier's public key")
+    v.add_argument("--results", metavar="FILE", help="the results file: its bytes must match")
+    v.add_argument("--checkpoint", metavar="NOTE", help="a signed checkpoint kept elsewhere")
+    v.add_argument("--json", action="store_true", help="the result as JSON")
+    v.set_defaults(handler=run_verify_seal)
+
+
+def _read(path: str, what: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{what} {path}: cannot read: {e.strerror or e}") from e
+
+
+def run_verify_seal(args: argparse.Namespace) -> int:
+    from servewitness.ledger.keys import load_public_key
+    from servewitness.ledger.verify_seal import Unreadable, check_seal
+
+    data = _read(args.seal, "seal")
+    key = load_public_key(Path(args.key))
+    old = _read(args.checkpoint, "--checkpoint") if args.checkpoint else None
+    results = Path(args.results) if args.results else None
+    if results is not None and not results.is_file():
+        raise ConfigError(f"--results {results}: no such file")
+    try:
+        r = check_seal(data, key, results, old)
+    except Unreadable as e:
+        raise ConfigError(f"{args.seal}: {e}") from e
+    if args.json:
+        print(json.dumps(r.to_json(), indent=2))
+    else:
+        for c in r.checks:
+            print(f"ok   {c}")
+        for n in r.not_checked:
+            print(f"not checked: {n}")
+        for p in r.problems:
+            print(f"FAIL {p}", file=sys.stderr)
+        for f in r.findings:
+            print(f"finding {f.get('id')}: {f.get('message')}")
+        state = "held" if r.held else "did NOT hold"
+        if r.verified:
+            print(f"seal verified: window {r.window_id} on run {r.run} {state}")
+        else:
+            print(
+                f"seal does NOT verify ({len(r.problems)} problem(s)); it says the window {state}"
+            )
+    return 0 if r.ok else 1

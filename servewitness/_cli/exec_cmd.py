@@ -1,0 +1,122 @@
+"""``verifier exec RUN --results FILE -- CMD ARGS...``: a benchmark inside a measurement window
+the verifier opens and seals: open (the verifier waits for PASS on fresh evidence) -> run CMD
+(it inherits stdin/stdout/stderr; SIGINT and SIGTERM are forwarded to it) -> hash FILE -> seal
+-> write the signed seal to FILE.seal.json (or --out)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from servewitness._cli.common import add_verifier_option, positive_seconds, rpc_timeout, tls_from
+from servewitness.errors import Error, UsageError
+
+DESCRIPTION = """\
+Run CMD inside a measurement window on RUN that the verifier opens and seals itself:
+
+  1. open: the verifier waits up to --timeout for every target to report after the call and
+     for RUN to PASS on that evidence, and records the window in its ledger;
+  2. CMD runs (stdio inherited; SIGINT/SIGTERM forwarded to it) and writes --results;
+  3. seal: the results file is hashed, the verifier judges liveness over the window from its
+     own stored reports, ledgers and signs the seal; it is written to RESULTS.seal.json (or
+     --out), also when the window broke or CMD failed.
+
+Exit codes: CMD's own code when it is not 0 (the seal is still attempted, written and its
+outcome printed); else 0 when the window held and 1 when it broke (or --results was not
+written). When the window cannot open CMD never runs: 1 (RUN FAILs), 4 (verifier
+unreachable), 5 (no PASS on fresh evidence within --timeout), 10 (not authorized: the harness
+or operator role is needed). Each of open and seal takes at most --timeout + 1 s for the
+answer, an unreachable or busy verifier called again within it. Check the seal offline with
+`verifier audit verify-seal`."""
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "exec",
+        usage="verifier exec [-h] RUN --results FILE [--out SEAL] [--timeout S] "
+        "[--verifier ADDRESS] [TLS options] -- CMD [ARGS...]",
+        help="run a benchmark command inside a verifier-sealed measurement window",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("run", help="the run whose window CMD runs in")
+    p.add_argument("--results", required=True, metavar="FILE", help="what CMD writes")
+    p.add_argument("--out", metavar="SEAL", help="seal path (default RESULTS.seal.json)")
+    p.add_argument(
+        "--timeout",
+        type=positive_seconds,
+        default=120.0,
+        help="seconds the verifier waits for PASS at open, and for fresh evidence at the seal",
+    )
+    add_verifier_option(p)
+    p.set_defaults(handler=run, takes_command=True, command_argv=[])  # `-- CMD ARGS...`: main
+
+
+def _run_child(argv: list[str]) -> int:
+    """Run ARGV with SIGINT and SIGTERM forwarded; its exit code (128+N for signal N)."""
+    try:
+        child = subprocess.Popen(argv)
+    except OSError as e:
+        print(f"verifier exec: cannot run {argv[0]}: {e}", file=sys.stderr)
+        return 127
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        child.send_signal(signum)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = child.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    return 128 - code if code < 0 else code
+
+
+def run(args: argparse.Namespace) -> int:
+    from servewitness import wire
+    from servewitness._cli.window_cmd import print_seal
+    from servewitness.client.address import resolve
+    from servewitness.client.api import VerifierClient
+    from servewitness.client.window import seal, seal_content, seal_path
+
+    argv = list(args.command_argv)
+    if not argv:
+        raise UsageError("no command: verifier exec RUN --results FILE -- CMD ARGS...")
+    results = Path(args.results)
+    out = Path(args.out) if args.out else None
+    with VerifierClient(resolve(args.verifier), rpc_timeout(args), tls_from(args)) as client:
+        opened = client.open_window(args.run, args.timeout)  # CMD never runs if this fails
+        print(f"verifier exec: window {opened.window_id} on run {args.run} opened", flush=True)
+        code = _run_child(argv)
+        print(f"verifier exec: {argv[0]} exited {code}", file=sys.stderr, flush=True)
+        try:
+            if results.is_file():
+                sealed, content, path = seal(
+                    client, opened.window_id, args.run, results, args.timeout, out
+                )
+            else:
+                # Sealed all the same (the window is closed in the ledger, held or not), over
+                # the empty string's digest: there are no results to bind.
+                print(f"verifier exec: {results} was not written", file=sys.stderr)
+                import hashlib
+
+                empty = hashlib.sha256(b"").hexdigest()
+                sealing = wire.WindowSealing(
+                    opened.window_id, args.run, empty, 0, results.name, args.timeout
+                )
+                sealed = client.seal_window(sealing)
+                path = seal_path(results, out)
+                path.write_text(sealed.seal_json)
+                content = seal_content(sealed.seal_json)
+        except Error as e:
+            print(f"verifier exec: the seal failed: {e.explain()}", file=sys.stderr)
+            return code or e.exit_code
+    print_seal(content, path, sealed.held)
+    if code:
+        return code
+    return 0 if sealed.held and results.is_file() else 1

@@ -1,0 +1,62 @@
+"""Which processes the agent reports: every vLLM process it can see (under ``--pid`` if
+given), and the ones ``/proc`` would not let it read, named rather than dropped."""
+
+from __future__ import annotations
+
+import os
+
+from servewitness.errors import NotPythonProcess, ProcessAccessDenied, UnavailableError
+from servewitness.evidence.journal import JournalCache
+from servewitness.evidence.process import ProcessEvidence, read_process
+from servewitness.evidence.procfs import ProcFS
+
+
+def is_vllm_candidate(ev: ProcessEvidence) -> bool:
+    """A process the agent reports: it has a probe, or its command line names vLLM, or probe
+    state was planted under its name (refused: said, not dropped, whatever it runs)."""
+    if ev.probe is not None or ev.unbound:
+        return True
+    return any("vllm" in a.lower() for a in ev.identity.cmdline)
+
+
+def discover(
+    procfs: ProcFS,
+    root_pid: int | None = None,
+    cache: JournalCache | None = None,
+    refused: list[str] | None = None,
+) -> list[ProcessEvidence]:
+    """Every vLLM process visible (under ROOT_PID if given), the agent itself excluded.
+    CACHE: keep parsed probe journals between calls (only appended records are read).
+    REFUSED: where to note the vLLM processes /proc would not let the agent read (they would
+    otherwise vanish from the report as if they did not exist)."""
+    pids = procfs.descendants(root_pid) if root_pid else sorted(procfs.parents())
+    out = []
+    for pid in pids:
+        if pid == os.getpid():
+            continue
+        try:
+            ev = read_process(procfs, pid, cache)
+        except (ProcessAccessDenied, PermissionError) as e:
+            # The process named with --pid is noted whatever its command line: it was asked for.
+            what = "(--pid)" if pid == root_pid else "looks like vLLM"
+            if refused is not None and (pid == root_pid or _names_vllm(procfs, pid)):
+                refused.append(
+                    f"pid {pid} {what} but /proc refused to show it ({e}): the agent "
+                    "needs SYS_PTRACE and to run as the same user (root) in the process's "
+                    "PID namespace"
+                )
+            continue
+        except (NotPythonProcess, UnavailableError, OSError, ValueError):
+            continue
+        if is_vllm_candidate(ev):
+            out.append(ev)
+    return out
+
+
+def _names_vllm(procfs: ProcFS, pid: int) -> bool:
+    """Whether PID's command line (readable without ptrace rights) mentions vLLM."""
+    try:
+        cmdline = (procfs.root / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"vllm" in cmdline.lower()

@@ -1,0 +1,458 @@
+"""``verifier agent``: the sidecar loop (collect -> report, spool when the verifier is away).
+
+The agent never exits because a target process went away: it reports it gone. It reconnects
+with exponential backoff, keeps unacknowledged reports in a bounded on-disk spool and sends
+them in order, each exactly once per sequence number (the verifier deduplicates by seq).
+Unchanged manifests are sent as digests only; the verifier asks for any it lacks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterable
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+import grpc
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from servewitness import wire
+from servewitness.agent.bindings import Bindings
+from servewitness.agent.containers import ContainerDirectory, OwnPod
+from servewitness.agent.discover import discover
+from servewitness.agent.metrics import AgentMetrics
+from servewitness.agent.spool import Spool
+from servewitness.agent.trees import TreeMemory
+from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
+from servewitness.errors import NotAuthorized, UnavailableError
+from servewitness.evidence.container import container_of
+from servewitness.evidence.distindex import DistIndex, Sites
+from servewitness.evidence.docker_api import DEFAULT_SOCKET
+from servewitness.evidence.hashing import Hasher
+from servewitness.evidence.journal import JournalCache
+from servewitness.evidence.judge import Judgement, dist_index
+from servewitness.evidence.native import NativeMemory
+from servewitness.evidence.process import ProcessEvidence, still_running
+from servewitness.evidence.procfs import ProcFS
+from servewitness.evidence.report import report_with_judgement
+from servewitness.evidence.stacks import Witnesses
+from servewitness.evidence.verdicts import FILENAME as VERDICTS_FILE
+from servewitness.evidence.verdicts import VerdictStore
+from servewitness.metrics.http import serve_metrics
+from servewitness.model import ProcessKey, ProcessReport, TargetReport
+from servewitness.security.refusal import connection_failed, tls_refusal
+from servewitness.security.tls import ClientTLS, client_channel
+
+log = structlog.get_logger("servewitness.agent")
+
+
+def files_once(procs: Iterable[ProcessReport]) -> tuple[ProcessReport, ...]:
+    """PROCS with each manifest's files carried once: a process whose manifest digest an
+    earlier one in the same report carries with its files is sent with its digest only (the
+    verifier takes a digest's files from the first process that has them). Processes that
+    load the same code (tensor-parallel workers) then cost the report's files budget
+    (``files_per_report``, servewitness/wire/limits.py) once, not once each."""
+    carried: set[str] = set()
+    out: list[ProcessReport] = []
+    for p in procs:
+        digest = p.manifest_digest
+        if p.files is not None and digest and digest in carried:
+            out.append(dataclasses.replace(p, files=None))
+            continue
+        if p.files is not None and digest:
+            carried.add(digest)
+        out.append(p)
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    verifier: str  # gRPC target
+    target: str  # the name this target is reported under
+    agent_id: str
+    spool_dir: Path
+    spool_max_bytes: int = 64 * 1024 * 1024
+    interval_s: float | None = None  # None: what the verifier asks for
+    root_pid: int | None = None
+    proc_root: str = "/proc"
+    health_listen: str | None = None
+    max_backoff_s: float = 30.0
+    recheck_s: float = 5.0  # re-hash every manifest file at least this often (drift detection)
+    docker_socket: str | None = DEFAULT_SOCKET  # the Docker API, to name containers (None: no)
+    tls: ClientTLS | None = None  # None: insecure (warned)
+    metrics_listen: str | None = None  # HOST:PORT: Prometheus metrics over HTTP (metrics.py)
+    # Keep compile verdicts by content in spool_dir across restarts
+    # (servewitness/evidence/verdicts.py)
+    compile_cache: bool = True
+
+
+class Agent:
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.procfs = ProcFS(config.proc_root)
+        self.hasher = Hasher()  # its cache makes re-hashing unchanged files a stat each
+        # In Kubernetes, the pod the downward API says the agent runs in (None elsewhere)
+        self.containers = ContainerDirectory(
+            config.docker_socket, OwnPod.from_env(os.environ), self.procfs
+        )
+        self.journals = JournalCache()  # probe journals are read once, then only appends
+        # (pid, start ticks) -> (manifest digest, when, judgement) of the last full check
+        self._checked: dict[tuple[int, int], tuple[str | None, float, Judgement]] = {}
+        self._indexes: dict[tuple[int, int], DistIndex] = {}  # RECORDs parsed once per process
+        # ... and once per collect for all the processes that see the same files (each collect
+        # a new one: a process started later reads the RECORDs as they are then)
+        self._sites = Sites()
+        # The mapped bytes first seen per process and native mapping (changed in place)
+        self.natives = NativeMemory()
+        self.witnesses = Witnesses()  # py-spy stack samples of step-running processes
+        # Independent vLLM trees seen under this one target (none when --pid selects one)
+        self.trees = TreeMemory(selected=config.root_pid is not None)
+        # Request bindings the probes appended since the last report (offsets kept by the spool)
+        self.bindings = Bindings(config.spool_dir / "bindings-offsets.json")
+        self.spool = Spool(config.spool_dir, config.spool_max_bytes)
+        # pyc compile outcomes by content: a restarted agent compiles only what changed
+        self.verdicts = VerdictStore(
+            config.spool_dir / VERDICTS_FILE if config.compile_cache else None
+        )
+        self.metrics = AgentMetrics(
+            lambda: (len(self.spool), self.spool.size_bytes(), self.spool.dropped)
+        )
+        counter = self.spool.load_counter()
+        # A fresh spool cannot know what this agent id already delivered: its first Hello
+        # says (last_seq), and reports it numbered before then are renumbered above that.
+        self.fresh_spool = counter is None
+        self.floor: int | None = None
+        self.seq = max(counter or 0, self.spool.last_seq())
+        self.nonce: str | None = None
+        # Whether the verifier ever accepted this agent's Hello: a refusal before then is a
+        # configuration error the agent exits on (exit 10); after it, evidence stays spooled.
+        self.connected = False
+        self.interval = config.interval_s or 1.0
+        self.sent_digests: set[str] = set()
+        self.seen: dict[ProcessKey, ProcessReport] = {}
+        self.stop_event = threading.Event()
+        opts = [
+            *wire.GRPC_OPTIONS,
+            ("grpc.initial_reconnect_backoff_ms", 200),
+            ("grpc.max_reconnect_backoff_ms", int(config.max_backoff_s * 1000)),
+        ]
+        self.channel = client_channel(config.verifier, config.tls, opts)
+        self.stub = pb_grpc.VerifierServiceStub(self.channel)
+        self.health = health.HealthServicer()
+        self.health_server: grpc.Server | None = None
+
+    # collection ------------------------------------------------------------------------
+    def collect(self) -> TargetReport:
+        began = time.time()  # the counters below are read from here on
+        refused: list[str] = []
+        found = discover(self.procfs, self.config.root_pid, self.journals, refused)
+        self._sites = Sites()
+        procs = [p for p in map(self._report, found) if p is not None]
+        mixed_roots = self.trees.observe(found)
+        spans, request_ids = self.bindings.collect(found, self.journals)
+        # one process per container is enough to describe it (its ref: runtime, source)
+        one_each = {p.container_id: p.key.pid for p in procs if p.container_id}
+        refs = [r for r in (container_of(self.procfs, pid) for pid in one_each.values()) if r]
+        unobservable = tuple(refused) if procs or refused else (self._nothing_visible(),)
+        keys = {p.key for p in procs}
+        alive = {(k.pid, k.start_ticks) for k in keys}
+        for cache in (self._checked, self._indexes):
+            for stale in [k for k in cache if k not in alive]:
+                del cache[stale]
+        self.witnesses.forget(alive)
+        self.natives.forget(keys)
+        gone = tuple(k for k in self.seen if k not in keys)
+        for k in gone:
+            log.info("process_gone", pid=k.pid)
+            del self.seen[k]
+        for p in procs:
+            self.seen[p.key] = p
+        # Digest only for manifests the verifier has already acknowledged.
+        slim = files_once(
+            dataclasses.replace(p, files=None)
+            if p.manifest_digest and p.manifest_digest in self.sent_digests
+            else p
+            for p in procs
+        )
+        self.seq += 1
+        self.spool.save_counter(self.seq)
+        return TargetReport(
+            self.config.agent_id,
+            self.config.target,
+            self.seq,
+            self.nonce or "",
+            time.time(),
+            slim,
+            gone,
+            collected_unix=began,
+            containers=self.containers.describe(refs, one_each),
+            unobservable=unobservable,
+            spans=spans,
+            request_ids=request_ids,
+            mixed_roots=mixed_roots,
+        )
+
+    def _nothing_visible(self) -> str:
+        """Why a collect found no vLLM process: said in the report, so that a sidecar in the
+        wrong PID namespace reads as unobservable rather than as a target that is idle."""
+        if self.config.root_pid is not None:
+            if not self.procfs.exists(self.config.root_pid):
+                return (
+                    f"pid {self.config.root_pid} (--pid) is not visible to the agent: it has "
+                    "exited, or it runs in a PID namespace the agent does not share (docker run "
+                    "--pid container:NAME; compose pid: service:NAME; Kubernetes "
+                    "shareProcessNamespace: true)"
+                )
+            return f"no vLLM process under pid {self.config.root_pid} (--pid)"
+        try:
+            count = len(self.procfs.parents())
+        except (UnavailableError, OSError):
+            count = 0
+        return (
+            f"no vLLM process is visible in the agent's PID namespace ({count} processes "
+            "there): the agent must share the serving container's PID namespace (docker run "
+            "--pid container:NAME; compose pid: service:NAME; Kubernetes "
+            "shareProcessNamespace: true)"
+        )
+
+    def _report(self, ev: ProcessEvidence) -> ProcessReport | None:
+        """Judge every manifest file when the manifest changed or every recheck_s; in
+        between, reuse the last judgement (the runner file is re-hashed every report).
+        None when the process exited while it was being read: files that vanished with it
+        are not evidence of anything, and the next collect reports it gone."""
+        digest = ev.probe.manifest_digest if ev.probe else None
+        key = (ev.identity.pid, ev.identity.start_ticks)
+        last = self._checked.get(key)
+        now = time.monotonic()
+        fresh = last is not None and last[0] == digest and now - last[1] < self.config.recheck_s
+        index = self._indexes.get(key)
+        if index is None:
+            index = self._indexes[key] = dist_index(self.procfs, ev.identity.pid, self._sites)
+        index.sites = self._sites  # sites it indexes later: parsed as they are then
+        try:
+            report, judged = report_with_judgement(
+                self.procfs,
+                ev,
+                self.hasher,
+                previous=last[2] if fresh and last else None,
+                index=index,
+                reuse=last[2] if last else None,
+                memory=self.natives,
+                verdicts=self.verdicts,
+            )
+        except (UnavailableError, OSError) as e:
+            if still_running(self.procfs, ev):
+                raise
+            log.info("process_exited_mid_scan", pid=ev.identity.pid, error=str(e))
+            return None
+        if not still_running(self.procfs, ev):
+            log.info("process_exited_mid_scan", pid=ev.identity.pid)
+            return None
+        if not fresh and judged is not None:
+            self._checked[key] = (digest, now, judged)
+        if report.runner is not None and report.steps is not None:
+            witness = self.witnesses.observe(
+                key, ev.identity.pid, report.steps.total, report.runner.file
+            )
+            report = dataclasses.replace(report, stack_witness=witness)
+        return report
+
+    def _full(self, report: TargetReport, need: set[str]) -> TargetReport:
+        procs = []
+        for p in report.processes:
+            current = self.seen.get(p.key)
+            full = (
+                p.files is None
+                and p.manifest_digest in need
+                and current is not None
+                and current.manifest_digest == p.manifest_digest
+            )
+            procs.append(current if full and current is not None else p)
+        return dataclasses.replace(report, processes=files_once(procs))
+
+    # transport -------------------------------------------------------------------------
+    def hello(self) -> None:
+        hello = wire.AgentHello(self.config.agent_id, (self.config.target,))
+        resp = wire.hello_response_from_pb(
+            self.stub.Hello(
+                wire.hello_request_to_pb(hello),
+                timeout=5,
+                metadata=wire.agent_metadata(hello.agent_id, hello.targets),
+            )
+        )
+        self.nonce = resp.nonce
+        self.connected = True
+        if self.floor is None:
+            self.floor = resp.last_seq
+            if self.seq < resp.last_seq:
+                self.seq = resp.last_seq
+                self.spool.save_counter(self.seq)
+        if self.config.interval_s is None:
+            self.interval = resp.report_interval_s
+        log.info("connected", verifier=self.config.verifier, interval_s=self.interval)
+
+    def send(self, report: TargetReport) -> bool:
+        """Deliver REPORT (re-Hello on a nonce mismatch); True when acknowledged."""
+        for _ in range(3):
+            if self.nonce is None:
+                self.hello()
+            # Stamped at each send: a report that waited in the spool is as old as it is
+            # (the verifier dates evidence by receipt minus sent_unix - collected_unix).
+            sent = max(time.time(), report.sent_unix)
+            report = dataclasses.replace(report, nonce=self.nonce or "", sent_unix=sent)
+            self.metrics.sent.inc()
+            try:
+                resp = wire.report_response_from_pb(
+                    self.stub.Report(
+                        wire.report_request_to_pb(report),
+                        timeout=10,
+                        metadata=wire.agent_metadata(report.agent_id, (report.target,)),
+                    )
+                )
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    self.metrics.refused.labels("nonce").inc()
+                    self.nonce = None
+                    continue
+                if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                    self.metrics.refused.labels("malformed").inc()
+                    log.error("report_rejected", seq=report.seq, reason=e.details())
+                    return True  # never deliverable: drop it rather than block the spool
+                raise
+            self.nonce = resp.nonce
+            if resp.accepted:
+                self.metrics.acked(len(report.spans), len(report.request_ids))
+                log.debug("report_acknowledged", seq=report.seq)
+                for p in report.processes:
+                    if p.files is not None and p.manifest_digest:
+                        self.sent_digests.add(p.manifest_digest)
+                return True
+            self.metrics.refused.labels("need_manifests").inc()
+            need = set(resp.need_manifests)
+            self.sent_digests -= need
+            report = self._full(report, need)
+        return False
+
+    def drain(self) -> None:
+        if self.nonce is None:
+            self.hello()
+        for seq, data in self.spool.pending():
+            report = wire.report_from_bytes(data)
+            if self.fresh_spool and self.floor is not None and seq <= self.floor:
+                # Numbered before the first Hello in a fresh spool: collides with what an
+                # earlier life of this agent id delivered, so it gets a new number.
+                self.seq += 1
+                self.spool.save_counter(self.seq)
+                report = dataclasses.replace(report, seq=self.seq)
+            if not self.send(report):
+                return
+            self.spool.ack(seq)
+
+    def step(self) -> None:
+        began = time.monotonic()
+        report = self.collect()
+        self.metrics.collected(time.monotonic() - began)
+        self.spool.put(report.seq, wire.report_to_bytes(report))
+        self.bindings.save()  # its bindings are in the spool now
+        if self.spool.dropped:
+            log.warning(
+                "spool_dropped", dropped=self.spool.dropped, max_bytes=self.config.spool_max_bytes
+            )
+        self.drain()
+
+    # lifecycle -------------------------------------------------------------------------
+    def run(self) -> None:
+        structlog.contextvars.bind_contextvars(  # on every line this agent logs
+            target=self.config.target, agent_id=self.config.agent_id
+        )
+        metrics_http = serve_metrics(self.config.metrics_listen, self.metrics.registry)
+        if self.config.health_listen:
+            self.health_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_server)
+            self.health_server.add_insecure_port(self.config.health_listen)
+            self.health_server.start()
+        self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        backoff = 0.5
+        refused_at_start: str | None = None
+        while not self.stop_event.is_set():
+            try:
+                self.step()
+                backoff = 0.5
+                wait = self.interval
+            except grpc.RpcError as e:
+                self.metrics.failed(e.code())
+                self.nonce = None
+                # gRPC says UNAVAILABLE for a refused TLS handshake too: asked again, so that
+                # a refused certificate is said as such and not as an outage.
+                refused = (
+                    tls_refusal(self.config.verifier, self.config.tls)
+                    if e.code() == grpc.StatusCode.UNAVAILABLE
+                    and connection_failed(e.details() or "")
+                    else None
+                )
+                if refused is not None or e.code() in (
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    grpc.StatusCode.PERMISSION_DENIED,
+                ):
+                    # A configuration error, not an outage: said as such; evidence stays
+                    # spooled (bounded) until the credentials are fixed.
+                    log.error(
+                        "not_authorized", reason=refused or e.details(), spooled=len(self.spool)
+                    )
+                    if not self.connected:  # never accepted: misconfigured, say so and stop
+                        refused_at_start = refused or e.details() or e.code().name
+                        break
+                log.warning(
+                    # RESOURCE_EXHAUSTED: the verifier is up but refusing load (back-pressure)
+                    "verifier_busy"
+                    if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                    else "verifier_unreachable",
+                    code=str(e.code()),
+                    reason=e.details(),
+                    spooled=len(self.spool),
+                    retry_in_s=backoff,
+                )
+                wait = backoff
+                backoff = min(backoff * 2, self.config.max_backoff_s)
+            except wire.WireError as e:
+                # The verifier answered something that is not a valid reply (another
+                # version, or not a verifier): evidence stays spooled, retried like an outage.
+                self.nonce = None
+                log.error("verifier_reply_malformed", reason=str(e), spooled=len(self.spool))
+                wait = backoff
+                backoff = min(backoff * 2, self.config.max_backoff_s)
+            self.stop_event.wait(wait)
+        if self.health_server is not None:
+            self.health_server.stop(1).wait()
+        if metrics_http is not None:
+            metrics_http.stop()
+        self.channel.close()
+        if refused_at_start is not None:
+            raise NotAuthorized(
+                f"verifier {self.config.verifier} refused agent {self.config.agent_id!r} "
+                f"(target {self.config.target}): {refused_at_start}; its evidence stays spooled "
+                f"in {self.config.spool_dir}"
+            )
+
+    def serve_forever(self) -> None:
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            self.stop_event.set()
+
+        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.run()
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+
+def default_agent_id(target: str) -> str:
+    return f"{socket.gethostname()}/{target}"

@@ -1,0 +1,122 @@
+"""Measurement windows, client side: the verifier opens and seals them (``OpenWindow``,
+``SealWindow``; judged in ``servewitness.server.windows``); this module hashes the results file,
+keeps the window file and writes the seal.
+
+The window file (``verifier window --out W``) holds only the window's id, run and the
+verifier's address: it is **not trust-bearing**. Everything a seal rests on (the evidence at
+open, every hook's counts) is in the verifier's ledger under that id; editing the file can at
+most name another window, which the verifier refuses (unknown, another run's, already sealed).
+The seal (``RESULTS.seal.json``) is signed by the verifier and checked offline with
+``verifier audit verify-seal``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from servewitness import wire
+from servewitness.client.api import VerifierClient
+from servewitness.errors import ConfigError
+from servewitness.model import RunVerdict
+
+WINDOW_FILE_VERSION = 3  # 1, 2: the verdict at open, client-side (trusted what anyone typed)
+
+
+def is_fresh(verdict: RunVerdict, since: float) -> bool:
+    """Every target's evidence was read at or after SINCE (verifier clock), and there is one."""
+    return bool(verdict.targets) and all((t.report_unix or 0) >= since for t in verdict.targets)
+
+
+def save_window(path: Path, address: str, w: wire.OpenedWindow) -> None:
+    data = {
+        "window": WINDOW_FILE_VERSION,
+        "window_id": w.window_id,
+        "run": w.run,
+        "verifier": address,
+        "opened_unix": w.opened_unix,
+        "ledger_seq": w.ledger_seq,
+        "note": "not trust-bearing: the window's evidence is in the verifier's ledger",
+    }
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def load_window(path: Path) -> dict[str, Any]:
+    """The window file's id, run and verifier address."""
+    try:
+        data = json.loads(path.read_text())
+        version = data.get("window") if isinstance(data, dict) else None
+        if version in (1, 2):
+            raise ValueError(
+                f"written by an older verifier (window file {version}, a client-side window): "
+                "open the window again with `verifier window`"
+            )
+        if version != WINDOW_FILE_VERSION:
+            raise ValueError("not a window file written by `verifier window`")
+        for k in ("window_id", "run", "verifier"):
+            if not isinstance(data.get(k), str) or not data[k]:
+                raise ValueError(f"no {k}")
+        return dict(data)
+    except FileNotFoundError as e:
+        raise ConfigError(f"{path}: no such window file (open one with `verifier window`)") from e
+    except (OSError, ValueError, TypeError) as e:
+        raise ConfigError(f"{path}: not a window file: {e}") from e
+
+
+def sha256_file(path: Path) -> tuple[str, int]:
+    h = hashlib.sha256()
+    size = 0
+    try:
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+                size += len(chunk)
+    except OSError as e:
+        raise ConfigError(f"cannot read the results file {path}: {e}") from e
+    return h.hexdigest(), size
+
+
+def seal_path(results: Path, out: Path | None = None) -> Path:
+    return out if out is not None else results.with_name(results.name + ".seal.json")
+
+
+def seal(  # noqa: PLR0917 - the window, the run, the results, how long, where
+    client: VerifierClient,
+    window_id: str,
+    run: str,
+    results: Path,
+    timeout_s: float,
+    out: Path | None = None,
+) -> tuple[wire.SealedWindow, dict[str, Any], Path]:
+    """Seal WINDOW_ID over RESULTS (hashed now) and write the signed seal to OUT (default
+    RESULTS.seal.json). (The answer, the seal content, where it was written.)"""
+    sha, size = sha256_file(results)
+    sealing = wire.WindowSealing(window_id, run, sha, size, results.name, timeout_s)
+    sealed = client.seal_window(sealing)
+    path = seal_path(results, out)
+    path.write_text(sealed.seal_json)
+    return sealed, seal_content(sealed.seal_json), path
+
+
+def seal_content(seal_json: str) -> dict[str, Any]:
+    """The seal content of a seal document (for display: unverified; `verify-seal` checks)."""
+    import base64
+
+    doc = json.loads(seal_json)
+    payload = json.loads(base64.b64decode(doc["envelope"]["payload"]))
+    content: dict[str, Any] = payload["predicate"]["seal"]
+    return content
+
+
+def describe(content: dict[str, Any]) -> list[str]:
+    """One line per hook during the window, then per finding."""
+    lines = [
+        f"hook {row['name']} (pid {row['pid']}, {row['role']}): fired {row['fired']} on "
+        f"{row['steps']} {row['on']} steps during the window ({row['fired_in_all']} in all, "
+        f"{row['total_steps']} steps)"
+        for row in content.get("hooks", {}).values()
+    ]
+    lines += [f"FAIL {f['id']}: {f['message']}" for f in content.get("findings", [])]
+    return lines

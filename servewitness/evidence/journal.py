@@ -1,0 +1,299 @@
+"""A probe's journal as a reader sees it: the records it holds, the manifest they describe,
+and whether it is the journal the probe wrote.
+
+The journal (``journal.jsonl``, ``servewitness_probe.layout``) is written by the probed process:
+the workload can edit it. Each record carries ``seq`` (its place) and the probe counts the
+records it wrote in shared memory (``S_JOURNAL_RECORDS``); ``journal_problems`` says when a
+journal as read cannot be the one the probe wrote, and ``JournalCache`` (the agent's) keeps
+what it read, so a record deleted after it was read stays in the evidence. Any bytes parse:
+a garbled line is skipped (and, numbered, leaves a gap), a string that is not valid Unicode
+is escaped (``load_record``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from servewitness.model import FileEntry, FileIdentity, merkle_root
+
+# A \uD800-\uDFFF escape, which may decode to a lone surrogate: a file name's undecodable bytes
+# (Python's surrogateescape) or a hostile string, valid JSON either way.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _valid_unicode(v: Any) -> Any:
+    """V with every string that is not valid Unicode escaped (a lone surrogate becomes the
+    six characters ``\udcff``): what the wire (protobuf strings are UTF-8) can carry, and
+    still distinct from any other string."""
+    if isinstance(v, str):
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            return v.encode("utf-8", "backslashreplace").decode("utf-8")
+        return v
+    if isinstance(v, list):
+        return [_valid_unicode(x) for x in v]
+    if isinstance(v, dict):
+        return {_valid_unicode(k): _valid_unicode(x) for k, x in v.items()}
+    return v
+
+
+def load_record(line: bytes) -> Any:
+    """One JSON line written by the probed process (``json.loads``; raises ValueError or
+    RecursionError as it does). Strings that are not valid Unicode come back escaped (see
+    ``_valid_unicode``), so whatever a journal says can be reported."""
+    rec = json.loads(line)
+    return _valid_unicode(rec) if _SURROGATE_ESCAPE.search(line) else rec
+
+
+def parse(lines: list[bytes]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            rec = load_record(line)
+        except (ValueError, RecursionError):  # garbled, not UTF-8, or nested too deep
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+FileId = tuple[int, int]  # (device, inode)
+
+
+def read_journal(path: Path) -> list[dict[str, Any]]:
+    """Complete JSON records of a journal; a partial or garbled line is skipped."""
+    got = read_file(path)
+    return parse(got[0].split(b"\n")) if got is not None else []
+
+
+def read_file(path: Path) -> tuple[bytes, FileId] | None:
+    """PATH's bytes and (device, inode), read from one descriptor; None when it cannot be
+    opened (missing, or a symbolic link: a probe writes regular files only)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks), (st.st_dev, st.st_ino)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class _Cached:
+    dev: int
+    ino: int
+    offset: int  # bytes of complete lines consumed
+    prefix_sha256: bytes  # of those bytes: the cache is used only while they are unchanged
+    records: list[dict[str, Any]]
+    files: tuple[FileEntry, ...]
+    hashed_at: dict[str, float]
+    digest: str
+    # Why this journal is known to have been edited after it was read (sticky); then
+    # ``records`` also holds every record read before the edit (what was read stays read).
+    rewritten: str | None = None
+
+
+class JournalCache:
+    """Parses each journal once and then only what was appended. The journal is append-only:
+    a different inode, a shorter file, or any change to the bytes already parsed (checked by
+    their sha256 on every read, about a millisecond for a worker's journal) means it was
+    edited after it was read. It is then parsed again from the start, and the edit is
+    remembered (``rewritten``, for as long as the cache lives) with every record read before
+    it: a record deleted from the journal after the agent read it stays in the evidence, and
+    the edit is a finding. Files and the manifest digest are recomputed only when new file
+    records arrived. For a reader that looks at the same processes again and again (the agent)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, _Cached] = {}
+
+    def records(self, path: Path) -> _Cached | None:
+        got = read_file(path)
+        if got is None:
+            self._entries.pop(str(path), None)
+            return None
+        raw, (dev, ino) = got
+        entry = self._entries.get(str(path))
+        seen: list[dict[str, Any]] = []
+        why = None
+        if entry is not None:
+            if (entry.dev, entry.ino) != (dev, ino):
+                # (a process that exec'd itself also starts a new journal under its name:
+                # what it ran before the exec is then gone from its evidence, and said so)
+                why = "replaced by another file"
+            elif len(raw) < entry.offset:
+                why = f"cut to {len(raw)} bytes"
+            # An edit in place of what was already parsed (a tampered record) is seen too.
+            elif hashlib.sha256(raw[: entry.offset]).digest() != entry.prefix_sha256:
+                why = "changed in the bytes already read"
+            if why is not None:
+                why = f"{why} after the agent had read {entry.offset} bytes of it"
+                seen, why = entry.records, entry.rewritten or why
+        if entry is None or why is not None:
+            entry = _Cached(dev, ino, 0, hashlib.sha256(b"").digest(), [], (), {}, merkle_root([]))
+            entry.rewritten = why
+        new = raw[entry.offset :]
+        complete = new[: new.rfind(b"\n") + 1]
+        entry.offset += len(complete)
+        entry.prefix_sha256 = hashlib.sha256(raw[: entry.offset]).digest()
+        fresh = parse(complete.split(b"\n"))
+        if seen:
+            entry.records = _union(seen, fresh)
+        else:
+            entry.records.extend(fresh)
+        if seen or any(r.get("k") == "file" for r in fresh):
+            entry.files, entry.hashed_at = manifest_of(entry.records)
+            entry.digest = digest_of(entry.files)
+        self._entries[str(path)] = entry
+        return entry
+
+    def forget_missing(self, alive: set[str]) -> None:
+        for key in [k for k in self._entries if k not in alive]:
+            del self._entries[key]
+
+
+def _union(before: list[dict[str, Any]], now: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Records read BEFORE an edit, then those of the journal NOW that are not among them (in
+    the order read): nothing read is dropped, and a record changed in place is there twice."""
+    known = {json.dumps(r, sort_keys=True) for r in before}
+    return before + [r for r in now if json.dumps(r, sort_keys=True) not in known]
+
+
+def journal_problems(
+    records: list[dict[str, Any]], counted: tuple[int, int] | None, rewritten: str | None = None
+) -> list[str]:
+    """Why RECORDS (a journal as read) are not the journal the probe wrote; empty when
+    nothing says so. Every record carries ``seq``, its index (``layout``). COUNTED: the
+    probe's count of records written (``S_JOURNAL_RECORDS``) read just before and just after
+    the journal (None where no counters were read); the probe counts a record before writing
+    it, one at a time, so an honest journal holds from the first count less one (a record
+    mid-write, which ``read_probe_dir`` reads again for) to the second. REWRITTEN: what the
+    agent saw change after it had read it (``JournalCache``). A workload that rewrites its
+    journal and its count consistently before anyone read them is not caught here: see
+    docs/threat-model.md."""
+    if rewritten:
+        return [f"the journal was {rewritten}"]
+    problems = []
+    if counted is not None or any("seq" in r for r in records):
+        for i, r in enumerate(records):
+            seq = r.get("seq")
+            if seq != i or isinstance(seq, bool):
+                problems.append(
+                    f"record {i} of the journal carries seq {seq!r}: records before it were "
+                    "deleted, or records were inserted or reordered"
+                )
+                break
+    if counted is not None:
+        before, after = counted
+        if len(records) > after:
+            problems.append(
+                f"the journal holds {len(records)} records and the probe wrote {after}: "
+                "records were added by something else"
+            )
+        elif len(records) < before:
+            problems.append(
+                f"the probe wrote {before} records and the journal holds {len(records)}: "
+                "records at its end were deleted or cut off"
+            )
+    return problems
+
+
+def identity_of(value: Any) -> FileIdentity | None:
+    """A file identity as a journal record carries it (``[dev, ino, size, mtime_ns,
+    ctime_ns]``, ``servewitness_probe._imports``); None for anything else, as the journal is the
+    probed process's to write."""
+    if not isinstance(value, list) or len(value) != 5:
+        return None
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return None
+    dev, ino, size, mtime_ns, ctime_ns = value
+    if min(dev, ino, size) < 0 or max(dev, ino) >= 1 << 64:
+        return None
+    if max(abs(size), abs(mtime_ns), abs(ctime_ns)) >= 1 << 63:
+        return None
+    return FileIdentity(dev, ino, size, mtime_ns, ctime_ns)
+
+
+def manifest_of(records: list[dict[str, Any]]) -> tuple[tuple[FileEntry, ...], dict[str, float]]:
+    """The manifest a journal's file records describe (the latest record of each path), and
+    when the probe hashed each file (the process's wall clock; where the record says). Each
+    entry carries the file's identity when hashed (``stat``) and, for an extension module,
+    when it was loaded (``loaded``), where the record has a well-formed one.
+
+    One exception to "the latest": a pyc is ``rejected`` only if every time its loader read it
+    that read was rejected. Each ``rejected`` record follows the read it rejects (same path
+    and sha256); a read left over was used, so its record stands for the path. Otherwise a
+    module running from a pyc could call its loader's ``get_code`` again after making the pyc
+    stale and have the latest record say that the pyc never ran."""
+    latest: dict[str, dict[str, Any]] = {}
+    used: dict[str, list[dict[str, Any]]] = {}  # per pyc, its reads not (yet) rejected
+    for rec in records:
+        path = rec.get("path")
+        if rec.get("k") != "file" or not isinstance(path, str):
+            continue
+        at = rec.get("at")
+        if at == "load" and rec.get("kind") == "bytecode":
+            used.setdefault(path, []).append(rec)
+        elif at == "rejected":
+            reads = used.get(path, [])
+            for i in range(len(reads) - 1, -1, -1):
+                if reads[i].get("sha256") == rec.get("sha256"):
+                    del reads[i]
+                    break
+        latest[path] = rec
+    for path, rec in latest.items():
+        if rec.get("at") == "rejected" and used.get(path):
+            latest[path] = used[path][-1]
+    hashed_at: dict[str, float] = {}
+    entries: list[FileEntry] = []
+    for path, rec in latest.items():
+        t = rec.get("t")
+        if isinstance(t, (int, float)):
+            hashed_at[path] = t
+        sha = rec.get("sha256")
+        size = rec.get("size")
+        entries.append(
+            FileEntry(
+                path=path,
+                sha256=sha if isinstance(sha, str) else None,
+                size=size if isinstance(size, int) else -1,
+                kind=str(rec.get("kind", "")),
+                module=rec.get("module") if isinstance(rec.get("module"), str) else None,
+                at=str(rec.get("at", "")),
+                identity=identity_of(rec.get("stat")),
+                loaded=identity_of(rec.get("loaded")),
+            )
+        )
+    return tuple(sorted(entries, key=lambda f: f.path)), hashed_at
+
+
+def digest_of(files: tuple[FileEntry, ...]) -> str:
+    """The manifest digest of FILES (``ProcessReport.manifest_digest``)."""
+    return merkle_root((f.path, f.sha256) for f in files if f.sha256)
+
+
+def manifest_digest_at(records: list[dict[str, Any]], files: int) -> str:
+    """The manifest digest of a journal's first FILES file records (what was loaded when a
+    step that saw FILES of them ran)."""
+    picked: list[dict[str, Any]] = []
+    for rec in records:
+        if len(picked) >= files:
+            break
+        if rec.get("k") == "file":
+            picked.append(rec)
+    return digest_of(manifest_of(picked)[0])

@@ -1,0 +1,397 @@
+"""The agent's judgement of one process's loaded files, from outside the process.
+
+Everything here reads the files as the process sees them (``/proc/<pid>/root/…``), never
+trusting the probe's report alone:
+
+* **cross-check**: every file the probe hashed is hashed again; other bytes are either a
+  file *modified after load* (its ctime is later than the process's start, so it changed
+  while the process ran) or a *disagreement* between the two vantage points (the probe's
+  record and the file as the agent sees it cannot both be right: always so when the file
+  still has the identity the probe recorded with its hash);
+* **changed after start**: a file hashed *after the fact* (``snapshot``, ``late``,
+  ``deferred``: from disk, after the process had read it) whose ctime is later than the
+  process's start may have held other bytes when it was imported; so may an extension module
+  whose identity when the sweeper hashed it is not the one it had when it was loaded;
+* **origins**: each file's provenance class against its distribution's ``RECORD``
+  (``origins.py``), native libraries (hashed as mapped) included, and shadowed modules;
+  an installer's file (``RECORD``, ``METADATA``, ``direct_url.json``) that could not be read
+  is drift too (``provenance.record.unreadable``): what it would have said is unknown;
+* **bytecode**: every ``.pyc`` the interpreter used is compared with its source (compiled,
+  code objects compared; ``bytecode.py``): other code is drift, and a pyc counts as pristine
+  only when shown to be compiled from its published source;
+* **fileless modules**: modules the probe saw claiming a file that does not exist;
+* **code from no plain file** (``unfiled.py``): zip members read again from their archive,
+  ``-c`` code against the command line, ``.pth`` files that execute code, modules custom
+  loaders executed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from servewitness.errors import UnavailableError
+from servewitness.evidence import bytecode, origins, unfiled
+from servewitness.evidence.distindex import DistIndex, Sites
+from servewitness.evidence.hashing import Hasher
+from servewitness.evidence.native import native_mappings
+from servewitness.evidence.probe_reader import ProbeState
+from servewitness.evidence.procfs import CHANGED_SLACK_S, ProcFS
+from servewitness.evidence.verdicts import VerdictStore
+from servewitness.model import (
+    AFTER_THE_FACT,
+    DRIFT_CHANGED_AFTER_START,
+    DRIFT_MODIFIED_AFTER_LOAD,
+    DRIFT_MODULE_FILELESS,
+    DRIFT_RECORD_UNREADABLE,
+    Drift,
+    FileDisagreement,
+    FileEntry,
+    FileIdentity,
+    NativeMapping,
+    Provenance,
+)
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """The agent's view of one process's files (cached between full checks)."""
+
+    disagreements: tuple[FileDisagreement, ...]
+    provenance: Provenance | None
+    drift: tuple[Drift, ...]
+    # What depends only on the manifest, the native mappings and the installed distributions
+    # (origins, shadowing, bytecode, fileless and unfiled modules, .pth files), and the
+    # (manifest digest, fileless count, native mappings digest, unfiled count) it was judged
+    # for: reused while those stay the same; the cross-check is redone on every full check.
+    static_key: tuple[str, int, str, int] | None = None
+    static_drift: tuple[Drift, ...] = ()
+    # (path, sha256) of the files hashed after the fact that the agent itself saw with those
+    # bytes and a ctime before the process started: the bytes imported (``cross_check``).
+    vouched: frozenset[tuple[str, str]] = frozenset()
+
+
+# /proc gives a process's start in clock ticks after a boot time in whole seconds: without
+# the probe's own hashing time, "changed after the process started" allows this much slack.
+START_SLACK_S = 1.0
+
+
+def cross_check(
+    procfs: ProcFS,
+    pid: int,
+    files: tuple[FileEntry, ...],
+    hasher: Hasher,
+    *,
+    start_time: float,
+    hashed_at: Mapping[str, float] | None = None,
+    generated: Sequence[str] = (),
+    vouched: set[tuple[str, str]] | None = None,
+) -> tuple[list[FileDisagreement], list[Drift]]:
+    """Re-hash every manifest file the probe hashed, as the process sees it. A file with other
+    bytes now whose ctime is after the probe hashed it (HASHED_AT: path -> unix time; else
+    after the process started) changed while it ran: drift; unless it still has the identity
+    the probe recorded with its hash (the same inode, unchanged: then the probe's hash is
+    not of this file). Any other difference, or a file the agent cannot read, is a
+    disagreement. A file with the bytes the probe recorded is checked by ``changed_after``.
+    A pyc its loader read and rejected never ran: the loader compiled the source (which is
+    checked) and, where the directory is writable, replaced that pyc with a fresh one, so its
+    bytes now say nothing about what runs. GENERATED: the process's compile-cache and
+    temporary directories (``origins.generated_dirs``), see ``changed_after``.
+
+    VOUCHED: what an agent that looks again and again remembers, read and added to: the
+    (path, sha256) of each file hashed after the fact that it saw, itself, with the recorded
+    bytes and a ctime before the process started. Such a file held those bytes from before
+    the start until the probe hashed it (the record existed when the agent looked), so they
+    are the bytes imported; a later ctime (a chmod, a new hard link: a package manager
+    linking the same files into another environment) says nothing about the import, and is
+    not flagged. A one-shot look has no such memory and flags it.
+
+    Zip members and ``-c`` code are no files of the process: ``unfiled`` checks them. A file
+    the interpreter ran before the probe hashed it (``.pth`` files, a main script hashed
+    after it started: ``unfiled.ran_before_hashed``) is checked by ``changed_after`` like a
+    file hashed after the fact."""
+    rejected = {f.path for f in files if f.at == "rejected"}
+    recorded = [f for f in files if f.sha256 and f.path not in rejected and unfiled.on_disk(f)]
+    seen = hasher.hash_files(procfs.in_root_str(pid, f.path) for f in recorded)
+    hashed_at = hashed_at or {}
+    disagreements: list[FileDisagreement] = []
+    drift: list[Drift] = []
+    for f, h in zip(recorded, seen, strict=True):
+        if h.sha256 == f.sha256:
+            if vouched is not None and (f.path, f.sha256) in vouched:
+                continue
+            why = changed_after(f, h.key, start_time, generated)
+            if why is not None:
+                drift.append(Drift(DRIFT_CHANGED_AFTER_START, f.path, f.module, why))
+            elif vouched is not None and f.at in AFTER_THE_FACT and f.sha256:
+                vouched.add((f.path, f.sha256))
+            continue
+        unchanged = h.key is not None and f.identity is not None and h.key == _key(f.identity)
+        if unchanged:
+            why = (
+                "other bytes than the probe recorded, in the very file it hashed (the same "
+                "device, inode, size, mtime and ctime as it recorded with its hash)"
+            )
+            disagreements.append(FileDisagreement(f.path, f.sha256, h.sha256, why))
+            continue
+        since = hashed_at.get(f.path, start_time + START_SLACK_S)
+        if h.sha256 is not None and h.key is not None and h.key[4] > int(since * 1e9):
+            drift.append(
+                Drift(
+                    DRIFT_MODIFIED_AFTER_LOAD,
+                    f.path,
+                    f.module,
+                    f"{f.path} hashed {f.sha256[:12] if f.sha256 else '-'} when loaded but "
+                    f"{h.sha256[:12]} now, and changed (ctime) after it was loaded",
+                )
+            )
+            continue
+        reason = h.error or "bytes differ"
+        disagreements.append(FileDisagreement(f.path, f.sha256, h.sha256, reason))
+    return disagreements, drift
+
+
+def _key(i: FileIdentity) -> tuple[int, int, int, int, int]:
+    return (i.dev, i.ino, i.size, i.mtime_ns, i.ctime_ns)
+
+
+def changed_after(
+    f: FileEntry,
+    now: tuple[int, int, int, int, int] | None,
+    start_time: float,
+    generated: Sequence[str] = (),
+) -> str | None:
+    """Why the bytes F records (the agent found the same bytes on disk: NOW is the file's
+    identity as it hashed them) may not be the bytes the process ran; None when nothing says
+    so.
+
+    * A file hashed after the fact (``AFTER_THE_FACT``) was read by the process earlier than
+      the probe hashed it. If its ctime (the agent's, now, or the probe's, when it hashed it)
+      is before the process started, it held those bytes all along; later, it may have held
+      others when it was imported (a file rewritten between the import and the probe's hash,
+      with its size and mtime put back or not, has a ctime after the start).
+    * An extension module is hashed by the sweeper after it was loaded: an identity then
+      (``identity``) other than at load (``loaded``) means other bytes may have been hashed.
+    * A file read at load (``load``: the bytes the import system read, hashed) proves what
+      ran whatever happens to the file afterwards: nothing to say.
+
+    Files under the process's compile caches and temporary directories (GENERATED) are left
+    out: written by the process itself after it started (torch inductor's modules, Triton's
+    launchers), and no RECORD or policy pins their bytes (their class is ``generated``)."""
+    why = None
+    if f.at in AFTER_THE_FACT or unfiled.ran_before_hashed(f):
+        ctimes = [c for c in (now[4] if now else None, _ctime(f.identity)) if c is not None]
+        after = max(ctimes) / 1e9 - start_time if ctimes else 0.0
+        if after > CHANGED_SLACK_S:
+            why = (
+                f"{f.path} was hashed after the fact ({f.at}: from disk, after the process had "
+                f"read it) and changed (ctime) {after:.3f} s after the process started: the "
+                "bytes recorded may not be the bytes it ran"
+            )
+    elif f.kind == "extension" and f.loaded and f.identity and f.loaded != f.identity:
+        why = (
+            f"{f.path} was hashed by the probe's sweeper after it was loaded, and was "
+            f"another file or changed by then ({_describe(f.loaded)} when loaded, "
+            f"{_describe(f.identity)} when hashed): the bytes recorded may not be the "
+            "bytes it ran"
+        )
+    # the directories last: most files have nothing to say, and this test costs microseconds
+    # (a .pth file or a main script is none of those, wherever it lies)
+    exempt = generated and not unfiled.ran_before_hashed(f)
+    if why is not None and exempt and origins.under_any(f.path, generated):
+        return None
+    return why
+
+
+def _ctime(i: FileIdentity | None) -> int | None:
+    return i.ctime_ns if i is not None else None
+
+
+def _describe(i: FileIdentity) -> str:
+    return f"inode {i.ino}, {i.size} bytes, ctime {i.ctime_ns / 1e9:.3f}"
+
+
+def fileless(procfs: ProcFS, pid: int, probe: ProbeState) -> list[Drift]:
+    """Modules the probe saw claiming a file that the agent, too, finds missing."""
+    out = []
+    for module, claimed in probe.fileless:
+        if os.path.lexists(procfs.in_root_str(pid, claimed)):
+            continue  # there now: nothing the agent can confirm
+        out.append(
+            Drift(
+                DRIFT_MODULE_FILELESS,
+                claimed,
+                module,
+                f"module {module} claims to come from {claimed}, which does not exist",
+            )
+        )
+    return out
+
+
+def context(procfs: ProcFS, pid: int, probe: ProbeState) -> origins.Context:
+    """Where the process's standard library, caches and sys.path entries are."""
+    listed = probe.interp.get("path")  # written by the process: a list of strings, or anything
+    path = [p for p in listed if isinstance(p, str) and p] if isinstance(listed, list) else []
+    return origins.Context(
+        stdlib_dirs=stdlib_dirs(probe),
+        generated_dirs=generated_dirs(procfs, pid),
+        site_dirs=tuple(path),
+    )
+
+
+def stdlib_dirs(probe: ProbeState) -> tuple[str, ...]:
+    """The process's standard library directories, as its probe recorded them (none yet
+    before the sweeper's first pass)."""
+    stdlib = probe.interp.get("stdlib")
+    if not isinstance(stdlib, str):
+        return ()
+    return (stdlib, os.path.join(stdlib, "lib-dynload"))
+
+
+def generated_dirs(procfs: ProcFS, pid: int) -> tuple[str, ...]:
+    """The process's compile-cache and temporary directories, from its environment
+    (``origins.generated_dirs``; none when it cannot be read)."""
+    try:
+        environ = procfs.environ(pid)
+    except (UnavailableError, OSError):  # gone, or not readable: no cache dirs from it
+        environ = {}
+    return origins.generated_dirs(environ)
+
+
+def _to_host(procfs: ProcFS, pid: int) -> Callable[[str], Path]:
+    def to_host(path: str) -> Path:
+        return procfs.in_root(pid, path)
+
+    return to_host
+
+
+def dist_index(procfs: ProcFS, pid: int, sites: Sites | None = None) -> DistIndex:
+    """An index of the distributions installed as PID sees its filesystem. SITES: sites
+    parsed for other processes, shared with those that see the same filesystem (``view_of``;
+    none when PID's view cannot be read)."""
+    view = view_of(procfs, pid) if sites is not None else None
+    return DistIndex(_to_host(procfs, pid), sites, view)
+
+
+def view_of(procfs: ProcFS, pid: int) -> tuple[str, int, int] | None:
+    """What PID sees its files through: its mount namespace and the device and inode of its
+    root directory. Two processes with the same view read the same bytes at the same path.
+    None when either cannot be read (the process is gone, or not ours to read)."""
+    where = procfs.root / str(pid)
+    try:
+        ns = os.readlink(where / "ns" / "mnt")
+        st = os.stat(where / "root")
+    except OSError:
+        return None
+    return ns, st.st_dev, st.st_ino
+
+
+def judge(
+    procfs: ProcFS,
+    pid: int,
+    probe: ProbeState,
+    files: tuple[FileEntry, ...],
+    hasher: Hasher,
+    *,
+    start_time: float,
+    index: DistIndex | None = None,
+    reuse: Judgement | None = None,
+    native: Sequence[NativeMapping] | None = None,
+    verdicts: VerdictStore | None = None,
+) -> Judgement:
+    """Everything above for one process. Never raises on odd files: each problem is a
+    disagreement or a drift with its reason. INDEX: reuse one made by ``dist_index`` for the
+    same process, so RECORD files are parsed once. REUSE: an earlier judgement of the same
+    process, whose manifest-only part is kept if the manifest and the native mappings are
+    unchanged, and whose vouched files stay vouched (``cross_check``). NATIVE: the process's
+    native mappings, if already read (else read here: the hasher's cache answers for the
+    inodes already hashed). VERDICTS: compile outcomes kept across agent restarts
+    (``bytecode.judge_bytecode``)."""
+    hashed_at = probe.hashed_at
+    ctx = context(procfs, pid, probe)
+    vouched = set(reuse.vouched) if reuse is not None else set()
+    disagreements, drift = cross_check(
+        procfs,
+        pid,
+        files,
+        hasher,
+        start_time=start_time,
+        hashed_at=hashed_at,
+        generated=ctx.generated_dirs,
+        vouched=vouched,
+    )
+    members = [f for f in files if f.kind == unfiled.MEMBER]
+    more, moved = unfiled.check_members(
+        procfs, pid, members, start_time=start_time, hashed_at=hashed_at, slack=START_SLACK_S
+    )
+    disagreements += more + unfiled.check_inline(
+        procfs, pid, [f for f in files if f.kind == unfiled.INLINE]
+    )
+    drift += moved
+    if native is None:
+        native = native_mappings(
+            procfs, pid, hasher, start_time=start_time, generated=ctx.generated_dirs
+        )
+    key = (probe.manifest_digest, len(probe.fileless), _native_digest(native), len(probe.unfiled))
+    if reuse is not None and reuse.static_key == key:
+        provenance, static = reuse.provenance, list(reuse.static_drift)
+    else:
+        provenance, static = _static(
+            procfs, pid, probe, files, index, ctx=ctx, native=native, verdicts=verdicts
+        )
+    drift += static
+    drift.sort(key=lambda d: (d.id, d.path))
+    return Judgement(
+        tuple(disagreements), provenance, tuple(drift), key, tuple(static), frozenset(vouched)
+    )
+
+
+def _native_digest(native: Sequence[NativeMapping]) -> str:
+    """A digest of which native files are mapped with which bytes."""
+    h = hashlib.sha256()
+    for m in native:
+        h.update(f"{m.path}\0{m.sha256}\n".encode(errors="backslashreplace"))
+    return h.hexdigest()
+
+
+def record_faults(index: DistIndex) -> list[Drift]:
+    """One drift per installer file the index could not read or parse (``RECORD``,
+    ``METADATA``, ``direct_url.json``, a site directory): the files it speaks for cannot be
+    judged against it, so a patched file could pass as ``unknown``."""
+    seen: set[tuple[str, str]] = set()
+    out: list[Drift] = []
+    for f in index.faults:
+        if (f.path, f.detail) not in seen:
+            seen.add((f.path, f.detail))
+            out.append(Drift(DRIFT_RECORD_UNREADABLE, f.path, None, f.detail))
+    return out
+
+
+def _static(
+    procfs: ProcFS,
+    pid: int,
+    probe: ProbeState,
+    files: tuple[FileEntry, ...],
+    index: DistIndex | None,
+    *,
+    ctx: origins.Context,
+    native: Sequence[NativeMapping] = (),
+    verdicts: VerdictStore | None = None,
+) -> tuple[Provenance, list[Drift]]:
+    to_host = _to_host(procfs, pid)
+    index = index or DistIndex(to_host)
+    # a pyc its loader read and rejected did not run; -c code is no file to class
+    ran = tuple(f for f in files if f.at != "rejected" and f.kind != unfiled.INLINE)
+    version = probe.interp.get("version")  # written by the process: a string, or anything
+    python = version if isinstance(version, str) else None
+    code = bytecode.judge_bytecode(ran, to_host, python=python, verdicts=verdicts)
+    provenance, drift = origins.classify(ran, index, ctx, native, code.compiled_from)
+    drift += code.drift
+    drift += fileless(procfs, pid, probe)
+    drift += record_faults(index)
+    drift += unfiled.pth_drift(procfs, pid, ran, provenance)
+    drift += unfiled.unfiled_drift(probe.unfiled, ran, provenance, ctx.stdlib_dirs)
+    return provenance, drift

@@ -1,0 +1,143 @@
+"""One process's report: its probe's evidence (``servewitness.model`` types, as the reader
+returns them) with the agent's own ``/proc`` evidence added and the files judged. The agent
+and the local commands (``inspect``, ``diff``, ``policy init``) build reports here alike."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from servewitness.evidence.codecheck import check_chains
+from servewitness.evidence.container import container_of
+from servewitness.evidence.distindex import DistIndex
+from servewitness.evidence.hashing import Hasher
+from servewitness.evidence.judge import Judgement, dist_index, generated_dirs, judge, stdlib_dirs
+from servewitness.evidence.native import NativeMemory, native_mappings
+from servewitness.evidence.origins import stdlib_test
+from servewitness.evidence.process import ProcessEvidence
+from servewitness.evidence.procfs import ProcFS
+from servewitness.evidence.verdicts import VerdictStore
+from servewitness.model import (
+    EVIDENCE_JOURNAL_EDITED,
+    EVIDENCE_PROBE_UNBOUND,
+    HASHED_AFTER_SHOWN,
+    EvidenceProblem,
+    FileEntry,
+    ProcessKey,
+    ProcessReport,
+)
+
+# What ``ProcessReport.hashed_after`` lists: the files whose only hash was taken after the
+# fact. A ``deferred`` source is not among them: what ran is its bytecode, hashed as read.
+HASHED_AFTER = frozenset({"snapshot", "late"})
+
+
+def to_report(procfs: ProcFS, ev: ProcessEvidence, hasher: Hasher | None = None) -> ProcessReport:
+    """One process's report with the agent's own /proc evidence added (everything judged now)."""
+    return report_with_judgement(procfs, ev, hasher)[0]
+
+
+def report_with_judgement(
+    procfs: ProcFS,
+    ev: ProcessEvidence,
+    hasher: Hasher | None = None,
+    *,
+    previous: Judgement | None = None,
+    index: DistIndex | None = None,
+    reuse: Judgement | None = None,
+    memory: NativeMemory | None = None,
+    verdicts: VerdictStore | None = None,
+) -> tuple[ProcessReport, Judgement | None]:
+    """One process's report with the agent's own /proc evidence added. HASHER: reuse one so
+    unchanged files are answered from its cache. PREVIOUS: the last judgement of its files, to
+    reuse instead of re-checking every file (None: check now). INDEX: the process's
+    distribution index, to reuse (see ``judge.dist_index``). REUSE: an earlier judgement whose
+    manifest-only part (origins, bytecode) is kept while the manifest is unchanged. MEMORY:
+    the native mappings' bytes first seen (the agent's, across reports), so a library
+    rewritten in place between two reports is ``changed``. VERDICTS: compile outcomes kept
+    across agent restarts (``verdicts.py``). The code that runs each step
+    method and hook target is verified every time (``codecheck``)."""
+    ident = ev.identity
+    ref = container_of(procfs, ident.pid)
+    container = ref.id if ref else None
+    hasher = hasher or Hasher()
+    key = ProcessKey(ident.boot_id, ident.pid, ident.start_ticks)
+    mappings = native_mappings(
+        procfs,
+        ident.pid,
+        hasher,
+        start_time=ident.start_time,
+        generated=generated_dirs(procfs, ident.pid),
+    )
+    if memory is not None:
+        mappings = memory.check(key, mappings)
+    base = ProcessReport(
+        key=key,
+        ns_pid=ident.ns_pid,
+        ppid=ident.ppid,
+        start_time=ident.start_time,
+        role=ev.role,
+        rank=ev.rank,
+        container_id=container,
+        cmdline=ident.cmdline,
+        exe=ident.exe,
+        probe_present=ev.probe is not None,
+        evidence_problems=tuple(EvidenceProblem(EVIDENCE_PROBE_UNBOUND, x) for x in ev.unbound),
+        native_mappings=mappings,
+        roles=tuple(ev.roles),
+    )
+    probe = ev.probe
+    if probe is None:
+        return base, None
+    index = index or dist_index(procfs, ident.pid)
+    runner = probe.runner
+    now = None
+    if runner is not None and runner.file:
+        now = hasher.hash_file(procfs.in_root_str(ident.pid, runner.file)).sha256
+    judged = previous or judge(
+        procfs,
+        ident.pid,
+        probe,
+        probe.files,
+        hasher,
+        start_time=ident.start_time,
+        index=index,
+        reuse=reuse,
+        native=mappings,
+        verdicts=verdicts,
+    )
+    # What runs the step methods and hook targets: verified on every report (a chain can
+    # change without any file changing; compiled files are cached).
+    code, code_drift = check_chains(
+        probe.code, probe.files, lambda path: procfs.in_root(ident.pid, path), index=index
+    )
+    drift = sorted((*judged.drift, *code_drift), key=lambda d: (d.id, d.path))
+    after = hashed_after(probe.files, stdlib_dirs(probe))
+    report = dataclasses.replace(
+        base,
+        probe_errors=tuple(f"[{e.get('where')}] {e.get('msg')}" for e in probe.errors),
+        runner=runner,
+        steps=probe.steps,
+        hooks=probe.hooks,
+        manifest_digest=probe.manifest_digest,
+        files=probe.files,
+        runner_file_sha256_now=now,
+        disagreements=judged.disagreements,
+        provenance=judged.provenance,
+        drift=tuple(drift),
+        runner_log=probe.runner_log,
+        evidence_problems=base.evidence_problems
+        + tuple(EvidenceProblem(EVIDENCE_JOURNAL_EDITED, why) for why in probe.journal_problems),
+        code=code,
+        hashed_after=tuple(after[:HASHED_AFTER_SHOWN]),
+        hashed_after_count=len(after),
+    )
+    return report, judged
+
+
+def hashed_after(files: tuple[FileEntry, ...], stdlib: tuple[str, ...] = ()) -> list[str]:
+    """The paths of FILES whose only hash was taken after the fact (``HASHED_AFTER``): those
+    outside the standard library (directories STDLIB) first, the ones a reader looks for
+    (the interpreter imports some of its own before any probe can start), each part sorted."""
+    in_stdlib = stdlib_test(stdlib)
+    paths = [f.path for f in files if f.at in HASHED_AFTER]
+    return sorted(paths, key=lambda p: (in_stdlib(p), p))

@@ -1,0 +1,176 @@
+"""Liveness over a measurement window: did every hook keep pace with its steps between the
+window's open and its seal?
+
+The verifier opens and seals windows itself (``servewitness.server.windows``) and judges them here,
+from the hook counts of the reports it stored at each end: every hook the run's policy requires
+must have fired at least its minimum per judged step *during the window* (fires at the seal
+minus fires at the open, over the same difference of steps), in every process, each on its
+own counts; the processes must be the same ones (same boot, pid and start time: a process
+restarted in between is a new one); steps of the judged kind must have run at all (an idle
+window proves nothing); and the run must still PASS at the seal. The finding ids are stable
+(they were the client-side window's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from servewitness.model import HookCount, ProcessKey, RunVerdict, Severity, Verdict
+
+WINDOW_NOT_PASS = "window.verdict_not_pass"  # noqa: S105 - a finding id
+WINDOW_NO_STEPS = "window.no_steps"
+WINDOW_HOOK_LAGGED = "window.hook_lagged"
+WINDOW_PROCESS_CHANGED = "window.process_changed"
+# No report arrived from some target after the seal began, within its timeout: nothing shows
+# the window's end (the agent or the server may be dead).
+WINDOW_NO_FRESH_EVIDENCE = "window.no_fresh_evidence"
+WINDOW_IDS = (
+    WINDOW_NOT_PASS,
+    WINDOW_NO_STEPS,
+    WINDOW_HOOK_LAGGED,
+    WINDOW_PROCESS_CHANGED,
+    WINDOW_NO_FRESH_EVIDENCE,
+)
+
+
+@dataclass(frozen=True)
+class WindowFinding:
+    id: str
+    message: str
+    context: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "message": self.message, "context": self.context}
+
+
+def _judged(h: HookCount) -> tuple[int, int]:
+    """(fires on the judged steps, judged steps) of one hook count."""
+    if h.on == "decode":
+        return h.fired_decode, h.decode_steps
+    if h.on == "prefill":
+        return h.fired_prefill, h.prefill_steps
+    return h.fired_productive, h.productive_steps
+
+
+def process_tag(key: ProcessKey | None, pid: int) -> str:
+    """A process's identity in a hook's key: pid reuse (or a restart) changes start_ticks."""
+    if key is None:
+        return f"pid {pid}"
+    return f"pid {pid}@{key.start_ticks}"
+
+
+def hook_rows(
+    verdict: RunVerdict, keys: Mapping[tuple[str, int], ProcessKey]
+) -> dict[str, dict[str, Any]]:
+    """Every policy hook of every process VERDICT judged, with its absolute counts, keyed
+    ``target/pid P@START/name/on`` (KEYS: (target, pid) -> that process's identity)."""
+    rows: dict[str, dict[str, Any]] = {}
+    for t in verdict.targets:
+        for h in t.hooks:
+            tag = process_tag(keys.get((t.target, h.pid)), h.pid)
+            fired, steps = _judged(h)
+            rows[f"{t.target}/{tag}/{h.name}/{h.on}"] = {
+                "name": h.name,
+                "pid": h.pid,
+                "role": h.role,
+                "rank": h.rank,
+                "on": h.on,
+                "fired": fired,
+                "steps": steps,
+                "fired_in_all": h.fired,
+                "total_steps": h.total_steps,
+                "min_fires_per_step": h.min_fires_per_step,
+            }
+    return rows
+
+
+def pace(
+    start: Mapping[str, Mapping[str, Any]], end: Mapping[str, Mapping[str, Any]]
+) -> tuple[dict[str, dict[str, Any]], list[WindowFinding]]:
+    """Per hook (``hook_rows`` keys): fires and judged steps during the window, and what
+    broke. START and END are ``hook_rows`` at the window's open and at its seal."""
+    before = dict(start)
+    rows: dict[str, dict[str, Any]] = {}
+    found: list[WindowFinding] = []
+    for key, now in end.items():
+        then = before.pop(key, None)
+        if then is None:
+            found.append(
+                WindowFinding(
+                    WINDOW_PROCESS_CHANGED,
+                    f"{key}: the process was not there when the window opened",
+                    {"hook": key},
+                )
+            )
+            continue
+        row: dict[str, Any] = {
+            "name": now["name"],
+            "pid": now["pid"],
+            "role": now["role"],
+            "rank": now["rank"],
+            "on": now["on"],
+            "fired": int(now["fired"]) - int(then["fired"]),
+            "steps": int(now["steps"]) - int(then["steps"]),
+            "fired_in_all": int(now["fired_in_all"]) - int(then["fired_in_all"]),
+            "total_steps": int(now["total_steps"]) - int(then["total_steps"]),
+            "min_fires_per_step": now["min_fires_per_step"],
+        }
+        rows[key] = row
+        if row["steps"] <= 0:
+            found.append(
+                WindowFinding(
+                    WINDOW_NO_STEPS,
+                    f"{key}: no {row['on']} steps ran during the window, so nothing shows the "
+                    "hook was live while measuring",
+                    row,
+                )
+            )
+        elif row["fired"] < float(row["min_fires_per_step"]) * row["steps"]:
+            found.append(
+                WindowFinding(
+                    WINDOW_HOOK_LAGGED,
+                    f"{key}: fired {row['fired']} times on {row['steps']} {row['on']} steps "
+                    f"during the window (the policy needs {row['min_fires_per_step']:g} per "
+                    "step)",
+                    row,
+                )
+            )
+    for key in before:
+        found.append(
+            WindowFinding(
+                WINDOW_PROCESS_CHANGED,
+                f"{key}: the process that reported at the window's start is gone",
+                {"hook": key},
+            )
+        )
+    return rows, found
+
+
+_RANK = {Severity.ERROR: 0, Severity.PENDING: 1, Severity.WARNING: 2, Severity.INFO: 3}
+
+
+def top_finding(verdict: RunVerdict) -> str:
+    """The most severe finding of VERDICT in one line (what a refused open names)."""
+    found = list(verdict.findings) + [f for t in verdict.targets for f in t.findings]
+    found = [f for f in found if f.severity != Severity.INFO]
+    if not found:
+        return "no findings"
+    found.sort(key=lambda f: _RANK[f.severity])
+    return f"{found[0].id}: {found[0].message}"
+
+
+def not_pass(run: str, verdict: RunVerdict) -> WindowFinding | None:
+    """The finding for a run that does not PASS at the seal (None: it does)."""
+    if verdict.verdict == Verdict.PASS:
+        return None
+    return WindowFinding(
+        WINDOW_NOT_PASS,
+        f"run {run} is {verdict.verdict.value} at the window's end: {top_finding(verdict)}",
+        {"verdict": verdict.verdict.value},
+    )
+
+
+def findings_json(found: Sequence[WindowFinding]) -> list[dict[str, Any]]:
+    return [f.to_json() for f in found]

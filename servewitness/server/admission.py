@@ -1,0 +1,149 @@
+"""Admission by method class, decided when a call arrives, before it takes a worker.
+
+gRPC's own ``maximum_concurrent_rpcs`` counts every call together: a fleet of agents keeping
+it full made ``verifier status`` and gates refused (RESOURCE_EXHAUSTED) although their reads
+have threads of their own. Here each class of methods has its own bound and its own threads:
+
+- **agents** (``Hello``, ``Report``): at most ``limit`` in flight (running or queued for one of
+  the agents' workers);
+- **reads** (``GetRunStatus``, ``ListRuns``, ``ListTargets``): their own bound and threads, so
+  agents being busy never refuses nor queues a status call;
+- everything else (operators' calls, windows, audits): gRPC's default pool, bounded only by
+  gRPC's limit, which ``grpc_limit`` puts above the classes' bounds so that it never decides
+  for them.
+
+The decision is made in the server interceptor, which gRPC runs on its polling thread when the
+call arrives (before its request is read). A call over its class's bound is answered
+RESOURCE_EXHAUSTED by a handler that runs on a thread of its own (never queued behind the
+calls that filled the class), and counted (``metrics.note_refusal("busy")`` and the
+observer's refusals by method). An admitted call's slot is taken when gRPC submits it to its
+class's pool and given back when that task ends, whatever happened to the call (a call
+cancelled before its request arrived never reaches the method, but its task still ends).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from concurrent import futures
+from typing import Any
+
+import grpc
+
+from servewitness.server.metrics import method_name, note_refusal
+
+AGENT_METHODS = ("Hello", "Report")
+READ_METHODS = ("GetRunStatus", "ListRuns", "ListTargets")
+READ_WORKERS = 2
+READ_LIMIT = 32  # status reads in flight (their 2 threads plus those queued for them)
+OTHER_LIMIT = 64  # room gRPC keeps for every other method
+
+
+def grpc_limit(agent_limit: int | None) -> int | None:
+    """gRPC's own ``maximum_concurrent_rpcs``: above the agents' and the reads' bounds together,
+    plus room for the other methods, so that it never refuses an agent or a read (None: none)."""
+    return None if agent_limit is None else agent_limit + READ_LIMIT + OTHER_LIMIT
+
+
+class ClassPool(futures.ThreadPoolExecutor):
+    """The threads of one class of methods, counting its calls in flight: a slot is taken when
+    gRPC submits a call and given back when its task ends."""
+
+    def __init__(self, name: str, workers: int, limit: int | None) -> None:
+        super().__init__(workers, thread_name_prefix=name)
+        self.name = name
+        self.limit = limit
+        self._count_lock = threading.Lock()
+        self.in_flight = 0
+
+    def full(self) -> bool:
+        return self.limit is not None and self.in_flight >= self.limit
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> futures.Future[Any]:
+        with self._count_lock:
+            self.in_flight += 1
+
+        def counted() -> Any:
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                with self._count_lock:
+                    self.in_flight -= 1
+
+        try:
+            return super().submit(counted)
+        except BaseException:  # shut down: the task will never run, give its slot back
+            with self._count_lock:
+                self.in_flight -= 1
+            raise
+
+
+def _busy(pool: ClassPool, method: str) -> Callable[[Any, grpc.ServicerContext], Any]:
+    """The refusal, served as a client-streaming handler: it never reads the request. (A unary
+    handler is called only once gRPC has read the request, on the pool thread: a call that
+    sends its headers and never its request would hold the refusals' thread, and every later
+    refusal would wait behind it, turning "busy" into clients' timeouts.)"""
+    detail = (
+        f"busy: {pool.limit} {pool.name} calls in flight (the verifier's bound for "
+        f"{method}); back off and try again"
+    )
+
+    def refuse(requests: Any, context: grpc.ServicerContext) -> Any:
+        note_refusal("busy")
+        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, detail)
+
+    return refuse
+
+
+def _served(
+    inner: Callable[[Any, grpc.ServicerContext], Any],
+) -> Callable[[Any, grpc.ServicerContext], Any]:
+    def serve(request: Any, context: grpc.ServicerContext) -> Any:
+        return inner(request, context)
+
+    return serve
+
+
+class Admission(grpc.ServerInterceptor):
+    """Each method of a class served by its class's pool, or refused at once when the class is
+    at its bound (see the module's docstring). Put it after ``RpcObserver`` in the server's
+    interceptors, so that the observer counts its refusals."""
+
+    def __init__(self, classes: Iterable[tuple[tuple[str, ...], ClassPool]]) -> None:
+        self.pools: dict[str, ClassPool] = {}
+        for methods, pool in classes:
+            for m in methods:
+                self.pools[m] = pool
+        # refusals have a thread of their own: never queued behind the calls that filled a class
+        self.refusals = futures.ThreadPoolExecutor(1, thread_name_prefix="refuse")
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = continuation(handler_call_details)
+        method = method_name(handler_call_details.method)
+        pool = self.pools.get(method) if method is not None else None
+        if handler is None or handler.unary_unary is None or pool is None or method is None:
+            return handler
+        if pool.full():
+            refuse = _busy(pool, method)
+            refuse.experimental_thread_pool = self.refusals  # type: ignore[attr-defined]
+            return grpc.stream_unary_rpc_method_handler(
+                refuse,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        behavior = _served(handler.unary_unary)
+        behavior.experimental_thread_pool = pool  # type: ignore[attr-defined]
+        return grpc.unary_unary_rpc_method_handler(
+            behavior,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+    def shutdown(self) -> None:
+        self.refusals.shutdown(wait=False)
+        for pool in set(self.pools.values()):
+            pool.shutdown(wait=False)

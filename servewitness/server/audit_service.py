@@ -1,0 +1,136 @@
+"""The audit queries over gRPC (``AuditService``, issue 19 item 6a): what ``verifier audit
+request|file|run --db`` answers, for a peer with the ``auditor`` or ``operator`` role, on the
+verifier's own listener and authentication. Each answer is a bundle signed now with the
+ledger key (``servewitness.ledger.export.answer``): the entries it rests on, their inclusion
+proofs, the checkpoint also as a C2SP signed note; the client checks it offline
+(``servewitness.ledger.answers``). Answers are bounded: at most ``limit`` records (default
+``DEFAULT_LIMIT``, at most ``MAX_LIMIT``), and a bundle that would not fit in a gRPC message
+is RESOURCE_EXHAUSTED, never sent cut.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from servewitness import wire
+from servewitness.api.v1 import verifier_pb2 as pb
+from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
+from servewitness.errors import CheckFailed, NotFound
+from servewitness.ledger import checkpoints, merkle, note
+from servewitness.ledger.bundle import dump, tree_from_db
+from servewitness.ledger.export import answer
+from servewitness.ledger.interface import Database
+from servewitness.ledger.keys import Ed25519PrivateKey
+from servewitness.security.auth import Authorizer
+from servewitness.server.store import Store
+
+AUDIT_ROLES = frozenset({"auditor", "operator"})
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 500
+MAX_ANSWER_BYTES = wire.MAX_MESSAGE_BYTES - 64 * 1024  # room for the rest of the message
+
+
+class Rewritten(CheckFailed):
+    """The ledger no longer extends a checkpoint this verifier signed: nothing is signed."""
+
+
+def extends_what_was_signed(db: Database, key: Ed25519PrivateKey) -> None:
+    """Raise :class:`Rewritten` unless every stored checkpoint still holds over the ledger as
+    it is, signed by KEY. Every note and bundle this service signs is a fresh signature over
+    the ledger as stored; without this, a database rewritten behind the running verifier
+    (consistently, with its hashes re-chained) would be signed afresh for any auditor who
+    asks, laundering the rewrite the stored checkpoints show (as ``Store.sign_checkpoint``
+    refuses to)."""
+    _, problem = checkpoints.check(db, key.public_key())
+    if problem is not None:
+        raise Rewritten(f"refused to sign an answer: {problem}")
+
+
+class AuditService(pb_grpc.AuditServiceServicer):
+    def __init__(self, store: Store, key: Ed25519PrivateKey, auth: Authorizer) -> None:
+        self.store = store
+        self.key = key
+        self.auth = auth
+
+    def _answer(self, kind: str, req: Any, context: grpc.ServicerContext) -> Any:
+        self.auth.require_role(context, AUDIT_ROLES)
+        limit = req.limit or DEFAULT_LIMIT
+        if limit > MAX_LIMIT:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"limit {limit} is above the most one answer holds ({MAX_LIMIT}): page with "
+                "a narrower query",
+            )
+        if not req.query:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"an audit {kind} query needs an id")
+
+        def build(db: Database) -> tuple[bytes, int, str]:
+            extends_what_was_signed(db, self.key)
+            bundle, total = answer(db, self.key, kind, req.query, limit)
+            tree = tree_from_db(db)
+            text = note.sign_checkpoint(self.key, tree.size, tree.root())
+            return dump(bundle), total, text
+
+        try:
+            data, total, text = self.store.read(build)
+        except NotFound as e:
+            context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+        except CheckFailed as e:  # the index disagrees with the ledger: never answered
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        if len(data) > MAX_ANSWER_BYTES:
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the answer is {len(data)} bytes, over the {MAX_ANSWER_BYTES} one message "
+                "holds: ask for fewer records (--limit)",
+            )
+        shown = min(total, limit)
+        return pb.AuditAnswer(bundle=data, total=total, truncated=total > shown, note=text)
+
+    def _tree(self, context: grpc.ServicerContext) -> merkle.Tree:
+        """The ledger's tree, once it is shown to extend every checkpoint signed before."""
+
+        def read(db: Database) -> merkle.Tree:
+            extends_what_was_signed(db, self.key)
+            return tree_from_db(db)
+
+        try:
+            tree: merkle.Tree = self.store.read(read)
+        except Rewritten as e:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        return tree
+
+    def AuditServed(self, req: pb.AuditServedRequest, context: grpc.ServicerContext) -> Any:
+        return pb.AuditServedResponse(answer=self._answer("request", req, context))
+
+    def AuditFile(self, req: pb.AuditFileRequest, context: grpc.ServicerContext) -> Any:
+        return pb.AuditFileResponse(answer=self._answer("file", req, context))
+
+    def AuditRun(self, req: pb.AuditRunRequest, context: grpc.ServicerContext) -> Any:
+        return pb.AuditRunResponse(answer=self._answer("run", req, context))
+
+    def AuditCheckpoint(self, req: pb.AuditCheckpointRequest, context: grpc.ServicerContext) -> Any:
+        self.auth.require_role(context, AUDIT_ROLES)
+        tree = self._tree(context)
+        if tree.size == 0:
+            context.abort(grpc.StatusCode.NOT_FOUND, "the ledger is empty")
+        return pb.AuditCheckpointResponse(
+            note=note.sign_checkpoint(self.key, tree.size, tree.root())
+        )
+
+    def AuditConsistency(
+        self, req: pb.AuditConsistencyRequest, context: grpc.ServicerContext
+    ) -> Any:
+        self.auth.require_role(context, AUDIT_ROLES)
+        tree = self._tree(context)
+        if not 0 < req.old_size <= tree.size:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"old size {req.old_size} is not between 1 and the ledger's {tree.size}",
+            )
+        return pb.AuditConsistencyResponse(
+            note=note.sign_checkpoint(self.key, tree.size, tree.root()),
+            proof=tree.consistency_proof(req.old_size),
+            old_root=tree.root(req.old_size),
+        )

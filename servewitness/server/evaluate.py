@@ -1,0 +1,197 @@
+"""Evaluate registered runs over the latest evidence of every target."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from servewitness import wire
+from servewitness.model import FileEntry, RunVerdict, TargetReport
+from servewitness.policy import Policy, PolicyError, evaluate_run, load_policy, refused_run
+from servewitness.policy.engine import Judgements
+from servewitness.policy.interface import TargetSnapshot
+from servewitness.server import clock
+from servewitness.server.bounded import LruCache
+from servewitness.server.store import RunRecord, Store
+
+# Files of manifests kept parsed beyond those the latest snapshots hold (least recently used
+# dropped; a manifest larger than this is not cached, its snapshot holds it while current):
+# a vLLM process loads about 10,000 files, so this keeps about ten of them; an agent sending a
+# fresh 200,000-file manifest in every report makes the verifier keep none of them.
+MANIFEST_CACHE_FILES = 100_000
+
+
+@dataclass(frozen=True)
+class Tracked:
+    """What the verifier knows of one target: its latest snapshot, which report that is,
+    when it last heard from it on the age clock (or, for a report loaded from the database,
+    when this verifier started) and whether it has expired (silent past ``--target-expiry``:
+    kept for ``verifier target list``, left out of every run's verdict)."""
+
+    snapshot: TargetSnapshot
+    agent_id: str
+    seq: int
+    heard_boot_s: float
+    expired: bool = False
+
+
+class Evaluator:
+    """Caches parsed policies (one per registered run's policy) and manifests by digest
+    (bounded: MANIFEST_CACHE_FILES files), and every target's latest snapshot (loaded from
+    the store once, then kept current by ``note`` on each ingest), so evaluating never scans
+    or decodes stored reports."""
+
+    def __init__(self, store: Store, manifest_cache_files: int = MANIFEST_CACHE_FILES) -> None:
+        self.store = store
+        self._policies: dict[str, Policy | PolicyError] = {}
+        self.manifests: LruCache[str, tuple[FileEntry, ...]] = LruCache(
+            manifest_cache_files, weight=len
+        )
+        self._latest: dict[str, Tracked] | None = None
+        self._lock = threading.Lock()
+        # what evaluations of a (policy, target snapshot) found, reused until either changes
+        self.judgements = Judgements()
+
+    def policy(self, run: RunRecord) -> Policy | PolicyError:
+        """RUN's parsed policy, or why this verifier refuses it: a run stored by an earlier
+        verifier (or before its rules refused weak policies) may hold one that no longer
+        loads, which is a verdict (``policy.refused``), not an internal error."""
+        pol = self._policies.get(run.policy_digest)
+        if pol is None:
+            try:
+                pol = load_policy(run.policy_toml, run.source)
+            except PolicyError as e:
+                pol = e
+            self._policies[run.policy_digest] = pol
+        return pol
+
+    def _manifest(
+        self, digest: str | None, given: Mapping[str, tuple[FileEntry, ...]]
+    ) -> tuple[FileEntry, ...]:
+        if digest is None:
+            return ()
+        got = given.get(digest)
+        if got is None:
+            got = self.manifests.get(digest)
+        if got is None:
+            got = self.store.get_manifest(digest) or ()
+        self.manifests.put(digest, got)
+        return got
+
+    def _snapshot(
+        self,
+        report: TargetReport,
+        received_unix: float,
+        authenticated_as: str | None,
+        received_boot_s: float | None,
+        given: Mapping[str, tuple[FileEntry, ...]] | None = None,
+    ) -> TargetSnapshot:
+        procs = tuple(
+            p
+            if p.files is not None
+            else dataclasses.replace(p, files=self._manifest(p.manifest_digest, given or {}))
+            for p in report.processes
+        )
+        containers = tuple(sorted({p.container_id for p in procs if p.container_id}))
+        return TargetSnapshot(
+            report.target,
+            procs,
+            received_unix,
+            containers,
+            report.collect_s,
+            report.containers,
+            report.unobservable,
+            authenticated_as,
+            received_boot_s,
+            report.sent_unix,
+            report.mixed_roots,
+        )
+
+    def _load(self) -> dict[str, Tracked]:
+        # Evidence stored before this verifier started: how it was authenticated is not known
+        # now, so it counts as unauthenticated until its target reports again; nor when it
+        # arrived on the age clock, whose origin was lost with the old process: not fresh.
+        # Its silence for expiry counts from now. A target retired with this very report as
+        # its last stays retired: forgotten ones are not loaded, expired ones stay expired.
+        retired = self.store.retired_targets()
+        now = clock.boot_s()
+        out: dict[str, Tracked] = {}
+        for s in self.store.latest_reports():
+            event, agent, seq = retired.get(s.target, ("", "", -1))
+            if (agent, seq) == (s.agent_id, s.seq) and event == "forgotten":
+                continue
+            snap = self._snapshot(wire.report_from_bytes(s.report), s.received_unix, None, None)
+            expired = (agent, seq) == (s.agent_id, s.seq) and event == "expired"
+            out[s.target] = Tracked(snap, s.agent_id, s.seq, now, expired)
+        return out
+
+    def _tracked(self) -> dict[str, Tracked]:
+        """Every known target (call with the lock held)."""
+        if self._latest is None:
+            self._latest = self._load()
+        return self._latest
+
+    def note(
+        self,
+        report: TargetReport,
+        received_unix: float,
+        authenticated_as: str | None = "local",
+        received_boot_s: float | None = None,
+        manifests: Mapping[str, tuple[FileEntry, ...]] | None = None,
+    ) -> None:
+        """A report was stored: it is now its target's latest evidence (an expired or forgotten
+        target is back, as new). RECEIVED_BOOT_S: when it arrived on the age clock
+        (``clock.boot_s``; None: now). MANIFESTS: the ones it brought (digest -> files), so
+        they are not read back from the store."""
+        at = clock.boot_s() if received_boot_s is None else received_boot_s
+        snap = self._snapshot(report, received_unix, authenticated_as, at, manifests)
+        with self._lock:
+            self._tracked()[report.target] = Tracked(snap, report.agent_id, report.seq, at)
+
+    def snapshots(self) -> list[TargetSnapshot]:
+        """The latest snapshot of every target that is not expired: what verdicts judge."""
+        with self._lock:
+            latest = self._tracked()
+            return [latest[t].snapshot for t in sorted(latest) if not latest[t].expired]
+
+    def targets(self) -> list[Tracked]:
+        """Every known target, expired ones included (``verifier target list``)."""
+        with self._lock:
+            latest = self._tracked()
+            return [latest[t] for t in sorted(latest)]
+
+    def expire(self, expiry_s: float) -> list[Tracked]:
+        """Mark every target silent for longer than EXPIRY_S (on the age clock) expired; the
+        ones newly expired (to be recorded in the ledger)."""
+        now = clock.boot_s()
+        with self._lock:
+            latest = self._tracked()
+            due = [t for t in latest.values() if not t.expired and now - t.heard_boot_s > expiry_s]
+            for t in due:
+                latest[t.snapshot.target] = dataclasses.replace(t, expired=True)
+        return due
+
+    def forget(self, target: str) -> Tracked | None:
+        """Drop TARGET (None: unknown); it comes back as new if it reports again."""
+        with self._lock:
+            return self._tracked().pop(target, None)
+
+    def run_verdict(
+        self, run: RunRecord, now: float, snaps: list[TargetSnapshot] | None = None
+    ) -> RunVerdict:
+        """RUN's verdict at wall-clock time NOW (displayed); ages on the age clock, now."""
+        pol = self.policy(run)
+        if isinstance(pol, PolicyError):
+            return refused_run(run.name, run.policy_digest, pol, now)
+        snaps = self.snapshots() if snaps is None else snaps
+        return evaluate_run(
+            run.name,
+            pol,
+            run.policy_digest,
+            snaps,
+            now,
+            now_boot_s=clock.boot_s(),
+            judgements=self.judgements,
+        )

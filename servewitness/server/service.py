@@ -1,0 +1,456 @@
+"""The gRPC servicer: agents say Hello and Report; clients register runs and ask for status.
+
+Every request is validated at this edge: malformed or inconsistent reports are rejected with a
+gRPC status and a reason, never stored and never able to produce a PASS.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import secrets
+import threading
+import time
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import grpc
+import structlog
+
+from servewitness import wire
+from servewitness.api.v1 import verifier_pb2 as pb
+from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
+from servewitness.errors import Error
+from servewitness.model import FileEntry, RunVerdict, TargetReport, merkle_root
+from servewitness.policy import Policy, PolicyError, load_policy, policy_digest, unsafe_flags
+from servewitness.security.auth import READ_ROLES, Authorizer
+from servewitness.server import clock
+from servewitness.server.bounded import KeyedLocks, LruCache
+from servewitness.server.evaluate import Evaluator, Tracked
+from servewitness.server.index import processes_seen
+from servewitness.server.metrics import VerifierMetrics
+from servewitness.server.store import RunExists, RunRecord, Store, StoredReport, UnknownRun
+from servewitness.server.windows import MAX_WAITING, WindowError, Windows
+
+if TYPE_CHECKING:
+    from servewitness.ledger.keys import Ed25519PrivateKey
+
+log = structlog.get_logger("verifier.serve")
+REPORT_INTERVAL_S = 0.5  # keeps gate latency under 1 s (BENCHMARKS.md)
+
+
+def verdict_detail(v: RunVerdict) -> dict[str, Any]:
+    """What the verdict history keeps: verdicts and finding ids per target (no timestamps)."""
+    return {
+        "policy_digest": v.policy_digest,
+        "run": [f.id for f in v.findings],
+        "targets": {
+            t.target: [t.verdict.value, sorted(f.id for f in t.findings)] for t in v.targets
+        },
+    }
+
+
+OPERATOR = frozenset({"operator"})
+WINDOW_ROLES = frozenset({"operator", "harness"})  # auditors read; they do not measure
+_WINDOW_CODES = {
+    "not_found": grpc.StatusCode.NOT_FOUND,
+    "invalid": grpc.StatusCode.INVALID_ARGUMENT,
+    "exists": grpc.StatusCode.ALREADY_EXISTS,
+    "refused": grpc.StatusCode.FAILED_PRECONDITION,
+    "timeout": grpc.StatusCode.FAILED_PRECONDITION,  # the message says "timed out"
+    "busy": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "cancelled": grpc.StatusCode.CANCELLED,
+}
+# A target silent this long is expired: in no run's verdict, recorded in the ledger.
+DEFAULT_TARGET_EXPIRY_S = 3600.0
+# What the service remembers across requests, each bounded (docs/operations.md, "Contention and
+# memory"): the current nonce of this many agents (least recently heard from forgotten first:
+# such an agent's next report is refused with "nonce mismatch" and it says Hello again), and
+# this many manifest digests known to be stored (a forgotten one is asked of the database).
+MAX_AGENT_NONCES = 65_536
+MAX_KNOWN_MANIFESTS = 65_536
+# Verdicts status calls computed, waiting for the history keeper to record them.
+MAX_SEEN_VERDICTS = 1024
+
+
+def expiry_error(pol: Policy, expiry_s: float) -> str | None:
+    """Why POL cannot be judged under a target expiry of EXPIRY_S, or None: a target must go
+    stale (freshness_s) before it expires, or a run would drop a silent target from its verdict
+    while its evidence still counted as fresh."""
+    if pol.freshness_s >= expiry_s:
+        return (
+            f"freshness_s {pol.freshness_s:g} is not below the verifier's --target-expiry "
+            f"{expiry_s:g}: a target must go stale before it expires"
+        )
+    return None
+
+
+class VerifierService(pb_grpc.VerifierServiceServicer):
+    def __init__(
+        self,
+        store: Store,
+        report_interval_s: float = REPORT_INTERVAL_S,
+        auth: Authorizer | None = None,
+        target_expiry_s: float = DEFAULT_TARGET_EXPIRY_S,
+        signing_key: Ed25519PrivateKey | None = None,
+        *,
+        max_window_waits: int = MAX_WAITING,
+        max_agent_nonces: int = MAX_AGENT_NONCES,
+        max_known_manifests: int = MAX_KNOWN_MANIFESTS,
+    ) -> None:
+        self.store = store
+        self.target_expiry_s = target_expiry_s
+        self.auth = auth or Authorizer(secure=False)
+        self.evaluator = Evaluator(store)
+        self.report_interval_s = report_interval_s
+        self.nonces: LruCache[str, str] = LruCache(max_agent_nonces)
+        # Nonce and seq are per agent: one agent's reports are ingested one at a time, other
+        # agents' alongside (the store's one writer is the only thing they share), and a
+        # target's report is stored and noted with ForgetTarget kept out (("target", name)).
+        self._locks = KeyedLocks()
+        self.known: LruCache[str, bool] = LruCache(max_known_manifests)  # digests stored
+        # Each agent's last stored seq: read from the database at its Hello (another verifier
+        # on the same database may have stored its reports), then kept here as its reports
+        # are stored, so a Report does not wait on the store (a commit in progress) to read it.
+        self._last_seqs: LruCache[str, int] = LruCache(max_agent_nonces)
+        # (run, verdict, detail) a status call computed: recorded by the history keeper, so
+        # a status call never waits for a report's transaction to write its history.
+        self._seen: collections.deque[tuple[str, str, dict[str, Any]]] = collections.deque(
+            maxlen=MAX_SEEN_VERDICTS
+        )
+        self.dirty = threading.Event()  # new evidence: the history keeper re-evaluates
+        self.metrics = VerifierMetrics(store.ledger_size)
+        # server/windows.py
+        self.windows = Windows(store, self.evaluator, signing_key, max_waiting=max_window_waits)
+
+    # agents ----------------------------------------------------------------------------
+    def Hello(self, request: pb.HelloRequest, context: grpc.ServicerContext) -> pb.HelloResponse:
+        try:
+            hello = wire.hello_request_from_pb(request)
+        except wire.WireError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed hello: {e}")
+        self.auth.require_agent(context, hello.agent_id, hello.targets)
+        nonce = secrets.token_hex(16)
+        with self._locks.hold(("agent", hello.agent_id)):
+            last = self.store.last_seq(hello.agent_id)
+            self._last_seqs.put(hello.agent_id, last)
+            self.nonces.put(hello.agent_id, nonce)
+        log.info("hello", agent=hello.agent_id, targets=list(hello.targets))
+        reply = wire.HelloReply(nonce, self.report_interval_s, last)
+        return wire.hello_response_to_pb(reply)
+
+    def Report(self, request: pb.ReportRequest, context: grpc.ServicerContext) -> pb.ReportResponse:
+        received = time.monotonic()
+        received_boot_s = clock.boot_s()  # its age is measured from here (server/clock.py)
+        try:
+            report = wire.report_request_from_pb(request)
+        except wire.WireError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed report: {e}")
+        structlog.contextvars.bind_contextvars(  # every line about this report names it
+            agent=report.agent_id, target=report.target, seq=report.seq
+        )
+        peer = self.auth.require_agent(context, report.agent_id, [report.target])
+        with self._locks.hold(("agent", report.agent_id)):
+            expected = self.nonces.get(report.agent_id)
+            if expected is None or not secrets.compare_digest(expected, report.nonce):
+                context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    "nonce mismatch: say Hello and report again with the nonce it returns",
+                )
+            if report.seq <= self._last_seq(report.agent_id):
+                self.metrics.report("duplicate")
+                return wire.report_response_to_pb(wire.ReportAck(True, report.seq, expected))
+            manifests, need = self._manifests(report, context)
+            if need:
+                self.metrics.report("need_manifests")
+                ack = wire.ReportAck(False, report.seq, expected, tuple(need))
+                return wire.report_response_to_pb(ack)
+            nonce = self._ingest(report, manifests, peer, (received, received_boot_s), context)
+            self.nonces.put(report.agent_id, nonce)
+            self._last_seqs.put(report.agent_id, report.seq)
+        self.dirty.set()
+        return wire.report_response_to_pb(wire.ReportAck(True, report.seq, nonce))
+
+    def _last_seq(self, agent_id: str) -> int:
+        """AGENT_ID's last stored seq (call holding its lock)."""
+        last = self._last_seqs.get(agent_id)
+        if last is None:
+            last = self.store.last_seq(agent_id)
+            self._last_seqs.put(agent_id, last)
+        return last
+
+    def ingesting(self) -> list[str]:
+        """The agents whose report is being ingested now (after its nonce check, until it is
+        stored and noted): what a test or a debugger looks at; nothing decides on it."""
+        return sorted(
+            str(k[1]) for k in self._locks.held() if isinstance(k, tuple) and k[0] == "agent"
+        )
+
+    def _ingest(
+        self,
+        report: TargetReport,
+        manifests: dict[str, tuple[FileEntry, ...]],
+        peer: Any,
+        received: tuple[float, float],
+        context: grpc.ServicerContext,
+    ) -> str:
+        """Store REPORT with its new MANIFESTS and make it its target's latest evidence; the
+        agent's next nonce. Everything that needs no database (the stored body, the manifests'
+        JSON, ledger subjects and index rows) is built first: the store's lock, which every
+        agent shares, is held only for the writes."""
+        stripped = dataclasses.replace(
+            report,
+            processes=tuple(dataclasses.replace(p, files=None) for p in report.processes),
+            spans=(),
+            request_ids=(),
+        )
+        stored = StoredReport(
+            report.agent_id, report.seq, report.target, time.time(), wire.report_to_bytes(stripped)
+        )
+        prepared = self.store.prepare_manifests(manifests)
+        seen = processes_seen(report.processes)
+        with self._locks.hold(("target", report.target)):  # ForgetTarget waits
+            try:
+                self.store.save_report(stored, prepared, seen, report.spans, report.request_ids)
+            except self.store.errors as e:
+                # Not stored, so never acknowledged: the agent keeps it spooled and retries.
+                log.error("report_not_stored", agent=report.agent_id, seq=report.seq, error=str(e))
+                context.abort(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"report {report.seq} not stored, the verifier's database refused it: {e}",
+                )
+            del prepared  # a large manifest's rows are garbage from here on
+            for digest in manifests:
+                self.known.put(digest, True)
+            ingest_s = time.monotonic() - received[0]
+            self.metrics.stored(report, stored.received_unix, ingest_s)
+            log.debug("report_stored", ingest_s=round(ingest_s, 6), processes=len(report.processes))
+            self.evaluator.note(
+                stripped,
+                stored.received_unix,
+                self.auth.authenticated_as(peer),
+                received[1],
+                manifests,
+            )
+        return secrets.token_hex(16)
+
+    def _manifests(
+        self, report: TargetReport, context: grpc.ServicerContext
+    ) -> tuple[dict[str, tuple[FileEntry, ...]], list[str]]:
+        manifests: dict[str, tuple[FileEntry, ...]] = {}
+        need: list[str] = []
+        for p in report.processes:
+            digest = p.manifest_digest
+            if digest is None or digest in manifests:
+                continue
+            if self._known_manifest(digest):
+                continue  # content-addressed: already verified and stored once
+            if p.files is None:
+                need.append(digest)
+                continue
+            actual = merkle_root((f.path, f.sha256) for f in p.files if f.sha256)
+            if actual != digest:
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"pid {p.key.pid}: manifest digest {digest} does not match its files "
+                    f"({actual})",
+                )
+            manifests[digest] = p.files
+        return manifests, need
+
+    def _known_manifest(self, digest: str) -> bool:
+        if digest in self.known:
+            return True
+        if self.store.has_manifest(digest):
+            self.known.put(digest, True)
+            return True
+        return False
+
+    # clients ---------------------------------------------------------------------------
+    def RegisterRun(
+        self, request: pb.RegisterRunRequest, context: grpc.ServicerContext
+    ) -> pb.RegisterRunResponse:
+        self.auth.require_role(context, OPERATOR)
+        try:
+            reg = wire.register_run_request_from_pb(request)
+        except wire.WireError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed registration: {e}")
+        try:
+            pol = load_policy(reg.policy_toml, reg.source or "<policy>")
+            why = expiry_error(pol, self.target_expiry_s)
+            if why is not None:
+                raise PolicyError(reg.source or "<policy>", None, "evidence.freshness_s", why)
+            rec = self.store.register_run(
+                reg.name, reg.policy_toml, policy_digest(reg.policy_toml), reg.source
+            )
+        except PolicyError as e:
+            # "invalid policy" is what the client's translation reads as a configuration
+            # error (exit 3): a policy's own message need not contain the word.
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid policy: {e.explain()}")
+        except RunExists as e:
+            context.abort(grpc.StatusCode.ALREADY_EXISTS, e.explain())
+        log.info("run_registered", run=rec.name, policy=rec.policy_digest)
+        self.dirty.set()
+        registered = wire.RegisteredRun(rec.name, rec.policy_digest, rec.created_unix)
+        return wire.register_run_response_to_pb(registered)
+
+    def GetRunStatus(
+        self, request: pb.GetRunStatusRequest, context: grpc.ServicerContext
+    ) -> pb.GetRunStatusResponse:
+        self.auth.require_role(context, READ_ROLES)
+        try:
+            name = wire.get_run_status_request_from_pb(request)
+        except wire.WireError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed status request: {e}")
+        try:
+            run = self.store.get_run(name)
+            if run is None:  # get_run raises UnknownRun; this only narrows the type
+                raise UnknownRun(f"no run named {name!r}")
+            verdict = self.evaluator.run_verdict(run, time.time())
+        except UnknownRun as e:
+            context.abort(grpc.StatusCode.NOT_FOUND, e.explain())
+        except Error as e:
+            context.abort(grpc.StatusCode.INTERNAL, e.explain())
+        # The history records what a client was told; written by the history keeper, so this
+        # call never waits for a report's transaction (the keeper records it within a second).
+        self._seen.append((run.name, verdict.verdict.value, verdict_detail(verdict)))
+        self.dirty.set()
+        self.metrics.verdict(run.name, verdict.verdict.value)
+        return wire.get_run_status_response_to_pb(verdict)
+
+    def ListRuns(
+        self, request: pb.ListRunsRequest, context: grpc.ServicerContext
+    ) -> pb.ListRunsResponse:
+        self.auth.require_role(context, READ_ROLES)
+        now = time.time()
+        snaps = self.evaluator.snapshots()
+        out = [
+            wire.RunSummary(
+                run.name,
+                run.policy_digest,
+                run.created_unix,
+                self.evaluator.run_verdict(run, now, snaps).verdict,
+                self._unsafe_flags(run),
+            )
+            for run in self.store.list_runs()
+        ]
+        return wire.list_runs_response_to_pb(out)
+
+    def _unsafe_flags(self, run: RunRecord) -> tuple[str, ...]:
+        pol = self.evaluator.policy(run)
+        return unsafe_flags(pol) if isinstance(pol, Policy) else ()  # refused: nothing loaded
+
+    # targets ---------------------------------------------------------------------------
+    def _status(self, t: Tracked, freshness_s: float, now_boot_s: float) -> wire.TargetStatus:
+        at = t.snapshot.evidence_boot_s
+        age = None if at is None else now_boot_s - at
+        state = "expired" if t.expired else "stale" if age is None or age > freshness_s else "live"
+        return wire.TargetStatus(
+            t.snapshot.target,
+            t.snapshot.received_unix,
+            age,
+            t.agent_id,
+            t.snapshot.authenticated_as,
+            state,
+        )
+
+    def _freshness_s(self) -> float:
+        """The smallest freshness_s of the registered runs: what ``live`` means in a list."""
+        policies = [self.evaluator.policy(r) for r in self.store.list_runs()]
+        fresh = [p.freshness_s for p in policies if isinstance(p, Policy)]  # refused: none
+        return min(fresh, default=10.0)
+
+    def ListTargets(
+        self, request: pb.ListTargetsRequest, context: grpc.ServicerContext
+    ) -> pb.ListTargetsResponse:
+        self.auth.require_role(context, READ_ROLES)
+        self.expire_targets()
+        fresh, now = self._freshness_s(), clock.boot_s()
+        out = [self._status(t, fresh, now) for t in self.evaluator.targets()]
+        return wire.list_targets_response_to_pb(out)
+
+    def ForgetTarget(
+        self, request: pb.ForgetTargetRequest, context: grpc.ServicerContext
+    ) -> pb.ForgetTargetResponse:
+        peer = self.auth.require_role(context, OPERATOR)
+        try:
+            name = wire.forget_target_request_from_pb(request)
+        except wire.WireError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed forget request: {e}")
+        by = self.auth.authenticated_as(peer) or "unauthenticated"
+        with self._locks.hold(("target", name)):  # no report of it is stored in between
+            gone = self.evaluator.forget(name)
+            if gone is None:
+                context.abort(grpc.StatusCode.NOT_FOUND, f"no target named {name!r}")
+            status = self._status(gone, self._freshness_s(), clock.boot_s())
+            self.store.retire_target(name, "forgotten", by, (gone.agent_id, gone.seq))
+            self.metrics.forget_target(name)
+        log.info("target_forgotten", target=name, by=by)
+        self.dirty.set()
+        return wire.forget_target_response_to_pb(status)
+
+    def expire_targets(self) -> None:
+        """Expire every target silent past the target expiry, each recorded in the ledger."""
+        for t in self.evaluator.expire(self.target_expiry_s):
+            target = t.snapshot.target
+            self.store.retire_target(target, "expired", "verifier", (t.agent_id, t.seq))
+            self.metrics.forget_target(target)
+            log.info("target_expired", target=target, expiry_s=self.target_expiry_s)
+
+    def record_seen(self) -> None:
+        """Record the verdicts status calls computed since the last call (history keeps
+        each change, so one the keeper would also compute is written once)."""
+        while self._seen:
+            run, verdict, detail = self._seen.popleft()
+            if self.store.record_verdict(run, verdict, detail):
+                log.info("verdict", run=run, verdict=verdict)
+
+    def refresh_verdicts(self) -> None:
+        """Record what status calls saw, then re-evaluate every run after new evidence;
+        history records each change."""
+        self.record_seen()
+        self.expire_targets()
+        now = time.time()
+        snaps = self.evaluator.snapshots()
+        for run in self.store.list_runs():
+            try:
+                verdict = self.evaluator.run_verdict(run, now, snaps)
+            except Error as e:
+                log.error("evaluate_failed", run=run.name, error=e.explain())
+                continue
+            self.metrics.verdict(run.name, verdict.verdict.value)
+            if self.store.record_verdict(run.name, verdict.verdict.value, verdict_detail(verdict)):
+                log.info("verdict", run=run.name, verdict=verdict.verdict.value)
+
+    # measurement windows (server/windows.py) -----------------------------------------------
+    @staticmethod
+    def _window_abort(context: grpc.ServicerContext, e: WindowError) -> NoReturn:
+        context.abort(_WINDOW_CODES[e.kind], e.message)
+        raise AssertionError("unreachable")  # context.abort raises
+
+    def OpenWindow(
+        self, request: pb.OpenWindowRequest, context: grpc.ServicerContext
+    ) -> pb.OpenWindowResponse:
+        self.auth.require_role(context, WINDOW_ROLES)
+        try:
+            req = wire.open_window_request_from_pb(request)
+            opened = self.windows.open(req, context.is_active)
+        except wire.WireError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed window request: {e}")
+        except WindowError as e:
+            self._window_abort(context, e)
+        self.dirty.set()
+        return wire.open_window_response_to_pb(opened)
+
+    def SealWindow(
+        self, request: pb.SealWindowRequest, context: grpc.ServicerContext
+    ) -> pb.SealWindowResponse:
+        self.auth.require_role(context, WINDOW_ROLES)
+        try:
+            req = wire.seal_window_request_from_pb(request)
+            sealed = self.windows.seal(req, context.is_active)
+        except wire.WireError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed seal request: {e}")
+        except WindowError as e:
+            self._window_abort(context, e)
+        self.dirty.set()
+        return wire.seal_window_response_to_pb(sealed)

@@ -1,0 +1,489 @@
+"""Storage of runs, reports, manifests, verdict history and request bindings: SQLite (one file;
+nothing to install) or PostgreSQL (a URL; for a fleet), behind ``db.Database``.
+
+Durability: SQLite runs a WAL journal with ``synchronous=FULL``; in both, a report is
+acknowledged only after its transaction commits, so a verifier killed after acknowledging
+loses nothing. Manifests are content-addressed by their Merkle digest: a thousand processes
+loading the same files store the list once; each file hash and path is stored once however
+many manifests list it (``blobs``, ``paths``, ``manifest_files``: the index file queries
+use). Every stored row also gets an entry in the hash-chained audit ledger
+(``servewitness.ledger.chain``) in the same transaction, so no row exists outside the chain.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from servewitness.errors import ConfigError, DatabaseCorrupt, UsageError
+from servewitness.ledger import bindings, chain
+from servewitness.model import FileEntry, RequestId, RequestSpan
+from servewitness.server import manifest_rows, schema
+from servewitness.server.db import Database, is_corruption, open_database
+from servewitness.server.group_commit import GroupCommit
+from servewitness.server.index import (
+    ProcessSeen,
+    index_processes,
+    index_requests,
+    needs_rebuild,
+    rebuild,
+    write_manifest_index,
+)
+from servewitness.server.manifest_rows import PreparedManifest
+
+if TYPE_CHECKING:  # signing needs `cryptography`, imported only when a key is used
+    from servewitness.ledger import merkle
+    from servewitness.ledger.bundle import LedgerEntry
+    from servewitness.ledger.checkpoints import Checkpoint
+    from servewitness.ledger.keys import Ed25519PrivateKey
+    from servewitness.server import window_rows
+
+RUN_COLUMNS = "name, policy_toml, policy_digest, source, created_unix"
+TARGET_EVENTS = ("expired", "forgotten")
+
+
+class RunExists(UsageError):
+    pass
+
+
+class UnknownRun(UsageError):
+    pass
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    name: str
+    policy_toml: str
+    policy_digest: str
+    source: str
+    created_unix: float
+
+
+@dataclass(frozen=True)
+class StoredReport:
+    agent_id: str
+    seq: int
+    target: str
+    received_unix: float
+    report: bytes
+
+
+T = TypeVar("T")
+
+
+class Store:
+    """Thread-safe store over one connection guarded by a lock. TARGET: an SQLite file or a
+    ``postgresql://`` URL (``db.open_database``)."""
+
+    def __init__(self, target: str | Path) -> None:
+        self._db: Database = open_database(target)
+        self.path = self._db.name
+        self.kind = self._db.kind
+        errors: tuple[type[Exception], ...] = (*self._db.errors, OSError)
+        # What a failed read or write raises (disk full, database gone): callers that must
+        # not acknowledge what was not stored catch these.
+        self.errors = errors
+        try:
+            self._db.executescript(schema.for_kind(self._db.kind))
+            integrity = self._db.quick_check()
+        except errors as e:
+            self._db.close()
+            if is_corruption(e):  # opens, but damaged: tampering or a failed disk, exit 1
+                raise DatabaseCorrupt(f"verifier database {self.path} is corrupt: {e}") from e
+            raise ConfigError(f"cannot open the verifier database {self.path}: {e}") from e
+        if integrity != "ok":
+            self._db.close()
+            raise DatabaseCorrupt(
+                f"verifier database {self.path} is corrupt: its integrity check says "
+                + " ".join(integrity.split())
+            )
+        self._lock = threading.Lock()
+        self._writing: str | None = None  # what the write transaction in progress stores
+        self.transactions = 0  # write transactions begun (``writing``)
+        self._frontier: merkle.Frontier | None = None  # the tree as last signed (checkpoints)
+        # Reports arriving while one commits are committed together (server/group_commit.py)
+        self.reports: GroupCommit[bool] = GroupCommit(self._batch)
+        self.columns_added: list[str] = []
+        self._tx([], self._add_columns)
+        self.backfilled = 0
+        self._tx([], self._backfill)
+        self.reindexed = 0
+        if needs_rebuild(self._db):
+            self._tx([], self._reindex)
+        # Runs are immutable once registered: kept in memory (registration writes through),
+        # so a status call never waits for a report's transaction to read one.
+        self._runs_lock = threading.Lock()
+        self._runs: dict[str, RunRecord] = {r.name: r for r in self._read_runs()}
+
+    def _add_columns(self, db: Database) -> None:
+        self.columns_added = schema.add_columns(db)
+
+    def _backfill(self, db: Database) -> None:
+        self.backfilled = chain.backfill(db, time.time())
+
+    def _reindex(self, db: Database) -> None:
+        self.reindexed = rebuild(db)
+
+    def sign_checkpoint(self, key: Ed25519PrivateKey) -> Checkpoint | None:
+        """Sign and store the ledger's current tree head (None: nothing new to sign).
+
+        The first time, the stored checkpoints must still hold over the ledger as it is
+        (with KEY's signature), so a verifier restarted on a rewritten database does not sign
+        the rewrite; after that only the entries since the last checkpoint are hashed (the
+        tree this verifier saw, ``merkle.Frontier``). Raises ``checkpoints.NotAppendOnly``
+        when the ledger is no longer an extension of what it signed."""
+        from servewitness.ledger import checkpoints, merkle
+
+        out: list[Checkpoint | None] = [None]
+
+        def sign(db: Database) -> None:
+            if self._frontier is None:
+                _, problem = checkpoints.check(db, key.public_key())
+                if problem is not None:
+                    raise checkpoints.NotAppendOnly(problem)
+                frontier = merkle.Frontier()
+                out[0] = checkpoints.sign(db, key, frontier=frontier)
+                if out[0] is not None:
+                    self._frontier = frontier
+                return
+            out[0] = checkpoints.sign(db, key, frontier=self._frontier)
+
+        try:
+            self._tx([], sign)
+        except BaseException:
+            self._frontier = None  # re-derived, and the stored checkpoints checked, next time
+            raise
+        return out[0]
+
+    # measurement windows (server/windows.py; rows and proofs: server/window_rows.py) -------
+    def record_window(
+        self, wid: str, run: str, at: float, content: dict[str, Any]
+    ) -> tuple[LedgerEntry, str]:
+        """Store and ledger window WID; CONTENT gets the ledger's size at open. (Its entry,
+        the content as stored.)"""
+        from servewitness.server import window_rows  # signing's `cryptography`, only when used
+
+        out: list[tuple[LedgerEntry, str]] = []
+
+        def add(db: Database) -> None:
+            content["ledger_size_at_open"] = window_rows.ledger_size(db)
+            text = chain.canonical(content)
+            out.append((window_rows.insert_window(db, wid, run, at, text), text))
+
+        self._tx([], add)
+        return out[0]
+
+    def record_seal(self, wid: str, run: str, at: float, content_json: str) -> LedgerEntry:
+        """Store and ledger the seal of window WID (``window_rows.AlreadySealed``: it has one)."""
+        from servewitness.server import window_rows
+
+        out: list[LedgerEntry] = []
+        self._tx([], lambda db: out.append(window_rows.insert_seal(db, wid, run, at, content_json)))
+        return out[0]
+
+    def get_window(self, wid: str) -> window_rows.StoredWindow | None:
+        from servewitness.server import window_rows
+
+        with self._lock:
+            return window_rows.get_window(self._db, wid)
+
+    def report_entry(self, agent_id: str, seq: int) -> tuple[int, str] | None:
+        from servewitness.server import window_rows
+
+        with self._lock:
+            return window_rows.report_entry(self._db, agent_id, seq)
+
+    def seal_proofs(self, open_seq: int, seal_seq: int) -> window_rows.SealProofs | None:
+        from servewitness.server import window_rows
+
+        with self._lock:
+            return window_rows.proofs(self._db, open_seq, seal_seq)
+
+    def verify_ledger(self) -> chain.Verification:
+        """Walk the audit ledger against the stored rows (see ``chain.verify``)."""
+        with self._lock:
+            return chain.verify(self._db)
+
+    def read(self, fn: Callable[[Database], T]) -> T:
+        """FN over one consistent snapshot of the database (the audit service's queries)."""
+        with self._lock, self._db.snapshot():
+            return fn(self._db)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @property
+    def writing(self) -> str | None:
+        """What the write transaction that holds the store now stores ("report AGENT/SEQ",
+        "write" for anything else), None when none does: what the contention tests and a
+        debugger look at; nothing decides on it."""
+        return self._writing
+
+    def _tx(
+        self,
+        statements: list[tuple[str, tuple[Any, ...]]],
+        then: Callable[[Database], object] | None = None,
+        what: str = "write",
+    ) -> None:
+        """Run STATEMENTS, then THEN (ledger entries), in one transaction (storing WHAT)."""
+        with self._lock:
+            self._writing = what
+            self.transactions += 1
+            try:
+                self._db.begin()
+                for sql, args in statements:
+                    self._db.execute(sql, args)
+                if then is not None:
+                    then(self._db)
+                self._db.commit()
+            except BaseException as e:
+                if self._db.in_transaction:
+                    with contextlib.suppress(*self._db.errors):
+                        self._db.rollback()
+                if isinstance(e, self._db.errors):  # the database refused: start clean next
+                    self._db.recover()
+                raise
+            finally:
+                self._writing = None
+
+    def _batch(self, writes: Sequence[Callable[[Database], bool]], what: str) -> list[bool]:
+        """WRITES in one transaction (group commit): their results once it committed."""
+        out: list[bool] = []
+        self._tx([], lambda db: out.extend(w(db) for w in writes), what)
+        return out
+
+    def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return list(self._db.execute(sql, args).fetchall())
+
+    # runs ------------------------------------------------------------------------------
+    def register_run(self, name: str, policy_toml: str, digest: str, source: str) -> RunRecord:
+        """Pre-register NAME; the same policy again is a no-op, a different one an error."""
+        existing = self.get_run(name, missing_ok=True)
+        if existing is not None:
+            if existing.policy_digest != digest:
+                raise RunExists(
+                    f"run {name!r} is already registered with policy {existing.policy_digest}; "
+                    "a changed policy needs a new run name"
+                )
+            return existing
+        rec = RunRecord(name, policy_toml, digest, source, time.time())
+        row = (rec.name, rec.policy_toml, rec.policy_digest, rec.source, rec.created_unix)
+        self._tx(
+            [
+                (
+                    "INSERT INTO runs (name, policy_toml, policy_digest, source, created_unix) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    row,
+                )
+            ],
+            lambda db: chain.append(
+                db, rec.created_unix, "run", chain.run_ref(name), chain.run_subject(*row)
+            ),
+        )
+        with self._runs_lock:
+            self._runs[rec.name] = rec
+        return rec
+
+    def get_run(self, name: str, missing_ok: bool = False) -> RunRecord | None:
+        """Run NAME: from memory when known; else read (another verifier on the same
+        PostgreSQL database may have registered it)."""
+        with self._runs_lock:
+            known = self._runs.get(name)
+        if known is not None:
+            return known
+        rows = self._query(f"SELECT {RUN_COLUMNS} FROM runs WHERE name = ?", (name,))  # noqa: S608
+        if not rows:
+            if missing_ok:
+                return None
+            raise UnknownRun(f"no run named {name!r}")
+        rec = RunRecord(*rows[0])
+        with self._runs_lock:
+            self._runs[rec.name] = rec
+        return rec
+
+    def _read_runs(self) -> list[RunRecord]:
+        rows = self._query(f"SELECT {RUN_COLUMNS} FROM runs ORDER BY created_unix")  # noqa: S608
+        return [RunRecord(*r) for r in rows]
+
+    def list_runs(self) -> list[RunRecord]:
+        """Every run, oldest first: read again when the store is free (runs other verifiers
+        registered), else the runs in memory, without waiting for the transaction."""
+        if self._lock.acquire(blocking=False):
+            try:
+                rows = self._db.execute(f"SELECT {RUN_COLUMNS} FROM runs").fetchall()  # noqa: S608
+            finally:
+                self._lock.release()
+            with self._runs_lock:
+                self._runs.update((r[0], RunRecord(*r)) for r in rows)
+        with self._runs_lock:
+            return sorted(self._runs.values(), key=lambda r: (r.created_unix, r.name))
+
+    # manifests -------------------------------------------------------------------------
+    def has_manifest(self, digest: str) -> bool:
+        return bool(self._query("SELECT 1 FROM manifests WHERE digest = ?", (digest,)))
+
+    def get_manifest(self, digest: str) -> tuple[FileEntry, ...] | None:
+        rows = self._query("SELECT files_json FROM manifests WHERE digest = ?", (digest,))
+        if not rows:
+            return None
+        files: list[dict[str, Any]] = json.loads(rows[0][0])
+        return manifest_rows.files_from_rows(files)
+
+    # reports ---------------------------------------------------------------------------
+    def last_seq(self, agent_id: str) -> int:
+        rows = self._query("SELECT MAX(seq) FROM reports WHERE agent_id = ?", (agent_id,))
+        return int(rows[0][0]) if rows and rows[0][0] is not None else 0
+
+    prepare_manifests = staticmethod(manifest_rows.prepare)
+
+    def save_report(
+        self,
+        rep: StoredReport,
+        manifests: Mapping[str, Sequence[FileEntry]] | Sequence[PreparedManifest],
+        processes: Sequence[ProcessSeen] = (),
+        spans: Sequence[RequestSpan] = (),
+        request_ids: Sequence[RequestId] = (),
+    ) -> bool:
+        """Store one report, its new manifests (as files, or ``prepare_manifests``'s), the
+        processes it saw (index) and the request bindings that came with it, atomically;
+        False if the seq was seen. Returns once its transaction committed: reports saved
+        concurrently share one (group commit); one the database refuses fails alone."""
+        prepared = (
+            self.prepare_manifests(manifests) if isinstance(manifests, Mapping) else manifests
+        )
+        row = (rep.agent_id, rep.seq, rep.target, rep.received_unix, rep.report)
+
+        def store(db: Database) -> bool:
+            seen = db.execute(
+                "SELECT 1 FROM reports WHERE agent_id = ? AND seq = ?", (rep.agent_id, rep.seq)
+            ).fetchone()
+            if seen:
+                return False
+            for m in prepared:  # content-addressed: each digest once
+                if db.execute("SELECT 1 FROM manifests WHERE digest = ?", (m.digest,)).fetchone():
+                    continue
+                db.execute(
+                    "INSERT INTO manifests (digest, files_json) VALUES (?, ?)",
+                    (m.digest, m.files_json),
+                )
+                chain.append(db, rep.received_unix, "manifest", m.digest, m.subject)
+                write_manifest_index(db, m.index)
+            db.execute(
+                "INSERT INTO reports (agent_id, seq, target, received_unix, report) "
+                "VALUES (?, ?, ?, ?, ?)",
+                row,
+            )
+            ref = chain.report_ref(rep.agent_id, rep.seq)
+            chain.append(db, rep.received_unix, "report", ref, chain.report_subject(*row))
+            index_processes(db, rep.target, rep.received_unix, processes)
+            if spans or request_ids:
+                batch = chain.bindings_ref(rep.agent_id, rep.seq)
+                digests = bindings.store_batch(
+                    db, batch, rep.target, spans, request_ids, rep.received_unix
+                )
+                index_requests(db, rep.target, spans)
+                subject = chain.bindings_subject(batch, rep.target, rep.received_unix, *digests)
+                chain.append(db, rep.received_unix, "bindings", batch, subject)
+            return True
+
+        # committed with the other reports waiting, returning only once this one is
+        return self.reports.submit(store, f"report {rep.agent_id}/{rep.seq}")
+
+    def latest_reports(self) -> list[StoredReport]:
+        """The most recent report of every target."""
+        rows = self._query(
+            "SELECT r.agent_id, r.seq, r.target, r.received_unix, r.report FROM reports r "
+            "JOIN (SELECT target, MAX(received_unix) AS t FROM reports GROUP BY target) m "
+            "ON r.target = m.target AND r.received_unix = m.t"
+        )
+        latest: dict[str, StoredReport] = {}
+        for row in rows:
+            rep = StoredReport(row[0], int(row[1]), row[2], float(row[3]), bytes(row[4]))
+            if rep.target not in latest or rep.seq > latest[rep.target].seq:
+                latest[rep.target] = rep
+        return sorted(latest.values(), key=lambda r: r.target)
+
+    def count_reports(self) -> int:
+        return int(self._query("SELECT COUNT(*) FROM reports")[0][0])
+
+    def ledger_size(self) -> int:
+        """Entries in the audit ledger (its last sequence number; the metrics read it)."""
+        rows = self._query("SELECT MAX(seq) FROM ledger")
+        return int(rows[0][0]) if rows and rows[0][0] is not None else 0
+
+    # targets ---------------------------------------------------------------------------
+    def retire_target(self, target: str, event: str, by: str, last: tuple[str, int]) -> float:
+        """Record that TARGET expired or was forgotten (EVENT) by BY, retiring its latest
+        report LAST (agent id, seq): no verdict counts it after this, and a restarted verifier
+        does not load it back. A later report of the target brings it back as new. When."""
+        if event not in TARGET_EVENTS:
+            raise ValueError(f"target event {event!r} is not one of {TARGET_EVENTS}")
+        at = time.time()
+        row = (target, at, event, by, last[0], last[1])
+        self._tx(
+            [
+                (
+                    "INSERT INTO target_events (target, at_unix, event, by_whom, last_agent, "
+                    "last_seq) VALUES (?, ?, ?, ?, ?, ?)",
+                    row,
+                )
+            ],
+            lambda db: chain.append(
+                db, at, "target", chain.target_ref(target, at), chain.target_subject(*row)
+            ),
+        )
+        return at
+
+    def retired_targets(self) -> dict[str, tuple[str, str, int]]:
+        """Every target's latest retirement: target -> (event, last agent id, last seq)."""
+        rows = self._query(
+            "SELECT target, event, last_agent, last_seq FROM target_events ORDER BY rowid"
+        )
+        return {t: (e, a, int(s)) for t, e, a, s in rows}
+
+    # verdict history -------------------------------------------------------------------
+    def last_verdict(self, run: str) -> tuple[str, str] | None:
+        rows = self._query(
+            "SELECT verdict, detail_json FROM verdicts WHERE run = ? ORDER BY rowid DESC LIMIT 1",
+            (run,),
+        )
+        return (rows[0][0], rows[0][1]) if rows else None
+
+    def record_verdict(self, run: str, verdict: str, detail: dict[str, Any]) -> bool:
+        """Append to the run's history when the verdict or its findings changed."""
+        detail_json = json.dumps(detail, sort_keys=True)
+        last = self.last_verdict(run)
+        if last is not None and last == (verdict, detail_json):
+            return False
+        at = time.time()
+        self._tx(
+            [
+                (
+                    "INSERT INTO verdicts (run, at_unix, verdict, detail_json) VALUES (?, ?, ?, ?)",
+                    (run, at, verdict, detail_json),
+                )
+            ],
+            lambda db: chain.append(
+                db,
+                at,
+                "verdict",
+                chain.verdict_ref(run, at),
+                chain.verdict_subject(run, at, verdict, detail_json),
+            ),
+        )
+        return True
+
+    def verdict_history(self, run: str) -> list[tuple[float, str, dict[str, Any]]]:
+        rows = self._query(
+            "SELECT at_unix, verdict, detail_json FROM verdicts WHERE run = ? ORDER BY rowid",
+            (run,),
+        )
+        return [(float(t), v, json.loads(d)) for t, v, d in rows]

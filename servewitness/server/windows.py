@@ -1,0 +1,315 @@
+"""Measurement windows the verifier opens and seals itself (``OpenWindow``, ``SealWindow``).
+
+Open: the run must PASS on evidence every target reported *after the call arrived*, judged on
+the verifier's age clock (``server/clock.py``: it cannot be stepped back, and no client's clock
+enters); the verifier waits up to the caller's timeout for it, refuses at once on a FAIL on
+such evidence, and otherwise refuses when the timeout passes. On PASS it records a ``window``
+ledger entry: a random id, the run, the policy digest, when, the ledger's size, the unsafe
+policy flags, and for every process of every target the report it rests on (agent id, report
+seq and that report's ledger entry) with its hook counts.
+
+Seal: waits the same way for every target to report after the seal began, judges the window
+from the hook counts of the reports stored at each end (``policy/window.py``), records a
+``seal`` ledger entry (a broken window too: held false, so a failure cannot be hidden by not
+sealing), signs a checkpoint covering it and returns the signed seal document
+(``ledger/seal.py``). A window is sealed once; another run's window is refused.
+
+Windows live in the database: one opened before a verifier restart can be sealed after it
+(its counts at open are in its ledgered content; the seal waits for evidence reported to the
+restarted verifier, so nothing from before the restart counts as the window's end).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from servewitness import wire
+from servewitness.ledger.chain import canonical
+from servewitness.model import ProcessKey, RunVerdict, Verdict
+from servewitness.policy import Policy, unsafe_flags
+from servewitness.policy import window as pw
+from servewitness.server import clock
+from servewitness.server.evaluate import Evaluator, Tracked
+from servewitness.server.store import RunRecord, Store, UnknownRun
+
+if TYPE_CHECKING:
+    from servewitness.ledger.keys import Ed25519PrivateKey
+    from servewitness.server.window_rows import StoredWindow
+
+log = structlog.get_logger("verifier.serve")
+POLL_S = 0.1
+MAX_TIMEOUT_S = 3600.0
+# At most this many open/seal calls wait at once by default: each holds a server worker while
+# it waits, and the agents' reports need workers too (app.py passes half its workers).
+MAX_WAITING = 4
+
+
+def _always() -> bool:
+    return True
+
+
+class WindowError(Exception):
+    """A refused window call: KIND is ``not_found``, ``invalid``, ``exists``, ``refused``
+    (the run does not PASS), ``timeout`` (no PASS on fresh evidence in time), ``busy`` (too
+    many calls waiting already) or ``cancelled`` (the caller went away while it waited)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Judged:
+    run: RunRecord
+    verdict: RunVerdict
+    tracked: dict[str, Tracked]
+    fresh: bool  # every judged target reported after the call arrived
+
+
+class Windows:
+    def __init__(
+        self,
+        store: Store,
+        evaluator: Evaluator,
+        key: Ed25519PrivateKey | None,
+        on_checkpoint: Callable[[int], None] | None = None,
+        max_waiting: int = MAX_WAITING,
+    ) -> None:
+        self.store = store
+        self.max_waiting = max_waiting
+        self._waiting = threading.BoundedSemaphore(max_waiting)
+        self.evaluator = evaluator
+        self.key = key
+        self.on_checkpoint = on_checkpoint
+        self._lock = threading.Lock()
+        self._sealing: set[str] = set()
+
+    # judging -------------------------------------------------------------------------------
+    def _judge(self, name: str, since_boot_s: float) -> Judged:
+        try:
+            run = self.store.get_run(name)
+        except UnknownRun as e:
+            raise WindowError("not_found", e.explain()) from None
+        if run is None:  # get_run raises UnknownRun; this only narrows the type
+            raise WindowError("not_found", f"no run named {name!r}")
+        tracked = {t.snapshot.target: t for t in self.evaluator.targets() if not t.expired}
+        snaps = [tracked[t].snapshot for t in sorted(tracked)]
+        verdict = self.evaluator.run_verdict(run, time.time(), snaps)
+        fresh = bool(verdict.targets) and all(
+            (at := tracked[t.target].snapshot.evidence_boot_s) is not None and at > since_boot_s
+            for t in verdict.targets
+            if t.target in tracked
+        )
+        return Judged(run, verdict, tracked, fresh)
+
+    def _wait(
+        self, name: str, timeout_s: float, *, decided: bool, active: Callable[[], bool]
+    ) -> Judged:
+        """Judge NAME until every target reported after now (or TIMEOUT_S passed). DECIDED:
+        and until the verdict on that evidence is PASS or FAIL (an open waits out PENDING; a
+        seal takes the first verdict on fresh evidence, whatever it is). A worker waits here:
+        at most ``max_waiting`` calls at once (``busy`` beyond), and none after its caller
+        went away (ACTIVE false: ``cancelled``), so waiting calls cannot starve the agents."""
+        if not self._waiting.acquire(blocking=False):
+            raise WindowError(
+                "busy",
+                f"{self.max_waiting} window calls are waiting already (each holds a server "
+                "worker): try again when one is done",
+            )
+        try:
+            since = clock.boot_s()
+            deadline = time.monotonic() + min(timeout_s, MAX_TIMEOUT_S)
+            while True:
+                j = self._judge(name, since)
+                final = j.verdict.verdict in (Verdict.PASS, Verdict.FAIL)
+                if j.fresh and (final or not decided):
+                    return j
+                if time.monotonic() >= deadline:
+                    return j
+                if not active():
+                    raise WindowError("cancelled", "the caller went away while it waited")
+                time.sleep(POLL_S)
+        finally:
+            self._waiting.release()
+
+    def _evidence(self, j: Judged, now_boot_s: float) -> list[dict[str, Any]]:
+        """Per process of every judged target: the report it rests on and how it stood."""
+        out: list[dict[str, Any]] = []
+        for t in j.verdict.targets:
+            tr = j.tracked.get(t.target)
+            if tr is None:
+                continue
+            entry = self.store.report_entry(tr.agent_id, tr.seq)
+            snap = tr.snapshot
+            at = snap.evidence_boot_s
+            for p in snap.processes:
+                out.append(
+                    {
+                        "target": t.target,
+                        "agent_id": tr.agent_id,
+                        "report_seq": tr.seq,
+                        "ledger_seq": None if entry is None else entry[0],
+                        "entry_hash": None if entry is None else entry[1],
+                        "boot_id": p.key.boot_id,
+                        "pid": p.key.pid,
+                        "start_ticks": p.key.start_ticks,
+                        "role": p.role,
+                        "rank": p.rank,
+                        "manifest_digest": p.manifest_digest,
+                        "authenticated_as": snap.authenticated_as,
+                        "evidence_age_s": None if at is None else round(now_boot_s - at, 6),
+                        "target_verdict": t.verdict.value,
+                    }
+                )
+        return out
+
+    @staticmethod
+    def _keys(j: Judged) -> dict[tuple[str, int], ProcessKey]:
+        return {
+            (name, p.key.pid): p.key for name, t in j.tracked.items() for p in t.snapshot.processes
+        }
+
+    def _unsafe(self, run: RunRecord) -> list[str]:
+        pol = self.evaluator.policy(run)
+        return list(unsafe_flags(pol)) if isinstance(pol, Policy) else []
+
+    # open ----------------------------------------------------------------------------------
+    def open(
+        self, req: wire.WindowOpening, active: Callable[[], bool] = _always
+    ) -> wire.OpenedWindow:
+        j = self._wait(req.run, req.timeout_s, decided=True, active=active)
+        v = j.verdict
+        if v.verdict != Verdict.PASS or not j.fresh:
+            why = f"run {req.run} is {v.verdict.value}: {pw.top_finding(v)}"
+            if v.verdict == Verdict.FAIL and j.fresh:
+                raise WindowError("refused", f"window refused: {why}")
+            raise WindowError(
+                "timeout",
+                f"window refused: timed out after {req.timeout_s:g} s without a PASS on "
+                f"evidence every target reported after the call arrived; {why}"
+                + ("" if j.fresh else " (some target has not reported since)"),
+            )
+        wid = secrets.token_hex(16)
+        opened = time.time()
+        content: dict[str, Any] = {
+            "window_id": wid,
+            "run": j.run.name,
+            "policy_digest": j.run.policy_digest,
+            "opened_unix": opened,
+            "verdict": v.verdict.value,
+            "unsafe_flags": self._unsafe(j.run),
+            "evidence": self._evidence(j, clock.boot_s()),
+            "hooks": pw.hook_rows(v, self._keys(j)),
+        }
+        entry, _ = self.store.record_window(wid, j.run.name, opened, content)
+        log.info("window_opened", run=j.run.name, window=wid, ledger_seq=entry.seq)
+        digest = j.run.policy_digest
+        return wire.OpenedWindow(wid, j.run.name, digest, opened, entry.seq, entry.hash)
+
+    # seal ----------------------------------------------------------------------------------
+    def seal(
+        self, req: wire.WindowSealing, active: Callable[[], bool] = _always
+    ) -> wire.SealedWindow:
+        if self.key is None:
+            raise WindowError("refused", "this verifier has no signing key: it cannot seal")
+        w = self.store.get_window(req.window_id)
+        if w is None:
+            raise WindowError("not_found", f"no window {req.window_id!r} on this verifier")
+        if w.run != req.run:
+            raise WindowError(
+                "invalid", f"window {req.window_id} is a window on run {w.run}, not {req.run}"
+            )
+        with self._lock:
+            if w.sealed or req.window_id in self._sealing:
+                raise WindowError("exists", f"window {req.window_id} is already sealed")
+            self._sealing.add(req.window_id)
+        try:
+            return self._seal(req, w, active)
+        finally:
+            with self._lock:
+                self._sealing.discard(req.window_id)
+
+    def _seal(
+        self, req: wire.WindowSealing, w: StoredWindow, active: Callable[[], bool]
+    ) -> wire.SealedWindow:
+        key = self.key
+        if key is None:  # checked by seal(); narrows the type
+            raise WindowError("refused", "this verifier has no signing key: it cannot seal")
+        from servewitness.ledger import seal as sealdoc
+        from servewitness.ledger.keys import key_id
+        from servewitness.server.window_rows import AlreadySealed
+
+        opened = json.loads(w.content_json)
+        j = self._wait(req.run, req.timeout_s, decided=False, active=active)
+        rows, found = pw.pace(opened["hooks"], pw.hook_rows(j.verdict, self._keys(j)))
+        if not j.fresh:
+            found.insert(
+                0,
+                pw.WindowFinding(
+                    pw.WINDOW_NO_FRESH_EVIDENCE,
+                    f"no report from every target arrived within {req.timeout_s:g} s after the "
+                    "seal began: nothing shows the processes at the window's end",
+                    {"timeout_s": req.timeout_s},
+                ),
+            )
+        np = pw.not_pass(req.run, j.verdict)
+        if np is not None:
+            found.insert(0, np)
+        sealed = time.time()
+        content: dict[str, Any] = {
+            "window_id": req.window_id,
+            "run": req.run,
+            "policy_digest": j.run.policy_digest,
+            "opened_unix": opened["opened_unix"],
+            "sealed_unix": sealed,
+            "open_entry": {"seq": w.entry.seq, "hash": w.entry.hash},
+            "results": {
+                "name": req.results_name,
+                "sha256": req.results_sha256,
+                "size": req.results_size,
+            },
+            "verifier_key_id": key_id(key),
+            "verdict_at_open": opened["verdict"],
+            "verdict_at_seal": j.verdict.verdict.value,
+            "held": not found,
+            "findings": pw.findings_json(found),
+            "hooks": rows,
+            "evidence": self._evidence(j, clock.boot_s()),
+            "unsafe_flags": self._unsafe(j.run),
+        }
+        try:
+            entry = self.store.record_seal(req.window_id, req.run, sealed, canonical(content))
+        except AlreadySealed as e:
+            raise WindowError("exists", str(e)) from None
+        cp = self.store.sign_checkpoint(key)
+        if cp is not None and self.on_checkpoint is not None:
+            self.on_checkpoint(cp.size)
+        proofs = self.store.seal_proofs(w.entry.seq, entry.seq)
+        if proofs is None:
+            raise WindowError("refused", "no signed checkpoint covers the seal entry")
+        env = sealdoc.envelope(key, opened, content, w.entry, entry)
+        doc = sealdoc.document(
+            env,
+            proofs.note,
+            (w.entry, entry),
+            (proofs.open_proof, proofs.seal_proof),
+            proofs.consistency,
+        )
+        log.info(
+            "window_sealed",
+            run=req.run,
+            window=req.window_id,
+            held=not found,
+            findings=[f.id for f in found],
+            ledger_seq=entry.seq,
+        )
+        return wire.SealedWindow(not found, sealdoc.dump(doc))

@@ -1,7 +1,0 @@
-"""Provenance and liveness verifier for live LLM serving.
-
-Importing the package is cheap: the in-process probe (``verifier.probe``) depends on it, so
-nothing here may import anything beyond the standard library.
-"""
-
-__version__ = "0.1.0"

@@ -1,3 +1,0 @@
-from verifier._cli.main import main
-
-raise SystemExit(main())
