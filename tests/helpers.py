@@ -132,14 +132,19 @@ def state_dir(probe_dir: Path, pid: int) -> Path:
 
 
 def probe_env(probe_dir: Path, **extra: str) -> dict[str, str]:
-    """The environment of a probed child. A PYTHONPATH in EXTRA keeps this checkout after it,
-    so the child runs the probe under test (not another copy the interpreter finds first)."""
+    """The environment of a probed child. This checkout's sources are on its PYTHONPATH, after
+    any in EXTRA, so the child runs the probe under test (not another copy the interpreter
+    finds first)."""
     env = dict(os.environ)
     for key in ("VERIFIER_HOOKS", "VERIFIER_PROBE_EARLY", "VERIFIER_PROBE_DISABLE"):
         env.pop(key, None)
     env["VERIFIER_PROBE_DIR"] = str(probe_dir)
-    if "PYTHONPATH" in extra:
-        extra = {**extra, "PYTHONPATH": os.pathsep.join([extra["PYTHONPATH"], SOURCE_PATH])}
+    # this checkout's sources whatever the child's argv[0] (a title like VLLM::Worker leaves
+    # it no venv to find) or working directory: the probe is not at the checkout's root
+    extra = {
+        **extra,
+        "PYTHONPATH": os.pathsep.join(filter(None, [extra.get("PYTHONPATH"), SOURCE_PATH])),
+    }
     env.update(extra)
     return env
 

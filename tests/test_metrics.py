@@ -83,7 +83,7 @@ def json_lines(path: Path) -> list[dict[str, Any]]:
 
 def test_every_registry_carries_process_and_build_metrics() -> None:
     s = parse(generate_latest(new_registry()).decode())
-    assert get(s, "verifier_build_info", version=__import__("verifier").__version__) == 1
+    assert get(s, "verifier_build_info", version=__import__("servewitness").__version__) == 1
     assert get(s, "process_resident_memory_bytes") > 0
     assert abs(get(s, "process_start_time_seconds") - time.time()) < 24 * 3600
     assert get(s, "process_open_fds") > 0

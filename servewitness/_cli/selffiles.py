@@ -20,6 +20,10 @@ PACKAGES = frozenset((__name__.split(".")[0], __name__.split(".")[0] + "_probe")
 """This tool's import packages, the tool's and its probe's (a distribution of its own): a file
 under a directory of either name is one of its own."""
 
+DISTRIBUTIONS = frozenset(p.replace("_", "-") for p in PACKAGES)
+"""The distributions of those packages (canonical names): their .pth files are this tool's too,
+when the process loaded none of the package's modules (a worker loads only the probe)."""
+
 FOLDABLE = frozenset(("editable", "pristine"))
 """The classes this tool's own files have when nothing is wrong with them."""
 
@@ -50,7 +54,11 @@ def split(files: Sequence[Mapping[str, Any]]) -> Split:
     ours = {
         f.get("distribution")
         for f in files
-        if f.get("distribution") and _under_package(str(f.get("path", "")))
+        if f.get("distribution")
+        and (
+            _under_package(str(f.get("path", "")))
+            or str(f.get("distribution")).lower().replace("_", "-") in DISTRIBUTIONS
+        )
     }
     own: list[Mapping[str, Any]] = []
     rest: list[Mapping[str, Any]] = []
