@@ -45,7 +45,7 @@ class WindowFinding:
         return {"id": self.id, "message": self.message, "context": self.context}
 
 
-def _judged(h: HookCount) -> tuple[int, int]:
+def judged_counts(h: HookCount) -> tuple[int, int]:
     """(fires on the judged steps, judged steps) of one hook count."""
     if h.on == "decode":
         return h.fired_decode, h.decode_steps
@@ -70,7 +70,7 @@ def hook_rows(
     for t in verdict.targets:
         for h in t.hooks:
             tag = process_tag(keys.get((t.target, h.pid)), h.pid)
-            fired, steps = _judged(h)
+            fired, steps = judged_counts(h)
             rows[f"{t.target}/{tag}/{h.name}/{h.on}"] = {
                 "name": h.name,
                 "pid": h.pid,

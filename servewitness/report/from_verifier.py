@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from servewitness import wire
 from servewitness.model import Finding, HookCount, RunVerdict
+from servewitness.policy.window import judged_counts
 from servewitness.report import model as m
 
 
@@ -16,18 +17,10 @@ def _finding(f: Finding, target: str) -> m.FindingRow:
     return m.FindingRow(f.id, f.severity.value, f.message, target)
 
 
-def _judged(h: HookCount) -> tuple[int, int]:
-    if h.on == "decode":
-        return h.fired_decode, h.decode_steps
-    if h.on == "prefill":
-        return h.fired_prefill, h.prefill_steps
-    return h.fired_productive, h.productive_steps
-
-
 def _processes(hooks: Sequence[HookCount]) -> tuple[m.ProcessView, ...]:
     by: dict[tuple[int, str], tuple[int | None, list[m.HookRow]]] = {}
     for h in hooks:
-        fired, steps = _judged(h)
+        fired, steps = judged_counts(h)
         row = m.HookRow(h.name, h.fired, h.on, fired, steps, h.min_fires_per_step)
         by.setdefault((h.pid, h.role), (h.rank, []))[1].append(row)
     return tuple(
