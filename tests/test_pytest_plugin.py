@@ -78,6 +78,7 @@ def verifier(tmp_path_factory: pytest.TempPathFactory, vllm_server: VllmServer) 
         yield v
 
 
+@pytest.mark.vllm  # the shared vLLM server: in the second phase, not a boot of its own
 def test_a_gated_test_passes_its_seal_verifies_and_a_failing_gate_fails_the_test_with_why(
     pytester: pytest.Pytester, verifier: Local, vllm_server: VllmServer
 ) -> None:
