@@ -92,7 +92,7 @@ def test_the_probe_wheel_depends_on_nothing_and_ships_only_the_probe(wheel: Path
     assert "Name: servewitness-probe" in metadata
     shipped = {n.split("/")[0] for n in names}
     assert shipped == {"servewitness_probe", "servewitness_probe_early.pth", meta.split("/")[0]}
-    ours = {p.name for p in (PROBE / "servewitness_probe").glob("*.py")}
+    ours = {p.name for p in (PROBE / "servewitness_probe").glob("*.py")} | {"py.typed"}
     assert {n.split("/")[1] for n in names if n.startswith("servewitness_probe/")} == ours
     assert "[vllm.general_plugins]\nverifier_probe = servewitness_probe:register" in eps
 

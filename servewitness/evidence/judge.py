@@ -138,7 +138,8 @@ def cross_check(
             disagreements.append(FileDisagreement(f.path, f.sha256, h.sha256, why))
             continue
         since = hashed_at.get(f.path, start_time + START_SLACK_S)
-        if h.sha256 is not None and h.key is not None and h.key[4] > int(since * 1e9):
+        after = h.key is not None and h.key[4] > int((since - unfiled.CTIME_COARSE_S) * 1e9)
+        if h.sha256 is not None and after:
             drift.append(
                 Drift(
                     DRIFT_MODIFIED_AFTER_LOAD,

@@ -139,6 +139,12 @@ def _member_sha(host: Path, st: os.stat_result, name: str, size: int) -> tuple[s
     return sha, why
 
 
+# A file's ctime comes from the kernel's coarse clock, up to a tick (4 ms at HZ=250, 10 ms at
+# HZ=100) behind the time.time() the probe stamps a hash with: a change made right after a read
+# can carry a ctime a little before it. "Changed after it was loaded" allows this much.
+CTIME_COARSE_S = 0.02
+
+
 def check_members(
     procfs: ProcFS,
     pid: int,
@@ -163,7 +169,8 @@ def check_members(
         elif sha == f.sha256:
             continue
         since = hashed_at.get(f.path, start_time + slack)
-        if sha is not None and f.sha256 is not None and st.st_ctime_ns > int(since * 1e9):
+        after = st.st_ctime_ns > int((since - CTIME_COARSE_S) * 1e9)
+        if sha is not None and f.sha256 is not None and after:
             drift.append(
                 Drift(
                     DRIFT_MODIFIED_AFTER_LOAD,
