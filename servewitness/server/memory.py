@@ -73,16 +73,30 @@ def fix_mmap_threshold(size: int = MMAP_THRESHOLD_BYTES) -> bool:
     return bool(fn(_M_MMAP_THRESHOLD, size))
 
 
+FOLLOW_UP_MAX_BEATS = 64  # the longest wait between follow-up trims that give nothing back
+
+
 class Trimmer:
-    """``maybe_trim``: trim when the resident size moved by more than THRESHOLD bytes since
-    the last trim (or start), either way: up (a large report being handled) or down (one
-    handled: what glibc keeps of it is given back). A quiet verifier is never trimmed."""
+    """``maybe_trim``, called on every beat of the history keeper: trim when the resident
+    size moved by more than THRESHOLD bytes since the last trim (or start), either way: up (a
+    large report being handled) or down (one handled: what glibc keeps of it is given back).
+
+    A trim taken while the memory is still in use (the report not yet freed) gives nothing
+    back, and the freed memory that follows does not move the resident size, so the first rule
+    alone would never trim again (CI once read +68 MiB that stayed). Hence a follow-up: while
+    the resident size is more than THRESHOLD above the lowest it was after a trim, trim again
+    on the next beat; each follow-up that gives back less than a quarter of THRESHOLD doubles
+    the wait before the next (up to ``FOLLOW_UP_MAX_BEATS``), so memory really in use costs
+    one trim per half minute. A quiet verifier at its low-water mark is never trimmed."""
 
     def __init__(self, threshold: int = TRIM_ABOVE_BYTES) -> None:
         self.threshold = threshold
         self._trim = _glibc_trim()
         self._lock = threading.Lock()
         self._base = rss_bytes()
+        self._low = self._base  # the lowest resident size seen at start or after a trim
+        self._wait = 1  # beats before the next follow-up trim
+        self._beats = 0  # beats since the last trim
         self.trims = 0
         self.released = 0  # bytes of resident size given back by trims, in all
 
@@ -94,12 +108,22 @@ class Trimmer:
         """Trim if due; the bytes given back (0 when not due or not glibc)."""
         with self._lock:
             now = rss_bytes()
-            if self._trim is None or abs(now - self._base) <= self.threshold:
+            self._beats += 1
+            moved = abs(now - self._base) > self.threshold
+            follow_up = self._beats >= self._wait and now - self._low > self.threshold
+            if self._trim is None or not (moved or follow_up):
                 return 0
             self._trim()
             after = rss_bytes()
+            given = max(0, now - after)
             self._base = after
+            self._low = min(self._low, after)
+            self._beats = 0
+            if moved or given >= self.threshold // 4:
+                self._wait = 1
+            else:
+                self._wait = min(2 * self._wait, FOLLOW_UP_MAX_BEATS)
             self.trims += 1
-            self.released += max(0, now - after)
-        log.debug("malloc_trim", rss_before=now, rss_after=after)
-        return max(0, now - after)
+            self.released += given
+        log.debug("malloc_trim", rss_before=now, rss_after=after, follow_up=not moved)
+        return given
