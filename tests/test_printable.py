@@ -228,6 +228,9 @@ def test_inspect_of_a_process_with_escapes_in_its_command_line_prints_them_escap
     try:
         time.sleep(0.3)
         out = verifier_cli("inspect", "--pid", str(p.pid))
+        assert_printed(out, 0)  # the short form cuts the command line (where: the path's length)
+        assert "cmdline" in out.stdout, out.stdout
+        out = verifier_cli("inspect", "--pid", str(p.pid), "-v")  # -v: all of it
         assert_printed(out, 0)
         assert "EVIL" in out.stdout and r"\x1b[2J" in out.stdout, out.stdout
     finally:

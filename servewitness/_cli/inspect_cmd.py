@@ -224,7 +224,8 @@ def render(pairs: list[tuple[ProcessEvidence, ProcessReport]], verbose: bool = F
         lines.append(f"pid {ev.identity.pid}  {role}  started {started}  {probe}")
         if ev.probe is None:
             lines.append(f"  {ev.note}")
-            lines.append(f"  cmdline  {_cut(' '.join(ev.identity.cmdline), 88)}")
+            cmdline = " ".join(ev.identity.cmdline)
+            lines.append(f"  cmdline  {cmdline if verbose else _cut(cmdline, 88)}")
             lines.append("")
             continue
         lines.extend(_note_lines(d))
