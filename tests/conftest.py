@@ -6,6 +6,7 @@ need declared up front, including a malformed entry that must not break start-up
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
 import subprocess
@@ -79,17 +80,24 @@ def tiny_model() -> Path:
 def docker_images() -> None:
     """A Docker engine that answers and this project's images (scripts/docker-host.sh, then
     scripts/images.sh; both idempotent, the images cached). Fails, never skips: `make test`
-    runs the container tests on every machine of this project's kind."""
-    for script, limit in (("docker-host.sh", 600), ("images.sh", 1800)):
-        out = subprocess.run(
-            [str(REPO / "scripts" / script)],
-            capture_output=True,
-            text=True,
-            timeout=limit,
-            check=False,
-        )
-        if out.returncode != 0:
-            pytest.fail(f"scripts/{script} failed ({out.returncode}):\n{out.stdout}{out.stderr}")
+    runs the container tests on every machine of this project's kind. Under pytest-xdist the
+    workers take turns (a file lock): the second finds the images the first built."""
+    lock_path = REPO / ".cache" / "docker-images.lock"
+    lock_path.parent.mkdir(exist_ok=True)
+    with lock_path.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for script, limit in (("docker-host.sh", 600), ("images.sh", 1800)):
+            out = subprocess.run(
+                [str(REPO / "scripts" / script)],
+                capture_output=True,
+                text=True,
+                timeout=limit,
+                check=False,
+            )
+            if out.returncode != 0:
+                pytest.fail(
+                    f"scripts/{script} failed ({out.returncode}):\n{out.stdout}{out.stderr}"
+                )
 
 
 @pytest.fixture(scope="session")
