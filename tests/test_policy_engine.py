@@ -320,11 +320,65 @@ def test_process_outside_require_probe_without_probe_is_pending_unprobed() -> No
     assert (v.verdict, ids(v)) == (Verdict.PENDING, ["evidence.unprobed"])
 
 
-def test_probe_errors_are_a_warning_that_does_not_change_the_verdict() -> None:
-    v = judge(HOOK_V1, api(), engine(), worker(errors=("hooks: bad entry", "x")))
+UNJUDGED_ERRORS = (
+    "[VERIFIER_HOOKS] entry 'no equals sign': expected name=module:qualname or name=module",
+    "[vllm_log] TypeError: bad record",
+    "[hook.fire] 'other_hook': RuntimeError: boom",  # a hook the policy does not name
+    "[imports] get_data('/x.py'): OSError: gone",  # files, under a policy that judges none
+)
+
+
+def test_probe_errors_outside_what_the_policy_judges_are_a_warning() -> None:
+    v = judge(HOOK_V1, api(), engine(), worker(errors=UNJUDGED_ERRORS))
     assert (v.verdict, ids(v)) == (Verdict.PASS, ["evidence.probe_errors"])
     f = only(v, "evidence.probe_errors")
-    assert (f.severity, f.context["error_count"]) == (Severity.WARNING, 2)
+    assert (f.severity, f.context["error_count"]) == (Severity.WARNING, 4)
+    assert f.context["wheres"] == ["VERIFIER_HOOKS", "hook.fire", "imports", "vllm_log"]
+
+
+# What the H200's V2 runner recorded on every step while the probe counted 0 drafts.
+SPEC_ERROR = (
+    "[spec] ValueError: The truth value of an array with more than one element is "
+    "ambiguous. Use a.any() or a.all()"
+)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        SPEC_ERROR,
+        "[steps] KeyError: 'num_scheduled_tokens'",
+        "[bindings] IndexError: list index out of range",
+        "[state] cannot create shared state in /dev/shm/x: [Errno 28] No space left on device",
+        "[GPUModelRunner.execute_model] TypeError: cannot record the runner",
+        "[hook.fire] 'v1_step': RuntimeError: boom",  # the hook the policy names
+        "[device_counter] read: RuntimeError: CUDA error",  # every device counter at once
+        "[a_place_this_verifier_does_not_know] Error: new",  # fails closed
+        "an error with no [where] tag",
+    ],
+)
+def test_a_probe_error_in_evidence_the_policy_judges_is_never_pass(error: str) -> None:
+    v = judge(HOOK_V1, api(), engine(), worker(errors=(error, *UNJUDGED_ERRORS)))
+    assert v.verdict == Verdict.FAIL
+    f = only(v, "evidence.probe_errors.judged")
+    assert f.severity == Severity.ERROR and f.context["error_count"] == 1
+    where, message = error[1:].split("] ", 1) if error.startswith("[") else ("", error)
+    assert message in f.message and (where or "an untagged place") in f.message
+    assert only(v, "evidence.probe_errors").context["error_count"] == 4  # still named
+
+
+def test_a_probe_error_about_loaded_files_is_judged_when_the_policy_judges_files() -> None:
+    errors = ("[imports] get_data('/x.py'): OSError: gone",)
+    assert judge(HOOK_V1, api(), engine(), worker(errors=errors)).verdict == Verdict.PASS
+    v = judge(HOOK_V1_PINNED, api(), engine(), worker(errors=errors))
+    assert v.verdict == Verdict.FAIL
+    assert only(v, "evidence.probe_errors.judged").context["areas"] == ["files"]
+
+
+def test_thousands_of_errors_name_the_first_few_and_count_all() -> None:
+    v = judge(HOOK_V1, api(), engine(), worker(errors=(SPEC_ERROR,) * 3270))
+    f = only(v, "evidence.probe_errors.judged")
+    assert f.context["error_count"] == 3270 and len(f.context["errors"]) == 10
 
 
 # ---------------------------------------------------------------- roles and step processes

@@ -365,7 +365,8 @@ def test_private_counters_are_said_and_a_counters_file_beside_them_is_not_read(
     assert ev.probe.steps.total == 0  # not the planted 500
     assert any("counters are private" in n for n in ev.notes)
     assert any("cannot create shared state" in e for e in report.probe_errors)
-    assert report.probe_present and "evidence.probe_errors" in ids(verdict(report))
+    # counts the agent cannot read: the liveness evidence is incomplete, never PASS
+    assert report.probe_present and "evidence.probe_errors.judged" in ids(verdict(report))
 
 
 class NoPtraceProcFS(ProcFS):

@@ -64,6 +64,7 @@ class Worker:
 STEPPER = """\
 import sys, servewitness_probe as p
 p.start()
+PRELUDE
 from servewitness_probe import _vllm
 import fakerunner
 
@@ -100,13 +101,15 @@ class Stepper:
         assert self.proc.stdout.readline().strip() == "ok"
 
 
-def start_stepper(tmp: Path, name: str = "w") -> Stepper:
+def start_stepper(tmp: Path, name: str = "w", prelude: str = "") -> Stepper:
+    """A probed stepping worker; PRELUDE runs right after its probe starts."""
     mods = tmp / f"mods-{name}"
     mods.mkdir()
     (mods / "fakerunner.py").write_text(STEPPING_RUNNER)
     env = probe_env(tmp / f"probe-{name}", PYTHONPATH=str(mods), VERIFIER_PROBE_BINDINGS="0",
                     VERIFIER_HOOKS="h=fakerunner:Runner.execute_model")  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-c", STEPPER], stdin=subprocess.PIPE,
+    script = STEPPER.replace("PRELUDE", prelude)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
     assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
     assert state_dir(tmp / f"probe-{name}", proc.pid).is_dir()
@@ -292,6 +295,27 @@ def test_a_held_window_is_sealed_signed_ledgered_and_every_edit_of_the_seal_is_c
         assert not check.ok and "the stored seal was changed" in str(check.problem), check
     finally:
         store.close()
+
+
+def test_a_held_seal_names_the_probe_errors_of_each_process_it_rests_on(verifier: V) -> None:
+    """A probe error outside what the policy judges (log capture) leaves the window held, and
+    the seal still names it, with its count: a held seal never hides what the evidence may
+    lack. (One in what the policy judges keeps the run from PASS: no held seal at all.)"""
+    v = verifier
+    err = "TypeError: a log record the probe could not read"
+    prelude = f"from servewitness_probe import _core\n_core.report_error('vllm_log', {err!r})\n"
+    s = start_stepper(v.tmp, "e", prelude)
+    a = agent(v.tmp, v.addr, s.pid)
+    try:
+        results = v.tmp / "results.json"
+        seal = open_and_seal(v, s, results)
+        code, r = verify_seal(v, seal, "--results", str(results))
+        assert code == 0 and r["held"] is True, r
+        (ev,) = payload(seal)[1]["predicate"]["seal"]["evidence"]
+        assert ev["probe_errors"] == [f"[vllm_log] {err}"] and ev["probe_error_count"] == 1
+    finally:
+        a.stop()
+        stop_stepper(s)
 
 
 def test_the_window_file_is_not_trust_bearing(

@@ -82,6 +82,9 @@ def _fresh_dir(root: str, path: str) -> None:
     os.mkdir(path, 0o755)
 
 
+ERRORS_JOURNALED_PER_WHERE = 8  # then one record saying the rest are only counted
+
+
 class ProbeState:
     """Counters (``counters``, a memoryview of unsigned 64-bit slots) and the journal."""
 
@@ -96,6 +99,7 @@ class ProbeState:
         self.declared: list[tuple[str, str, str]] = []
         self.replay: list[dict[str, Any]] = []  # records a forked child inherits
         self.errors = 0
+        self._journaled_errors: dict[str, int] = {}  # error records journaled, per where
         self.boot_id, self.pid_ns = identity()
         name = L.process_dir_name(self.boot_id, self.pid_ns, self.pid, self.start_ticks)
         self.dir = os.path.join(probe_dir, name)
@@ -177,12 +181,23 @@ class ProbeState:
         self.replay.append(record)
 
     def error(self, where: str, msg: str) -> None:
-        """Record a probe error: counted in shared memory and journaled."""
+        """Record a probe error: counted in shared memory, and journaled while fewer than
+        ``ERRORS_JOURNALED_PER_WHERE`` came from WHERE. An error that recurs on every step
+        (the H200's V2 speculation path: 3,270 in 12 s) would otherwise add a journal line per
+        step and a report entry per line; past the bound one record says the rest are counted
+        only. Bounded per WHERE, not in all, so a flood from one place never hides the first
+        error from another."""
         self.errors += 1
         try:
             self.counters[L.S_PROBE_ERRORS] += 1
         except (IndexError, TypeError):
             pass
+        n = self._journaled_errors.get(where, 0)
+        if n > ERRORS_JOURNALED_PER_WHERE:
+            return
+        self._journaled_errors[where] = n + 1
+        if n == ERRORS_JOURNALED_PER_WHERE:
+            msg = "more errors here: counted in the probe's error slot, not journaled"
         self.emit({"k": "error", "where": where, "msg": msg})
 
     def hook_index(self, name: str, target: str, source: str) -> int:

@@ -21,7 +21,8 @@ Document (``"seal": 1``), what ``SealWindow`` returns and ``verifier exec`` writ
 OPEN CONTENT is the ``window`` ledger entry's content and SEAL CONTENT the ``seal`` entry's, as
 stored (``chain.canonical`` of each recomputes the entry's subject): the window id, run,
 policy digest, times, the evidence per process at each end (agent id, report seq, that
-report's ledger entry, manifest digest, authenticated_as, evidence age), every hook's counts,
+report's ledger entry, manifest digest, authenticated_as, evidence age, the probe's own
+errors: the first ten and their count), every hook's counts,
 the findings, held or not, the unsafe policy flags, the results' digest and the verifier's key
 id. The statement is signed by the verifier's ledger key (the one that signs checkpoints).
 Checking it is :mod:`servewitness.ledger.verify_seal`.

@@ -46,6 +46,7 @@ EVIDENCE_NO_PROCESSES = "evidence.no_processes"
 VERDICT_FINDINGS_OMITTED = "verdict.findings_omitted"
 EVIDENCE_PROBE_ABSENT = "evidence.probe_absent"
 EVIDENCE_PROBE_ERRORS = "evidence.probe_errors"
+EVIDENCE_PROBE_ERRORS_JUDGED = "evidence.probe_errors.judged"
 EVIDENCE_UNPROBED = "evidence.unprobed"
 EVIDENCE_MANIFEST_UNRESOLVED = "evidence.manifest_unresolved"
 EVIDENCE_ROLE_MISSING = "evidence.role_missing"
@@ -175,7 +176,16 @@ FINDINGS: dict[str, FindingKind] = {
         Severity.ERROR, "", "a process whose role is in require_probe has no probe"
     ),
     EVIDENCE_PROBE_ERRORS: FindingKind(
-        Severity.WARNING, "", "the probe in a process recorded errors of its own"
+        Severity.WARNING,
+        "",
+        "the probe in a process recorded errors of its own outside what the policy judges",
+    ),
+    EVIDENCE_PROBE_ERRORS_JUDGED: FindingKind(
+        Severity.ERROR,
+        "",
+        "the probe in a process recorded errors of its own in evidence the policy judges "
+        "(steps, speculation, request bindings, a declared hook, loaded files): that evidence "
+        "may be incomplete, and a missing count reads like a true zero",
     ),
     EVIDENCE_PROBE_UNBOUND: FindingKind(
         Severity.ERROR,

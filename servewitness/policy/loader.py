@@ -469,7 +469,10 @@ def load_policy(text: str, source: str = "<policy>") -> Policy:
     policy = Policy(
         rules=(
             ProbeRequired(
-                evidence.require_probe, explicit=_names(data, "evidence", "require_probe")
+                evidence.require_probe,
+                explicit=_names(data, "evidence", "require_probe"),
+                hooks=frozenset(r.name for r in rules if isinstance(r, HookFires)),
+                files_judged=any(not isinstance(r, HookFires) for r in rules),
             ),
             ViewsAgree(),
             NativeIntact(),

@@ -5,10 +5,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from servewitness.model import EVIDENCE_JOURNAL_EDITED, EVIDENCE_PROBE_UNBOUND, Finding, Severity
+from servewitness.model import (
+    EVIDENCE_JOURNAL_EDITED,
+    EVIDENCE_PROBE_UNBOUND,
+    Finding,
+    ProcessReport,
+    Severity,
+)
 from servewitness.policy import _evidence as E
 from servewitness.policy import findings as F
 from servewitness.policy import interface as I
+from servewitness.policy import probe_errors as PE
 
 
 @dataclass(frozen=True)
@@ -132,7 +139,8 @@ class ProbeRequired:
     """``evidence.probe_absent`` for each process of a required role that has no probe;
     ``evidence.probe_state.unbound`` for each process whose name a foreign state directory
     carried (see ``unbound_finding``);
-    ``evidence.probe_errors`` (a warning) for each probe that recorded errors of its own;
+    ``evidence.probe_errors.judged`` (ERROR) for each probe that recorded errors of its own in
+    evidence the policy judges, ``evidence.probe_errors`` (a warning) for its other errors;
     ``liveness.steps.raised`` (a warning) for each process whose ``execute_model`` raised.
 
     ``api_server`` must also be there when the policy names it (EXPLICIT), and under the
@@ -147,6 +155,39 @@ class ProbeRequired:
 
     roles: tuple[str, ...] = I.DEFAULT_REQUIRE_PROBE
     explicit: bool = False  # the policy's own [evidence] require_probe, not the default
+    hooks: frozenset[str] = frozenset()  # the hooks the policy declares
+    files_judged: bool = True  # the policy judges loaded files (runner, files, forbid, pristine)
+
+    def _errors(self, p: ProcessReport, snapshot: I.TargetSnapshot) -> list[Finding]:
+        """The probe's own errors in P: those in evidence the policy judges are
+        ``evidence.probe_errors.judged`` (ERROR), the rest ``evidence.probe_errors``
+        (a warning); see ``policy/probe_errors.py``."""
+        yes, no = PE.judged(p.probe_errors, self.hooks, self.files_judged)
+        out: list[Finding] = []
+        for group, fid, severity, what in (
+            (yes, F.EVIDENCE_PROBE_ERRORS_JUDGED, Severity.ERROR, "in evidence the policy judges"),
+            (no, F.EVIDENCE_PROBE_ERRORS, Severity.WARNING, "outside what the policy judges"),
+        ):
+            if not group:
+                continue
+            first = group[0]
+            areas = sorted({e.area for e in group})
+            out.append(
+                E.finding(
+                    fid,
+                    severity,
+                    f"the probe in {E.name(p)} recorded {len(group)} error(s) of its own "
+                    f"{what} ({', '.join(areas)}), so that evidence may be incomplete; the "
+                    f"first, in {first.where or 'an untagged place'}: {first.message}",
+                    snapshot,
+                    **E.base(p),
+                    errors=[f"[{e.where}] {e.message}" for e in group[: E.SHOWN]],
+                    error_count=len(group),
+                    areas=areas,
+                    wheres=sorted({e.where for e in group}),
+                )
+            )
+        return out
 
     def describe(self) -> str:
         return "[evidence] require_probe"
@@ -188,18 +229,7 @@ class ProbeRequired:
                     )
                 )
             elif p.probe_present and p.probe_errors and p.role not in I.IGNORED_ROLES:
-                out.append(
-                    E.finding(
-                        F.EVIDENCE_PROBE_ERRORS,
-                        Severity.WARNING,
-                        f"the probe in {E.name(p)} recorded {len(p.probe_errors)} error(s), "
-                        f"the first: {p.probe_errors[0]}",
-                        snapshot,
-                        **E.base(p),
-                        errors=list(p.probe_errors[: E.SHOWN]),
-                        error_count=len(p.probe_errors),
-                    )
-                )
+                out.extend(self._errors(p, snapshot))
             raised = p.steps.raised if p.steps is not None else 0
             if raised and p.role not in I.IGNORED_ROLES:
                 out.append(

@@ -51,6 +51,8 @@ MAX_TIMEOUT_S = 3600.0
 # it waits, and the agents' reports need workers too (app.py passes half its workers).
 MAX_WAITING = 4
 
+PROBE_ERRORS_SHOWN = 10  # per process in a seal's evidence; the count says how many
+
 
 def _always() -> bool:
     return True
@@ -168,6 +170,10 @@ class Windows:
                         "authenticated_as": snap.authenticated_as,
                         "evidence_age_s": None if at is None else round(now_boot_s - at, 6),
                         "target_verdict": t.verdict.value,
+                        # the probe's own errors stand in the seal (a held one too): what the
+                        # process's evidence may lack is never left out of what a seal shows
+                        "probe_errors": list(p.probe_errors[:PROBE_ERRORS_SHOWN]),
+                        "probe_error_count": len(p.probe_errors),
                     }
                 )
         return out
