@@ -22,6 +22,23 @@ The step wrappers (``_vllm``) call ``scheduled`` at ``execute_model`` and ``outp
 ``execute_model`` or ``sample_tokens`` returned, and only while the live config has a
 speculative config (``ON``): a step without speculation costs one global check.
 
+The V2 model runner (vLLM 0.26.0 ``vllm/v1/worker/gpu/model_runner.py``) returns an
+``AsyncOutput`` from every sampling ``sample_tokens`` (model_runner.py:1466-1472, 1535), with
+or without async scheduling (the executor calls its ``get_output``: multiproc_executor.py:944-946,
+uniproc_executor.py:93-94, 99-100). That object carries a ``sampled_token_ids`` of its own: a numpy
+int64 array of ``[num_reqs, K + 1]`` (``[num_reqs, 1]`` in a step without drafts), copied from
+the device without blocking and padded past each request's ``num_sampled``
+(async_utils.py:33, 42; rejection_sampler_utils.py:1026-1029; sampler.py:137). Only its
+``get_output`` waits for the copy and hands back a ``ModelRunnerOutput`` of V1's shape: lists
+trimmed to the tokens sampled, ``req_ids`` a list, ``req_id_to_index`` a dict
+(async_utils.py:49-60, model_runner.py:1457-1464). So an output with a ``get_output`` is
+counted from what that returns, never from its own arrays (they read 0 drafts: no
+``req_id_to_index``, and the array's truth value raised in an older probe). The scheduler's
+drafts in V2 are placeholders, ``[-1] * K`` per request (the real ones stay on the device:
+``vllm/v1/worker/gpu/spec_decode/utils.py:45-51``), or the drafts less grammar-invalid ones
+padded with -1 (``Scheduler.update_draft_token_ids_in_output``, scheduler.py:2079-2114): their
+number is what vLLM counts, and so does the probe.
+
 Runner selection: vLLM logs why it picked a runner (``Model Runner V2 does not yet support
 …; using the V1 model runner instead.``, ``Model Runner V2 requires Triton; …``, ``Using V2
 Model Runner``). A log-record factory (it survives vLLM re-configuring its loggers) journals
@@ -90,11 +107,29 @@ def output(out: Any) -> None:
     if out is None or so is None:
         return
     _pending = None
-    sampled = getattr(out, "sampled_token_ids", None)
-    if sampled is None and callable(getattr(out, "get_output", None)):
+    # A ready output's sampled tokens are a list (V1's ``ModelRunnerOutput``): one class check.
+    # Anything else with a ``get_output`` is an asynchronous output, whatever else it carries:
+    # V2's ``AsyncOutput`` (vLLM 0.26.0 vllm/v1/worker/gpu/async_utils.py:33) has a
+    # ``sampled_token_ids`` of its own, a numpy array padded to K + 1 columns whose copy from
+    # the device may not have landed yet; only its ``get_output`` (async_utils.py:49-60)
+    # waits for the copy and trims each row to the tokens sampled.
+    if getattr(out, "sampled_token_ids", None).__class__ is not list and callable(
+        getattr(out, "get_output", None)
+    ):
         _count_async(out, so)
         return
     count(so, out)
+
+
+def _rows(sampled: Any) -> Any:
+    """SAMPLED, a runner output's sampled tokens that are not a list, as rows: () for None, an
+    array's or a tensor's ``tolist()`` (taken once per step: every later ``len`` and index is
+    then a list's, and nothing tests an array's truth value), anything else as it is."""
+    if sampled is None:
+        return ()
+    if hasattr(sampled, "tolist"):  # numpy or torch, duck-typed: the probe imports neither
+        return sampled.tolist()
+    return sampled
 
 
 def _count_async(out: Any, so: Any) -> None:
@@ -118,12 +153,12 @@ def count(
 ) -> None:
     """Count one step: its scheduler output SO and its runner output OUT. The common step
     (``_uniform``) is counted from one C-level pass over the sampled tokens; any other takes
-    ``_count_each``. Nothing here tests an array's truth value (the V2 runner may hand over
-    its sampled tokens as one)."""
+    ``_count_each``. Sampled tokens that are not a list (an array or a tensor) are taken as
+    rows once (``_rows``); nothing here tests an array's truth value."""
     c = _core.COUNTERS
     sampled = getattr(out, "sampled_token_ids", None)
-    if sampled is None:
-        sampled = ()
+    if sampled.__class__ is not list:  # V1 and V2 after get_output: a list (one check)
+        sampled = _rows(sampled)
     spec: Any = getattr(so, "scheduled_spec_decode_tokens", None)
     index = getattr(out, "req_id_to_index", None)
     if index is None:
@@ -162,7 +197,7 @@ def _uniform(so: Any, out: Any, spec: Any, sampled: Any) -> tuple[bytes, list[in
     if (
         not k
         or nst is None
-        or req_ids is None
+        or req_ids.__class__ is not list  # logged for the fold, which compares it as a list
         or not n == len(nst) == len(sampled) == len(req_ids)
         or _split.drafts_of(spec) != n * k
     ):
