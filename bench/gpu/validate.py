@@ -58,8 +58,15 @@ RUNS = {
 }
 if os.environ.get("RANK0_RUN") == "1":  # TP 2: tests/data/rank0_plugin fires it on rank 0 only
     RUNS["rank0"] = policy("rank0_only")
+if os.environ.get("SPEC_RUNS") == "1":  # speculation: the drafter that runs, and the one that
+    # does not (EAGLE-3 on V2: the V2 speculator's propose; V1's EagleProposer is the dead path)
+    RUNS["spec_live"] = policy("v2_propose").replace(
+        "min_fires_per_productive_step = 1.0\n",
+        'min_fires_per_productive_step = 1.0\non = "decode"\n',
+    )
+    RUNS["spec_dead"] = policy("v1_propose")
 WAIT_RUN = os.environ.get("WAIT_RUN", "v2")  # the run expected to pass in this arm
-DELTA_HOOKS = ("v1_step", "v2_step", "fwd", "fwd_dev", "rank0_only")
+DELTA_HOOKS = ("v1_step", "v2_step", "fwd", "fwd_dev", "rank0_only", "v2_propose", "v1_propose")
 
 
 def spec_metrics() -> dict[str, float] | str:
@@ -183,7 +190,7 @@ def main() -> int:  # noqa: PLR0912, PLR0915 - one arm, step by step, all output
                     [
                         PY,
                         "-m",
-                        "verifier",
+                        "servewitness",
                         "serve",
                         "--listen",
                         sock,
@@ -212,7 +219,7 @@ def main() -> int:  # noqa: PLR0912, PLR0915 - one arm, step by step, all output
                     [
                         PY,
                         "-m",
-                        "verifier",
+                        "servewitness",
                         "-v",
                         "agent",
                         "--verifier",
