@@ -38,8 +38,8 @@ class Out:
     num_scheduled_tokens = {"r": 4}
 class Worker:
     model_runner = None
-    def execute_model(self, so):
-        p.hook.fire("h")
+    @p.hook("h")  # declared here, before any step: hook.fire would declare it at the first
+    def execute_model(self, so):  # fire, and a report between the step and it reads "not declared"
         return "output"  # one-phase: a step that returns None stays open for sample_tokens
 _vllm._wrap_worker_class(Worker)
 w = Worker()

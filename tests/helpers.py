@@ -317,3 +317,34 @@ def spawn_probed(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def spec_worker(method: str, k: int) -> Any:
+    """A worker class of its own (the probe wraps classes) whose runner is configured for
+    METHOD with K drafts; ``execute_model`` returns nothing and ``sample_tokens`` the output
+    queued in ``queued`` for the step (V1's and V2's two-phase protocol)."""
+    import types
+    from typing import ClassVar
+
+    from servewitness_probe import _vllm
+
+    class Runner:
+        vllm_config = types.SimpleNamespace(
+            speculative_config=types.SimpleNamespace(method=method, num_speculative_tokens=k),
+            compilation_config=None,
+            model_config=None,
+            device_config=None,
+        )
+
+    class Worker:
+        model_runner = Runner()
+        queued: ClassVar[list[Any]] = []
+
+        def execute_model(self, so: Any) -> None:
+            return None
+
+        def sample_tokens(self, grammar: Any) -> Any:
+            return self.queued.pop(0)
+
+    _vllm._wrap_worker_class(Worker)
+    return Worker()

@@ -286,7 +286,8 @@ def test_defaults_fill_every_optional_setting() -> None:
         p.selection.min_targets,
     ) == (10.0, 1, ("api_server", "engine_core", "worker"), (), (), 1)
     always = (
-        ProbeRequired(I.DEFAULT_REQUIRE_PROBE),
+        # a hook-only policy: the probe's errors about loaded files are not judged
+        ProbeRequired(I.DEFAULT_REQUIRE_PROBE, hooks=frozenset({"v1_step"}), files_judged=False),
         ViewsAgree(),
         NativeIntact(),
         EvidenceIntact(),
@@ -332,7 +333,7 @@ note = "adds a counter"
 """
     p = load_policy(text, "full.toml")
     expected = (
-        ProbeRequired(("worker",), explicit=True),
+        ProbeRequired(("worker",), explicit=True, hooks=frozenset({"v1_step"})),
         ViewsAgree(),
         NativeIntact(),
         EvidenceIntact(),

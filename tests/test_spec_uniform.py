@@ -13,14 +13,14 @@ import functools
 import random
 import types
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pytest
 from servewitness_probe import _bindings, _core, _spec, _specshare, _vllm
 from servewitness_probe import layout as L
 
-from tests.helpers import fresh_probe
+from tests.helpers import fresh_probe, spec_worker
 from tests.test_step_split_fold import reference_records
 
 K = 3
@@ -59,29 +59,7 @@ class Looked(dict[str, int]):
 
 
 def worker() -> Any:
-    """A V1-shaped worker class of its own (the probe wraps classes): ``sample_tokens``
-    returns the output queued for the step."""
-
-    class Runner:
-        vllm_config = types.SimpleNamespace(
-            speculative_config=types.SimpleNamespace(method="ngram", num_speculative_tokens=K),
-            compilation_config=None,
-            model_config=None,
-            device_config=None,
-        )
-
-    class Worker:
-        model_runner = Runner()
-        queued: ClassVar[list[Any]] = []
-
-        def execute_model(self, s: Any) -> None:
-            return None
-
-        def sample_tokens(self, grammar: Any) -> Any:
-            return self.queued.pop(0)
-
-    _vllm._wrap_worker_class(Worker)
-    return Worker()
+    return spec_worker("ngram", K)
 
 
 def schedule(seed: int, steps: int, batch: int, as_array: bool) -> Iterator[tuple[Any, Any]]:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -42,7 +42,7 @@ import pytest
 from servewitness_probe import _bindings, _core, _spec, _vllm
 from servewitness_probe import layout as L
 
-from tests.helpers import fresh_probe
+from tests.helpers import fresh_probe, spec_worker
 
 K = 3  # --speculative-config '{"method": "eagle3", ..., "num_speculative_tokens": 3}'
 DECODE_QUERY_LEN = 1 + K  # a decoding request's tokens in a step with drafts
@@ -212,30 +212,7 @@ def v1_output(s: Step) -> types.SimpleNamespace:
 
 
 def worker() -> Any:
-    """A worker class of its own (the probe wraps classes) whose runner is configured for
-    EAGLE-3 with K drafts; ``execute_model`` returns nothing and ``sample_tokens`` the output
-    queued for the step (V1's and V2's two-phase protocol)."""
-
-    class Runner:
-        vllm_config = types.SimpleNamespace(
-            speculative_config=types.SimpleNamespace(method="eagle3", num_speculative_tokens=K),
-            compilation_config=None,
-            model_config=None,
-            device_config=None,
-        )
-
-    class Worker:
-        model_runner = Runner()
-        queued: ClassVar[list[Any]] = []
-
-        def execute_model(self, so: Any) -> None:
-            return None
-
-        def sample_tokens(self, grammar: Any) -> Any:
-            return self.queued.pop(0)
-
-    _vllm._wrap_worker_class(Worker)
-    return Worker()
+    return spec_worker("eagle3", K)
 
 
 @pytest.fixture
