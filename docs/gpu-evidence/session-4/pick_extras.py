@@ -1,6 +1,7 @@
 """Call 3, before serve.sh: move into whl-extra/ each carried wheel in maybe/ whose package the
 device image lacks or has older than the carried one (so the image's own versions are kept
 where they are new enough). Prints what it chose. Stdlib only."""
+
 import shutil
 import sys
 from importlib.metadata import PackageNotFoundError, version
