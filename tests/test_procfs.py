@@ -113,3 +113,67 @@ def test_probe_dir_survives_setproctitle_zeroing_the_environment(tmp_path: Path)
         assert probe_dirs_of(procfs, kid)[0] == str(tmp_path / "probe")
     finally:
         proc.communicate(b"", timeout=10)
+
+
+def test_compile_caches_of_a_retitled_process_come_from_the_environment_it_inherited() -> None:
+    """A process that retitles itself (vLLM's EngineCore and Workers) and then loads a kernel
+    it wrote into its $HOME cache after it started (Triton's, on a GPU): the agent takes the
+    cache directories from the parent's environment, which the child inherited, so the kernel
+    is generated code and not a library "rewritten in place". The control: the same bytes
+    written after the start outside every cache directory are still flagged. Everything lives
+    outside /tmp (the default temporary directory is generated whatever the environment)."""
+    import shutil
+    import subprocess
+    import sys
+    import uuid
+
+    from servewitness.evidence import origins
+    from servewitness.evidence.hashing import Hasher
+    from servewitness.evidence.judge import generated_dirs
+    from servewitness.evidence.native import native_mappings
+    from tests.helpers import REPO
+
+    top = REPO / ".scratch" / f"retitled-{uuid.uuid4().hex[:8]}"
+    home, elsewhere = top / "home", top / "elsewhere"
+    cache = home / ".triton" / "cache"
+    for d in (cache, elsewhere, top / "tmp"):
+        d.mkdir(parents=True)
+    lib = "/usr/lib/x86_64-linux-gnu/libz.so.1"
+    child = (
+        "import ctypes, os, shutil, sys, time, setproctitle\n"
+        "setproctitle.setproctitle('VLLM::EngineCore')\n"
+        "time.sleep(0.3)\n"  # written well after the start, as a kernel compiled at warm-up
+        f"for d in (os.path.expanduser('~/.triton/cache'), {str(elsewhere)!r}):\n"
+        f"    ctypes.CDLL(shutil.copy({lib!r}, os.path.join(d, 'kernel.so')))\n"
+        "print('up', flush=True); sys.stdin.read()\n"
+    )
+    parent = (
+        "import subprocess, sys; "
+        f"p = subprocess.Popen([sys.executable, '-c', {child!r}], stdin=sys.stdin); p.wait()"
+    )
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "TMPDIR": str(top / "tmp")}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", parent], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"up"
+        procfs = ProcFS()
+        (kid,) = procfs.descendants(proc.pid)[1:]
+        # The retitled block holds no environment: read as it is, $HOME's caches are unknown.
+        assert "HOME" not in procfs.environ(kid)
+        assert str(cache) not in origins.generated_dirs(procfs.environ(kid))
+        gen = generated_dirs(procfs, kid)
+        assert str(home / ".cache" / "vllm") in gen and str(cache) in gen
+        assert str(top / "tmp") in gen and "/tmp" not in gen  # its TMPDIR, not the default
+        ident = procfs.identity(kid)
+        states = {
+            m.path: m.state
+            for m in native_mappings(
+                procfs, kid, Hasher(), start_time=ident.start_time, generated=gen
+            )
+            if m.path.endswith("kernel.so")
+        }
+        assert states == {str(cache / "kernel.so"): "same", str(elsewhere / "kernel.so"): "changed"}
+    finally:
+        proc.communicate(b"", timeout=10)
+        shutil.rmtree(top, ignore_errors=True)

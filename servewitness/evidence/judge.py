@@ -253,13 +253,36 @@ def stdlib_dirs(probe: ProbeState) -> tuple[str, ...]:
 
 
 def generated_dirs(procfs: ProcFS, pid: int) -> tuple[str, ...]:
-    """The process's compile-cache and temporary directories, from its environment
-    (``origins.generated_dirs``; none when it cannot be read)."""
-    try:
-        environ = procfs.environ(pid)
-    except (UnavailableError, OSError):  # gone, or not readable: no cache dirs from it
-        environ = {}
-    return origins.generated_dirs(environ)
+    """The process's compile-cache and temporary directories, from the environment it was
+    started with (``origins.generated_dirs``; the defaults when none can be read)."""
+    return origins.generated_dirs(started_environment(procfs, pid))
+
+
+def started_environment(procfs: ProcFS, pid: int) -> dict[str, str]:
+    """The environment PID was started with: ``/proc/<pid>/environ``, unless the process
+    reused that block for its title. vLLM names its engine and worker processes with
+    setproctitle, which on Linux writes the title over the argv+environ block and zeroes the
+    rest (or leaves bytes that are not the environment): read then, the block holds neither
+    ``PATH`` nor ``HOME``. Such a process runs with the environment its parent handed down
+    (vLLM starts them with multiprocessing, which passes it on), so the nearest ancestor whose
+    block still holds one of the two stands in. Read from the retitled block instead, a
+    worker's ``$HOME`` caches (vLLM's and Triton's) would be unknown to the agent and every
+    kernel compiled there after the start a library "rewritten in place". Empty when nothing
+    can be read."""
+    seen: set[int] = set()
+    while pid > 0 and pid not in seen and len(seen) < 16:
+        seen.add(pid)
+        try:
+            environ = procfs.environ(pid)
+        except (UnavailableError, OSError):  # gone, or not readable
+            return {}
+        if "PATH" in environ or "HOME" in environ:
+            return environ
+        try:
+            pid = procfs.identity(pid).ppid
+        except (UnavailableError, OSError):
+            break
+    return {}
 
 
 def _to_host(procfs: ProcFS, pid: int) -> Callable[[str], Path]:
