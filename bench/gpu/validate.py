@@ -131,14 +131,21 @@ def request_spec(inspect_out: str) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     for p in json.loads(inspect_out)["processes"]:
         sp = (p.get("steps") or {}).get("speculation") or {}
-        pdir = (p.get("probe") or {}).get("dir")
-        if not sp.get("on") or not pdir:
+        state_dir = (p.get("probe") or {}).get("state_dir")
+        if not sp.get("on"):
             continue
-        path = Path(pdir) / f"{p['pid']}-{p['start_ticks']}" / "bindings.jsonl"
+        # The directory the verifier read this process's probe state from (its name carries
+        # the boot id and PID namespace: session 5 looked under the old <pid>-<ticks> name,
+        # found nothing and reported 0 requests). No bindings file is an error, not zero.
+        if not state_dir:
+            raise FileNotFoundError(f"pid {p['pid']}: no probe state directory in inspect")
+        path = Path(state_dir) / "bindings.jsonl"
+        if not path.exists():
+            raise FileNotFoundError(f"pid {p['pid']}: {path} is missing")
         sums = {"requests": 0, "without_spec": 0, "drafts": 0, "draft_tokens": 0,
                 "accepted": 0, "emitted": 0}  # fmt: skip
         pos: list[int] = []
-        for line in path.read_text().splitlines() if path.exists() else []:
+        for line in path.read_text().splitlines():
             rec = json.loads(line)
             if rec.get("k") != "req":
                 continue

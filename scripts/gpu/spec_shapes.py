@@ -136,7 +136,8 @@ def vllm_totals(llm: Any) -> dict[str, Any]:
     got: dict[str, Any] = {}
     for m in llm.get_metrics():
         if m.name.startswith("vllm:spec_decode"):
-            got[m.name] = getattr(m, "value", None) or getattr(m, "values", None)
+            # a counter's value, else a vector's values (a count of 0 is a value, not missing)
+            got[m.name] = m.value if hasattr(m, "value") else getattr(m, "values", None)
     return got
 
 
