@@ -21,7 +21,7 @@ from servewitness.testing.vllm_server import VllmServer
 from tests.helpers import REPO, verifier_cli
 
 # The module's samples fixture boots four servers, two at a time, in the first test's setup
-# (about 3 minutes on two cores, next to the session's idle server). pytest-timeout's 600 s
+# (about 2 minutes on two cores, in the suite: 129 s). pytest-timeout's 600 s
 # per test would cut it off before a boot that never becomes ready fails on its own
 # (VllmServer's 300 s limit, with the log tail and every process's stacks), leaving no trace
 # of where it hung.
@@ -29,6 +29,11 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(4 * 300 + 300)]
 
 SECONDS = "4"
 BOOTS = (1, 2, 3, 4)  # A: 1 and 3; A': 2 and 4 (alternating, as bench/compare_boots.py)
+# Each server in one process (vLLM's engine and worker in the API server's process): the
+# layout does not matter to `sample` (it reads the process that runs the model), a boot costs
+# about 36 CPU-s instead of 51 in three processes, and a server that holds about one core
+# under load leaves the other to the `verifier sample` that starts beside it.
+ONE_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 def sample_under_load(server: VllmServer, n: int, out: Path, label: str) -> None:
@@ -58,7 +63,9 @@ def boot_pair(tiny_model: Path) -> list[VllmServer]:
     """Two servers started side by side: a boot is a chain of single-threaded imports in
     three processes (about 0.8 of a core here), so two at once take about 1.25 times one
     (measured: 66.6 s against 53.6 s), not twice. Only one is ever sampled at a time."""
-    servers = [VllmServer(tiny_model, scratch_parent=REPO / ".scratch") for _ in range(2)]
+    servers = [
+        VllmServer(tiny_model, env=ONE_PROCESS, scratch_parent=REPO / ".scratch") for _ in range(2)
+    ]
     errors: list[BaseException] = []
 
     def start(s: VllmServer) -> None:

@@ -33,7 +33,13 @@ def collect_under_load(server: VllmServer, tmp_path: Path, reports: int) -> list
     the server decoding four sequences at a time. A sample catches the step file only while
     a step executes (about one sample in fifteen with this tiny model, less on a busy
     machine), so the test samples until it does, within a bound."""
-    agent = Agent(AgentConfig("127.0.0.1:9", "t", "a", tmp_path / "spool", root_pid=server.pid))
+    # No periodic re-hash of every loaded file (recheck_s, drift detection: not what this
+    # test is about): each collect is then a few stack samples, and the two cores serve the
+    # load instead of hashing torch every five seconds.
+    config = AgentConfig(
+        "127.0.0.1:9", "t", "a", tmp_path / "spool", root_pid=server.pid, recheck_s=3600.0
+    )
+    agent = Agent(config)
     agent.witnesses = Witnesses(burst=8)  # eight samples each time the steps moved
     stop = threading.Event()
 
