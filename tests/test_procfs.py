@@ -177,3 +177,33 @@ def test_compile_caches_of_a_retitled_process_come_from_the_environment_it_inher
     finally:
         proc.communicate(b"", timeout=10)
         shutil.rmtree(top, ignore_errors=True)
+
+
+def test_a_retitled_process_s_environment_is_not_taken_from_outside_its_pid_namespace(
+    tmp_path: Path,
+) -> None:
+    """A retitled process's environment stands in from the nearest ancestor in its own PID
+    namespace only: a container's first process is given its environment by the runtime, and
+    its parent on the host (the runtime's shim) runs with the host's, whose caches are not the
+    container's."""
+    from servewitness.evidence.judge import started_environment
+
+    root = tmp_path / "proc"
+    root.mkdir()
+    (root / "stat").write_text("cpu 1 2 3\nbtime 1700000000\n")
+
+    def proc(pid: int, ppid: int, ns: int, environ: bytes) -> None:
+        _proc(root, pid, ppid=ppid, comm="python", cmdline=["VLLM::EngineCore"], ticks=pid)
+        (root / str(pid) / "environ").write_bytes(environ)
+        (root / str(pid) / "ns").mkdir()
+        os.symlink(f"pid:[{ns}]", root / str(pid) / "ns" / "pid")
+
+    proc(10, 1, 4026531836, b"PATH=/usr/bin\0HOME=/host-root\0")  # the shim, on the host
+    proc(20, 10, 4026532000, b"\0" * 64)  # the container's first process, retitled
+    proc(21, 20, 4026532000, b"\0" * 64)  # its worker, retitled
+    proc(30, 10, 4026532111, b"PATH=/bin\0HOME=/home/c\0")  # another container's API server
+    proc(31, 30, 4026532111, b"\0" * 64)  # its engine, retitled
+    procfs = ProcFS(root)
+    assert started_environment(procfs, 21) == {}  # the host's HOME is not the container's
+    assert started_environment(procfs, 31) == {"PATH": "/bin", "HOME": "/home/c"}
+    assert started_environment(procfs, 30) == {"PATH": "/bin", "HOME": "/home/c"}

@@ -267,21 +267,27 @@ def started_environment(procfs: ProcFS, pid: int) -> dict[str, str]:
     (vLLM starts them with multiprocessing, which passes it on), so the nearest ancestor whose
     block still holds one of the two stands in. Read from the retitled block instead, a
     worker's ``$HOME`` caches (vLLM's and Triton's) would be unknown to the agent and every
-    kernel compiled there after the start a library "rewritten in place". Empty when nothing
-    can be read."""
+    kernel compiled there after the start a library "rewritten in place". The walk stays in
+    PID's PID namespace: a container's first process gets its environment from the runtime,
+    not from its parent on the host (the runtime's shim), whose environment is the host's.
+    Empty when nothing can be read."""
     seen: set[int] = set()
+    try:
+        ns = procfs.pid_ns(pid)
+    except (UnavailableError, OSError):
+        ns = None
     while pid > 0 and pid not in seen and len(seen) < 16:
         seen.add(pid)
         try:
             environ = procfs.environ(pid)
+            if "PATH" in environ or "HOME" in environ:
+                return environ
+            parent = procfs.identity(pid).ppid
+            if parent > 0 and procfs.pid_ns(parent) != ns:
+                break  # the PID namespace's first process: nothing handed down from outside
         except (UnavailableError, OSError):  # gone, or not readable
-            return {}
-        if "PATH" in environ or "HOME" in environ:
-            return environ
-        try:
-            pid = procfs.identity(pid).ppid
-        except (UnavailableError, OSError):
             break
+        pid = parent
     return {}
 
 
