@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -85,34 +89,39 @@ def test_role_falls_back_to_the_process_title(
     assert _role_from_title(tree.identity(pid)) == role
 
 
+@contextmanager
+def retitled_child(child: str, env: dict[str, str]) -> Iterator[int]:
+    """A parent Python with ENV that starts a child running CHILD (which retitles itself and
+    prints "up" when ready); yields the child's pid, ends both on leaving."""
+    parent = (
+        "import subprocess, sys; "
+        f"p = subprocess.Popen([sys.executable, '-c', {child!r}], stdin=sys.stdin); p.wait()"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", parent], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"up"
+        (kid,) = ProcFS().descendants(proc.pid)[1:]
+        yield kid
+    finally:
+        proc.communicate(b"", timeout=10)
+
+
 def test_probe_dir_survives_setproctitle_zeroing_the_environment(tmp_path: Path) -> None:
     """vLLM's EngineCore/Worker retitle themselves; setproctitle zeroes /proc/<pid>/environ,
     so the probe directory is taken from the nearest ancestor that still shows it."""
-    import subprocess
-    import sys
-
     from servewitness.evidence.process import probe_dirs_of
 
     child = (
         "import setproctitle, sys; setproctitle.setproctitle('VLLM::Test'); "
         "print('up', flush=True); sys.stdin.read()"
     )
-    parent = (
-        "import subprocess, sys; "
-        f"p = subprocess.Popen([sys.executable, '-c', {child!r}], stdin=sys.stdin); p.wait()"
-    )
     env = {"PATH": "/usr/bin:/bin", "VERIFIER_PROBE_DIR": str(tmp_path / "probe")}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", parent], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
-    )
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == b"up"
+    with retitled_child(child, env) as kid:
         procfs = ProcFS()
-        (kid,) = procfs.descendants(proc.pid)[1:]
         assert procfs.environ(kid) == {}  # the environment block really is gone
         assert probe_dirs_of(procfs, kid)[0] == str(tmp_path / "probe")
-    finally:
-        proc.communicate(b"", timeout=10)
 
 
 def test_compile_caches_of_a_retitled_process_come_from_the_environment_it_inherited() -> None:
@@ -123,8 +132,6 @@ def test_compile_caches_of_a_retitled_process_come_from_the_environment_it_inher
     written after the start outside every cache directory are still flagged. Everything lives
     outside /tmp (the default temporary directory is generated whatever the environment)."""
     import shutil
-    import subprocess
-    import sys
     import uuid
 
     from servewitness.evidence import origins
@@ -147,35 +154,29 @@ def test_compile_caches_of_a_retitled_process_come_from_the_environment_it_inher
         f"    ctypes.CDLL(shutil.copy({lib!r}, os.path.join(d, 'kernel.so')))\n"
         "print('up', flush=True); sys.stdin.read()\n"
     )
-    parent = (
-        "import subprocess, sys; "
-        f"p = subprocess.Popen([sys.executable, '-c', {child!r}], stdin=sys.stdin); p.wait()"
-    )
     env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "TMPDIR": str(top / "tmp")}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", parent], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
-    )
     try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == b"up"
-        procfs = ProcFS()
-        (kid,) = procfs.descendants(proc.pid)[1:]
-        # The retitled block holds no environment: read as it is, $HOME's caches are unknown.
-        assert "HOME" not in procfs.environ(kid)
-        assert str(cache) not in origins.generated_dirs(procfs.environ(kid))
-        gen = generated_dirs(procfs, kid)
-        assert str(home / ".cache" / "vllm") in gen and str(cache) in gen
-        assert str(top / "tmp") in gen and "/tmp" not in gen  # its TMPDIR, not the default
-        ident = procfs.identity(kid)
-        states = {
-            m.path: m.state
-            for m in native_mappings(
-                procfs, kid, Hasher(), start_time=ident.start_time, generated=gen
-            )
-            if m.path.endswith("kernel.so")
-        }
-        assert states == {str(cache / "kernel.so"): "same", str(elsewhere / "kernel.so"): "changed"}
+        with retitled_child(child, env) as kid:
+            procfs = ProcFS()
+            # The retitled block holds no environment: read as it is, $HOME's caches are unknown.
+            assert "HOME" not in procfs.environ(kid)
+            assert str(cache) not in origins.generated_dirs(procfs.environ(kid))
+            gen = generated_dirs(procfs, kid)
+            assert str(home / ".cache" / "vllm") in gen and str(cache) in gen
+            assert str(top / "tmp") in gen and "/tmp" not in gen  # its TMPDIR, not the default
+            ident = procfs.identity(kid)
+            states = {
+                m.path: m.state
+                for m in native_mappings(
+                    procfs, kid, Hasher(), start_time=ident.start_time, generated=gen
+                )
+                if m.path.endswith("kernel.so")
+            }
+            assert states == {
+                str(cache / "kernel.so"): "same",
+                str(elsewhere / "kernel.so"): "changed",
+            }
     finally:
-        proc.communicate(b"", timeout=10)
         shutil.rmtree(top, ignore_errors=True)
 
 
