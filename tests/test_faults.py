@@ -452,7 +452,10 @@ def test_disk_full_refuses_reports_unacknowledged_then_ingest_resumes(
     addr = f"unix:{tmp_path}/v.sock"
     spool = tmp_path / "spool"
     logs = (tmp_path / "serve.log", tmp_path / "agent.log")
-    with small_disk(tmp_path / "disk", "8M") as disk:
+    # 32 MiB: the database and its WAL (up to 4 MiB) take a few; the filler takes the rest, so
+    # that freeing it leaves room for a checkpoint (one that cannot grow the database file
+    # fails, and with it every later write, until space is freed).
+    with small_disk(tmp_path / "disk", "32M") as disk:
         db = str(disk / "db.sqlite3")
         worker.stream_bindings(per_batch=50)
         server = serve(tmp_path, db, addr)
@@ -460,7 +463,8 @@ def test_disk_full_refuses_reports_unacknowledged_then_ingest_resumes(
         try:
             wait_until("5 reports stored", lambda: len(stored_seqs(db)) >= 5, 60, *logs)
             filler = disk / "filler"
-            fill(filler)
+            freed = fill(filler)
+            assert freed > 16 << 20, f"the filler took only {freed} B: the database took the rest"
 
             def refused() -> list[dict[str, Any]]:
                 events = log_events(tmp_path / "agent.log", "verifier_unreachable")
