@@ -3,38 +3,71 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import io
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 from typing import IO, cast
 
 from servewitness import __version__
-from servewitness._cli import (
-    agent_cmd,
-    audit_cmd,
-    certs_cmd,
-    compare_cmd,
-    completion_cmd,
-    diff_cmd,
-    exec_cmd,
-    fmt,
-    globalopts,
-    inspect_cmd,
-    keygen_cmd,
-    policy_cmd,
-    report_cmd,
-    run_cmd,
-    serve_cmd,
-    status_cmd,
-    target_cmd,
-    window_cmd,
-)
+from servewitness._cli import fmt, globalopts
 from servewitness.errors import Error, exit_codes_help
 
 EXIT_CODES = exit_codes_help()
 
+# Each subcommand's name -> the module of servewitness._cli that adds it (``add_parser``), in
+# the order ``--help`` lists them. A command line that names one imports that module alone
+# (a client command starts in half the time: grpc, the policy engine and the evidence readers
+# of the other commands stay unloaded); ``--help`` before the name, an unknown name and
+# ``completion`` (it walks the whole tree) build every command.
+COMMANDS: dict[str, str] = {
+    "inspect": "inspect_cmd",
+    "diff": "diff_cmd",
+    "policy": "policy_cmd",
+    "serve": "serve_cmd",
+    "agent": "agent_cmd",
+    "run": "run_cmd",
+    "status": "status_cmd",
+    "wait": "status_cmd",
+    "target": "target_cmd",
+    "window": "window_cmd",
+    "seal": "window_cmd",
+    "exec": "exec_cmd",
+    "sample": "compare_cmd",
+    "compare": "compare_cmd",
+    "audit": "audit_cmd",
+    "keygen": "keygen_cmd",
+    "certs": "certs_cmd",
+    "report": "report_cmd",
+    "completion": "completion_cmd",
+}
+_TOP_OPTIONS_WITH_A_VALUE = ("--verifier",)  # globalopts.add_top
 
-def build_parser() -> argparse.ArgumentParser:
+
+def command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand ARGV names, where it can be told before parsing; None where the whole
+    parser is needed (no name, an unknown one, ``-h`` before it, ``completion``)."""
+    it = iter(argv)
+    for word in it:
+        if word in ("-h", "--help", "--"):
+            return None
+        if word in _TOP_OPTIONS_WITH_A_VALUE:
+            next(it, None)
+            continue
+        if word.startswith("-"):
+            continue
+        return word if word in COMMANDS and word != "completion" else None
+    return None
+
+
+def _command_modules(command: str | None) -> list[ModuleType]:
+    names = [COMMANDS[command]] if command is not None else list(dict.fromkeys(COMMANDS.values()))
+    return [importlib.import_module(f"servewitness._cli.{name}") for name in names]
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``verifier`` parser: every subcommand, or COMMAND's module's alone."""
     parser = argparse.ArgumentParser(
         prog="verifier",
         description="Provenance and liveness evidence for live vLLM serving processes.",
@@ -44,29 +77,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"verifier {__version__}")
     globalopts.add_top(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    inspect_cmd.add_parser(sub)
-    diff_cmd.add_parser(sub)
-    policy_cmd.add_parser(sub)
-    serve_cmd.add_parser(sub)
-    agent_cmd.add_parser(sub)
-    run_cmd.add_parser(sub)
-    status_cmd.add_parser(sub)
-    target_cmd.add_parser(sub)
-    window_cmd.add_parser(sub)
-    exec_cmd.add_parser(sub)
-    compare_cmd.add_parser(sub)
-    audit_cmd.add_parser(sub)
-    keygen_cmd.add_parser(sub)
-    certs_cmd.add_parser(sub)
-    report_cmd.add_parser(sub)
-    completion_cmd.add_parser(sub)
+    for module in _command_modules(command):
+        module.add_parser(sub)
     globalopts.install(parser)  # after every subcommand: -v/-q after the subcommand's name too
     parser.set_defaults(root_parser=parser)  # `completion` walks the whole tree
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(command_of(sys.argv[1:] if argv is None else argv))
     # exits 2 with a usage line on bad arguments; a command that runs another (`exec`) takes
     # everything after its `--` as that command's own arguments
     args, rest = parser.parse_known_args(argv)
