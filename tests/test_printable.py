@@ -272,3 +272,43 @@ def test_times_in_range_read_as_dates_and_the_rest_as_numbers_with_a_note() -> N
     assert fmt.when(10**5000).startswith("~2**16609 ")
     assert fmt.text("a" * 250) == "a" * 200 + "…[50 more characters]"
     assert fmt.text(ANSI).startswith(r"\x1b]0;owned\x07")
+
+
+def _escaped_char_by_char(s: str, keep: frozenset[str]) -> str:
+    """The reference: every character judged on its own (what TerminalSafe.write must equal)."""
+    return "".join(fmt._escape(c) if c not in keep and fmt._unsafe(c) else c for c in s)
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.got: list[str] = []
+
+    def write(self, s: str) -> int:
+        self.got.append(s)
+        return len(s)
+
+
+_CHARS = st.one_of(
+    st.sampled_from("\n\t\r \x1b\x00\u202e\u2028\u00a0"),  # kept, escaped, printable
+    st.characters(exclude_categories=()),  # any code point, lone surrogates included
+)
+
+
+@given(st.text(alphabet=_CHARS, max_size=200), st.booleans())
+def test_terminal_safe_escapes_as_the_per_character_rule_on_any_text(s: str, keep_cr: bool) -> None:
+    """Its fast path (one check in C over the text without its kept characters) changes
+    nothing: the output is the per-character rule's on any text, lone surrogates included."""
+    sink = _Sink()
+    fmt.TerminalSafe(sink, keep_cr=keep_cr).write(s)  # type: ignore[arg-type]
+    assert sink.got == [_escaped_char_by_char(s, fmt._KEEP | {"\r"} if keep_cr else fmt._KEEP)]
+
+
+def test_an_escape_sequence_after_many_printable_lines_is_escaped() -> None:
+    """A long multi-line JSON text (the fast path's case) with ESC, a bidi override and a bare
+    carriage return on its last line: each is escaped, every line break and tab kept."""
+    lines = ['  "a": "b",\t'] * 10_000 + ['  "x": "\x1b[2J\u202e\r"']
+    sink = _Sink()
+    fmt.TerminalSafe(sink).write("\n".join(lines))  # type: ignore[arg-type]
+    (out,) = sink.got
+    assert out.endswith('  "x": "\\x1b[2J\\u202e\\x0d"')
+    assert out.count("\n") == 10_000 and out.count("\t") == 10_000

@@ -108,7 +108,13 @@ class TerminalSafe:
         self._keep = _KEEP | {"\r"} if keep_cr else _KEEP
 
     def write(self, s: str) -> int:
-        if not s.isprintable():
+        # The check runs in C over the text without its kept characters (a printable character
+        # is never one to escape); only a text with something to escape is walked in Python
+        # (`inspect --json` of a vLLM tree writes some ten million characters at once).
+        bare = s
+        for keep in self._keep:
+            bare = bare.replace(keep, "")
+        if not bare.isprintable():
             s = "".join(_escape(c) if c not in self._keep and _unsafe(c) else c for c in s)
         return self._stream.write(s)
 
