@@ -109,6 +109,14 @@ def the_worker(server: VllmServer) -> tuple[dict[str, Any], list[dict[str, Any]]
     return workers[0], procs
 
 
+@pytest.fixture(scope="module")
+def spec_tree(spec_server: VllmServer) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The spec server's worker and tree as ``inspect --tree --json`` reads them after the
+    fixture's requests (none is in flight after): one read (~11 s of a 2-core machine) for the
+    tests that only read that state."""
+    return the_worker(spec_server)
+
+
 def probe_counts(w: dict[str, Any]) -> dict[str, Any]:
     sp = w["steps"]["speculation"]
     return {
@@ -119,10 +127,12 @@ def probe_counts(w: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def test_probe_totals_equal_vllm_spec_decode_counters(spec_server: VllmServer) -> None:
+def test_probe_totals_equal_vllm_spec_decode_counters(
+    spec_server: VllmServer, spec_tree: tuple[dict[str, Any], list[dict[str, Any]]]
+) -> None:
     """The requests are finished; /metrics may lag the last output by a moment (the API
     server's stat loggers), so it is read until it stops changing, then compared."""
-    w, _ = the_worker(spec_server)
+    w, _ = spec_tree
     ours = probe_counts(w)
     theirs: dict[str, Any] = {}
     deadline = time.monotonic() + 15
@@ -182,8 +192,10 @@ def test_each_request_has_its_share_and_the_shares_add_up_to_the_totals(
     assert len({(x.drafts, x.accepted_tokens) for x in got}) > 1, got
 
 
-def test_evidence_records_speculation_method_k_and_runner(spec_server: VllmServer) -> None:
-    w, _ = the_worker(spec_server)
+def test_evidence_records_speculation_method_k_and_runner(
+    spec_tree: tuple[dict[str, Any], list[dict[str, Any]]],
+) -> None:
+    w, _ = spec_tree
     sp = w["steps"]["speculation"]
     assert (sp["on"], sp["method"], sp["num_speculative_tokens"]) == (True, "ngram", K)
     assert len(sp["accepted_per_position"]) == K
@@ -205,10 +217,12 @@ def test_inspect_shows_speculation_and_vllm_runner_line(spec_server: VllmServer)
     assert "  vllm log WARNING " in out.stdout
 
 
-def test_runner_switch_finding_names_the_cause_vllm_logged(spec_server: VllmServer) -> None:
+def test_runner_switch_finding_names_the_cause_vllm_logged(
+    spec_tree: tuple[dict[str, Any], list[dict[str, Any]]],
+) -> None:
     """A policy that expects the V2 runner: the finding says why vLLM runs V1 here, in its own
     words, and that the process runs ngram speculation."""
-    _, procs = the_worker(spec_server)
+    _, procs = spec_tree
     v = judge(
         procs, f'version = 1\n[runner]\nexpect_class = "{V2_CPU_RUNNER}"\n{PRISTINE_VLLM_CPU}'
     )
@@ -232,8 +246,10 @@ def hooks_policy(*names: str, on: str = "decode") -> str:
     return body + PRISTINE_VLLM_CPU
 
 
-def test_drafter_and_rejection_sampler_fire_on_decode_steps(spec_server: VllmServer) -> None:
-    w, procs = the_worker(spec_server)
+def test_drafter_and_rejection_sampler_fire_on_decode_steps(
+    spec_tree: tuple[dict[str, Any], list[dict[str, Any]]],
+) -> None:
+    w, procs = spec_tree
     decode = w["steps"]["decode"]
     propose, reject = hook_by_name(w, "propose"), hook_by_name(w, "reject")
     assert propose["status"] == reject["status"] == "firing", (propose, reject)
