@@ -83,6 +83,12 @@ EXPECT: dict[str, tuple[str, ...]] = {
         FLOOR,
     ),
     "hook_fire.py": (r"fire / baseline call += \d+\.\d+x", r"decorated / plain call", FLOOR),
+    "cli_start.py": (
+        r"verifier wait --help / python = \d+\.\d+",
+        r"named / every command = \d+\.\d+",
+        r"terminal-safe, clean / plain write = \d+\.\d+",
+        FLOOR,
+    ),
     "identity_cost.py": (
         r"pyc: identity adds [+-]\d+ ns",
         r"cross-check: [+-]\d+\.\d+ ms per call",
