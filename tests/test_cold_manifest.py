@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from servewitness._cli._local import read_local
 from servewitness.evidence import compilers, pycfile
 from servewitness.evidence.bytecode import judge_bytecode
 from servewitness.evidence.distindex import DistIndex, Sites
@@ -111,6 +112,53 @@ def test_shared_sites_judge_every_process_as_its_own_index_does(tmp_path: Path) 
         broken = [d for d in r.drift if d.id == DRIFT_RECORD_UNREADABLE]
         assert [d.path for d in broken] == [str(site / "brokendist-1.0.dist-info" / "RECORD")]
         assert r.provenance.count(Origin.PRISTINE) > 10  # structlog's files, against its RECORD
+
+
+# A parent that starts a probed child importing the same (the child inherits the probe's
+# environment and PYTHONPATH) and waits for it; the child ends when its parent does.
+TREE = f"""{CODE}
+import os, subprocess, sys, time
+child_ready = sys.argv[1] + ".child"
+child = (
+    {CODE!r} + "\\nimport os, sys, time\\nparent = os.getppid()\\n"
+    "open(sys.argv[1], 'w').write('ok')\\n"
+    "while os.getppid() == parent:\\n    time.sleep(0.2)\\n"
+)
+subprocess.Popen([sys.executable, "-c", child, child_ready])
+while not os.path.exists(child_ready):
+    time.sleep(0.05)
+"""
+
+
+def test_inspect_of_a_tree_parses_each_site_once_and_judges_as_a_fresh_index_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``verifier inspect --tree`` (``_local.read_local``) shares the parse of a site-packages
+    between the processes of the tree, as the agent does: each site is parsed once, and each
+    process is judged as a fresh index of its own judges it (patched, added, malformed RECORD)."""
+    site = tmp_path / "site"
+    make_site(site)
+    parsed: Counter[str] = Counter()
+    real_parse = DistIndex._parse_site
+
+    def counting(self: DistIndex, where: str) -> object:
+        parsed[where] += 1
+        return real_parse(self, where)
+
+    procfs = ProcFS()
+    with spawn_probed(tmp_path, TREE, site, settle_s=1.5) as pid:
+        monkeypatch.setattr(DistIndex, "_parse_site", counting)
+        got = read_local(procfs, pid, tree=True)
+        monkeypatch.undo()
+        reference = {ev.identity.pid: to_report(procfs, ev, Hasher()) for ev, _ in got}
+    assert len(got) == 2, [ev.identity.pid for ev, _ in got]
+    assert parsed[str(site)] == 1 and set(parsed.values()) == {1}, parsed
+    for ev, report in got:
+        assert _judged(report) == _judged(reference[ev.identity.pid])
+        assert report.provenance is not None
+        classes = {f.path: f.origin for f in report.provenance.files}
+        assert classes[str(site / "fakedist" / "core.py")] == Origin.PATCHED
+        assert classes[str(site / "fakedist" / "extra.py")] == Origin.ADDED
 
 
 def test_an_index_without_a_view_shares_nothing(tmp_path: Path) -> None:

@@ -11,10 +11,12 @@ import structlog
 
 from servewitness import wire
 from servewitness.errors import ConfigError, ProcessExited, UsageError
+from servewitness.evidence.distindex import Sites
 from servewitness.evidence.hashing import Hasher
+from servewitness.evidence.judge import dist_index
 from servewitness.evidence.process import ProcessEvidence, read_process, read_tree, still_running
 from servewitness.evidence.procfs import ProcFS
-from servewitness.evidence.report import to_report
+from servewitness.evidence.report import report_with_judgement
 from servewitness.model import ProcessReport
 
 # Preference when one process of a tree stands for it: the one that runs the model.
@@ -29,11 +31,15 @@ def read_local(procfs: ProcFS, pid: int, tree: bool) -> list[tuple[ProcessEviden
     empty) has no report: PID itself raises ProcessExited; a process under it is left out,
     with a warning on stderr, as is one under it that could not be read at all."""
     hasher = Hasher()
+    # the site-packages a tree's processes share are parsed once for all of them (as the
+    # agent does per collect: distindex.Sites, shared between processes of one view only)
+    sites = Sites()
     skipped: list[str] = []
     found = read_tree(procfs, pid, skipped) if tree else [read_process(procfs, pid)]
     out = []
     for ev in found:
-        report = to_report(procfs, ev, hasher)
+        index = dist_index(procfs, ev.identity.pid, sites)
+        report, _ = report_with_judgement(procfs, ev, hasher, index=index)
         if alive(procfs, ev):
             out.append((ev, report))
         elif ev.identity.pid == pid:
