@@ -51,6 +51,7 @@ bench: setup      ## benchmarks; results belong in BENCHMARKS.md
 	$(PY) bench/index_check.py
 	$(PY) bench/bindings_ledger.py
 	$(PY) bench/load_test.py
+	$(PY) bench/cli_start.py
 
 bench-smoke: setup  ## every benchmark's --smoke, checked as CI checks them (tests/test_bench_smoke.py: exit 0, rows that parse, ratio and floor)
 	scripts/postgres-host.sh
