@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from servewitness._cli import globalopts
 from servewitness._cli.main import COMMANDS, build_parser, command_of
 from tests.helpers import REPO
 
@@ -56,6 +57,7 @@ def test_a_subcommand_alone_parses_and_helps_as_in_the_full_parser(name: str) ->
         (["-v", "-q", "--json", "wait", "r"], "wait"),
         (["--verifier", "status", "wait", "r"], "wait"),  # the address is not the command
         (["--verifier=unix:/s", "seal", "w"], "seal"),
+        (["--verif", "status", "wait", "r"], "wait"),  # abbreviated, as argparse accepts
         (["exec", "--run", "r", "--", "status"], "exec"),
         (["-h", "status"], None),  # the top help lists every command
         (["--help"], None),
@@ -69,6 +71,24 @@ def test_the_command_is_told_before_parsing_or_the_whole_parser_is_built(
     argv: list[str], command: str | None
 ) -> None:
     assert command_of(argv) == command
+
+
+def test_the_top_options_that_take_a_value_are_those_command_of_skips() -> None:
+    """globalopts.TOP_OPTIONS_WITH_A_VALUE is every option of the top parser that takes a
+    value (a new one not listed would make command_of read its value as the command)."""
+    parser = build_parser("status")
+    top = [a for a in parser._actions if a.option_strings and a.nargs != 0]
+    taking = {o for a in top for o in a.option_strings if o.startswith("--")}
+    assert taking == set(globalopts.TOP_OPTIONS_WITH_A_VALUE)
+
+
+def test_an_abbreviated_address_option_parses_as_in_the_full_parser() -> None:
+    """`verifier --verif status wait r`: the address is "status", the command wait."""
+    argv = ["--verif", "status", "wait", "r", "--timeout", "1"]
+    lazy = build_parser(command_of(argv)).parse_known_args(argv)[0]
+    full = build_parser().parse_known_args(argv)[0]
+    assert (lazy.command, lazy.global_verifier) == (full.command, full.global_verifier)
+    assert (lazy.command, lazy.global_verifier) == ("wait", "status")
 
 
 def _cli_modules_after(argv: list[str]) -> list[str]:

@@ -19,6 +19,10 @@ JSON_HELP = "print the result as JSON (on commands that have a JSON form)"
 VERIFIER_HELP = "verifier address, as the subcommand's own --verifier (on client commands)"
 
 
+# The options of add_top that take a value (main.command_of skips the word after one).
+TOP_OPTIONS_WITH_A_VALUE = ("--verifier",)
+
+
 def add_top(parser: argparse.ArgumentParser) -> None:
     """The global options on the top-level parser (before the subcommand)."""
     parser.add_argument(

@@ -42,7 +42,6 @@ COMMANDS: dict[str, str] = {
     "report": "report_cmd",
     "completion": "completion_cmd",
 }
-_TOP_OPTIONS_WITH_A_VALUE = ("--verifier",)  # globalopts.add_top
 
 
 def command_of(argv: Sequence[str]) -> str | None:
@@ -52,13 +51,19 @@ def command_of(argv: Sequence[str]) -> str | None:
     for word in it:
         if word in ("-h", "--help", "--"):
             return None
-        if word in _TOP_OPTIONS_WITH_A_VALUE:
+        if _takes_a_value(word):
             next(it, None)
             continue
         if word.startswith("-"):
             continue
         return word if word in COMMANDS and word != "completion" else None
     return None
+
+
+def _takes_a_value(word: str) -> bool:
+    """Whether WORD is a top-level option whose value is the next word, spelled out or
+    abbreviated as argparse accepts (``--verif ADDR``)."""
+    return len(word) > 2 and any(o.startswith(word) for o in globalopts.TOP_OPTIONS_WITH_A_VALUE)
 
 
 def _command_modules(command: str | None) -> list[ModuleType]:
