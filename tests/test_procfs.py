@@ -184,6 +184,49 @@ def test_compile_caches_of_a_retitled_process_come_from_the_environment_it_inher
         shutil.rmtree(top, ignore_errors=True)
 
 
+def test_a_variable_set_before_the_title_leaves_part_of_the_block_and_it_is_not_believed() -> None:
+    """Seen on an H200 (vLLM 0.26's EngineCore): a process that sets an inherited variable
+    before it retitles itself (``os.environ[k] = v`` moves that string to the heap) keeps
+    every variable after it in ``/proc/<pid>/environ``; setproctitle pads only the strings
+    before it. The tail here holds ``PATH`` but not ``HOME``: believed, it would make the
+    process's ``$HOME`` caches unknown. The caches still come from the parent's block."""
+    from servewitness.evidence.judge import generated_dirs, started_environment
+
+    child = (
+        "import os, sys, setproctitle; os.environ['VLLM_SET_EARLY'] = 'changed'; "
+        "setproctitle.setproctitle('VLLM::EngineCore'); print('up', flush=True); "
+        "sys.stdin.read()"
+    )
+    home = "/nonexistent/home-of-the-test"
+    # The order of the block: HOME before the variable set early, PATH after it.
+    env = {"HOME": home, "VLLM_SET_EARLY": "1", "PATH": "/usr/bin:/bin", "LAST": "tail"}
+    with retitled_child(child, env) as kid:
+        procfs = ProcFS()
+        left = procfs.environ(kid)  # what the block shows: the tail, the title's padding before
+        assert left.get("PATH") == "/usr/bin:/bin" and left.get("LAST") == "tail"
+        assert "HOME" not in left
+        assert procfs.environ_as_started(kid) is None
+        assert started_environment(procfs, kid)["HOME"] == home
+        assert f"{home}/.cache/vllm" in generated_dirs(procfs, kid)
+
+
+@pytest.mark.parametrize(
+    ("block", "overwritten"),
+    [
+        (b"PATH=/bin\0HOME=/root\0", False),
+        (b"", False),  # env -i: nothing, but nothing written over either
+        (b"\0" * 64, True),  # all padding
+        (b"\0\0\0PATH=/bin\0LAST=x\0", True),  # padding, then the strings after the break
+        (b"VLLM::EngineCore\0\0\0PATH=/bin\0", True),  # a title that ran into the block
+        (b"PATH=/bin\0\0HOME=/root\0", True),  # an empty string inside: not exec's layout
+    ],
+)
+def test_environ_overwritten(block: bytes, overwritten: bool) -> None:
+    from servewitness.evidence.procfs import environ_overwritten
+
+    assert environ_overwritten(block) is overwritten
+
+
 def test_a_retitled_process_s_environment_is_not_taken_from_outside_its_pid_namespace(
     tmp_path: Path,
 ) -> None:
@@ -208,7 +251,9 @@ def test_a_retitled_process_s_environment_is_not_taken_from_outside_its_pid_name
     proc(21, 20, 4026532000, b"\0" * 64)  # its worker, retitled
     proc(30, 10, 4026532111, b"PATH=/bin\0HOME=/home/c\0")  # another container's API server
     proc(31, 30, 4026532111, b"\0" * 64)  # its engine, retitled
+    proc(32, 30, 4026532111, b"\0" * 8 + b"PATH=/left\0")  # retitled, a tail left
     procfs = ProcFS(root)
+    assert started_environment(procfs, 32) == {"PATH": "/bin", "HOME": "/home/c"}
     assert started_environment(procfs, 21) == {}  # the host's HOME is not the container's
     assert started_environment(procfs, 31) == {"PATH": "/bin", "HOME": "/home/c"}
     assert started_environment(procfs, 30) == {"PATH": "/bin", "HOME": "/home/c"}

@@ -261,11 +261,12 @@ def generated_dirs(procfs: ProcFS, pid: int) -> tuple[str, ...]:
 def started_environment(procfs: ProcFS, pid: int) -> dict[str, str]:
     """The environment PID was started with: ``/proc/<pid>/environ``, unless the process
     reused that block for its title. vLLM names its engine and worker processes with
-    setproctitle, which on Linux writes the title over the argv+environ block and zeroes the
-    rest (or leaves bytes that are not the environment): read then, the block holds neither
-    ``PATH`` nor ``HOME``. Such a process runs with the environment its parent handed down
-    (vLLM starts them with multiprocessing, which passes it on), so the nearest ancestor whose
-    block still holds one of the two stands in. Read from the retitled block instead, a
+    setproctitle, which on Linux writes the title over the argv+environ block and pads it
+    with NULs, leaving any variables after the first one set before the call
+    (``procfs.environ_overwritten``): such a block may still hold ``PATH`` but not ``HOME``.
+    Such a process runs with the environment its parent handed down (vLLM starts them with
+    multiprocessing, which passes it on), so the nearest ancestor whose block is intact and
+    holds ``PATH`` or ``HOME`` stands in. Read from the retitled block instead, a
     worker's ``$HOME`` caches (vLLM's and Triton's) would be unknown to the agent and every
     kernel compiled there after the start a library "rewritten in place". The walk stays in
     PID's PID namespace: a container's first process gets its environment from the runtime,
@@ -279,8 +280,8 @@ def started_environment(procfs: ProcFS, pid: int) -> dict[str, str]:
     while pid > 0 and pid not in seen and len(seen) < 16:
         seen.add(pid)
         try:
-            environ = procfs.environ(pid)
-            if "PATH" in environ or "HOME" in environ:
+            environ = procfs.environ_as_started(pid)
+            if environ is not None and ("PATH" in environ or "HOME" in environ):
                 return environ
             parent = procfs.identity(pid).ppid
             if parent > 0 and procfs.pid_ns(parent) != ns:
