@@ -14,7 +14,9 @@ appended, one JSON line per batch with every phase, to $OUT/tokens_ab.jsonl.
 Environment: ENFORCE_EAGER (default 0: torch.compile and CUDA graphs, vLLM's default),
 ROUNDS (40), PROMPT_LEN (32), MAX_TOKENS (64), CONTROL (1.0), WARM (2), HOOKS=1 (declare
 step and sample hooks on both runners' methods: their wrappers switch too), MODEL (the kit's
-model), GPU_MEM (0.2), BUDGET_S (per batch: stop rounds once spent; 0: none).
+model), GPU_MEM (0.2), BUDGET_S (per batch: stop rounds once spent; 0: none),
+MAX_BATCHED_TOKENS (0: vLLM's default; e.g. 512 with PROMPT_LEN 128 at batch 256 makes the
+first ~64 steps of every phase chunked prefills mixed with decodes: the mixed load).
 
 (Named ``tokens_ab_gpu`` rather than ``tokens_ab``: mypy checks bench/ as one namespace, where
 two modules may not share a name.)
@@ -51,7 +53,7 @@ def env_int(name: str, default: int) -> int:
 
 
 def llm_kwargs(max_batch: int) -> dict[str, Any]:
-    return {
+    kwargs: dict[str, Any] = {
         "enforce_eager": os.environ.get("ENFORCE_EAGER", "0") == "1",
         "max_model_len": 256,
         "gpu_memory_utilization": float(os.environ.get("GPU_MEM", "0.2")),
@@ -59,6 +61,10 @@ def llm_kwargs(max_batch: int) -> dict[str, Any]:
         "max_num_seqs": max_batch,
         "seed": 0,
     }
+    chunk = env_int("MAX_BATCHED_TOKENS", 0)
+    if chunk:  # mixed load: each phase's prompts prefill in chunks beside running decodes
+        kwargs["max_num_batched_tokens"] = chunk
+    return kwargs
 
 
 def smoke() -> int:

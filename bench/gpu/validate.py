@@ -46,7 +46,11 @@ def policy(hook: str, runner: str | None = None, count: str = "python") -> str:
     text += f'[[hooks]]\nname = "{hook}"\nmin_fires_per_productive_step = 1.0\n'
     text += f'count = "{count}"\n' if count != "python" else ""
     # liveness is what this validation measures; vLLM's files are not pinned (say so)
-    return text + "[provenance]\nunsafe_allow_unpinned_serving_package = true\n"
+    text += "[provenance]\nunsafe_allow_unpinned_serving_package = true\n"
+    # ALLOW_DRIFT (comma-separated drift ids, e.g. provenance.pth.unclaimed for the device
+    # image's own sandbox .pth files): reported as WARNING instead of ERROR, in the policy text
+    allow = [d for d in os.environ.get("ALLOW_DRIFT", "").split(",") if d]
+    return text + (f"allow = {json.dumps(allow)}\n" if allow else "")
 
 
 RUNS = {
