@@ -349,6 +349,103 @@ def test_files_under_the_process_temporary_directory_are_left_out(
     assert str(victim) in {f.path for f in report.provenance.files if f.origin == "generated"}
 
 
+def _site_with(site: Path, files: dict[str, bytes]) -> None:
+    """An installed distribution ``victimdist`` 1.0 in SITE whose RECORD lists FILES (path
+    relative to SITE: bytes) with their hashes; the files themselves are left to the caller."""
+    info = site / "victimdist-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: victimdist\nVersion: 1.0\n")
+    rows = [f"{rel},sha256={_b64(data)},{len(data)}" for rel, data in files.items()]
+    (info / "RECORD").write_text("\n".join([*rows, "victimdist-1.0.dist-info/RECORD,,"]) + "\n")
+
+
+def _b64(data: bytes) -> str:
+    import base64
+
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).decode().rstrip("=")
+
+
+@pytest.mark.parametrize("variable", ["TMPDIR", "TRITON_CACHE_DIR", "VLLM_CACHE_ROOT"])
+def test_a_cache_directory_named_over_a_distribution_does_not_exempt_its_files(
+    tmp_path: Path, children: list[Child], variable: str
+) -> None:
+    """The attack on the exemption above: the process names its own compile caches and
+    temporary directory (its environment), so the workload starts it with one of them set
+    over the site-packages that hold the distribution it patches, then runs the snapshot
+    attack on one of that distribution's files. The file is under the process's "generated"
+    directories, but a RECORD claims it: it is the distribution's, not generated, and its
+    ctime after the start is still judged. (The variation: TMPDIR is "/", every file.)"""
+    from servewitness.evidence.judge import generated_dirs
+
+    site = tmp_path / "site"
+    core = site / "victimdist" / "core.py"
+    core.parent.mkdir(parents=True)
+    (core.parent / "__init__.py").write_text("")
+    _site_with(site, {"victimdist/__init__.py": b"", "victimdist/core.py": PUBLISHED.encode()})
+    core.write_text(PATCHED)  # installed, then patched on disk before the start
+    body = SNAPSHOT_ATTACK.replace("import victim\n", "import victimdist.core as victim\n")
+    body = f"sys.path.insert(0, {str(site)!r})\n" + body
+    where = "/" if variable == "TMPDIR" else str(site)
+    c = Child(tmp_path, body, PUBLISHED=PUBLISHED, **{variable: where})
+    children.append(c)
+    entry = c.wait_for(core)
+    assert (entry.at, entry.sha256) == ("snapshot", sha(PUBLISHED))  # the lie is recorded
+    procfs = ProcFS()
+    assert any(core.is_relative_to(d) for d in generated_dirs(procfs, c.proc.pid))  # the setup
+    report = c.report()
+    assert report.provenance is not None
+    # what the attack wins without the check: RECORD's hash (only files not pristine are listed)
+    assert str(core) not in {f.path for f in report.provenance.files}
+    assert ("victimdist", "1.0", 2) in report.provenance.distributions
+    assert changed(report) == [str(core)], report.drift
+    policy = weak_policy('version = 1\n[provenance]\npristine = ["victimdist"]\n')
+    got, ids = verdict(report, policy)
+    assert (got, DRIFT_CHANGED_AFTER_START in ids) == (Verdict.FAIL, True), ids
+
+
+def test_a_distribution_s_library_rewritten_in_place_under_a_named_cache_is_changed(
+    tmp_path: Path, children: list[Child]
+) -> None:
+    """The same for native code: the process is started with TRITON_CACHE_DIR set to the
+    site-packages of a distribution whose RECORD lists a shared library; the library's inode
+    is written after the start (a rewrite in place) and mapped. Under a real compile cache
+    such a library is generated (Triton's launchers: ``same``); a distribution's is
+    ``changed``. The control: an unclaimed library written beside it stays ``same``."""
+    from servewitness.evidence.native import native_mappings
+    from servewitness.evidence.origins import GeneratedFiles
+    from tests.test_native import LIBZ
+
+    if not LIBZ.exists():
+        pytest.skip(f"{LIBZ} is not on this machine (any small shared library would do)")
+    site = tmp_path / "site"
+    lib = LIBZ.read_bytes()
+    _site_with(site, {"victimdist/_native.so": lib})
+    (site / "victimdist").mkdir()
+    body = (
+        "import ctypes, shutil\n"
+        "time.sleep(0.3)\n"  # well after the start, as a library rewritten in place
+        "for name in ('victimdist/_native.so', 'kernel.so'):\n"
+        f"    dst = os.path.join({str(site)!r}, name)\n"
+        f"    ctypes.CDLL(shutil.copy({str(LIBZ.resolve())!r}, dst))\n"
+    )
+    c = Child(tmp_path, body, TRITON_CACHE_DIR=str(site))
+    children.append(c)
+    report = c.report()
+    states = {m.path: m.state for m in report.native_mappings if m.path.startswith(str(site))}
+    assert states == {
+        str(site / "victimdist" / "_native.so"): "changed",
+        str(site / "kernel.so"): "same",
+    }, states
+    # what the exemption by directory alone would say: both generated, both "same"
+    procfs = ProcFS()
+    ident = procfs.identity(c.proc.pid)
+    loose = native_mappings(
+        procfs, c.proc.pid, Hasher(), start_time=ident.start_time,
+        generated=GeneratedFiles((str(site),)),
+    )  # fmt: skip
+    assert {m.state for m in loose if m.path.startswith(str(site))} == {"same"}
+
+
 def test_every_file_record_carries_the_identity_it_was_hashed_with(
     tmp_path: Path, children: list[Child]
 ) -> None:

@@ -87,7 +87,7 @@ def cross_check(
     *,
     start_time: float,
     hashed_at: Mapping[str, float] | None = None,
-    generated: Sequence[str] = (),
+    generated: Sequence[str] | origins.GeneratedFiles = (),
     vouched: set[tuple[str, str]] | None = None,
 ) -> tuple[list[FileDisagreement], list[Drift]]:
     """Re-hash every manifest file the probe hashed, as the process sees it. A file with other
@@ -163,7 +163,7 @@ def changed_after(
     f: FileEntry,
     now: tuple[int, int, int, int, int] | None,
     start_time: float,
-    generated: Sequence[str] = (),
+    generated: Sequence[str] | origins.GeneratedFiles = (),
 ) -> str | None:
     """Why the bytes F records (the agent found the same bytes on disk: NOW is the file's
     identity as it hashed them) may not be the bytes the process ran; None when nothing says
@@ -202,7 +202,7 @@ def changed_after(
     # the directories last: most files have nothing to say, and this test costs microseconds
     # (a .pth file or a main script is none of those, wherever it lies)
     exempt = generated and not unfiled.ran_before_hashed(f)
-    if why is not None and exempt and origins.under_any(f.path, generated):
+    if why is not None and exempt and origins.is_generated(f.path, generated):
         return None
     return why
 
@@ -343,6 +343,8 @@ def judge(
     (``bytecode.judge_bytecode``)."""
     hashed_at = probe.hashed_at
     ctx = context(procfs, pid, probe)
+    index = index or DistIndex(_to_host(procfs, pid))
+    generated = origins.GeneratedFiles(ctx.generated_dirs, index, ctx.stdlib_dirs)
     vouched = set(reuse.vouched) if reuse is not None else set()
     disagreements, drift = cross_check(
         procfs,
@@ -351,7 +353,7 @@ def judge(
         hasher,
         start_time=start_time,
         hashed_at=hashed_at,
-        generated=ctx.generated_dirs,
+        generated=generated,
         vouched=vouched,
     )
     members = [f for f in files if f.kind == unfiled.MEMBER]
@@ -363,9 +365,7 @@ def judge(
     )
     drift += moved
     if native is None:
-        native = native_mappings(
-            procfs, pid, hasher, start_time=start_time, generated=ctx.generated_dirs
-        )
+        native = native_mappings(procfs, pid, hasher, start_time=start_time, generated=generated)
     key = (probe.manifest_digest, len(probe.fileless), _native_digest(native), len(probe.unfiled))
     if reuse is not None and reuse.static_key == key:
         provenance, static = reuse.provenance, list(reuse.static_drift)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from servewitness.errors import UnavailableError
 from servewitness.evidence.hashing import Hashed, Hasher
-from servewitness.evidence.origins import under_any
+from servewitness.evidence.origins import GeneratedFiles, is_generated
 from servewitness.evidence.procfs import CHANGED_SLACK_S, ProcFS
 from servewitness.model import NativeMapping, ProcessKey
 
@@ -75,15 +75,16 @@ def native_mappings(
     hasher: Hasher,
     *,
     start_time: float | None = None,
-    generated: Sequence[str] = (),
+    generated: Sequence[str] | GeneratedFiles = (),
 ) -> tuple[NativeMapping, ...]:
     """Each executable file of PID with the hash of the mapped inode and its state on disk:
     ``same`` (the path holds the same bytes), ``replaced`` (other bytes now), ``deleted``
     (nothing at the path), ``unreadable`` (the mapping could not be read; ``error`` says why).
     Maps that cannot be read give one ``unreadable`` entry whose path is the maps file.
     START_TIME (the process's start, unix seconds): a ``same`` mapping whose inode changed
-    (ctime) after it is ``changed`` (``detail`` says when), unless it lies under one of
-    GENERATED (the process's compile caches and temporary directories)."""
+    (ctime) after it is ``changed`` (``detail`` says when), unless it is a generated file:
+    under one of GENERATED's directories (the process's compile caches and temporary
+    directories) and, with ``origins.GeneratedFiles``, claimed by no distribution."""
     try:
         execs = executable_files(procfs, pid)
     except (UnavailableError, OSError) as err:
@@ -118,14 +119,14 @@ def native_mappings(
 
 
 def _changed_since(
-    path: str, mapped: Hashed, start_time: float, generated: Sequence[str]
+    path: str, mapped: Hashed, start_time: float, generated: Sequence[str] | GeneratedFiles
 ) -> str | None:
     """Why the inode MAPPED (hashed through the mapping) may have been rewritten in place
     after the process started; None when its ctime says it was not."""
     if mapped.key is None:
         return None
     after = mapped.key[4] / 1e9 - start_time
-    if after <= CHANGED_SLACK_S or (generated and under_any(path, generated)):
+    if after <= CHANGED_SLACK_S or (generated and is_generated(path, generated)):
         return None
     return (
         f"the mapped inode changed (ctime) {after:.3f} s after the process started: "

@@ -239,6 +239,45 @@ def stdlib_test(stdlib_dirs: Iterable[str]) -> Callable[[str], bool]:
     return test
 
 
+@dataclass(frozen=True)
+class GeneratedFiles:
+    """Which of a process's files were generated at run time (compile caches, temporary
+    files): under one of DIRS (``generated_dirs``) and claimed by nothing the classifier
+    checks first (a RECORD row, a local install's root, a package folder, the standard
+    library): the files ``classify`` calls ``generated``. Such a file is left out of the
+    changed-after-start checks (``judge.changed_after``, ``native.native_mappings``), so which
+    files qualify must not be the process's to say: DIRS come from its environment, and a
+    ``TMPDIR=/`` or a ``TRITON_CACHE_DIR`` inside site-packages would otherwise exempt vLLM's
+    own files from the check that catches a module swapped back after its import. Without an
+    INDEX (no probe, or a test) only DIRS and STDLIB_DIRS decide."""
+
+    dirs: tuple[str, ...]
+    index: DistIndex | None = None
+    stdlib_dirs: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.dirs)
+
+    def covers(self, path: str) -> bool:
+        p = norm_path(path)
+        if _innermost(p, self.dirs) is None or in_stdlib(p, self.stdlib_dirs):
+            return False
+        index = self.index
+        if index is None:
+            return True
+        return (
+            not index.claims(p) and index.editable_root(p) is None and not index.package_folder(p)
+        )
+
+
+def is_generated(path: str, generated: Sequence[str] | GeneratedFiles) -> bool:
+    """Whether PATH is a generated file: GENERATED's ``covers``, or under one of the
+    directories GENERATED lists."""
+    if isinstance(generated, GeneratedFiles):
+        return generated.covers(path)
+    return under_any(path, generated)
+
+
 def under_any(path: str, dirs: Iterable[str]) -> bool:
     """Whether PATH (as the process names it) is under one of DIRS (absolute directories)."""
     return _innermost(norm_path(path), dirs) is not None

@@ -12,7 +12,7 @@ from servewitness.evidence.distindex import DistIndex
 from servewitness.evidence.hashing import Hasher
 from servewitness.evidence.judge import Judgement, dist_index, generated_dirs, judge, stdlib_dirs
 from servewitness.evidence.native import NativeMemory, native_mappings
-from servewitness.evidence.origins import stdlib_test
+from servewitness.evidence.origins import GeneratedFiles, stdlib_test
 from servewitness.evidence.process import ProcessEvidence
 from servewitness.evidence.procfs import ProcFS
 from servewitness.evidence.verdicts import VerdictStore
@@ -61,12 +61,14 @@ def report_with_judgement(
     container = ref.id if ref else None
     hasher = hasher or Hasher()
     key = ProcessKey(ident.boot_id, ident.pid, ident.start_ticks)
+    probe = ev.probe
+    index = index or dist_index(procfs, ident.pid)  # lazy: sites are read as paths ask
+    # a library rewritten in place is exempt only where it is generated, never a distribution's
+    generated = GeneratedFiles(
+        generated_dirs(procfs, ident.pid), index, stdlib_dirs(probe) if probe else ()
+    )
     mappings = native_mappings(
-        procfs,
-        ident.pid,
-        hasher,
-        start_time=ident.start_time,
-        generated=generated_dirs(procfs, ident.pid),
+        procfs, ident.pid, hasher, start_time=ident.start_time, generated=generated
     )
     if memory is not None:
         mappings = memory.check(key, mappings)
@@ -85,10 +87,8 @@ def report_with_judgement(
         native_mappings=mappings,
         roles=tuple(ev.roles),
     )
-    probe = ev.probe
     if probe is None:
         return base, None
-    index = index or dist_index(procfs, ident.pid)
     runner = probe.runner
     now = None
     if runner is not None and runner.file:
