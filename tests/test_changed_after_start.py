@@ -403,6 +403,24 @@ def test_a_cache_directory_named_over_a_distribution_does_not_exempt_its_files(
     assert (got, DRIFT_CHANGED_AFTER_START in ids) == (Verdict.FAIL, True), ids
 
 
+def test_a_pinned_file_the_process_puts_under_its_temporary_directory_is_never_pass(
+    tmp_path: Path, children: list[Child]
+) -> None:
+    """The variation no RECORD covers: the file is the workload's own (no distribution), the
+    policy pins it with ``[[files]]``, and the process is started with ``TMPDIR=/``, so the
+    file is ``generated`` and its ctime is not judged: the snapshot attack leaves no drift.
+    The pin cannot be checked then, and says so (PENDING, never PASS)."""
+    c, victim = _snapshot_attack(tmp_path, children, TMPDIR="/")
+    c.wait_for(victim)
+    report = c.report()
+    assert changed(report) == []  # generated: left out by the agent
+    assert report.provenance is not None
+    assert str(victim) in {f.path for f in report.provenance.files if f.origin == "generated"}
+    got, ids = verdict(report, pinned(victim, PUBLISHED))
+    assert "provenance.file.hash_mismatch" not in ids  # the recorded hash is the published one
+    assert got == Verdict.PENDING and "provenance.file.unverifiable" in ids, (got, ids)
+
+
 def test_a_distribution_s_library_rewritten_in_place_under_a_named_cache_is_changed(
     tmp_path: Path, children: list[Child]
 ) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from servewitness.model import FileEntry, Finding, LogLine, ProcessReport, Severity
+from servewitness.model import AFTER_THE_FACT, FileEntry, Finding, LogLine, ProcessReport, Severity
 from servewitness.policy import _evidence as E
 from servewitness.policy import findings as F
 from servewitness.policy import interface as I
@@ -273,8 +273,9 @@ class RequireFile:
             mine = [e for proc, e in matches if proc is p]
             comparable = [e for e in mine if e.kind in kinds]
             unhashed = [e for e in comparable if E.norm_sha(e.sha256) is None]
-            if mine and (not comparable or unhashed):
-                out.append(self._unverifiable(p, mine, comparable, snap))
+            unjudged = _generated_after_the_fact(p, comparable)
+            if mine and (not comparable or unhashed or unjudged):
+                out.append(self._unverifiable(p, mine, comparable, snap, unjudged))
             for e in comparable:
                 actual = E.norm_sha(e.sha256)
                 if actual is not None and actual != self.sha256:
@@ -301,8 +302,15 @@ class RequireFile:
         mine: list[FileEntry],
         comparable: list[FileEntry],
         snap: I.TargetSnapshot,
+        unjudged: list[FileEntry] | None = None,
     ) -> Finding:
-        if comparable:
+        if unjudged:
+            why = (
+                "hashed after the fact under the process's compile caches or temporary "
+                "directories (its own environment names them), where the agent does not judge "
+                "a change after the process started"
+            )
+        elif comparable:
             why = "some of them were recorded without a hash"
         else:
             why = f"only as {', '.join(sorted({e.kind for e in mine}))}, not as source"
@@ -318,6 +326,17 @@ class RequireFile:
             comparable_kinds=sorted(self.spec.comparable_kinds()),
             expected=self.sha256,
         )
+
+
+def _generated_after_the_fact(p: ProcessReport, entries: list[FileEntry]) -> list[FileEntry]:
+    """ENTRIES of P hashed after the fact (``AFTER_THE_FACT``) that its provenance classes
+    ``generated``: their hash may not be the bytes that ran (a file swapped back after its
+    import), and for generated files the agent leaves that out, so a pin cannot be checked.
+    The process names the directories that make a file generated (``TMPDIR=/``)."""
+    if p.provenance is None:
+        return []
+    generated = {f.path for f in p.provenance.files if f.origin == "generated"}
+    return [e for e in entries if e.at in AFTER_THE_FACT and e.path in generated]
 
 
 @dataclass(frozen=True)
