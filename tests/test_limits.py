@@ -186,18 +186,20 @@ def test_at_the_limit_passes_and_one_over_is_refused_naming_it(
 
 
 def _best_of(n: int, f: Callable[[], object]) -> float:
+    """The least CPU time of this process that one call of F took, of N."""
     best = float("inf")
     for _ in range(n):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         f()
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, time.process_time() - t0)
     return best
 
 
 def test_validation_is_linear_in_the_processes_of_a_report() -> None:
     """1,024 and 4,096 (the limit) processes, each with a key, a hook and a file: 4x the
     processes may cost about 4x, not 16x (the quadratic duplicate check measured 10-27 s for
-    12,000 processes before). Ratio measured in this test, generous margin (< 8)."""
+    12,000 processes before). Ratio measured in this test in CPU time of this process (wall
+    time counted other work's: 11x on a loaded machine, 2026-12-03), margin < 8."""
 
     def big(n: int) -> pb.TargetReport:
         p = [
@@ -207,8 +209,8 @@ def test_validation_is_linear_in_the_processes_of_a_report() -> None:
         return report(processes=p)
 
     small_msg, large_msg = big(1024), big(4096)
-    small = _best_of(3, lambda: wire.report_from_pb(small_msg))
-    large = _best_of(3, lambda: wire.report_from_pb(large_msg))
+    small = _best_of(5, lambda: wire.report_from_pb(small_msg))
+    large = _best_of(5, lambda: wire.report_from_pb(large_msg))
     assert large / small < 8, (small, large)
     with pytest.raises(L.LimitError, match=r"4097 > limit processes_per_report \(4096\)"):
         wire.report_from_pb(big(4097))
