@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from servewitness_probe import _state
 
 from servewitness.evidence.process import read_process
@@ -63,3 +64,25 @@ def test_negative_control_errors_outside_what_is_judged_leave_the_verdict_alone(
         report = to_report(ProcFS(), read_process(ProcFS(), proc.pid))
     found = {f.id for f in verdict(report).findings}
     assert "evidence.probe_errors" in found and "evidence.probe_errors.judged" not in found
+
+
+def test_a_sweeper_failure_names_where_it_was_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seen once under load in the container tests (2026-12-03): "in sweeper: RuntimeError:
+    dictionary changed size during iteration", with nothing saying where. A failed pass now
+    names the file and line it was raised at, so one journal line finds it."""
+    from servewitness_probe import _core as core
+    from servewitness_probe import _imports, _startup
+
+    errors: list[tuple[str, str]] = []
+    monkeypatch.setattr(core, "report_error", lambda where, msg: errors.append((where, msg)))
+
+    def racing(st: object) -> None:
+        d = {1: 1}
+        for k in d:  # the error vLLM's worker hit, raised here
+            d[k + 1] = k
+
+    monkeypatch.setattr(_startup, "scan_pth", racing)
+    _imports.sweep_once()
+    ((where, msg),) = errors
+    assert where == "sweeper" and "dictionary changed size during iteration" in msg
+    assert "(at test_probe_errors_judged.py:" in msg, msg

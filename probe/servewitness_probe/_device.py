@@ -185,7 +185,7 @@ def _read_base(base: int, t: Any, productive: int) -> None:
 def _read_all(cpu_only: bool) -> None:
     c = _core.COUNTERS
     productive = c[L.S_STEPS_PRODUCTIVE]
-    for base, t in list(_counters.items()):
+    for base, t in _counters.copy().items():  # one C call: no finalizer runs in between
         if productive and base not in _based and not (cpu_only and t.device.type != "cpu"):
             _read_base(base, t, productive)
         if t.device.type == "cpu":

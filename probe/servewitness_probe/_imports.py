@@ -288,7 +288,9 @@ def _sweep_modules(st: Any) -> None:
     if n == _last_len:
         return
     _last_len = n
-    for name, mod in list(sys.modules.items()):
+    # a copy made in one C call (list(items()) allocates a tuple per module, and a collection
+    # it sets off may run finalizers: Python code, another thread's imports in between)
+    for name, mod in sys.modules.copy().items():
         if name not in _names_done:
             try:
                 _sweep_one(st, name, mod)
@@ -321,12 +323,24 @@ def _sweep_one(st: Any, name: str, mod: Any) -> None:
     st.remember(_files.file_record(origin, kind, name, at))
 
 
+def sweep_once() -> None:
+    """One ``sweep``, its failure reported with where it was raised (the innermost frame:
+    a race seen once under load must be findable from the journal alone)."""
+    try:
+        sweep()
+    except Exception as e:  # noqa: BLE001 - the sweeper must keep going
+        tb = e.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        at = (
+            f" (at {os.path.basename(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno})" if tb else ""
+        )
+        _core.report_error("sweeper", f"{type(e).__name__}: {e}{at}")
+
+
 def _loop() -> None:
     while True:
-        try:
-            sweep()
-        except Exception as e:  # noqa: BLE001 - the sweeper must keep going
-            _core.report_error("sweeper", f"{type(e).__name__}: {e}")
+        sweep_once()
         time.sleep(SWEEP_INTERVAL_S)
 
 
