@@ -86,3 +86,52 @@ def test_a_sweeper_failure_names_where_it_was_raised(monkeypatch: pytest.MonkeyP
     ((where, msg),) = errors
     assert where == "sweeper" and "dictionary changed size during iteration" in msg
     assert "(at test_probe_errors_judged.py:" in msg, msg
+
+
+# A process with thousands of modules (vLLM's workers hold about 7,000) and garbage whose
+# finalizer imports: each collection finalizes one and leaves the next.
+_GC_RACE = """
+import gc, os, sys, types
+import servewitness_probe as p
+from servewitness_probe import _core, _imports
+errors = []
+_core.report_error = lambda where, msg: errors.append(f"{where}: {msg}")
+for i in range(5000):
+    sys.modules[f"filler_{i}"] = types.ModuleType(f"filler_{i}")
+class ImportsWhenFreed:
+    n = 0
+    def __del__(self):
+        ImportsWhenFreed.n += 1
+        sys.modules[f"imported_in_a_finalizer_{ImportsWhenFreed.n}"] = types.ModuleType("x")
+        if ImportsWhenFreed.n < 20000:
+            again = ImportsWhenFreed(); again.cycle = again
+p.start()
+gc.disable()
+first = ImportsWhenFreed(); first.cycle = first
+del first
+_imports._last_len = -1
+gc.set_threshold(1, 1, 1)
+gc.enable()
+_imports.sweep_once()
+gc.disable()
+print(ImportsWhenFreed.n, errors)
+"""
+
+
+def test_a_collection_that_imports_during_the_sweep_does_not_break_it(tmp_path: Path) -> None:
+    """The container tests' sweeper error, reproduced: copying sys.modules with
+    ``list(sys.modules.items())`` allocates a tuple per module past the free list, a
+    collection that sets off runs finalizers (Python code; on a loaded machine another
+    thread's imports run in between), and sys.modules changes under the copy. Before the fix
+    this test got the containers' very message, "sweeper: RuntimeError: dictionary changed
+    size during iteration (at _imports.py:293)". ``sys.modules.copy()`` copies in one call."""
+    import subprocess
+    import sys
+
+    env = {"VERIFIER_PROBE_DIR": str(tmp_path / "probe"), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", _GC_RACE], capture_output=True, text=True,
+                         timeout=60, env=env, check=False)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    finalized, errors = out.stdout.split(" ", 1)
+    assert int(finalized) > 1  # the finalizers ran, during the sweep
+    assert errors.strip() == "[]", errors
