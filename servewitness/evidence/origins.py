@@ -242,9 +242,8 @@ def stdlib_test(stdlib_dirs: Iterable[str]) -> Callable[[str], bool]:
 @dataclass(frozen=True)
 class GeneratedFiles:
     """Which of a process's files were generated at run time (compile caches, temporary
-    files): under one of DIRS (``generated_dirs``) and claimed by nothing the classifier
-    checks first (a RECORD row, a local install's root, a package folder, the standard
-    library): the files ``classify`` calls ``generated``. Such a file is left out of the
+    files): under one of DIRS (``generated_dirs``), listed in no distribution's RECORD and
+    not in the standard library. Such a file is left out of the
     changed-after-start checks (``judge.changed_after``, ``native.native_mappings``), so which
     files qualify must not be the process's to say: DIRS come from its environment, and a
     ``TMPDIR=/`` or a ``TRITON_CACHE_DIR`` inside site-packages would otherwise exempt vLLM's
@@ -263,11 +262,9 @@ class GeneratedFiles:
         if _innermost(p, self.dirs) is None or in_stdlib(p, self.stdlib_dirs):
             return False
         index = self.index
-        if index is None:
-            return True
-        return (
-            not index.claims(p) and index.editable_root(p) is None and not index.package_folder(p)
-        )
+        # A local install's root (a checkout: caches often lie inside) and a package folder's
+        # unlisted files pin no bytes; only a RECORD row does.
+        return index is None or not index.claims(p)
 
 
 def is_generated(path: str, generated: Sequence[str] | GeneratedFiles) -> bool:
