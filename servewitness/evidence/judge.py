@@ -406,14 +406,13 @@ def _static(
     pid: int,
     probe: ProbeState,
     files: tuple[FileEntry, ...],
-    index: DistIndex | None,
+    index: DistIndex,  # judge's: made before the cross-check, which asks it too
     *,
     ctx: origins.Context,
     native: Sequence[NativeMapping] = (),
     verdicts: VerdictStore | None = None,
 ) -> tuple[Provenance, list[Drift]]:
     to_host = _to_host(procfs, pid)
-    index = index or DistIndex(to_host)
     # a pyc its loader read and rejected did not run; -c code is no file to class
     ran = tuple(f for f in files if f.at != "rejected" and f.kind != unfiled.INLINE)
     version = probe.interp.get("version")  # written by the process: a string, or anything
