@@ -370,9 +370,15 @@ DRIFT_CODE_UNVERIFIED = "provenance.code.unverified"
 # a file hashed after the fact (AFTER_THE_FACT, or an extension hashed after it was loaded)
 # that changed after the process started: the bytes recorded may not be the bytes that run
 DRIFT_CHANGED_AFTER_START = "provenance.file.changed_after_start"
+# the same for a file under the process's compile caches or temporary directories that no RECORD
+# row claims (``origins.GeneratedFiles``): written there by the process itself, as a rule, so
+# not an error; said (INFO), since the process names those directories, and a ``[[files]]``
+# pin on such a file cannot be checked (``provenance.file.unverifiable``)
+DRIFT_CHANGED_IN_CACHE = "provenance.file.changed_in_cache"
 DRIFT_IDS = (
     DRIFT_MODIFIED_AFTER_LOAD,
     DRIFT_CHANGED_AFTER_START,
+    DRIFT_CHANGED_IN_CACHE,
     DRIFT_BYTECODE_STALE,
     DRIFT_BYTECODE_UNVERIFIED,
     DRIFT_BYTECODE_UNCHECKED,

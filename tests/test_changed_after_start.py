@@ -25,16 +25,18 @@ from pathlib import Path
 import pytest
 from servewitness_probe import layout as L
 
+from servewitness._cli.inspect_cmd import render_judgement
 from servewitness.agent.runner import Agent, AgentConfig
 from servewitness.evidence import unfiled
 from servewitness.evidence.hashing import Hasher
 from servewitness.evidence.journal import identity_of
-from servewitness.evidence.judge import changed_after, cross_check
+from servewitness.evidence.judge import changed_after, cross_check, waived
 from servewitness.evidence.process import read_process
 from servewitness.evidence.procfs import ProcFS
 from servewitness.evidence.report import to_report
 from servewitness.model import (
     DRIFT_CHANGED_AFTER_START,
+    DRIFT_CHANGED_IN_CACHE,
     DRIFT_MODIFIED_AFTER_LOAD,
     FileEntry,
     FileIdentity,
@@ -331,8 +333,9 @@ def test_files_under_the_process_temporary_directory_are_left_out(
 ) -> None:
     """The documented limit: a module under the process's TMPDIR (or a compile cache) is
     written by the process itself after it started (torch inductor's generated code), and no
-    RECORD or policy pins its bytes, so its ctime is not judged. It is still listed as hashed
-    after the fact, and classed ``generated``."""
+    RECORD pins its bytes, so its ctime is not judged: the change is said as INFO
+    (``provenance.file.changed_in_cache``), not an error. It is still listed as hashed after
+    the fact, and classed ``generated``."""
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     victim = scratch / "victim.py"
@@ -344,7 +347,12 @@ def test_files_under_the_process_temporary_directory_are_left_out(
     c.wait_for(victim)
     report = c.report()
     assert changed(report) == []
+    assert [d.path for d in report.drift if d.id == DRIFT_CHANGED_IN_CACHE] == [str(victim)]
     assert str(victim) in report.hashed_after
+    # inspect says it once, as a count with the paths, never as a DRIFT line
+    text = "\n".join(render_judgement(report, verbose=False))
+    assert "cache    1 files hashed after the fact changed" in text and str(victim) in text
+    assert "DRIFT" not in text, text
     assert report.provenance is not None
     assert str(victim) in {f.path for f in report.provenance.files if f.origin == "generated"}
 
@@ -413,9 +421,67 @@ def test_a_pinned_file_the_process_puts_under_its_temporary_directory_is_never_p
     c, victim = _snapshot_attack(tmp_path, children, TMPDIR="/")
     c.wait_for(victim)
     report = c.report()
-    assert changed(report) == []  # generated: left out by the agent
+    assert changed(report) == []  # generated: no error, but said
+    assert [d.path for d in report.drift if d.id == DRIFT_CHANGED_IN_CACHE] == [str(victim)]
     assert report.provenance is not None
     assert str(victim) in {f.path for f in report.provenance.files if f.origin == "generated"}
+    got, ids = verdict(report, pinned(victim, PUBLISHED))
+    assert "provenance.file.hash_mismatch" not in ids  # the recorded hash is the published one
+    assert got == Verdict.PENDING and "provenance.file.unverifiable" in ids, (got, ids)
+
+
+def _editable_checkout(tmp: Path) -> tuple[Path, Path]:
+    """A site holding an editable install of ``proj`` 0.1 whose root (a checkout) is
+    ``tmp/proj``; returns (site, root)."""
+    site, root = tmp / "site", tmp / "proj"
+    root.mkdir()
+    pth = f"{root}\n".encode()
+    _site_with(site, {"__editable__.proj-0.1.pth": pth})
+    (site / "__editable__.proj-0.1.pth").write_bytes(pth)
+    info = site / "victimdist-1.0.dist-info"  # _site_with's name: make it proj's
+    url = {"url": f"file://{root}", "dir_info": {"editable": True}}
+    (info / "direct_url.json").write_text(json.dumps(url))
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: proj\nVersion: 0.1\n")
+    info.rename(site / "proj-0.1.dist-info")
+    return site, root
+
+
+@pytest.mark.parametrize("where", ["editable", "package_folder"])
+def test_a_pinned_file_no_record_claims_under_a_named_cache_is_never_pass(
+    tmp_path: Path, children: list[Child], where: str
+) -> None:
+    """The variation past the RECORD rule: the pinned file is claimed by no RECORD row but is
+    not generated either: a module of an editable install (a checkout) started with
+    ``TMPDIR=/``, or a module added into a distribution's package folder with
+    ``TRITON_CACHE_DIR`` over its site. Its class is ``editable`` or ``added``, not
+    ``generated``, so the pin's own rule for generated files does not see it, and the agent
+    does not judge its ctime (the directory is the process's cache). The agent says it waived
+    the check (``provenance.file.changed_in_cache``, INFO), and the pin is unverifiable
+    (PENDING), never PASS; without that, the snapshot attack PASSed both."""
+    if where == "editable":
+        site, root = _editable_checkout(tmp_path)
+        victim, env, origin = root / "victim.py", {"TMPDIR": "/"}, "editable"
+    else:
+        site = tmp_path / "site"
+        _site_with(site, {"victimdist/__init__.py": b""})
+        (site / "victimdist").mkdir()
+        (site / "victimdist" / "__init__.py").write_text("")
+        root, victim = site, site / "victimdist" / "victim.py"
+        env, origin = {"TRITON_CACHE_DIR": str(site)}, "added"
+    victim.write_text(PATCHED)
+    module = "victim" if where == "editable" else "victimdist.victim"
+    body = SNAPSHOT_ATTACK.replace("import victim\n", f"import {module} as victim\n")
+    body = f"sys.path[:0] = [{str(site)!r}, {str(root)!r}]\n" + body
+    c = Child(tmp_path, body, PUBLISHED=PUBLISHED, **env)
+    children.append(c)
+    entry = c.wait_for(victim)
+    assert (entry.at, entry.sha256) == ("snapshot", sha(PUBLISHED))  # the lie is recorded
+    report = c.report()
+    assert report.provenance is not None
+    assert {f.path: f.origin for f in report.provenance.files}.get(str(victim)) == origin
+    assert changed(report) == []  # under the process's caches: not an error
+    waived = [d.path for d in report.drift if d.id == DRIFT_CHANGED_IN_CACHE]
+    assert waived == [str(victim)], report.drift
     got, ids = verdict(report, pinned(victim, PUBLISHED))
     assert "provenance.file.hash_mismatch" not in ids  # the recorded hash is the published one
     assert got == Verdict.PENDING and "provenance.file.unverifiable" in ids, (got, ids)
@@ -540,7 +606,10 @@ def test_changed_after_start_rules() -> None:
     assert "when loaded" in (changed_after(ext, None, start) or "")
     assert changed_after(dataclasses.replace(ext, loaded=after), None, start) is None
     gen = dataclasses.replace(snap, path="/tmp/x/a.py", identity=after)
-    assert changed_after(gen, None, start, ("/tmp",)) is None
+    assert changed_after(gen, None, start) and waived(gen, ("/tmp",))  # said, as INFO
+    assert not waived(gen, ()) and not waived(gen, ("/var",))
+    pth = dataclasses.replace(gen, path="/tmp/x/a.pth", kind="pth")
+    assert not waived(pth, ("/tmp",))  # ran before it was hashed: never waived
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from servewitness._cli.fmt import dumps
 from servewitness.errors import UsageError
 from servewitness.evidence.process import ProcessEvidence, tree_notes
 from servewitness.evidence.procfs import ProcFS
-from servewitness.model import ProcessReport
+from servewitness.model import DRIFT_CHANGED_IN_CACHE, ProcessReport
 
 DESCRIPTION = """\
 Read one live process (or, with --tree, it and every Python process under it) and print
@@ -300,8 +300,16 @@ def render_judgement(r: ProcessReport, verbose: bool = True) -> list[str]:
             dist = f" [{f.distribution} {f.version}]" if f.distribution else ""
             lines.append(f"    {f.origin:<9} {f.path}{dist}: {f.reason}")
     lines.extend(render_code(r))
+    waived = [d for d in r.drift if d.id == DRIFT_CHANGED_IN_CACHE]
     for d in r.drift:
-        lines.append(f"  DRIFT    {d.id}: {d.detail}")
+        if d.id != DRIFT_CHANGED_IN_CACHE:
+            lines.append(f"  DRIFT    {d.id}: {d.detail}")
+    if waived:
+        lines.append(
+            f"  cache    {len(waived)} files hashed after the fact changed after the start under "
+            "the process's caches or temporary directories (INFO, not judged), e.g."
+        )
+        lines.extend(f"    {d.path}" for d in waived[: len(waived) if verbose else 5])
     if r.hashed_after_count:
         lines.append(
             f"  after    {r.hashed_after_count} files hashed after the fact (imported before the "

@@ -44,6 +44,7 @@ from servewitness.evidence.verdicts import VerdictStore
 from servewitness.model import (
     AFTER_THE_FACT,
     DRIFT_CHANGED_AFTER_START,
+    DRIFT_CHANGED_IN_CACHE,
     DRIFT_MODIFIED_AFTER_LOAD,
     DRIFT_MODULE_FILELESS,
     DRIFT_RECORD_UNREADABLE,
@@ -123,8 +124,11 @@ def cross_check(
         if h.sha256 == f.sha256:
             if vouched is not None and (f.path, f.sha256) in vouched:
                 continue
-            why = changed_after(f, h.key, start_time, generated)
-            if why is not None:
+            why = changed_after(f, h.key, start_time)
+            if why is not None and waived(f, generated):
+                why += "; it lies under the process's compile caches or temporary directories"
+                drift.append(Drift(DRIFT_CHANGED_IN_CACHE, f.path, f.module, why))
+            elif why is not None:
                 drift.append(Drift(DRIFT_CHANGED_AFTER_START, f.path, f.module, why))
             elif vouched is not None and f.at in AFTER_THE_FACT and f.sha256:
                 vouched.add((f.path, f.sha256))
@@ -160,10 +164,7 @@ def _key(i: FileIdentity) -> tuple[int, int, int, int, int]:
 
 
 def changed_after(
-    f: FileEntry,
-    now: tuple[int, int, int, int, int] | None,
-    start_time: float,
-    generated: Sequence[str] | origins.GeneratedFiles = (),
+    f: FileEntry, now: tuple[int, int, int, int, int] | None, start_time: float
 ) -> str | None:
     """Why the bytes F records (the agent found the same bytes on disk: NOW is the file's
     identity as it hashed them) may not be the bytes the process ran; None when nothing says
@@ -179,9 +180,7 @@ def changed_after(
     * A file read at load (``load``: the bytes the import system read, hashed) proves what
       ran whatever happens to the file afterwards: nothing to say.
 
-    Files under the process's compile caches and temporary directories (GENERATED) are left
-    out: written by the process itself after it started (torch inductor's modules, Triton's
-    launchers), and no RECORD or policy pins their bytes (their class is ``generated``)."""
+    Whether the answer is an error is ``waived``'s to say."""
     why = None
     if f.at in AFTER_THE_FACT or unfiled.ran_before_hashed(f):
         ctimes = [c for c in (now[4] if now else None, _ctime(f.identity)) if c is not None]
@@ -199,12 +198,22 @@ def changed_after(
             f"{_describe(f.identity)} when hashed): the bytes recorded may not be the "
             "bytes it ran"
         )
-    # the directories last: most files have nothing to say, and this test costs microseconds
-    # (a .pth file or a main script is none of those, wherever it lies)
-    exempt = generated and not unfiled.ran_before_hashed(f)
-    if why is not None and exempt and origins.is_generated(f.path, generated):
-        return None
     return why
+
+
+def waived(f: FileEntry, generated: Sequence[str] | origins.GeneratedFiles) -> bool:
+    """Whether a change after the start of F (``changed_after``) is no error: F lies under
+    the process's compile caches and temporary directories (GENERATED) and no RECORD row
+    claims it, so the process itself wrote it there after it started, as a rule (torch
+    inductor's modules, Triton's launchers). Not waived silently: the process names those
+    directories (``TMPDIR=/``), so the change is still said (``provenance.file.changed_in_cache``,
+    INFO), and a policy that pins F's bytes cannot be satisfied by its recorded hash. A
+    ``.pth`` file or a main script is never waived, wherever it lies."""
+    return (
+        bool(generated)
+        and not unfiled.ran_before_hashed(f)
+        and origins.is_generated(f.path, generated)
+    )
 
 
 def _ctime(i: FileIdentity | None) -> int | None:

@@ -16,6 +16,7 @@ from servewitness.model import (
     DRIFT_BYTECODE_UNCHECKED,
     DRIFT_BYTECODE_UNVERIFIED,
     DRIFT_CHANGED_AFTER_START,
+    DRIFT_CHANGED_IN_CACHE,
     DRIFT_CODE_PATCHED,
     DRIFT_CODE_UNVERIFIED,
     DRIFT_IDS,
@@ -97,7 +98,11 @@ _UNCONFIRMED_DRIFT = (
     DRIFT_CODE_UNVERIFIED,
     DRIFT_MODULE_CUSTOM_LOADER,
 )
-ALLOWABLE_DRIFT = tuple(d for d in DRIFT_IDS if d not in _UNCONFIRMED_DRIFT)
+# Always INFO (a change the agent waived, said for the record), so never in [provenance] allow
+INFORMATIONAL_DRIFT = (DRIFT_CHANGED_IN_CACHE,)
+ALLOWABLE_DRIFT = tuple(
+    d for d in DRIFT_IDS if d not in _UNCONFIRMED_DRIFT and d not in INFORMATIONAL_DRIFT
+)
 
 
 @dataclass(frozen=True)
@@ -304,6 +309,13 @@ FINDINGS: dict[str, FindingKind] = {
         Severity.ERROR,
         "",
         "a file hashed after the fact changed after the process started: what ran may differ",
+    ),
+    DRIFT_CHANGED_IN_CACHE: FindingKind(
+        Severity.INFO,
+        "",
+        "a file hashed after the fact changed after the process started, under its compile "
+        "caches or temporary directories and claimed by no RECORD (not judged; a pin on it "
+        "cannot be checked)",
     ),
     DRIFT_BYTECODE_STALE: FindingKind(
         Severity.ERROR, "", "bytecode the interpreter used is not what its source compiles to"

@@ -9,7 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from servewitness.model import AFTER_THE_FACT, FileEntry, Finding, LogLine, ProcessReport, Severity
+from servewitness.model import (
+    DRIFT_CHANGED_IN_CACHE,
+    FileEntry,
+    Finding,
+    LogLine,
+    ProcessReport,
+    Severity,
+)
 from servewitness.policy import _evidence as E
 from servewitness.policy import findings as F
 from servewitness.policy import interface as I
@@ -273,7 +280,7 @@ class RequireFile:
             mine = [e for proc, e in matches if proc is p]
             comparable = [e for e in mine if e.kind in kinds]
             unhashed = [e for e in comparable if E.norm_sha(e.sha256) is None]
-            unjudged = _generated_after_the_fact(p, comparable)
+            unjudged = _waived(p, comparable)
             if mine and (not comparable or unhashed or unjudged):
                 out.append(self._unverifiable(p, mine, comparable, snap, unjudged))
             for e in comparable:
@@ -306,9 +313,9 @@ class RequireFile:
     ) -> Finding:
         if unjudged:
             why = (
-                "hashed after the fact under the process's compile caches or temporary "
-                "directories (its own environment names them), where the agent does not judge "
-                "a change after the process started"
+                "hashed after the fact and changed after the process started, under its compile "
+                "caches or temporary directories (its own environment names them), where the "
+                "agent does not judge such a change (provenance.file.changed_in_cache)"
             )
         elif comparable:
             why = "some of them were recorded without a hash"
@@ -328,15 +335,14 @@ class RequireFile:
         )
 
 
-def _generated_after_the_fact(p: ProcessReport, entries: list[FileEntry]) -> list[FileEntry]:
-    """ENTRIES of P hashed after the fact (``AFTER_THE_FACT``) that its provenance classes
-    ``generated``: their hash may not be the bytes that ran (a file swapped back after its
-    import), and for generated files the agent leaves that out, so a pin cannot be checked.
-    The process names the directories that make a file generated (``TMPDIR=/``)."""
-    if p.provenance is None:
-        return []
-    generated = {f.path for f in p.provenance.files if f.origin == "generated"}
-    return [e for e in entries if e.at in AFTER_THE_FACT and e.path in generated]
+def _waived(p: ProcessReport, entries: list[FileEntry]) -> list[FileEntry]:
+    """ENTRIES of P whose change after the process started the agent waived
+    (``provenance.file.changed_in_cache``: under its compile caches or temporary directories,
+    claimed by no RECORD row): their hash may not be the bytes that ran (a file swapped back
+    after its import), so a pin cannot be checked against it. The process names the
+    directories that waive the check (``TMPDIR=/``)."""
+    waived = {d.path for d in p.drift if d.id == DRIFT_CHANGED_IN_CACHE}
+    return [e for e in entries if e.path in waived] if waived else []
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,8 @@ class DriftFree:
     running a step method or hook target that could not be verified): the agent classes the
     files those speak for as not pristine, so ``Pristine`` makes them an error for the
     distributions it requires pristine; or for what is accounted for (a module a custom loader
-    executed whose class a pristine file defines)."""
+    executed whose class a pristine file defines). INFO for a change the agent waived
+    (``provenance.file.changed_in_cache``: said for the record and for ``[[files]]`` pins)."""
 
     allow: frozenset[str] = frozenset()
 
@@ -81,11 +82,14 @@ class DriftFree:
                 by_id.setdefault(d.id, []).append(d.detail)
             for fid, details in by_id.items():
                 lenient = fid in self.allow or fid in _UNCONFIRMED
+                severity = Severity.WARNING if lenient else Severity.ERROR
+                if fid in F.INFORMATIONAL_DRIFT:
+                    severity = Severity.INFO
                 hits = [d for d in p.drift if d.id == fid]
                 out.append(
                     E.finding(
                         fid,
-                        Severity.WARNING if lenient else Severity.ERROR,
+                        severity,
                         f"{E.name(p)}: {details[0]}"
                         + (f" (and {len(details) - 1} more)" if len(details) > 1 else ""),
                         snapshot,
