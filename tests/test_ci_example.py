@@ -146,6 +146,36 @@ def test_the_workflow_is_one_job_of_run_and_uses_steps() -> None:
     assert policies == {"examples/ci/policy.toml"}
 
 
+def pip_installs(commands: list[list[str]]) -> dict[str, list[str]]:
+    """What each virtualenv's pip installs: {venv: requirements} for `VENV/bin/pip install`."""
+    out: dict[str, list[str]] = {}
+    for words in commands:
+        if len(words) > 2 and words[0].endswith("/bin/pip") and words[1] == "install":
+            venv = words[0].rsplit("/bin/pip", 1)[0]
+            out.setdefault(venv, []).extend(w for w in words[2:] if not w.startswith("-"))
+    return out
+
+
+def test_vllm_s_environment_gets_the_probe_alone() -> None:
+    """The environment being measured is vLLM's and the probe's only: the verifier (grpcio,
+    protobuf, ...) is installed into a virtualenv of its own, which puts the `verifier`
+    command on the PATH. The probe is installed from the checkout (it is not on an index)."""
+    steps = workflow()["jobs"]["bench"]["steps"]
+    commands = [c for s in steps if "run" in s for c in shell_commands(s["run"])]
+    installs = pip_installs(commands)
+    vllm_env = [v for v, reqs in installs.items() if any(r.startswith("vllm") for r in reqs)]
+    assert len(vllm_env) == 1, installs
+    assert sorted(installs[vllm_env[0]]) == ["./probe", "vllm==${VLLM_VERSION}"]
+    tool_env = [v for v, reqs in installs.items() if "." in reqs]
+    assert len(tool_env) == 1 and tool_env != vllm_env and "./probe" in installs[tool_env[0]]
+    path_dirs = {" ".join(c) for c in commands if c[:1] == ["echo"]}
+    assert any(tool_env[0].lstrip(".") in d for d in path_dirs), path_dirs
+    # the check itself, on the install line this example had: the whole tool into vLLM's
+    assert pip_installs([[".venv/bin/pip", "install", "vllm==1", "."]]) == {
+        ".venv": ["vllm==1", "."]
+    }
+
+
 def test_every_verifier_command_of_the_examples_exists_with_its_flags() -> None:
     flow = workflow_invocations()
     assert {" ".join(subcommand(a)) for a in flow} == {
