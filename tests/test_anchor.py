@@ -208,6 +208,15 @@ def test_the_honest_ledger_that_grew_extends_the_checkpoint_kept_elsewhere(
     assert out.returncode == 0 and "append-only since the checkpoint kept outside" in out.stdout
     new = tmp_path / "NEW.note"
     assert verifier_cli("audit", "checkpoint", "--db", b.target, "--out", str(new)).returncode == 0
+    # --json: the note inside one object (stdout is JSON alone), the proof likewise
+    noted = json.loads(verifier_cli("audit", "checkpoint", "--db", b.target, "--json").stdout)
+    assert (noted["note"], noted["size"], noted["out"]) == (new.read_text(), 11, None)
+    proved = verifier_cli("audit", "consistency", "--from", str(old), "--key", str(pub),
+                          "--db", b.target, "--json")  # fmt: skip
+    doc = json.loads(proved.stdout)
+    assert (doc["consistent"], doc["from"], doc["to"], doc["proof"]["to"]["size"]) == (
+        True, 6, 11, 11
+    ), doc  # fmt: skip
     proof = tmp_path / "proof.json"
     out = verifier_cli("audit", "consistency", "--from", str(old), "--key", str(pub),
                        "--db", b.target, "--out", str(proof))  # fmt: skip

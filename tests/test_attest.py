@@ -281,6 +281,11 @@ def test_keygen_cli(tmp_path: Path) -> None:
     forced = verifier_cli("keygen", "--out", str(tmp_path / "k"), "--force")
     assert forced.returncode == 0, forced.stderr
     assert keys.key_id(keys.load_public_key(tmp_path / "k.pub")) in forced.stdout
+    as_json = verifier_cli("keygen", "--out", str(tmp_path / "j"), "--json")
+    assert json.loads(as_json.stdout) == {
+        "private_key": str(tmp_path / "j"), "public_key": str(tmp_path / "j.pub"),
+        "key_id": keys.key_id(keys.load_public_key(tmp_path / "j.pub")),
+    }  # fmt: skip
 
 
 # Bundles -----------------------------------------------------------------------------------

@@ -50,9 +50,10 @@ def sample_under_load(server: VllmServer, n: int, out: Path, label: str) -> None
         # The load keeps both cores busy: the CLI starts slowly beside it.
         res = verifier_cli(
             "sample", "--pid", str(server.pid), "--seconds", SECONDS, "--out", str(out),
-            "--label", label, timeout=300,
+            "--label", label, "--json", timeout=300,
         )  # fmt: skip
         assert res.returncode == 0, res.stderr
+        assert json.loads(res.stdout) == {"out": str(out), **json.loads(out.read_text())}
     finally:
         stop.set()
         for t in threads:

@@ -30,10 +30,12 @@ def test_an_export_verifies_offline_and_tampering_is_told_apart(
     bundle = tmp_path / "audit.json"
     out = verifier_cli(
         "audit", "export", "--db", backend.target, "--key", str(key), "--out", str(bundle),
-        "--request", "alpha", "--run", "all",
+        "--request", "alpha", "--run", "all", "--json",
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     data = json.loads(bundle.read_text())
+    said = json.loads(out.stdout)
+    assert said["bundle"] == str(bundle) and said["statements"] == len(data["statements"])
     kinds = sorted(c["kind"] for c in data["contents"])
     assert kinds == ["bindings", "manifest", "run", "verdict"], kinds
     out = verifier_cli("audit", "verify", str(bundle), "--key", str(pub))

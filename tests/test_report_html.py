@@ -232,6 +232,9 @@ def test_report_of_a_passing_run_shows_verdict_targets_timeline_provenance_and_w
     out, page = report(run, "gate-db", "gate", "--db", str(run.db))
     assert out.returncode == 0, out.stderr
     assert "run gate PASS, 1 target(s)" in out.stdout
+    said, again = report(run, "gate-json", "gate", "--db", str(run.db), "--json")
+    doc = json.loads(said.stdout)
+    assert (doc["html"], doc["verdict"], doc["targets"]) == (str(again), "PASS", 1), doc
     got = open_page(chromium, page, screenshot=True)
     assert_not_blank(got.png)
     blank = run.dir / "blank.html"

@@ -9,6 +9,7 @@ Every test runs the real servicer over real gRPC with reports of a real probed p
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -144,8 +145,11 @@ def test_forget_retires_a_target_at_once_ledgered_and_it_can_come_back(
     base = probe_report(worker.pid, tmp_path)
     send(verifier, "old", base)
     send(verifier, "new", base)
-    gone = verifier_cli("target", "forget", "old", "--verifier", verifier)
-    assert gone.returncode == 0 and "forgot target old" in gone.stdout, gone.stderr
+    gone = verifier_cli("target", "forget", "old", "--verifier", verifier, "--json")
+    assert gone.returncode == 0, gone.stderr
+    assert {k: v for k, v in json.loads(gone.stdout).items() if k != "last_report_unix"} == {
+        "target": "old", "state": "live"
+    }  # fmt: skip
     assert run_verdict(verifier)[1] == {"new": Verdict.PASS}
     assert set(states(verifier)) == {"new"}
     unknown = verifier_cli("target", "forget", "old", "--verifier", verifier)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from servewitness._cli import fmt
 from servewitness._cli._audit_db import DB_HELP, open_ro
 from servewitness._cli.common import add_verifier_option, rpc_timeout, tls_from
 from servewitness.errors import ConfigError, NotFound, UsageError
@@ -37,6 +38,7 @@ def add_actions(acts: Any) -> None:
     c.add_argument("--out", metavar="FILE", help="write the note here (default: stdout)")
     add_verifier_option(c)
     c.add_argument("--key", metavar="KEY.pub", help=REMOTE_KEY_HELP)
+    fmt.add_json(c, '{"note", "size", "root", "out"}: the note inside, not on stdout alone')
     c.set_defaults(handler=run_checkpoint, product_on_stdout=True)  # the note, without --out
     k = acts.add_parser(
         "consistency",
@@ -62,6 +64,7 @@ def add_actions(acts: Any) -> None:
     k.add_argument("--proof", metavar="FILE", help="a proof to check offline (without --db)")
     k.add_argument("--out", metavar="FILE", help="write the proof here (with --db)")
     add_verifier_option(k)
+    fmt.add_json(k, '{"consistent", "from", "to", "proof_hashes", "proof", "note", "out"}')
     k.set_defaults(handler=run_consistency, product_on_stdout=True)  # the proof
 
 
@@ -160,10 +163,21 @@ def run_checkpoint(args: argparse.Namespace) -> int:
             f"{args.db}: no signed checkpoint note yet (`verifier serve` signs one at start, "
             "periodically and at shutdown)"
         )
-    _write(args.out, latest.note, "checkpoint")
-    if args.out is not None:
-        print(f"{args.out}: checkpoint of {latest.size} entries, root {latest.root}")
+    _checkpoint_out(args, latest.note, latest.size, latest.root)
     return 0
+
+
+def _checkpoint_out(args: argparse.Namespace, text: str, size: int, root: str) -> None:
+    """The note TEXT to --out (or stdout), the summary; with --json one object for both."""
+    if args.json:
+        if args.out is not None:
+            _write(args.out, text, "checkpoint")
+        doc = {"note": text, "size": size, "root": root, "out": args.out}
+        sys.stdout.write(fmt.dumps(doc) + "\n")
+        return
+    _write(args.out, text, "checkpoint")
+    if args.out is not None:
+        print(f"{args.out}: checkpoint of {size} entries, root {root}")
 
 
 def _remote_checkpoint(args: argparse.Namespace) -> int:
@@ -177,9 +191,7 @@ def _remote_checkpoint(args: argparse.Namespace) -> int:
     with _client(args) as client:
         text = client.audit_checkpoint()
     signed = note.verify(text, key, f"{args.verifier}: checkpoint")
-    _write(args.out, signed.note, "checkpoint")
-    if args.out is not None:
-        print(f"{args.out}: checkpoint of {signed.size} entries, root {signed.root_hex}")
+    _checkpoint_out(args, signed.note, signed.size, signed.root_hex)
     return 0
 
 
@@ -208,11 +220,15 @@ def _remote_consistency(args: argparse.Namespace, old: SignedCheckpoint, key: An
         )
     if args.out is not None:
         _write(args.out, new.note, "checkpoint")
-    print(
+    doc = {
+        "consistent": True, "from": old.size, "to": new.size, "proof_hashes": len(proof),
+        "note": new.note, "out": args.out,
+    }  # fmt: skip
+    fmt.result(args, doc, [
         f"consistent: {old.size} entries -> {new.size} (the verifier's ledger now, signed), "
         f"proof of {len(proof)} hash(es) checked with the key given"
         + (f"; the new note: {args.out}" if args.out else "")
-    )
+    ])  # fmt: skip
     return 0
 
 
@@ -238,7 +254,10 @@ def _offline_consistency(
             f"{args.new} ({new.size} entries) does not extend {args.old} ({old.size}): "
             "the proof does not verify",
         )
-    print(f"consistent: {old.size} entries -> {new.size}, proof of {len(hashes)} hash(es)")
+    doc = {"consistent": True, "from": old.size, "to": new.size, "proof_hashes": len(hashes)}
+    fmt.result(args, doc, [
+        f"consistent: {old.size} entries -> {new.size}, proof of {len(hashes)} hash(es)"
+    ])  # fmt: skip
     return 0
 
 
@@ -278,8 +297,19 @@ def run_consistency(args: argparse.Namespace) -> int:
     proof = tuple(tree.consistency_proof(old.size, new.size))
     if not merkle.verify_consistency(old.size, new.size, old.root, new.root, proof):
         raise A.NotAnExtension("inconsistent", "the consistency proof does not verify")
-    doc = A.proof_json(old.size, old.root, new.size, new.root, proof)
+    _proof_out(args, A.proof_json(old.size, old.root, new.size, new.root, proof))
+    return 0
+
+
+def _proof_out(args: argparse.Namespace, doc: dict[str, Any]) -> None:
+    """The proof DOC to --out (or stdout), the summary; with --json one object for both."""
+    size, to, n = doc["from"]["size"], doc["to"]["size"], len(doc["proof"])
+    if args.json:
+        if args.out is not None:
+            _write(args.out, json.dumps(doc, indent=2) + "\n", "proof")
+        summary = {"consistent": True, "from": size, "to": to, "proof_hashes": n}
+        fmt.result(args, {**summary, "proof": doc, "out": args.out}, [])
+        return
     _write(args.out, json.dumps(doc, indent=2) + "\n", "proof")
     if args.out is not None:
-        print(f"{args.out}: consistent, {old.size} entries -> {new.size}, {len(proof)} hash(es)")
-    return 0
+        print(f"{args.out}: consistent, {size} entries -> {to}, {n} hash(es)")

@@ -113,6 +113,7 @@ def add_parser(sub: Any) -> None:
     x.add_argument(
         "--run", action="append", default=[], metavar="RUN", help="a run to include (repeatable)"
     )
+    fmt.add_json(x, '{"bundle", "statements", "entries", "consistency_size"}')
     x.set_defaults(handler=run_export)
     f = acts.add_parser(
         "file",
@@ -303,12 +304,17 @@ def run_export(args: argparse.Namespace) -> int:
         tmp.replace(out)
     except OSError as e:
         raise ConfigError(f"{out}: cannot write the bundle: {e.strerror}") from e
-    print(
+    consistency = bundle["consistency"]["size"] if "consistency" in bundle else None
+    doc = {
+        "bundle": str(out), "statements": len(bundle["statements"]),
+        "entries": len(bundle["entries"]), "consistency_size": consistency,
+    }  # fmt: skip
+    line = (
         f"{out}: {len(bundle['statements'])} statement(s) over {len(bundle['entries'])} "
         "ledger entries, checkpoint signed"
-        + (f", consistent with checkpoint size {bundle['consistency']['size']}"
-           if "consistency" in bundle else "")
-    )  # fmt: skip
+        + (f", consistent with checkpoint size {consistency}" if consistency is not None else "")
+    )
+    fmt.result(args, doc, [line])
     return 0
 
 

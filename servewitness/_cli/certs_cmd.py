@@ -7,6 +7,8 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from servewitness._cli.fmt import add_json, result
+
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
@@ -22,6 +24,7 @@ def add_parser(sub: Any) -> None:
     i.add_argument("--dir", type=Path, required=True, help="where the CA files go")
     i.add_argument("--days", type=int, default=3650, help="validity (default 3650)")
     i.add_argument("--force", action="store_true", help="replace an existing CA")
+    add_json(i, '{"cert", "key"}')
     i.set_defaults(handler=run_init)
     s = acts.add_parser(
         "issue",
@@ -36,6 +39,7 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--role", action="append", default=[], help="client: operator|harness|auditor")
     s.add_argument("--days", type=int, default=365, help="validity (default 365)")
     s.add_argument("--force", action="store_true", help="replace existing files")
+    add_json(s, '{"name", "cert", "key"}')
     s.set_defaults(handler=run_issue)
     t = acts.add_parser(
         "token",
@@ -47,6 +51,7 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--name", required=True, help="who holds the token (shown in logs)")
     t.add_argument("--role", choices=("operator", "harness", "auditor"), help="the role it grants")
     t.add_argument("--target", action="append", default=[], help="an agent's target")
+    add_json(t, '{"token", "name", "role", "targets", "sha256"}: the entry\'s fields')
     t.set_defaults(handler=run_token, product_on_stdout=True)  # the token
 
 
@@ -54,7 +59,9 @@ def run_init(args: argparse.Namespace) -> int:
     from servewitness.security.certs import init_ca
 
     out = init_ca(args.dir, days=args.days, force=args.force)
-    print(f"CA: {out.cert} (key {out.key}, mode 0600)")
+    result(args, {"cert": str(out.cert), "key": str(out.key)}, [
+        f"CA: {out.cert} (key {out.key}, mode 0600)"
+    ])  # fmt: skip
     return 0
 
 
@@ -65,7 +72,8 @@ def run_issue(args: argparse.Namespace) -> int:
         args.dir, args.name, dns=args.dns, ips=args.ip, targets=args.target, roles=args.role,
         days=args.days, force=args.force,
     )  # fmt: skip
-    print(f"{args.name}: {out.cert} (key {out.key}, mode 0600)")
+    doc = {"name": args.name, "cert": str(out.cert), "key": str(out.key)}
+    result(args, doc, [f"{args.name}: {out.cert} (key {out.key}, mode 0600)"])
     return 0
 
 
@@ -77,13 +85,15 @@ def run_token(args: argparse.Namespace) -> int:
         raise UsageError("a token needs --role or --target (an agent's)")
     # A fixed prefix: a token that began with "-" would read as an option on a command line.
     token = "vt_" + secrets.token_urlsafe(32)
-    print(f"token: {token}")
-    print()
-    print("[[token]]")
-    print(f'name = "{args.name}"')
+    lines = [f"token: {token}", "", "[[token]]", f'name = "{args.name}"']
     if args.role:
-        print(f'role = "{args.role}"')
+        lines.append(f'role = "{args.role}"')
     if args.target:
-        print("targets = [" + ", ".join(f'"{t}"' for t in args.target) + "]")
-    print(f'sha256 = "{token_digest(token)}"')
+        lines.append("targets = [" + ", ".join(f'"{t}"' for t in args.target) + "]")
+    lines.append(f'sha256 = "{token_digest(token)}"')
+    doc = {
+        "token": token, "name": args.name, "role": args.role, "targets": list(args.target),
+        "sha256": token_digest(token),
+    }  # fmt: skip
+    result(args, doc, lines)
     return 0

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from servewitness._cli.fmt import add_json, result
 from servewitness.errors import CheckFailed, UsageError
 from servewitness.evidence.journal import JournalCache
 from servewitness.evidence.process import ProcessEvidence, read_process, read_tree
@@ -41,6 +42,7 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--out", required=True, metavar="FILE", help="where to write the sample")
     s.add_argument("--label", default="", help="free text kept in the sample (an arm's name)")
     s.add_argument("--proc", default="/proc", help=argparse.SUPPRESS)
+    add_json(s, "print the sample written to --out (with its path as out) as JSON")
     s.set_defaults(handler=run_sample)
     c = sub.add_parser(
         "compare",
@@ -128,11 +130,12 @@ def run_sample(args: argparse.Namespace) -> int:
         **sample_values(steps, tokens, decode, seconds),
     }
     Path(args.out).write_text(json.dumps(body, indent=2) + "\n")
-    print(
+    line = (
         f"pid {ident.pid} ({first.role}): {steps} productive steps, {tokens} tokens in "
         f"{seconds:.1f} s: {body['tokens_per_s']:.1f} tokens/s, "
         f"{body['tokens_per_step']:.2f} tokens/step"
     )
+    result(args, {"out": args.out, **body}, [line])
     return 0
 
 

@@ -14,6 +14,7 @@ from types import FrameType
 from typing import Any
 
 from servewitness._cli.common import add_verifier_option, positive_seconds, rpc_timeout, tls_from
+from servewitness._cli.fmt import add_json, dumps
 from servewitness.errors import Error, UsageError
 
 DESCRIPTION = """\
@@ -53,6 +54,12 @@ def add_parser(sub: Any) -> None:
         default=120.0,
         help="seconds the verifier waits for PASS at open, and for fresh evidence at the seal",
     )
+    add_json(
+        p,
+        "the outcome as one JSON object, the last line on stdout after CMD's own output: "
+        '{"window_id", "run", "exit_code", "held", "seal", "content"} (the window notice goes '
+        "to stderr)",
+    )
     add_verifier_option(p)
     p.set_defaults(handler=run, takes_command=True, command_argv=[])  # `-- CMD ARGS...`: main
 
@@ -91,7 +98,9 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     with VerifierClient(resolve(args.verifier), rpc_timeout(args), tls_from(args)) as client:
         opened = client.open_window(args.run, args.timeout)  # CMD never runs if this fails
-        print(f"verifier exec: window {opened.window_id} on run {args.run} opened", flush=True)
+        notice = sys.stderr if args.json else sys.stdout
+        print(f"verifier exec: window {opened.window_id} on run {args.run} opened", file=notice)
+        notice.flush()
         code = _run_child(argv)
         print(f"verifier exec: {argv[0]} exited {code}", file=sys.stderr, flush=True)
         try:
@@ -116,7 +125,16 @@ def run(args: argparse.Namespace) -> int:
         except Error as e:
             print(f"verifier exec: the seal failed: {e.explain()}", file=sys.stderr)
             return code or e.exit_code
-    print_seal(content, path, sealed.held)
+    if args.json:
+        sys.stdout.write(
+            dumps({
+                "window_id": opened.window_id, "run": args.run, "exit_code": code,
+                "held": sealed.held, "results_written": results.is_file(), "seal": str(path),
+                "content": content,
+            }, indent=None) + "\n"
+        )  # fmt: skip
+    else:
+        print_seal(content, path, sealed.held)
     if code:
         return code
     return 0 if sealed.held and results.is_file() else 1

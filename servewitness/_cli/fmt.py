@@ -23,7 +23,9 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import sys
 import unicodedata
+from collections.abc import Iterable, Mapping
 from typing import IO, Any
 
 LIMIT = 200
@@ -90,6 +92,20 @@ def _finite(obj: Any) -> Any:
     if isinstance(obj, list | tuple):
         return [_finite(v) for v in obj]
     return obj
+
+
+def add_json(parser: Any, help: str = "print the result as one JSON object") -> None:
+    """``--json`` on a command PARSER whose result ``result`` prints."""
+    parser.add_argument("--json", action="store_true", help=help)
+
+
+def result(args: Any, doc: Mapping[str, Any], lines: Iterable[str]) -> None:
+    """A command's result on stdout: DOC as one JSON object with ``--json``, else LINES."""
+    if getattr(args, "json", False):
+        sys.stdout.write(dumps(dict(doc)) + "\n")
+        return
+    for line in lines:
+        sys.stdout.write(line + "\n")
 
 
 def dumps(obj: Any, indent: int | None = 2) -> str:

@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from servewitness._cli.fmt import add_json, result
+
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
@@ -19,6 +21,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--out", type=Path, required=True, metavar="PATH", help="private key file")
     p.add_argument("--force", action="store_true", help="overwrite existing key files")
+    add_json(p, '{"private_key", "public_key", "key_id"}')
     p.set_defaults(handler=run_keygen)
 
 
@@ -27,7 +30,7 @@ def run_keygen(args: argparse.Namespace) -> int:
 
     key = keys.generate()
     pub = keys.save_keypair(key, args.out, force=args.force)
-    print(f"private key {args.out}")
-    print(f"public key  {pub}")
-    print(f"key id      {keys.key_id(key)}")
+    doc = {"private_key": str(args.out), "public_key": str(pub), "key_id": keys.key_id(key)}
+    lines = [f"private key {args.out}", f"public key  {pub}", f"key id      {doc['key_id']}"]
+    result(args, doc, lines)
     return 0

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from servewitness._cli._local import load_side
+from servewitness._cli.fmt import add_json, result
 from servewitness.errors import ConfigError, UsageError
 from servewitness.evidence.procfs import ProcFS
 from servewitness.model import Origin, ProcessReport, Provenance
@@ -81,6 +82,7 @@ def add_parser(sub: Any) -> None:
         "check", help="load a policy; print its digest and weakest point, or the error"
     )
     check.add_argument("file", metavar="FILE", help="the policy file (TOML)")
+    add_json(check, '{"file", "digest", "rules", "unsafe", "weakest_point"}')
     check.set_defaults(handler=run_check)
     schema = psub.add_parser("schema", help="print the JSON Schema of policy files")
     schema.set_defaults(handler=run_schema)
@@ -271,12 +273,15 @@ def run_check(args: argparse.Namespace) -> int:
     except OSError as e:
         raise ConfigError(f"{path}: cannot read: {e}") from e
     policy = load_policy(text, str(path))
-    print(f"{path}: ok, {policy_digest(text)}")
-    for rule in policy.rules:
-        print(f"  {rule.describe()}")
-    for flag in unsafe_flags(policy):
-        print(f"  UNSAFE {shown(flag)}")
-    print(weakest_point(policy))
+    rules = [rule.describe() for rule in policy.rules]
+    flags = [shown(flag) for flag in unsafe_flags(policy)]
+    weakest = weakest_point(policy)
+    doc = {
+        "file": str(path), "digest": policy_digest(text), "rules": rules, "unsafe": flags,
+        "weakest_point": weakest,
+    }  # fmt: skip
+    lines = [f"{path}: ok, {policy_digest(text)}", *(f"  {r}" for r in rules)]
+    result(args, doc, [*lines, *(f"  UNSAFE {f}" for f in flags), weakest])
     return 0
 
 

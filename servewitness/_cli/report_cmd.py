@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from servewitness._cli._audit_db import DB_HELP, reading
 from servewitness._cli._audit_db import open_ro as _open
 from servewitness._cli.common import add_verifier_option, rpc_timeout, tls_from
+from servewitness._cli.fmt import add_json, result
 from servewitness._cli.fmt import text as _t
 from servewitness.errors import CheckFailed, ConfigError, UsageError
 
@@ -55,6 +56,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--db", metavar="DATABASE", help=DB_HELP + " (history, timelines, provenance, windows)"
     )
+    add_json(p, '{"html", "run", "verdict", "targets", "findings", "windows"}: what was written')
     add_verifier_option(p)
     p.set_defaults(handler=run_report)
 
@@ -106,11 +108,16 @@ def run_report(args: argparse.Namespace) -> int:
     out = Path(args.html)
     _write(out, render(report))
     findings = len(report.findings)
-    print(
+    doc = {
+        "html": str(out), "run": report.run, "verdict": report.verdict,
+        "targets": len(report.targets), "findings": findings, "windows": len(report.windows),
+    }  # fmt: skip
+    line = (
         f"{_t(str(out), 0)}: run {_t(report.run)} {report.verdict or 'no verdict yet'}, "
         f"{len(report.targets)} target(s), {findings} finding(s), {len(report.windows)} "
         "window(s)"
     )
+    result(args, doc, [line])
     if report.mismatches:
         raise CheckFailed(
             f"{len(report.mismatches)} stored record(s) differ from their ledger entries and "

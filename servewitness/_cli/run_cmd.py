@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from servewitness._cli.common import add_verifier_option, rpc_timeout, tls_from
-from servewitness._cli.fmt import dumps, when
+from servewitness._cli.fmt import add_json, dumps, result, when
 from servewitness._cli.fmt import text as _t
 from servewitness.client.address import resolve
 from servewitness.errors import ConfigError
@@ -25,6 +25,7 @@ def add_parser(sub: Any) -> None:
     )
     reg.add_argument("name", help="the run's name (letters, digits, . _ -)")
     reg.add_argument("--policy", type=Path, required=True, help="policy file (TOML)")
+    add_json(reg, '{"run", "policy_digest"} of the registered run')
     add_verifier_option(reg)
     reg.set_defaults(handler=register)
     ls = runs.add_parser(
@@ -50,7 +51,8 @@ def register(args: argparse.Namespace) -> int:
     load_policy(text, str(args.policy))  # fail fast, with file and line, before any RPC
     with VerifierClient(resolve(args.verifier), rpc_timeout(args), tls_from(args)) as client:
         run = client.register_run(args.name, text, str(args.policy))
-    print(f"registered run {_t(run.name)} with policy {_t(run.policy_digest)}")
+    doc = {"run": run.name, "policy_digest": run.policy_digest}
+    result(args, doc, [f"registered run {_t(run.name)} with policy {_t(run.policy_digest)}"])
     return 0
 
 

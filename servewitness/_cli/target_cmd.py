@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from servewitness._cli.common import add_verifier_option, rpc_timeout, tls_from
-from servewitness._cli.fmt import dumps, text
+from servewitness._cli.fmt import add_json, dumps, result, text
 from servewitness._cli.fmt import when as _when
 from servewitness.client.address import resolve
 
@@ -37,6 +37,7 @@ def add_parser(sub: Any) -> None:
         "operator role; an unknown NAME exits 2.",
     )
     forget.add_argument("name", help="the target to retire")
+    add_json(forget, '{"target", "state", "last_report_unix"} of the retired target')
     add_verifier_option(forget)
     forget.set_defaults(handler=forget_target)
 
@@ -71,8 +72,10 @@ def forget_target(args: argparse.Namespace) -> int:
 
     with VerifierClient(resolve(args.verifier), rpc_timeout(args), tls_from(args)) as client:
         t = client.forget_target(args.name)
-    print(
+    doc = {"target": t.target, "state": t.state, "last_report_unix": t.last_report_unix}
+    line = (
         f"forgot target {text(t.target)} (was {text(t.state)}, last report "
         f"{_when(t.last_report_unix)})"
     )
+    result(args, doc, [line])
     return 0
