@@ -444,6 +444,7 @@ def test_evidence_per_target_moves_with_real_reports_and_goes_with_the_target(
         nonce = stub.Hello(pb.HelloRequest(agent_id="a", targets=["t"])).nonce
         before = scrape(port)
         assert series(before, "verifier_target_steps") == []  # negative control: no report yet
+        assert series(before, "verifier_target_verdict") == []
         nonce = stub.Report(
             _evidence_report("a", "t", 1, nonce, (5, 3), fires={"h": 2, "g": 1})
         ).nonce
@@ -465,12 +466,18 @@ def test_evidence_per_target_moves_with_real_reports_and_goes_with_the_target(
         verdicts = {x["verdict"]: get(s, "verifier_run_verdict", **x)
                     for x in series(s, "verifier_run_verdict") if x["run"] == "r"}  # fmt: skip
         assert sorted(verdicts.values()) == [0, 0, 0, 1], verdicts
+        # the target's verdict under run r: one of the four is 1, and it is the run's (one
+        # target); without a report the family was empty (the negative control above)
+        mine = {x["verdict"]: get(s, "verifier_target_verdict", **x)
+                for x in series(s, "verifier_target_verdict") if x["run"] == "r"}  # fmt: skip
+        assert {x["target"] for x in series(s, "verifier_target_verdict")} == {"t"}
+        assert mine == verdicts, (mine, verdicts)
         assert (
             get(s, "verifier_verdicts_total", verdict=max(verdicts, key=verdicts.__getitem__)) >= 1
         )
         stub.ForgetTarget(wire.forget_target_request_to_pb("t"))
         s = scrape(port)
-        for name in TARGET_FAMILIES:
+        for name in (*TARGET_FAMILIES, "verifier_target_verdict"):
             assert series(s, name) == [], name
 
 

@@ -25,7 +25,7 @@ import structlog
 from prometheus_client import Counter, Gauge, Histogram, generate_latest
 
 from servewitness.metrics.registry import LATENCY_BUCKETS, Bounded, ScrapeTime, new_registry
-from servewitness.model import TargetReport
+from servewitness.model import RunVerdict, TargetReport
 
 log = structlog.get_logger("servewitness.metrics")
 
@@ -169,6 +169,13 @@ class VerifierMetrics:
             ["run", "verdict"],
             registry=r,
         )
+        self.target_verdict = Gauge(
+            "verifier_target_verdict",
+            "1 for each target's latest computed verdict under each run, 0 for the others (a "
+            "target's series go with it; at most HOOK_SERIES series of a target)",
+            ["target", "run", "verdict"],
+            registry=r,
+        )
         if ledger_size is not None:
             ScrapeTime(r, "verifier_ledger_entries", "entries in the audit ledger", ledger_size)
         self.rpcs = Counter(
@@ -256,10 +263,16 @@ class VerifierMetrics:
         """TARGET expired or was forgotten: its series go."""
         self.targets.forget(target)
 
-    def verdict(self, run: str, value: str) -> None:
+    def verdict(self, verdict: RunVerdict) -> None:
+        """A run's VERDICT was computed: the run's and each of its targets' gauges."""
+        run, value = verdict.run, verdict.verdict.value
         self.verdicts.labels(value).inc()
         for v in VERDICTS:
             self.runs.set(self.run_verdict, run, 1.0 if v == value else 0.0, v)
+        for t in verdict.targets:
+            for v in VERDICTS:
+                on = 1.0 if v == t.verdict.value else 0.0
+                self.targets.set(self.target_verdict, t.target, on, run, v)
 
 
 class RpcObserver(grpc.ServerInterceptor):

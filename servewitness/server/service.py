@@ -314,7 +314,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         # call never waits for a report's transaction (the keeper records it within a second).
         self._seen.append((run.name, verdict.verdict.value, verdict_detail(verdict)))
         self.dirty.set()
-        self.metrics.verdict(run.name, verdict.verdict.value)
+        self.metrics.verdict(verdict)
         return wire.get_run_status_response_to_pb(verdict)
 
     def ListRuns(
@@ -417,7 +417,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
             except Error as e:
                 log.error("evaluate_failed", run=run.name, error=e.explain())
                 continue
-            self.metrics.verdict(run.name, verdict.verdict.value)
+            self.metrics.verdict(verdict)
             if self.store.record_verdict(run.name, verdict.verdict.value, verdict_detail(verdict)):
                 log.info("verdict", run=run.name, verdict=verdict.verdict.value)
 
