@@ -277,6 +277,21 @@ def test_user_docs_name_no_internal_tracker_issues_and_no_kit_outside_the_repo()
         assert "../shared" not in text, doc.name
 
 
+def test_the_gpu_scripts_and_docs_need_nothing_from_outside_the_repo() -> None:
+    """The GPU kit is tracked (bench/gpu/kit/): every kit file the GPU docs and bench/gpu's
+    scripts name exists there, and none of them loads its client from the ignored .gpu/ folder
+    (which only prepare.sh fills) or from a kit beside the checkout."""
+    texts = {p: p.read_text() for p in [REPO / "docs" / "gpu-validation.md",
+                                        *(REPO / "bench" / "gpu").glob("*.py")]}  # fmt: skip
+    named = {m for t in texts.values() for m in re.findall(r"bench/gpu/kit/[\w.-]+", t)}
+    assert "bench/gpu/kit/client.py" in named
+    assert [n for n in named if not (REPO / n).is_file()] == []
+    for path, text in texts.items():
+        assert ".gpu/call2/client.py" not in text and "../shared" not in text, path.name
+    for kit in ("prepare.sh", "stage.sh", "serve.sh", "client.py", "build_model.py"):
+        assert (REPO / "bench" / "gpu" / "kit" / kit).is_file(), kit
+
+
 def test_negative_control_the_words_check_sees_a_tracker_number() -> None:
     assert re.findall(r"\bissues? \d+", "as issue 7 said", flags=re.I)
 

@@ -39,7 +39,7 @@ WARM_S = os.environ.get("WARM_SECONDS", "5")
 OUT = Path(os.environ.get("OUT", "/tmp/gpu-out"))  # noqa: S108 - $OUT on the device
 WORK = Path("/tmp/gpu-overhead") / LABEL  # noqa: S108 - a throwaway device machine
 PY = sys.executable
-CLIENT = ".gpu/call2/client.py"
+CLIENT = "bench/gpu/kit/client.py"  # the GPU kit's load client, tracked: it travels with the tree
 # Histograms whose mean over the window is reported; the first name present wins.
 LATENCIES = {
     "itl_ms": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
@@ -171,7 +171,7 @@ def smoke() -> int:
         "one boot's row (vLLM's /metrics before and after a load, the latency means, the "
         "row's arithmetic) from a running CPU server, 1 s loads",
         [
-            "the GPU, and the kit's client (.gpu/call2/client.py): a one-client loop sends the load",
+            "the GPU, and the kit's client (bench/gpu/kit/client.py): a one-client loop sends the load",
             "PROBE=1's verifier and agent next to the server (the row is the PROBE=0 arm's)",
         ],
     )

@@ -253,7 +253,7 @@ def main() -> int:  # noqa: PLR0912, PLR0915 - one arm, step by step, all output
         keep("status_before_load.json", pending.stdout + pending.stderr)
         t0 = time.time()
         client = subprocess.run(
-            [PY, ".gpu/call2/client.py", URL, LOAD_S, "30", "16"],
+            [PY, "bench/gpu/kit/client.py", URL, LOAD_S, "30", "16"],
             check=False, capture_output=True, text=True, timeout=float(LOAD_S) + 120,
         )  # fmt: skip
         summary["load_s"] = round(time.time() - t0, 1)
@@ -365,7 +365,7 @@ def smoke() -> int:
         [
             "the GPU (V2 runner, CUDA graphs, device counters, tensor parallelism)",
             "the verifier and agent, the runs' registration and verdicts, `verifier wait`",
-            "the kit's client (.gpu/call2/client.py) and the archive",
+            "the kit's client (bench/gpu/kit/client.py) and the archive",
             "verifier inspect's file judgement (its JSON is read in-process without it)",
         ],
     )
