@@ -206,6 +206,65 @@ def test_inspect_fits_100_columns_and_prints_no_python_reprs(served: Served) -> 
     assert "/probe/servewitness_probe/_core.py" in full.stdout
 
 
+def test_on_a_terminal_every_command_s_text_fits_100_columns(served: Served) -> None:
+    """``status`` (-v too), ``run list``, ``target list``, ``audit run`` and ``compare`` with
+    stdout on a terminal: every line fits 100 columns but a single word longer (a path is
+    never cut), and nothing prints a Python repr. On a pipe the same text keeps each line
+    whole (grep finds a message on one line): the control that the terminal's text was
+    wrapped, not short already."""
+    db = str(served.dir / "db.sqlite3")
+    samples = []
+    for i, tps in enumerate((100.0, 101.0, 99.0, 97.0, 98.0, 96.5)):
+        f = served.dir / f"sample-{i}.json"
+        values = {"tokens_per_s": tps, "tokens_per_step": 4.0, "decode_tokens_per_s": tps / 2}
+        f.write_text(json.dumps({"sample": 1, "boot": f"b/{i}/1", "label": "x", **values}))
+        samples.append(str(f))
+    commands = [
+        ("status", "--verifier", served.addr),
+        ("status", "r", "-v", "--verifier", served.addr),
+        ("run", "list", "--verifier", served.addr),
+        ("target", "list", "--verifier", served.addr),
+        ("audit", "run", "r", "--db", db),
+        ("compare", *samples[:3], "--vs", *samples[3:]),
+    ]
+    for args in commands:
+        code, text = _stdout_on_a_terminal(*CLI, *args)
+        lines = text.replace("\r\n", "\n").splitlines()
+        assert code in (0, 1) and lines, (args, text)
+        wide = [ln for ln in lines if len(ln) > 100 and len(ln.split()) > 1]
+        assert wide == [], (args, wide)
+        reprs = [ln for ln in lines if re.search(r"\{'|\['|': ", ln)]
+        assert reprs == [], (args, reprs)
+    piped = run_cli("status", "--verifier", served.addr).stdout.splitlines()
+    assert [ln for ln in piped if len(ln) > 100 and len(ln.split()) > 1], piped
+
+
+def _stdout_on_a_terminal(*args: str) -> tuple[int, str]:
+    """ARGS with stdout a pseudo-terminal of 200 columns: exit code, what it received."""
+    import fcntl
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
+    proc = subprocess.Popen(args, stdout=slave, stderr=subprocess.DEVNULL)
+    os.close(slave)
+    seen = b""
+    while True:
+        ready, _, _ = select.select([master], [], [], 30)
+        if not ready:
+            break
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the child closed its end
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    return proc.wait(timeout=30), seen.decode(errors="replace")
+
+
 # 2. -q and --json; empty lists -------------------------------------------------------------
 def test_run_list_and_target_list_json_and_their_empty_forms(tmp_path: Path) -> None:
     """On a verifier with no runs and no targets, ``run list`` and ``target list`` say so;

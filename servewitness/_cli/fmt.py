@@ -138,6 +138,59 @@ class TerminalSafe:
         return getattr(self._stream, name)
 
 
+WIDTH = 100
+"""Columns of text output: ``inspect`` always, every command's text on a terminal."""
+
+
+def wrap_lines(lines: Iterable[str], width: int = WIDTH) -> list[str]:
+    """LINES with each one longer than WIDTH wrapped at spaces, the continuation indented
+    four more than the line's own indent; a single word longer than WIDTH (a path) stays
+    whole."""
+    import textwrap
+
+    out: list[str] = []
+    for line in lines:
+        if len(line) <= width:
+            out.append(line)
+            continue
+        indent = " " * (len(line) - len(line.lstrip()) + 4)
+        wrapped = textwrap.wrap(
+            line,
+            width,
+            subsequent_indent=indent,
+            break_long_words=False,
+            break_on_hyphens=False,
+            drop_whitespace=True,
+        )
+        out.extend(wrapped or [line])
+    return out
+
+
+class Wrapped:
+    """A text stream that wraps each line it is written longer than WIDTH
+    (:func:`wrap_lines`): stdout on a terminal, for text output (a pipe gets each line whole,
+    for grep; a script asks for ``--json``). A partial line is held until its newline or a
+    flush."""
+
+    def __init__(self, stream: IO[str], width: int = WIDTH) -> None:
+        self._stream, self._width, self._pending = stream, width, ""
+
+    def write(self, s: str) -> int:
+        *lines, self._pending = (self._pending + s).split("\n")
+        if lines:
+            self._stream.write("".join(f"{x}\n" for x in wrap_lines(lines, self._width)))
+        return len(s)
+
+    def flush(self) -> None:
+        if self._pending:
+            self._stream.write("\n".join(wrap_lines([self._pending], self._width)))
+            self._pending = ""
+        self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 class Discard:
     """A text stream that keeps nothing: stdout under ``-q/--quiet``."""
 

@@ -14,6 +14,7 @@ from servewitness import wire
 from servewitness._cli import selffiles
 from servewitness._cli._local import read_local
 from servewitness._cli.fmt import dumps
+from servewitness._cli.fmt import wrap_lines as wrap
 from servewitness.errors import UsageError
 from servewitness.evidence.process import ProcessEvidence, tree_notes
 from servewitness.evidence.procfs import ProcFS
@@ -144,34 +145,6 @@ def _note_lines(d: dict[str, Any]) -> list[str]:
 def _v(x: object) -> str:
     """A recorded value for a table: "-" where none was recorded."""
     return "-" if x is None else str(x)
-
-
-WIDTH = 100
-"""Columns the text output fits: longer lines are wrapped at spaces (a path is never cut)."""
-
-
-def wrap(lines: list[str]) -> list[str]:
-    """LINES with each one longer than WIDTH wrapped at spaces, the continuation indented
-    under the line's text; a single word longer than WIDTH (a path) stays whole."""
-    import textwrap
-
-    out: list[str] = []
-    for line in lines:
-        if len(line) <= WIDTH:
-            out.append(line)
-            continue
-        indent = " " * (len(line) - len(line.lstrip()) + 4)
-        out.extend(
-            textwrap.wrap(
-                line,
-                WIDTH,
-                subsequent_indent=indent,
-                break_long_words=False,
-                break_on_hyphens=False,
-                drop_whitespace=True,
-            )
-        )
-    return out
 
 
 def _counts(by: dict[str, int]) -> str:

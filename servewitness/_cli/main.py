@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import io
+import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -112,7 +113,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     # completion script: set_defaults(product_on_stdout=True)) nor JSON that was asked for
     quiet = args.quiet and not getattr(args, "json", False)
     quiet = quiet and not getattr(args, "product_on_stdout", False)
-    sys.stdout = fmt.TerminalSafe(cast(IO[str], fmt.Discard()) if quiet else out)
+    shown: IO[str] = cast(IO[str], fmt.Discard()) if quiet else out
+    # on a terminal, text wraps at its width (at most WIDTH); never JSON, nor a product (a
+    # policy, a script: as they are), nor what a pipe gets (each line whole, for grep)
+    as_is = getattr(args, "json", False) or getattr(args, "product_on_stdout", False)
+    if not quiet and not as_is and _is_a_terminal(out):
+        shown = cast(IO[str], fmt.Wrapped(out, min(fmt.WIDTH, _columns(out))))
+    sys.stdout = fmt.TerminalSafe(shown)
     sys.stderr = fmt.TerminalSafe(err, keep_cr=True)
     try:
         try:
@@ -129,6 +136,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         sys.stdout, sys.stderr = out, err
     return code
+
+
+def _is_a_terminal(stream: IO[str]) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # a closed or a stand-in stream
+        return False
+
+
+def _columns(stream: IO[str]) -> int:
+    """The terminal's width (WIDTH when it cannot say; never under 40)."""
+    try:
+        return max(40, os.get_terminal_size(stream.fileno()).columns)
+    except (AttributeError, ValueError, OSError):
+        return fmt.WIDTH
 
 
 def _reader_gone(out: object) -> int:

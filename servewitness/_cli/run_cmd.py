@@ -75,7 +75,7 @@ def list_runs(args: argparse.Namespace) -> int:
         flags = "; ".join(_t(f) for f in r.unsafe_flags)
         unsafe = f"  UNSAFE: {flags}" if flags else ""
         sys.stdout.write(
-            f"{_t(r.name)}  {r.verdict.value}  {_t(r.policy_digest, 19)}  registered "
+            f"{_t(r.name)}  {r.verdict.value}  {_t(r.policy_digest[:19])}  registered "
             f"{when(r.created_unix)}{unsafe}\n"
         )
     return 0
