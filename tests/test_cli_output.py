@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -249,20 +250,29 @@ def _stdout_on_a_terminal(*args: str) -> tuple[int, str]:
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
     proc = subprocess.Popen(args, stdout=slave, stderr=subprocess.DEVNULL)
     os.close(slave)
+    seen = _drain(master, proc, 60)
+    return proc.wait(timeout=30), seen
+
+
+def _drain(master: int, proc: subprocess.Popen[Any], limit: float) -> str:
+    """What PROC wrote to the pseudo-terminal MASTER (closed here) until it closed its end or
+    exited, or LIMIT seconds passed."""
     seen = b""
-    while True:
-        ready, _, _ = select.select([master], [], [], 30)
-        if not ready:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.2)
+        if ready:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the child closed its end
+                break
+            if not chunk:
+                break
+            seen += chunk
+        elif proc.poll() is not None:
             break
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:  # EIO: the child closed its end
-            break
-        if not chunk:
-            break
-        seen += chunk
     os.close(master)
-    return proc.wait(timeout=30), seen.decode(errors="replace")
+    return seen.decode(errors="replace")
 
 
 # 2. -q and --json; empty lists -------------------------------------------------------------
@@ -405,23 +415,9 @@ def _on_a_terminal(*args: str, limit: float = 60) -> tuple[int, str, str]:
     master, slave = pty.openpty()
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=slave, text=True)
     os.close(slave)
-    seen = b""
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([master], [], [], 0.2)
-        if ready:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # EIO: the child closed its end
-                break
-            if not chunk:
-                break
-            seen += chunk
-        elif proc.poll() is not None:
-            break
-    os.close(master)
+    seen = _drain(master, proc, limit)
     out, _ = proc.communicate(timeout=30)
-    return proc.returncode, out, seen.decode(errors="replace")
+    return proc.returncode, out, seen
 
 
 def test_wait_progress_line_on_a_terminal_then_the_error_on_its_own_line(
