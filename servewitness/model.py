@@ -401,7 +401,16 @@ EVIDENCE_JOURNAL_EDITED = "evidence.journal.edited"
 # probe state under the process's name that the process does not hold (planted, or stale):
 # refused, and the process is reported without a probe
 EVIDENCE_PROBE_UNBOUND = "evidence.probe_state.unbound"
-EVIDENCE_PROBLEM_IDS = (EVIDENCE_JOURNAL_EDITED, EVIDENCE_PROBE_UNBOUND)
+# the standard library directory the probe names (``sys._stdlib_dir``, which any code in the
+# process can set) is not the one of the interpreter the kernel runs (/proc/<pid>/exe), or that
+# one could not be found: what is "the standard library" (exempt from shadowing, classed
+# ``stdlib``) would be the process's word
+EVIDENCE_STDLIB_UNCONFIRMED = "evidence.stdlib.unconfirmed"
+EVIDENCE_PROBLEM_IDS = (
+    EVIDENCE_JOURNAL_EDITED,
+    EVIDENCE_PROBE_UNBOUND,
+    EVIDENCE_STDLIB_UNCONFIRMED,
+)
 
 
 @dataclass(frozen=True)

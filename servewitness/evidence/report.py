@@ -19,6 +19,7 @@ from servewitness.evidence.verdicts import VerdictStore
 from servewitness.model import (
     EVIDENCE_JOURNAL_EDITED,
     EVIDENCE_PROBE_UNBOUND,
+    EVIDENCE_STDLIB_UNCONFIRMED,
     HASHED_AFTER_SHOWN,
     EvidenceProblem,
     FileEntry,
@@ -63,10 +64,9 @@ def report_with_judgement(
     key = ProcessKey(ident.boot_id, ident.pid, ident.start_ticks)
     probe = ev.probe
     index = index or dist_index(procfs, ident.pid)  # lazy: sites are read as paths ask
+    stdlib, unconfirmed = stdlib_dirs(procfs, ident.pid, probe) if probe else ((), None)
     # a library rewritten in place is exempt only where it is generated, never a distribution's
-    generated = GeneratedFiles(
-        generated_dirs(procfs, ident.pid), index, stdlib_dirs(probe) if probe else ()
-    )
+    generated = GeneratedFiles(generated_dirs(procfs, ident.pid), index, stdlib)
     mappings = native_mappings(
         procfs, ident.pid, hasher, start_time=ident.start_time, generated=generated
     )
@@ -83,7 +83,8 @@ def report_with_judgement(
         cmdline=ident.cmdline,
         exe=ident.exe,
         probe_present=ev.probe is not None,
-        evidence_problems=tuple(EvidenceProblem(EVIDENCE_PROBE_UNBOUND, x) for x in ev.unbound),
+        evidence_problems=tuple(EvidenceProblem(EVIDENCE_PROBE_UNBOUND, x) for x in ev.unbound)
+        + ((EvidenceProblem(EVIDENCE_STDLIB_UNCONFIRMED, unconfirmed),) if unconfirmed else ()),
         native_mappings=mappings,
         roles=tuple(ev.roles),
     )
@@ -104,6 +105,7 @@ def report_with_judgement(
         reuse=reuse,
         native=mappings,
         verdicts=verdicts,
+        stdlib=stdlib,
     )
     # What runs the step methods and hook targets: verified on every report (a chain can
     # change without any file changing; compiled files are cached).
@@ -111,7 +113,7 @@ def report_with_judgement(
         probe.code, probe.files, lambda path: procfs.in_root(ident.pid, path), index=index
     )
     drift = sorted((*judged.drift, *code_drift), key=lambda d: (d.id, d.path))
-    after = hashed_after(probe.files, stdlib_dirs(probe))
+    after = hashed_after(probe.files, stdlib)
     report = dataclasses.replace(
         base,
         probe_errors=tuple(f"[{e.get('where')}] {e.get('msg')}" for e in probe.errors),

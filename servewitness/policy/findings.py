@@ -29,6 +29,7 @@ from servewitness.model import (
     DRIFT_RECORD_UNREADABLE,
     EVIDENCE_JOURNAL_EDITED,
     EVIDENCE_PROBE_UNBOUND,
+    EVIDENCE_STDLIB_UNCONFIRMED,
     Severity,
 )
 from servewitness.policy.window import (
@@ -233,6 +234,12 @@ FINDINGS: dict[str, FindingKind] = {
         "",
         "a probe's journal is not the one it wrote: a record deleted, inserted, reordered, cut "
         "off, or changed after the agent read it",
+    ),
+    EVIDENCE_STDLIB_UNCONFIRMED: FindingKind(
+        Severity.ERROR,
+        "",
+        "the standard library directory a probe names is not that of the interpreter the "
+        "process runs (/proc/<pid>/exe), or that one could not be found",
     ),
     STEPS_INSUFFICIENT: FindingKind(
         Severity.PENDING, "", "a judged process has run fewer productive steps than min_steps"

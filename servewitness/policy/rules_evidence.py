@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from servewitness.model import (
     EVIDENCE_JOURNAL_EDITED,
     EVIDENCE_PROBE_UNBOUND,
+    EVIDENCE_STDLIB_UNCONFIRMED,
     Finding,
     ProcessReport,
     Severity,
@@ -99,6 +100,9 @@ _PROBLEMS = {
         "probe state found for {name} is not its own and was refused (the process does not "
         "hold its files)"
     ),
+    # sys._stdlib_dir is the process's to set: a directory of its own named the standard
+    # library would hide a module shadowing the real one's
+    EVIDENCE_STDLIB_UNCONFIRMED: "the standard library of {name} is not confirmed",
 }
 
 
