@@ -101,6 +101,17 @@ def apply(kind):
         # Hide behind the probe: keep its wrapper object (left out of every chain), swap its
         # code for one with the same free variables that never calls the original.
         R.__dict__["step"].__code__ = _swrapper(None, None, None).__code__
+    elif kind in ("probe_cell", "probe_slot"):
+        # Keep the probe's wrapper object and code, change what its closure holds: the
+        # function it calls (the wrapper still counts fires, __wrapped__ still names the
+        # original), or the hook slot it counts in.
+        w = R.__dict__["step"]
+        for cell in w.__closure__:
+            value = cell.cell_contents
+            if kind == "probe_cell" and value is w.__wrapped__:
+                cell.cell_contents = evil_step
+            elif kind == "probe_slot" and type(value) is int:
+                cell.cell_contents = value + 1
 
 
 def _swrapper(compiling, base, fn):
@@ -308,6 +319,25 @@ def test_code_swapped_into_the_probes_own_wrapper_is_not_left_out(
     ]
     (detail,) = _patched(report)
     assert "runs in the namespace of" in detail and "probe/servewitness_probe/_hooks.py" in detail
+
+
+@pytest.mark.parametrize("kind", ["probe_cell", "probe_slot"])
+def test_a_cell_of_the_probes_own_wrapper_swapped_is_not_left_out(
+    mods: Path, tmp_path: Path, kind: str
+) -> None:
+    """The variation past the code check: the probe's wrapper keeps its object and its code,
+    but what its closure holds is swapped: the function it calls (``evil_step``; its
+    ``__wrapped__`` still names the original, which never runs again while the wrapper keeps
+    counting fires) or the hook slot it counts in. Before, the wrapper was left out and the
+    chain verified. Now it is a layer of the chain like any other: the probe's code, not the
+    owner's (patched), and what it calls is what its closure holds."""
+    report, chain = _hooked(mods, tmp_path, kind)
+    assert chain.probe_layers == 0, chain
+    layers = [(x.code_qualname, x.check) for x in chain.layers]
+    assert layers[0] == ("counting.<locals>.swrapper", "patched"), layers
+    assert chain.status != "verified" and _patched(report), (chain, report.drift)
+    if kind == "probe_cell":  # its __wrapped__ (the original) is not what it holds
+        assert [x.held for x in chain.layers][:2] == [None, False], chain.layers
 
 
 # ------------------------------------------------------------- the live runner, as called

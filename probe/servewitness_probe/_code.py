@@ -35,21 +35,50 @@ from servewitness_probe import layout as L
 
 MAX_LAYERS = 16  # deeper chains are cut (and say so)
 
-# The probe's own wrappers (by identity), each with its code and what it calls.
-_own: dict[int, tuple[Any, Any, Any]] = {}
+# The probe's own wrappers (by identity), each with its code, what it calls, and what its
+# closure held when it was made (``_pinned``).
+_own: dict[int, tuple[Any, Any, Any, tuple[tuple[int, Any], ...]]] = {}
 
 
 def own(wrapper: Any, wrapped: Any) -> None:
-    """Note WRAPPER as one of the probe's, calling WRAPPED: left out of every chain (as long
-    as it still runs its own code: ``__code__`` can be assigned)."""
-    _own[id(wrapper)] = (wrapper, getattr(wrapper, "__code__", None), wrapped)
+    """Note WRAPPER as one of the probe's, calling WRAPPED: left out of every chain as long
+    as it still runs its own code (``__code__`` can be assigned) with what its closure held
+    then (a cell can be assigned too: the function it calls, the hook slot it counts in)."""
+    code = getattr(wrapper, "__code__", None)
+    _own[id(wrapper)] = (wrapper, code, wrapped, _pinned(wrapper))
+
+
+def _pinned(fn: Any) -> tuple[tuple[int, Any], ...]:
+    """FN's closure cells that must keep what they hold, with it: every cell but an empty one
+    (bound later: a wrapper's own name) and a flag (a bool the wrapper sets itself, ``nonlocal
+    done``)."""
+    out = []
+    for i, cell in enumerate(getattr(fn, "__closure__", None) or ()):
+        try:
+            value = cell.cell_contents
+        except ValueError:  # empty: filled after the wrapper was made
+            continue
+        if not isinstance(value, bool):
+            out.append((i, value))
+    return tuple(out)
 
 
 def _probe_wrapped(obj: Any) -> tuple[bool, Any]:
+    """Whether OBJ is one of the probe's wrappers, untouched, and what it calls. One whose
+    code or a pinned cell changed is not the probe's any more: it is a layer like any other
+    (its code the probe's file's, not the subject's: ``provenance.code.patched``), and its
+    cells say what it calls."""
     entry = _own.get(id(obj))
-    if entry is not None and entry[0] is obj and getattr(obj, "__code__", None) is entry[1]:
-        return True, entry[2]
-    return False, None
+    if entry is None or entry[0] is not obj or getattr(obj, "__code__", None) is not entry[1]:
+        return False, None
+    cells = getattr(obj, "__closure__", None) or ()
+    for i, value in entry[3]:
+        try:
+            if cells[i].cell_contents is not value:
+                return False, None
+        except (IndexError, ValueError):  # a cell emptied (del) or gone
+            return False, None
+    return True, entry[2]
 
 
 @dataclass
