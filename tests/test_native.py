@@ -90,6 +90,48 @@ def test_library_deleted_under_a_live_mapping_is_a_finding(mapped: tuple[int, Pa
     assert (verdict, "provenance.native.deleted" in found) == (Verdict.FAIL, True)
 
 
+MEMFD_LOADER = """
+import ctypes, os, sys
+data = open(sys.argv[1], "rb").read()
+fd = os.memfd_create(sys.argv[2])
+os.write(fd, data)
+lib = ctypes.CDLL(f"/proc/self/fd/{fd}")
+assert lib.zlibVersion  # its code runs: no file on any disk holds it
+CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)
+cb = CB(lambda x: x + 1)  # a libffi closure: code written to memory, no ELF file
+assert cb(1) == 2
+print("up", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.parametrize("name", ["payload", "libffi"])
+def test_a_library_dlopened_from_memory_is_a_finding(tmp_path: Path, name: str) -> None:
+    """Attack (a red-team helper's): copy a shared library into a memfd and dlopen it through
+    /proc/self/fd: its code runs, and no file on any disk holds it. Before, memfd mappings were
+    skipped as JIT code and the process PASSed with no native library to say so. Now a memfd
+    mapping whose file is an ELF object is ``memory`` (ERROR), whatever the memfd is called
+    (a JIT's or libffi's name too); a libffi closure in the same process (code in memory, no
+    ELF file) is not reported."""
+    if not LIBZ.exists():
+        pytest.skip(f"{LIBZ} is not on this machine (any small shared library would do)")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", MEMFD_LOADER, str(LIBZ.resolve()), name],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
+        got = native_mappings(ProcFS(), proc.pid, Hasher())
+    finally:
+        proc.communicate(timeout=10)
+    loaded = [m for m in got if m.state == "memory"]
+    assert [m.path for m in loaded] == [f"/memfd:{name}"], [(m.path, m.state) for m in got]
+    assert loaded[0].sha256 == hashlib.sha256(LIBZ.read_bytes()).hexdigest()
+    assert [m for m in got if m.path.startswith("/memfd:") and m.state != "memory"] == []
+    verdict, ids = _verdict(loaded[0])
+    assert verdict == Verdict.FAIL and "provenance.native.from_memory" in ids, ids
+
+
 def _fake_proc(tmp_path: Path, pid: int, maps: str) -> ProcFS:
     """A /proc with PID's maps and root but no map_files: what a sidecar with SYS_PTRACE and
     without CAP_CHECKPOINT_RESTORE gets (opening map_files is refused)."""

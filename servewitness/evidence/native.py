@@ -48,6 +48,7 @@ class _Exec:
     unlinked: bool  # maps marks the mapped inode "(deleted)"
     device: str = ""  # "major:minor" as maps shows it
     inode: int = 0
+    memfd: bool = False  # anonymous memory with a name (memfd_create): no file on any disk
 
 
 def executable_files(procfs: ProcFS, pid: int) -> list[_Exec]:
@@ -59,14 +60,27 @@ def executable_files(procfs: ProcFS, pid: int) -> list[_Exec]:
         parts = line.split(maxsplit=5)
         if len(parts) < 6 or "x" not in parts[1] or not parts[5].startswith("/"):
             continue
-        if parts[5].startswith("/memfd:"):
-            continue  # anonymous memory with a name (JIT code), not a file on any disk
+        memfd = parts[5].startswith("/memfd:")  # JIT code, libffi's trampolines, or a library
         path, deleted = parts[5], parts[5].endswith(_DELETED)
         if deleted:
             path = path[: -len(_DELETED)]
         inode = int(parts[4]) if parts[4].isdigit() else 0
-        seen.setdefault(path, _Exec(path, parts[0], deleted, parts[3], inode))
+        seen.setdefault(path, _Exec(path, parts[0], deleted, parts[3], inode, memfd))
     return list(seen.values())
+
+
+ELF_MAGIC = b"\x7fELF"
+
+
+def _from_memory(procfs: ProcFS, pid: int, e: _Exec) -> bool:
+    """Whether the executable memfd mapping E holds a shared object (its file starts with
+    ELF's magic): a library ``dlopen``ed from memory (``/proc/self/fd/N`` of a memfd), which
+    no file on any disk holds. Code a JIT or libffi writes there is no ELF file."""
+    try:
+        with open(procfs.root / str(pid) / "map_files" / e.range, "rb") as f:
+            return f.read(4) == ELF_MAGIC
+    except OSError:
+        return False
 
 
 def native_mappings(
@@ -79,7 +93,8 @@ def native_mappings(
 ) -> tuple[NativeMapping, ...]:
     """Each executable file of PID with the hash of the mapped inode and its state on disk:
     ``same`` (the path holds the same bytes), ``replaced`` (other bytes now), ``deleted``
-    (nothing at the path), ``unreadable`` (the mapping could not be read; ``error`` says why).
+    (nothing at the path), ``unreadable`` (the mapping could not be read; ``error`` says why),
+    ``memory`` (a shared object ``dlopen``ed from a memfd: no file on any disk holds it).
     Maps that cannot be read give one ``unreadable`` entry whose path is the maps file.
     START_TIME (the process's start, unix seconds): a ``same`` mapping whose inode changed
     (ctime) after it is ``changed`` (``detail`` says when), unless it is a generated file:
@@ -91,6 +106,8 @@ def native_mappings(
         maps = str(procfs.root / str(pid) / "maps")
         why = err.explain() if isinstance(err, UnavailableError) else (err.strerror or str(err))
         return (NativeMapping(maps, None, -1, "unreadable", f"cannot read {maps}: {why}"),)
+    loaded = [e for e in execs if e.memfd and _from_memory(procfs, pid, e)]
+    execs = [e for e in execs if not e.memfd]
     mapped = hasher.hash_files(str(procfs.root / str(pid) / "map_files" / e.range) for e in execs)
     on_disk = hasher.hash_files(procfs.in_root_str(pid, e.path) for e in execs)
     out = []
@@ -114,6 +131,13 @@ def native_mappings(
             state = "changed" if detail else state
         out.append(
             NativeMapping(e.path, got.sha256, got.size, state, error, e.device, e.inode, detail)
+        )
+    files = procfs.root / str(pid) / "map_files"
+    from_memory = hasher.hash_files(str(files / e.range) for e in loaded)
+    for e, m in zip(loaded, from_memory, strict=True):
+        why = "a shared object loaded from memory (memfd_create), which no file on any disk holds"
+        out.append(
+            NativeMapping(e.path, m.sha256, m.size, "memory", m.error, e.device, e.inode, why)
         )
     return tuple(out)
 

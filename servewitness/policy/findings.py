@@ -65,6 +65,7 @@ NATIVE_REPLACED = "provenance.native.replaced"
 NATIVE_DELETED = "provenance.native.deleted"
 NATIVE_UNREADABLE = "provenance.native.unreadable"
 NATIVE_CHANGED_IN_PLACE = "provenance.native.changed_in_place"
+NATIVE_FROM_MEMORY = "provenance.native.from_memory"
 STEPS_INSUFFICIENT = "liveness.steps.insufficient"
 STEPS_RAISED = "liveness.steps.raised"
 HOOK_NOT_DECLARED = "liveness.hook.not_declared"
@@ -218,6 +219,11 @@ FINDINGS: dict[str, FindingKind] = {
     ),
     NATIVE_UNREADABLE: FindingKind(
         Severity.WARNING, "", "a native mapping could not be read, so its bytes are unknown"
+    ),
+    NATIVE_FROM_MEMORY: FindingKind(
+        Severity.ERROR,
+        "",
+        "a shared object was loaded from memory (a memfd): no file on any disk holds its bytes",
     ),
     NATIVE_CHANGED_IN_PLACE: FindingKind(
         Severity.ERROR,

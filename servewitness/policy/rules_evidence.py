@@ -265,6 +265,11 @@ _NATIVE = {
         Severity.ERROR,
         "was rewritten in place (the same inode) while mapped",
     ),
+    "memory": (
+        F.NATIVE_FROM_MEMORY,
+        Severity.ERROR,
+        "was loaded from memory (a memfd), no file on any disk",
+    ),
 }
 
 

@@ -166,7 +166,7 @@ def native_to_pb(n: NativeMapping) -> pb.NativeMapping:
     )
 
 
-_NATIVE_STATES = frozenset({"same", "replaced", "deleted", "unreadable", "changed"})
+_NATIVE_STATES = frozenset({"same", "replaced", "deleted", "unreadable", "changed", "memory"})
 
 
 def native_from_pb(msg: pb.NativeMapping, at: str) -> NativeMapping:
