@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from servewitness.evidence.judge import interpreter_stdlib
 from servewitness.evidence.process import read_process
 from servewitness.evidence.procfs import ProcFS
 from servewitness.evidence.report import to_report
+from servewitness.evidence.stdlib import interpreter_stdlib
 from servewitness.model import (
     DRIFT_MODULE_SHADOWED,
     EVIDENCE_STDLIB_UNCONFIRMED,

@@ -29,18 +29,18 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from servewitness.errors import UnavailableError
 from servewitness.evidence import bytecode, origins, unfiled
-from servewitness.evidence.distindex import DistIndex, Sites, norm_path
+from servewitness.evidence.distindex import DistIndex, Sites
 from servewitness.evidence.hashing import Hasher
 from servewitness.evidence.native import native_mappings
 from servewitness.evidence.probe_reader import ProbeState
 from servewitness.evidence.procfs import CHANGED_SLACK_S, ProcFS
+from servewitness.evidence.stdlib import stdlib_dirs
 from servewitness.evidence.verdicts import VerdictStore
 from servewitness.model import (
     AFTER_THE_FACT,
@@ -250,86 +250,14 @@ def context(
     listed = probe.interp.get("path")  # written by the process: a list of strings, or anything
     path = [p for p in listed if isinstance(p, str) and p] if isinstance(listed, list) else []
     return origins.Context(
-        stdlib_dirs=stdlib_dirs(procfs, pid, probe)[0] if stdlib is None else stdlib,
+        stdlib_dirs=(
+            stdlib_dirs(procfs, pid, probe, started_environment(procfs, pid))[0]
+            if stdlib is None
+            else stdlib
+        ),
         generated_dirs=generated_dirs(procfs, pid),
         site_dirs=tuple(path),
     )
-
-
-_VERSION = re.compile(r"(\d+)\.(\d+)(?:\.|$)")
-
-
-def stdlib_dirs(procfs: ProcFS, pid: int, probe: ProbeState) -> tuple[tuple[str, ...], str | None]:
-    """The process's standard library directories, and why they are not simply the ones its
-    probe names (None: they are; none yet before the sweeper's first pass).
-
-    The probe records ``sys._stdlib_dir``, which any code in the process can set: a
-    directory of its own named the standard library makes a module there that shadows the
-    real standard library's ``stdlib``, and the shadowing is never seen. So the agent finds
-    the standard library of the interpreter the kernel runs (``interpreter_stdlib``) and
-    believes the probe only where the two agree; otherwise that one stands (and the
-    difference is said), or, when none can be found, no directory is the standard library's
-    (and that is said)."""
-    claimed = probe.interp.get("stdlib")
-    if not isinstance(claimed, str):
-        return (), None
-    version = probe.interp.get("version")
-    found = interpreter_stdlib(procfs, pid, version if isinstance(version, str) else "")
-    if found is not None and norm_path(claimed) == found:
-        return (found, f"{found}/lib-dynload"), None
-    if found is not None:
-        why = (
-            f"the probe names {claimed!r} (sys._stdlib_dir, the process's to set), but the "
-            f"interpreter it runs has its standard library in {found}: {found} stands"
-        )
-        return (found, f"{found}/lib-dynload"), why
-    why = (
-        f"the probe names {claimed!r} (sys._stdlib_dir, the process's to set), and no standard "
-        "library of the interpreter it runs (/proc/<pid>/exe, PYTHONHOME, pyvenv.cfg) was "
-        "found to confirm it: no directory is taken for the standard library"
-    )
-    return (), why
-
-
-def interpreter_stdlib(procfs: ProcFS, pid: int, version: str) -> str | None:
-    """The standard library directory of the interpreter PID runs, as CPython finds it on
-    POSIX: ``<prefix>/lib/python<X.Y>``, the prefix being ``PYTHONHOME`` (as the process was
-    started), else the ``home`` of a ``pyvenv.cfg`` beside the executable's directory (a
-    virtualenv made with copies), else the executable's directory's parent; the one whose
-    ``os.py`` exists (CPython's landmark). X.Y: the probe's version (digits only, so a forged
-    one can only pick a directory that does not exist, or another real interpreter's)."""
-    m = _VERSION.match(version)
-    if m is None:
-        return None
-    try:
-        exe = os.readlink(procfs.root / str(pid) / "exe").removesuffix(" (deleted)")
-    except OSError:
-        return None
-    bindir = os.path.dirname(exe)
-    home = started_environment(procfs, pid).get("PYTHONHOME")
-    prefixes = [home.split(":")[0]] if home else []
-    if not home:
-        cfg = _pyvenv_home(procfs.in_root(pid, f"{os.path.dirname(bindir)}/pyvenv.cfg"))
-        prefixes += [os.path.dirname(cfg)] if cfg else []
-        prefixes.append(os.path.dirname(bindir))
-    for prefix in prefixes:
-        found = norm_path(f"{prefix}/lib/python{m.group(1)}.{m.group(2)}")
-        if found.startswith("/") and procfs.in_root(pid, f"{found}/os.py").is_file():
-            return found
-    return None
-
-
-def _pyvenv_home(cfg: Path) -> str | None:
-    """The ``home`` key of a pyvenv.cfg (the base interpreter's directory), if any."""
-    try:
-        text = cfg.read_text(errors="replace")[:65536]
-    except OSError:
-        return None
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key.strip() == "home" and value.strip():
-            return value.strip()
-    return None
 
 
 def generated_dirs(procfs: ProcFS, pid: int) -> tuple[str, ...]:

@@ -10,11 +10,18 @@ from servewitness.evidence.codecheck import check_chains
 from servewitness.evidence.container import container_of
 from servewitness.evidence.distindex import DistIndex
 from servewitness.evidence.hashing import Hasher
-from servewitness.evidence.judge import Judgement, dist_index, generated_dirs, judge, stdlib_dirs
+from servewitness.evidence.judge import (
+    Judgement,
+    dist_index,
+    generated_dirs,
+    judge,
+    started_environment,
+)
 from servewitness.evidence.native import NativeMemory, native_mappings
 from servewitness.evidence.origins import GeneratedFiles, stdlib_test
 from servewitness.evidence.process import ProcessEvidence
 from servewitness.evidence.procfs import ProcFS
+from servewitness.evidence.stdlib import stdlib_dirs
 from servewitness.evidence.verdicts import VerdictStore
 from servewitness.model import (
     EVIDENCE_JOURNAL_EDITED,
@@ -64,7 +71,8 @@ def report_with_judgement(
     key = ProcessKey(ident.boot_id, ident.pid, ident.start_ticks)
     probe = ev.probe
     index = index or dist_index(procfs, ident.pid)  # lazy: sites are read as paths ask
-    stdlib, unconfirmed = stdlib_dirs(procfs, ident.pid, probe) if probe else ((), None)
+    environ = started_environment(procfs, ident.pid)
+    stdlib, unconfirmed = stdlib_dirs(procfs, ident.pid, probe, environ) if probe else ((), None)
     # a library rewritten in place is exempt only where it is generated, never a distribution's
     generated = GeneratedFiles(generated_dirs(procfs, ident.pid), index, stdlib)
     mappings = native_mappings(
