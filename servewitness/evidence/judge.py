@@ -243,19 +243,21 @@ def fileless(procfs: ProcFS, pid: int, probe: ProbeState) -> list[Drift]:
 
 
 def context(
-    procfs: ProcFS, pid: int, probe: ProbeState, stdlib: tuple[str, ...] | None = None
+    procfs: ProcFS,
+    pid: int,
+    probe: ProbeState,
+    stdlib: tuple[str, ...] | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> origins.Context:
     """Where the process's standard library (STDLIB, else ``stdlib_dirs``), caches and
-    sys.path entries are."""
+    sys.path entries are. ENVIRON: the environment it was started with, if already read
+    (``started_environment``)."""
     listed = probe.interp.get("path")  # written by the process: a list of strings, or anything
     path = [p for p in listed if isinstance(p, str) and p] if isinstance(listed, list) else []
+    environ = started_environment(procfs, pid) if environ is None else environ
     return origins.Context(
-        stdlib_dirs=(
-            stdlib_dirs(procfs, pid, probe, started_environment(procfs, pid))[0]
-            if stdlib is None
-            else stdlib
-        ),
-        generated_dirs=generated_dirs(procfs, pid),
+        stdlib_dirs=stdlib_dirs(procfs, pid, probe, environ)[0] if stdlib is None else stdlib,
+        generated_dirs=origins.generated_dirs(environ),
         site_dirs=tuple(path),
     )
 
@@ -341,6 +343,7 @@ def judge(
     native: Sequence[NativeMapping] | None = None,
     verdicts: VerdictStore | None = None,
     stdlib: tuple[str, ...] | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> Judgement:
     """Everything above for one process. Never raises on odd files: each problem is a
     disagreement or a drift with its reason. INDEX: reuse one made by ``dist_index`` for the
@@ -350,9 +353,10 @@ def judge(
     native mappings, if already read (else read here: the hasher's cache answers for the
     inodes already hashed). VERDICTS: compile outcomes kept across agent restarts
     (``bytecode.judge_bytecode``). STDLIB: the standard library directories, if already
-    confirmed (``stdlib_dirs``)."""
+    confirmed (``stdlib_dirs``); ENVIRON: the environment it was started with, if already
+    read (``started_environment``)."""
     hashed_at = probe.hashed_at
-    ctx = context(procfs, pid, probe, stdlib)
+    ctx = context(procfs, pid, probe, stdlib, environ)
     index = index or DistIndex(_to_host(procfs, pid))
     generated = origins.GeneratedFiles(ctx.generated_dirs, index, ctx.stdlib_dirs)
     vouched = set(reuse.vouched) if reuse is not None else set()

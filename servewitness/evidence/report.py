@@ -13,12 +13,11 @@ from servewitness.evidence.hashing import Hasher
 from servewitness.evidence.judge import (
     Judgement,
     dist_index,
-    generated_dirs,
     judge,
     started_environment,
 )
 from servewitness.evidence.native import NativeMemory, native_mappings
-from servewitness.evidence.origins import GeneratedFiles, stdlib_test
+from servewitness.evidence.origins import GeneratedFiles, generated_dirs, stdlib_test
 from servewitness.evidence.process import ProcessEvidence
 from servewitness.evidence.procfs import ProcFS
 from servewitness.evidence.stdlib import stdlib_dirs
@@ -74,7 +73,7 @@ def report_with_judgement(
     environ = started_environment(procfs, ident.pid)
     stdlib, unconfirmed = stdlib_dirs(procfs, ident.pid, probe, environ) if probe else ((), None)
     # a library rewritten in place is exempt only where it is generated, never a distribution's
-    generated = GeneratedFiles(generated_dirs(procfs, ident.pid), index, stdlib)
+    generated = GeneratedFiles(generated_dirs(environ), index, stdlib)
     mappings = native_mappings(
         procfs, ident.pid, hasher, start_time=ident.start_time, generated=generated
     )
@@ -114,6 +113,7 @@ def report_with_judgement(
         native=mappings,
         verdicts=verdicts,
         stdlib=stdlib,
+        environ=environ,
     )
     # What runs the step methods and hook targets: verified on every report (a chain can
     # change without any file changing; compiled files are cached).
