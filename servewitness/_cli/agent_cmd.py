@@ -45,7 +45,13 @@ def add_parser(sub: Any) -> None:
         default=64 * 1024 * 1024,
         help="the spool's size limit; past it the oldest reports are dropped (default 64 MiB)",
     )
-    p.add_argument("--health", metavar="ADDRESS", help="serve gRPC health checks here")
+    p.add_argument(
+        "--health",
+        metavar="ADDRESS",
+        help="serve gRPC health checks here: service '' (liveness) is SERVING while the agent "
+        "runs; 'verifier.agent.Delivery' (readiness) only while its last report was "
+        "acknowledged and showed a vLLM process",
+    )
     p.add_argument(
         "--metrics-listen",
         metavar="HOST:PORT",

@@ -94,6 +94,15 @@ class AgentConfig:
     compile_cache: bool = True
 
 
+# The health service a readiness probe asks (the overall service "" stays SERVING while the
+# agent runs: liveness). SERVING only while the last report was acknowledged (the spool is
+# drained) and its collect saw a vLLM process; NOT_SERVING before that, while the verifier
+# cannot be reached or refuses, and while no vLLM process is visible (a sidecar in the wrong
+# PID namespace). A Kubernetes readinessProbe on it keeps a pod whose evidence does not
+# reach the verifier out of its Services' endpoints: nothing measures it unverified.
+READY_SERVICE = "verifier.agent.Delivery"
+
+
 class Agent:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
@@ -138,6 +147,9 @@ class Agent:
         self.interval = config.interval_s or 1.0
         self.sent_digests: set[str] = set()
         self.seen: dict[ProcessKey, ProcessReport] = {}
+        # The pids of the processes last reported, once all of them exited and until vLLM
+        # processes are seen again: said in the report (_nothing_visible)
+        self.exited: tuple[int, ...] = ()
         self.stop_event = threading.Event()
         opts = [
             *wire.GRPC_OPTIONS,
@@ -147,7 +159,9 @@ class Agent:
         self.channel = client_channel(config.verifier, config.tls, opts)
         self.stub = pb_grpc.VerifierServiceStub(self.channel)
         self.health = health.HealthServicer()
+        self.health.set(READY_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.health_server: grpc.Server | None = None
+        self.ready = False  # what READY_SERVICE says (ready())
 
     # collection ------------------------------------------------------------------------
     def collect(self) -> TargetReport:
@@ -161,8 +175,12 @@ class Agent:
         # one process per container is enough to describe it (its ref: runtime, source)
         one_each = {p.container_id: p.key.pid for p in procs if p.container_id}
         refs = [r for r in (container_of(self.procfs, pid) for pid in one_each.values()) if r]
-        unobservable = tuple(refused) if procs or refused else (self._nothing_visible(),)
         keys = {p.key for p in procs}
+        if procs:
+            self.exited = ()
+        elif self.seen:  # every process the last collect reported is gone
+            self.exited = tuple(sorted(k.pid for k in self.seen))
+        unobservable = tuple(refused) if procs or refused else (self._nothing_visible(),)
         alive = {(k.pid, k.start_ticks) for k in keys}
         for cache in (self._checked, self._indexes):
             for stale in [k for k in cache if k not in alive]:
@@ -202,7 +220,14 @@ class Agent:
 
     def _nothing_visible(self) -> str:
         """Why a collect found no vLLM process: said in the report, so that a sidecar in the
-        wrong PID namespace reads as unobservable rather than as a target that is idle."""
+        wrong PID namespace reads as unobservable rather than as a target that is idle, and
+        one whose vLLM exited (or is restarting) says so."""
+        if self.exited:
+            return (
+                f"no vLLM process is visible: the {len(self.exited)} this agent reported "
+                f"before (pid {', '.join(map(str, self.exited))}) exited; vLLM stopped or is "
+                "restarting"
+            )
         if self.config.root_pid is not None:
             if not self.procfs.exists(self.config.root_pid):
                 return (
@@ -367,6 +392,18 @@ class Agent:
                 "spool_dropped", dropped=self.spool.dropped, max_bytes=self.config.spool_max_bytes
             )
         self.drain()
+        self.set_ready(
+            bool(report.processes) and len(self.spool) == 0,
+            "" if report.processes else "no vLLM process visible",
+        )
+
+    def set_ready(self, ready: bool, why: str = "") -> None:
+        """Say READY or not on READY_SERVICE (logged when it changes, with WHY)."""
+        if ready != self.ready:
+            log.info("ready" if ready else "not_ready", reason=why or None)
+        self.ready = ready
+        status = health_pb2.HealthCheckResponse
+        self.health.set(READY_SERVICE, status.SERVING if ready else status.NOT_SERVING)
 
     # lifecycle -------------------------------------------------------------------------
     def run(self) -> None:
@@ -390,6 +427,7 @@ class Agent:
             except grpc.RpcError as e:
                 self.metrics.failed(e.code())
                 self.nonce = None
+                self.set_ready(False, f"verifier: {e.code().name}")
                 # gRPC says UNAVAILABLE for a refused TLS handshake too: asked again, so that
                 # a refused certificate is said as such and not as an outage.
                 refused = (
@@ -426,6 +464,7 @@ class Agent:
                 # The verifier answered something that is not a valid reply (another
                 # version, or not a verifier): evidence stays spooled, retried like an outage.
                 self.nonce = None
+                self.set_ready(False, "verifier reply malformed")
                 log.error("verifier_reply_malformed", reason=str(e), spooled=len(self.spool))
                 wait = backoff
                 backoff = min(backoff * 2, self.config.max_backoff_s)
