@@ -20,9 +20,29 @@ RUN set -eu; \
     rm -rf /src; \
     /opt/verifier/bin/verifier --help >/dev/null
 
+# `verifier serve` runs as an unprivileged user (uid/gid 10001, home and database directory
+# /var/lib/verifier); the agent sidecar runs as root in its own deployments (compose `user:
+# root`, Kubernetes runAsUser 0: vLLM's probe files may be readable by their owner only).
+RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/verifier --create-home \
+        --shell /usr/sbin/nologin verifier
+USER 10001:10001
+WORKDIR /var/lib/verifier
 ENV PATH=/opt/verifier/bin:$PATH \
+    HOME=/var/lib/verifier \
     PYTHONUNBUFFERED=1
 # serve: gRPC (agents, clients and health) on 50551; agent --health: 50552
 EXPOSE 50551 50552
 ENTRYPOINT ["verifier"]
 CMD ["--help"]
+
+# OCI image labels: what this image was built from (scripts/images.sh passes the three build
+# arguments; a plain `docker build` leaves them "unknown", which says so). For a provenance
+# tool, its own image says what it is. Last, so that a new date does not rebuild the layers.
+ARG OCI_SOURCE=unknown
+ARG OCI_REVISION=unknown
+ARG OCI_CREATED=unknown
+LABEL org.opencontainers.image.title="verifier" \
+      org.opencontainers.image.source="${OCI_SOURCE}" \
+      org.opencontainers.image.revision="${OCI_REVISION}" \
+      org.opencontainers.image.created="${OCI_CREATED}" \
+      org.opencontainers.image.licenses="Apache-2.0"

@@ -12,6 +12,8 @@
 # seconds instead of rebuilding. Wheels come from .cache/wheelhouse (pip download; torch from
 # the machine's local find-links), served to the builds over HTTP on loopback.
 # (libnuma1: vLLM's CPU kernels link it.)
+# VERIFIER_IMAGE_ARCHIVES=0 skips the archives (a machine used once, as CI's: writing 3.6 GB
+# that nobody loads costs half a minute or more).
 # Usage: scripts/images.sh            (needs a running Docker engine: scripts/docker-host.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,6 +49,16 @@ server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
 WHEELS="http://127.0.0.1:$port/"
 
+# OCI labels on every image built (the Dockerfiles' OCI_* arguments; the imported OS base
+# gets them with --change): this checkout's commit (-dirty when tracked files differ from
+# it), its origin's URL where it has one, and the build time.
+oci_rev=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+[ "$oci_rev" = unknown ] || [ -z "$(git status --porcelain --untracked-files=no)" ] || oci_rev="$oci_rev-dirty"
+oci_source=$(git config --get remote.origin.url 2>/dev/null || echo unknown)
+oci_created=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+OCI_ARGS=(--build-arg "OCI_SOURCE=$oci_source" --build-arg "OCI_REVISION=$oci_rev"
+  --build-arg "OCI_CREATED=$oci_created")
+
 # The legacy builder's deprecation banner on every build is noise.
 dbuild() { docker build --quiet --network host "$@" 2> >(grep -v -E 'DEPRECATED|BuildKit|environment-variable|^\s*$' >&2) >/dev/null; }
 
@@ -62,9 +74,13 @@ cached() {
   else
     log "building $name:$k"
     "$build" "$name:$k"
-    rm -f "$CACHE/$name"-*.tar
-    docker save -o "$tar.part" "$name:$k" && mv "$tar.part" "$tar"
-    log "saved $tar ($(du -h "$tar" | cut -f1))"
+    if [ "${VERIFIER_IMAGE_ARCHIVES:-1}" = 0 ]; then
+      log "not archived (VERIFIER_IMAGE_ARCHIVES=0)"
+    else
+      rm -f "$CACHE/$name"-*.tar
+      docker save -o "$tar.part" "$name:$k" && mv "$tar.part" "$tar"
+      log "saved $tar ($(du -h "$tar" | cut -f1))"
+    fi
   fi
   docker tag "$name:$k" "$name:local"
 }
@@ -73,17 +89,19 @@ MMDEBSTRAP_ARGS=(--variant=minbase --include=python3,python3-venv,ca-certificate
 build_os_base() {
   mmdebstrap --quiet "${MMDEBSTRAP_ARGS[@]}" - | docker import \
     --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-    --change 'CMD ["/bin/bash"]' - "$1" >/dev/null
+    --change 'CMD ["/bin/bash"]' \
+    --change "LABEL org.opencontainers.image.title=verifier-os-base org.opencontainers.image.source=$oci_source org.opencontainers.image.revision=$oci_rev org.opencontainers.image.created=$oci_created" \
+    - "$1" >/dev/null
 }
 command -v mmdebstrap >/dev/null || [ -n "$(ls "$CACHE"/verifier-os-base-*.tar 2>/dev/null)" ] || {
   echo "images: mmdebstrap is missing (apt-get install mmdebstrap; scripts/docker-host.sh does)" >&2
   exit 2
 }
-os_key=$(echo "${MMDEBSTRAP_ARGS[*]} v1" | key)
+os_key=$(echo "${MMDEBSTRAP_ARGS[*]} v2" | key)  # v2: OCI labels
 cached verifier-os-base "$os_key" build_os_base
 
 build_vllm_base() {
-  dbuild -f agents/vllm/cpu-base.Dockerfile \
+  dbuild -f agents/vllm/cpu-base.Dockerfile "${OCI_ARGS[@]}" \
     --build-arg OS_BASE="verifier-os-base:$os_key" --build-arg WHEELS="$WHEELS" \
     --build-arg VLLM_REQUIREMENTS="$reqs" -t "$1" .cache/tiny-llama
 }
@@ -92,12 +110,10 @@ base_key=$(echo "$os_key" | cat - agents/vllm/cpu-base.Dockerfile requirements/v
   .cache/tiny-llama/verifier-tiny-model.json | key)
 cached verifier-vllm-cpu-base "$base_key" build_vllm_base
 
-rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 log "building verifier:local"
-dbuild --build-arg BASE_IMAGE=verifier-os-base:local --build-arg WHEELS="$WHEELS" \
-  --label "org.opencontainers.image.revision=$rev" -t verifier:local .
+dbuild "${OCI_ARGS[@]}" --build-arg BASE_IMAGE=verifier-os-base:local --build-arg WHEELS="$WHEELS" \
+  -t verifier:local .
 log "building verifier-vllm:local"
-dbuild -f agents/vllm/Dockerfile --build-arg BASE_IMAGE=verifier-vllm-cpu-base:local \
-  --build-arg WHEELS="$WHEELS" --label "org.opencontainers.image.revision=$rev" \
-  -t verifier-vllm:local .
+dbuild -f agents/vllm/Dockerfile "${OCI_ARGS[@]}" --build-arg BASE_IMAGE=verifier-vllm-cpu-base:local \
+  --build-arg WHEELS="$WHEELS" -t verifier-vllm:local .
 log "done: $(docker images --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep ':local ' | xargs)"

@@ -1,14 +1,15 @@
 """Real containers on a real Docker engine: the images this project builds, the compose stack
 of deploy/compose.yaml (verifier, a probed vLLM on the CPU with the tiny model, the agent
-sidecar in vLLM's PID namespace), and the negative controls that make container evidence
-worth anything:
+sidecar in vLLM's PID namespace, which the holder pidns owns), and the negative controls that
+make container evidence worth anything:
 
 (a) an idle container of the same image, with another file bind-mounted where the serving one
     has the original, reported under the serving target: its evidence must not satisfy the run
     (healthy in every other respect, it FAILs on the container binding);
 (b) a sidecar outside the serving PID namespace: unobservable, PENDING, never PASS;
-(c) the serving container restarted: the old evidence goes STALE and the run waits for new
-    evidence from the new processes (PENDING until they run steps again).
+(c) the serving container restarted: its sidecar stays and says the old processes exited,
+    and the run waits for new evidence from the new processes (PENDING until they run steps
+    again), which the same sidecar reports without being restarted.
 
 The images come from scripts/images.sh (cached as `docker save` archives under .cache/images);
 the Docker engine from scripts/docker-host.sh. Both are idempotent, so this module can run on a
@@ -131,9 +132,20 @@ def ids(status: dict[str, Any]) -> set[str]:
     return {f["id"] for t in status["targets"] for f in t["findings"] if f["severity"] != "info"}
 
 
-def worker_file(agent_container: str, path: str) -> tuple[str | None, str]:
-    """(sha256 of PATH as loaded by the worker, container id) through a sidecar's inspect."""
-    out = sh("docker", "exec", agent_container, "verifier", "inspect", "--pid", "1", "--tree",
+def ns_pid(serving_container: str) -> int:
+    """The pid, in its PID namespace, of SERVING_CONTAINER's main process (vLLM's API server):
+    the last field of the NSpid line of its host pid's status."""
+    host = sh("docker", "inspect", "-f", "{{.State.Pid}}", serving_container).stdout.strip()
+    status = Path(f"/proc/{host}/status").read_text()
+    (line,) = [x for x in status.splitlines() if x.startswith("NSpid:")]
+    return int(line.split()[-1])
+
+
+def worker_file(agent_container: str, serving_container: str, path: str) -> tuple[str | None, str]:
+    """(sha256 of PATH as loaded by the worker, container id) through a sidecar's inspect of
+    the serving container's process tree."""
+    pid = str(ns_pid(serving_container))
+    out = sh("docker", "exec", agent_container, "verifier", "inspect", "--pid", pid, "--tree",
              "--json", timeout=300)  # fmt: skip
     procs = json.loads(out.stdout)["processes"]
     (worker,) = [p for p in procs if p["role"] == "worker"]
@@ -211,7 +223,7 @@ def test_compose_stack_passes_the_gate_for_a_live_hook(stack: Stack) -> None:
     assert hook["fired_on_decode_steps"] == hook["decode_steps"] > 0
     # The evidence is the serving container's: its id, and the worker's bytes as it loaded them.
     serving = sh("docker", "inspect", "-f", "{{.Id}}", stack.container("vllm")).stdout.strip()
-    sha, cid = worker_file(stack.container("agent"), SAMPLER)
+    sha, cid = worker_file(stack.container("agent"), stack.container("vllm"), SAMPLER)
     assert cid == serving
     disk = sh("docker", "exec", stack.container("vllm"), "sha256sum", SAMPLER).stdout.split()[0]
     assert sha == disk
@@ -292,7 +304,8 @@ def test_evidence_from_an_idle_container_does_not_satisfy_the_run(stack: Stack) 
     sh("docker", "stop", stack.container("agent"))
     try:
         sh("docker", "run", "-d", "--name", idle_agent, "--label", label, "--network", network,
-           f"--pid=container:{idle}", "--cap-add", "SYS_PTRACE",
+           f"--pid=container:{idle}", "--user", "root", "--cap-drop", "ALL",
+           "--cap-add", "SYS_PTRACE",
            "-v", "/var/run/docker.sock:/var/run/docker.sock:ro",
            "-v", f"{stack.project}_tls-agent:/tls:ro", "verifier:local", "agent",
            "--verifier", "verifier:50551", "--target", "vllm", "--interval", "1",
@@ -322,7 +335,7 @@ def test_evidence_from_an_idle_container_does_not_satisfy_the_run(stack: Stack) 
                if f["id"] == "evidence.container_mismatch"]  # fmt: skip
         assert {c["container_id"] for c in ctx} == {idle_id}
         # And its bytes are not the serving container's bytes.
-        idle_sha, cid = worker_file(idle_agent, SAMPLER)
+        idle_sha, cid = worker_file(idle_agent, idle, SAMPLER)
         assert cid == idle_id
         assert idle_sha == hashlib.sha256(patched.read_bytes()).hexdigest()
         assert idle_sha != hashlib.sha256(original.encode()).hexdigest()
@@ -346,7 +359,7 @@ def test_sidecar_outside_the_serving_pid_namespace_is_unobservable(stack: Stack)
     assert out.returncode == 0, out.stderr
     name = f"{stack.project}-blind"
     sh("docker", "run", "-d", "--name", name, "--label", f"verifier.test={stack.project}",
-       "--network", f"{stack.project}_default", "--cap-add", "SYS_PTRACE",
+       "--network", f"{stack.project}_default", "--user", "root", "--cap-add", "SYS_PTRACE",
        "-v", f"{stack.tmp / 'pki'}:/tls:ro", "verifier:local",
        "agent", "--verifier", "verifier:50551", "--target", "blind", "--interval", "1",
        "--agent-id", "agent-blind", "--tls-ca", "/tls/ca.pem",
@@ -375,36 +388,42 @@ def test_sidecar_outside_the_serving_pid_namespace_is_unobservable(stack: Stack)
 
 
 def test_restarted_serving_container_needs_new_evidence(stack: Stack) -> None:
-    """(c) While the serving container is down the old evidence goes STALE (its sidecar died
-    with the PID namespace it shared, and nothing else can report it); once it is back, the
-    gate stays closed until the new processes have run steps."""
+    """(c) The serving container stops and starts again: its sidecar stays (the PID namespace
+    is pidns's, not vLLM's) and says the processes it reported exited, the gate closes, and
+    once vLLM is back the sidecar reports the new processes by itself; the gate stays closed
+    until they have run steps."""
     complete(stack.vllm_url)
     out = verifier_cli("wait", "vllm", "--timeout", "180", "--verifier", stack.verifier, *stack.tls)
     assert out.returncode == 0, out.stdout + out.stderr
-    # stop + start rather than `docker restart`: whether docker's restart policy brings the
-    # sidecar back into the new namespace by itself is a race; the evidence must not care.
-    serving = sh("docker", "inspect", "-f", "{{.Id}}", stack.container("vllm")).stdout.strip()
+    agent = stack.container("agent")
+
+    def agent_life() -> tuple[str, str, str]:
+        out = sh("docker", "inspect", "-f",
+                 "{{.State.Running}} {{.State.StartedAt}} {{.RestartCount}}", agent)  # fmt: skip
+        running, started, restarts = out.stdout.split()
+        return running, started, restarts
+
+    life = agent_life()
+    assert life[0] == "true", life
+    # stop + start rather than `docker restart`: the evidence must not care which
     sh("docker", "stop", stack.container("vllm"), timeout=300)
-    until("the old evidence to go STALE", 120,
-          lambda: stack.status("vllm")["verdict"] == "STALE")  # fmt: skip
-    # The finding says where the stale evidence came from, and what probably happened to it
-    # (unless the last report the sidecar got out saw every vLLM process already gone).
-    (stale,) = [f for t in stack.status("vllm")["targets"] for f in t["findings"]
-                if f["id"] == "evidence.stale"]  # fmt: skip
-    if stale["context"]["containers"]:
-        assert f"container {serving[:12]} ({stack.name('vllm')})" in stale["message"], stale
-        assert "may have exited or restarted" in stale["message"]
-    else:
-        assert "it showed no vLLM process" in stale["message"], stale
+
+    def says_exited() -> dict[str, Any] | None:
+        st = stack.status("vllm")
+        why = [f["message"] for t in st["targets"] for f in t["findings"]
+               if f["id"] == "evidence.unobservable"]  # fmt: skip
+        return st if any("exited; vLLM stopped or is restarting" in w for w in why) else None
+
+    st = until("the sidecar to say vLLM's processes exited", 120, says_exited)
+    assert st["verdict"] == "PENDING", st
     gate = verifier_cli("wait", "vllm", "--timeout", "3", "--verifier", stack.verifier, *stack.tls)
     assert gate.returncode == 5  # closed: timed out, neither PASS nor FAIL
     sh("docker", "start", stack.container("vllm"), timeout=300)
     until("vLLM to come back", 600, lambda: healthy(stack.vllm_url))
-    stack.compose("up", "-d", "agent")  # a sidecar in the new PID namespace
 
     def fresh() -> dict[str, Any] | None:
         st = stack.status("vllm")
-        return st if st["verdict"] not in ("STALE", "FAIL") else None
+        return st if st["verdict"] not in ("STALE", "FAIL") and not says_exited() else None
 
     st = until("evidence from the new processes", 180, fresh)
     assert st["verdict"] == "PENDING", st  # no steps yet in the new processes: not a PASS
@@ -415,6 +434,47 @@ def test_restarted_serving_container_needs_new_evidence(stack: Stack) -> None:
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert Verdict.PASS.value == json.loads(out.stdout)["verdict"]  # what the gate opened on
+    # the same sidecar all along: never restarted, never recreated
+    assert agent_life() == life, (agent_life(), life)
+
+
+# OCI labels: every image this project builds says what it was built from ----------------------
+OCI = "org.opencontainers.image."
+
+
+def oci_labels() -> dict[str, str]:
+    """The OCI_* build arguments scripts/images.sh gives (its revision: HEAD, -dirty when
+    tracked files differ), for the images a test builds itself."""
+    rev = sh("git", "-C", str(REPO), "rev-parse", "HEAD").stdout.strip()
+    dirty = sh("git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no").stdout
+    source = sh("git", "-C", str(REPO), "config", "--get", "remote.origin.url", check=False)
+    return {
+        "OCI_SOURCE": source.stdout.strip() or "unknown",
+        "OCI_REVISION": rev + ("-dirty" if dirty.strip() else ""),
+        "OCI_CREATED": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def test_every_image_says_what_it_was_built_from(docker_images: None) -> None:
+    """The images scripts/images.sh builds carry OCI source, revision and created labels; the
+    two it rebuilds on every run (verifier, verifier-vllm) name this checkout's commit, the
+    cached bases the commit they were built at, and the verifier image runs as its own user."""
+    want = oci_labels()
+    for image in ("verifier:local", "verifier-vllm:local", "verifier-vllm-cpu-base:local",
+                  "verifier-os-base:local"):  # fmt: skip
+        out = sh("docker", "image", "inspect", "-f", "{{json .Config.Labels}}", image)
+        labels = json.loads(out.stdout) or {}
+        assert {OCI + k for k in ("source", "revision", "created")} <= set(labels), (image, labels)
+        assert labels[OCI + "source"] == want["OCI_SOURCE"], (image, labels)
+        rev = labels[OCI + "revision"]
+        assert len(rev.removesuffix("-dirty")) == 40 and int(rev[:40], 16) >= 0, (image, rev)
+        assert time.strptime(labels[OCI + "created"], "%Y-%m-%dT%H:%M:%SZ"), (image, labels)
+        if image in ("verifier:local", "verifier-vllm:local"):
+            assert rev == want["OCI_REVISION"], (image, rev, want)
+    user = sh("docker", "image", "inspect", "-f", "{{.Config.User}}", "verifier:local")
+    assert user.stdout.strip() == "10001:10001"
+    whoami = sh("docker", "run", "--rm", "--entrypoint", "id", "verifier:local", "-u")
+    assert whoami.stdout.strip() == "10001"
 
 
 # examples/vllm-bench on this module's stack (no vLLM boot of its own): the bench image is
@@ -424,8 +484,10 @@ BENCH = REPO / "examples" / "vllm-bench"
 
 @pytest.fixture(scope="module")
 def bench_image(docker_images: None) -> str:
-    """verifier-bench:local, its wheels from scripts/images.sh's wheelhouse over loopback."""
+    """verifier-bench:local, its wheels from scripts/images.sh's wheelhouse over loopback,
+    labelled as scripts/images.sh labels its images."""
     port = free_port()
+    built = oci_labels()
     wheels = subprocess.Popen(
         [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "--directory",
          str(REPO / ".cache" / "wheelhouse"), str(port)],
@@ -437,11 +499,15 @@ def bench_image(docker_images: None) -> str:
             ["docker", "build", "--network", "host", "-f", str(BENCH / "Dockerfile"),
              "--build-arg", "VLLM_IMAGE=verifier-vllm-cpu-base:local",
              "--build-arg", f"WHEELS=http://127.0.0.1:{port}/", "-t", "verifier-bench:local",
+             *(a for k, v in built.items() for a in ("--build-arg", f"{k}={v}")),
              str(REPO)],
             capture_output=True, text=True, timeout=1200, check=False,
             env={**os.environ, "DOCKER_BUILDKIT": "0"},
         )  # fmt: skip
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        fmt = f'{{{{index .Config.Labels "{OCI}revision"}}}}'
+        rev = sh("docker", "image", "inspect", "-f", fmt, "verifier-bench:local")
+        assert rev.stdout.strip() == built["OCI_REVISION"], rev.stdout
     finally:
         wheels.terminate()
         wheels.wait(timeout=30)
