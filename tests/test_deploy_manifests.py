@@ -34,7 +34,7 @@ from servewitness.policy import PolicyError, load_policy
 from tests.helpers import REPO, VENV_BIN
 
 DEPLOY = REPO / "deploy"
-K8S = DEPLOY / "k8s"
+K8S = DEPLOY / "k8s" / "base"  # the base manifests; deploy/k8s/production: test_deploy_production
 COMPOSE = DEPLOY / "compose.yaml"
 POLICY = DEPLOY / "policy.toml"
 
@@ -65,15 +65,15 @@ def validate_k8s(doc: Doc) -> None:
     assert used == K8S_VERSION.rsplit(".", 1)[0], f"validated against {used}, not {K8S_VERSION}"
 
 
-CERT_MANAGER = K8S / "cert-manager.yaml"  # cert-manager's kinds: no bundled schema, own tests
+CERT_MANAGER = (
+    DEPLOY / "k8s" / "cert-manager.yaml"
+)  # cert-manager's kinds: no bundled schema, own tests
 
 
 def k8s_files() -> list[Path]:
     """The manifests (kustomization.yaml is kustomize's configuration, not an API object;
     cert-manager.yaml is an optional example of cert-manager's own kinds)."""
-    return sorted(
-        p for p in K8S.glob("*.yaml") if p.name not in ("kustomization.yaml", CERT_MANAGER.name)
-    )
+    return sorted(p for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml")
 
 
 def load_docs(path: Path) -> list[Doc]:
@@ -184,6 +184,9 @@ def test_kustomization_lists_every_manifest() -> None:
     assert kust["kind"] == "Kustomization"
     assert sorted(kust["resources"]) == [p.name for p in k8s_files()]
     assert "namespace" not in kust, "namespace-agnostic: the namespace is the applier's choice"
+    # `kubectl apply -k deploy/k8s` is the base
+    top = yaml.safe_load((K8S.parent / "kustomization.yaml").read_text())
+    assert top["resources"] == ["base"] and "namespace" not in top
 
 
 # --- Kubernetes: invariants the schema cannot see --------------------------------------------
@@ -211,8 +214,10 @@ def test_agent_runs_as_root_with_sys_ptrace_and_scans(k8s_docs: list[Doc]) -> No
     sc = agent["securityContext"]
     assert sc["runAsUser"] == 0
     assert sc.get("runAsNonRoot") is not True
-    assert "SYS_PTRACE" in sc["capabilities"]["add"]
-    assert "ALL" not in sc["capabilities"].get("drop", []), "root needs its DAC capabilities"
+    # SYS_PTRACE and nothing else (root reads what root, vLLM's user, owns without DAC caps)
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
     assert sc.get("privileged") is not True, "SYS_PTRACE is enough; privileged is not needed"
     # PID 1 of a shared namespace is the pause container: the agent must scan, not follow a pid
     assert "--pid" not in agent["args"]
@@ -302,16 +307,21 @@ def test_agent_reports_to_the_verifier_service(k8s_docs: list[Doc]) -> None:
 
     agent = container(_vllm_pod(k8s_docs), "agent")
     assert flag(agent["args"], "--verifier") == f"{svc['metadata']['name']}:{svc_port['port']}"
-    # the agent's health port is where its probes look
+    # the agent's health port is where its probes look: liveness the process (""),
+    # readiness its delivery (READY_SERVICE: acknowledged reports of a visible vLLM)
+    from servewitness.agent.runner import READY_SERVICE
+
     health_port = port_of(flag(agent["args"], "--health"))
     assert agent["livenessProbe"]["grpc"]["port"] == health_port
+    assert agent["livenessProbe"]["grpc"].get("service", "") == ""
+    assert agent["readinessProbe"]["grpc"] == {"port": health_port, "service": READY_SERVICE}
 
 
 def test_vllm_service_reaches_the_api_port(k8s_docs: list[Doc]) -> None:
     deploy = one(k8s_docs, "Deployment", "vllm")
     svc = _service_for(k8s_docs, deploy)
     assert svc["metadata"]["name"] == "vllm"
-    (port,) = svc["spec"]["ports"]
+    (port,) = [p for p in svc["spec"]["ports"] if p["name"] == "http"]
     assert port["port"] == 8000
     assert port["targetPort"] == "http"
 
@@ -415,7 +425,7 @@ def test_policy_requires_the_step_hook_on_decode_steps() -> None:
 def compose() -> Doc:
     doc: Doc = yaml.safe_load(COMPOSE.read_text())
     assert "version" not in doc, "Compose Specification: no version key"
-    assert set(doc["services"]) == {"certs", "verifier", "vllm", "agent"}
+    assert set(doc["services"]) == {"certs", "verifier", "pidns", "vllm", "agent"}
     return doc
 
 
@@ -424,19 +434,47 @@ def test_compose_images_can_be_overridden(compose: Doc) -> None:
     assert s["verifier"]["image"] == "${VERIFIER_IMAGE:-verifier:local}"
     assert s["agent"]["image"] == "${VERIFIER_IMAGE:-verifier:local}"
     assert s["certs"]["image"] == "${VERIFIER_IMAGE:-verifier:local}"
+    assert s["pidns"]["image"] == "${VERIFIER_IMAGE:-verifier:local}"
     assert s["vllm"]["image"] == "${VLLM_IMAGE:-verifier-vllm:local}"
 
 
 def test_compose_agent_shares_vllm_pid_namespace_as_root_with_ptrace(compose: Doc) -> None:
-    agent = compose["services"]["agent"]
-    assert agent["pid"] == "service:vllm"
-    assert "SYS_PTRACE" in agent["cap_add"]
+    s = compose["services"]
+    agent = s["agent"]
+    # vLLM and the agent share the namespace pidns owns: vLLM restarts, the agent stays
+    assert agent["pid"] == s["vllm"]["pid"] == "service:pidns"
+    assert s["pidns"]["init"] is True, "the namespace's PID 1 must reap what vLLM leaves"
+    assert s["pidns"]["restart"] == "unless-stopped"
+    assert agent["cap_add"] == ["SYS_PTRACE"] and agent["cap_drop"] == ["ALL"]
     assert agent["user"] in ("root", "0", 0, "0:0")
     assert agent.get("privileged") is not True
     assert "/var/run/docker.sock:/var/run/docker.sock:ro" in agent["volumes"]
-    assert set(agent["depends_on"]) == {"certs", "vllm", "verifier"}
+    assert set(agent["depends_on"]) == {"certs", "pidns", "verifier"}
+    assert "vllm" not in agent["depends_on"], "a vLLM restart must not need a new agent"
     assert "--pid" not in agent["command"]
     assert agent["restart"] in ("unless-stopped", "on-failure", "always")
+
+
+def test_compose_services_are_hardened(compose: Doc) -> None:
+    """Every service drops every capability and cannot gain privileges; only the agent gets
+    one back (SYS_PTRACE) and certs two (CHOWN, DAC_OVERRIDE: it hands the verifier its keys);
+    the verifier, the agent and pidns have read-only root filesystems; nothing is
+    privileged, and only the agent and certs run as root (the verifier as the image's user)."""
+    s = compose["services"]
+    extra = {"agent": ["SYS_PTRACE"], "certs": ["CHOWN", "DAC_OVERRIDE"]}
+    for name, svc in s.items():
+        assert svc["cap_drop"] == ["ALL"], name
+        assert svc.get("cap_add", []) == extra.get(name, []), name
+        assert "no-new-privileges:true" in svc["security_opt"], name
+        assert svc.get("privileged") is not True, name
+    for name in ("verifier", "agent", "pidns"):
+        assert s[name]["read_only"] is True, name
+    assert "user" not in s["verifier"], "the verifier runs as the image's user (10001)"
+    assert {n for n, svc in s.items() if str(svc.get("user")) in ("root", "0")} == {
+        "agent",
+        "certs",
+    }
+    assert "chown -R 10001:10001 /pki/verifier" in s["certs"]["command"][0]
 
 
 def test_compose_agent_reports_to_the_verifier(compose: Doc) -> None:
@@ -609,7 +647,8 @@ def test_compose_config_resolves_images_and_the_pid_namespace(clis: list[list[st
         assert resolved["verifier"]["image"] == "reg.example/verifier:1"
         assert resolved["agent"]["image"] == "reg.example/verifier:1"
         assert resolved["vllm"]["image"] == "verifier-vllm:local"
-        assert resolved["agent"]["pid"] == "service:vllm"
+        assert resolved["agent"]["pid"] == resolved["vllm"]["pid"] == "service:pidns"
+        assert resolved["pidns"]["init"] is True
 
 
 def test_compose_config_rejects_a_broken_copy(clis: list[list[str]], tmp_path: Path) -> None:
@@ -802,9 +841,15 @@ def test_k8s_verifier_and_agent_speak_mtls_with_keys_from_secrets(k8s_docs: list
     assert flag(agent["args"], "--agent-id") == "agent-vllm"
     # vLLM's own container never mounts the agent's key
     assert "verifier-agent-tls" not in _secret_mounts(pod, container(pod, "vllm")).values()
-    for v in [*vpod["volumes"], *pod["volumes"]]:
+    # keys readable by their owner (the agent: root) or, for the non-root verifier, by the
+    # pod's fsGroup too; never by anyone else
+    for v in pod["volumes"]:
         if "secret" in v:
             assert v["secret"]["defaultMode"] == 0o400
+    for v in vpod["volumes"]:
+        if "secret" in v:
+            assert v["secret"]["defaultMode"] == 0o440
+    assert vpod["securityContext"]["fsGroup"] == vpod["securityContext"]["runAsUser"]
 
 
 def test_cert_manager_example_issues_what_the_manifests_mount(k8s_docs: list[Doc]) -> None:

@@ -226,7 +226,7 @@ def _shipped() -> list[tuple[str, str]]:
         for p in sorted((REPO / "examples" / "policies").glob("*.toml"))
     ]
     out.append(("deploy/policy.toml", (REPO / "deploy" / "policy.toml").read_text()))
-    cm = (REPO / "deploy" / "k8s" / "policy-configmap.yaml").read_text()
+    cm = (REPO / "deploy" / "k8s" / "base" / "policy-configmap.yaml").read_text()
     body = cm.split("policy.toml: |\n", 1)[1]
     out.append(("configmap", "\n".join(ln[4:] for ln in body.splitlines())))
     return out

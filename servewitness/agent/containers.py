@@ -36,7 +36,7 @@ from servewitness.model import ContainerInfo
 
 log = structlog.get_logger("servewitness.agent")
 
-# The agent's own pod, from the downward API (deploy/k8s/vllm.yaml): fieldRef metadata.uid,
+# The agent's own pod, from the downward API (deploy/k8s/base/vllm.yaml): fieldRef metadata.uid,
 # metadata.name, metadata.namespace, and the path of a downwardAPI volume file of
 # metadata.labels.
 POD_UID_ENV: Final = "VERIFIER_POD_UID"
