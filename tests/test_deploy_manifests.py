@@ -204,8 +204,10 @@ def test_vllm_pod_shares_its_pid_namespace_with_the_agent(k8s_docs: list[Doc]) -
     assert {c["name"] for c in pod["containers"]} == {"vllm", "agent"}
     # vLLM reads VLLM_PORT; a Service "vllm" would set it to tcp://IP:8000 through service links.
     assert pod["enableServiceLinks"] is False
-    # one pod reports as target "vllm": never two at once, not even during a rollout
-    assert deploy["spec"]["replicas"] == 1
+    # each pod reports as an instance vllm/<pod>, and the run needs as many as there are
+    # replicas; Recreate: a rollout never has old and new pods reporting at once
+    policy = load_policy(_configmap_policy(k8s_docs), "policy-configmap.yaml")
+    assert deploy["spec"]["replicas"] == policy.selection.min_targets >= 2
     assert deploy["spec"]["strategy"]["type"] == "Recreate"
 
 
@@ -362,9 +364,15 @@ def _configmap_policy(docs: list[Doc]) -> str:
 
 
 def test_configmap_policy_loads(k8s_docs: list[Doc]) -> None:
+    """The agent of every pod reports as an instance of its --target, named by its pod
+    (downward API), and the policy covers every instance of that family."""
     policy = load_policy(_configmap_policy(k8s_docs), "policy-configmap.yaml")
     agent = container(_vllm_pod(k8s_docs), "agent")
-    assert policy.selection.names == (flag(agent["args"], "--target"),)
+    assert policy.selection.names == ()
+    assert policy.selection.replicas_of == (flag(agent["args"], "--target"),)
+    assert flag(agent["args"], "--instance") == "$(VERIFIER_POD_NAME)"
+    env = {e["name"]: e for e in agent["env"]}
+    assert env["VERIFIER_POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
 
 
 def test_configmap_policy_binds_the_target_to_a_label_of_the_serving_pod(
@@ -399,7 +407,11 @@ def test_configmap_policy_binds_the_target_to_a_label_of_the_serving_pod(
 
 def _without_container_binding(data: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(data)
-    out.get("targets", {}).pop("containers", None)
+    targets = out.get("targets", {})
+    targets.pop("containers", None)
+    # the target selection differs too: compose's one target, Kubernetes' one per pod
+    for key in ("names", "replicas_of", "min_targets"):
+        targets.pop(key, None)
     return out
 
 

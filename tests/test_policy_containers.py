@@ -121,7 +121,7 @@ def test_what_the_agent_could_not_observe_keeps_the_target_pending() -> None:
         ('[targets.containers]\nx = ""\n', "must not be empty"),
         ("[targets.containers]\nx = 3\n", "must be a string"),
         ("[targets.containers]\n", "must not be empty"),
-        ('[targets]\nnames = ["a"]\n[targets.containers]\nb = "vllm"\n', "does not list"),
+        ('[targets]\nnames = ["a"]\n[targets.containers]\nb = "vllm"\n', "do not list"),
     ],
 )
 def test_malformed_bindings_are_rejected_with_the_key(body: str, what: str) -> None:

@@ -10,6 +10,8 @@ from typing import Any
 
 from servewitness._cli.common import add_verifier_option, positive_seconds, tls_from
 from servewitness.client.address import resolve
+from servewitness.errors import UsageError
+from servewitness.instances import instance_of
 
 
 def add_parser(sub: Any) -> None:
@@ -22,6 +24,14 @@ def add_parser(sub: Any) -> None:
     )
     add_verifier_option(p)
     p.add_argument("--target", default=socket.gethostname(), help="target name (default: hostname)")
+    p.add_argument(
+        "--instance",
+        metavar="NAME",
+        help="report as target TARGET/NAME and agent AGENT_ID/NAME, one instance of a family "
+        "of replicas (a pod's name, from the downward API: --instance $(VERIFIER_POD_NAME)); a "
+        "policy's [targets] replicas_of selects every instance, and a credential for TARGET "
+        "and AGENT_ID covers them (docs/policy.md)",
+    )
     p.add_argument("--agent-id", help="agent identity (default: HOSTNAME/TARGET)")
     p.add_argument(
         "--pid",
@@ -81,10 +91,17 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from servewitness.agent.runner import Agent, AgentConfig, default_agent_id
 
+    target, agent_id = args.target, args.agent_id or default_agent_id(args.target)
+    if args.instance is not None:  # both instance-qualified: replicas share one credential
+        try:
+            target = instance_of(args.target, args.instance)
+        except ValueError as e:
+            raise UsageError(f"--instance: {e}") from None
+        agent_id = f"{agent_id}/{args.instance}"
     config = AgentConfig(
         verifier=resolve(args.verifier),
-        target=args.target,
-        agent_id=args.agent_id or default_agent_id(args.target),
+        target=target,
+        agent_id=agent_id,
         spool_dir=args.spool,
         spool_max_bytes=args.spool_max_bytes,
         interval_s=args.interval,

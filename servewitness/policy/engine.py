@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TypeGuard
 
+from servewitness.instances import SEPARATOR, family
 from servewitness.model import (
     Finding,
     HookCount,
@@ -113,10 +114,13 @@ class Policy:
         return I.EvalContext(self.evidence.min_steps, self.evidence.require_probe)
 
     def selects(self, target: str, container_ids: tuple[str, ...]) -> bool:
-        """Whether the run covers TARGET: its name is listed (when names are given) and one of
-        its processes runs in a listed container (when container ids are given)."""
+        """Whether the run covers TARGET: its name is listed, or it is an instance of a listed
+        family (when names or replicas_of are given), and one of its processes runs in a
+        listed container (when container ids are given)."""
         sel = self.selection
-        if sel.names and target not in sel.names:
+        if (sel.names or sel.replicas_of) and not (
+            target in sel.names or (SEPARATOR in target and family(target) in sel.replicas_of)
+        ):
             return False
         return not sel.container_ids or any(
             cid.startswith(prefix) for cid in container_ids for prefix in sel.container_ids
@@ -189,7 +193,14 @@ class Policy:
                     {"authenticated_as": snap.authenticated_as},
                 )
             )
-        bound = dict(self.selection.containers).get(snap.target)
+        bindings = dict(self.selection.containers)
+        bound = bindings.get(snap.target)
+        if (
+            bound is None
+            and SEPARATOR in snap.target
+            and family(snap.target) in (self.selection.replicas_of)
+        ):
+            bound = bindings.get(family(snap.target))  # the family's binding, per instance
         if bound is not None:
             findings.extend(container_findings(bound, snap))
         counts: list[HookCount] = []

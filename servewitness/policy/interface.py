@@ -122,11 +122,15 @@ class TargetSnapshot:
 class TargetSelection:
     """``[targets]``: which reporting targets a run covers."""
 
-    names: tuple[str, ...] = ()  # empty: every target that reports
+    names: tuple[str, ...] = ()  # empty (and no replicas_of): every target that reports
     container_ids: tuple[str, ...] = ()  # prefixes (>= 12 characters); empty: any container
     min_targets: int = DEFAULT_MIN_TARGETS
-    # [targets.containers]: target name -> the container its evidence must come from: a
-    # container name, an id prefix (>= 12 hex digits) or "label:KEY=VALUE"
+    # families whose every instance (FAMILY/<pod or container>) the run covers
+    # (servewitness.instances); min_targets counts them
+    replicas_of: tuple[str, ...] = ()
+    # [targets.containers]: target name (or a replicas_of family, for each of its instances)
+    # -> the container its evidence must come from: a container name, an id prefix (>= 12
+    # hex digits) or "label:KEY=VALUE"
     containers: tuple[tuple[str, str], ...] = ()
 
 

@@ -4,6 +4,9 @@ Policies fail closed: unknown keys, wrong types, empty arrays, impossible values
 without rules are all errors (``PolicyError``, exit code 3), never silently ignored; so is a
 policy that could PASS on nothing (no liveness, hooks that need no fire, vLLM not required
 pristine) unless it names the ``unsafe_*`` key that accepts that weakening (``strength.py``).
+
+Size: one module because every section's parser reads through the same ``_Doc``/``_Table``
+checks, whose errors name the key and its line; the rules themselves live in ``rules*.py``.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ KEYS: dict[str, tuple[str, ...]] = {
         "provenance",
         "patches",
     ),
-    "targets": ("names", "container_ids", "min_targets", "containers"),
+    "targets": ("names", "replicas_of", "container_ids", "min_targets", "containers"),
     "evidence": (
         "freshness_s",
         "clock_skew_s",
@@ -82,6 +85,7 @@ _QUALNAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
 _MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _CONTAINER = re.compile(r"^[0-9a-f]{12,64}$")
+_FAMILY = re.compile(r"[^/\s][^/]*\Z")  # a replicas_of family: a target name, no "/"
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
@@ -263,10 +267,24 @@ def _targets(doc: _Doc, data: dict[str, Any]) -> I.TargetSelection:
         )
         or ()
     )
+    families = (
+        t.strings(
+            "replicas_of",
+            pattern=_FAMILY,
+            form="a target name without '/' (its instances are FAMILY/<pod or container>)",
+        )
+        or ()
+    )
     min_targets = t.integer("min_targets", I.DEFAULT_MIN_TARGETS, minimum=1)
-    if names and min_targets > len(names):
+    if names and not families and min_targets > len(names):
         raise t.error("min_targets", f"is {min_targets} but names lists only {len(names)}")
-    return I.TargetSelection(names, ids, min_targets, _bindings(doc, t, names))
+    return I.TargetSelection(
+        names=names,
+        container_ids=ids,
+        min_targets=min_targets,
+        replicas_of=families,
+        containers=_bindings(doc, t, names + families),
+    )
 
 
 def _bindings(doc: _Doc, t: _Table, names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
@@ -284,7 +302,10 @@ def _bindings(doc: _Doc, t: _Table, names: tuple[str, ...]) -> tuple[tuple[str, 
         if why:
             raise b.error(target, f"{spec!r} is {why}")
         if names and target not in names:
-            raise b.error(target, f"binds target {target!r}, which [targets] names does not list")
+            raise b.error(
+                target,
+                f"binds target {target!r}, which [targets] names and replicas_of do not list",
+            )
         out.append((target, spec))
     return tuple(out)
 

@@ -84,6 +84,11 @@ def _targets() -> Schema:
         "targets",
         {
             "names": _strings("exact target names (default: every target that reports)", {}),
+            "replicas_of": _strings(
+                "target families whose every instance (FAMILY/<pod or container>, the agent's "
+                "--instance) the run covers; min_targets counts them",
+                {"pattern": "^[^/\\s][^/]*$"},
+            ),
             "container_ids": _strings(
                 "container id prefixes, 12 to 64 lowercase hex digits",
                 {"pattern": _ecma(L._CONTAINER)},

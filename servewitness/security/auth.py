@@ -5,7 +5,9 @@ with what its bearer token says (a tokens file: ``[[token]]`` entries with the t
 sha256, a name, a role and, for an agent, its targets). Then:
 
 * ``Hello`` / ``Report``: an agent identity (targets) whose name is the agent id it reports
-  as, reporting only for its own targets;
+  as, reporting only for its own targets; a name or target covers its instances
+  (``agent-vllm/<pod>``, ``vllm/<pod>``: ``servewitness.instances``), so the replicas of one
+  Deployment, which share one Secret, report under distinct ids and targets;
 * ``RegisterRun``: the ``operator`` role;
 * ``GetRunStatus`` / ``ListRuns``: ``operator``, ``harness`` or ``auditor``;
 * ``OpenWindow`` / ``SealWindow`` (measurement windows): ``operator`` or ``harness``.
@@ -32,6 +34,7 @@ import grpc
 import structlog
 
 from servewitness.errors import ConfigError
+from servewitness.instances import covered
 from servewitness.security.peercred import LocalAgent, PeerCred, UnixRelay
 from servewitness.security.roles import ROLES, Identity, identity_of
 
@@ -182,13 +185,13 @@ class Authorizer:
             return p  # plaintext TCP: accepted, and its evidence is nobody's
         if not p.targets:
             _abort(context, grpc.StatusCode.PERMISSION_DENIED, f"{p.describe()} is not an agent")
-        if agent_id not in p.names:
+        if not covered(p.names, agent_id):  # its name, or an instance of it (NAME/<pod>)
             _abort(
                 context,
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"{p.describe()} may not report as agent {agent_id!r}",
             )
-        foreign = sorted(set(targets) - p.targets)
+        foreign = sorted(t for t in set(targets) if not covered(p.targets, t))
         if foreign:
             _abort(
                 context,

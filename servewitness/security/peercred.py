@@ -37,6 +37,7 @@ from pathlib import Path
 import structlog
 
 from servewitness.errors import ConfigError, UsageError
+from servewitness.instances import covered
 
 log = structlog.get_logger("verifier.relay")
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -69,7 +70,9 @@ class LocalAgent:
     container: str | None = None  # a container id prefix (>= 12 hex digits)
 
     def may_report(self, targets: frozenset[str] | set[str]) -> bool:
-        return not self.targets or set(targets) <= self.targets
+        """Whether it may report for every one of TARGETS (a listed target, or an instance of
+        a listed family: ``servewitness.instances.covered``); unlisted: any target."""
+        return not self.targets or all(covered(self.targets, t) for t in targets)
 
     def matches(self, cred: PeerCred) -> bool:
         if cred.uid != self.uid:

@@ -1,0 +1,215 @@
+"""Per-pod targets: the replicas of one Deployment report as instances ``vllm/<pod>`` of one
+family (the agent's ``--instance``), a policy's ``[targets] replicas_of`` covers every instance
+and ``min_targets`` counts them, and one credential for the family speaks for all of them (the
+replicas share one Secret); a credential for one instance speaks for that one only.
+
+The end-to-end test runs a real verifier over mutual TLS and real agents with certificates from
+`verifier certs`, watching the probed fake worker of tests/test_faults.py."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from servewitness import instances
+from servewitness.model import ProcessReport
+from servewitness.policy import PolicyError, TargetSnapshot, load_policy
+from servewitness.testing.vllm_server import free_port
+from tests.helpers import verifier_cli
+from tests.test_faults import FakeWorker, policy, worker
+from tests.test_gate_e2e import Daemon
+from tests.test_policy_engine import worker as engine_worker
+from tests.test_security import client
+
+__all__ = ["worker"]  # the fixture, used by name
+
+
+# --- names ------------------------------------------------------------------------------------
+
+
+def test_a_family_credential_covers_its_instances_and_nothing_else() -> None:
+    assert instances.covered({"vllm"}, "vllm") and instances.covered({"vllm"}, "vllm/pod-a")
+    assert instances.covered({"vllm"}, "vllm/pod-a/x")  # a family is what precedes the first /
+    for other in ("vllmx/pod-a", "vllm-evil", "vll/m", "/vllm", "other/vllm"):
+        assert not instances.covered({"vllm"}, other), other
+    # a credential for one instance: that instance only, not its family nor a sibling
+    assert instances.covered({"vllm/pod-a"}, "vllm/pod-a")
+    assert not instances.covered({"vllm/pod-a"}, "vllm/pod-b")
+    assert not instances.covered({"vllm/pod-a"}, "vllm")
+    assert instances.family("vllm/pod-a") == "vllm" and instances.family("vllm") == "vllm"
+
+
+@pytest.mark.parametrize(
+    "target,name",
+    [("vllm/a", "b"), ("vllm", ""), ("vllm", "-a"), ("vllm", "a/b"), ("vllm", "a" * 254),
+     ("vllm", "pod a"), ("vllm", "a\n")],
+)  # fmt: skip
+def test_instance_names_are_pod_names_or_container_ids(target: str, name: str) -> None:
+    with pytest.raises(ValueError):
+        instances.instance_of(target, name)
+
+
+def test_an_instance_name_from_the_downward_api_is_accepted() -> None:
+    assert instances.instance_of("vllm", "vllm-7d9c5b8f6-x2x9q") == "vllm/vllm-7d9c5b8f6-x2x9q"
+    assert instances.instance_of("vllm", "a" * 253) == "vllm/" + "a" * 253
+
+
+def test_the_agent_refuses_a_bad_instance_name() -> None:
+    out = verifier_cli("agent", "--verifier", "unix:/nonexistent", "--target", "vllm",
+                       "--instance", "pod a", "--no-docker")  # fmt: skip
+    assert out.returncode == 2 and "--instance" in out.stderr, out.stderr
+    out = verifier_cli("agent", "--verifier", "unix:/nonexistent", "--target", "vllm/a",
+                       "--instance", "b", "--no-docker")  # fmt: skip
+    assert out.returncode == 2 and "already names an instance" in out.stderr, out.stderr
+
+
+# --- policies ---------------------------------------------------------------------------------
+
+REPLICAS = policy().replace(
+    "[evidence]", '[targets]\nreplicas_of = ["vllm"]\nmin_targets = 2\n[evidence]'
+)
+
+
+def test_replicas_of_selects_every_instance_of_the_family_and_nothing_else() -> None:
+    p = load_policy(REPLICAS)
+    assert p.selection.replicas_of == ("vllm",) and p.selection.min_targets == 2
+    for selected in ("vllm/pod-a", "vllm/b"):
+        assert p.selects(selected, ())
+    for other in ("vllm", "vllmx/a", "other/pod-a", "other"):
+        assert not p.selects(other, ()), other
+    both = load_policy(REPLICAS.replace('replicas_of = ["vllm"]',
+                                        'names = ["solo"]\nreplicas_of = ["vllm"]'))  # fmt: skip
+    assert both.selects("solo", ()) and both.selects("vllm/a", ()) and not both.selects("vllm", ())
+
+
+@pytest.mark.parametrize(
+    "targets,error",
+    [('replicas_of = ["vllm/a"]', "without '/'"), ("replicas_of = []", "must not be empty"),
+     ('replicas_of = [" "]', "must not be empty"),
+     ('names = ["a"]\nmin_targets = 2', "names lists only 1"),
+     ('replicas_of = ["vllm"]\n[targets.containers]\nother = "vllm"', "do not list")],
+)  # fmt: skip
+def test_bad_replicas_of_is_refused_with_the_key(targets: str, error: str) -> None:
+    with pytest.raises(PolicyError, match="targets") as e:
+        load_policy(policy().replace("[evidence]", f"[targets]\n{targets}\n[evidence]"))
+    assert error in str(e.value), str(e.value)
+
+
+def _proc(container: str) -> ProcessReport:
+    return replace(engine_worker(), container_id=container)
+
+
+def test_a_familys_container_binding_holds_each_instance() -> None:
+    """[targets.containers] vllm = ... binds every vllm/<pod>: an instance whose processes run
+    in another container FAILs on the binding (a name binding without a Docker API: PENDING)."""
+    bound = load_policy(REPLICAS.replace(
+        "[evidence]", '[targets.containers]\nvllm = "aaaaaaaaaaaa"\n[evidence]', 1))  # fmt: skip
+    here = TargetSnapshot("vllm/pod-a", (_proc("a" * 64),), time.time())
+    there = TargetSnapshot("vllm/pod-b", (_proc("b" * 64),), time.time())
+    ids = {t: {f.id for f in bound.evaluate_target(s, s.received_unix).findings}
+           for t, s in (("a", here), ("b", there))}  # fmt: skip
+    assert "evidence.container_mismatch" in ids["b"], ids
+    assert "evidence.container_mismatch" not in ids["a"], ids
+
+
+# --- end to end: a real verifier over mutual TLS, real agents ---------------------------------
+
+
+def pki(tmp: Path) -> Path:
+    d = tmp / "pki"
+    for args in (["certs", "init", "--dir", str(d)],
+                 ["certs", "issue", "verifier", "--dir", str(d), "--ip", "127.0.0.1"],
+                 ["certs", "issue", "agent-vllm", "--dir", str(d), "--target", "vllm"],
+                 ["certs", "issue", "agent-pod", "--dir", str(d), "--target", "vllm/pod-a"],
+                 ["certs", "issue", "ops", "--dir", str(d), "--role", "operator"]):  # fmt: skip
+        out = verifier_cli(*args)
+        assert out.returncode == 0, (args, out.stderr)
+    return d
+
+
+def run_agent(d: Path, addr: str, tmp: Path, who: tuple[str, str, str], pid: int) -> Daemon:
+    """An agent with certificate CERT reporting as TARGET --instance INSTANCE (WHO)."""
+    cert, target, instance = who
+    return Daemon(
+        ["-v", "agent", "--verifier", addr, "--target", target, "--instance", instance,
+         "--agent-id", cert, "--pid", str(pid), "--interval", "0.2", "--no-docker",
+         "--spool", str(tmp / f"spool-{cert}-{instance}"), "--tls-ca", str(d / "ca.pem"),
+         "--tls-cert", str(d / f"{cert}.pem"), "--tls-key", str(d / f"{cert}.key")],
+        tmp / f"agent-{cert}-{instance}.log",
+    ).start()  # fmt: skip
+
+
+def status(d: Path, addr: str) -> dict[str, Any]:
+    out = verifier_cli(*client(d, "ops", "status", "r", "--json", addr=addr))
+    assert out.returncode in (0, 1), out.stderr
+    run: dict[str, Any] = json.loads(out.stdout)["runs"][0]
+    return run
+
+
+def until(what: str, timeout_s: float, probe: Any) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = probe()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_two_replicas_report_as_two_instances_and_the_run_needs_both(
+    worker: FakeWorker, tmp_path: Path
+) -> None:
+    d = pki(tmp_path)
+    addr = f"127.0.0.1:{free_port()}"
+    (tmp_path / "p.toml").write_text(REPLICAS)
+    serve = Daemon(
+        ["serve", "--listen", addr, "--db", str(tmp_path / "db.sqlite3"), "--report-interval",
+         "0.2", "--run", f"r={tmp_path / 'p.toml'}", "--tls-cert", str(d / "verifier.pem"),
+         "--tls-key", str(d / "verifier.key"), "--tls-client-ca", str(d / "ca.pem")],
+        tmp_path / "serve.log",
+    ).start()  # fmt: skip
+    agents: list[Daemon] = []
+    try:
+        until("the verifier", 30, lambda: "listening" in (tmp_path / "serve.log").read_text())
+        # one replica: PENDING, one of the two instances the run needs
+        agents.append(run_agent(d, addr, tmp_path, ("agent-vllm", "vllm", "pod-a"), worker.pid))
+        st = until("pod-a's evidence", 60, lambda: (s := status(d, addr))["targets"] and s)
+        assert [t["target"] for t in st["targets"]] == ["vllm/pod-a"]
+        assert st["verdict"] == "PENDING", st
+        (short,) = [f for f in st["findings"] if f["id"] == "evidence.no_report"]
+        assert "fewer than the 2 it needs" in short["message"], short
+        # the second replica, same credential (one Secret for the Deployment): both judged
+        agents.append(run_agent(d, addr, tmp_path, ("agent-vllm", "vllm", "pod-b"), worker.pid))
+        st = until("a PASS on both instances", 60,
+                   lambda: (s := status(d, addr))["verdict"] == "PASS" and s)  # fmt: skip
+        assert sorted(t["target"] for t in st["targets"]) == ["vllm/pod-a", "vllm/pod-b"]
+        assert all(t["verdict"] == "PASS" for t in st["targets"])
+        # a credential for one instance may not speak for another, nor for another family
+        for who in (("agent-pod", "vllm", "pod-b"), ("agent-vllm", "vllmx", "pod-a")):
+            agents.append(run_agent(d, addr, tmp_path, who, worker.pid))
+        logs = [tmp_path / "agent-agent-pod-pod-b.log", tmp_path / "agent-agent-vllm-pod-a.log"]
+        until("both refusals", 60, lambda: all(
+            "may not report for target(s)" in p.read_text() for p in logs))  # fmt: skip
+        assert "vllm/pod-b" in logs[0].read_text() and "vllmx/pod-a" in logs[1].read_text()
+        # ... while the one it names is accepted, as agent agent-pod/pod-a
+        agents.append(run_agent(d, addr, tmp_path, ("agent-pod", "vllm", "pod-a"), worker.pid))
+        until("agent-pod/pod-a's report", 60, lambda: any(
+            t["agent_id"] == "agent-pod/pod-a" for t in targets(d, addr)))  # fmt: skip
+        assert {t["target"] for t in targets(d, addr)} == {"vllm/pod-a", "vllm/pod-b"}
+    finally:
+        for a in agents:
+            if a.proc is not None:
+                a.stop()
+        serve.stop()
+
+
+def targets(d: Path, addr: str) -> list[dict[str, Any]]:
+    out = verifier_cli(*client(d, "ops", "target", "list", "--json", addr=addr))
+    assert out.returncode == 0, out.stderr
+    got: list[dict[str, Any]] = json.loads(out.stdout)["targets"]
+    return got
