@@ -87,6 +87,19 @@ def test_replicas_of_selects_every_instance_of_the_family_and_nothing_else() -> 
     assert both.selects("solo", ()) and both.selects("vllm/a", ()) and not both.selects("vllm", ())
 
 
+def test_instances_count_only_where_the_policy_asks_for_them() -> None:
+    """A policy without [targets] covers every target that reports, but not instances: a
+    credential for one family could otherwise report vllm/1, vllm/2, ... and meet
+    min_targets on its own, where before it could report one target."""
+    p = load_policy(policy())
+    assert p.selects("vllm", ()) and p.selects("other", ())
+    assert not p.selects("vllm/1", ()) and not p.selects("vllm/2", ())
+    named = load_policy(
+        policy().replace("[evidence]", '[targets]\nnames = ["a", "b"]\nmin_targets = 2\n[evidence]')
+    )
+    assert not named.selects("a/1", ()) and not named.selects("a/2", ())
+
+
 @pytest.mark.parametrize(
     "targets,error",
     [('replicas_of = ["vllm/a"]', "without '/'"), ("replicas_of = []", "must not be empty"),

@@ -115,12 +115,19 @@ class Policy:
 
     def selects(self, target: str, container_ids: tuple[str, ...]) -> bool:
         """Whether the run covers TARGET: its name is listed, or it is an instance of a listed
-        family (when names or replicas_of are given), and one of its processes runs in a
-        listed container (when container ids are given)."""
+        family (when names or replicas_of are given; without either, any name but an
+        instance), and one of its processes runs in a listed container (when container ids
+        are given)."""
         sel = self.selection
-        if (sel.names or sel.replicas_of) and not (
-            target in sel.names or (SEPARATOR in target and family(target) in sel.replicas_of)
-        ):
+        if sel.names or sel.replicas_of:
+            if not (
+                target in sel.names or (SEPARATOR in target and family(target) in sel.replicas_of)
+            ):
+                return False
+        elif SEPARATOR in target:
+            # "Every target that reports" means every plain name: instances only where the
+            # policy asks for them (replicas_of), or else one credential for a family could
+            # report instances enough to meet min_targets on its own
             return False
         return not sel.container_ids or any(
             cid.startswith(prefix) for cid in container_ids for prefix in sel.container_ids
