@@ -11,6 +11,10 @@ other parts name:
 * a policy's ``[targets] replicas_of = ["vllm"]`` selects every instance of the family, and
   ``min_targets`` counts them (``policy/loader.py``);
 * a ``[targets.containers]`` binding of the family applies to each of its instances.
+
+A name is an instance only when what follows its first ``/`` is an instance name
+(``is_instance``); any other name with a ``/`` (``</script>``, ``a/b/c``) stays the plain
+target name it always was.
 """
 
 from __future__ import annotations
@@ -23,9 +27,16 @@ SEPARATOR = "/"
 INSTANCE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,251}[A-Za-z0-9])?")
 
 
+def is_instance(target: str) -> bool:
+    """Whether TARGET names an instance: a family, ``/``, and an instance name (``INSTANCE``).
+    Any other name with a ``/`` in it is a plain target name, as it always was."""
+    fam, sep, name = target.partition(SEPARATOR)
+    return bool(fam) and bool(sep) and INSTANCE.fullmatch(name) is not None
+
+
 def family(target: str) -> str:
-    """The family of TARGET: what comes before its first ``/`` (TARGET itself if none)."""
-    return target.partition(SEPARATOR)[0]
+    """The family of TARGET when it names an instance (``is_instance``), else TARGET."""
+    return target.partition(SEPARATOR)[0] if is_instance(target) else target
 
 
 def instance_of(target: str, name: str) -> str:
@@ -45,4 +56,4 @@ def covered(allowed: Iterable[str], target: str) -> bool:
     """Whether a credential naming the targets ALLOWED may report for TARGET: it names TARGET,
     or TARGET is an instance of a family it names."""
     names = set(allowed)
-    return target in names or (SEPARATOR in target and family(target) in names)
+    return target in names or (is_instance(target) and family(target) in names)

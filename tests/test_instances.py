@@ -34,7 +34,9 @@ __all__ = ["worker"]  # the fixture, used by name
 
 def test_a_family_credential_covers_its_instances_and_nothing_else() -> None:
     assert instances.covered({"vllm"}, "vllm") and instances.covered({"vllm"}, "vllm/pod-a")
-    assert instances.covered({"vllm"}, "vllm/pod-a/x")  # a family is what precedes the first /
+    # a name whose part after the first / is no instance name is a plain name, as it was
+    assert not instances.covered({"vllm"}, "vllm/pod-a/x")
+    assert not instances.is_instance("</script>") and instances.family("a/<b>") == "a/<b>"
     for other in ("vllmx/pod-a", "vllm-evil", "vll/m", "/vllm", "other/vllm"):
         assert not instances.covered({"vllm"}, other), other
     # a credential for one instance: that instance only, not its family nor a sibling

@@ -22,7 +22,9 @@ from servewitness import wire
 from servewitness.api.v1 import verifier_pb2 as pb
 from servewitness.client.api import VerifierClient
 from servewitness.errors import ConfigError, UsageError
-from servewitness.model import TargetReport, Verdict
+from servewitness.model import Finding, TargetReport, Verdict
+from servewitness.policy import TargetSnapshot, load_policy
+from servewitness.policy.engine import evaluate_run
 from servewitness.server.app import ServeConfig, VerifierServer
 from servewitness.server.store import Store
 from tests.helpers import agent_stub, verifier_cli
@@ -115,10 +117,34 @@ def test_a_crashed_servers_target_expires_and_stops_blocking_later_runs(
     wait_for("old expires", old_expired)
     assert run_verdict(verifier) == (Verdict.PASS, {"new": Verdict.PASS})
     assert target_events(tmp_path / "db.sqlite3") == [("old", "expired", "verifier")]
+    # It left the selection with a finding, not in silence (issue 23, item 2): the run says
+    # which selected target is gone from its verdict, as a WARNING (a PASS stays a PASS).
+    (gone,) = expired_findings(verifier)
+    assert (gone.severity.value, gone.context["target"]) == ("warning", "old"), gone
+    assert "silent past the verifier's --target-expiry" in gone.message
     # It comes back, as new, when it reports again (and is judged again).
     send(verifier, "old", base)
     assert states(verifier) == {"new": "live", "old": "live"}
     assert run_verdict(verifier)[1] == {"new": Verdict.PASS, "old": Verdict.PASS}
+    assert expired_findings(verifier) == []
+
+
+def expired_findings(addr: str) -> list[Finding]:
+    with VerifierClient(addr) as client:
+        v = client.status("r")
+    return [f for f in v.findings if f.id == "evidence.target_expired"]
+
+
+def test_an_expired_target_the_run_does_not_select_is_not_named() -> None:
+    """Negative control: a target outside the policy's selection expires without a word, and
+    one that reported again since is not named either."""
+    pol = load_policy(policy(30.0).replace("[evidence]", '[targets]\nnames = ["a"]\n[evidence]'))
+    snap = TargetSnapshot("a", (), time.time())
+    other = TargetSnapshot("b", (), time.time())
+    v = evaluate_run("r", pol, "d", [snap], time.time(), expired=[other, snap])
+    assert [f.id for f in v.findings if f.id == "evidence.target_expired"] == []
+    v = evaluate_run("r", pol, "d", [], time.time(), expired=[snap])
+    assert [f.context["target"] for f in v.findings if f.id == "evidence.target_expired"] == ["a"]
 
 
 @pytest.fixture

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TypeGuard
 
-from servewitness.instances import SEPARATOR, family
+from servewitness.instances import family, is_instance
 from servewitness.model import (
     Finding,
     HookCount,
@@ -121,10 +122,10 @@ class Policy:
         sel = self.selection
         if sel.names or sel.replicas_of:
             if not (
-                target in sel.names or (SEPARATOR in target and family(target) in sel.replicas_of)
+                target in sel.names or (is_instance(target) and family(target) in sel.replicas_of)
             ):
                 return False
-        elif SEPARATOR in target:
+        elif is_instance(target):
             # "Every target that reports" means every plain name: instances only where the
             # policy asks for them (replicas_of), or else one credential for a family could
             # report instances enough to meet min_targets on its own
@@ -204,7 +205,7 @@ class Policy:
         bound = bindings.get(snap.target)
         if (
             bound is None
-            and SEPARATOR in snap.target
+            and is_instance(snap.target)
             and family(snap.target) in (self.selection.replicas_of)
         ):
             bound = bindings.get(family(snap.target))  # the family's binding, per instance
@@ -334,12 +335,15 @@ def evaluate_run(
     *,
     now_boot_s: float | None = None,
     judgements: Judgements | None = None,
+    expired: Sequence[I.TargetSnapshot] = (),
 ) -> RunVerdict:
     """The run's verdict over the targets the policy selects (others are ignored): ``combine``
     of their verdicts, PENDING (``evidence.no_report``) while fewer than ``min_targets`` of them
     have reported or a target named in ``[targets] names`` has not. NOW is the wall clock
     (displayed); NOW_BOOT_S the verifier's age clock (``Policy.age``); JUDGEMENTS: what to
-    reuse of earlier evaluations (the same verdict, computed faster)."""
+    reuse of earlier evaluations (the same verdict, computed faster). EXPIRED: the last
+    snapshots of targets the verifier expired (silent past ``--target-expiry``): not judged,
+    but each one the policy selects is named (``evidence.target_expired``, a WARNING)."""
     latest: dict[str, I.TargetSnapshot] = {}
     for snap in snapshots:
         if not policy.selects(snap.target, _container_ids(snap)):
@@ -374,6 +378,20 @@ def evaluate_run(
     verdicts = [t.verdict for t in targets]
     if findings:
         verdicts.append(Verdict.PENDING)
+    for snap in sorted(expired, key=lambda s: s.target):
+        if snap.target in latest or not policy.selects(snap.target, _container_ids(snap)):
+            continue
+        findings.append(
+            Finding(
+                F.EVIDENCE_TARGET_EXPIRED,
+                Severity.WARNING,
+                f"target {snap.target} of run {run} was silent past the verifier's "
+                "--target-expiry and has left the run's verdict until it reports again (its "
+                "pod or container is gone, or its agent cannot reach the verifier)",
+                snap.target,
+                {"target": snap.target, "last_report_unix": snap.received_unix},
+            )
+        )
     verdict = combine(verdicts)
     findings.extend(
         _unsafe_findings(run, policy, digest, snapshots, now, verdict=verdict, kept=judgements)

@@ -44,6 +44,7 @@ from servewitness.policy.window import (
 EVIDENCE_STALE = "evidence.stale"
 POLICY_REFUSED = "policy.refused"
 EVIDENCE_NO_REPORT = "evidence.no_report"
+EVIDENCE_TARGET_EXPIRED = "evidence.target_expired"
 EVIDENCE_NO_PROCESSES = "evidence.no_processes"
 VERDICT_FINDINGS_OMITTED = "verdict.findings_omitted"
 EVIDENCE_PROBE_ABSENT = "evidence.probe_absent"
@@ -128,6 +129,12 @@ FINDINGS: dict[str, FindingKind] = {
     ),
     EVIDENCE_NO_REPORT: FindingKind(
         Severity.PENDING, "", "fewer selected targets reported than the run needs (run level)"
+    ),
+    EVIDENCE_TARGET_EXPIRED: FindingKind(
+        Severity.WARNING,
+        "",
+        "a target the run selects was silent past the verifier's --target-expiry: it has left "
+        "the run's verdict (min_targets counts without it) until it reports again (run level)",
     ),
     EVIDENCE_NO_PROCESSES: FindingKind(Severity.PENDING, "", "the target reported no processes"),
     VERDICT_FINDINGS_OMITTED: FindingKind(

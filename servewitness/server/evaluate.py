@@ -185,7 +185,10 @@ class Evaluator:
         pol = self.policy(run)
         if isinstance(pol, PolicyError):
             return refused_run(run.name, run.policy_digest, pol, now)
-        snaps = self.snapshots() if snaps is None else snaps
+        expired: list[TargetSnapshot] = []
+        if snaps is None:
+            snaps = self.snapshots()
+            expired = [t.snapshot for t in self.targets() if t.expired]
         return evaluate_run(
             run.name,
             pol,
@@ -194,4 +197,5 @@ class Evaluator:
             now,
             now_boot_s=clock.boot_s(),
             judgements=self.judgements,
+            expired=expired,
         )
