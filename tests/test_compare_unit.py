@@ -214,11 +214,15 @@ def test_pace_without_judged_steps_is_no_evidence() -> None:
 
 
 def test_pace_flags_processes_that_came_or_went() -> None:
-    rows, found = pace(rv(hc(10, 10, pid=1)), rv(hc(20, 20, pid=2)))
+    # (other hooks: not one process restarted in the other's place, see below)
+    rows, found = pace(rv(hc(10, 10, pid=1, name="a")), rv(hc(20, 20, pid=2, name="b")))
     assert rows == {}
     assert [f.id for f in found] == [WINDOW_PROCESS_CHANGED, WINDOW_PROCESS_CHANGED]
     assert "was not there when the window opened" in found[0].message
     assert "is gone" in found[1].message
+    # the same serving slot (target, role, rank, hook) under another pid: one restart
+    rows, found = pace(rv(hc(10, 10, pid=1)), rv(hc(20, 20, pid=2)))
+    assert rows == {} and [f.context.get("restarted") for f in found] == [True]
 
 
 def test_pace_judges_each_hook_and_process_on_its_own_counts() -> None:
@@ -238,7 +242,23 @@ def test_pace_names_a_process_restarted_under_the_same_pid() -> None:
     after = hook_rows(rv(hc(130, 130)), {("t", 7): ProcessKey("b", 7, 2000)})
     rows, found = pace_rows(before, after)
     assert rows == {}
-    assert [f.id for f in found] == [WINDOW_PROCESS_CHANGED, WINDOW_PROCESS_CHANGED]
+    # one restart, said as one: the same target, role, rank and hook, another process
+    (restart,) = found
+    assert restart.id == WINDOW_PROCESS_CHANGED and restart.context["restarted"] is True
+    assert "restarted during the window" in restart.message
+    assert restart.context["was"].startswith("t/pid 7@1000/")
+    assert restart.context["hook"].startswith("t/pid 7@2000/")
+
+
+def test_pace_says_gone_and_new_apart_when_they_are_not_one_restart() -> None:
+    """Negative control: a process gone from one target and a new one in another target are
+    two changes, not a restart; each is named as before."""
+    before = hook_rows(rv(hc(100, 100)), {("t", 7): ProcessKey("b", 7, 1000)})
+    after = {k.replace("t/", "u/", 1): v for k, v in before.items()}
+    rows, found = pace_rows(before, after)
+    assert rows == {} and len(found) == 2
+    assert all(f.id == WINDOW_PROCESS_CHANGED and "restarted" not in f.context for f in found)
+    assert {"is gone" in f.message for f in found} == {True, False}
 
 
 def test_a_window_file_holds_only_the_id_and_an_older_one_is_named(tmp_path: Path) -> None:

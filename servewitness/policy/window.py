@@ -145,7 +145,40 @@ def pace(
                 {"hook": key},
             )
         )
-    return rows, found
+    return rows, _restarts(start, end, found)
+
+
+def _slot(key: str, row: Mapping[str, Any]) -> tuple[str, Any, Any, Any, Any]:
+    """Where a hook row's process serves: its target (a key is ``target/pid P@START/name/on``,
+    and a target may hold ``/``), role, rank, hook and step kind."""
+    target = key.rsplit("/", 3)[0]
+    return target, row["role"], row["rank"], row["name"], row["on"]
+
+
+def _restarts(
+    start: Mapping[str, Mapping[str, Any]],
+    end: Mapping[str, Mapping[str, Any]],
+    found: list[WindowFinding],
+) -> list[WindowFinding]:
+    """FOUND with each pair of process-changed findings that is one restart (a process gone
+    and a new one in its place: same target, role, rank and hook) said as one: the window
+    spans a restart of the served process, which no window survives."""
+    gone = {_slot(k, start[k]): k for k in start if k not in end}
+    new = {_slot(k, end[k]): k for k in end if k not in start}
+    pairs = {gone[s]: new[s] for s in gone.keys() & new.keys()}
+    if not pairs:
+        return found
+    out = [f for f in found if f.context.get("hook") not in pairs.keys() | set(pairs.values())]
+    for old, now in sorted(pairs.items()):
+        out.append(
+            WindowFinding(
+                WINDOW_PROCESS_CHANGED,
+                f"{now}: the process restarted during the window (it was {old}): its counts "
+                "start again, and nothing shows the hook kept pace across the restart",
+                {"hook": now, "restarted": True, "was": old},
+            )
+        )
+    return out
 
 
 _RANK = {Severity.ERROR: 0, Severity.PENDING: 1, Severity.WARNING: 2, Severity.INFO: 3}
