@@ -27,16 +27,22 @@ SEPARATOR = "/"
 INSTANCE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,251}[A-Za-z0-9])?")
 
 
-def is_instance(target: str) -> bool:
-    """Whether TARGET names an instance: a family, ``/``, and an instance name (``INSTANCE``).
-    Any other name with a ``/`` in it is a plain target name, as it always was."""
+def instance_family(target: str) -> str | None:
+    """The family of TARGET when it names an instance (a family, ``/``, and an instance name:
+    ``INSTANCE``); None for any other name, ``/`` in it or not: a plain target name, as it
+    always was."""
     fam, sep, name = target.partition(SEPARATOR)
-    return bool(fam) and bool(sep) and INSTANCE.fullmatch(name) is not None
+    return fam if fam and sep and INSTANCE.fullmatch(name) is not None else None
+
+
+def is_instance(target: str) -> bool:
+    """Whether TARGET names an instance (``instance_family``)."""
+    return instance_family(target) is not None
 
 
 def family(target: str) -> str:
-    """The family of TARGET when it names an instance (``is_instance``), else TARGET."""
-    return target.partition(SEPARATOR)[0] if is_instance(target) else target
+    """The family of TARGET when it names an instance, else TARGET."""
+    return instance_family(target) or target
 
 
 def instance_of(target: str, name: str) -> str:
@@ -56,4 +62,4 @@ def covered(allowed: Iterable[str], target: str) -> bool:
     """Whether a credential naming the targets ALLOWED may report for TARGET: it names TARGET,
     or TARGET is an instance of a family it names."""
     names = set(allowed)
-    return target in names or (is_instance(target) and family(target) in names)
+    return target in names or instance_family(target) in names

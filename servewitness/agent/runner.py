@@ -161,7 +161,7 @@ class Agent:
         self.health = health.HealthServicer()
         self.health.set(READY_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.health_server: grpc.Server | None = None
-        self.ready = False  # what READY_SERVICE says (ready())
+        self.ready = False  # what READY_SERVICE says (set_ready)
 
     # collection ------------------------------------------------------------------------
     def collect(self) -> TargetReport:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TypeGuard
 
-from servewitness.instances import family, is_instance
+from servewitness.instances import instance_family
 from servewitness.model import (
     Finding,
     HookCount,
@@ -121,11 +121,9 @@ class Policy:
         are given)."""
         sel = self.selection
         if sel.names or sel.replicas_of:
-            if not (
-                target in sel.names or (is_instance(target) and family(target) in sel.replicas_of)
-            ):
+            if target not in sel.names and self._replica_family(target) is None:
                 return False
-        elif is_instance(target):
+        elif instance_family(target) is not None:
             # "Every target that reports" means every plain name: instances only where the
             # policy asks for them (replicas_of), or else one credential for a family could
             # report instances enough to meet min_targets on its own
@@ -133,6 +131,12 @@ class Policy:
         return not sel.container_ids or any(
             cid.startswith(prefix) for cid in container_ids for prefix in sel.container_ids
         )
+
+    def _replica_family(self, target: str) -> str | None:
+        """The family of TARGET when it is an instance of one ``[targets] replicas_of``
+        lists (``servewitness.instances``), else None."""
+        fam = instance_family(target)
+        return fam if fam in self.selection.replicas_of else None
 
     def age(self, snap: I.TargetSnapshot, now: float, now_boot_s: float | None) -> float | None:
         """How old SNAP's evidence is. A verifier gives NOW_BOOT_S, its age clock (seconds
@@ -203,12 +207,9 @@ class Policy:
             )
         bindings = dict(self.selection.containers)
         bound = bindings.get(snap.target)
-        if (
-            bound is None
-            and is_instance(snap.target)
-            and family(snap.target) in (self.selection.replicas_of)
-        ):
-            bound = bindings.get(family(snap.target))  # the family's binding, per instance
+        fam = self._replica_family(snap.target)
+        if bound is None and fam is not None:
+            bound = bindings.get(fam)  # the family's binding, per instance
         if bound is not None:
             findings.extend(container_findings(bound, snap))
         counts: list[HookCount] = []

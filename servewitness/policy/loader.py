@@ -85,7 +85,7 @@ _QUALNAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
 _MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _CONTAINER = re.compile(r"^[0-9a-f]{12,64}$")
-_FAMILY = re.compile(r"[^/\s][^/]*\Z")  # a replicas_of family: a target name, no "/"
+_FAMILY = re.compile(r"^[^/\s][^/]*$")  # a replicas_of family: a target name, no "/"
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 

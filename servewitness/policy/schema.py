@@ -87,7 +87,7 @@ def _targets() -> Schema:
             "replicas_of": _strings(
                 "target families whose every instance (FAMILY/<pod or container>, the agent's "
                 "--instance) the run covers; min_targets counts them",
-                {"pattern": "^[^/\\s][^/]*$"},
+                {"pattern": _ecma(L._FAMILY)},
             ),
             "container_ids": _strings(
                 "container id prefixes, 12 to 64 lowercase hex digits",
