@@ -34,15 +34,3 @@ ENV PATH=/opt/verifier/bin:$PATH \
 EXPOSE 50551 50552
 ENTRYPOINT ["verifier"]
 CMD ["--help"]
-
-# OCI image labels: what this image was built from (scripts/images.sh passes the three build
-# arguments; a plain `docker build` leaves them "unknown", which says so). For a provenance
-# tool, its own image says what it is. Last, so that a new date does not rebuild the layers.
-ARG OCI_SOURCE=unknown
-ARG OCI_REVISION=unknown
-ARG OCI_CREATED=unknown
-LABEL org.opencontainers.image.title="verifier" \
-      org.opencontainers.image.source="${OCI_SOURCE}" \
-      org.opencontainers.image.revision="${OCI_REVISION}" \
-      org.opencontainers.image.created="${OCI_CREATED}" \
-      org.opencontainers.image.licenses="Apache-2.0"

@@ -49,15 +49,18 @@ server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
 WHEELS="http://127.0.0.1:$port/"
 
-# OCI labels on every image built (the Dockerfiles' OCI_* arguments; the imported OS base
-# gets them with --change): this checkout's commit (-dirty when tracked files differ from
-# it), its origin's URL where it has one, and the build time.
+# OCI labels on every image built, set here for all of them (docker build --label; the
+# imported OS base gets the same with --change): this checkout's commit (-dirty when tracked
+# files differ from it), its origin's URL where it has one, and the build time. For a
+# provenance tool, its own images say what they are.
 oci_rev=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 [ "$oci_rev" = unknown ] || [ -z "$(git status --porcelain --untracked-files=no)" ] || oci_rev="$oci_rev-dirty"
 oci_source=$(git config --get remote.origin.url 2>/dev/null || echo unknown)
 oci_created=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-OCI_ARGS=(--build-arg "OCI_SOURCE=$oci_source" --build-arg "OCI_REVISION=$oci_rev"
-  --build-arg "OCI_CREATED=$oci_created")
+OCI_LABELS=("org.opencontainers.image.source=$oci_source" "org.opencontainers.image.revision=$oci_rev"
+  "org.opencontainers.image.created=$oci_created" "org.opencontainers.image.licenses=Apache-2.0")
+OCI_ARGS=()
+for l in "${OCI_LABELS[@]}"; do OCI_ARGS+=(--label "$l"); done
 
 # The legacy builder's deprecation banner on every build is noise.
 dbuild() { docker build --quiet --network host "$@" 2> >(grep -v -E 'DEPRECATED|BuildKit|environment-variable|^\s*$' >&2) >/dev/null; }
@@ -90,7 +93,7 @@ build_os_base() {
   mmdebstrap --quiet "${MMDEBSTRAP_ARGS[@]}" - | docker import \
     --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     --change 'CMD ["/bin/bash"]' \
-    --change "LABEL org.opencontainers.image.title=verifier-os-base org.opencontainers.image.source=$oci_source org.opencontainers.image.revision=$oci_rev org.opencontainers.image.created=$oci_created" \
+    --change "LABEL ${OCI_LABELS[*]}" \
     - "$1" >/dev/null
 }
 command -v mmdebstrap >/dev/null || [ -n "$(ls "$CACHE"/verifier-os-base-*.tar 2>/dev/null)" ] || {

@@ -443,8 +443,9 @@ OCI = "org.opencontainers.image."
 
 
 def oci_labels() -> dict[str, str]:
-    """The OCI_* build arguments scripts/images.sh gives (its revision: HEAD, -dirty when
-    tracked files differ), for the images a test builds itself."""
+    """The OCI labels scripts/images.sh gives (its revision: HEAD, -dirty when tracked files
+    differ), by their OCI_<NAME> (org.opencontainers.image.<name>), for the images a test
+    builds itself."""
     rev = sh("git", "-C", str(REPO), "rev-parse", "HEAD").stdout.strip()
     dirty = sh("git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no").stdout
     source = sh("git", "-C", str(REPO), "config", "--get", "remote.origin.url", check=False)
@@ -502,7 +503,8 @@ def bench_image(docker_images: None) -> str:
             ["docker", "build", "--network", "host", "-f", str(BENCH / "Dockerfile"),
              "--build-arg", "VLLM_IMAGE=verifier-vllm-cpu-base:local",
              "--build-arg", f"WHEELS=http://127.0.0.1:{port}/", "-t", "verifier-bench:local",
-             *(a for k, v in built.items() for a in ("--build-arg", f"{k}={v}")),
+             *(a for k, v in built.items()
+               for a in ("--label", f"{OCI}{k.removeprefix('OCI_').lower()}={v}")),
              str(REPO)],
             capture_output=True, text=True, timeout=1200, check=False,
             env={**os.environ, "DOCKER_BUILDKIT": "0"},
