@@ -105,6 +105,12 @@ EXPECT: dict[str, tuple[str, ...]] = {
         r"status p50 / baseline",
         r"every ledger verifies: True",
     ),
+    "replicas_scale.py": (
+        r"1 verifier\(s\): 3 agents offered 6/s acked [\d.]+/s",
+        r"2 verifier\(s\): 6 agents offered 12/s acked [\d.]+/s",
+        r"\| 2 \| 6 \| 12 \| [\d.]+ \(\d+%\) \| [\d.]+x \|",
+        r"every acknowledged report stored and every target on every verifier: True",
+    ),
     "server_throughput.py": (
         r"probe / no-probe = \d+\.\d+ +\(noise floor: boot-to-boot spread up to \d+\.\d+%\)",
         FLOOR,
@@ -177,7 +183,10 @@ def test_every_benchmark_has_a_smoke_test() -> None:
     assert set(EXPECT) >= smoke.LIVE
 
 
-@pytest.mark.parametrize("script", sorted(set(EXPECT) - smoke.LIVE - {"bindings_ledger.py"}))
+ON_POSTGRES = frozenset({"bindings_ledger.py", "replicas_scale.py"})
+
+
+@pytest.mark.parametrize("script", sorted(set(EXPECT) - smoke.LIVE - ON_POSTGRES))
 def test_smoke(script: str) -> None:
     run_smoke(script, smoke.command(script))
 
@@ -186,6 +195,12 @@ def test_smoke_bindings_ledger(postgres: PostgresServer) -> None:
     """On both backends: the session's PostgreSQL (two fresh databases), not one more."""
     dbs = f"{postgres.createdb('bench_ingest')},{postgres.createdb('bench_query')}"
     run_smoke("bindings_ledger.py", smoke.command("bindings_ledger.py", extra=["--pg-dbs", dbs]))
+
+
+def test_smoke_replicas_scale(postgres: PostgresServer) -> None:
+    """One fresh database per arm on the session's PostgreSQL, not a server of its own."""
+    dbs = f"{postgres.createdb('bench_replicas1')},{postgres.createdb('bench_replicas2')}"
+    run_smoke("replicas_scale.py", smoke.command("replicas_scale.py", extra=["--pg-dbs", dbs]))
 
 
 @pytest.mark.vllm

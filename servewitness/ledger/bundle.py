@@ -182,14 +182,16 @@ def _report_subject(f: Fields) -> str:
         f.text("target"),
         f.number("received"),
     )
+    receipt = f.text("receipt_json") if f.has("receipt_json") else None
     if f.has("body_b64"):
         try:
             body = dsse.b64decode(f.text("body_b64"))
         except ValueError as e:
             raise BundleCorrupt(f"field body_b64: {e}", f.where) from None
-        return chain.report_subject(agent_id, seq, target, received, body)
+        return chain.report_subject(agent_id, seq, target, received, body, receipt_json=receipt)
     # The digest alone: the same layout as chain.report_subject (tests hold them together).
-    return chain.sha("report", agent_id, seq, target, received, f.sha256_of("body"))
+    tail = () if receipt is None else (receipt,)
+    return chain.sha("report", agent_id, seq, target, received, f.sha256_of("body"), *tail)
 
 
 def _bindings_subject(f: Fields) -> str:

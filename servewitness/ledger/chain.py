@@ -62,8 +62,22 @@ def report_ref(agent_id: str, seq: int) -> str:
     return json.dumps([agent_id, seq])
 
 
-def report_subject(agent_id: str, seq: int, target: str, received: float, body: bytes) -> str:
-    return sha("report", agent_id, seq, target, received, hashlib.sha256(body).hexdigest())
+def report_subject(
+    agent_id: str,
+    seq: int,
+    target: str,
+    received: float,
+    body: bytes,
+    *,
+    receipt_json: str | None = None,
+) -> str:
+    """A stored report. RECEIPT_JSON: how the verifier that stored it received it (who it
+    was authenticated as, how long it took to store: ``server/follow.py``), in reports stored
+    since it was kept; NULL in older rows, whose subject leaves it out."""
+    parts: list[object] = [agent_id, seq, target, received, hashlib.sha256(body).hexdigest()]
+    if receipt_json is not None:
+        parts.append(receipt_json)
+    return sha("report", *parts)
 
 
 def verdict_ref(run: str, at: float) -> str:
@@ -147,10 +161,13 @@ def _contents(db: Database) -> Iterator[tuple[str, str, str, float]]:
         yield "run", run_ref(name), run_subject(name, policy, digest, source, created), created
     for digest, files_json in db.execute("SELECT digest, files_json FROM manifests ORDER BY rowid"):
         yield "manifest", digest, manifest_subject(files_json), 0.0
-    for agent_id, seq, target, received, body in db.execute(
-        "SELECT agent_id, seq, target, received_unix, report FROM reports ORDER BY rowid"
+    for agent_id, seq, target, received, body, receipt in db.execute(
+        "SELECT agent_id, seq, target, received_unix, report, receipt_json FROM reports "
+        "ORDER BY rowid"
     ):
-        subject = report_subject(agent_id, int(seq), target, received, bytes(body))
+        subject = report_subject(
+            agent_id, int(seq), target, received, bytes(body), receipt_json=receipt
+        )
         yield "report", report_ref(agent_id, int(seq)), subject, received
     for run, at, verdict, detail in db.execute(
         "SELECT run, at_unix, verdict, detail_json FROM verdicts ORDER BY rowid"

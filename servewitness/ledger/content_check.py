@@ -116,11 +116,16 @@ def check_content(
     want = _subjects(db, "report", refs)
     for ref, (agent, seq) in sorted(refs.items()):
         row = db.execute(
-            "SELECT target, received_unix, report FROM reports WHERE agent_id = ? AND seq = ?",
+            "SELECT target, received_unix, report, receipt_json FROM reports "
+            "WHERE agent_id = ? AND seq = ?",
             (agent, seq),
         ).fetchone()
         got = (
-            None if row is None else chain.report_subject(agent, seq, row[0], row[1], bytes(row[2]))
+            None
+            if row is None
+            else chain.report_subject(
+                agent, seq, row[0], row[1], bytes(row[2]), receipt_json=row[3]
+            )
         )
         if got is not None and want.get(ref) != got:
             out.append(Difference("reports", ref, "ledger entry", "changed or unledgered", None))

@@ -134,16 +134,17 @@ class _Export:
             self.add("manifest", digest, content, st.RUNTIME_EVIDENCE, pred)
         for s in shown:
             got = self.db.execute(
-                "SELECT agent_id, seq, target, received_unix, report FROM reports WHERE "
-                "target = ? AND received_unix = ? ORDER BY rowid LIMIT 1",
+                "SELECT agent_id, seq, target, received_unix, report, receipt_json FROM reports "
+                "WHERE target = ? AND received_unix = ? ORDER BY rowid LIMIT 1",
                 (s.target, s.last_unix),
             ).fetchone()
             if got is None:
                 raise NotFound(f"no stored report of {s.target} at {s.last_unix}")
-            agent_id, seq, target, received, body = got
+            agent_id, seq, target, received, body, receipt = got
             content = B.content(
                 "report", agent_id=agent_id, seq=int(seq), target=target,
                 received=float(received), body_b64=b64encode(bytes(body)),
+                **({} if receipt is None else {"receipt_json": receipt}),
             )  # fmt: skip
             pred = st.runtime_evidence(
                 target=s.target, collected_unix=s.last_unix,

@@ -30,7 +30,7 @@ from servewitness.policy import PolicyError, load_policy, policy_digest
 from servewitness.security.auth import Authorizer, load_tokens
 from servewitness.security.peercred import LocalAgent, UnixRelay
 from servewitness.security.tls import ServerTLS, is_local, warn_insecure
-from servewitness.server import ingress
+from servewitness.server import follow, ingress
 from servewitness.server.admission import (
     AGENT_METHODS,
     READ_LIMIT,
@@ -246,6 +246,14 @@ class VerifierServer:
         self._keeper = threading.Thread(
             target=self._keep_history, name="verdict-history", daemon=True
         )
+        # what other verifiers on the same database store (server/follow.py)
+        self.follower = follow.Follower(self.store, self.service.evaluator)
+        self._following = threading.Thread(
+            target=follow.run,
+            args=(self.follower, self._stop, self.service.dirty.set),
+            name="follow-store",
+            daemon=True,
+        )
 
     @staticmethod
     def _ledger_key(config: ServeConfig) -> tuple[Ed25519PrivateKey, Path, bool]:
@@ -300,6 +308,7 @@ class VerifierServer:
         return Authorizer(True, load_tokens(config.tokens) if config.tokens else ())
 
     def start(self) -> None:
+        self.follower.begin()
         self.metrics_http = serve_metrics(self.config.metrics_listen, self.service.metrics.registry)
         try:
             if self.config.tls is not None:
@@ -335,6 +344,7 @@ class VerifierServer:
         for name in ("", SERVICE_NAME):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._keeper.start()
+        self._following.start()
         db = redact(str(self.config.db))
         mode = "insecure" if self.config.tls is None else "tls"
         log.info("serving", listen=self.config.listen, port=self.port, db=db, transport=mode)
@@ -408,6 +418,8 @@ class VerifierServer:
         self.service.dirty.set()  # wake the history keeper so it sees _stop and ends
         if self._keeper.is_alive():
             self._keeper.join(timeout=10)
+        if self._following.is_alive():
+            self._following.join(timeout=10)
         self._checkpoint()  # the last word: what this verifier stored, signed
         self.store.close()
         if self.metrics_http is not None:

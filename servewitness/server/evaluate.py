@@ -12,9 +12,9 @@ from servewitness.model import FileEntry, RunVerdict, TargetReport
 from servewitness.policy import Policy, PolicyError, evaluate_run, load_policy, refused_run
 from servewitness.policy.engine import Judgements
 from servewitness.policy.interface import TargetSnapshot
-from servewitness.server import clock
+from servewitness.server import clock, report_rows
 from servewitness.server.bounded import LruCache
-from servewitness.server.store import RunRecord, Store
+from servewitness.server.store import RunRecord, Store, StoredReport
 
 # Files of manifests kept parsed beyond those the latest snapshots hold (least recently used
 # dropped; a manifest larger than this is not cached, its snapshot holds it while current):
@@ -27,14 +27,16 @@ MANIFEST_CACHE_FILES = 100_000
 class Tracked:
     """What the verifier knows of one target: its latest snapshot, which report that is,
     when it last heard from it on the age clock (or, for a report loaded from the database,
-    when this verifier started) and whether it has expired (silent past ``--target-expiry``:
-    kept for ``verifier target list``, left out of every run's verdict)."""
+    when this verifier started), whether it has expired (silent past ``--target-expiry``:
+    kept for ``verifier target list``, left out of every run's verdict) and where the report
+    is in storage order (what following other verifiers compares: ``server/follow.py``)."""
 
     snapshot: TargetSnapshot
     agent_id: str
     seq: int
     heard_boot_s: float
     expired: bool = False
+    rowid: int = 0  # the report's place in storage order (0: not known)
 
 
 class Evaluator:
@@ -50,6 +52,11 @@ class Evaluator:
             manifest_cache_files, weight=len
         )
         self._latest: dict[str, Tracked] | None = None
+        # where following the database starts (``server/follow.py``): the marks read before
+        # loading, and when on the age clock
+        self._loaded_at: tuple[tuple[int, int], float] | None = None
+        # a forgotten target's last report: what following must not bring back
+        self._floors: dict[str, int] = {}
         self._lock = threading.Lock()
         # what evaluations of a (policy, target snapshot) found, reused until either changes
         self.judgements = Judgements()
@@ -115,17 +122,78 @@ class Evaluator:
         # arrived on the age clock, whose origin was lost with the old process: not fresh.
         # Its silence for expiry counts from now. A target retired with this very report as
         # its last stays retired: forgotten ones are not loaded, expired ones stay expired.
-        retired = self.store.retired_targets()
+        # Following starts at marks read first: whatever committed after them is read again.
         now = clock.boot_s()
+        self._loaded_at = (self.store.read(report_rows.marks), now)
+        retired = self.store.retired_targets()
         out: dict[str, Tracked] = {}
         for s in self.store.latest_reports():
             event, agent, seq = retired.get(s.target, ("", "", -1))
             if (agent, seq) == (s.agent_id, s.seq) and event == "forgotten":
+                self._floors[s.target] = s.rowid
                 continue
             snap = self._snapshot(wire.report_from_bytes(s.report), s.received_unix, None, None)
             expired = (agent, seq) == (s.agent_id, s.seq) and event == "expired"
-            out[s.target] = Tracked(snap, s.agent_id, s.seq, now, expired)
+            out[s.target] = Tracked(snap, s.agent_id, s.seq, now, expired, s.rowid)
         return out
+
+    def follow_from(self) -> tuple[tuple[int, int], float]:
+        """Where following the database starts: the last rowids of reports and target events
+        when the evidence was loaded, and when (on the age clock) they were read."""
+        with self._lock:
+            self._tracked()
+            if self._loaded_at is None:  # loaded before (a test set it): follow from now
+                self._loaded_at = (self.store.read(report_rows.marks), clock.boot_s())
+            return self._loaded_at
+
+    def is_newer(self, target: str, rowid: int) -> bool:
+        """Whether the report at ROWID is newer than what this verifier holds of TARGET (or
+        last forgot of it)."""
+        with self._lock:
+            t = self._tracked().get(target)
+            held = t.rowid if t is not None else self._floors.get(target, 0)
+            return rowid > held
+
+    def followed(
+        self,
+        report: TargetReport,
+        stored: StoredReport,
+        authenticated_as: str | None,
+        received_boot_s: float | None,
+    ) -> bool:
+        """Make REPORT, which another verifier stored as STORED, its target's latest evidence
+        unless this verifier holds a newer one. RECEIVED_BOOT_S: the earliest it can have been
+        received, on this verifier's age clock (None: not known, so not fresh)."""
+        snap = self._snapshot(report, stored.received_unix, authenticated_as, received_boot_s)
+        heard = clock.boot_s() if received_boot_s is None else received_boot_s
+        with self._lock:
+            latest = self._tracked()
+            t = latest.get(report.target)
+            held = t.rowid if t is not None else self._floors.get(report.target, 0)
+            if stored.rowid <= held:
+                return False
+            latest[report.target] = Tracked(
+                snap, stored.agent_id, stored.seq, heard, False, stored.rowid
+            )
+            return True
+
+    def retired(self, target: str, event: str, agent_id: str, seq: int) -> bool:
+        """Another verifier expired or forgot (EVENT) TARGET with report SEQ of AGENT_ID as
+        its last: done here too if that is the report this verifier holds (a newer one keeps
+        the target). Whether anything changed."""
+        with self._lock:
+            latest = self._tracked()
+            t = latest.get(target)
+            if t is None or (t.agent_id, t.seq) != (agent_id, seq):
+                return False
+            if event == "forgotten":
+                self._floors[target] = t.rowid
+                del latest[target]
+                return True
+            if t.expired:
+                return False
+            latest[target] = dataclasses.replace(t, expired=True)
+            return True
 
     def _tracked(self) -> dict[str, Tracked]:
         """Every known target (call with the lock held)."""
@@ -140,15 +208,23 @@ class Evaluator:
         authenticated_as: str | None = "local",
         received_boot_s: float | None = None,
         manifests: Mapping[str, tuple[FileEntry, ...]] | None = None,
+        *,
+        rowid: int = 0,
     ) -> None:
-        """A report was stored: it is now its target's latest evidence (an expired or forgotten
-        target is back, as new). RECEIVED_BOOT_S: when it arrived on the age clock
-        (``clock.boot_s``; None: now). MANIFESTS: the ones it brought (digest -> files), so
-        they are not read back from the store."""
+        """A report was stored (at ROWID in storage order; 0: not known): it is now its
+        target's latest evidence (an expired or forgotten target is back, as new), unless one
+        stored after it is already held (another verifier's, followed meanwhile).
+        RECEIVED_BOOT_S: when it arrived on the age clock (``clock.boot_s``; None: now).
+        MANIFESTS: the ones it brought (digest -> files), so they are not read back from
+        the store."""
         at = clock.boot_s() if received_boot_s is None else received_boot_s
         snap = self._snapshot(report, received_unix, authenticated_as, at, manifests)
         with self._lock:
-            self._tracked()[report.target] = Tracked(snap, report.agent_id, report.seq, at)
+            latest = self._tracked()
+            held = latest.get(report.target)
+            if rowid and held is not None and held.rowid > rowid:
+                return
+            latest[report.target] = Tracked(snap, report.agent_id, report.seq, at, False, rowid)
 
     def snapshots(self) -> list[TargetSnapshot]:
         """The latest snapshot of every target that is not expired: what verdicts judge."""
@@ -176,7 +252,10 @@ class Evaluator:
     def forget(self, target: str) -> Tracked | None:
         """Drop TARGET (None: unknown); it comes back as new if it reports again."""
         with self._lock:
-            return self._tracked().pop(target, None)
+            gone = self._tracked().pop(target, None)
+            if gone is not None:
+                self._floors[target] = gone.rowid
+            return gone
 
     def run_verdict(
         self, run: RunRecord, now: float, snaps: list[TargetSnapshot] | None = None

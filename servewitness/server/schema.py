@@ -181,6 +181,11 @@ CREATE INDEX IF NOT EXISTS processes_by_manifest ON processes (manifest);
 SQLITE = _TABLES.format(rowid="", real="REAL", blob="BLOB", serial="INTEGER PRIMARY KEY")
 POSTGRES = _TABLES.format(
     rowid="rowid BIGSERIAL,", real="DOUBLE PRECISION", blob="BYTEA", serial="BIGSERIAL PRIMARY KEY"
+) + (
+    # Following other verifiers reads the rows after a rowid every poll (server/follow.py);
+    # SQLite's rowid is its tables' key already.
+    "CREATE INDEX IF NOT EXISTS reports_by_rowid ON reports (rowid);\n"
+    "CREATE INDEX IF NOT EXISTS target_events_by_rowid ON target_events (rowid);\n"
 )
 
 
@@ -198,6 +203,9 @@ ADDED_COLUMNS = (
     ("binding_batches", "spans_sha256", "TEXT"),
     ("binding_batches", "ids_sha256", "TEXT"),
     ("binding_batches", "counts_json", "TEXT"),
+    # How the verifier that stored a report received it (server/follow.py): what another
+    # verifier on the same database needs to judge it; NULL in a report stored before.
+    ("reports", "receipt_json", "TEXT"),
 )
 
 

@@ -23,7 +23,7 @@ from servewitness.errors import Error
 from servewitness.model import FileEntry, RunVerdict, TargetReport, merkle_root
 from servewitness.policy import Policy, PolicyError, load_policy, policy_digest, unsafe_flags
 from servewitness.security.auth import READ_ROLES, Authorizer
-from servewitness.server import clock
+from servewitness.server import clock, follow
 from servewitness.server.bounded import KeyedLocks, LruCache
 from servewitness.server.evaluate import Evaluator, Tracked
 from servewitness.server.index import processes_seen
@@ -208,9 +208,16 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         )
         prepared = self.store.prepare_manifests(manifests)
         seen = processes_seen(report.processes)
+        who = self.auth.authenticated_as(peer)
+
+        def receipt() -> str:  # made as its row is written: the wait for the transaction counts
+            return follow.receipt_json(who, clock.boot_s() - received[1])
+
         with self._locks.hold(("target", report.target)):  # ForgetTarget waits
             try:
-                self.store.save_report(stored, prepared, seen, report.spans, report.request_ids)
+                rowid = self.store.store_report(
+                    stored, prepared, seen, report.spans, report.request_ids, receipt=receipt
+                )
             except self.store.errors as e:
                 # Not stored, so never acknowledged: the agent keeps it spooled and retries.
                 log.error("report_not_stored", agent=report.agent_id, seq=report.seq, error=str(e))
@@ -221,15 +228,17 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
             del prepared  # a large manifest's rows are garbage from here on
             for digest in manifests:
                 self.known.put(digest, True)
+            if rowid is None:
+                # Another verifier on this database stored this seq first (its agent moved
+                # between them mid-retry): what is stored is that report, not this one.
+                self.metrics.report("duplicate")
+                log.info("report_stored_elsewhere", agent=report.agent_id, seq=report.seq)
+                return secrets.token_hex(16)
             ingest_s = time.monotonic() - received[0]
             self.metrics.stored(report, stored.received_unix, ingest_s)
             log.debug("report_stored", ingest_s=round(ingest_s, 6), processes=len(report.processes))
             self.evaluator.note(
-                stripped,
-                stored.received_unix,
-                self.auth.authenticated_as(peer),
-                received[1],
-                manifests,
+                stripped, stored.received_unix, who, received[1], manifests, rowid=rowid
             )
         return secrets.token_hex(16)
 

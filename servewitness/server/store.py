@@ -22,20 +22,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from servewitness.errors import ConfigError, DatabaseCorrupt, UsageError
-from servewitness.ledger import bindings, chain
+from servewitness.ledger import chain
 from servewitness.model import FileEntry, RequestId, RequestSpan
-from servewitness.server import manifest_rows, schema
+from servewitness.server import manifest_rows, report_rows, schema
+from servewitness.server.bounded import LruCache
 from servewitness.server.db import Database, is_corruption, open_database
 from servewitness.server.group_commit import GroupCommit
 from servewitness.server.index import (
     ProcessSeen,
-    index_processes,
-    index_requests,
     needs_rebuild,
     rebuild,
-    write_manifest_index,
 )
 from servewitness.server.manifest_rows import PreparedManifest
+from servewitness.server.report_rows import StoredReport
+
+__all__ = ["RunExists", "RunRecord", "Store", "StoredReport", "UnknownRun"]
 
 if TYPE_CHECKING:  # signing needs `cryptography`, imported only when a key is used
     from servewitness.ledger import merkle
@@ -45,6 +46,9 @@ if TYPE_CHECKING:  # signing needs `cryptography`, imported only when a key is u
     from servewitness.server import window_rows
 
 RUN_COLUMNS = "name, policy_toml, policy_digest, source, created_unix"
+# The reports this store wrote, remembered (newest) so that following the database does not
+# read them back: about a minute of reports at 1,000/s; an older one is read back, no harm.
+HERE_ROWIDS = 65_536
 TARGET_EVENTS = ("expired", "forgotten")
 
 
@@ -63,15 +67,6 @@ class RunRecord:
     policy_digest: str
     source: str
     created_unix: float
-
-
-@dataclass(frozen=True)
-class StoredReport:
-    agent_id: str
-    seq: int
-    target: str
-    received_unix: float
-    report: bytes
 
 
 T = TypeVar("T")
@@ -108,7 +103,8 @@ class Store:
         self.transactions = 0  # write transactions begun (``writing``)
         self._frontier: merkle.Frontier | None = None  # the tree as last signed (checkpoints)
         # Reports arriving while one commits are committed together (server/group_commit.py)
-        self.reports: GroupCommit[bool] = GroupCommit(self._batch)
+        self.reports: GroupCommit[int | None] = GroupCommit(self._batch)
+        self._here: LruCache[int, bool] = LruCache(HERE_ROWIDS)
         self.columns_added: list[str] = []
         self._tx([], self._add_columns)
         self.backfilled = 0
@@ -253,9 +249,11 @@ class Store:
             finally:
                 self._writing = None
 
-    def _batch(self, writes: Sequence[Callable[[Database], bool]], what: str) -> list[bool]:
+    def _batch(
+        self, writes: Sequence[Callable[[Database], int | None]], what: str
+    ) -> list[int | None]:
         """WRITES in one transaction (group commit): their results once it committed."""
-        out: list[bool] = []
+        out: list[int | None] = []
         self._tx([], lambda db: out.extend(w(db) for w in writes), what)
         return out
 
@@ -352,64 +350,52 @@ class Store:
         spans: Sequence[RequestSpan] = (),
         request_ids: Sequence[RequestId] = (),
     ) -> bool:
+        """Store one report (``store_report``); False if the seq was seen."""
+        return self.store_report(rep, manifests, processes, spans, request_ids) is not None
+
+    def store_report(
+        self,
+        rep: StoredReport,
+        manifests: Mapping[str, Sequence[FileEntry]] | Sequence[PreparedManifest],
+        processes: Sequence[ProcessSeen] = (),
+        spans: Sequence[RequestSpan] = (),
+        request_ids: Sequence[RequestId] = (),
+        *,
+        receipt: Callable[[], str] | None = None,
+    ) -> int | None:
         """Store one report, its new manifests (as files, or ``prepare_manifests``'s), the
-        processes it saw (index) and the request bindings that came with it, atomically;
-        False if the seq was seen. Returns once its transaction committed: reports saved
+        processes it saw (index) and the request bindings that came with it, atomically: its
+        row's place in storage order (``rowid``), or None if the seq was seen (by this
+        verifier, or by another on the same database). RECEIPT, when given, makes the
+        report's receipt as its row is written (``follow.receipt_json``: it times the wait
+        for the transaction). Returns once its transaction committed: reports saved
         concurrently share one (group commit); one the database refuses fails alone."""
         prepared = (
             self.prepare_manifests(manifests) if isinstance(manifests, Mapping) else manifests
         )
-        row = (rep.agent_id, rep.seq, rep.target, rep.received_unix, rep.report)
 
-        def store(db: Database) -> bool:
-            seen = db.execute(
-                "SELECT 1 FROM reports WHERE agent_id = ? AND seq = ?", (rep.agent_id, rep.seq)
-            ).fetchone()
-            if seen:
-                return False
-            for m in prepared:  # content-addressed: each digest once
-                if db.execute("SELECT 1 FROM manifests WHERE digest = ?", (m.digest,)).fetchone():
-                    continue
-                db.execute(
-                    "INSERT INTO manifests (digest, files_json) VALUES (?, ?)",
-                    (m.digest, m.files_json),
-                )
-                chain.append(db, rep.received_unix, "manifest", m.digest, m.subject)
-                write_manifest_index(db, m.index)
-            db.execute(
-                "INSERT INTO reports (agent_id, seq, target, received_unix, report) "
-                "VALUES (?, ?, ?, ?, ?)",
-                row,
+        def store(db: Database) -> int | None:
+            rowid = report_rows.insert(
+                db, rep, prepared, processes, spans, request_ids, receipt=receipt
             )
-            ref = chain.report_ref(rep.agent_id, rep.seq)
-            chain.append(db, rep.received_unix, "report", ref, chain.report_subject(*row))
-            index_processes(db, rep.target, rep.received_unix, processes)
-            if spans or request_ids:
-                batch = chain.bindings_ref(rep.agent_id, rep.seq)
-                digests = bindings.store_batch(
-                    db, batch, rep.target, spans, request_ids, rep.received_unix
-                )
-                index_requests(db, rep.target, spans)
-                subject = chain.bindings_subject(batch, rep.target, rep.received_unix, *digests)
-                chain.append(db, rep.received_unix, "bindings", batch, subject)
-            return True
+            if rowid is not None:
+                self._here.put(rowid, True)  # before it commits: following skips it
+            return rowid
 
         # committed with the other reports waiting, returning only once this one is
         return self.reports.submit(store, f"report {rep.agent_id}/{rep.seq}")
 
     def latest_reports(self) -> list[StoredReport]:
         """The most recent report of every target."""
-        rows = self._query(
-            "SELECT r.agent_id, r.seq, r.target, r.received_unix, r.report FROM reports r "
-            "JOIN (SELECT target, MAX(received_unix) AS t FROM reports GROUP BY target) m "
-            "ON r.target = m.target AND r.received_unix = m.t"
-        )
-        latest: dict[str, StoredReport] = {}
-        for row in rows:
-            rep = StoredReport(row[0], int(row[1]), row[2], float(row[3]), bytes(row[4]))
-            if rep.target not in latest or rep.seq > latest[rep.target].seq:
-                latest[rep.target] = rep
-        return sorted(latest.values(), key=lambda r: r.target)
+        with self._lock:
+            return report_rows.latest(self._db)
+
+    # following other verifiers on the same database (server/follow.py; its reads:
+    # ``read`` with report_rows' functions) ------------------------------------------------
+    def stored_here(self, rowid: int) -> bool:
+        """Whether this store wrote report ROWID (among the last ``HERE_ROWIDS``): its
+        verifier noted it as it stored it, so following need not read it back."""
+        return rowid in self._here
 
     def count_reports(self) -> int:
         return int(self._query("SELECT COUNT(*) FROM reports")[0][0])
@@ -423,24 +409,35 @@ class Store:
     def retire_target(self, target: str, event: str, by: str, last: tuple[str, int]) -> float:
         """Record that TARGET expired or was forgotten (EVENT) by BY, retiring its latest
         report LAST (agent id, seq): no verdict counts it after this, and a restarted verifier
-        does not load it back. A later report of the target brings it back as new. When."""
+        does not load it back. A later report of the target brings it back as new. When.
+
+        Once per retirement: when the target's latest event already retires LAST the same
+        way (another verifier on the same database expired it first), nothing is written and
+        that event's time is returned."""
         if event not in TARGET_EVENTS:
             raise ValueError(f"target event {event!r} is not one of {TARGET_EVENTS}")
-        at = time.time()
-        row = (target, at, event, by, last[0], last[1])
-        self._tx(
-            [
-                (
-                    "INSERT INTO target_events (target, at_unix, event, by_whom, last_agent, "
-                    "last_seq) VALUES (?, ?, ?, ?, ?, ?)",
-                    row,
-                )
-            ],
-            lambda db: chain.append(
-                db, at, "target", chain.target_ref(target, at), chain.target_subject(*row)
-            ),
-        )
-        return at
+        at = [time.time()]
+
+        def retire(db: Database) -> None:
+            prior = db.execute(
+                "SELECT at_unix, event, last_agent, last_seq FROM target_events "
+                "WHERE target = ? ORDER BY rowid DESC LIMIT 1",
+                (target,),
+            ).fetchone()
+            if prior is not None and (prior[1], prior[2], int(prior[3])) == (event, *last):
+                at[0] = float(prior[0])
+                return
+            row = (target, at[0], event, by, last[0], last[1])
+            db.execute(
+                "INSERT INTO target_events (target, at_unix, event, by_whom, last_agent, "
+                "last_seq) VALUES (?, ?, ?, ?, ?, ?)",
+                row,
+            )
+            ref = chain.target_ref(target, at[0])
+            chain.append(db, at[0], "target", ref, chain.target_subject(*row))
+
+        self._tx([], retire)
+        return at[0]
 
     def retired_targets(self) -> dict[str, tuple[str, str, int]]:
         """Every target's latest retirement: target -> (event, last agent id, last seq)."""
@@ -458,28 +455,32 @@ class Store:
         return (rows[0][0], rows[0][1]) if rows else None
 
     def record_verdict(self, run: str, verdict: str, detail: dict[str, Any]) -> bool:
-        """Append to the run's history when the verdict or its findings changed."""
+        """Append to the run's history when the verdict or its findings changed (checked in
+        the transaction that appends: verifiers sharing the database record a change once)."""
         detail_json = json.dumps(detail, sort_keys=True)
-        last = self.last_verdict(run)
-        if last is not None and last == (verdict, detail_json):
-            return False
+        if self.last_verdict(run) == (verdict, detail_json):
+            return False  # the common case, without a write transaction
         at = time.time()
-        self._tx(
-            [
-                (
-                    "INSERT INTO verdicts (run, at_unix, verdict, detail_json) VALUES (?, ?, ?, ?)",
-                    (run, at, verdict, detail_json),
-                )
-            ],
-            lambda db: chain.append(
-                db,
-                at,
-                "verdict",
-                chain.verdict_ref(run, at),
-                chain.verdict_subject(run, at, verdict, detail_json),
-            ),
-        )
-        return True
+        added = [False]
+
+        def record(db: Database) -> None:
+            last = db.execute(
+                "SELECT verdict, detail_json FROM verdicts WHERE run = ? "
+                "ORDER BY rowid DESC LIMIT 1",
+                (run,),
+            ).fetchone()
+            if last is not None and (last[0], last[1]) == (verdict, detail_json):
+                return
+            db.execute(
+                "INSERT INTO verdicts (run, at_unix, verdict, detail_json) VALUES (?, ?, ?, ?)",
+                (run, at, verdict, detail_json),
+            )
+            subject = chain.verdict_subject(run, at, verdict, detail_json)
+            chain.append(db, at, "verdict", chain.verdict_ref(run, at), subject)
+            added[0] = True
+
+        self._tx([], record)
+        return added[0]
 
     def verdict_history(self, run: str) -> list[tuple[float, str, dict[str, Any]]]:
         rows = self._query(

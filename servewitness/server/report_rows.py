@@ -1,0 +1,140 @@
+"""The ``reports`` table: a report's row written with its manifests, index rows and request
+bindings, each ledgered in the same transaction; and the reads that following other verifiers
+on the same database makes (``server/follow.py``). Functions over a database the caller holds
+(the store's lock, and for writes its transaction)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from servewitness.ledger import bindings, chain
+from servewitness.model import RequestId, RequestSpan
+from servewitness.server.db import Database
+from servewitness.server.index import (
+    ProcessSeen,
+    index_processes,
+    index_requests,
+    write_manifest_index,
+)
+from servewitness.server.manifest_rows import PreparedManifest
+
+
+@dataclass(frozen=True)
+class StoredReport:
+    """A report as stored. RECEIPT: how the verifier that stored it received it
+    (``follow.receipt_json``), None in a row stored before receipts were kept; ROWID: its
+    place in storage order (0: not stored yet)."""
+
+    agent_id: str
+    seq: int
+    target: str
+    received_unix: float
+    report: bytes
+    receipt: str | None = None
+    rowid: int = 0
+
+
+def from_row(row: Sequence[Any]) -> StoredReport:
+    """A ``StoredReport`` from (agent_id, seq, target, received_unix, report or NULL,
+    receipt_json, rowid)."""
+    body = b"" if row[4] is None else bytes(row[4])
+    return StoredReport(row[0], int(row[1]), row[2], float(row[3]), body, row[5], int(row[6]))
+
+
+def insert(  # noqa: PLR0917 - one report's parts, as the store is given them
+    db: Database,
+    rep: StoredReport,
+    prepared: Sequence[PreparedManifest],
+    processes: Sequence[ProcessSeen],
+    spans: Sequence[RequestSpan],
+    request_ids: Sequence[RequestId],
+    *,
+    receipt: Callable[[], str] | None = None,
+) -> int | None:
+    """Write REP (inside the caller's transaction): its row's rowid, or None if its seq is
+    stored already. RECEIPT makes its receipt now (else REP's own)."""
+    seen = db.execute(
+        "SELECT 1 FROM reports WHERE agent_id = ? AND seq = ?", (rep.agent_id, rep.seq)
+    ).fetchone()
+    if seen:
+        return None
+    for m in prepared:  # content-addressed: each digest once
+        if db.execute("SELECT 1 FROM manifests WHERE digest = ?", (m.digest,)).fetchone():
+            continue
+        db.execute(
+            "INSERT INTO manifests (digest, files_json) VALUES (?, ?)",
+            (m.digest, m.files_json),
+        )
+        chain.append(db, rep.received_unix, "manifest", m.digest, m.subject)
+        write_manifest_index(db, m.index)
+    got = rep.receipt if receipt is None else receipt()
+    row = (rep.agent_id, rep.seq, rep.target, rep.received_unix, rep.report, got)
+    (rowid,) = db.execute(
+        "INSERT INTO reports (agent_id, seq, target, received_unix, report, "
+        "receipt_json) VALUES (?, ?, ?, ?, ?, ?) RETURNING rowid",
+        row,
+    ).fetchone()
+    ref = chain.report_ref(rep.agent_id, rep.seq)
+    subject = chain.report_subject(*row[:5], receipt_json=got)
+    chain.append(db, rep.received_unix, "report", ref, subject)
+    index_processes(db, rep.target, rep.received_unix, processes)
+    if spans or request_ids:
+        batch = chain.bindings_ref(rep.agent_id, rep.seq)
+        digests = bindings.store_batch(db, batch, rep.target, spans, request_ids, rep.received_unix)
+        index_requests(db, rep.target, spans)
+        subject = chain.bindings_subject(batch, rep.target, rep.received_unix, *digests)
+        chain.append(db, rep.received_unix, "bindings", batch, subject)
+    return int(rowid)
+
+
+def latest(db: Database) -> list[StoredReport]:
+    """The most recent report of every target."""
+    rows = db.execute(
+        "SELECT r.agent_id, r.seq, r.target, r.received_unix, r.report, r.receipt_json, "
+        "r.rowid FROM reports r "
+        "JOIN (SELECT target, MAX(received_unix) AS t FROM reports GROUP BY target) m "
+        "ON r.target = m.target AND r.received_unix = m.t"
+    ).fetchall()
+    out: dict[str, StoredReport] = {}
+    for row in rows:
+        rep = from_row(row)
+        if rep.target not in out or rep.seq > out[rep.target].seq:
+            out[rep.target] = rep
+    return sorted(out.values(), key=lambda r: r.target)
+
+
+def marks(db: Database) -> tuple[int, int]:
+    """The last rowid of ``reports`` and of ``target_events``."""
+    got = []
+    for table in ("reports", "target_events"):
+        row = db.execute(f"SELECT MAX(rowid) FROM {table}").fetchone()  # noqa: S608 - fixed
+        got.append(int(row[0]) if row and row[0] is not None else 0)
+    return got[0], got[1]
+
+
+def after(db: Database, rowid: int, limit: int) -> list[StoredReport]:
+    """Up to LIMIT reports stored after ROWID, in storage order, without their bodies."""
+    rows = db.execute(
+        "SELECT agent_id, seq, target, received_unix, NULL, receipt_json, rowid FROM reports "
+        "WHERE rowid > ? ORDER BY rowid LIMIT ?",
+        (rowid, limit),
+    ).fetchall()
+    return [from_row(r) for r in rows]
+
+
+def body(db: Database, rowid: int) -> bytes | None:
+    row = db.execute("SELECT report FROM reports WHERE rowid = ?", (rowid,)).fetchone()
+    return None if row is None else bytes(row[0])
+
+
+def events_after(db: Database, rowid: int, limit: int) -> list[tuple[int, str, str, str, int]]:
+    """Up to LIMIT target events recorded after ROWID: (rowid, target, event, last agent id,
+    last seq), in storage order."""
+    rows = db.execute(
+        "SELECT rowid, target, event, last_agent, last_seq FROM target_events "
+        "WHERE rowid > ? ORDER BY rowid LIMIT ?",
+        (rowid, limit),
+    ).fetchall()
+    return [(int(r), t, e, a, int(n)) for r, t, e, a, n in rows]

@@ -1,0 +1,501 @@
+"""Several verifiers on one database (server/follow.py): each knows every target whichever
+verifier its agent reports to, judges another's evidence no fresher than it can be, retires a
+target once, and a verifier killed while agents report loses nothing it acknowledged and
+leaves one chain.
+
+The first tests run two real verifiers in this process (real gRPC on Unix sockets, one
+database of either kind); the last runs two `verifier serve` processes on one real
+PostgreSQL with real agents, and kills one of them mid-ingest."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from servewitness import wire
+from servewitness.api.v1 import verifier_pb2 as pb
+from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
+from servewitness.model import ProcessKey, ProcessReport, TargetReport
+from servewitness.server import clock, follow
+from servewitness.server.app import VerifierServer
+from servewitness.server.db import open_database
+from servewitness.server.evaluate import Evaluator
+from servewitness.server.store import Store, StoredReport
+from tests.helpers import Backend, agent_stub, running_verifier, verifier_cli
+from tests.test_faults import FakeWorker, worker
+from tests.test_gate_e2e import Daemon
+from tests.test_instances import REPLICAS
+
+__all__ = ["worker"]  # the fixture, used by name
+
+
+def proc(pid: int) -> ProcessReport:
+    return ProcessReport(
+        key=ProcessKey("boot", pid, 20), ns_pid=pid, ppid=1, start_time=1.0, role="worker",
+        rank=0, container_id=None, cmdline=("python",), exe="/usr/bin/python3",
+        probe_present=True, manifest_digest=None, files=(),
+    )  # fmt: skip
+
+
+def body(agent: str, target: str, seq: int, pid: int = 10) -> bytes:
+    return wire.report_to_bytes(TargetReport(agent, target, seq, "", time.time(), (proc(pid),)))
+
+
+def until(what: str, pred: Callable[[], Any], timeout_s: float = 30) -> Any:
+    deadline = time.monotonic() + timeout_s  # only so that a hung test fails
+    while True:
+        got = pred()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+class Agent:
+    """One agent speaking the protocol to one verifier (Hello, then Reports with the nonce
+    each acknowledgement returns), moving to another when told to."""
+
+    def __init__(self, agent_id: str, target: str) -> None:
+        self.agent_id, self.target = agent_id, target
+        self.acked: list[int] = []
+        self.nonce = ""
+        self.stub: pb_grpc.VerifierServiceStub | None = None
+        self.channel: grpc.Channel | None = None
+
+    def connect(self, addr: str) -> int:
+        """Say Hello to the verifier at ADDR; the last seq it says is stored."""
+        if self.channel is not None:
+            self.channel.close()
+        self.channel = grpc.insecure_channel(addr, options=list(wire.GRPC_OPTIONS))
+        self.stub = agent_stub(self.channel)
+        hello = pb.HelloRequest(agent_id=self.agent_id, targets=[self.target])
+        reply = self.stub.Hello(hello, timeout=10)
+        self.nonce = reply.nonce
+        return int(reply.last_seq)
+
+    def report(self, seq: int, pid: int = 10) -> pb.ReportResponse:
+        assert self.stub is not None
+        rep = TargetReport(self.agent_id, self.target, seq, self.nonce, time.time(), (proc(pid),))
+        got: pb.ReportResponse = self.stub.Report(
+            pb.ReportRequest(report=wire.report_to_pb(rep)), timeout=10
+        )
+        if got.accepted:
+            self.acked.append(seq)
+            self.nonce = got.nonce
+        return got
+
+    def close(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+
+
+def targets(addr: str) -> dict[str, pb.TargetState]:
+    with grpc.insecure_channel(addr) as ch:
+        got = pb_grpc.VerifierServiceStub(ch).ListTargets(pb.ListTargetsRequest(), timeout=10)
+    return {t.target: t for t in got.targets}
+
+
+@pytest.fixture
+def pair(backend: Backend, tmp_path: Path) -> Iterator[tuple[VerifierServer, VerifierServer]]:
+    """Two verifiers on one database, each on its own Unix socket."""
+    with (
+        running_verifier(f"unix:{tmp_path}/a.sock", backend.target) as a,
+        running_verifier(f"unix:{tmp_path}/b.sock", backend.target) as b,
+    ):
+        yield a, b
+
+
+def _both(addr: str) -> Callable[[], dict[str, pb.TargetState] | None]:
+    def probe() -> dict[str, pb.TargetState] | None:
+        got = targets(addr)
+        return got if len(got) == 2 else None
+
+    return probe
+
+
+def addrs(tmp_path: Path) -> tuple[str, str]:
+    return f"unix:{tmp_path}/a.sock", f"unix:{tmp_path}/b.sock"
+
+
+def test_each_verifier_knows_every_target_whichever_one_its_agent_reports_to(
+    pair: tuple[VerifierServer, VerifierServer], tmp_path: Path
+) -> None:
+    a_addr, b_addr = addrs(tmp_path)
+    one, two = Agent("agent-1", "t-1"), Agent("agent-2", "t-2")
+    try:
+        one.connect(a_addr)
+        two.connect(b_addr)
+        assert one.report(1).accepted and two.report(1).accepted
+        for addr in (a_addr, b_addr):
+            seen = until("both targets on " + addr, _both(addr))
+            # fresh on both: the other verifier's report is judged by its receipt, within
+            # the freshness of a list (10 s), and who sent it is the receiver's finding
+            assert {t: s.state for t, s in seen.items()} == {"t-1": "live", "t-2": "live"}, seen
+            who = {s.authenticated_as for s in seen.values()}
+            assert len(who) == 1 and who.pop().startswith("unix:uid="), seen
+        # the agent moves to the other verifier: one Hello, which reads its last seq from
+        # the database, and its reports go on where they were
+        assert one.connect(b_addr) == 1
+        assert one.report(2).accepted
+        a = pair[0].service.evaluator
+        until("A follows t-1's report stored by B", lambda: _held(a, "t-1") == ("agent-1", 2))
+    finally:
+        one.close()
+        two.close()
+
+
+def _held(ev: Evaluator, target: str) -> tuple[str, int] | None:
+    for t in ev.targets():
+        if t.snapshot.target == target:
+            return t.agent_id, t.seq
+    return None
+
+
+def test_a_seq_another_verifier_stored_first_is_not_taken_as_evidence(
+    pair: tuple[VerifierServer, VerifierServer], tmp_path: Path, backend: Backend
+) -> None:
+    """An agent retrying seq 1 at A after B stored it (B died before acknowledging): A's own
+    cache does not know B stored it, the database does. A must acknowledge (it is stored) but
+    must not judge its own copy, which is not what is stored."""
+    a_addr, b_addr = addrs(tmp_path)
+    at_a, at_b = Agent("agent-x", "t-x"), Agent("agent-x", "t-x")
+    try:
+        assert at_a.connect(a_addr) == 0  # A caches "nothing stored yet"
+        assert at_b.connect(b_addr) == 0
+        assert at_b.report(1, pid=111).accepted  # B stores seq 1 (pid 111)
+        assert at_a.report(1, pid=222).accepted  # the same seq, another body, at A
+        a = pair[0].service.evaluator
+        until("A follows B's seq 1", lambda: _held(a, "t-x") == ("agent-x", 1))
+        (held,) = [t for t in a.targets() if t.snapshot.target == "t-x"]
+        assert [p.key.pid for p in held.snapshot.processes] == [111], held
+        db = open_database(backend.target, read_only=True)
+        try:
+            rows = db.execute("SELECT report FROM reports WHERE agent_id = 'agent-x'").fetchall()
+        finally:
+            db.close()
+        assert len(rows) == 1
+        assert wire.report_from_bytes(bytes(rows[0][0])).processes[0].key.pid == 111
+    finally:
+        at_a.close()
+        at_b.close()
+
+
+def test_a_target_forgotten_on_one_verifier_is_forgotten_on_the_other_and_retired_once(
+    backend: Backend, tmp_path: Path
+) -> None:
+    a_addr, b_addr = addrs(tmp_path)
+    cfg: dict[str, Any] = {"target_expiry_s": 1.5}
+    with (
+        running_verifier(a_addr, backend.target, **cfg) as a,
+        running_verifier(b_addr, backend.target, **cfg),
+    ):
+        gone, kept = Agent("agent-g", "t-g"), Agent("agent-k", "t-k")
+        try:
+            gone.connect(a_addr)
+            kept.connect(b_addr)
+            assert gone.report(1).accepted and kept.report(1).accepted
+            until("both on A", lambda: len(targets(a_addr)) == 2)
+            until("both on B", lambda: len(targets(b_addr)) == 2)
+            with grpc.insecure_channel(b_addr) as ch:
+                stub = pb_grpc.VerifierServiceStub(ch)
+                stub.ForgetTarget(pb.ForgetTargetRequest(target="t-g"), timeout=10)
+            until("A forgets t-g", lambda: "t-g" not in targets(a_addr))
+            assert _held(a.service.evaluator, "t-g") is None
+            # silent past the expiry on both: each expires it, the ledger says so once
+            until("t-k expired on A", lambda: targets(a_addr)["t-k"].state == "expired", 10)
+            until("t-k expired on B", lambda: targets(b_addr)["t-k"].state == "expired", 10)
+            assert events(backend) == [("t-g", "forgotten"), ("t-k", "expired")]
+            # a report after the forget brings t-g back as new, on both
+            gone.connect(b_addr)
+            assert gone.report(2).accepted
+            until("t-g back on A", lambda: "t-g" in targets(a_addr))
+        finally:
+            gone.close()
+            kept.close()
+    assert backend.check().ok
+
+
+def events(backend: Backend) -> list[tuple[str, str]]:
+    db = open_database(backend.target, read_only=True)
+    try:
+        rows = db.execute("SELECT target, event FROM target_events ORDER BY rowid").fetchall()
+    finally:
+        db.close()
+    return [(str(t), str(e)) for t, e in rows]
+
+
+# --- ages of another verifier's reports: no fresher than they can be ------------------------
+
+
+def _follow_one(
+    backend: Backend, receipt: str | None, received_unix: float
+) -> tuple[float | None, str | None]:
+    """B stores one report of t with RECEIPT, received at RECEIVED_UNIX on B's clock; A
+    follows it: (its evidence time on A's age clock, who A takes it to be from)."""
+    a_store, b_store = Store(backend.target), Store(backend.target)
+    try:
+        ev = Evaluator(a_store)
+        follower = follow.Follower(a_store, ev)
+        follower.poll()  # where A starts: before B's report
+        rep = StoredReport("agent", 1, "t", received_unix, body("agent", "t", 1), receipt)
+        assert b_store.save_report(rep, {})
+        assert follower.poll() == 1
+        (t,) = ev.targets()
+        return t.snapshot.evidence_boot_s, t.snapshot.authenticated_as
+    finally:
+        a_store.close()
+        b_store.close()
+
+
+def test_a_report_received_now_elsewhere_is_fresh_here(backend: Backend) -> None:
+    before = clock.boot_s()
+    at, who = _follow_one(backend, follow.receipt_json("ops-cert", 0.0), time.time())
+    assert at is not None and who == "ops-cert"
+    assert before - 1.0 <= at <= clock.boot_s(), (before, at)
+
+
+def test_a_report_that_waited_long_before_its_row_was_written_is_as_old_as_that(
+    backend: Backend,
+) -> None:
+    """B received it 100 s before it wrote the row (a stalled commit queue): A must not take
+    it as received when it appeared."""
+    at, _ = _follow_one(backend, follow.receipt_json("ops-cert", 100.0), time.time())
+    assert at is not None and clock.boot_s() - at >= 100.0, at
+
+
+def test_a_report_whose_receiver_says_it_arrived_long_ago_is_as_old_as_that(
+    backend: Backend,
+) -> None:
+    """No lag in the receipt, but the receiver's wall clock says it arrived 100 s ago (the
+    commit itself stalled): the older of the two counts."""
+    at, _ = _follow_one(backend, follow.receipt_json("ops-cert", 0.0), time.time() - 100.0)
+    assert at is not None and clock.boot_s() - at >= 99.0, at
+
+
+@pytest.mark.parametrize(
+    "receipt",
+    [None, "", "{", '{"authenticated_as": "x"}', '{"authenticated_as": 1, "lag_s": 0}',
+     '{"authenticated_as": "x", "lag_s": -5}', '{"authenticated_as": "x", "lag_s": true}',
+     '{"authenticated_as": "x", "lag_s": NaN}', '[1, 2]'],
+)  # fmt: skip
+def test_a_report_without_a_readable_receipt_is_of_unknown_age_and_sender(
+    backend: Backend, receipt: str | None
+) -> None:
+    at, who = _follow_one(backend, receipt, time.time())
+    assert at is None and who is None, (at, who)
+
+
+def test_an_edited_receipt_is_caught_by_the_ledger(backend: Backend) -> None:
+    """The receipt is covered by the report's ledger entry: making another verifier's
+    report look authenticated (or younger) by editing its row breaks the chain's check."""
+    s = Store(backend.target)
+    try:
+        rep = StoredReport("a", 1, "t", time.time(), b"r", follow.receipt_json(None, 9.0))
+        assert s.save_report(rep, {})
+    finally:
+        s.close()
+    assert backend.check().ok
+    edited = follow.receipt_json("operator-cert", 0.0)
+    backend.sql(("UPDATE reports SET receipt_json = ? WHERE agent_id = 'a'", (edited,)))
+    assert not backend.check().ok
+    backend.sql("UPDATE reports SET receipt_json = NULL WHERE agent_id = 'a'")
+    assert not backend.check().ok
+
+
+def test_a_follower_far_behind_catches_up_in_bounded_reads_to_the_newest_report(
+    backend: Backend,
+) -> None:
+    a_store, b_store = Store(backend.target), Store(backend.target)
+    try:
+        ev = Evaluator(a_store)
+        follower = follow.Follower(a_store, ev, batch_rows=3)
+        follower.poll()
+        for seq in range(1, 11):
+            t = f"t{seq % 2}"
+            rep = StoredReport("agent", seq, t, time.time(), body("agent", t, seq),
+                               follow.receipt_json(None, 0.0))  # fmt: skip
+            assert b_store.save_report(rep, {})
+        polls = 0
+        while follower.poll():
+            polls += 1
+        assert polls == 4, polls  # 10 rows, 3 a poll
+        assert {t.snapshot.target: t.seq for t in ev.targets()} == {"t0": 10, "t1": 9}
+        # what A stored itself and noted is not replaced by an older row of B's
+        ev.note(TargetReport("own", "t1", 1, "", time.time(), ()), time.time(), rowid=10**9)
+        rep = StoredReport("agent", 11, "t1", time.time(), body("agent", "t1", 11),
+                           follow.receipt_json(None, 0.0))  # fmt: skip
+        assert b_store.save_report(rep, {})
+        assert follower.poll() == 0
+        assert {t.snapshot.target: t.agent_id for t in ev.targets()}["t1"] == "own"
+    finally:
+        a_store.close()
+        b_store.close()
+
+
+# --- two `verifier serve` processes on one PostgreSQL, one killed mid-ingest -----------------
+
+
+def serve(d: Path, name: str, db: str, policy: Path) -> tuple[Daemon, str]:
+    addr = f"unix:{d}/{name}.sock"
+    daemon = Daemon(
+        ["serve", "--listen", addr, "--db", db, "--report-interval", "0.2",
+         "--run", f"r={policy}", "--signing-key", str(d / "ledger.key")],
+        d / f"serve-{name}.log",
+    ).start()  # fmt: skip
+    until(f"verifier {name}", (d / f"{name}.sock").exists, 60)
+    return daemon, addr
+
+
+def status(addr: str) -> dict[str, Any]:
+    out = verifier_cli("status", "r", "--json", "--verifier", addr)
+    assert out.returncode in (0, 1), out.stdout + out.stderr
+    run: dict[str, Any] = json.loads(out.stdout)["runs"][0]
+    return run
+
+
+def _passing(addr: str) -> Callable[[], dict[str, Any] | None]:
+    def probe() -> dict[str, Any] | None:
+        got = status(addr)
+        return got if got["verdict"] == "PASS" else None
+
+    return probe
+
+
+def test_two_verifier_processes_share_every_target_and_a_killed_one_loses_nothing(
+    worker: FakeWorker, tmp_path: Path, pg_database: str
+) -> None:
+    pol = tmp_path / "p.toml"
+    pol.write_text(REPLICAS.replace("freshness_s = 30.0", "freshness_s = 4.0"))
+    assert "freshness_s = 4.0" in pol.read_text()
+    key = verifier_cli("keygen", "--out", str(tmp_path / "ledger.key"))
+    assert key.returncode == 0, key.stderr
+    daemons: list[Daemon] = []
+    try:
+        a, a_addr = serve(tmp_path, "a", pg_database, pol)
+        b, b_addr = serve(tmp_path, "b", pg_database, pol)
+        daemons += [a, b]
+        for addr, instance in ((a_addr, "pod-a"), (b_addr, "pod-b")):
+            daemons.append(Daemon(
+                ["agent", "--verifier", addr, "--target", "vllm", "--instance", instance,
+                 "--pid", str(worker.pid), "--interval", "0.2", "--no-docker",
+                 "--spool", str(tmp_path / f"spool-{instance}")],
+                tmp_path / f"agent-{instance}.log",
+            ).start())  # fmt: skip
+        # each verifier PASSes the run on both pods, one reported to it and one to the other
+        for addr in (a_addr, b_addr):
+            st = until("PASS on " + addr, _passing(addr), 90)
+            assert sorted(t["target"] for t in st["targets"]) == ["vllm/pod-a", "vllm/pod-b"]
+
+        # 12 agents report to B as fast as it acknowledges; B is killed while they do
+        load = [Agent(f"load-{i}", f"load-{i}") for i in range(12)]
+        failed_at_b: list[str] = []
+        stop = threading.Event()
+
+        def hammer(ag: Agent) -> None:
+            seq = ag.connect(b_addr) + 1
+            addr = b_addr
+            while not stop.is_set():
+                try:
+                    if ag.report(seq).accepted:
+                        seq += 1
+                except grpc.RpcError as e:
+                    if addr == b_addr:
+                        failed_at_b.append(f"{ag.agent_id}: {e.code()}")
+                    addr = a_addr  # as an agent behind a Service: the other replica
+                    try:
+                        seq = ag.connect(addr) + 1  # its last stored seq, from the database
+                    except grpc.RpcError:
+                        time.sleep(0.1)
+
+        threads = [threading.Thread(target=hammer, args=(ag,)) for ag in load]
+        for t in threads:
+            t.start()
+        until("load acknowledged", lambda: sum(len(ag.acked) for ag in load) >= 200, 60)
+        b.stop(signal.SIGKILL)
+        daemons.remove(b)
+        acked_at_kill = sum(len(ag.acked) for ag in load)
+        until(
+            "load going on at A",
+            lambda: sum(len(ag.acked) for ag in load) > acked_at_kill + 100,
+            60,
+        )
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+        assert failed_at_b, "the kill interrupted no call: it did not happen mid-ingest"
+
+        # pod-b's agent reports to the dead verifier only: A must not keep its last
+        # evidence fresh; the run leaves PASS within its freshness (4 s) and a poll
+        st = until("pod-b stale on A", lambda: (s := status(a_addr))["verdict"] != "PASS" and s, 30)
+        stale = {t["target"]: t["verdict"] for t in st["targets"]}
+        assert stale["vllm/pod-a"] == "PASS" and stale["vllm/pod-b"] != "PASS", st
+        # B comes back on the same address: pod-b's agent, never restarted, reports again
+        (tmp_path / "b.sock").unlink(missing_ok=True)
+        b, _ = serve(tmp_path, "b", pg_database, pol)
+        daemons.append(b)
+        for addr in (a_addr, b_addr):
+            until("PASS again on " + addr, _passing(addr), 60)
+    finally:
+        for d in reversed(daemons):
+            if d.proc is not None:
+                d.stop()
+        for ag in locals().get("load", []):
+            ag.close()
+
+    # nothing an agent was told was stored is lost
+    db = open_database(pg_database, read_only=True)
+    try:
+        stored = {(str(r[0]), int(r[1])) for r in db.execute("SELECT agent_id, seq FROM reports")}
+        seqs = [int(r[0]) for r in db.execute("SELECT seq FROM ledger ORDER BY seq")]
+        kinds = {str(r[0]) for r in db.execute("SELECT DISTINCT kind FROM ledger")}
+    finally:
+        db.close()
+    acked = {(ag.agent_id, s) for ag in load for s in ag.acked}
+    assert acked and not acked - stored, sorted(acked - stored)[:10]
+    # ... and the ledger is one chain, every row in it, the checkpoints of both consistent
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert {"report", "run", "verdict"} <= kinds
+    out = verifier_cli("audit", "verify", "--db", pg_database, "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert json.loads(out.stdout)["ok"]
+
+
+def test_a_retirement_or_verdict_two_verifiers_record_at_once_is_recorded_once(
+    backend: Backend,
+) -> None:
+    """Both verifiers expire a silent target, and both see the same verdict change, before
+    either follows the other: the check is made in the transaction that writes, so the
+    ledger says each once."""
+    a, b = Store(backend.target), Store(backend.target)
+    try:
+        first = a.retire_target("t", "expired", "verifier", ("agent", 7))
+        assert b.retire_target("t", "expired", "verifier", ("agent", 7)) == first
+        # another report retired, or another event: recorded
+        b.retire_target("t", "expired", "verifier", ("agent", 8))
+        a.retire_target("t", "forgotten", "ops", ("agent", 8))
+        detail = {"targets": {"t": ["PASS", []]}}
+        assert a.last_verdict("r") is None
+        assert a.record_verdict("r", "PASS", detail)
+        assert not b.record_verdict("r", "PASS", detail)
+        assert b.record_verdict("r", "FAIL", detail)
+    finally:
+        a.close()
+        b.close()
+    db = open_database(backend.target, read_only=True)
+    try:
+        events = [tuple(r) for r in db.execute(
+            "SELECT event, last_seq FROM target_events ORDER BY rowid")]  # fmt: skip
+        verdicts = [r[0] for r in db.execute("SELECT verdict FROM verdicts ORDER BY rowid")]
+    finally:
+        db.close()
+    assert events == [("expired", 7), ("expired", 8), ("forgotten", 8)], events
+    assert verdicts == ["PASS", "FAIL"]
+    assert backend.check().ok
