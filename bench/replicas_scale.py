@@ -107,7 +107,7 @@ def checked(
 ) -> tuple[bool, int, int]:
     """After the load: whether every verifier lists every agent's target, how many
     acknowledged (agent, seq) are not stored, the worst exit code of the verifiers."""
-    want = {"t-" + a for r in results for a in r["last"]}
+    want = {"t-" + a for r in results for a, n in r["last"].items() if n}  # stored: known
     # what one verifier acknowledged, every verifier knows (following: within a poll or two)
     deadline = time.monotonic() + 30
     seen = [targets(a) >= want for a in addrs]
