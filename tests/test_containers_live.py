@@ -18,6 +18,7 @@ fresh machine as part of `make test`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -604,3 +605,71 @@ def test_example_bench_never_starts_when_its_run_cannot_pass(
         assert "liveness.hook.not_declared: hook never is not declared" in log, log
         assert "opened" not in log, log
     assert sorted(p.name for p in results.iterdir()) == []
+
+
+def test_a_scaled_service_is_one_instance_per_container_and_the_run_needs_each(
+    stack: Stack,
+) -> None:
+    """Compose scales vllm to two containers in the one PID namespace pidns holds; the
+    sidecar, with --instance-per-container, reports each as the instance vllm/<12-hex id>.
+    Run "replicas" (the stack's policy with [targets] replicas_of = ["vllm"], min_targets =
+    2, its label binding holding each instance) PASSes on both, each judged on its own
+    container's processes. Negative control: scaled back to one, the removed replica's
+    instance is not silently dropped: the run leaves PASS."""
+    policy = (REPO / "deploy" / "policy.toml").read_text()
+    policy = policy.replace('names = ["vllm"]', 'replicas_of = ["vllm"]')
+    policy = policy.replace("min_targets = 1", "min_targets = 2")
+    assert 'replicas_of = ["vllm"]' in policy and "min_targets = 2" in policy
+    (stack.tmp / "replicas.toml").write_text(policy)
+    out = verifier_cli("run", "register", "replicas", "--policy", str(stack.tmp / "replicas.toml"),
+                       "--verifier", stack.verifier, *stack.tls)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    # the sidecar with one more flag, and vLLM's next replica on a port of its own
+    import yaml
+
+    agent_cmd = yaml.safe_load(COMPOSE.read_text())["services"]["agent"]["command"]
+    override = stack.tmp / "per-container.yaml"
+    command = [*agent_cmd, "--instance-per-container"]
+    override.write_text(yaml.safe_dump({"services": {"agent": {"command": command}}}))
+    env = {**stack.env, "VLLM_PUBLISH": "127.0.0.1:"}  # 127.0.0.1::8000: any free host port
+
+    def compose(*args: str) -> str:
+        cmd = ["docker", "compose", "-p", stack.project, "-f", str(COMPOSE), "-f", str(override),
+               *args]  # fmt: skip
+        got = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, check=False)
+        assert got.returncode == 0, f"{' '.join(cmd)}\n{got.stdout}\n{got.stderr}"
+        return got.stdout
+
+    compose("up", "-d", "--no-deps", "agent")
+    compose("up", "-d", "--no-deps", "--no-recreate", "--scale", "vllm=2", "vllm")
+    cids = compose("ps", "-q", "vllm").split()
+    assert len(cids) == 2, cids
+    urls = []
+    for cid in cids:
+        port = sh("docker", "port", cid, "8000").stdout.split()[0].rsplit(":", 1)[1]
+        urls.append(f"http://127.0.0.1:{port}")
+    for url in urls:
+        until(f"vLLM at {url} to answer /health", 600, functools.partial(healthy, url))
+        complete(url)
+    want = sorted(f"vllm/{cid[:12]}" for cid in cids)
+
+    def passing() -> dict[str, Any] | None:
+        st = stack.status("replicas")
+        return st if st["verdict"] == "PASS" else None
+
+    # PASS: each instance one server (two trees under one name would be evidence.target.mixed,
+    # an ERROR), named for the container Compose started it in
+    st = until("run replicas to PASS on both containers", 300, passing)
+    assert sorted(t["target"] for t in st["targets"]) == want, st
+
+    compose("up", "-d", "--no-deps", "--no-recreate", "--scale", "vllm=1", "vllm")
+    (kept,) = compose("ps", "-q", "vllm").split()
+    (removed,) = [c for c in cids if c != kept]
+
+    def left_pass() -> dict[str, Any] | None:
+        s = stack.status("replicas")
+        return s if s["verdict"] != "PASS" else None
+
+    st = until("run replicas to leave PASS without one replica", 120, left_pass)
+    gone = [t for t in st["targets"] if t["target"] == f"vllm/{removed[:12]}"]
+    assert gone and gone[0]["verdict"] != "PASS", st

@@ -9,6 +9,7 @@ The end-to-end test runs a real verifier over mutual TLS and real agents with ce
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -228,3 +229,79 @@ def targets(d: Path, addr: str) -> list[dict[str, Any]]:
     assert out.returncode == 0, out.stderr
     got: list[dict[str, Any]] = json.loads(out.stdout)["targets"]
     return got
+
+
+# --- one agent, several serving containers in its PID namespace -------------------------------
+
+CID_A, CID_B = "a1" * 32, "b2" * 32
+
+
+def _vllm(root: Path, pid: int, cgroup: str) -> None:
+    """One readable vLLM API server (no probe) as pid PID of the /proc at ROOT, in CGROUP."""
+    if not (root / "stat").exists():
+        root.mkdir(parents=True)
+        (root / "stat").write_text("cpu 1 2 3\nbtime 1700000000\n")
+        (root / "self").mkdir()
+        (root / "self" / "cgroup").write_text("0::/\n")
+    d = root / str(pid)
+    d.mkdir()
+    rest = ["S", "1"] + ["0"] * 17 + [str(1000 + pid)] + ["0"] * 30
+    (d / "stat").write_bytes(f"{pid} (python3) ".encode() + " ".join(rest).encode())
+    (d / "status").write_text(f"Name:\tpython3\nNSpid:\t{pid}\n")
+    (d / "cmdline").write_bytes(b"python3\0-m\0vllm.entrypoints.openai.api_server\0")
+    (d / "environ").write_bytes(b"PATH=/usr/bin\0")
+    (d / "maps").write_text("")
+    (d / "cgroup").write_text(cgroup)
+    (d / "exe").symlink_to("/usr/bin/python3.11")
+
+
+def _agent(proc: Path, tmp: Path, per_container: bool) -> Any:
+    from servewitness.agent.runner import Agent, AgentConfig
+
+    return Agent(AgentConfig("unix:/nonexistent", "vllm", "agent-vllm", tmp / "spool",
+                             proc_root=str(proc), docker_socket=None,
+                             per_container=per_container))  # fmt: skip
+
+
+def test_one_agent_reports_each_serving_container_as_its_own_instance(tmp_path: Path) -> None:
+    """Two serving containers and a server on the host in one PID namespace (a compose
+    service scaled to two under one holder): with --instance-per-container each container is
+    the instance vllm/<12-hex id>, judged on its own processes; the host's stays target vllm,
+    which replicas_of does not select. Without it the three are one target, mixed."""
+    proc = tmp_path / "proc"
+    _vllm(proc, 100, f"12:pids:/docker/{CID_A}\n")
+    _vllm(proc, 200, f"12:pids:/docker/{CID_B}\n")
+    _vllm(proc, 300, "0::/\n")
+    agent = _agent(proc, tmp_path, per_container=True)
+    try:
+        reports = agent.collect_all()
+        got = {r.target: [p.key.pid for p in r.processes] for r in reports}
+        assert got == {"vllm": [300], f"vllm/{CID_A[:12]}": [100], f"vllm/{CID_B[:12]}": [200]}
+        assert all(not r.mixed_roots for r in reports)
+        assert len({r.seq for r in reports}) == 3  # one agent, one sequence
+        p = load_policy(REPLICAS)
+        assert sorted(r.target for r in reports if p.selects(r.target, ())) == [
+            f"vllm/{CID_A[:12]}", f"vllm/{CID_B[:12]}"]  # fmt: skip
+        # container B's server exits: its instance is told so once, then no longer reported
+        shutil.rmtree(proc / "200")
+        after = {r.target: r for r in agent.collect_all()}
+        gone = after[f"vllm/{CID_B[:12]}"]
+        assert gone.processes == () and [k.pid for k in gone.gone] == [200]
+        assert "pid 200 exited" in gone.unobservable[0], gone.unobservable
+        assert sorted(r.target for r in agent.collect_all()) == ["vllm", f"vllm/{CID_A[:12]}"]
+    finally:
+        agent.channel.close()
+    plain = _agent(proc, tmp_path / "plain", per_container=False)
+    try:
+        _vllm(proc, 200, f"12:pids:/docker/{CID_B}\n")
+        (one,) = plain.collect_all()
+        assert one.target == "vllm" and sorted(p.key.pid for p in one.processes) == [100, 200, 300]
+        assert len(one.mixed_roots) == 3  # three servers under one name: never PASS
+    finally:
+        plain.channel.close()
+
+
+def test_instance_and_instance_per_container_are_one_or_the_other() -> None:
+    both = ("--instance", "pod-a", "--instance-per-container")
+    out = verifier_cli("agent", "--verifier", "unix:/x", "--target", "vllm", *both, "--no-docker")
+    assert out.returncode == 2 and "one or the other" in out.stderr, out.stderr

@@ -319,7 +319,7 @@ def test_processes_that_share_a_manifest_carry_its_files_once(
     no round trip for manifests."""
     from dataclasses import replace
 
-    from servewitness.agent.runner import files_once
+    from servewitness.agent.parts import files_once
     from servewitness.model import ProcessKey, TargetReport, merkle_root
     from tests.helpers import agent_stub
     from tests.test_policy_engine import entry, worker

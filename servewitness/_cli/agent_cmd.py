@@ -32,6 +32,14 @@ def add_parser(sub: Any) -> None:
         "policy's [targets] replicas_of selects every instance, and a credential for TARGET "
         "and AGENT_ID covers them (docs/policy.md)",
     )
+    p.add_argument(
+        "--instance-per-container",
+        action="store_true",
+        help="report the vLLM processes of each container as the instance TARGET/<its "
+        "12-hex id>, one target per container: for N serving containers in one PID namespace "
+        "(a compose service scaled under one holder), which without it are one target, "
+        "evidence.target.mixed; a policy's [targets] replicas_of selects them",
+    )
     p.add_argument("--agent-id", help="agent identity (default: HOSTNAME/TARGET)")
     p.add_argument(
         "--pid",
@@ -92,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
     from servewitness.agent.runner import Agent, AgentConfig, default_agent_id
 
     target, agent_id = args.target, args.agent_id or default_agent_id(args.target)
+    if args.instance is not None and args.instance_per_container:
+        raise UsageError("--instance and --instance-per-container: one or the other")
     if args.instance is not None:  # both instance-qualified: replicas share one credential
         try:
             target = instance_of(args.target, args.instance)
@@ -112,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         metrics_listen=args.metrics_listen,
         compile_cache=not args.no_compile_cache
         and os.environ.get("VERIFIER_AGENT_COMPILE_CACHE", "1") != "0",
+        per_container=args.instance_per_container,
     )
     Agent(config).serve_forever()
     return 0

@@ -14,7 +14,6 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterable
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from servewitness.agent.bindings import Bindings
 from servewitness.agent.containers import ContainerDirectory, OwnPod
 from servewitness.agent.discover import discover
 from servewitness.agent.metrics import AgentMetrics
+from servewitness.agent.parts import Part, Split, files_once
 from servewitness.agent.spool import Spool
 from servewitness.agent.trees import TreeMemory
 from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
@@ -54,25 +54,6 @@ from servewitness.security.tls import ClientTLS, client_channel
 log = structlog.get_logger("servewitness.agent")
 
 
-def files_once(procs: Iterable[ProcessReport]) -> tuple[ProcessReport, ...]:
-    """PROCS with each manifest's files carried once: a process whose manifest digest an
-    earlier one in the same report carries with its files is sent with its digest only (the
-    verifier takes a digest's files from the first process that has them). Processes that
-    load the same code (tensor-parallel workers) then cost the report's files budget
-    (``files_per_report``, servewitness/wire/limits.py) once, not once each."""
-    carried: set[str] = set()
-    out: list[ProcessReport] = []
-    for p in procs:
-        digest = p.manifest_digest
-        if p.files is not None and digest and digest in carried:
-            out.append(dataclasses.replace(p, files=None))
-            continue
-        if p.files is not None and digest:
-            carried.add(digest)
-        out.append(p)
-    return tuple(out)
-
-
 @dataclass(frozen=True)
 class AgentConfig:
     verifier: str  # gRPC target
@@ -92,6 +73,9 @@ class AgentConfig:
     # Keep compile verdicts by content in spool_dir across restarts
     # (servewitness/evidence/verdicts.py)
     compile_cache: bool = True
+    # One report per container, each as the instance TARGET/<container id> (--instance-per-
+    # container): N serving containers in one PID namespace are N targets, not one mixed one
+    per_container: bool = False
 
 
 # The health service a readiness probe asks (the overall service "" stays SERVING while the
@@ -124,6 +108,7 @@ class Agent:
         self.witnesses = Witnesses()  # py-spy stack samples of step-running processes
         # Independent vLLM trees seen under this one target (none when --pid selects one)
         self.trees = TreeMemory(selected=config.root_pid is not None)
+        self._trees: dict[str, TreeMemory] = {}  # per container (--instance-per-container)
         # Request bindings the probes appended since the last report (offsets kept by the spool)
         self.bindings = Bindings(config.spool_dir / "bindings-offsets.json")
         self.spool = Spool(config.spool_dir, config.spool_max_bytes)
@@ -165,22 +150,27 @@ class Agent:
 
     # collection ------------------------------------------------------------------------
     def collect(self) -> TargetReport:
+        """One report of every vLLM process visible, as this agent's target."""
+        (report,) = self._collect(per_container=False)
+        return report
+
+    def collect_all(self) -> list[TargetReport]:
+        """This collect's reports: one, or one per container (``--instance-per-container``:
+        ``agent/parts.py``)."""
+        return self._collect(per_container=self.config.per_container)
+
+    def _collect(self, per_container: bool) -> list[TargetReport]:
         began = time.time()  # the counters below are read from here on
         refused: list[str] = []
         found = discover(self.procfs, self.config.root_pid, self.journals, refused)
         self._sites = Sites()
         procs = [p for p in map(self._report, found) if p is not None]
-        mixed_roots = self.trees.observe(found)
         spans, request_ids = self.bindings.collect(found, self.journals)
-        # one process per container is enough to describe it (its ref: runtime, source)
-        one_each = {p.container_id: p.key.pid for p in procs if p.container_id}
-        refs = [r for r in (container_of(self.procfs, pid) for pid in one_each.values()) if r]
         keys = {p.key for p in procs}
         if procs:
             self.exited = ()
         elif self.seen:  # every process the last collect reported is gone
             self.exited = tuple(sorted(k.pid for k in self.seen))
-        unobservable = tuple(refused) if procs or refused else (self._nothing_visible(),)
         alive = {(k.pid, k.start_ticks) for k in keys}
         for cache in (self._checked, self._indexes):
             for stale in [k for k in cache if k not in alive]:
@@ -188,34 +178,48 @@ class Agent:
         self.witnesses.forget(alive)
         self.natives.forget(keys)
         gone = tuple(k for k in self.seen if k not in keys)
+        was = {k: self.seen[k].container_id for k in gone}
         for k in gone:
             log.info("process_gone", pid=k.pid)
             del self.seen[k]
         for p in procs:
             self.seen[p.key] = p
+        if not per_container:
+            mixed = self.trees.observe(found)
+            unobservable = tuple(refused) if procs or refused else (self._nothing_visible(),)
+            part = Part(self.config.target, procs, gone, unobservable, mixed, spans, request_ids)
+            return [self._build(part, began)]
+        split = Split(self.procfs, self.config.target, self._trees, self._nothing_visible)
+        parts = split.parts(found, procs, was, refused, (spans, request_ids))
+        return [self._build(part, began) for part in parts]
+
+    def _build(self, part: Part, began: float) -> TargetReport:
+        # one process per container is enough to describe it (its ref: runtime, source)
+        one_each = {p.container_id: p.key.pid for p in part.procs if p.container_id}
+        refs = [r for r in (container_of(self.procfs, pid) for pid in one_each.values()) if r]
         # Digest only for manifests the verifier has already acknowledged.
         slim = files_once(
             dataclasses.replace(p, files=None)
             if p.manifest_digest and p.manifest_digest in self.sent_digests
             else p
-            for p in procs
+            for p in part.procs
         )
         self.seq += 1
         self.spool.save_counter(self.seq)
         return TargetReport(
             self.config.agent_id,
-            self.config.target,
+            part.target,
             self.seq,
             self.nonce or "",
             time.time(),
             slim,
-            gone,
+            part.gone,
             collected_unix=began,
             containers=self.containers.describe(refs, one_each),
-            unobservable=unobservable,
-            spans=spans,
-            request_ids=request_ids,
-            mixed_roots=mixed_roots,
+            unobservable=part.unobservable,
+            spans=part.spans,
+            request_ids=part.request_ids,
+            mixed_roots=part.mixed,
         )
 
     def _nothing_visible(self) -> str:
@@ -383,19 +387,18 @@ class Agent:
 
     def step(self) -> None:
         began = time.monotonic()
-        report = self.collect()
+        reports = self.collect_all()
         self.metrics.collected(time.monotonic() - began)
-        self.spool.put(report.seq, wire.report_to_bytes(report))
+        for report in reports:
+            self.spool.put(report.seq, wire.report_to_bytes(report))
         self.bindings.save()  # its bindings are in the spool now
         if self.spool.dropped:
             log.warning(
                 "spool_dropped", dropped=self.spool.dropped, max_bytes=self.config.spool_max_bytes
             )
         self.drain()
-        self.set_ready(
-            bool(report.processes) and len(self.spool) == 0,
-            "" if report.processes else "no vLLM process visible",
-        )
+        seen = any(r.processes for r in reports)
+        self.set_ready(seen and len(self.spool) == 0, "" if seen else "no vLLM process visible")
 
     def set_ready(self, ready: bool, why: str = "") -> None:
         """Say READY or not on READY_SERVICE (logged when it changes, with WHY)."""
