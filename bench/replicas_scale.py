@@ -24,7 +24,7 @@ the other's reports, contention on one database lock), not what it adds on two m
 
 Usage: bench/replicas_scale.py [--agents 500] [--rate 1] [--seconds 10] [--rounds 3]
                                [--bindings 20] [--status-rate 5] [--replicas 1,2]
-                               [--pg-dbs URL,URL,...]
+                               [--pg-dbs URL,URL,...] [--cpus-per-verifier N]
 """
 
 from __future__ import annotations
@@ -60,11 +60,16 @@ from servewitness.testing.postgres import PostgresServer
 REPO = Path(__file__).resolve().parent.parent
 
 
+CPUS_PER_VERIFIER = 0  # --cpus-per-verifier: 0, not pinned
+
+
 def serve(tmp: Path, url: str, i: int) -> tuple[str, subprocess.Popen[bytes]]:
     addr = f"127.0.0.1:{free_port()}"
     log = (tmp / f"serve-{i}.log").open("wb")
+    n = CPUS_PER_VERIFIER
+    pin = ["taskset", "-c", f"{i * n}-{(i + 1) * n - 1}"] if n else []
     server = subprocess.Popen(
-        [sys.executable, "-m", "servewitness", "serve", "--listen", addr, "--db", url,
+        [*pin, sys.executable, "-m", "servewitness", "serve", "--listen", addr, "--db", url,
          "--signing-key", str(tmp / "ledger.key")],
         stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
     )  # fmt: skip
@@ -224,6 +229,24 @@ def databases(given: str | None, count: int) -> Iterator[list[str]]:
         yield [pg.createdb(f"replicas{i}") for i in range(count)]
 
 
+def pin_rest(n: int, verifiers: int) -> str:
+    """Pin this process (and so PostgreSQL and the generators it starts) to the CPUs after
+    VERIFIERS verifiers' N each; what is pinned where, said."""
+    global CPUS_PER_VERIFIER  # noqa: PLW0603 - read by serve(), set once here
+    CPUS_PER_VERIFIER = n
+    if not n:
+        return f"nothing pinned ({os.cpu_count()} CPUs shared)"
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < n * verifiers + 2 or cpus[: n * verifiers] != list(range(n * verifiers)):
+        raise SystemExit(
+            f"--cpus-per-verifier {n}: CPUs 0..{n * verifiers + 1} needed, have {cpus}"
+        )
+    rest = cpus[n * verifiers :]
+    os.sched_setaffinity(0, rest)
+    return (f"verifier i on CPUs {n}i..{n}i+{n - 1}, PostgreSQL, generators and this script on "
+            f"CPUs {rest[0]}-{rest[-1]}")  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--agents", type=int, default=500, help="agents per verifier")
@@ -234,6 +257,13 @@ def main() -> None:
     ap.add_argument("--status-rate", type=float, default=5.0, help="GetRunStatus calls/s")
     ap.add_argument("--replicas", default="1,2", help="the arms: verifiers per arm, baseline first")
     ap.add_argument("--pg-dbs", help="fresh PostgreSQL databases to use (one per arm and round)")
+    ap.add_argument(
+        "--cpus-per-verifier",
+        type=int,
+        default=0,
+        help="pin verifier i to CPUs i*N..(i+1)*N-1, and everything else (PostgreSQL, the "
+        "load generators, this script) to the CPUs after them (default 0: nothing pinned)",
+    )
     _smoke.add_args(ap)
     args = ap.parse_args()
     if args.smoke:
@@ -241,10 +271,11 @@ def main() -> None:
                      ["agents at scale (500 per verifier)", "more than one round"])  # fmt: skip
         args.agents, args.rate, args.seconds, args.rounds, args.bindings = 3, 2.0, 1.0, 1, 2
     arms = [int(n) for n in args.replicas.split(",")]
+    pinned = pin_rest(args.cpus_per_verifier, max(arms))
     print(f"{args.agents} agents per verifier x {args.rate:g} reports/s, {args.bindings} "
           f"bindings each, {args.status_rate:g} status calls/s, {args.seconds:g} s measured, "
           f"{args.rounds} rounds, arms {arms} interleaved, baseline {arms[0]} verifier(s), "
-          f"one PostgreSQL", flush=True)  # fmt: skip
+          f"one PostgreSQL; {pinned}", flush=True)  # fmt: skip
     results: dict[int, list[dict[str, Any]]] = {n: [] for n in arms}
     load = Load(args.agents, args.rate, args.seconds, args.bindings, args.status_rate)
     with (
