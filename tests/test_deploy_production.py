@@ -46,14 +46,20 @@ def render(kustomization: Path = PROD / "kustomization.yaml") -> list[Doc]:
     namespace (what the production overlay is; anything more is refused here)."""
     kust = yaml.safe_load(kustomization.read_text())
     assert set(kust) <= {"apiVersion", "kind", "namespace", "resources"}, sorted(kust)
-    docs: list[Doc] = []
-    for res in kust["resources"]:
-        path = kustomization.parent / res
-        docs += render(path / "kustomization.yaml") if path.is_dir() else load(path)
+    docs = resources(kustomization, kust["resources"])
     if "namespace" in kust:
         for d in docs:
             if d["kind"] != "Namespace":
                 d.setdefault("metadata", {})["namespace"] = kust["namespace"]
+    return docs
+
+
+def resources(kustomization: Path, listed: list[str]) -> list[Doc]:
+    """The objects of LISTED, the resources of KUSTOMIZATION: files read, folders rendered."""
+    docs: list[Doc] = []
+    for res in listed:
+        path = kustomization.parent / res
+        docs += render(path / "kustomization.yaml") if path.is_dir() else load(path)
     return docs
 
 

@@ -32,8 +32,8 @@ from tests.test_deploy_production import (
     Pod,
     _pod,
     allowed,
-    load,
     pod_of,
+    resources,
     violations,
 )
 from tests.test_deploy_production import render as render_production
@@ -70,10 +70,7 @@ def json_patch(doc: Doc, ops: list[Doc]) -> None:
 def render(kustomization: Path = HERE / "kustomization.yaml") -> list[Doc]:
     kust = yaml.safe_load(kustomization.read_text())
     assert set(kust) <= {"apiVersion", "kind", "resources", "patches"}, sorted(kust)
-    docs: list[Doc] = []
-    for res in kust["resources"]:
-        path = kustomization.parent / res
-        docs += render_production(path / "kustomization.yaml") if path.is_dir() else load(path)
+    docs = resources(kustomization, kust["resources"])
     for p in kust["patches"]:
         if "path" in p:
             ops = yaml.safe_load((kustomization.parent / p["path"]).read_text())

@@ -54,7 +54,8 @@ def save_concurrently(s: Store, agents: list[str]) -> tuple[dict[str, bool | Bas
 
     def save(agent: str) -> None:
         try:
-            out[agent] = s.save_report(StoredReport(agent, 1, "t-" + agent, 100.0, b"r"), {})
+            rep = StoredReport(agent, 1, "t-" + agent, 100.0, b"r")
+            out[agent] = s.save_report(rep, {}) is not None
         except BaseException as e:  # noqa: BLE001 - asserted by the test
             out[agent] = e
 

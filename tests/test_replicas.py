@@ -32,7 +32,7 @@ from servewitness.server.store import Store, StoredReport
 from tests.helpers import Backend, agent_stub, running_verifier, verifier_cli
 from tests.test_faults import FakeWorker, worker
 from tests.test_gate_e2e import Daemon
-from tests.test_instances import REPLICAS
+from tests.test_instances import REPLICAS, until
 
 __all__ = ["worker"]  # the fixture, used by name
 
@@ -47,16 +47,6 @@ def proc(pid: int) -> ProcessReport:
 
 def body(agent: str, target: str, seq: int, pid: int = 10) -> bytes:
     return wire.report_to_bytes(TargetReport(agent, target, seq, "", time.time(), (proc(pid),)))
-
-
-def until(what: str, pred: Callable[[], Any], timeout_s: float = 30) -> Any:
-    deadline = time.monotonic() + timeout_s  # only so that a hung test fails
-    while True:
-        got = pred()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 class Agent:
@@ -135,7 +125,7 @@ def test_each_verifier_knows_every_target_whichever_one_its_agent_reports_to(
         two.connect(b_addr)
         assert one.report(1).accepted and two.report(1).accepted
         for addr in (a_addr, b_addr):
-            seen = until("both targets on " + addr, _both(addr))
+            seen = until("both targets on " + addr, 30, _both(addr))
             # fresh on both: the other verifier's report is judged by its receipt, within
             # the freshness of a list (10 s), and who sent it is the receiver's finding
             assert {t: s.state for t, s in seen.items()} == {"t-1": "live", "t-2": "live"}, seen
@@ -146,7 +136,7 @@ def test_each_verifier_knows_every_target_whichever_one_its_agent_reports_to(
         assert one.connect(b_addr) == 1
         assert one.report(2).accepted
         a = pair[0].service.evaluator
-        until("A follows t-1's report stored by B", lambda: _held(a, "t-1") == ("agent-1", 2))
+        until("A follows t-1's report stored by B", 30, lambda: _held(a, "t-1") == ("agent-1", 2))
     finally:
         one.close()
         two.close()
@@ -173,7 +163,7 @@ def test_a_seq_another_verifier_stored_first_is_not_taken_as_evidence(
         assert at_b.report(1, pid=111).accepted  # B stores seq 1 (pid 111)
         assert at_a.report(1, pid=222).accepted  # the same seq, another body, at A
         a = pair[0].service.evaluator
-        until("A follows B's seq 1", lambda: _held(a, "t-x") == ("agent-x", 1))
+        until("A follows B's seq 1", 30, lambda: _held(a, "t-x") == ("agent-x", 1))
         (held,) = [t for t in a.targets() if t.snapshot.target == "t-x"]
         assert [p.key.pid for p in held.snapshot.processes] == [111], held
         db = open_database(backend.target, read_only=True)
@@ -202,21 +192,21 @@ def test_a_target_forgotten_on_one_verifier_is_forgotten_on_the_other_and_retire
             gone.connect(a_addr)
             kept.connect(b_addr)
             assert gone.report(1).accepted and kept.report(1).accepted
-            until("both on A", lambda: len(targets(a_addr)) == 2)
-            until("both on B", lambda: len(targets(b_addr)) == 2)
+            until("both on A", 30, lambda: len(targets(a_addr)) == 2)
+            until("both on B", 30, lambda: len(targets(b_addr)) == 2)
             with grpc.insecure_channel(b_addr) as ch:
                 stub = pb_grpc.VerifierServiceStub(ch)
                 stub.ForgetTarget(pb.ForgetTargetRequest(target="t-g"), timeout=10)
-            until("A forgets t-g", lambda: "t-g" not in targets(a_addr))
+            until("A forgets t-g", 30, lambda: "t-g" not in targets(a_addr))
             assert _held(a.service.evaluator, "t-g") is None
             # silent past the expiry on both: each expires it, the ledger says so once
-            until("t-k expired on A", lambda: targets(a_addr)["t-k"].state == "expired", 10)
-            until("t-k expired on B", lambda: targets(b_addr)["t-k"].state == "expired", 10)
+            until("t-k expired on A", 10, lambda: targets(a_addr)["t-k"].state == "expired")
+            until("t-k expired on B", 10, lambda: targets(b_addr)["t-k"].state == "expired")
             assert events(backend) == [("t-g", "forgotten"), ("t-k", "expired")]
             # a report after the forget brings t-g back as new, on both
             gone.connect(b_addr)
             assert gone.report(2).accepted
-            until("t-g back on A", lambda: "t-g" in targets(a_addr))
+            until("t-g back on A", 30, lambda: "t-g" in targets(a_addr))
         finally:
             gone.close()
             kept.close()
@@ -350,7 +340,7 @@ def serve(d: Path, name: str, db: str, policy: Path) -> tuple[Daemon, str]:
          "--run", f"r={policy}", "--signing-key", str(d / "ledger.key")],
         d / f"serve-{name}.log",
     ).start()  # fmt: skip
-    until(f"verifier {name}", (d / f"{name}.sock").exists, 60)
+    until(f"verifier {name}", 60, (d / f"{name}.sock").exists)
     return daemon, addr
 
 
@@ -391,7 +381,7 @@ def test_two_verifier_processes_share_every_target_and_a_killed_one_loses_nothin
             ).start())  # fmt: skip
         # each verifier PASSes the run on both pods, one reported to it and one to the other
         for addr in (a_addr, b_addr):
-            st = until("PASS on " + addr, _passing(addr), 90)
+            st = until("PASS on " + addr, 90, _passing(addr))
             assert sorted(t["target"] for t in st["targets"]) == ["vllm/pod-a", "vllm/pod-b"]
 
         # 12 agents report to B as fast as it acknowledges; B is killed while they do
@@ -418,14 +408,14 @@ def test_two_verifier_processes_share_every_target_and_a_killed_one_loses_nothin
         threads = [threading.Thread(target=hammer, args=(ag,)) for ag in load]
         for t in threads:
             t.start()
-        until("load acknowledged", lambda: sum(len(ag.acked) for ag in load) >= 200, 60)
+        until("load acknowledged", 60, lambda: sum(len(ag.acked) for ag in load) >= 200)
         b.stop(signal.SIGKILL)
         daemons.remove(b)
         acked_at_kill = sum(len(ag.acked) for ag in load)
         until(
             "load going on at A",
-            lambda: sum(len(ag.acked) for ag in load) > acked_at_kill + 100,
             60,
+            lambda: sum(len(ag.acked) for ag in load) > acked_at_kill + 100,
         )
         stop.set()
         for t in threads:
@@ -434,7 +424,7 @@ def test_two_verifier_processes_share_every_target_and_a_killed_one_loses_nothin
 
         # pod-b's agent reports to the dead verifier only: A must not keep its last
         # evidence fresh; the run leaves PASS within its freshness (4 s) and a poll
-        st = until("pod-b stale on A", lambda: (s := status(a_addr))["verdict"] != "PASS" and s, 30)
+        st = until("pod-b stale on A", 30, lambda: (s := status(a_addr))["verdict"] != "PASS" and s)
         stale = {t["target"]: t["verdict"] for t in st["targets"]}
         assert stale["vllm/pod-a"] == "PASS" and stale["vllm/pod-b"] != "PASS", st
         # B comes back on the same address: pod-b's agent, never restarted, reports again
@@ -442,7 +432,7 @@ def test_two_verifier_processes_share_every_target_and_a_killed_one_loses_nothin
         b, _ = serve(tmp_path, "b", pg_database, pol)
         daemons.append(b)
         for addr in (a_addr, b_addr):
-            until("PASS again on " + addr, _passing(addr), 60)
+            until("PASS again on " + addr, 60, _passing(addr))
     finally:
         for d in reversed(daemons):
             if d.proc is not None:

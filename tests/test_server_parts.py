@@ -36,8 +36,8 @@ def test_reports_are_stored_once_per_sequence_number_and_survive_reopening(
     store = Store(backend.target)
     rep = StoredReport("agent", 1, "t", 10.0, b"x")
     files = (FileEntry("/a", None, -1, "data", None, "load"),)
-    assert store.save_report(rep, {"sha256:m": files}) is True
-    assert store.save_report(rep, {}) is False
+    assert store.save_report(rep, {"sha256:m": files}) is not None  # its rowid
+    assert store.save_report(rep, {}) is None  # seen
     store.save_report(StoredReport("agent", 2, "t", 11.0, b"y"), {})
     store.close()
     again = Store(backend.target)

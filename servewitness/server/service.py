@@ -215,7 +215,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
 
         with self._locks.hold(("target", report.target)):  # ForgetTarget waits
             try:
-                rowid = self.store.store_report(
+                rowid = self.store.save_report(
                     stored, prepared, seen, report.spans, report.request_ids, receipt=receipt
                 )
             except self.store.errors as e:

@@ -349,17 +349,6 @@ class Store:
         processes: Sequence[ProcessSeen] = (),
         spans: Sequence[RequestSpan] = (),
         request_ids: Sequence[RequestId] = (),
-    ) -> bool:
-        """Store one report (``store_report``); False if the seq was seen."""
-        return self.store_report(rep, manifests, processes, spans, request_ids) is not None
-
-    def store_report(
-        self,
-        rep: StoredReport,
-        manifests: Mapping[str, Sequence[FileEntry]] | Sequence[PreparedManifest],
-        processes: Sequence[ProcessSeen] = (),
-        spans: Sequence[RequestSpan] = (),
-        request_ids: Sequence[RequestId] = (),
         *,
         receipt: Callable[[], str] | None = None,
     ) -> int | None:
