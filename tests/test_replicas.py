@@ -19,6 +19,7 @@ from typing import Any
 
 import grpc
 import pytest
+from prometheus_client import generate_latest
 
 from servewitness import wire
 from servewitness.api.v1 import verifier_pb2 as pb
@@ -131,6 +132,10 @@ def test_each_verifier_knows_every_target_whichever_one_its_agent_reports_to(
             assert {t: s.state for t, s in seen.items()} == {"t-1": "live", "t-2": "live"}, seen
             who = {s.authenticated_as for s in seen.values()}
             assert len(who) == 1 and who.pop().startswith("unix:uid="), seen
+        for server in pair:  # each took the other's one report as its own, and said so
+            text = generate_latest(server.service.metrics.registry).decode()
+            assert 'verifier_followed_total{kind="report"} 1.0' in text, text
+            assert 'verifier_followed_total{kind="failed"} 0.0' in text
         # the agent moves to the other verifier: one Hello, which reads its last seq from
         # the database, and its reports go on where they were
         assert one.connect(b_addr) == 1

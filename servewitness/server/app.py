@@ -247,7 +247,9 @@ class VerifierServer:
             target=self._keep_history, name="verdict-history", daemon=True
         )
         # what other verifiers on the same database store (server/follow.py)
-        self.follower = follow.Follower(self.store, self.service.evaluator)
+        self.follower = follow.Follower(
+            self.store, self.service.evaluator, metrics=self.service.metrics
+        )
         self._following = threading.Thread(
             target=follow.run,
             args=(self.follower, self._stop, self.service.dirty.set),

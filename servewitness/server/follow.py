@@ -50,6 +50,7 @@ import structlog
 from servewitness import wire
 from servewitness.server import clock, report_rows
 from servewitness.server.evaluate import Evaluator
+from servewitness.server.metrics import VerifierMetrics
 from servewitness.server.store import Store, StoredReport
 
 log = structlog.get_logger("verifier.follow")
@@ -111,15 +112,27 @@ def earliest_receipt(
 class Follower:
     """Keeps an ``Evaluator`` current with what every verifier on its database stores."""
 
-    def __init__(self, store: Store, evaluator: Evaluator, batch_rows: int = BATCH_ROWS) -> None:
+    def __init__(
+        self,
+        store: Store,
+        evaluator: Evaluator,
+        batch_rows: int = BATCH_ROWS,
+        metrics: VerifierMetrics | None = None,
+    ) -> None:
         self.store = store
         self.evaluator = evaluator
+        self.metrics = metrics
         self.batch_rows = batch_rows
         self._lock = threading.Lock()  # one poll at a time
         self._marks: tuple[int, int] | None = None
         self._since_boot_s = clock.boot_s()
         self.followed = 0  # reports made a target's latest evidence by following
         self.events = 0  # expiries and forgets of other verifiers applied
+
+    def count(self, kind: str) -> None:
+        """One more of KIND in ``verifier_followed_total`` (when metrics were given)."""
+        if self.metrics is not None:
+            self.metrics.followed.labels(kind).inc()
 
     def begin(self) -> None:
         """Load the evidence stored so far and follow from there (before serving: a report
@@ -151,6 +164,7 @@ class Follower:
                 if self.evaluator.retired(target, event, agent, seq):
                     self.events += 1
                     changed += 1
+                    self.count("event")
             self._marks = (reports, events)
             # a poll that stopped at its batch size saw only part of what was committed
             # before it began: the rest is bounded by the same earlier mark, not this one
@@ -190,15 +204,17 @@ class Follower:
             if self.evaluator.followed(report, r, who, at):
                 self.followed += 1
                 changed += 1
+                self.count("report")
         return changed
 
 
 def run(follower: Follower, stop: threading.Event, changed: Callable[[], None]) -> None:
     """Poll every ``FOLLOW_S`` until STOP; CHANGED after a poll that changed a target. A
-    failed poll (the database away) is logged and tried again."""
+    failed poll (the database away) is logged, counted and tried again."""
     while not stop.wait(FOLLOW_S):
         try:
             if follower.poll():
                 changed()
         except Exception as e:  # noqa: BLE001 - logged; the next poll tries again
+            follower.count("failed")
             log.error("follow_failed", error=f"{type(e).__name__}: {e}")

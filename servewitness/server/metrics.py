@@ -157,6 +157,16 @@ class VerifierMetrics:
             ["target", "hook"],
             registry=r,
         )
+        self.followed = Counter(
+            "verifier_followed_total",
+            "what other verifiers on the same database stored that this one took as its own "
+            "(server/follow.py): kind=report (a target's newest report), kind=event (an expiry "
+            "or forget), kind=failed (a poll that failed; the next one tries again)",
+            ["kind"],
+            registry=r,
+        )
+        for kind in ("report", "event", "failed"):
+            self.followed.labels(kind)
         self.verdicts = Counter(
             "verifier_verdicts_total",
             "verdicts computed (status RPCs and the history keeper), by value",
