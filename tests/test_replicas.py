@@ -10,7 +10,10 @@ PostgreSQL with real agents, and kills one of them mid-ingest."""
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -30,7 +33,7 @@ from servewitness.server.app import VerifierServer
 from servewitness.server.db import open_database
 from servewitness.server.evaluate import Evaluator
 from servewitness.server.store import Store, StoredReport
-from tests.helpers import Backend, agent_stub, running_verifier, verifier_cli
+from tests.helpers import REPO, Backend, agent_stub, running_verifier, verifier_cli
 from tests.test_faults import FakeWorker, worker
 from tests.test_gate_e2e import Daemon
 from tests.test_instances import REPLICAS, until
@@ -494,3 +497,189 @@ def test_a_retirement_or_verdict_two_verifiers_record_at_once_is_recorded_once(
     assert events == [("expired", 7), ("expired", 8), ("forgotten", 8)], events
     assert verdicts == ["PASS", "FAIL"]
     assert backend.check().ok
+
+
+# --- attacks found by an outside tester (session 12), each built for real ---------------------
+
+
+def test_a_report_that_looks_old_here_is_stale_but_its_target_does_not_expire(
+    backend: Backend,
+) -> None:
+    """A follower whose wall clock runs ahead of the receiver's sees the receiver's reports
+    as received long ago: STALE is the safe error for freshness, but expiry (which drops a
+    target from every run's verdict: a run of a PENDING target and a PASSing one PASSed)
+    must count silence from the latest the report can have arrived, which is now."""
+    a_store, b_store = Store(backend.target), Store(backend.target)
+    try:
+        ev = Evaluator(a_store)
+        follower = follow.Follower(a_store, ev)
+        follower.poll()
+        old = time.time() - 100.0  # as the receiver's clock says, 100 s before ours
+        rep = StoredReport(
+            "agent", 1, "t", old, body("agent", "t", 1), follow.receipt_json(None, 0)
+        )
+        assert b_store.save_report(rep, {})
+        assert follower.poll() == 1
+        (t,) = ev.targets()
+        at = t.snapshot.evidence_boot_s
+        assert at is not None and clock.boot_s() - at >= 99.0  # old: STALE
+        assert ev.expire(5.0) == []  # ... but heard just now: not expired
+    finally:
+        a_store.close()
+        b_store.close()
+
+
+def test_another_verifiers_expiry_of_a_target_this_one_hears_is_not_applied(
+    backend: Backend,
+) -> None:
+    """An expiry event only says that one verifier heard nothing for its --target-expiry;
+    a verifier that heard the same report within its own applies it only if it agrees."""
+    a_store, b_store = Store(backend.target), Store(backend.target)
+    try:
+        ev = Evaluator(a_store)
+        follower = follow.Follower(a_store, ev, expiry_s=5.0)
+        follower.poll()
+        rep = StoredReport("agent", 1, "t", time.time(), body("agent", "t", 1),
+                           follow.receipt_json(None, 0))  # fmt: skip
+        assert b_store.save_report(rep, {})
+        assert follower.poll() == 1
+        b_store.retire_target("t", "expired", "verifier", ("agent", 1))
+        assert follower.poll() == 0
+        assert [t.expired for t in ev.targets()] == [False]
+        # negative control: one that agrees (its expiry passed too) applies it
+        follower.expiry_s = 0.0
+        b_store.retire_target("t", "forgotten", "ops", ("agent", 1))
+        b_store.retire_target("t", "expired", "verifier", ("agent", 1))
+        assert follower.poll() == 1 and ev.targets() == []
+    finally:
+        a_store.close()
+        b_store.close()
+
+
+@pytest.mark.parametrize("event", ["forgotten", "expired"])
+def test_a_retired_target_stays_retired_after_a_restart_whatever_the_receivers_clocks(
+    backend: Backend, event: str
+) -> None:
+    """The target's latest report is the last stored, not the one with the latest wall-clock
+    receipt: seq 1 received by a verifier whose clock ran a minute ahead, seq 2 after it.
+    Retired with seq 2, it must not come back (as seq 1) when a verifier starts."""
+    s = Store(backend.target)
+    try:
+        now = time.time()
+        for seq, at in ((1, now + 60.0), (2, now)):
+            assert s.save_report(StoredReport("ag", seq, "t", at, body("ag", "t", seq)), {})
+        s.retire_target("t", event, "ops", ("ag", 2))
+        loaded = Evaluator(s).targets()
+        assert [(t.seq, t.expired) for t in loaded] == ([] if event == "forgotten" else [(2, True)])
+    finally:
+        s.close()
+
+
+@pytest.fixture
+def slow_follow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Verifiers whose followers poll only when a test says (server.follower.poll())."""
+    monkeypatch.setattr(follow, "FOLLOW_S", 3600.0)
+
+
+def test_a_forget_retires_what_another_verifier_stored_before_it(
+    slow_follow: None, backend: Backend, tmp_path: Path
+) -> None:
+    """The operator forgets t on A after B stored t's seq 2, before A followed it: the forget
+    retires seq 2 (the last stored), so following it does not bring t back on A, and B,
+    which holds seq 2, forgets t too."""
+    a_addr, b_addr = addrs(tmp_path)
+    with (
+        running_verifier(a_addr, backend.target) as a,
+        running_verifier(b_addr, backend.target) as b,
+    ):
+        ag = Agent("ag", "t")
+        try:
+            ag.connect(a_addr)
+            assert ag.report(1).accepted  # A holds seq 1
+            ag.connect(b_addr)
+            assert ag.report(2).accepted  # B holds seq 2; A has not followed it
+            with grpc.insecure_channel(a_addr) as ch:
+                pb_grpc.VerifierServiceStub(ch).ForgetTarget(
+                    pb.ForgetTargetRequest(target="t"), timeout=10
+                )
+            a.follower.poll()
+            b.follower.poll()
+            assert "t" not in targets(a_addr) and "t" not in targets(b_addr)
+            assert events(backend) == [("t", "forgotten")]
+            db = open_database(backend.target, read_only=True)
+            try:
+                (last,) = db.execute("SELECT last_seq FROM target_events").fetchone()
+            finally:
+                db.close()
+            assert int(last) == 2
+            # a report after the forget brings it back, as ever
+            assert ag.report(3).accepted
+            a.follower.poll()
+            assert "t" in targets(a_addr) and "t" in targets(b_addr)
+        finally:
+            ag.close()
+
+
+def test_a_seq_below_one_another_verifier_stored_is_never_stored(
+    pair: tuple[VerifierServer, VerifierServer], tmp_path: Path, backend: Backend
+) -> None:
+    """B stored seqs 1, 2 and 5; A, whose cache still says nothing is stored, gets seq 3:
+    acknowledged (the agent's seqs only grow: it is behind), never stored, never judged."""
+    a_addr, b_addr = addrs(tmp_path)
+    at_a, at_b = Agent("ag", "t"), Agent("ag", "t")
+    try:
+        assert at_a.connect(a_addr) == 0
+        at_b.connect(b_addr)
+        for seq in (1, 2, 5):
+            assert at_b.report(seq, pid=100 + seq).accepted
+        assert at_a.report(3, pid=103).accepted
+        db = open_database(backend.target, read_only=True)
+        try:
+            seqs = [int(r[0]) for r in db.execute("SELECT seq FROM reports ORDER BY rowid")]
+        finally:
+            db.close()
+        assert seqs == [1, 2, 5]
+        ev = pair[0].service.evaluator
+        until("A follows seq 5", 30, lambda: _held(ev, "t") == ("ag", 5))
+    finally:
+        at_a.close()
+        at_b.close()
+
+
+def test_a_replica_whose_clock_runs_ahead_never_expires_a_target_another_hears(
+    tmp_path: Path, pg_database: str
+) -> None:
+    """B's host clock is a minute ahead, more than the --target-expiry of both (5 s here; an
+    hour's jump against the default hour). t's agent reports to A every 0.25 s. Before the
+    fix B expired t on every report it followed, ledgered it, and A applied it: t dropped out
+    of every run's verdict while it reported. Now t stays live on A and nothing expires."""
+    expiry = ("--target-expiry", "5")
+    a = Daemon(["serve", "--listen", f"unix:{tmp_path}/a.sock", "--db", pg_database, *expiry],
+               tmp_path / "a.log").start()  # fmt: skip
+    b_log = (tmp_path / "b.log").open("wb")
+    b = subprocess.Popen(
+        [sys.executable, str(REPO / "tests" / "skewed_clock.py"), "serve", "--listen",
+         f"unix:{tmp_path}/b.sock", "--db", pg_database, *expiry],
+        stdout=b_log, stderr=subprocess.STDOUT, env={**os.environ, "SKEW": "60"},
+    )  # fmt: skip
+    ag = Agent("ag", "t")
+    try:
+        for name in ("a", "b"):
+            until(f"verifier {name}", 180, (tmp_path / f"{name}.sock").exists)  # loaded CI
+        ag.connect(f"unix:{tmp_path}/a.sock")
+        seen: list[str] = []
+        for seq in range(1, 33):  # 8 s
+            assert ag.report(seq).accepted
+            state = targets(f"unix:{tmp_path}/a.sock").get("t")
+            seen.append(state.state if state else "absent")
+            time.sleep(0.25)
+        assert set(seen) == {"live"}, seen
+        # B saw the reports, a minute old by its clock: STALE there, not expired
+        assert targets(f"unix:{tmp_path}/b.sock")["t"].state == "stale"
+        assert events(Backend(pg_database)) == []
+    finally:
+        ag.close()
+        a.stop()
+        b.terminate()
+        b.wait(timeout=30)
+        b_log.close()

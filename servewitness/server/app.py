@@ -248,7 +248,10 @@ class VerifierServer:
         )
         # what other verifiers on the same database store (server/follow.py)
         self.follower = follow.Follower(
-            self.store, self.service.evaluator, metrics=self.service.metrics
+            self.store,
+            self.service.evaluator,
+            metrics=self.service.metrics,
+            expiry_s=self.service.target_expiry_s,
         )
         self._following = threading.Thread(
             target=follow.run,

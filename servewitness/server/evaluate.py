@@ -163,9 +163,15 @@ class Evaluator:
     ) -> bool:
         """Make REPORT, which another verifier stored as STORED, its target's latest evidence
         unless this verifier holds a newer one. RECEIVED_BOOT_S: the earliest it can have been
-        received, on this verifier's age clock (None: not known, so not fresh)."""
+        received, on this verifier's age clock (None: not known, so not fresh).
+
+        Its silence, for expiry, counts from now: the *latest* it can have been received
+        (it was committed before this poll read it). Freshness takes the earliest, expiry
+        the latest: each errs on its safe side, so a receiver whose clock runs ahead makes
+        its reports look old here (STALE) but never makes a live target expire (which drops
+        it from every run's verdict: the unsafe side)."""
         snap = self._snapshot(report, stored.received_unix, authenticated_as, received_boot_s)
-        heard = clock.boot_s() if received_boot_s is None else received_boot_s
+        heard = clock.boot_s()
         with self._lock:
             latest = self._tracked()
             t = latest.get(report.target)
@@ -177,14 +183,22 @@ class Evaluator:
             )
             return True
 
-    def retired(self, target: str, event: str, agent_id: str, seq: int) -> bool:
-        """Another verifier expired or forgot (EVENT) TARGET with report SEQ of AGENT_ID as
-        its last: done here too if that is the report this verifier holds (a newer one keeps
-        the target). Whether anything changed."""
+    def retired(
+        self, target: str, event: str, last: tuple[str, int], expiry_s: float | None = None
+    ) -> bool:
+        """Another verifier expired or forgot (EVENT) TARGET with report LAST (agent id, seq)
+        as its last: done here too if that is the report this verifier holds (a newer one
+        keeps the target). An expiry is applied only when this verifier too has heard
+        nothing of the target for EXPIRY_S (None: not checked): an expiry drops a target
+        from every run's verdict, so one verifier's clock (or database row) alone must not
+        make the others drop a target they hear from. Whether anything changed."""
         with self._lock:
             latest = self._tracked()
             t = latest.get(target)
-            if t is None or (t.agent_id, t.seq) != (agent_id, seq):
+            if t is None or (t.agent_id, t.seq) != last:
+                return False
+            heard_lately = expiry_s is not None and clock.boot_s() - t.heard_boot_s <= expiry_s
+            if event == "expired" and heard_lately:
                 return False
             if event == "forgotten":
                 self._floors[target] = t.rowid
@@ -256,6 +270,15 @@ class Evaluator:
             if gone is not None:
                 self._floors[target] = gone.rowid
             return gone
+
+    def forgotten_up_to(self, target: str, rowid: int) -> None:
+        """TARGET was retired with the report at ROWID as its last (reports stored before it
+        that this verifier had not followed yet included): none of them brings it back."""
+        with self._lock:
+            self._floors[target] = max(self._floors.get(target, 0), rowid)
+            t = self._tracked().get(target)
+            if t is not None and t.rowid <= rowid:
+                del self._tracked()[target]
 
     def run_verdict(
         self, run: RunRecord, now: float, snaps: list[TargetSnapshot] | None = None

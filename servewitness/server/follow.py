@@ -118,10 +118,12 @@ class Follower:
         evaluator: Evaluator,
         batch_rows: int = BATCH_ROWS,
         metrics: VerifierMetrics | None = None,
+        expiry_s: float | None = None,
     ) -> None:
         self.store = store
         self.evaluator = evaluator
         self.metrics = metrics
+        self.expiry_s = expiry_s  # this verifier's --target-expiry: another's must agree
         self.batch_rows = batch_rows
         self._lock = threading.Lock()  # one poll at a time
         self._marks: tuple[int, int] | None = None
@@ -161,7 +163,7 @@ class Follower:
                 reports = new[-1].rowid
             for rowid, target, event, agent, seq in got:
                 events = rowid
-                if self.evaluator.retired(target, event, agent, seq):
+                if self.evaluator.retired(target, event, (agent, seq), self.expiry_s):
                     self.events += 1
                     changed += 1
                     self.count("event")

@@ -53,12 +53,13 @@ def insert(  # noqa: PLR0917 - one report's parts, as the store is given them
     *,
     receipt: Callable[[], str] | None = None,
 ) -> int | None:
-    """Write REP (inside the caller's transaction): its row's rowid, or None if its seq is
-    stored already. RECEIPT makes its receipt now (else REP's own)."""
-    seen = db.execute(
-        "SELECT 1 FROM reports WHERE agent_id = ? AND seq = ?", (rep.agent_id, rep.seq)
-    ).fetchone()
-    if seen:
+    """Write REP (inside the caller's transaction): its row's rowid, or None if its seq (or
+    a later one of its agent) is stored already. RECEIPT makes its receipt now (else REP's
+    own)."""
+    # Seqs only grow: this seq, or a later one, stored already (by this verifier or another
+    # on the same database, whose acknowledgement this verifier's cache has not seen)
+    last = db.execute("SELECT MAX(seq) FROM reports WHERE agent_id = ?", (rep.agent_id,)).fetchone()
+    if last is not None and last[0] is not None and int(last[0]) >= rep.seq:
         return None
     for m in prepared:  # content-addressed: each digest once
         if db.execute("SELECT 1 FROM manifests WHERE digest = ?", (m.digest,)).fetchone():
@@ -90,19 +91,24 @@ def insert(  # noqa: PLR0917 - one report's parts, as the store is given them
 
 
 def latest(db: Database) -> list[StoredReport]:
-    """The most recent report of every target."""
+    """The most recent report of every target: the last stored (storage order, never a
+    receiver's wall clock, which another verifier's, or a stepped one, can put anywhere)."""
     rows = db.execute(
         "SELECT r.agent_id, r.seq, r.target, r.received_unix, r.report, r.receipt_json, "
         "r.rowid FROM reports r "
-        "JOIN (SELECT target, MAX(received_unix) AS t FROM reports GROUP BY target) m "
-        "ON r.target = m.target AND r.received_unix = m.t"
+        "JOIN (SELECT target, MAX(rowid) AS m FROM reports GROUP BY target) m "
+        "ON r.rowid = m.m ORDER BY r.target"
     ).fetchall()
-    out: dict[str, StoredReport] = {}
-    for row in rows:
-        rep = from_row(row)
-        if rep.target not in out or rep.seq > out[rep.target].seq:
-            out[rep.target] = rep
-    return sorted(out.values(), key=lambda r: r.target)
+    return [from_row(row) for row in rows]
+
+
+def last_of(db: Database, target: str) -> tuple[str, int, int] | None:
+    """TARGET's last stored report: (agent id, seq, rowid), None if it has none."""
+    row = db.execute(
+        "SELECT agent_id, seq, rowid FROM reports WHERE target = ? ORDER BY rowid DESC LIMIT 1",
+        (target,),
+    ).fetchone()
+    return None if row is None else (str(row[0]), int(row[1]), int(row[2]))
 
 
 def marks(db: Database) -> tuple[int, int]:

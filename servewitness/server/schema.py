@@ -185,6 +185,7 @@ POSTGRES = _TABLES.format(
     # Following other verifiers reads the rows after a rowid every poll (server/follow.py);
     # SQLite's rowid is its tables' key already.
     "CREATE INDEX IF NOT EXISTS reports_by_rowid ON reports (rowid);\n"
+    "CREATE INDEX IF NOT EXISTS reports_by_target_rowid ON reports (target, rowid);\n"
     "CREATE INDEX IF NOT EXISTS target_events_by_rowid ON target_events (rowid);\n"
 )
 

@@ -391,7 +391,8 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
             if gone is None:
                 context.abort(grpc.StatusCode.NOT_FOUND, f"no target named {name!r}")
             status = self._status(gone, self._freshness_s(), clock.boot_s())
-            self.store.retire_target(name, "forgotten", by, (gone.agent_id, gone.seq))
+            _, _, rowid = self.store.retire_target(name, "forgotten", by, (gone.agent_id, gone.seq))
+            self.evaluator.forgotten_up_to(name, rowid)  # what was stored before stays out
             self.metrics.forget_target(name)
         log.info("target_forgotten", target=name, by=by)
         self.dirty.set()

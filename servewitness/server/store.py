@@ -395,38 +395,52 @@ class Store:
         return int(rows[0][0]) if rows and rows[0][0] is not None else 0
 
     # targets ---------------------------------------------------------------------------
-    def retire_target(self, target: str, event: str, by: str, last: tuple[str, int]) -> float:
+    def retire_target(
+        self, target: str, event: str, by: str, last: tuple[str, int]
+    ) -> tuple[float, tuple[str, int], int]:
         """Record that TARGET expired or was forgotten (EVENT) by BY, retiring its latest
         report LAST (agent id, seq): no verdict counts it after this, and a restarted verifier
-        does not load it back. A later report of the target brings it back as new. When.
+        does not load it back. A later report of the target brings it back as new. (When, the
+        report retired, its rowid: 0 when it is not stored.)
 
-        Once per retirement: when the target's latest event already retires LAST the same
-        way (another verifier on the same database expired it first), nothing is written and
-        that event's time is returned."""
+        A forget retires the target's last *stored* report, which may be newer than LAST (one
+        another verifier on the same database stored and this one had not followed yet): the
+        operator forgets the target as it stands, and what was stored before cannot bring it
+        back. An expiry retires LAST, what this verifier heard silent for so long.
+
+        Once per retirement: when the target's latest event already retires that report the
+        same way (another verifier expired it first), nothing is written and that event's
+        time is returned."""
         if event not in TARGET_EVENTS:
             raise ValueError(f"target event {event!r} is not one of {TARGET_EVENTS}")
-        at = [time.time()]
+        out: list[tuple[float, tuple[str, int], int]] = [(time.time(), last, 0)]
 
         def retire(db: Database) -> None:
+            at, retired, rowid = out[0]
+            stored = report_rows.last_of(db, target)
+            if stored is not None and event == "forgotten":
+                retired, rowid = (stored[0], stored[1]), stored[2]
+            elif stored is not None and (stored[0], stored[1]) == last:
+                rowid = stored[2]
             prior = db.execute(
                 "SELECT at_unix, event, last_agent, last_seq FROM target_events "
                 "WHERE target = ? ORDER BY rowid DESC LIMIT 1",
                 (target,),
             ).fetchone()
-            if prior is not None and (prior[1], prior[2], int(prior[3])) == (event, *last):
-                at[0] = float(prior[0])
+            if prior is not None and (prior[1], prior[2], int(prior[3])) == (event, *retired):
+                out[0] = (float(prior[0]), retired, rowid)
                 return
-            row = (target, at[0], event, by, last[0], last[1])
+            row = (target, at, event, by, retired[0], retired[1])
             db.execute(
                 "INSERT INTO target_events (target, at_unix, event, by_whom, last_agent, "
                 "last_seq) VALUES (?, ?, ?, ?, ?, ?)",
                 row,
             )
-            ref = chain.target_ref(target, at[0])
-            chain.append(db, at[0], "target", ref, chain.target_subject(*row))
+            chain.append(db, at, "target", chain.target_ref(target, at), chain.target_subject(*row))
+            out[0] = (at, retired, rowid)
 
         self._tx([], retire)
-        return at[0]
+        return out[0]
 
     def retired_targets(self) -> dict[str, tuple[str, str, int]]:
         """Every target's latest retirement: target -> (event, last agent id, last seq)."""
