@@ -11,9 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from servewitness.agent.trees import TreeMemory
-from servewitness.evidence.container import container_of
 from servewitness.evidence.process import ProcessEvidence
-from servewitness.evidence.procfs import ProcFS
 from servewitness.instances import instance_of
 from servewitness.model import ProcessKey, ProcessReport, RequestId, RequestSpan
 
@@ -52,11 +50,10 @@ class Part:
 
 @dataclass
 class Split:
-    """Splits a collect by container: PROCFS to place each process, TARGET the family,
+    """Splits a collect by container (as each process's report placed it): TARGET the family,
     TREES the trees seen per container (kept by the agent across collects), NOTHING_VISIBLE
     why no vLLM process is visible at all."""
 
-    procfs: ProcFS
     target: str
     trees: dict[str, TreeMemory]
     nothing_visible: Callable[[], str]
@@ -75,10 +72,12 @@ class Split:
         spans, request_ids = bindings
         where = {p.key: p.container_id for p in procs}
         ids = sorted({c or "" for c in [*where.values(), *was.values()]})
+        # each process's container as its report read it (not the cgroup read again)
+        placed = {(k.pid, k.start_ticks): c for k, c in where.items()}
         evidence: dict[str, list[ProcessEvidence]] = {}
         for ev in found:
-            ref = container_of(self.procfs, ev.identity.pid)
-            evidence.setdefault(ref.id if ref else "", []).append(ev)
+            cid = placed.get((ev.identity.pid, ev.identity.start_ticks))
+            evidence.setdefault(cid or "", []).append(ev)
         out = []
         for cid in ids:
             mine = [p for p in procs if (p.container_id or "") == cid]

@@ -189,7 +189,7 @@ class Agent:
             unobservable = tuple(refused) if procs or refused else (self._nothing_visible(),)
             part = Part(self.config.target, procs, gone, unobservable, mixed, spans, request_ids)
             return [self._build(part, began)]
-        split = Split(self.procfs, self.config.target, self._trees, self._nothing_visible)
+        split = Split(self.config.target, self._trees, self._nothing_visible)
         parts = split.parts(found, procs, was, refused, (spans, request_ids))
         return [self._build(part, began) for part in parts]
 

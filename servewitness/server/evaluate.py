@@ -150,9 +150,13 @@ class Evaluator:
         """Whether the report at ROWID is newer than what this verifier holds of TARGET (or
         last forgot of it)."""
         with self._lock:
-            t = self._tracked().get(target)
-            held = t.rowid if t is not None else self._floors.get(target, 0)
-            return rowid > held
+            return rowid > self._held(target)
+
+    def _held(self, target: str) -> int:
+        """The rowid of TARGET's report this verifier holds, or of the last one it forgot
+        (call with the lock held)."""
+        t = self._tracked().get(target)
+        return t.rowid if t is not None else self._floors.get(target, 0)
 
     def followed(
         self,
@@ -173,12 +177,9 @@ class Evaluator:
         snap = self._snapshot(report, stored.received_unix, authenticated_as, received_boot_s)
         heard = clock.boot_s()
         with self._lock:
-            latest = self._tracked()
-            t = latest.get(report.target)
-            held = t.rowid if t is not None else self._floors.get(report.target, 0)
-            if stored.rowid <= held:
+            if stored.rowid <= self._held(report.target):
                 return False
-            latest[report.target] = Tracked(
+            self._tracked()[report.target] = Tracked(
                 snap, stored.agent_id, stored.seq, heard, False, stored.rowid
             )
             return True

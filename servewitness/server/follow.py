@@ -128,29 +128,29 @@ class Follower:
         self._lock = threading.Lock()  # one poll at a time
         self._marks: tuple[int, int] | None = None
         self._since_boot_s = clock.boot_s()
-        self.followed = 0  # reports made a target's latest evidence by following
-        self.events = 0  # expiries and forgets of other verifiers applied
 
     def count(self, kind: str) -> None:
         """One more of KIND in ``verifier_followed_total`` (when metrics were given)."""
         if self.metrics is not None:
             self.metrics.followed.labels(kind).inc()
 
-    def begin(self) -> None:
+    def begin(self) -> tuple[int, int]:
         """Load the evidence stored so far and follow from there (before serving: a report
-        stored after this is followed, with its receipt, not loaded as of unknown age)."""
+        stored after this is followed, with its receipt, not loaded as of unknown age); the
+        marks following is at."""
         with self._lock:
-            if self._marks is None:
-                self._marks, self._since_boot_s = self.evaluator.follow_from()
+            return self._begun()
+
+    def _begun(self) -> tuple[int, int]:
+        if self._marks is None:
+            self._marks, self._since_boot_s = self.evaluator.follow_from()
+        return self._marks
 
     def poll(self) -> int:
         """Read what was stored since the last poll; how many targets it changed."""
-        self.begin()
         with self._lock:
+            reports, events = self._begun()
             began = clock.boot_s()
-            if self._marks is None:  # begin() set them
-                raise AssertionError("unreachable")
-            reports, events = self._marks
             n = self.batch_rows
             new, got = self.store.read(
                 lambda db: (
@@ -164,7 +164,6 @@ class Follower:
             for rowid, target, event, agent, seq in got:
                 events = rowid
                 if self.evaluator.retired(target, event, (agent, seq), self.expiry_s):
-                    self.events += 1
                     changed += 1
                     self.count("event")
             self._marks = (reports, events)
@@ -204,7 +203,6 @@ class Follower:
                     receipt, r.received_unix, since_boot_s, clock.boot_s(), time.time()
                 )
             if self.evaluator.followed(report, r, who, at):
-                self.followed += 1
                 changed += 1
                 self.count("report")
         return changed
