@@ -93,50 +93,50 @@ class Bounded:
 
     def __init__(self, label: str, limit: int, per_key: int, overflow: Counter) -> None:
         self.label, self.limit, self.per_key = label, limit, per_key
-        self.overflow = overflow
-        overflow.labels(label)  # 0 from the start
+        self._overflow = overflow.labels(label)  # 0 from the start
         self._lock = threading.Lock()
-        self._series: dict[str, set[tuple[MetricWrapperBase, tuple[str, ...]]]] = {}
+        # key -> (family, the rest of the labels) -> that series' child: a series already
+        # admitted is found with one lookup (a report sets seven of them, a verdict one per
+        # target), never admitted nor looked up in the family again
+        self._series: dict[str, dict[tuple[MetricWrapperBase, tuple[str, ...]], Any]] = {}
 
     def keys(self) -> int:
         with self._lock:
             return len(self._series)
 
-    def _admit(self, family: MetricWrapperBase, key: str, rest: tuple[str, ...]) -> bool:
-        mine = self._series.get(key)
-        if mine is None:
-            if len(self._series) >= self.limit:
-                return False
-            mine = self._series[key] = set()
-        series = (family, (key, *rest))
-        if series not in mine:
-            if sum(f is family for f, _ in mine) >= self.per_key:
-                return False
-            mine.add(series)
-        return True
-
     def child(self, family: MetricWrapperBase, key: str, *rest: str) -> Any | None:
         """FAMILY's series for KEY (and the REST of its labels), or None (over a bound)."""
         with self._lock:
-            ok = self._admit(family, key, rest)
-        if not ok:
-            self.overflow.labels(self.label).inc()
-            return None
-        return family.labels(key, *rest)
+            mine = self._series.get(key)
+            got = None if mine is None else mine.get((family, rest))
+            if got is not None:
+                return got
+            if mine is None:
+                if len(self._series) >= self.limit:
+                    mine = None
+                else:
+                    mine = self._series[key] = {}
+            if mine is not None and sum(f is family for f, _ in mine) < self.per_key:
+                got = mine[(family, rest)] = family.labels(key, *rest)
+        if got is None:
+            self._overflow.inc()
+        return got
 
-    def set(self, family: Gauge, key: str, value: float, *rest: str) -> None:
+    def set(self, family: Gauge, key: str, value: float, *rest: str) -> bool:
+        """Set FAMILY's series for KEY and REST to VALUE; False: over a bound, not exported."""
         child = self.child(family, key, *rest)
         if child is not None:
             child.set(value)
+        return child is not None
 
     def replace(self, family: Gauge, key: str, values: Mapping[tuple[str, ...], float]) -> None:
         """KEY's series of FAMILY are exactly VALUES (the rest of the labels: value): those
         not in VALUES are removed (a hook no longer reported)."""
         with self._lock:
-            old = {r[1:] for f, r in self._series.get(key, set()) if f is family}
-            gone = old - set(values)
-            if key in self._series:
-                self._series[key] -= {(family, (key, *rest)) for rest in gone}
+            mine = self._series.get(key, {})
+            gone = [r for f, r in mine if f is family and r not in values]
+            for rest in gone:
+                del mine[(family, rest)]
         for rest in gone:
             _remove(family, (key, *rest))
         for rest, value in sorted(values.items()):
@@ -144,9 +144,9 @@ class Bounded:
 
     def forget(self, key: str) -> None:
         with self._lock:
-            series = self._series.pop(key, set())
-        for family, values in series:
-            _remove(family, values)
+            series = self._series.pop(key, {})
+        for family, rest in series:
+            _remove(family, (key, *rest))
 
 
 def _remove(family: MetricWrapperBase, values: tuple[str, ...]) -> None:

@@ -116,6 +116,9 @@ class Admission(grpc.ServerInterceptor):
                 self.pools[m] = pool
         # refusals have a thread of their own: never queued behind the calls that filled a class
         self.refusals = futures.ThreadPoolExecutor(1, thread_name_prefix="refuse")
+        # the handlers given for each (method, inner handler), built once (a call is decided
+        # on gRPC's polling thread: building them per call cost it a closure and a handler)
+        self._made: dict[tuple[str, bool], tuple[grpc.RpcMethodHandler[Any, Any], Any]] = {}
 
     def intercept_service(
         self,
@@ -127,21 +130,28 @@ class Admission(grpc.ServerInterceptor):
         pool = self.pools.get(method) if method is not None else None
         if handler is None or handler.unary_unary is None or pool is None or method is None:
             return handler
-        if pool.full():
+        busy = pool.full()
+        made = self._made.get((method, busy))
+        if made is not None and made[0] is handler:
+            return made[1]  # type: ignore[no-any-return]
+        if busy:
             refuse = _busy(pool, method)
             refuse.experimental_thread_pool = self.refusals  # type: ignore[attr-defined]
-            return grpc.stream_unary_rpc_method_handler(
+            out = grpc.stream_unary_rpc_method_handler(
                 refuse,
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
-        behavior = _served(handler.unary_unary)
-        behavior.experimental_thread_pool = pool  # type: ignore[attr-defined]
-        return grpc.unary_unary_rpc_method_handler(
-            behavior,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+        else:
+            behavior = _served(handler.unary_unary)
+            behavior.experimental_thread_pool = pool  # type: ignore[attr-defined]
+            out = grpc.unary_unary_rpc_method_handler(
+                behavior,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        self._made[(method, busy)] = (handler, out)
+        return out
 
     def shutdown(self) -> None:
         self.refusals.shutdown(wait=False)

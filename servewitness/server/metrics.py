@@ -15,6 +15,7 @@ above the classes' bounds, for the other methods) and messages over the 64 MiB l
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -88,6 +89,10 @@ def refusal_reason(code: grpc.StatusCode | None, method: str = "Report") -> str:
 # A target's series go when it expires or is forgotten. Read when VerifierMetrics is made.
 MAX_TARGET_SERIES = 1024
 MAX_RUN_SERIES = 1024
+# verdict gauges remembered as set (a memo: past this many it is cleared and values re-set)
+SHOWN_MAX = 4 * MAX_TARGET_SERIES
+# observed handlers kept (RpcObserver): a few per method; a bound all the same
+OBSERVED_MAX = 256
 HOOK_SERIES = 64
 STEP_KINDS = ("total", "productive")
 
@@ -226,8 +231,15 @@ class VerifierMetrics:
                 self.refusals.labels(method, reason)
         for kind in ("span", "request_id"):
             self.bindings.labels(kind)
-        for verdict in VERDICTS:
-            self.verdicts.labels(verdict)
+        self._verdicts = {v: self.verdicts.labels(v) for v in VERDICTS}
+        # what verdict() last set for (run, target) and (run, None): the run's own gauge
+        self._shown: dict[tuple[str, str | None], str] = {}
+        self._shown_lock = threading.Lock()
+        self._accepted = self.reports.labels("accepted")
+        self._spans, self._request_ids = (
+            self.bindings.labels("span"),
+            self.bindings.labels("request_id"),
+        )
 
     def value(self, name: str, **labels: str) -> float:
         """The sample NAME with LABELS as a scrape would give it (0 when absent)."""
@@ -248,7 +260,7 @@ class VerifierMetrics:
         self.reports.labels(result).inc()
 
     def stored(self, report: TargetReport, received_unix: float, ingest_s: float) -> None:
-        self.reports.labels("accepted").inc()
+        self._accepted.inc()
         self.ingest.observe(ingest_s)
         t, targets = report.target, self.targets
         if report.collected_unix is not None:
@@ -256,33 +268,46 @@ class VerifierMetrics:
         targets.set(self.last_report, t, received_unix)
         targets.set(self.processes, t, len(report.processes))
         steps = [p.steps for p in report.processes if p.steps is not None]
-        most: dict[tuple[str, ...], float] = {
-            ("total",): max((s.total for s in steps), default=0),
-            ("productive",): max((s.productive for s in steps), default=0),
-        }
-        targets.replace(self.steps, t, most)
+        targets.set(self.steps, t, max((s.total for s in steps), default=0), "total")
+        targets.set(self.steps, t, max((s.productive for s in steps), default=0), "productive")
         fires: dict[tuple[str, ...], float] = {}
         for p in report.processes:
             for h in p.hooks:
                 fires[(h.name,)] = max(fires.get((h.name,), 0), h.fired)
         targets.replace(self.hook_fires, t, fires)
-        self.bindings.labels("span").inc(len(report.spans))
-        self.bindings.labels("request_id").inc(len(report.request_ids))
+        self._spans.inc(len(report.spans))
+        self._request_ids.inc(len(report.request_ids))
 
     def forget_target(self, target: str) -> None:
         """TARGET expired or was forgotten: its series go."""
-        self.targets.forget(target)
+        with self._shown_lock:  # both at once: a verdict set in between would be forgotten
+            self._shown = {k: v for k, v in self._shown.items() if k[1] != target}
+            self.targets.forget(target)
 
     def verdict(self, verdict: RunVerdict) -> None:
-        """A run's VERDICT was computed: the run's and each of its targets' gauges."""
+        """A run's VERDICT was computed: the run's and each of its targets' gauges. Only the
+        values that changed are set (the keeper and every status call compute a run's
+        verdict over all of its targets; most of them are what they were); a value refused
+        by a bound is tried again next time (a place may have been freed)."""
         run, value = verdict.run, verdict.verdict.value
-        self.verdicts.labels(value).inc()
-        for v in VERDICTS:
-            self.runs.set(self.run_verdict, run, 1.0 if v == value else 0.0, v)
-        for t in verdict.targets:
-            for v in VERDICTS:
-                on = 1.0 if v == t.verdict.value else 0.0
-                self.targets.set(self.target_verdict, t.target, on, run, v)
+        self._verdicts[value].inc()
+        with self._shown_lock:  # the keeper and status threads: set in the order computed
+            if len(self._shown) > SHOWN_MAX:  # only a memo: forgetting it re-sets every value
+                self._shown.clear()
+            if self._shown.get((run, None)) != value:
+                ok = [self.runs.set(self.run_verdict, run, float(v == value), v) for v in VERDICTS]
+                if all(ok):
+                    self._shown[(run, None)] = value
+            for t in verdict.targets:
+                now = t.verdict.value
+                if self._shown.get((run, t.target)) == now:
+                    continue
+                ok = [
+                    self.targets.set(self.target_verdict, t.target, float(v == now), run, v)
+                    for v in VERDICTS
+                ]
+                if all(ok):
+                    self._shown[(run, t.target)] = now
 
 
 class RpcObserver(grpc.ServerInterceptor):
@@ -296,6 +321,9 @@ class RpcObserver(grpc.ServerInterceptor):
         self.metrics = metrics
         for m in METHODS:
             self.metrics.rpcs.labels(m, "OK")
+        # the observed handler of each inner handler, built once per (method, inner handler);
+        # inner handlers are a fixed few (a method's, admission's refusal of it)
+        self._made: dict[tuple[str, int], tuple[Any, grpc.RpcMethodHandler[Any, Any]]] = {}
 
     def intercept_service(
         self,
@@ -306,6 +334,17 @@ class RpcObserver(grpc.ServerInterceptor):
         method = method_name(handler_call_details.method)
         if handler is None or method is None:
             return handler
+        made = self._made.get((method, id(handler)))
+        if made is not None and made[0] is handler:
+            return made[1]
+        out = self._observe(method, handler)
+        if len(self._made) < OBSERVED_MAX:
+            self._made[(method, id(handler))] = (handler, out)
+        return out
+
+    def _observe(
+        self, method: str, handler: grpc.RpcMethodHandler[Any, Any]
+    ) -> grpc.RpcMethodHandler[Any, Any]:
         # unary calls, and admission's refusals (client-streaming: they never read a request)
         behavior = handler.unary_unary or handler.stream_unary
         if behavior is None:
