@@ -42,6 +42,7 @@ bench: setup      ## benchmarks; results belong in BENCHMARKS.md
 	$(PY) bench/tokens_ab.py
 	$(PY) bench/gate_latency.py
 	$(PY) bench/agents_scale.py
+	$(PY) bench/report_path.py
 	$(PY) bench/replicas_scale.py
 	$(PY) bench/status_answer.py
 	$(PY) bench/hash_scan.py

@@ -13,8 +13,9 @@ verifier asks; BINDINGS request bindings: a span and a client-id mapping each). 
 request is built once and only its seq, nonce, times and binding ids change per report
 (serialized by upb in C). An agent waits for its acknowledgement before its next report (as
 `verifier agent` does); on any error it counts a refusal (RESOURCE_EXHAUSTED) or a failure,
-backs off (0.2 s doubling to 4 s), says Hello again and goes on: an agent never dies, and an
-agent that got nothing acknowledged is counted as such, never as capacity.
+backs off (0.2 s doubling to 4 s) and goes on, saying Hello again after a failure (after a
+refusal too in an arm named by ``--hello-after-busy``: agents before 2026-12-04 did): an agent
+never dies, and an agent that got nothing acknowledged is counted as such, never as capacity.
 
 Measured (after every agent's first report was acknowledged, or 60 s): acknowledged
 reports/s; the verifier's CPU-seconds per acknowledged report (/proc/PID/stat), so that its
@@ -105,7 +106,7 @@ class Agent:
 
 
 async def agents_main(addr: str, tag: str, k: int, rate: float, bindings: int,  # noqa: PLR0917
-                      t_win: float, t_end: float, out: Any) -> None:  # fmt: skip
+                      t_win: float, t_end: float, out: Any, hello_busy: bool = False) -> None:  # fmt: skip
     counts = {"acked": 0, "refused": 0, "failed": 0, "win_acked": 0, "win_refused": 0,
               "win_failed": 0, "first": 0}  # fmt: skip
     lat: list[float] = []
@@ -138,7 +139,9 @@ async def agents_main(addr: str, tag: str, k: int, rate: float, bindings: int,  
                     key = "refused" if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else "failed"
                     counts[key] += 1
                     counts["win_" + key] += inside
-                    nonce, nxt = None, time.time() + backoff
+                    if key == "failed" or hello_busy:  # busy: the nonce holds (as the agent)
+                        nonce = None
+                    nxt = time.time() + backoff
                     backoff = min(2 * backoff, 4.0)
                     continue
                 nonce = resp.nonce
@@ -161,10 +164,10 @@ async def agents_main(addr: str, tag: str, k: int, rate: float, bindings: int,  
 
 
 def generator(addr: str, tag: str, k: int, rate: float, bindings: int,  # noqa: PLR0917
-              ready: Any, go: Any, out: Any) -> None:  # fmt: skip
+              ready: Any, go: Any, out: Any, hello_busy: bool = False) -> None:  # fmt: skip
     ready.put(os.getpid())
     t_win, t_end = go.get()
-    asyncio.run(agents_main(addr, tag, k, rate, bindings, t_win, t_end, out))
+    asyncio.run(agents_main(addr, tag, k, rate, bindings, t_win, t_end, out, hello_busy))
 
 
 def status_loop(addr: str, stop: threading.Event, lat: list[float], errors: list[str],
@@ -198,11 +201,12 @@ def serve(tmp: Path, src: Path) -> tuple[str, subprocess.Popen[bytes], str]:
 
 
 def arm(src: Path, tmp: Path, k: int, rate: float, seconds: float, bindings: int,  # noqa: PLR0917
-        status_rate: float = 5.0) -> dict[str, Any]:  # fmt: skip
+        status_rate: float = 5.0, hello_busy: bool = False) -> dict[str, Any]:  # fmt: skip
     addr, server, db = serve(tmp, src)
     ctx = mp.get_context("spawn")
     ready, go, out = ctx.Queue(), ctx.Queue(), ctx.Queue()
-    gen = ctx.Process(target=generator, args=(addr, tmp.name, k, rate, bindings, ready, go, out))
+    gen = ctx.Process(target=generator,
+                      args=(addr, tmp.name, k, rate, bindings, ready, go, out, hello_busy))  # fmt: skip
     gen.start()
     gen_pid = ready.get(timeout=120)
     warm = 3.0 + k / 100  # every agent's first report (one full manifest) is in
@@ -298,6 +302,9 @@ def main() -> None:
                     help="GetRunStatus calls/s from a separate client (0: none)")  # fmt: skip
     ap.add_argument("--src", action="append", default=[], help="LABEL=PATH of a source tree")
     ap.add_argument("--lock", help="a file to flock for each round (a machine shared with others)")
+    ap.add_argument("--hello-after-busy", action="append", default=[], metavar="LABEL",
+                    help="the arm LABEL's agents say Hello again after a busy refusal (agents "
+                         "before 2026-12-04 did; they now keep their nonce)")  # fmt: skip
     _smoke.add_args(ap)
     args = ap.parse_args()
     if args.smoke:
@@ -319,7 +326,8 @@ def main() -> None:
                 order = [*srcs[r % len(srcs) :], *srcs[: r % len(srcs)]]  # rotated per round
                 for label, src in order:
                     res = arm(src, Path(tmp) / f"r{r}-{label}", args.agents, args.rate,
-                              args.seconds, args.bindings, args.status_rate)  # fmt: skip
+                              args.seconds, args.bindings, args.status_rate,
+                              label in args.hello_after_busy)  # fmt: skip
                     results[label].append(res)
                     say(r, label, args.agents * args.rate, args.agents, res)
     print(

@@ -257,7 +257,8 @@ def test_agent_facing_a_busy_verifier_keeps_reports_spooled_and_delivers_each_on
 ) -> None:
     """Both slots held: the real agent is refused (RESOURCE_EXHAUSTED), logs verifier_busy
     (not verifier_unreachable), keeps numbering reports into its spool and acknowledges none
-    of them; once the slots are free it delivers them, each sequence number exactly once."""
+    of them; once the slots are free it delivers them, each sequence number exactly once, with
+    the nonce it had (no Hello again)."""
     addr, db, proc = verifier
     spool, log = tmp_path / "spool", tmp_path / "agent.log"
     target = subprocess.Popen(["sleep", "600"])  # nothing vLLM-like: reports say unobservable
@@ -300,4 +301,8 @@ def test_agent_facing_a_busy_verifier_keeps_reports_spooled_and_delivers_each_on
     assert len(seqs) == len(set(seqs))
     events = agent_events(log)
     assert "verifier_busy" in events and "verifier_unreachable" not in events
+    # One Hello for the whole run: a busy refusal came before the verifier read the call, so
+    # the agent kept its nonce and its next report was accepted with it (a Hello after each
+    # refusal was one more call per refusal to a verifier that is over capacity).
+    assert events.count("connected") == 1, events
     audit_ok(db)

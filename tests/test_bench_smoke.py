@@ -105,6 +105,11 @@ EXPECT: dict[str, tuple[str, ...]] = {
         r"status p50 / baseline",
         r"every ledger verifies: True",
     ),
+    "report_path.py": (
+        r"this tree again / this tree = \d+\.\d+ \(paired per round, median\)",
+        r"this tree / floor = \d+\.\d+",
+        FLOOR,
+    ),
     "replicas_scale.py": (
         r"1 verifier\(s\): 3 agents offered 6/s acked [\d.]+/s",
         r"2 verifier\(s\): 6 agents offered 12/s acked [\d.]+/s",

@@ -429,7 +429,12 @@ class Agent:
                 wait = self.interval
             except grpc.RpcError as e:
                 self.metrics.failed(e.code())
-                self.nonce = None
+                if e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    # Busy: refused before the verifier read the call, so the nonce it gave
+                    # still holds. Saying Hello again would only add a call to an overloaded
+                    # verifier (one per refusal: a fleet over capacity spent its CPU on them).
+                    # A nonce that no longer holds is refused as such and Hello follows.
+                    self.nonce = None
                 self.set_ready(False, f"verifier: {e.code().name}")
                 # gRPC says UNAVAILABLE for a refused TLS handshake too: asked again, so that
                 # a refused certificate is said as such and not as an outage.

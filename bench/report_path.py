@@ -1,0 +1,204 @@
+"""The verifier's Report path in one process, gRPC taken out: CPU per acknowledged report.
+
+Why: the service-level benchmark (``agents_scale.py``) runs a gRPC server, a load generator
+and the status client on the same two cores; its floor (8-17 % on CPU per report, rounds of
+one arm) is wider than the changes it must price (a few % each). This one calls
+``VerifierService.Report`` directly, as gRPC's worker threads do, so what it measures is the
+servicer's work alone: conversion, checks, the group-committed SQLite transaction (ledger,
+index, bindings), metrics and the evaluator's note.
+
+Method. Every arm is a source tree (``--src LABEL=PATH``; the first is the baseline) run in a
+child process of its own per round, the arms' order rotated per round. A child builds a
+fresh store (SQLite, ``synchronous=FULL``) and service, says Hello and sends one full report
+(the worker's manifest) for each of AGENTS agents, untimed; then THREADS threads send REPORTS
+reports per agent, each request a pre-serialized ``ReportRequest`` (20 request bindings) parsed
+with ``FromString`` as gRPC's deserializer would, and the child's CPU time (every thread,
+``time.process_time``) is divided by the reports acknowledged. The same child first times the
+floor: the same requests parsed and a ``ReportResponse`` serialized, nothing else (what any
+servicer pays). Rows: CPU ms per report per arm over the rounds (median, min, max, spread:
+the noise floor), the floor's row, each arm's ratio to the baseline paired per round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _smoke
+from _stats import print_rows, summary
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class _Context:
+    """What the servicer reads of a gRPC context: an insecure TCP peer, the agent's
+    metadata; an abort raises (a refused report fails the benchmark)."""
+
+    def __init__(self, metadata: Any) -> None:
+        self.metadata = metadata
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:50000"
+
+    def auth_context(self) -> dict[str, Any]:
+        return {}
+
+    def invocation_metadata(self) -> Any:
+        return self.metadata
+
+    def abort(self, code: Any, details: str) -> None:
+        raise RuntimeError(f"refused: {code}: {details}")
+
+    def is_active(self) -> bool:
+        return True
+
+
+def _ready(d: Path, agents: int) -> tuple[Any, Any, list[list[Any]]]:
+    """A fresh store and service in D, and AGENTS agents that said Hello and had their first
+    report (the full manifest) acknowledged: [agent id, context, nonce] each."""
+    from load_test import POLICY, report
+
+    from servewitness import wire
+    from servewitness.api.v1 import verifier_pb2 as pb
+    from servewitness.policy import policy_digest
+    from servewitness.server.service import VerifierService
+    from servewitness.server.store import Store
+
+    store = Store(d / "verifier.sqlite3")
+    svc = VerifierService(store)
+    store.register_run("load", POLICY, policy_digest(POLICY), "bench")
+    state: list[list[Any]] = []
+    for n in range(agents):
+        aid = f"a{n}"
+        ctx = _Context(wire.agent_metadata(aid, ["t-" + aid]))
+        nonce = svc.Hello(pb.HelloRequest(agent_id=aid, targets=["t-" + aid]), ctx).nonce
+        full = pb.ReportRequest(report=wire.report_to_pb(report(aid, n, 1, 20, True)))
+        full.report.nonce = nonce
+        ack = svc.Report(full, ctx)
+        if not ack.accepted:
+            raise SystemExit(f"agent {aid}: its first report was not accepted")
+        state.append([aid, ctx, ack.nonce])
+    return store, svc, state
+
+
+def child(agents: int, reports: int, threads: int) -> None:
+    """One arm's measurement, in the source tree on sys.path: prints 'floor MS' and 'cpu MS'."""
+    from load_test import report
+
+    from servewitness import wire
+    from servewitness._logging import configure
+    from servewitness.api.v1 import verifier_pb2 as pb
+
+    configure(0)
+    with tempfile.TemporaryDirectory(prefix="report-path-") as d:
+        store, svc, state = _ready(Path(d), agents)
+        blobs: list[tuple[list[Any], bytes]] = []
+        for i in range(reports):
+            for n, a in enumerate(state):
+                req = pb.ReportRequest(report=wire.report_to_pb(report(a[0], n, 2 + i, 20, False)))
+                blobs.append((a, req.SerializeToString()))
+        ok = pb.ReportResponse(accepted=True, seq=1, nonce="0" * 32)
+        c0 = time.process_time()
+        for _, blob in blobs:  # the floor: what gRPC's (de)serializers cost any servicer
+            pb.ReportRequest.FromString(blob)
+            ok.SerializeToString()
+        floor = time.process_time() - c0
+        lock, it = threading.Lock(), iter(blobs)
+
+        def run() -> None:
+            while True:
+                with lock:
+                    nxt = next(it, None)
+                if nxt is None:
+                    return
+                a, blob = nxt
+                req = pb.ReportRequest.FromString(blob)
+                req.report.nonce = a[2]  # the nonce the last acknowledgement gave
+                ack = svc.Report(req, a[1])
+                if not ack.accepted:
+                    raise SystemExit(f"agent {a[0]}: report {req.report.seq} not accepted")
+                ack.SerializeToString()
+                a[2] = ack.nonce
+
+        pool = [threading.Thread(target=run) for _ in range(threads)]
+        c0 = time.process_time()
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+        cpu = time.process_time() - c0
+        stored = store.count_reports()
+        if stored != agents * (reports + 1):
+            raise SystemExit(f"{stored} reports stored, {agents * (reports + 1)} sent")
+        print(f"floor {floor / len(blobs) * 1e3:.4f}")
+        print(f"cpu {cpu / len(blobs) * 1e3:.4f}")
+
+
+def arm(src: Path, agents: int, reports: int, threads: int) -> tuple[float, float]:
+    env = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{src / 'probe'}"}
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", str(agents), str(reports), str(threads)],
+        env=env, cwd=src, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    if out.returncode != 0:
+        raise SystemExit(f"arm {src} failed:\n{out.stdout}\n{out.stderr}")
+    got = dict(
+        line.split() for line in out.stdout.splitlines() if line.split()[:1] in (["floor"], ["cpu"])
+    )
+    return float(got["floor"]), float(got["cpu"])
+
+
+def main() -> None:
+    if len(sys.argv) == 5 and sys.argv[1] == "--child":
+        child(*(int(v) for v in sys.argv[2:]))
+        return
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    ap.add_argument("--agents", type=int, default=200)
+    ap.add_argument("--reports", type=int, default=5, help="reports per agent, timed")
+    ap.add_argument("--threads", type=int, default=8, help="as the agents' gRPC workers")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--src", action="append", default=[], help="LABEL=PATH of a source tree")
+    _smoke.add_args(ap)
+    args = ap.parse_args()
+    if args.smoke:
+        _smoke.begin("two arms of this tree, 4 agents x 2 reports, 2 threads",
+                     ["the default sizes (200 agents: group commit's batches)"])  # fmt: skip
+        args.agents, args.reports, args.threads, args.rounds = 4, 2, 2, _smoke.ROUNDS
+        args.src = []
+    srcs = [(s.split("=", 1)[0], Path(s.split("=", 1)[1]).resolve()) for s in args.src] or [
+        ("this tree", REPO),
+        ("this tree again", REPO),
+    ]
+    print(f"Report path in one process: {args.agents} agents x {args.reports} reports, "
+          f"{args.threads} threads, {args.rounds} rounds, arms interleaved, baseline "
+          f"{srcs[0][0]}", flush=True)  # fmt: skip
+    cpu: dict[str, list[float]] = {label: [] for label, _ in srcs}
+    floors: list[float] = []
+    for r in range(args.rounds):
+        order = [*srcs[r % len(srcs) :], *srcs[: r % len(srcs)]]
+        for label, src in order:
+            floor, ms = arm(src, args.agents, args.reports, args.threads)
+            cpu[label].append(ms)
+            floors.append(floor)
+            print(f"  round {r} {label}: {ms:.3f} ms CPU per report (floor {floor:.4f} ms)",
+                  flush=True)  # fmt: skip
+    print("CPU ms per acknowledged report, over the rounds:")
+    print_rows({**{k: summary(v) for k, v in cpu.items()}, "floor": summary(floors)}, "8.4f")
+    base = cpu[srcs[0][0]]
+    for label, _ in srcs[1:]:
+        paired = statistics.median(a / b for a, b in zip(cpu[label], base, strict=True))
+        print(f"  {label} / {srcs[0][0]} = {paired:.3f} (paired per round, median)")
+    print(f"  {srcs[0][0]} / floor = {statistics.median(base) / statistics.median(floors):.1f}")
+
+
+if __name__ == "__main__":
+    main()
