@@ -79,7 +79,7 @@ def _ready(d: Path, agents: int) -> tuple[Any, Any, list[list[Any]]]:
     state: list[list[Any]] = []
     for n in range(agents):
         aid = f"a{n}"
-        ctx = _Context(wire.agent_metadata(aid, ["t-" + aid]))
+        ctx: Any = _Context(wire.agent_metadata(aid, ["t-" + aid]))  # as gRPC gives it
         nonce = svc.Hello(pb.HelloRequest(agent_id=aid, targets=["t-" + aid]), ctx).nonce
         full = pb.ReportRequest(report=wire.report_to_pb(report(aid, n, 1, 20, True)))
         full.report.nonce = nonce
