@@ -32,7 +32,7 @@ from servewitness.agent.parts import Part, Split, files_once
 from servewitness.agent.spool import Spool
 from servewitness.agent.trees import TreeMemory
 from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
-from servewitness.errors import NotAuthorized, UnavailableError
+from servewitness.errors import ConfigError, NotAuthorized, UnavailableError
 from servewitness.evidence.container import container_of
 from servewitness.evidence.distindex import DistIndex, Sites
 from servewitness.evidence.docker_api import DEFAULT_SOCKET
@@ -409,16 +409,32 @@ class Agent:
         self.health.set(READY_SERVICE, status.SERVING if ready else status.NOT_SERVING)
 
     # lifecycle -------------------------------------------------------------------------
+    def _serve_health(self, address: str) -> grpc.Server:
+        """The health service on ADDRESS, started; a port it cannot have alone is a
+        configuration error (another agent's: probes would be answered by someone else)."""
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), options=wire.EXCLUSIVE_PORT)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        try:
+            port, why = server.add_insecure_port(address), ""
+        except RuntimeError as e:
+            port, why = 0, f": {e}"
+        if port == 0:
+            raise ConfigError(f"--health {address}: cannot listen{why}")
+        server.start()
+        return server
+
     def run(self) -> None:
         structlog.contextvars.bind_contextvars(  # on every line this agent logs
             target=self.config.target, agent_id=self.config.agent_id
         )
         metrics_http = serve_metrics(self.config.metrics_listen, self.metrics.registry)
         if self.config.health_listen:
-            self.health_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-            health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_server)
-            self.health_server.add_insecure_port(self.config.health_listen)
-            self.health_server.start()
+            try:
+                self.health_server = self._serve_health(self.config.health_listen)
+            except ConfigError:
+                if metrics_http is not None:
+                    metrics_http.stop()
+                raise
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         backoff = 0.5
         refused_at_start: str | None = None

@@ -214,7 +214,7 @@ class VerifierServer:
             max_window_waits=max(1, config.workers // 2),  # the rest serve agents and reads
         )
         self.health = health.HealthServicer()
-        opts = list(wire.GRPC_OPTIONS)
+        opts = [*wire.GRPC_OPTIONS, *wire.EXCLUSIVE_PORT]
         limit = config.max_concurrent_rpcs
         self.admission = Admission(
             (
@@ -358,7 +358,9 @@ class VerifierServer:
     def _serve_health(self, address: str) -> None:
         """The health service alone on ADDRESS, without TLS: it says SERVING or NOT_SERVING
         and nothing of runs, evidence or verdicts."""
-        self.health_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        self.health_server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=2), options=wire.EXCLUSIVE_PORT
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_server)
         try:
             self.health_port = self.health_server.add_insecure_port(address)

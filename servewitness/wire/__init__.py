@@ -27,7 +27,12 @@ Callers import from here (``from servewitness import wire``); the names below ar
 surface.
 """
 
-from servewitness.wire.fields import GRPC_OPTIONS, MAX_MESSAGE_BYTES, WireError
+from servewitness.wire.fields import (
+    EXCLUSIVE_PORT,
+    GRPC_OPTIONS,
+    MAX_MESSAGE_BYTES,
+    WireError,
+)
 from servewitness.wire.jsonform import (
     process_from_json,
     process_to_json,
@@ -108,6 +113,7 @@ from servewitness.wire.windows import (
 
 __all__ = [
     "AGENT_ID_HEADER",
+    "EXCLUSIVE_PORT",
     "GRPC_OPTIONS",
     "MAX_MESSAGE_BYTES",
     "TARGET_HEADER",

@@ -35,6 +35,13 @@ GRPC_OPTIONS: tuple[tuple[str, int], ...] = (
 """Channel and server options that apply :data:`MAX_MESSAGE_BYTES` and
 :data:`MAX_METADATA_BYTES`."""
 
+EXCLUSIVE_PORT: tuple[tuple[str, int], ...] = (("grpc.so_reuseport", 0),)
+"""Server option: the port is this server's alone. gRPC sets ``SO_REUSEPORT`` by default, so a
+second process of the same user binding the same port succeeded silently and the kernel split
+new connections between the two: a second ``verifier serve`` (another database, an old build)
+took half of the agents' reports, and a second agent's health port answered the probes meant
+for the first. Without it on the first socket, every later bind of the port fails."""
+
 MAX_UNIX_TIME = 253_402_300_799
 """9999-12-31T23:59:59Z, the ``unix_time`` limit (``limits.py``): the last second every date
 library can print (Python's datetime stops at year 9999)."""
