@@ -44,7 +44,8 @@ def serving(addr: str, proc: subprocess.Popen[bytes], log: Path) -> None:
     while True:
         try:
             with grpc.insecure_channel(addr) as ch:
-                health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1)
+                stub = health_pb2_grpc.HealthStub(ch)
+                stub.Check(health_pb2.HealthCheckRequest(), timeout=1)  # type: ignore[attr-defined]
             return
         except grpc.RpcError:
             if proc.poll() is not None or time.monotonic() > deadline:
