@@ -64,12 +64,20 @@ from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
 
 RUN = "load"
 REPO = Path(__file__).resolve().parent.parent
+VERIFIER_CPUS: list[str] = []  # --verifier-cpus: taskset -c LIST before the verifier's command
 SERVICE = "/verifier.api.v1.VerifierService/"
 
 
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
 
 
 def pct(values: list[float], q: int) -> float:
@@ -105,19 +113,26 @@ class Agent:
         return req.SerializeToString()
 
 
-async def agents_main(addr: str, tag: str, k: int, rate: float, bindings: int,  # noqa: PLR0917
-                      t_win: float, t_end: float, out: Any, hello_busy: bool = False) -> None:  # fmt: skip
+async def agents_main(addr: str, tag: str, k: int, rate: float, bindings: int,  # noqa: PLR0917, PLR0915
+                      t_win: float, t_end: float, out: Any, hello_busy: bool = False,
+                      connections: int = 1) -> None:  # fmt: skip
     counts = {"acked": 0, "refused": 0, "failed": 0, "win_acked": 0, "win_refused": 0,
               "win_failed": 0, "first": 0}  # fmt: skip
     lat: list[float] = []
     agents = [Agent(n, tag, bindings) for n in range(k)]
-    async with grpc.aio.insecure_channel(addr, options=list(wire.GRPC_OPTIONS)) as ch:
-        hello = ch.unary_unary(SERVICE + "Hello", request_serializer=pb.HelloRequest.SerializeToString,
-                               response_deserializer=pb.HelloResponse.FromString)  # fmt: skip
-        send: Any = ch.unary_unary(SERVICE + "Report", request_serializer=None,
-                              response_deserializer=pb.ReportResponse.FromString)  # fmt: skip
+    # CONNECTIONS channels, each with a TCP connection of its own (a fleet's agents each
+    # have theirs; the kernel spreads them over a verifier's --processes)
+    opts = [*wire.GRPC_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
+    chans = [grpc.aio.insecure_channel(addr, options=opts) for _ in range(connections)]
+    hellos = [ch.unary_unary(SERVICE + "Hello", request_serializer=pb.HelloRequest.SerializeToString,
+                             response_deserializer=pb.HelloResponse.FromString) for ch in chans]  # fmt: skip
+    sends: list[Any] = [ch.unary_unary(SERVICE + "Report", request_serializer=None,
+                                       response_deserializer=pb.ReportResponse.FromString)
+                        for ch in chans]  # fmt: skip
+    try:
 
         async def run(a: Agent) -> None:
+            hello, send = hellos[a.n % connections], sends[a.n % connections]
             nonce: str | None = None
             seq, backoff, full = 1, 0.2, False
             nxt = time.time() + (a.n % 100) / 100 / rate  # spread over the interval
@@ -160,14 +175,19 @@ async def agents_main(addr: str, tag: str, k: int, rate: float, bindings: int,  
                 nxt = max(nxt, time.time() - 1.0 / rate)  # behind: no burst to catch up
 
         await asyncio.gather(*(run(a) for a in agents))
+    finally:
+        for ch in chans:
+            await ch.close()
     out.put({**counts, "lat": lat, "last": {a.id: a.acked for a in agents}})
 
 
 def generator(addr: str, tag: str, k: int, rate: float, bindings: int,  # noqa: PLR0917
-              ready: Any, go: Any, out: Any, hello_busy: bool = False) -> None:  # fmt: skip
+              ready: Any, go: Any, out: Any, hello_busy: bool = False,
+              connections: int = 1) -> None:  # fmt: skip
     ready.put(os.getpid())
     t_win, t_end = go.get()
-    asyncio.run(agents_main(addr, tag, k, rate, bindings, t_win, t_end, out, hello_busy))
+    asyncio.run(agents_main(addr, tag, k, rate, bindings, t_win, t_end, out, hello_busy,
+                            connections))  # fmt: skip
 
 
 def status_loop(addr: str, stop: threading.Event, lat: list[float], errors: list[str],
@@ -184,14 +204,15 @@ def status_loop(addr: str, stop: threading.Event, lat: list[float], errors: list
             stop.wait(max(0.0, period - (time.monotonic() - s0)))
 
 
-def serve(tmp: Path, src: Path) -> tuple[str, subprocess.Popen[bytes], str]:
+def serve(tmp: Path, src: Path, processes: int = 1) -> tuple[str, subprocess.Popen[bytes], str]:
     tmp.mkdir()
     db, addr = str(tmp / "verifier.sqlite3"), f"127.0.0.1:{free_port()}"
     env = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{src / 'probe'}"}
     log = (tmp / "serve.log").open("wb")
-    server = subprocess.Popen([sys.executable, "-m", "servewitness", "serve", "--listen", addr,
-                               "--db", db], stdout=log, stderr=subprocess.STDOUT, env=env,
-                              cwd=src)  # fmt: skip
+    more = ["--processes", str(processes)] if processes > 1 else []
+    server = subprocess.Popen([*VERIFIER_CPUS, sys.executable, "-m", "servewitness", "serve",
+                               "--listen", addr, "--db", db, *more], stdout=log,
+                              stderr=subprocess.STDOUT, env=env, cwd=src)  # fmt: skip
     wait_serving(addr, server, tmp / "serve.log")
     with grpc.insecure_channel(addr) as ch:
         pb_grpc.VerifierServiceStub(ch).RegisterRun(
@@ -201,26 +222,30 @@ def serve(tmp: Path, src: Path) -> tuple[str, subprocess.Popen[bytes], str]:
 
 
 def arm(src: Path, tmp: Path, k: int, rate: float, seconds: float, bindings: int,  # noqa: PLR0917
-        status_rate: float = 5.0, hello_busy: bool = False) -> dict[str, Any]:  # fmt: skip
-    addr, server, db = serve(tmp, src)
+        status_rate: float = 5.0, hello_busy: bool = False, processes: int = 1,
+        connections: int = 1) -> dict[str, Any]:  # fmt: skip
+    addr, server, db = serve(tmp, src, processes)
     ctx = mp.get_context("spawn")
     ready, go, out = ctx.Queue(), ctx.Queue(), ctx.Queue()
-    gen = ctx.Process(target=generator,
-                      args=(addr, tmp.name, k, rate, bindings, ready, go, out, hello_busy))  # fmt: skip
+    gen = ctx.Process(target=generator, args=(addr, tmp.name, k, rate, bindings, ready, go, out,
+                                              hello_busy, connections))  # fmt: skip
     gen.start()
     gen_pid = ready.get(timeout=120)
     warm = 3.0 + k / 100  # every agent's first report (one full manifest) is in
     t_win = time.time() + warm
     go.put((t_win, t_win + seconds))
     time.sleep(max(0.0, t_win - time.time()))
-    cpu0, gcpu0, m0 = cpu_seconds(server.pid), cpu_seconds(gen_pid), time.monotonic()
+    pids = [server.pid, *children(server.pid)]  # --processes: the others are its children
+    if len(pids) != processes:
+        raise SystemExit(f"{len(pids)} verifier processes, {processes} asked for")
+    cpu0, gcpu0, m0 = sum(map(cpu_seconds, pids)), cpu_seconds(gen_pid), time.monotonic()
     stop, slat, serr = threading.Event(), [], []  # type: ignore[var-annotated]
     st = threading.Thread(target=status_loop, args=(addr, stop, slat, serr, 1 / (status_rate or 1)))
     if status_rate > 0:  # 0: the agents' reports alone (their CPU per report, unmixed)
         st.start()
     time.sleep(max(0.0, t_win + seconds - time.time()))
     elapsed = time.monotonic() - m0
-    cpu, gcpu = cpu_seconds(server.pid) - cpu0, cpu_seconds(gen_pid) - gcpu0
+    cpu, gcpu = sum(map(cpu_seconds, pids)) - cpu0, cpu_seconds(gen_pid) - gcpu0
     stop.set()
     if st.is_alive():
         st.join()
@@ -302,16 +327,36 @@ def main() -> None:
                     help="GetRunStatus calls/s from a separate client (0: none)")  # fmt: skip
     ap.add_argument("--src", action="append", default=[], help="LABEL=PATH of a source tree")
     ap.add_argument("--lock", help="a file to flock for each round (a machine shared with others)")
+    ap.add_argument(
+        "--processes-of",
+        action="append",
+        default=[],
+        metavar="LABEL=N",
+        help="the arm LABEL's verifier serves from N processes (--processes N)",
+    )
+    ap.add_argument(
+        "--connections",
+        type=int,
+        default=1,
+        help="TCP connections the agents share (default 1; --processes needs more)",
+    )
+    ap.add_argument(
+        "--verifier-cpus",
+        metavar="LIST",
+        help="run the verifier under taskset -c LIST (pin this script elsewhere)",
+    )
     ap.add_argument("--hello-after-busy", action="append", default=[], metavar="LABEL",
                     help="the arm LABEL's agents say Hello again after a busy refusal (agents "
                          "before 2026-12-04 did; they now keep their nonce)")  # fmt: skip
     _smoke.add_args(ap)
     args = ap.parse_args()
     if args.smoke:
-        _smoke.begin("one arm (this tree), 3 agents, 1 s, 2 bindings, the durability check",
+        _smoke.begin("this tree on one process and on two (--processes 2, 2 connections), "
+                     "3 agents, 1 s, 2 bindings, the durability check",
                      ["several source trees (the same code per arm)"])  # fmt: skip
         args.agents, args.rate, args.seconds, args.rounds, args.bindings = 3, 2.0, 1.0, 1, 2
-        args.src = []
+        args.src = [f"this tree={REPO}", f"2 processes={REPO}"]
+        args.processes_of, args.connections = ["2 processes=2"], 2
     srcs = [(s.split("=", 1)[0], Path(s.split("=", 1)[1]).resolve()) for s in args.src] or [
         ("this tree", REPO)
     ]
@@ -320,6 +365,9 @@ def main() -> None:
           f"{args.seconds:g} s measured, {args.rounds} rounds, arms interleaved, baseline "
           f"{srcs[0][0]}", flush=True)  # fmt: skip
     results: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in srcs}
+    procs = {v.split("=", 1)[0]: int(v.split("=", 1)[1]) for v in args.processes_of}
+    if args.verifier_cpus:
+        VERIFIER_CPUS[:] = ["taskset", "-c", args.verifier_cpus]
     with tempfile.TemporaryDirectory(prefix="agents-scale-") as tmp:
         for r in range(args.rounds):
             with held(args.lock):
@@ -327,7 +375,8 @@ def main() -> None:
                 for label, src in order:
                     res = arm(src, Path(tmp) / f"r{r}-{label}", args.agents, args.rate,
                               args.seconds, args.bindings, args.status_rate,
-                              label in args.hello_after_busy)  # fmt: skip
+                              label in args.hello_after_busy, procs.get(label, 1),
+                              args.connections)  # fmt: skip
                     results[label].append(res)
                     say(r, label, args.agents * args.rate, args.agents, res)
     print(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +134,18 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="serve without TLS on a non-local address: anyone who reaches it can report",
     )
+    p.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="serve from N processes sharing the --listen port (TCP, a fixed port; the kernel "
+        "spreads connections over them), each a replica of the others on the one database: "
+        "for more cores than one Python process uses. Process I serves metrics on the "
+        "--metrics-listen port plus I. A process that exits stops them all (exit 4) "
+        "(default 1; docs/operations.md)",
+    )
+    p.add_argument("--process-index", type=int, default=0, help=argparse.SUPPRESS)
     p.set_defaults(handler=run)
 
 
@@ -169,8 +182,17 @@ def run(args: argparse.Namespace) -> int:
     local_agents = (
         tuple(parse_local_agent(v) for v in args.local_agent) if args.local_agent else None
     )
+    from servewitness.server import processes
+
+    listen = normalize(args.listen)
+    index = args.process_index
+    processes.check_listen(listen, 2 if index > 0 else args.processes)
+    if index > 0:
+        if args.processes != 1:
+            raise UsageError("--process-index is given to the processes --processes starts")
+        processes.die_with_parent()
     config = ServeConfig(
-        normalize(args.listen),
+        listen,
         args.db,
         args.report_interval,
         runs=tuple(args.run),
@@ -181,13 +203,17 @@ def run(args: argparse.Namespace) -> int:
         tokens=args.tokens,
         insecure=args.insecure,
         max_concurrent_rpcs=args.max_concurrent_rpcs,
-        metrics_listen=args.metrics_listen,
+        metrics_listen=processes.metrics_address(args.metrics_listen, index),
         target_expiry_s=args.target_expiry,
         local_agents=local_agents,
         health_listen=args.health_listen,
         container_of=_container_of,
+        share_port=args.processes > 1 or index > 0,
     )
-    VerifierServer(config).serve_forever()
+    if args.processes > 1:
+        processes.serve(VerifierServer(config), args.processes, sys.argv[1:])
+    else:
+        VerifierServer(config).serve_forever()
     return 0
 
 

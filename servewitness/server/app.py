@@ -96,6 +96,9 @@ class ServeConfig:
     container_of: Callable[[int], str | None] | None = None  # pid -> its container id
     # gRPC server reflection of the services, authorized as status reads are (reflection.py)
     reflection: bool = True
+    # One of several processes serving one verifier on one port (server/processes.py): the
+    # port is bound with SO_REUSEPORT. Otherwise it is this process's alone (EXCLUSIVE_PORT).
+    share_port: bool = False
 
 
 def derived_run_name(name: str, digest: str) -> str:
@@ -214,7 +217,7 @@ class VerifierServer:
             max_window_waits=max(1, config.workers // 2),  # the rest serve agents and reads
         )
         self.health = health.HealthServicer()
-        opts = [*wire.GRPC_OPTIONS, *wire.EXCLUSIVE_PORT]
+        opts = [*wire.GRPC_OPTIONS, *self._port_option()]
         limit = config.max_concurrent_rpcs
         self.admission = Admission(
             (
@@ -259,6 +262,10 @@ class VerifierServer:
             name="follow-store",
             daemon=True,
         )
+
+    def _port_option(self) -> tuple[tuple[str, int], ...]:
+        """The port alone, or shared with the verifier's other processes (--processes)."""
+        return (("grpc.so_reuseport", 1),) if self.config.share_port else wire.EXCLUSIVE_PORT
 
     @staticmethod
     def _ledger_key(config: ServeConfig) -> tuple[Ed25519PrivateKey, Path, bool]:
@@ -359,7 +366,7 @@ class VerifierServer:
         """The health service alone on ADDRESS, without TLS: it says SERVING or NOT_SERVING
         and nothing of runs, evidence or verdicts."""
         self.health_server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=2), options=wire.EXCLUSIVE_PORT
+            futures.ThreadPoolExecutor(max_workers=2), options=self._port_option()
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_server)
         try:

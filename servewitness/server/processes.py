@@ -1,0 +1,163 @@
+"""``verifier serve --processes N``: one verifier served by N processes on one TCP port.
+
+Why: a ``verifier serve`` is one Python process, and everything it does per report holds the
+interpreter's lock: it uses one core however many the host gives it (BENCHMARKS.md, "Verifier
+throughput"). N processes use N.
+
+How: each process is a full verifier, a replica of the others on the one database (they
+follow each other's reports and target events: ``server/follow.py``; the ledger stays one
+chain, every write holding the database's write lock). They listen on the same port with
+``SO_REUSEPORT``, so the kernel spreads new connections over them; an agent's connection stays
+with one process (a reconnect may land on another, whose nonce it does not hold: it is told
+"nonce mismatch" and says Hello again). Status reads answer from any process, each seeing what
+the others stored within ``follow.FOLLOW_S``.
+
+The first process (this one) starts serving before the others start, so the database's tables,
+the default signing key and the ``--run`` registrations exist once; then it starts the others
+as ``verifier serve`` with the same arguments and ``--process-index I`` (metrics on the
+``--metrics-listen`` port plus I). It supervises them: SIGTERM/SIGINT stops every process; a
+process that exits on its own stops the others and this one exits 4, so that whatever restarts
+the verifier restarts all of it (never some processes serving while another is gone). The
+others are told to stop if this one dies (``PR_SET_PDEATHSIG``, set by each as it starts), so
+none outlives it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from types import FrameType
+from typing import TYPE_CHECKING
+
+import structlog
+
+from servewitness.errors import UnavailableError, UsageError
+
+if TYPE_CHECKING:
+    from servewitness.server.app import VerifierServer
+
+log = structlog.get_logger("verifier.serve")
+
+MAX_PROCESSES = 64
+WATCH_S = 0.2  # how often the processes are looked at
+STOP_S = 30.0  # how long a process is given to stop before it is killed
+
+
+def check_listen(listen: str, processes: int) -> None:
+    """LISTEN can be shared by PROCESSES processes: TCP with a fixed port (a Unix socket has
+    one relay and one owner; port 0 would give each process a port of its own)."""
+    if not 1 <= processes <= MAX_PROCESSES:
+        raise UsageError(f"--processes must be 1 to {MAX_PROCESSES}, got {processes}")
+    if processes == 1:
+        return
+    if listen.startswith("unix:"):
+        raise UsageError(
+            f"--processes {processes} needs a TCP --listen HOST:PORT (processes share a port; "
+            f"a Unix socket, {listen}, has one owner)"
+        )
+    _, _, port = listen.rpartition(":")
+    if not port.isdigit() or int(port) == 0:
+        raise UsageError(f"--processes {processes} needs a fixed port in --listen, got {listen}")
+
+
+def metrics_address(listen: str | None, index: int) -> str | None:
+    """Process INDEX's metrics address: LISTEN's port plus INDEX (each process its own)."""
+    if listen is None or index == 0:
+        return listen
+    from servewitness.metrics.http import parse_listen
+
+    host, port = parse_listen(listen)
+    if port == 0:
+        return listen
+    if port + index > 65535:
+        raise UsageError(f"--metrics-listen {listen}: no port {port + index} for process {index}")
+    host = f"[{host}]" if ":" in host else host
+    return f"{host}:{port + index}"
+
+
+def child_argv(argv: Sequence[str], index: int) -> list[str]:
+    """The command line of process INDEX: ARGV (this one's, after the program) without
+    ``--processes`` and with ``--process-index INDEX``."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg == "--processes":
+            skip = True
+            continue
+        if arg.startswith("--processes="):
+            continue
+        out.append(arg)
+    return [sys.executable, "-m", "servewitness", *out, "--process-index", str(index)]
+
+
+PARENT_ENV = "VERIFIER_SERVE_PARENT"
+
+
+def die_with_parent() -> None:
+    """In a process --processes started: be sent SIGTERM when the first process dies
+    (``PR_SET_PDEATHSIG``), and stop now if it is gone already (it died before this ran)."""
+    parent = os.environ.get(PARENT_ENV)
+    if parent is None:
+        raise UsageError("--process-index is given to the processes --processes starts")
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != int(parent):
+        raise UnavailableError("the verifier's first process is gone: not serving without it")
+
+
+def serve(server: VerifierServer, processes: int, argv: Sequence[str]) -> None:
+    """Serve from SERVER (this process, index 0) and PROCESSES - 1 more, started from ARGV;
+    block until SIGTERM/SIGINT or until a process exits on its own (UnavailableError)."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("signal", signum=signum)
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    others: list[subprocess.Popen[bytes]] = []
+    gone: str | None = None
+    try:
+        # Started before this one serves (no gRPC threads to fork beside), after it made the
+        # tables, the default key and the --run registrations (VerifierServer's constructor).
+        env = {**os.environ, PARENT_ENV: str(os.getpid())}
+        for i in range(1, processes):
+            others.append(subprocess.Popen(child_argv(argv, i), env=env))
+            log.info("process_started", index=i, pid=others[-1].pid)
+        server.start()
+        print(f"verifier listening on {server.config.listen} (port {server.port}), "
+              f"{processes} processes", flush=True)  # fmt: skip
+        print(server.key_line(), flush=True)
+        while not stop.wait(WATCH_S):
+            for i, p in enumerate(others, 1):
+                code = p.poll()
+                if code is not None:
+                    gone = f"serving process {i} (pid {p.pid}) exited with code {code}"
+                    log.error("process_exited", index=i, pid=p.pid, code=code)
+                    stop.set()
+                    break
+    finally:
+        for p in others:
+            if p.poll() is None:
+                p.terminate()
+        deadline = time.monotonic() + STOP_S
+        for p in others:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        server.stop()
+        for s, h in previous.items():
+            signal.signal(s, h)
+    if gone is not None:
+        raise UnavailableError(f"{gone}; the other processes were stopped")

@@ -1,0 +1,215 @@
+"""``verifier serve --processes N``: one verifier served by N processes on one TCP port.
+
+Real processes, real gRPC over TCP, a real SQLite database: agents on connections of their own
+(as a fleet's are) are spread by the kernel over the processes, each acknowledged report is
+stored, every process answers with every target, the ledger is one chain; a process that
+dies stops the verifier (exit 4) rather than leaving part of it serving, and none outlives the
+first; arguments that cannot be shared are refused. No wall-clock thresholds: deadlines only
+stop a hung test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from servewitness import wire
+from servewitness.api.v1 import verifier_pb2 as pb
+from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
+from tests.helpers import VENV_BIN, agent_stub, verifier_cli
+from tests.test_backpressure import audit_ok
+from tests.test_contention import manifest, report
+from tests.test_listen_exclusive import free_port, serving
+
+CLI = [str(VENV_BIN / "verifier")] if (VENV_BIN / "verifier").exists() else [
+    sys.executable, "-m", "servewitness"]  # fmt: skip
+DEADLINE_S = 60.0
+
+
+def wait_until(what: str, pred: Callable[[], bool], log: Path) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while not pred():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}\n{log.read_text()[-4000:]}")
+        time.sleep(0.05)
+
+
+def children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(c) for c in text.split()]
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def accepted(port: int) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    for line in text.splitlines():
+        if line.startswith('verifier_reports_total{result="accepted"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+@contextlib.contextmanager
+def verifier(args: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    with log.open("ab") as f:
+        proc = subprocess.Popen([*CLI, "serve", *args], stdout=f, stderr=subprocess.STDOUT)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for c in children(proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(c, signal.SIGKILL)
+
+
+def own_connection(addr: str) -> grpc.Channel:
+    """A channel with a TCP connection of its own (gRPC shares one per target otherwise)."""
+    return grpc.insecure_channel(
+        addr, options=[*wire.GRPC_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
+    )
+
+
+def test_processes_share_the_port_and_serve_as_one_verifier(tmp_path: Path) -> None:
+    port, metrics = free_port(), free_port()
+    while metrics + 1 == port:
+        metrics = free_port()
+    addr, db, log = f"127.0.0.1:{port}", str(tmp_path / "v.sqlite3"), tmp_path / "serve.log"
+    args = ["--processes", "2", "--listen", addr, "--db", db,
+            "--metrics-listen", f"127.0.0.1:{metrics}"]  # fmt: skip
+    acked: dict[str, int] = {}
+    with verifier(args, log) as proc:
+        serving(addr, proc, log)
+        wait_until("the second process", lambda: len(children(proc.pid)) == 1, log)
+        for m in (metrics, metrics + 1):  # each process its own metrics port
+            wait_until(f"metrics on {m}", functools.partial(_answers, m), log)
+        # agents on connections of their own until both processes acknowledged reports
+        n = 0
+        while min(accepted(metrics), accepted(metrics + 1)) == 0:
+            assert n < 40, "40 connections and the kernel gave every one to one process"
+            agent, target = f"agent-{n}", f"target-{n}"
+            with own_connection(addr) as ch:
+                stub = agent_stub(ch)
+                nonce = stub.Hello(pb.HelloRequest(agent_id=agent, targets=[target])).nonce
+                for seq in (1, 2, 3):
+                    files = manifest(3, f"{agent}-{seq}")
+                    ack = stub.Report(report(agent, target, files, seq, nonce))
+                    assert ack.accepted, ack
+                    nonce, acked[agent] = ack.nonce, seq
+            n += 1
+        targets = {f"target-{i}" for i in range(n)}
+
+        # every process, asked on a connection of its own, knows every target (it follows
+        # what the others stored)
+        def everyone_sees_all() -> bool:
+            for _ in range(6):
+                with own_connection(addr) as ch:
+                    got = pb_grpc.VerifierServiceStub(ch).ListTargets(pb.ListTargetsRequest())
+                if {t.target for t in got.targets} != targets:
+                    return False
+            return True
+
+        wait_until("every process listing every target", everyone_sees_all, log)
+        others = children(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=DEADLINE_S) == 0, log.read_text()[-3000:]
+        wait_until("the other process gone", lambda: not any(map(alive, others)), log)
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        stored = set(conn.execute("SELECT agent_id, seq FROM reports").fetchall())
+    assert {(a, s) for a, last in acked.items() for s in range(1, last + 1)} <= stored
+    audit_ok(db)  # one chain, whichever process appended
+
+
+def _answers(port: int) -> bool:
+    try:
+        accepted(port)
+    except OSError:
+        return False
+    return True
+
+
+def test_a_process_that_exits_stops_the_verifier(tmp_path: Path) -> None:
+    addr, log = f"127.0.0.1:{free_port()}", tmp_path / "serve.log"
+    args = ["--processes", "3", "--listen", addr, "--db", str(tmp_path / "v.sqlite3")]
+    with verifier(args, log) as proc:
+        serving(addr, proc, log)
+        wait_until("two more processes", lambda: len(children(proc.pid)) == 2, log)
+        first, second = children(proc.pid)
+        os.kill(first, signal.SIGKILL)
+        assert proc.wait(timeout=DEADLINE_S) == 4  # unavailable: restart all of it
+        wait_until("the last process gone", lambda: not alive(second), log)
+    said = rf"serving process [12] \(pid {first}\) exited with code -9; the other processes"
+    assert re.search(said, log.read_text()), log.read_text()[-3000:]
+
+
+def test_no_process_outlives_the_first(tmp_path: Path) -> None:
+    addr, log, metrics = f"127.0.0.1:{free_port()}", tmp_path / "serve.log", free_port()
+    args = ["--processes", "2", "--listen", addr, "--db", str(tmp_path / "v.sqlite3"),
+            "--metrics-listen", f"127.0.0.1:{metrics}"]  # fmt: skip
+    with verifier(args, log) as proc:
+        serving(addr, proc, log)
+        wait_until("the second process", lambda: len(children(proc.pid)) == 1, log)
+        (other,) = children(proc.pid)
+        # serving (its metrics answer): past its start-up check that the first is there
+        wait_until("the second process serving", functools.partial(_answers, metrics + 1), log)
+        proc.kill()  # no chance to stop the other: the kernel tells it (PR_SET_PDEATHSIG)
+        proc.wait()
+        wait_until("the second process gone", lambda: not alive(other), log)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--processes", "2", "--listen", "unix:/tmp/x.sock"], "needs a TCP --listen"),
+        (["--processes", "2", "--listen", "127.0.0.1:0"], "needs a fixed port"),
+        (["--processes", "0", "--listen", "127.0.0.1:9"], "--processes must be 1 to 64"),
+        (["--process-index", "1", "--listen", "127.0.0.1:9"], "--process-index is given to"),
+    ],
+)
+def test_what_cannot_be_shared_is_refused(args: list[str], says: str, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "VERIFIER_SERVE_PARENT"}
+    cmd = [*CLI, "serve", *args, "--db", str(tmp_path / "v.sqlite3")]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env, check=False)
+    assert out.returncode == 2, out.stderr
+    assert says in out.stderr
+
+
+def test_help_says_what_processes_share() -> None:
+    out = verifier_cli("serve", "--help")
+    assert "--processes N" in out.stdout and "--process-index" not in out.stdout
+
+
+def test_a_process_whose_first_is_gone_does_not_serve(tmp_path: Path) -> None:
+    """Started for a first process that died before it ran (its parent is someone else)."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    env = {**os.environ, "VERIFIER_SERVE_PARENT": str(gone.pid)}
+    cmd = [*CLI, "serve", "--process-index", "1", "--listen", f"127.0.0.1:{free_port()}",
+           "--db", str(tmp_path / "v.sqlite3")]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env, check=False)
+    assert out.returncode == 4, out.stderr
+    assert "the verifier's first process is gone" in out.stderr
