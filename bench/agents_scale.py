@@ -31,6 +31,14 @@ Usage: bench/agents_scale.py [--agents 500] [--rate 2] [--seconds 10] [--rounds 
 ``--status-rate 0`` leaves the status client out: the CPU per acknowledged report is then the
 agents' calls' alone (with it, answered status calls are in it too, and an arm that refuses
 them looks cheaper).
+
+``--floor`` adds the arm "gRPC floor": the same load, in the same run, on a gRPC server that
+only parses each request and acknowledges it (the verifier's gRPC options, 8 workers): what
+any Python servicer of these calls pays, the fastest honest baseline for the verifier's CPU
+per report. ``--processes-of LABEL=N`` serves arm LABEL from ``verifier serve --processes N``
+(its CPU is every process's), with ``--connections C`` TCP connections for the agents (one
+connection lands on one process; a fleet's agents each have their own).
+``--verifier-cpus LIST`` pins the verifier (``taskset -c``); pin this script elsewhere.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ import contextlib
 import fcntl
 import multiprocessing as mp
 import os
+import signal
 import sqlite3
 import statistics
 import subprocess
@@ -204,15 +213,61 @@ def status_loop(addr: str, stop: threading.Event, lat: list[float], errors: list
             stop.wait(max(0.0, period - (time.monotonic() - s0)))
 
 
+FLOOR = "gRPC floor"  # --floor's arm: the same load on a servicer that only parses and acks
+
+
+def echo(addr: str) -> None:
+    """The floor's server: what any Python gRPC servicer of these calls pays (gRPC's sync
+    server with the verifier's options and 8 workers, each request parsed, an answer
+    serialized), and nothing the verifier does. Serves until SIGTERM."""
+    from concurrent import futures
+
+    from grpc_health.v1 import health, health_pb2_grpc
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # for sigwait (earlier: it dies)
+
+    def unary(fn: Any, req: Any, resp: Any) -> Any:
+        return grpc.unary_unary_rpc_method_handler(
+            fn, request_deserializer=req.FromString, response_serializer=resp.SerializeToString
+        )
+
+    methods = {
+        "Hello": unary(lambda r, c: pb.HelloResponse(nonce="0" * 32), pb.HelloRequest,
+                       pb.HelloResponse),
+        "Report": unary(lambda r, c: pb.ReportResponse(accepted=True, seq=r.report.seq,
+                                                       nonce="0" * 32),
+                        pb.ReportRequest, pb.ReportResponse),
+        "RegisterRun": unary(lambda r, c: pb.RegisterRunResponse(), pb.RegisterRunRequest,
+                             pb.RegisterRunResponse),
+        "GetRunStatus": unary(lambda r, c: pb.GetRunStatusResponse(), pb.GetRunStatusRequest,
+                              pb.GetRunStatusResponse),
+    }  # fmt: skip
+    server = grpc.server(futures.ThreadPoolExecutor(8),
+                         options=[*wire.GRPC_OPTIONS, *wire.EXCLUSIVE_PORT])  # fmt: skip
+    server.add_generic_rpc_handlers(
+        [grpc.method_handlers_generic_handler("verifier.api.v1.VerifierService", methods)]
+    )
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    server.add_insecure_port(addr)
+    server.start()
+    signal.sigwait({signal.SIGTERM})
+    server.stop(1).wait()
+
+
 def serve(tmp: Path, src: Path, processes: int = 1) -> tuple[str, subprocess.Popen[bytes], str]:
     tmp.mkdir()
     db, addr = str(tmp / "verifier.sqlite3"), f"127.0.0.1:{free_port()}"
-    env = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{src / 'probe'}"}
+    path = os.pathsep.join(
+        filter(None, [str(src), str(src / "probe"), os.environ.get("PYTHONPATH")])
+    )
+    env = {**os.environ, "PYTHONPATH": path}  # the tree first; what was there (site dirs) after
     log = (tmp / "serve.log").open("wb")
     more = ["--processes", str(processes)] if processes > 1 else []
-    server = subprocess.Popen([*VERIFIER_CPUS, sys.executable, "-m", "servewitness", "serve",
-                               "--listen", addr, "--db", db, *more], stdout=log,
-                              stderr=subprocess.STDOUT, env=env, cwd=src)  # fmt: skip
+    cmd = [sys.executable, "-m", "servewitness", "serve", "--listen", addr, "--db", db, *more]
+    if src == Path(FLOOR):
+        cmd, env = [sys.executable, __file__, "--echo", addr], {**os.environ}
+    server = subprocess.Popen([*VERIFIER_CPUS, *cmd], stdout=log, stderr=subprocess.STDOUT,
+                              env=env, cwd=REPO if src == Path(FLOOR) else src)  # fmt: skip
     wait_serving(addr, server, tmp / "serve.log")
     with grpc.insecure_channel(addr) as ch:
         pb_grpc.VerifierServiceStub(ch).RegisterRun(
@@ -253,10 +308,12 @@ def arm(src: Path, tmp: Path, k: int, rate: float, seconds: float, bindings: int
     gen.join(timeout=60)
     server.terminate()
     code = server.wait(timeout=60)
-    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
-        stored = set(conn.execute("SELECT agent_id, seq FROM reports").fetchall())
-    missing = sum(1 for a, last in res["last"].items() for s in range(1, last + 1)
-                  if (a, s) not in stored)  # fmt: skip
+    missing = 0  # the floor stores nothing: nothing to check
+    if src != Path(FLOOR):
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+            stored = set(conn.execute("SELECT agent_id, seq FROM reports").fetchall())
+        missing = sum(1 for a, last in res["last"].items() for s in range(1, last + 1)
+                      if (a, s) not in stored)  # fmt: skip
     acked = res["win_acked"]
     return {
         "acked_s": acked / elapsed, "cpu_per": cpu / acked if acked else float("nan"),
@@ -317,6 +374,9 @@ def say(r: int, label: str, offered: float, k: int, res: dict[str, Any]) -> None
 
 
 def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--echo":
+        echo(sys.argv[2])
+        return
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--agents", type=int, default=500)
     ap.add_argument("--rate", type=float, default=2.0, help="reports/s per agent")
@@ -333,6 +393,12 @@ def main() -> None:
         default=[],
         metavar="LABEL=N",
         help="the arm LABEL's verifier serves from N processes (--processes N)",
+    )
+    ap.add_argument(
+        "--floor",
+        action="store_true",
+        help=f"an arm '{FLOOR}': the same load on a gRPC server that only parses and "
+        "acknowledges (what any Python servicer pays; stores nothing)",
     )
     ap.add_argument(
         "--connections",
@@ -352,14 +418,16 @@ def main() -> None:
     args = ap.parse_args()
     if args.smoke:
         _smoke.begin("this tree on one process and on two (--processes 2, 2 connections), "
-                     "3 agents, 1 s, 2 bindings, the durability check",
+                     "the gRPC floor, 3 agents, 1 s, 2 bindings, the durability check",
                      ["several source trees (the same code per arm)"])  # fmt: skip
         args.agents, args.rate, args.seconds, args.rounds, args.bindings = 3, 2.0, 1.0, 1, 2
         args.src = [f"this tree={REPO}", f"2 processes={REPO}"]
-        args.processes_of, args.connections = ["2 processes=2"], 2
+        args.processes_of, args.connections, args.floor = ["2 processes=2"], 2, True
     srcs = [(s.split("=", 1)[0], Path(s.split("=", 1)[1]).resolve()) for s in args.src] or [
         ("this tree", REPO)
     ]
+    if args.floor:
+        srcs.append((FLOOR, Path(FLOOR)))
     print(f"{args.agents} agents x {args.rate:g} reports/s, {args.bindings} bindings each, "
           f"{args.status_rate:g} status calls/s, "
           f"{args.seconds:g} s measured, {args.rounds} rounds, arms interleaved, baseline "
