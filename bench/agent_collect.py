@@ -43,7 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _smoke
 from _stats import print_rows, summary
 
-from servewitness.agent.runner import Agent, AgentConfig
+from servewitness.agent.config import AgentConfig
+from servewitness.agent.runner import Agent
 from servewitness.evidence import bytecode
 from servewitness.evidence.procfs import ProcFS
 from servewitness.evidence.pycfile import CompileCache, read_head

@@ -50,7 +50,8 @@ DROP = Path("/proc/sys/vm/drop_caches")
 COLD = """
 import sys, tempfile
 from pathlib import Path
-from servewitness.agent.runner import Agent, AgentConfig
+from servewitness.agent.config import AgentConfig
+from servewitness.agent.runner import Agent
 with tempfile.TemporaryDirectory() as tmp:
     state = Path(sys.argv[2]) if len(sys.argv) > 2 else Path(tmp)
     config = AgentConfig("127.0.0.1:9", "bench", "bench", state, root_pid=int(sys.argv[1]),
@@ -77,7 +78,8 @@ sys.stdin.read()
 def loaded_files(pid: int) -> tuple[list[str], int, int]:
     """The distinct files on disk the tree of PID loaded (probe records with a sha256) or
     maps (native libraries): what the cold manifest hashes. Also how many of each."""
-    from servewitness.agent.runner import Agent, AgentConfig
+    from servewitness.agent.config import AgentConfig
+    from servewitness.agent.runner import Agent
 
     with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stderr(io.StringIO()):
         # (stderr: the agent's warning that its verifier address is insecure; it sends nothing)

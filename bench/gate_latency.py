@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _smoke
 from _stats import print_rows, summary
 
-from servewitness.agent.runner import Agent, AgentConfig
+from servewitness.agent.config import AgentConfig
+from servewitness.agent.runner import Agent
 from servewitness.client.api import VerifierClient
 from servewitness.client.gate import wait_for
 from servewitness.server.app import ServeConfig, VerifierServer

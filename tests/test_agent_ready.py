@@ -19,7 +19,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from servewitness.agent.runner import READY_SERVICE, Agent, AgentConfig
+from servewitness.agent.config import AgentConfig
+from servewitness.agent.runner import READY_SERVICE, Agent
 from servewitness.model import Verdict
 from servewitness.policy import TargetSnapshot, load_policy
 from tests.test_faults import FakeWorker, agent, log_events, policy, serve, wait_until, worker

@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 
 from servewitness import wire
-from servewitness.agent.runner import Agent, AgentConfig
+from servewitness.agent.config import AgentConfig
+from servewitness.agent.runner import Agent
 from servewitness.errors import ProcessAccessDenied
 from servewitness.evidence.procfs import ProcessIdentity, ProcFS
 from servewitness.model import TargetReport, TargetVerdict, Verdict
@@ -214,7 +215,8 @@ _AGENT = """
 import os, sys, tempfile
 from pathlib import Path
 from servewitness import wire
-from servewitness.agent.runner import Agent, AgentConfig
+from servewitness.agent.config import AgentConfig
+from servewitness.agent.runner import Agent
 pid = int(sys.argv[1])
 try:
     os.readlink(f"/proc/{pid}/exe")

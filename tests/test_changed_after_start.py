@@ -26,7 +26,8 @@ import pytest
 from servewitness_probe import layout as L
 
 from servewitness._cli.inspect_cmd import render_judgement
-from servewitness.agent.runner import Agent, AgentConfig
+from servewitness.agent.config import AgentConfig
+from servewitness.agent.runner import Agent
 from servewitness.evidence import unfiled
 from servewitness.evidence.hashing import Hasher
 from servewitness.evidence.journal import identity_of

@@ -35,7 +35,8 @@ from typing import Any
 
 import pytest
 
-from servewitness.agent.runner import Agent, AgentConfig
+from servewitness.agent.config import AgentConfig
+from servewitness.agent.runner import Agent
 from servewitness.client.window import seal_content
 from servewitness.model import Verdict
 from servewitness.policy import TargetSnapshot, load_policy

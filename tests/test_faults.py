@@ -34,7 +34,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from servewitness import wire
 from servewitness.agent import runner
-from servewitness.agent.runner import Agent, AgentConfig
+from servewitness.agent.config import AgentConfig
+from servewitness.agent.runner import Agent
 from servewitness.api.v1 import verifier_pb2 as pb
 from servewitness.client.api import VerifierClient
 from servewitness.model import TargetReport, Verdict

@@ -19,7 +19,8 @@ import grpc
 import pytest
 
 from servewitness import wire
-from servewitness.agent.runner import Agent, AgentConfig
+from servewitness.agent.config import AgentConfig
+from servewitness.agent.runner import Agent
 from servewitness.api.v1 import verifier_pb2 as pb
 from servewitness.client.api import VerifierClient
 from servewitness.model import TargetReport, Verdict

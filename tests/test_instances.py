@@ -256,7 +256,8 @@ def _vllm(root: Path, pid: int, cgroup: str) -> None:
 
 
 def _agent(proc: Path, tmp: Path, per_container: bool) -> Any:
-    from servewitness.agent.runner import Agent, AgentConfig
+    from servewitness.agent.config import AgentConfig
+    from servewitness.agent.runner import Agent
 
     return Agent(AgentConfig("unix:/nonexistent", "vllm", "agent-vllm", tmp / "spool",
                              proc_root=str(proc), docker_socket=None,

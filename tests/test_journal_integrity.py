@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 from servewitness_probe import layout as L
 
-from servewitness.agent.runner import Agent, AgentConfig
+from servewitness.agent.config import AgentConfig
+from servewitness.agent.runner import Agent
 from servewitness.evidence.probe_reader import read_probe_dir
 from servewitness.evidence.process import read_process
 from servewitness.evidence.procfs import ProcFS

@@ -14,7 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from servewitness.agent.runner import Agent, AgentConfig
+from servewitness.agent.config import AgentConfig
+from servewitness.agent.runner import Agent
 from servewitness.evidence.hashing import Hasher
 from servewitness.evidence.judge import cross_check
 from servewitness.evidence.process import read_process

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from servewitness.agent.runner import Agent, AgentConfig
+from servewitness.agent.config import AgentConfig
+from servewitness.agent.runner import Agent
 from servewitness.evidence.native import NativeMemory
 from servewitness.evidence.process import read_process
 from servewitness.evidence.procfs import ProcFS

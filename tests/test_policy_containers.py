@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from servewitness.agent.config import AgentConfig
 from servewitness.agent.containers import (
     POD_LABELS_ENV,
     POD_NAME_ENV,
@@ -18,7 +19,7 @@ from servewitness.agent.containers import (
     OwnPod,
     parse_downward_labels,
 )
-from servewitness.agent.runner import Agent, AgentConfig
+from servewitness.agent.runner import Agent
 from servewitness.evidence.container import container_of
 from servewitness.evidence.procfs import ProcFS
 from servewitness.model import ContainerInfo, ProcessReport, Severity, TargetVerdict, Verdict

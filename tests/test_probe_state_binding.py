@@ -391,7 +391,8 @@ class NoPtraceProcFS(ProcFS):
 def test_a_binding_that_cannot_be_checked_is_unobservable_never_probed(tmp_path: Path) -> None:
     """State found, but /proc will not show what the process holds: not read on the strength
     of its name; the agent reports the process as refused (unobservable, PENDING)."""
-    from servewitness.agent.runner import Agent, AgentConfig
+    from servewitness.agent.config import AgentConfig
+    from servewitness.agent.runner import Agent
 
     probe = tmp_path / "probe"
     with python(probe, probed=True, title="vllm-worker") as proc:
@@ -417,7 +418,8 @@ def test_a_binding_that_cannot_be_checked_is_unobservable_never_probed(tmp_path:
 def test_the_gate_fails_over_grpc_when_state_is_planted(tmp_path: Path) -> None:
     """End to end: a real agent reports the unprobed worker with the forged state beside it to
     a real verifier over gRPC; the run's status is FAIL and names the refused directory."""
-    from servewitness.agent.runner import Agent, AgentConfig
+    from servewitness.agent.config import AgentConfig
+    from servewitness.agent.runner import Agent
     from servewitness.client.api import VerifierClient
     from servewitness.server.app import ServeConfig, VerifierServer
 

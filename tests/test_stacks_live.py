@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from servewitness.agent.runner import Agent, AgentConfig
+from servewitness.agent.config import AgentConfig
+from servewitness.agent.runner import Agent
 from servewitness.evidence.stacks import Witnesses, dump_files, py_spy
 from servewitness.model import ProcessReport
 from servewitness.policy import TargetSnapshot, load_policy

@@ -18,7 +18,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from servewitness import wire
-from servewitness.agent.runner import Agent, AgentConfig
+from servewitness.agent.config import AgentConfig
+from servewitness.agent.runner import Agent
 from servewitness.api.v1 import verifier_pb2 as pb
 from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
 from servewitness.client.api import VerifierClient

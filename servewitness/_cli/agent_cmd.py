@@ -97,7 +97,8 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from servewitness.agent.runner import Agent, AgentConfig, default_agent_id
+    from servewitness.agent.config import AgentConfig, default_agent_id
+    from servewitness.agent.runner import Agent
 
     target, agent_id = args.target, args.agent_id or default_agent_id(args.target)
     if args.instance is not None and args.instance_per_container:

@@ -11,20 +11,17 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-import socket
 import threading
 import time
-from concurrent import futures
-from dataclasses import dataclass
-from pathlib import Path
 from types import FrameType
 
 import grpc
 import structlog
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2
 
 from servewitness import wire
 from servewitness.agent.bindings import Bindings
+from servewitness.agent.config import AgentConfig
 from servewitness.agent.containers import ContainerDirectory, OwnPod
 from servewitness.agent.discover import discover
 from servewitness.agent.metrics import AgentMetrics
@@ -35,7 +32,6 @@ from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
 from servewitness.errors import ConfigError, NotAuthorized, UnavailableError
 from servewitness.evidence.container import container_of
 from servewitness.evidence.distindex import DistIndex, Sites
-from servewitness.evidence.docker_api import DEFAULT_SOCKET
 from servewitness.evidence.hashing import Hasher
 from servewitness.evidence.journal import JournalCache
 from servewitness.evidence.judge import Judgement, dist_index
@@ -46,36 +42,13 @@ from servewitness.evidence.report import report_with_judgement
 from servewitness.evidence.stacks import Witnesses
 from servewitness.evidence.verdicts import FILENAME as VERDICTS_FILE
 from servewitness.evidence.verdicts import VerdictStore
+from servewitness.metrics.health import serve_health
 from servewitness.metrics.http import serve_metrics
 from servewitness.model import ProcessKey, ProcessReport, TargetReport
 from servewitness.security.refusal import connection_failed, tls_refusal
-from servewitness.security.tls import ClientTLS, client_channel
+from servewitness.security.tls import client_channel
 
 log = structlog.get_logger("servewitness.agent")
-
-
-@dataclass(frozen=True)
-class AgentConfig:
-    verifier: str  # gRPC target
-    target: str  # the name this target is reported under
-    agent_id: str
-    spool_dir: Path
-    spool_max_bytes: int = 64 * 1024 * 1024
-    interval_s: float | None = None  # None: what the verifier asks for
-    root_pid: int | None = None
-    proc_root: str = "/proc"
-    health_listen: str | None = None
-    max_backoff_s: float = 30.0
-    recheck_s: float = 5.0  # re-hash every manifest file at least this often (drift detection)
-    docker_socket: str | None = DEFAULT_SOCKET  # the Docker API, to name containers (None: no)
-    tls: ClientTLS | None = None  # None: insecure (warned)
-    metrics_listen: str | None = None  # HOST:PORT: Prometheus metrics over HTTP (metrics.py)
-    # Keep compile verdicts by content in spool_dir across restarts
-    # (servewitness/evidence/verdicts.py)
-    compile_cache: bool = True
-    # One report per container, each as the instance TARGET/<container id> (--instance-per-
-    # container): N serving containers in one PID namespace are N targets, not one mixed one
-    per_container: bool = False
 
 
 # The health service a readiness probe asks (the overall service "" stays SERVING while the
@@ -409,20 +382,6 @@ class Agent:
         self.health.set(READY_SERVICE, status.SERVING if ready else status.NOT_SERVING)
 
     # lifecycle -------------------------------------------------------------------------
-    def _serve_health(self, address: str) -> grpc.Server:
-        """The health service on ADDRESS, started; a port it cannot have alone is a
-        configuration error (another agent's: probes would be answered by someone else)."""
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), options=wire.EXCLUSIVE_PORT)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        try:
-            port, why = server.add_insecure_port(address), ""
-        except RuntimeError as e:
-            port, why = 0, f": {e}"
-        if port == 0:
-            raise ConfigError(f"--health {address}: cannot listen{why}")
-        server.start()
-        return server
-
     def run(self) -> None:
         structlog.contextvars.bind_contextvars(  # on every line this agent logs
             target=self.config.target, agent_id=self.config.agent_id
@@ -430,7 +389,9 @@ class Agent:
         metrics_http = serve_metrics(self.config.metrics_listen, self.metrics.registry)
         if self.config.health_listen:
             try:
-                self.health_server = self._serve_health(self.config.health_listen)
+                self.health_server, _ = serve_health(
+                    self.config.health_listen, self.health, "--health", wire.EXCLUSIVE_PORT
+                )
             except ConfigError:
                 if metrics_http is not None:
                     metrics_http.stop()
@@ -515,7 +476,3 @@ class Agent:
         finally:
             for s, h in previous.items():
                 signal.signal(s, h)
-
-
-def default_agent_id(target: str) -> str:
-    return f"{socket.gethostname()}/{target}"

@@ -25,6 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from servewitness import wire
 from servewitness.errors import ConfigError
+from servewitness.metrics.health import serve_health
 from servewitness.metrics.http import MetricsServer, serve_metrics
 from servewitness.policy import PolicyError, load_policy, policy_digest
 from servewitness.security.auth import Authorizer, load_tokens
@@ -265,7 +266,7 @@ class VerifierServer:
 
     def _port_option(self) -> tuple[tuple[str, int], ...]:
         """The port alone, or shared with the verifier's other processes (--processes)."""
-        return (("grpc.so_reuseport", 1),) if self.config.share_port else wire.EXCLUSIVE_PORT
+        return wire.SHARED_PORT if self.config.share_port else wire.EXCLUSIVE_PORT
 
     @staticmethod
     def _ledger_key(config: ServeConfig) -> tuple[Ed25519PrivateKey, Path, bool]:
@@ -365,17 +366,9 @@ class VerifierServer:
     def _serve_health(self, address: str) -> None:
         """The health service alone on ADDRESS, without TLS: it says SERVING or NOT_SERVING
         and nothing of runs, evidence or verdicts."""
-        self.health_server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=2), options=self._port_option()
+        self.health_server, self.health_port = serve_health(
+            address, self.health, "--health-listen", self._port_option()
         )
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_server)
-        try:
-            self.health_port = self.health_server.add_insecure_port(address)
-        except RuntimeError as e:
-            raise ConfigError(f"--health-listen {address}: cannot listen: {e}") from e
-        if self.health_port == 0:
-            raise ConfigError(f"--health-listen {address}: cannot listen")
-        self.health_server.start()
 
     def _keep_history(self) -> None:
         from servewitness.server.memory import Trimmer, fix_mmap_threshold

@@ -31,6 +31,7 @@ from servewitness.wire.fields import (
     EXCLUSIVE_PORT,
     GRPC_OPTIONS,
     MAX_MESSAGE_BYTES,
+    SHARED_PORT,
     WireError,
 )
 from servewitness.wire.jsonform import (
@@ -116,6 +117,7 @@ __all__ = [
     "EXCLUSIVE_PORT",
     "GRPC_OPTIONS",
     "MAX_MESSAGE_BYTES",
+    "SHARED_PORT",
     "TARGET_HEADER",
     "AgentHello",
     "HelloReply",

@@ -42,6 +42,9 @@ new connections between the two: a second ``verifier serve`` (another database, 
 took half of the agents' reports, and a second agent's health port answered the probes meant
 for the first. Without it on the first socket, every later bind of the port fails."""
 
+SHARED_PORT: tuple[tuple[str, int], ...] = (("grpc.so_reuseport", 1),)
+"""Server option of ``verifier serve --processes``: its processes bind one port together."""
+
 MAX_UNIX_TIME = 253_402_300_799
 """9999-12-31T23:59:59Z, the ``unix_time`` limit (``limits.py``): the last second every date
 library can print (Python's datetime stops at year 9999)."""
