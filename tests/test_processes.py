@@ -213,3 +213,41 @@ def test_a_process_whose_first_is_gone_does_not_serve(tmp_path: Path) -> None:
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env, check=False)
     assert out.returncode == 4, out.stderr
     assert "the verifier's first process is gone" in out.stderr
+
+
+def test_sqlite_writers_of_two_processes_queue_in_the_kernel(tmp_path: Path) -> None:
+    """A second writer on the same SQLite file waits for the first in the kernel's queue and
+    goes the moment it commits, instead of polling with SQLite's busy handler (sleeps of up to
+    100 ms: two --processes slept through most of their time). Shown with SQLite's own waiting
+    switched off (busy_timeout 0): without the queue, the second BEGIN IMMEDIATE fails at once
+    with "database is locked"."""
+    import threading
+
+    from servewitness.server.db import SQLiteDatabase
+
+    path = tmp_path / "v.sqlite3"
+    first, second = SQLiteDatabase(path), SQLiteDatabase(path)  # two open files, as 2 processes
+    first.execute("CREATE TABLE t (x INTEGER)")
+    second.raw.execute("PRAGMA busy_timeout = 0")
+    first.begin()
+    first.execute("INSERT INTO t VALUES (1)")
+    began, failed = threading.Event(), []
+
+    def write() -> None:
+        try:
+            second.begin()
+            second.execute("INSERT INTO t VALUES (2)")
+            second.commit()
+        except Exception as e:  # noqa: BLE001 - reported to the test below
+            failed.append(e)
+        began.set()
+
+    t = threading.Thread(target=write)
+    t.start()
+    assert not began.wait(0.5)  # queued behind the first writer (not failed, not through)
+    first.commit()
+    t.join(timeout=DEADLINE_S)
+    assert failed == [] and began.is_set()
+    assert [r[0] for r in first.execute("SELECT x FROM t ORDER BY x").fetchall()] == [1, 2]
+    first.close()
+    second.close()
