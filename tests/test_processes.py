@@ -15,7 +15,6 @@ import functools
 import os
 import re
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ import pytest
 from servewitness import wire
 from servewitness.api.v1 import verifier_pb2 as pb
 from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
+from servewitness.server.db import open_database
 from tests.helpers import VENV_BIN, agent_stub, verifier_cli
 from tests.test_backpressure import audit_ok
 from tests.test_contention import manifest, report
@@ -94,11 +94,18 @@ def own_connection(addr: str) -> grpc.Channel:
     )
 
 
-def test_processes_share_the_port_and_serve_as_one_verifier(tmp_path: Path) -> None:
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":  # writers queue on the file's flock
+        return str(tmp_path / "v.sqlite3")
+    return str(request.getfixturevalue("pg_database"))  # on PostgreSQL's advisory lock
+
+
+def test_processes_share_the_port_and_serve_as_one_verifier(tmp_path: Path, database: str) -> None:
     port, metrics = free_port(), free_port()
     while metrics + 1 == port:
         metrics = free_port()
-    addr, db, log = f"127.0.0.1:{port}", str(tmp_path / "v.sqlite3"), tmp_path / "serve.log"
+    addr, db, log = f"127.0.0.1:{port}", database, tmp_path / "serve.log"
     args = ["--processes", "2", "--listen", addr, "--db", db,
             "--metrics-listen", f"127.0.0.1:{metrics}"]  # fmt: skip
     acked: dict[str, int] = {}
@@ -138,8 +145,11 @@ def test_processes_share_the_port_and_serve_as_one_verifier(tmp_path: Path) -> N
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=DEADLINE_S) == 0, log.read_text()[-3000:]
         wait_until("the other process gone", lambda: not any(map(alive, others)), log)
-    with contextlib.closing(sqlite3.connect(db)) as conn:
-        stored = set(conn.execute("SELECT agent_id, seq FROM reports").fetchall())
+    store = open_database(db, read_only=True)
+    try:
+        stored = {(a, int(s)) for a, s in store.execute("SELECT agent_id, seq FROM reports")}
+    finally:
+        store.close()
     assert {(a, s) for a, last in acked.items() for s in range(1, last + 1)} <= stored
     audit_ok(db)  # one chain, whichever process appended
 
