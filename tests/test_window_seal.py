@@ -571,3 +571,39 @@ def test_verify_seal_checks_the_seal_against_a_checkpoint_kept_elsewhere(
         other.write_text(note.sign_checkpoint(key, size - 1, b"\x02" * 32))
         code, r = verify_seal(v, seal, "--checkpoint", str(other))
         assert code == 1 and "audit consistency --from" in " ".join(r["problems"]), r
+
+
+@pytest.mark.parametrize("cmd", ["step", "idle"])
+def test_a_window_opened_on_one_replica_is_sealed_on_another(
+    verifier: V, stepper: Stepper, reporting: Daemon, cmd: str
+) -> None:
+    """Replicas on one database (``serve --processes``, or several verifiers behind one
+    Service): a harness whose connection moved between the open and the seal. The agent
+    reports to replica A only; replica B seals A's window from what it followed: held when
+    the hook fired on every step, broken when it stopped (never a held seal B could not see
+    the evidence for), and the seal verifies with the shared key."""
+    v = verifier
+    other = VerifierServer(ServeConfig(f"unix:{v.tmp}/b.sock", v.db, report_interval_s=0.1))
+    other.start()
+    try:
+        with VerifierClient(v.addr) as c:
+            opened = c.open_window("r", 30)
+        stepper.do(cmd, 6)
+        res = v.tmp / "res"
+        res.write_text("measured")
+        sha, size = sha256_file(res)
+        with VerifierClient(f"unix:{v.tmp}/b.sock") as c:
+            sealed = c.seal_window(wire.WindowSealing(opened.window_id, "r", sha, size, "res", 30))
+    finally:
+        other.stop()
+    assert sealed.held is (cmd == "step"), sealed.seal_json
+    seal = v.tmp / "res.seal.json"
+    seal.write_text(sealed.seal_json)
+    code, r = verify_seal(v, seal, "--results", str(res))
+    want = (0, True, True) if cmd == "step" else (1, True, False)
+    assert (code, r["verified"], r["held"]) == want, r
+    if cmd == "step":
+        (row,) = payload(seal)[1]["predicate"]["seal"]["hooks"].values()
+        assert (row["fired"], row["steps"]) == (6, 6), row
+    else:
+        assert "window.hook_lagged" in {f["id"] for f in r["findings"]}, r["findings"]
