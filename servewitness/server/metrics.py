@@ -229,8 +229,6 @@ class VerifierMetrics:
             self.refused.labels(reason)
             for method in ZEROED_REFUSALS:
                 self.refusals.labels(method, reason)
-        for kind in ("span", "request_id"):
-            self.bindings.labels(kind)
         self._verdicts = {v: self.verdicts.labels(v) for v in VERDICTS}
         # what verdict() last set for (run, target) and (run, None): the run's own gauge
         self._shown: dict[tuple[str, str | None], str] = {}
@@ -294,20 +292,27 @@ class VerifierMetrics:
         with self._shown_lock:  # the keeper and status threads: set in the order computed
             if len(self._shown) > SHOWN_MAX:  # only a memo: forgetting it re-sets every value
                 self._shown.clear()
-            if self._shown.get((run, None)) != value:
-                ok = [self.runs.set(self.run_verdict, run, float(v == value), v) for v in VERDICTS]
-                if all(ok):
-                    self._shown[(run, None)] = value
+            self._show(self.runs, self.run_verdict, (run, None), value, run)
             for t in verdict.targets:
                 now = t.verdict.value
-                if self._shown.get((run, t.target)) == now:
-                    continue
-                ok = [
-                    self.targets.set(self.target_verdict, t.target, float(v == now), run, v)
-                    for v in VERDICTS
-                ]
-                if all(ok):
-                    self._shown[(run, t.target)] = now
+                self._show(self.targets, self.target_verdict, (run, t.target), now, t.target, run)
+
+    def _show(
+        self,
+        bounded: Bounded,
+        family: Gauge,
+        memo: tuple[str, str | None],
+        value: str,
+        key: str,
+        *rest: str,
+    ) -> None:
+        """FAMILY's series for KEY and REST one-hot on VALUE, unless MEMO says they already
+        are (the caller holds _shown_lock); remembered only when every one was exported."""
+        if self._shown.get(memo) == value:
+            return
+        ok = [bounded.set(family, key, float(v == value), *rest, v) for v in VERDICTS]
+        if all(ok):
+            self._shown[memo] = value
 
 
 class RpcObserver(grpc.ServerInterceptor):
