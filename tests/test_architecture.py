@@ -30,6 +30,7 @@ ALLOWED: dict[str, set[str]] = {
     "instances": set(),
     "api": set(),
     "_logging": {"servewitness"},
+    "_stop_signals": set(),
     "__main__": {"_cli"},
     "evidence": FOUNDATION | {"probe.layout"},
     "wire": FOUNDATION | {"api"},
@@ -38,8 +39,10 @@ ALLOWED: dict[str, set[str]] = {
     "security": FOUNDATION,
     "measure": FOUNDATION,
     "metrics": FOUNDATION,
-    "agent": FOUNDATION | {"evidence", "wire", "api", "security", "metrics", "probe.layout"},
-    "server": FOUNDATION | {"wire", "api", "policy", "ledger", "security", "metrics"},
+    "agent": FOUNDATION
+    | {"evidence", "wire", "api", "security", "metrics", "probe.layout", "_stop_signals"},
+    "server": FOUNDATION
+    | {"wire", "api", "policy", "ledger", "security", "metrics", "_stop_signals"},
     "client": FOUNDATION | {"wire", "api", "security"},
     "testing": FOUNDATION | {"evidence"},
     "report": FOUNDATION | {"wire", "policy", "ledger"},

@@ -523,7 +523,7 @@ def test_a_report_that_looks_old_here_is_stale_but_its_target_does_not_expire(
         (t,) = ev.targets()
         at = t.snapshot.evidence_boot_s
         assert at is not None and clock.boot_s() - at >= 99.0  # old: STALE
-        assert ev.expire(5.0) == []  # ... but heard just now: not expired
+        assert ev.due_to_expire(5.0) == []  # ... but heard just now: not expired
     finally:
         a_store.close()
         b_store.close()

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 import threading
 import time
-from types import FrameType
 
 import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2
 
 from servewitness import wire
+from servewitness._stop_signals import stop_on_signals
 from servewitness.agent.bindings import Bindings
 from servewitness.agent.config import AgentConfig
 from servewitness.agent.containers import ContainerDirectory, OwnPod
@@ -467,12 +466,5 @@ class Agent:
             )
 
     def serve_forever(self) -> None:
-        def on_signal(signum: int, frame: FrameType | None) -> None:
-            self.stop_event.set()
-
-        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-        try:
+        with stop_on_signals(self.stop_event):
             self.run()
-        finally:
-            for s, h in previous.items():
-                signal.signal(s, h)

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import signal
 import threading
 import time
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING
 
 import grpc
@@ -24,6 +22,7 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from servewitness import wire
+from servewitness._stop_signals import stop_on_signals
 from servewitness.errors import ConfigError
 from servewitness.metrics.health import serve_health
 from servewitness.metrics.http import MetricsServer, serve_metrics
@@ -436,22 +435,15 @@ class VerifierServer:
     def serve_forever(self) -> None:
         """Start, block until SIGTERM/SIGINT, stop gracefully; previous handlers restored."""
         stop = threading.Event()
-
-        def on_signal(signum: int, frame: FrameType | None) -> None:
-            log.info("signal", signum=signum)
-            stop.set()
-
-        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            self.start()
-            print(f"verifier listening on {self.config.listen} (port {self.port})", flush=True)
-            print(self.key_line(), flush=True)
-            # a timed wait: a signal taken by another thread only sets a flag, which the main
-            # thread acts on when it next runs Python; an untimed wait on a lock never does
-            # (seen: a verifier paused by SIGSTOP and resumed ignored SIGTERM for good)
-            while not stop.wait(0.5):
-                pass
-        finally:
-            self.stop()
-            for s, h in previous.items():
-                signal.signal(s, h)
+        with stop_on_signals(stop):
+            try:
+                self.start()
+                print(f"verifier listening on {self.config.listen} (port {self.port})", flush=True)
+                print(self.key_line(), flush=True)
+                # a timed wait: a signal taken by another thread only sets a flag, which the
+                # main thread acts on when it next runs Python; an untimed wait on a lock never
+                # does (seen: a verifier paused by SIGSTOP and resumed ignored SIGTERM for good)
+                while not stop.wait(0.5):
+                    pass
+            finally:
+                self.stop()

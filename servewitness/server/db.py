@@ -15,10 +15,9 @@ name. One connection per :class:`Database`; callers serialise their own use of i
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import os
 import re
 import sqlite3
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,8 +25,14 @@ from urllib.parse import urlsplit, urlunsplit
 
 from servewitness.errors import ConfigError, DatabaseCorrupt, DatabaseUnreachable
 from servewitness.ledger.interface import Rows
+from servewitness.server.writer_queue import WriterLockTimeout, WriterQueue
 
 URL_SCHEMES = ("postgresql://", "postgres://")
+WRITE_LOCK_WAIT_S = 5.0
+# PostgreSQL ends a session that sits in a transaction without a statement for this long (a
+# verifier process stopped mid-transaction): its transaction rolls back and the writers' lock
+# it held goes to the next. Ours run statement after statement; a live one never idles this long.
+IDLE_IN_TRANSACTION_S = 60
 
 
 def is_url(target: str | Path) -> bool:
@@ -50,6 +55,10 @@ class Database:
     kind = ""
     errors: tuple[type[Exception], ...] = ()
     name = ""
+    # How long a writer waits for another's transaction before giving up (WriterLockTimeout:
+    # nothing written). A writer that never finishes (a process stopped mid-transaction) must
+    # not stop every other one with it.
+    lock_wait_s = WRITE_LOCK_WAIT_S
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> Rows:
         raise NotImplementedError
@@ -106,7 +115,7 @@ class Database:
 
 class SQLiteDatabase(Database):
     kind = "sqlite"
-    errors = (sqlite3.Error,)
+    errors = (sqlite3.Error, WriterLockTimeout)
 
     def __init__(self, path: str | Path, read_only: bool = False) -> None:
         self.name = str(path)
@@ -119,11 +128,11 @@ class SQLiteDatabase(Database):
             if self.name != ":memory:":
                 Path(self.name).parent.mkdir(parents=True, exist_ok=True)
             self._db = self._connect()
-        # The database file itself, open once more: the writers' queue (begin). None: in
-        # memory, or read-only (never writes).
-        self._writers: int | None = None
+        # The writers' queue on the database file (begin). None: in memory, or read-only
+        # (never writes).
+        self._writers: WriterQueue | None = None
         if not read_only and self.name != ":memory:":
-            self._writers = os.open(self.name, os.O_RDONLY | os.O_CLOEXEC)
+            self._writers = WriterQueue(self.name)
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.name, check_same_thread=False, isolation_level=None)
@@ -157,14 +166,16 @@ class SQLiteDatabase(Database):
         self._db.executescript(script)
 
     def begin(self) -> None:
-        # Writers queue on the kernel's lock first (blocking: woken the moment the holder is
-        # done), then take SQLite's. SQLite alone makes a second process's writer poll with
-        # sleeps of up to 100 ms (its busy handler): two `serve --processes` spent most of
-        # their time asleep and a report's p99 reached 1.4 s. flock locks are per open file,
-        # apart from SQLite's own (POSIX) locks on the same file, and die with the process.
+        # Writers queue on the kernel's lock first (woken the moment the holder is done),
+        # then take SQLite's. SQLite alone makes a second process's writer poll with sleeps of
+        # up to 100 ms (its busy handler): two `serve --processes` spent most of their time
+        # asleep and a report's p99 reached 1.4 s. Both waits share one bound.
+        deadline = time.monotonic() + self.lock_wait_s
         if self._writers is not None:
-            fcntl.flock(self._writers, fcntl.LOCK_EX)
+            self._writers.acquire(self.lock_wait_s)
         try:
+            left_ms = max(1, int((deadline - time.monotonic()) * 1000))
+            self._db.execute(f"PRAGMA busy_timeout = {left_ms}")
             self._db.execute("BEGIN IMMEDIATE")
         except BaseException:
             self._done_writing()
@@ -184,7 +195,7 @@ class SQLiteDatabase(Database):
 
     def _done_writing(self) -> None:
         if self._writers is not None:
-            fcntl.flock(self._writers, fcntl.LOCK_UN)
+            self._writers.release()
 
     @property
     def in_transaction(self) -> bool:
@@ -218,7 +229,7 @@ class SQLiteDatabase(Database):
     def close(self) -> None:
         self._db.close()
         if self._writers is not None:
-            os.close(self._writers)  # its lock, if held, goes with it
+            self._writers.close()  # its lock, if held, goes with it
             self._writers = None
 
 
@@ -241,7 +252,7 @@ class PostgresDatabase(Database):
                 "pip install 'provenance-verifier[postgres]'"
             ) from e
         self._psycopg = psycopg
-        self.errors = (psycopg.Error,)
+        self.errors = (psycopg.Error, WriterLockTimeout)
         self.name = redact(url)
         self._url, self._read_only = url, read_only
         self._db = self._connect()
@@ -257,6 +268,9 @@ class PostgresDatabase(Database):
             ) from e
         if self._read_only:
             db.execute("SET default_transaction_read_only = on")
+        else:
+            db.execute(f"SET lock_timeout = {int(self.lock_wait_s * 1000)}")
+            db.execute(f"SET idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION_S * 1000}")
         return db
 
     def _live(self) -> Any:
@@ -287,7 +301,12 @@ class PostgresDatabase(Database):
     def begin(self) -> None:
         self._live().execute("BEGIN")
         self._tx = True
-        self._db.execute("SELECT pg_advisory_xact_lock(%s)", (_WRITE_LOCK,))
+        try:
+            self._db.execute("SELECT pg_advisory_xact_lock(%s)", (_WRITE_LOCK,))
+        except self._psycopg.errors.LockNotAvailable as e:  # lock_timeout
+            self.rollback()
+            more = f" PostgreSQL ends such a session after {IDLE_IN_TRANSACTION_S} s"
+            raise WriterLockTimeout(self.name, self.lock_wait_s, more) from e
 
     def commit(self) -> None:
         self._tx = False

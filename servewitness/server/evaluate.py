@@ -253,16 +253,18 @@ class Evaluator:
             latest = self._tracked()
             return [latest[t] for t in sorted(latest)]
 
-    def expire(self, expiry_s: float) -> list[Tracked]:
-        """Mark every target silent for longer than EXPIRY_S (on the age clock) expired; the
-        ones newly expired (to be recorded in the ledger)."""
+    def due_to_expire(self, expiry_s: float) -> list[Tracked]:
+        """Every target silent for longer than EXPIRY_S (on the age clock) and not expired
+        yet. Marked expired (``retired``) only once its expiry is recorded in the ledger: a
+        store that fails leaves it as it was, to be expired again."""
         now = clock.boot_s()
         with self._lock:
             latest = self._tracked()
-            due = [t for t in latest.values() if not t.expired and now - t.heard_boot_s > expiry_s]
-            for t in due:
-                latest[t.snapshot.target] = dataclasses.replace(t, expired=True)
-        return due
+            return [t for t in latest.values() if not t.expired and now - t.heard_boot_s > expiry_s]
+
+    def get(self, target: str) -> Tracked | None:
+        with self._lock:
+            return self._tracked().get(target)
 
     def forget(self, target: str) -> Tracked | None:
         """Drop TARGET (None: unknown); it comes back as new if it reports again."""

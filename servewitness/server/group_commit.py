@@ -13,7 +13,9 @@ servicer acknowledges) only after the transaction holding its write committed.
 
 Failure: when a batch's transaction fails, nothing of it was committed; each of its writes is
 then tried again alone, so only the writes that fail alone fail (a report the database
-refuses, or all of them when the disk is full), and every caller gets its own outcome.
+refuses, or all of them when the disk is full), and every caller gets its own outcome. A
+failure that says nothing about the writes themselves (SHARED: another writer held the
+database past the bound) fails them all at once: retried alone, each would wait as long again.
 """
 
 from __future__ import annotations
@@ -49,9 +51,11 @@ class GroupCommit(Generic[T]):
         self,
         run_batch: Callable[[Sequence[Callable[[Any], T]], str], list[T]],
         max_batch: int = MAX_BATCH,
+        shared: tuple[type[BaseException], ...] = (),
     ) -> None:
         self._run_batch = run_batch
         self._max = max_batch
+        self._shared = shared
         self._cond = threading.Condition()
         self._pending: list[_Write[T]] = []
         self._leading = False
@@ -90,8 +94,9 @@ class GroupCommit(Generic[T]):
         try:
             results = self._run_batch([w.write for w in batch], label)
         except Exception as e:  # noqa: BLE001 - nothing committed: each write is tried alone
-            if len(batch) == 1:
-                batch[0].error, batch[0].done = e, True
+            if len(batch) == 1 or isinstance(e, self._shared):
+                for w in batch:
+                    w.error, w.done = e, True
                 return
             for w in batch:
                 self._alone(w)

@@ -32,11 +32,11 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from types import FrameType
 from typing import TYPE_CHECKING
 
 import structlog
 
+from servewitness._stop_signals import stop_on_signals
 from servewitness.errors import UnavailableError, UsageError
 
 if TYPE_CHECKING:
@@ -118,46 +118,44 @@ def serve(server: VerifierServer, processes: int, argv: Sequence[str]) -> None:
     """Serve from SERVER (this process, index 0) and PROCESSES - 1 more, started from ARGV;
     block until SIGTERM/SIGINT or until a process exits on its own (UnavailableError)."""
     stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("signal", signum=signum)
-        stop.set()
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     others: list[subprocess.Popen[bytes]] = []
     gone: str | None = None
-    try:
-        # Started before this one serves (no gRPC threads to fork beside), after it made the
-        # tables, the default key and the --run registrations (VerifierServer's constructor).
-        env = {**os.environ, PARENT_ENV: str(os.getpid())}
-        for i in range(1, processes):
-            others.append(subprocess.Popen(child_argv(argv, i), env=env))
-            log.info("process_started", index=i, pid=others[-1].pid)
-        server.start()
-        print(f"verifier listening on {server.config.listen} (port {server.port}), "
-              f"{processes} processes", flush=True)  # fmt: skip
-        print(server.key_line(), flush=True)
-        while not stop.wait(WATCH_S):
-            for i, p in enumerate(others, 1):
-                code = p.poll()
-                if code is not None:
-                    gone = f"serving process {i} (pid {p.pid}) exited with code {code}"
-                    log.error("process_exited", index=i, pid=p.pid, code=code)
-                    stop.set()
-                    break
-    finally:
-        for p in others:
-            if p.poll() is None:
-                p.terminate()
-        deadline = time.monotonic() + STOP_S
-        for p in others:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        server.stop()
-        for s, h in previous.items():
-            signal.signal(s, h)
+    with stop_on_signals(stop):
+        try:
+            # Started before this one serves (no gRPC threads to fork beside), after it made the
+            # tables, the default key and the --run registrations (VerifierServer's constructor).
+            env = {**os.environ, PARENT_ENV: str(os.getpid())}
+            for i in range(1, processes):
+                others.append(subprocess.Popen(child_argv(argv, i), env=env))
+                log.info("process_started", index=i, pid=others[-1].pid)
+            server.start()
+            print(f"verifier listening on {server.config.listen} (port {server.port}), "
+                  f"{processes} processes", flush=True)  # fmt: skip
+            print(server.key_line(), flush=True)
+            while not stop.wait(WATCH_S):
+                for i, p in enumerate(others, 1):
+                    code = p.poll()
+                    if code is not None:
+                        gone = f"serving process {i} (pid {p.pid}) exited with code {code}"
+                        log.error("process_exited", index=i, pid=p.pid, code=code)
+                        stop.set()
+                        break
+        finally:
+            _stop_all(server, others)
     if gone is not None:
         raise UnavailableError(f"{gone}; the other processes were stopped")
+
+
+def _stop_all(server: VerifierServer, others: list[subprocess.Popen[bytes]]) -> None:
+    """Stop the other processes (SIGTERM, then SIGKILL after STOP_S), then this one."""
+    for p in others:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + STOP_S
+    for p in others:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    server.stop()

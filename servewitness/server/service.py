@@ -387,11 +387,21 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed forget request: {e}")
         by = self.auth.authenticated_as(peer) or "unauthenticated"
         with self._locks.hold(("target", name)):  # no report of it is stored in between
-            gone = self.evaluator.forget(name)
+            gone = self.evaluator.get(name)
             if gone is None:
                 context.abort(grpc.StatusCode.NOT_FOUND, f"no target named {name!r}")
             status = self._status(gone, self._freshness_s(), clock.boot_s())
-            _, _, rowid = self.store.retire_target(name, "forgotten", by, (gone.agent_id, gone.seq))
+            try:  # recorded first: a forget the ledger does not hold did not happen
+                _, _, rowid = self.store.retire_target(
+                    name, "forgotten", by, (gone.agent_id, gone.seq)
+                )
+            except self.store.errors as e:
+                log.error("forget_not_stored", target=name, error=str(e))
+                context.abort(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"target {name!r} not forgotten, the verifier's database refused it: {e}",
+                )
+            self.evaluator.forget(name)
             self.evaluator.forgotten_up_to(name, rowid)  # what was stored before stays out
             self.metrics.forget_target(name)
         log.info("target_forgotten", target=name, by=by)
@@ -400,9 +410,10 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
 
     def expire_targets(self) -> None:
         """Expire every target silent past the target expiry, each recorded in the ledger."""
-        for t in self.evaluator.expire(self.target_expiry_s):
-            target = t.snapshot.target
-            self.store.retire_target(target, "expired", "verifier", (t.agent_id, t.seq))
+        for t in self.evaluator.due_to_expire(self.target_expiry_s):
+            target, last = t.snapshot.target, (t.agent_id, t.seq)
+            self.store.retire_target(target, "expired", "verifier", last)  # first: see above
+            self.evaluator.retired(target, "expired", last)
             self.metrics.forget_target(target)
             log.info("target_expired", target=target, expiry_s=self.target_expiry_s)
 

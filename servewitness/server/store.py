@@ -35,6 +35,7 @@ from servewitness.server.index import (
 )
 from servewitness.server.manifest_rows import PreparedManifest
 from servewitness.server.report_rows import StoredReport
+from servewitness.server.writer_queue import WriterLockTimeout
 
 __all__ = ["RunExists", "RunRecord", "Store", "StoredReport", "UnknownRun"]
 
@@ -103,7 +104,9 @@ class Store:
         self.transactions = 0  # write transactions begun (``writing``)
         self._frontier: merkle.Frontier | None = None  # the tree as last signed (checkpoints)
         # Reports arriving while one commits are committed together (server/group_commit.py)
-        self.reports: GroupCommit[int | None] = GroupCommit(self._batch)
+        self.reports: GroupCommit[int | None] = GroupCommit(
+            self._batch, shared=(WriterLockTimeout,)
+        )
         self._here: LruCache[int, bool] = LruCache(HERE_ROWIDS)
         self.columns_added: list[str] = []
         self._tx([], self._add_columns)
@@ -243,8 +246,8 @@ class Store:
                 if self._db.in_transaction:
                     with contextlib.suppress(*self._db.errors):
                         self._db.rollback()
-                if isinstance(e, self._db.errors):  # the database refused: start clean next
-                    self._db.recover()
+                if isinstance(e, self._db.errors) and not isinstance(e, WriterLockTimeout):
+                    self._db.recover()  # the database refused: start clean next
                 raise
             finally:
                 self._writing = None
