@@ -174,3 +174,53 @@ def test_a_kept_finding_s_message_is_built_once_and_equals_a_fresh_one(
     assert verdicts(told) == verdicts(fresh_told) == {
         "a": Verdict.PASS, "b": Verdict.PASS,
     }  # fmt: skip
+
+
+def test_a_kept_target_verdicts_message_is_copied_with_the_time_of_the_call(
+    evaluator: Evaluator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A target's verdict that is still fresh keeps its findings and hooks: its message is
+    copied from the one made before (``wire.verdicts._set_target_verdict``), never rebuilt.
+    What the copy must not keep is the old time: each answer says when IT was evaluated, and
+    equals the evaluator's verdict of that instant. Two runs with different policies over the
+    same targets, asked in turn, never get each other's message; a new report gets a new one."""
+    from servewitness import wire
+    from servewitness.api.v1 import verifier_pb2 as pb
+    from servewitness.wire import verdicts as V
+
+    built: list[str] = []
+    convert = V._hook_count_to_pb
+
+    def counted(h: Any) -> Any:
+        built.append(h.name)
+        return convert(h)
+
+    monkeypatch.setattr(V, "_hook_count_to_pb", counted)
+    ev = evaluator
+    lax, strict = register(ev, "r", POLICY), register(ev, "strict", STRICT)
+    note(ev, "a", 1, hooked=True)
+    note(ev, "b", 1, hooked=True)
+
+    def told(run: RunRecord, now: float) -> RunVerdict:
+        msg = wire.get_run_status_response_to_pb(ev.run_verdict(run, now))
+        back = pb.GetRunStatusResponse.FromString(msg.SerializeToString())
+        return wire.get_run_status_response_from_pb(back)
+
+    now = 1_700_000_000.0 + Age.now
+    answers = [told(lax, now), told(strict, now)]
+    assert built, "the first answers build the hooks' messages"
+    built.clear()
+    for i in range(1, 4):  # later calls, the runs in turn: copies, each with its own time
+        Age.now += 1
+        for run in (lax, strict):
+            got = told(run, now + i)
+            assert got == ev.run_verdict(run, now + i)
+            assert {t.evaluated_unix for t in got.targets} == {now + i}
+            answers.append(got)
+    assert built == []  # nothing rebuilt: every target verdict was a copy
+    assert verdicts(answers[0]) == {"a": Verdict.PASS, "b": Verdict.PASS}
+    assert verdicts(answers[1]) == {"a": Verdict.FAIL, "b": Verdict.FAIL}  # STRICT's own
+    note(ev, "b", 2, hooked=False)  # a new report: b's verdict changes, its message is new
+    got = told(lax, now + 9)
+    assert built and verdicts(got) == {"a": Verdict.PASS, "b": Verdict.FAIL}
+    assert got == ev.run_verdict(lax, now + 9)

@@ -3,6 +3,7 @@ into verdicts. It knows nothing about rule kinds; ``loader.py`` builds the rules
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Sequence
@@ -160,7 +161,15 @@ class Policy:
         JUDGEMENTS when they hold it for this policy and this very snapshot."""
         age = self.age(snap, now, now_boot_s)
         stale = age is None or age > self.evidence.freshness_s
+        if not stale and judgements is not None:  # the same verdict as last time, but when
+            return dataclasses.replace(judgements.fresh(self, snap, now), evaluated_unix=now)
         judged = self.judge(snap) if judgements is None else judgements.judged(self, snap)
+        return self.verdict_of(snap, judged, now, age if stale else None, stale)
+
+    def verdict_of(
+        self, snap: I.TargetSnapshot, judged: Judged, now: float, age: float | None, stale: bool
+    ) -> TargetVerdict:
+        """SNAP's verdict at NOW from what JUDGED found and whether it is STALE (at AGE)."""
         # evidence.stale comes from here alone, so the deduplicated list stays deduplicated
         findings = [stale_finding(snap, age, self.evidence.freshness_s)] if stale else []
         findings.extend(judged.findings)
@@ -273,6 +282,7 @@ class Judgements:
     def __init__(self, max_entries: int = MAX_JUDGEMENTS) -> None:
         self._max = max_entries
         self._by: dict[tuple[int, str], tuple[Policy, I.TargetSnapshot, Judged]] = {}
+        self._fresh: dict[tuple[int, str], tuple[Policy, I.TargetSnapshot, TargetVerdict]] = {}
         self._variants: dict[tuple[int, str], tuple[Policy, Policy]] = {}
         self.hits = self.misses = 0
 
@@ -286,7 +296,23 @@ class Judgements:
         out = policy.judge(snap)
         if len(self._by) >= self._max:
             self._by.clear()
+            self._fresh.clear()
         self._by[key] = (policy, snap, out)
+        return out
+
+    def fresh(self, policy: Policy, snap: I.TargetSnapshot, now: float) -> TargetVerdict:
+        """SNAP's verdict under POLICY while it is not stale, as first computed: the same
+        object (its findings and hooks too) until the snapshot changes, so that what is made
+        of it (its message, ``wire.verdicts``) can be kept as well. Its ``evaluated_unix`` is
+        the first call's: the caller sets its own."""
+        key = (id(policy), snap.target)
+        kept = self._fresh.get(key)
+        if kept is not None and kept[0] is policy and kept[1] is snap:
+            self.hits += 1
+            return kept[2]
+        judged = self.judged(policy, snap)
+        out = policy.verdict_of(snap, judged, now, None, False)
+        self._fresh[key] = (policy, snap, out)
         return out
 
     def without(self, policy: Policy, flag: str) -> Policy:

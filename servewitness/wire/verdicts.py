@@ -67,6 +67,10 @@ _CONTEXT_JSON = json.JSONEncoder(sort_keys=True, allow_nan=False).encode
 # changed after it is made. Bounded: cleared whole past _KEPT_MAX (then rebuilt as asked).
 _KEPT: dict[int, tuple[Finding, pb.Finding]] = {}
 _KEPT_MAX = 65_536
+# Target verdicts' messages, the same way (_set_target_verdict): per target, the last few (one
+# per run whose policy judges it; more runs than that only cost a rebuild).
+_VERDICTS_KEPT: dict[str, list[tuple[TargetVerdict, pb.TargetVerdict]]] = {}
+_VERDICTS_PER_TARGET = 4
 
 
 def finding_to_pb(finding: Finding) -> pb.Finding:
@@ -153,14 +157,40 @@ def _hook_count_from_pb(msg: pb.HookCount, at: str) -> HookCount:
 
 
 def target_verdict_to_pb(tv: TargetVerdict) -> pb.TargetVerdict:
-    return pb.TargetVerdict(
-        target=tv.target,
-        verdict=verdict_to_pb(tv.verdict),
-        findings=[finding_to_pb(f) for f in tv.findings],
-        evaluated_unix=tv.evaluated_unix,
-        report_unix=tv.report_unix,
-        hooks=[_hook_count_to_pb(h) for h in tv.hooks],
-    )
+    msg = pb.TargetVerdict()
+    _set_target_verdict(msg, tv)
+    return msg
+
+
+def _set_target_verdict(msg: pb.TargetVerdict, tv: TargetVerdict) -> None:
+    """Make the empty MSG TV's message. A verdict that differs from one made before only in
+    when it was evaluated (the evaluator's fresh verdicts keep their findings and hooks, the
+    same objects, until the target's snapshot changes: ``policy.engine.Judgements.fresh``)
+    is copied from that one's message, in C, and given its time."""
+    kept = _VERDICTS_KEPT.get(tv.target, ())
+    for was, made in kept:
+        if (
+            was.findings is tv.findings
+            and was.hooks is tv.hooks
+            and was.verdict is tv.verdict
+            and was.report_unix == tv.report_unix
+        ):
+            msg.CopyFrom(made)
+            msg.evaluated_unix = tv.evaluated_unix
+            return
+    msg.target = tv.target
+    msg.verdict = verdict_to_pb(tv.verdict)
+    msg.findings.extend(finding_to_pb(f) for f in tv.findings)
+    msg.evaluated_unix = tv.evaluated_unix
+    if tv.report_unix is not None:
+        msg.report_unix = tv.report_unix
+    msg.hooks.extend(_hook_count_to_pb(h) for h in tv.hooks)
+    if tv.findings or tv.hooks:  # empty tuples are shared objects: nothing to tell apart
+        own = pb.TargetVerdict()  # a message of its own: MSG's would keep its parent alive
+        own.CopyFrom(msg)
+        if len(_VERDICTS_KEPT) >= _KEPT_MAX:
+            _VERDICTS_KEPT.clear()
+        _VERDICTS_KEPT[tv.target] = [(tv, own), *kept][:_VERDICTS_PER_TARGET]
 
 
 def target_verdict_from_pb(msg: pb.TargetVerdict, at: str = "target_verdict") -> TargetVerdict:
@@ -178,14 +208,16 @@ def target_verdict_from_pb(msg: pb.TargetVerdict, at: str = "target_verdict") ->
 
 
 def run_verdict_to_pb(rv: RunVerdict) -> pb.RunVerdict:
-    return pb.RunVerdict(
+    msg = pb.RunVerdict(
         run=rv.run,
         policy_digest=rv.policy_digest,
         verdict=verdict_to_pb(rv.verdict),
-        targets=[target_verdict_to_pb(t) for t in rv.targets],
         findings=[finding_to_pb(f) for f in rv.findings],
         evaluated_unix=rv.evaluated_unix,
     )
+    for t in rv.targets:  # made in place: a message passed to a constructor is copied
+        _set_target_verdict(msg.targets.add(), t)
+    return msg
 
 
 def run_verdict_from_pb(msg: pb.RunVerdict, at: str = "run_verdict") -> RunVerdict:
