@@ -123,8 +123,9 @@ EXPECT: dict[str, tuple[str, ...]] = {
         FLOOR,
     ),
     "status_answer.py": (
-        r"the same answer from both arms: True",
-        r"kept / built per call = \d+\.\d+",
+        r"the same answer from every arm: True",
+        r"findings kept / built per call = \d+\.\d+",
+        r"verdicts kept / findings kept = \d+\.\d+",
         FLOOR,
     ),
     "step_cost.py": (
