@@ -9,12 +9,13 @@ the same targets. The age clock is set by the test (``clock.boot_s``), so no sle
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from servewitness.model import Finding, RunVerdict, TargetReport, Verdict
+from servewitness.model import RunVerdict, TargetReport, Verdict
 from servewitness.policy import evaluate_run, load_policy, policy_digest
 from servewitness.server import clock
 from servewitness.server.evaluate import Evaluator
@@ -123,6 +124,24 @@ def test_a_stale_verdict_is_recomputed_with_its_age_each_call(evaluator: Evaluat
     assert stale[0] != stale[1]
 
 
+def counting(
+    monkeypatch: pytest.MonkeyPatch, name: str, label: Callable[[Any], str]
+) -> tuple[list[str], Callable[[Any], Any], Callable[[Any], Any]]:
+    """``wire.verdicts.NAME`` replaced by one that lists the LABEL of each thing it converts:
+    (that list, the original, the replacement)."""
+    from servewitness.wire import verdicts as V
+
+    built: list[str] = []
+    convert = getattr(V, name)
+
+    def counted(x: Any) -> Any:
+        built.append(label(x))
+        return convert(x)
+
+    monkeypatch.setattr(V, name, counted)
+    return built, convert, counted
+
+
 def test_a_kept_finding_s_message_is_built_once_and_equals_a_fresh_one(
     evaluator: Evaluator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -133,14 +152,7 @@ def test_a_kept_finding_s_message_is_built_once_and_equals_a_fresh_one(
     from servewitness.api.v1 import verifier_pb2 as pb
     from servewitness.wire import verdicts as V
 
-    built: list[str] = []
-    convert = V._finding_to_pb
-
-    def counted(f: Finding) -> Any:
-        built.append(f.id)
-        return convert(f)
-
-    monkeypatch.setattr(V, "_finding_to_pb", counted)
+    built, convert, counted = counting(monkeypatch, "_finding_to_pb", lambda f: f.id)
     ev = evaluator
     run = register(ev, "r", POLICY)
     note(ev, "a", 1, hooked=True)
@@ -186,16 +198,8 @@ def test_a_kept_target_verdicts_message_is_copied_with_the_time_of_the_call(
     same targets, asked in turn, never get each other's message; a new report gets a new one."""
     from servewitness import wire
     from servewitness.api.v1 import verifier_pb2 as pb
-    from servewitness.wire import verdicts as V
 
-    built: list[str] = []
-    convert = V._hook_count_to_pb
-
-    def counted(h: Any) -> Any:
-        built.append(h.name)
-        return convert(h)
-
-    monkeypatch.setattr(V, "_hook_count_to_pb", counted)
+    built, _, _ = counting(monkeypatch, "_hook_count_to_pb", lambda h: h.name)
     ev = evaluator
     lax, strict = register(ev, "r", POLICY), register(ev, "strict", STRICT)
     note(ev, "a", 1, hooked=True)
