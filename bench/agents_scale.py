@@ -65,6 +65,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _smoke
+from _stats import summary
 from load_test import POLICY, free_port, report, wait_serving
 
 from servewitness import wire
@@ -331,16 +332,19 @@ def row(
     def med(key: str) -> float:
         return float(statistics.median(r[key] for r in rs))
 
-    def spread(key: str) -> float:
-        vals = [r[key] for r in rs]
-        return float((max(vals) - min(vals)) / statistics.median(vals))
+    def spread(key: str) -> float:  # NaN when the median is 0 (CPU below one clock tick)
+        return summary([float(r[key]) for r in rs])["spread"]
 
-    ratio = statistics.median(r["acked_s"] / b["acked_s"] for r, b in zip(rs, base, strict=True))
-    cratio = statistics.median(r["cpu_per"] / b["cpu_per"] for r, b in zip(rs, base, strict=True))
+    def over(a: float, b: float) -> float:
+        return a / b if b else float("nan")
+
+    pairs = list(zip(rs, base, strict=True))
+    ratio = statistics.median(over(r["acked_s"], b["acked_s"]) for r, b in pairs)
+    cratio = statistics.median(over(r["cpu_per"], b["cpu_per"]) for r, b in pairs)
     cpu_ms = med("cpu_per") * 1e3
     return (f"| {label} | {k} | {k * rate:.0f} | {med('acked_s'):.0f} ({spread('acked_s'):.0%}) | "
             f"{ratio:.2f}x | {cpu_ms:.3f} ({spread('cpu_per'):.0%}) | {cratio:.2f}x | "
-            f"{2 / med('cpu_per'):.0f} | {med('cpu'):.0%} | {med('gen_cpu'):.0%} | "
+            f"{over(2, med('cpu_per')):.0f} | {med('cpu'):.0%} | {med('gen_cpu'):.0%} | "
             f"{med('rep_p50') * 1e3:.1f} / {med('rep_p99') * 1e3:.1f} ms | "
             f"{med('st_p50') * 1e3:.1f} / {med('st_p99') * 1e3:.1f} ms ({spread('st_p99'):.0%}) | "
             f"{sum(r['refused'] for r in rs)}, {sum(r['failed'] for r in rs)}, "
