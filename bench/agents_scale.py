@@ -11,11 +11,13 @@ little and its CPU is measured, not hidden) each say Hello and then, RATE times 
 a report (3 processes, the worker's 500-file manifest by digest, sent in full once when the
 verifier asks; BINDINGS request bindings: a span and a client-id mapping each). Each agent's
 request is built once and only its seq, nonce, times and binding ids change per report
-(serialized by upb in C). An agent waits for its acknowledgement before its next report (as
-`verifier agent` does); on any error it counts a refusal (RESOURCE_EXHAUSTED) or a failure,
-backs off (0.2 s doubling to 4 s) and goes on, saying Hello again after a failure (after a
-refusal too in an arm named by ``--hello-after-busy``: agents before 2026-12-04 did): an agent
-never dies, and an agent that got nothing acknowledged is counted as such, never as capacity.
+(serialized by upb in C). An agent waits for its acknowledgement before its next report, and
+at least the pace the acknowledgement asks while the verifier is busy (``next_report_in_s``,
+bounded at 30 s as the agent's longest backoff), as `verifier agent` does; on any error it
+counts a refusal (RESOURCE_EXHAUSTED) or a failure, backs off (0.2 s doubling to 4 s) and
+goes on, saying Hello again after a failure (after a refusal too in an arm named by
+``--hello-after-busy``: agents before 2026-12-04 did): an agent never dies, and an agent that
+got nothing acknowledged is counted as such, never as capacity.
 
 Measured (after every agent's first report was acknowledged, or 60 s): acknowledged
 reports/s; the verifier's CPU-seconds per acknowledged report (/proc/PID/stat), so that its
@@ -183,6 +185,8 @@ async def agents_main(addr: str, tag: str, k: int, rate: float, bindings: int,  
                 seq += 1
                 nxt += 1.0 / rate
                 nxt = max(nxt, time.time() - 1.0 / rate)  # behind: no burst to catch up
+                pace = min(getattr(resp, "next_report_in_s", 0.0), 30.0)  # as the agent obeys
+                nxt = max(nxt, time.time() + pace)
 
         await asyncio.gather(*(run(a) for a in agents))
     finally:

@@ -102,6 +102,8 @@ class Agent:
         # configuration error the agent exits on (exit 10); after it, evidence stays spooled.
         self.connected = False
         self.interval = config.interval_s or 1.0
+        self.pace = 0.0  # what the verifier's last acknowledgement asked to wait (0: nothing)
+        self._paced = 0.0  # the pace last logged
         self.sent_digests: set[str] = set()
         self.seen: dict[ProcessKey, ProcessReport] = {}
         # The pids of the processes last reported, once all of them exited and until vLLM
@@ -330,6 +332,9 @@ class Agent:
                 raise
             self.nonce = resp.nonce
             if resp.accepted:
+                # the verifier's pace while it is busy (server/pacing.py), bounded here: a
+                # verifier cannot make an agent wait longer than its longest backoff
+                self.pace = min(resp.next_report_in_s, self.config.max_backoff_s)
                 self.metrics.acked(len(report.spans), len(report.request_ids))
                 log.debug("report_acknowledged", seq=report.seq)
                 for p in report.processes:
@@ -372,6 +377,15 @@ class Agent:
         seen = any(r.processes for r in reports)
         self.set_ready(seen and len(self.spool) == 0, "" if seen else "no vLLM process visible")
 
+    def _next_wait(self) -> float:
+        """Seconds until the next collection: the agent's interval, or the pace the verifier
+        asked while it is busy when that is longer (logged when it changes)."""
+        wait = max(self.interval, self.pace)
+        if self.pace != self._paced:
+            log.info("verifier_pace", asked_s=self.pace, wait_s=wait)
+            self._paced = self.pace
+        return wait
+
     def set_ready(self, ready: bool, why: str = "") -> None:
         """Say READY or not on READY_SERVICE (logged when it changes, with WHY)."""
         if ready != self.ready:
@@ -402,7 +416,7 @@ class Agent:
             try:
                 self.step()
                 backoff = 0.5
-                wait = self.interval
+                wait = self._next_wait()
             except grpc.RpcError as e:
                 self.metrics.failed(e.code())
                 if e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:

@@ -109,7 +109,12 @@ class Admission(grpc.ServerInterceptor):
     at its bound (see the module's docstring). Put it after ``RpcObserver`` in the server's
     interceptors, so that the observer counts its refusals."""
 
-    def __init__(self, classes: Iterable[tuple[tuple[str, ...], ClassPool]]) -> None:
+    def __init__(
+        self,
+        classes: Iterable[tuple[tuple[str, ...], ClassPool]],
+        on_busy: Callable[[str], None] | None = None,
+    ) -> None:
+        self.on_busy = on_busy  # told the method of each call refused (server/pacing.py)
         self.pools: dict[str, ClassPool] = {}
         for methods, pool in classes:
             for m in methods:
@@ -131,6 +136,8 @@ class Admission(grpc.ServerInterceptor):
         if handler is None or handler.unary_unary is None or pool is None or method is None:
             return handler
         busy = pool.full()
+        if busy and self.on_busy is not None:
+            self.on_busy(method)
         made = self._made.get((method, busy))
         if made is not None and made[0] is handler:
             return made[1]  # type: ignore[no-any-return]

@@ -226,7 +226,8 @@ class VerifierServer:
                     READ_METHODS,
                     ClassPool("status", READ_WORKERS, None if limit is None else READ_LIMIT),
                 ),
-            )
+            ),
+            on_busy=self._refused,
         )
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=config.workers),
@@ -388,6 +389,11 @@ class VerifierServer:
                 next_checkpoint = time.monotonic() + self.config.checkpoint_interval_s
                 self._checkpoint()
             self._stop.wait(HISTORY_PACE_S)
+
+    def _refused(self, method: str) -> None:
+        """A call refused busy: an agent's slows the agents' pace (server/pacing.py)."""
+        if method in AGENT_METHODS:
+            self.service.pacer.refused()
 
     def _grown(self) -> int:
         """Entries appended since the last checkpoint this verifier signed."""

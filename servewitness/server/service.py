@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import secrets
 import threading
 import time
@@ -28,6 +29,7 @@ from servewitness.server.bounded import KeyedLocks, LruCache
 from servewitness.server.evaluate import Evaluator, Tracked
 from servewitness.server.index import processes_seen
 from servewitness.server.metrics import VerifierMetrics
+from servewitness.server.pacing import Pacer, freshness_limit_s
 from servewitness.server.store import RunExists, RunRecord, Store, StoredReport, UnknownRun
 from servewitness.server.windows import MAX_WAITING, WindowError, Windows
 
@@ -119,6 +121,8 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         )
         self.dirty = threading.Event()  # new evidence: the history keeper re-evaluates
         self.metrics = VerifierMetrics(store.ledger_size)
+        limit = functools.partial(freshness_limit_s, store, self.evaluator)
+        self.pacer = Pacer(report_interval_s, limit, self.metrics.registry)  # server/pacing.py
         # server/windows.py
         self.windows = Windows(store, self.evaluator, signing_key, max_waiting=max_window_waits)
 
@@ -158,7 +162,8 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
                 )
             if report.seq <= self._last_seq(report.agent_id):
                 self.metrics.report("duplicate")
-                return wire.report_response_to_pb(wire.ReportAck(True, report.seq, expected))
+                ack = wire.ReportAck(True, report.seq, expected, (), self.pacer.pace_s())
+                return wire.report_response_to_pb(ack)
             manifests, need = self._manifests(report, context)
             if need:
                 self.metrics.report("need_manifests")
@@ -168,7 +173,8 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
             self.nonces.put(report.agent_id, nonce)
             self._last_seqs.put(report.agent_id, report.seq)
         self.dirty.set()
-        return wire.report_response_to_pb(wire.ReportAck(True, report.seq, nonce))
+        ack = wire.ReportAck(True, report.seq, nonce, (), self.pacer.pace_s())
+        return wire.report_response_to_pb(ack)
 
     def _last_seq(self, agent_id: str) -> int:
         """AGENT_ID's last stored seq (call holding its lock)."""

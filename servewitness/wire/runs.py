@@ -45,6 +45,7 @@ class ReportAck:
     seq: int  # the seq acknowledged
     nonce: str  # the nonce to echo in the next report
     need_manifests: tuple[str, ...] = ()  # digests whose files the agent must resend
+    next_report_in_s: float = 0.0  # the verifier's pace (0: the agent's own interval)
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,11 @@ def report_request_from_pb(msg: pb.ReportRequest) -> TargetReport:
 
 def report_response_to_pb(ack: ReportAck) -> pb.ReportResponse:
     return pb.ReportResponse(
-        accepted=ack.accepted, seq=ack.seq, nonce=ack.nonce, need_manifests=ack.need_manifests
+        accepted=ack.accepted,
+        seq=ack.seq,
+        nonce=ack.nonce,
+        need_manifests=ack.need_manifests,
+        next_report_in_s=ack.next_report_in_s,
     )
 
 
@@ -152,7 +157,14 @@ def report_response_from_pb(msg: pb.ReportResponse) -> ReportAck:
         need_manifests=tuple(
             F.digest(d, f"{at}.need_manifests[{i}]") for i, d in enumerate(msg.need_manifests)
         ),
+        next_report_in_s=_pace(msg.next_report_in_s, f"{at}.next_report_in_s"),
     )
+
+
+def _pace(value: float, at: str) -> float:
+    if not (math.isfinite(value) and value >= 0):
+        F.fail(at, f"must be a duration of 0 or more, got {value}")
+    return value
 
 
 def register_run_request_to_pb(reg: RunRegistration) -> pb.RegisterRunRequest:

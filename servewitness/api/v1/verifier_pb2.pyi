@@ -693,16 +693,18 @@ class ReportRequest(_message.Message):
     def __init__(self, report: _Optional[_Union[TargetReport, _Mapping]] = ...) -> None: ...
 
 class ReportResponse(_message.Message):
-    __slots__ = ("accepted", "seq", "nonce", "need_manifests")
+    __slots__ = ("accepted", "seq", "nonce", "need_manifests", "next_report_in_s")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     NONCE_FIELD_NUMBER: _ClassVar[int]
     NEED_MANIFESTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_REPORT_IN_S_FIELD_NUMBER: _ClassVar[int]
     accepted: bool
     seq: int
     nonce: str
     need_manifests: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, accepted: _Optional[bool] = ..., seq: _Optional[int] = ..., nonce: _Optional[str] = ..., need_manifests: _Optional[_Iterable[str]] = ...) -> None: ...
+    next_report_in_s: float
+    def __init__(self, accepted: _Optional[bool] = ..., seq: _Optional[int] = ..., nonce: _Optional[str] = ..., need_manifests: _Optional[_Iterable[str]] = ..., next_report_in_s: _Optional[float] = ...) -> None: ...
 
 class RegisterRunRequest(_message.Message):
     __slots__ = ("name", "policy_toml", "source")
