@@ -244,6 +244,24 @@ def test_hammered_verifier_refuses_stays_healthy_and_keeps_what_it_acknowledged(
     audit_ok(db)
 
 
+@contextmanager
+def agent_running(addr: str, agent_id: str, spool: Path, log: Path) -> Iterator[Any]:
+    """A real `verifier agent` (every 0.1 s, target "t") on a process with nothing vLLM-like in
+    it (its reports say unobservable); killed, with that process, however the block ends."""
+    target = subprocess.Popen(["sleep", "600"])
+    agent = start(["-v", "agent", "--verifier", addr, "--target", "t", "--agent-id", agent_id,
+                   "--pid", str(target.pid), "--interval", "0.1", "--spool", str(spool),
+                   "--no-docker"], log)  # fmt: skip
+    try:
+        yield agent
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+        target.kill()
+        target.wait()
+
+
 def agent_events(log: Path) -> list[str]:
     out = []
     for line in log.read_text().splitlines():
@@ -261,7 +279,6 @@ def test_agent_facing_a_busy_verifier_keeps_reports_spooled_and_delivers_each_on
     the nonce it had (no Hello again)."""
     addr, db, proc = verifier
     spool, log = tmp_path / "spool", tmp_path / "agent.log"
-    target = subprocess.Popen(["sleep", "600"])  # nothing vLLM-like: reports say unobservable
 
     def stored() -> list[int]:
         return [int(r[0]) for r in rows(db, "SELECT seq FROM reports ORDER BY seq")]
@@ -269,10 +286,7 @@ def test_agent_facing_a_busy_verifier_keeps_reports_spooled_and_delivers_each_on
     def spooled() -> list[int]:
         return sorted(int(p.stem) for p in spool.glob("*.pb") if p.stem.isdigit())
 
-    agent = start(["-v", "agent", "--verifier", addr, "--target", "t", "--agent-id", "bp-agent",
-                   "--pid", str(target.pid), "--interval", "0.1", "--spool", str(spool),
-                   "--no-docker"], log)  # fmt: skip
-    try:
+    with agent_running(addr, "bp-agent", spool, log) as agent:
         wait_until("3 reports stored", lambda: len(stored()) >= 3, log)
         with stalled(addr, 2):
             busy_from = len(stored())
@@ -288,11 +302,6 @@ def test_agent_facing_a_busy_verifier_keeps_reports_spooled_and_delivers_each_on
                    log, timeout_s=60)  # fmt: skip
         assert health(addr) == health_pb2.HealthCheckResponse.SERVING
         assert stop(agent) == 0
-    finally:
-        if agent.poll() is None:
-            agent.kill()
-        target.kill()
-        target.wait()
     assert stop(proc) == 0
     last = int((spool / "seq").read_text())
     seqs = [int(r[0]) for r in rows(db, "SELECT seq FROM reports WHERE agent_id = 'bp-agent'")]

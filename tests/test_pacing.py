@@ -28,9 +28,9 @@ from tests.helpers import agent_stub, as_weak_as_needed
 from tests.test_backpressure import (
     BUSY,
     agent_events,
+    agent_running,
     binding_report,
     stalled,
-    start,
     stop,
     verifier,  # noqa: F401 - fixture
     wait_until,
@@ -135,18 +135,9 @@ def test_a_busy_verifier_paces_its_agents_and_a_real_agent_waits_as_asked(
     assert refused[0] > 0
     steps = sorted({round(p, 4) for p in paces if p > 0})
     assert steps[:3] == [0.15, 0.225, 0.3375], steps  # x1.5 a second, from the interval
-    target = subprocess.Popen(["sleep", "600"])
-    agent = start(["-v", "agent", "--verifier", addr, "--target", "t", "--agent-id", "paced",
-                   "--pid", str(target.pid), "--interval", "0.1", "--spool", str(spool),
-                   "--no-docker"], log)  # fmt: skip
-    try:
+    with agent_running(addr, "paced", spool, log) as agent:
         wait_until("the agent told the pace", lambda: "verifier_pace" in agent_events(log), log)
         assert stop(agent) == 0
-    finally:
-        if agent.poll() is None:
-            agent.kill()
-        target.kill()
-        target.wait()
     told = _pace_lines(log)
     assert told[0]["asked_s"] > 0.1, told  # the pace as it has fallen since the load ended
     assert all(e["wait_s"] == max(0.1, e["asked_s"]) for e in told)
