@@ -51,6 +51,7 @@ import contextlib
 import fcntl
 import multiprocessing as mp
 import os
+import random
 import signal
 import sqlite3
 import statistics
@@ -186,7 +187,7 @@ async def agents_main(addr: str, tag: str, k: int, rate: float, bindings: int,  
                 nxt += 1.0 / rate
                 nxt = max(nxt, time.time() - 1.0 / rate)  # behind: no burst to catch up
                 pace = min(getattr(resp, "next_report_in_s", 0.0), 30.0)  # as the agent obeys
-                nxt = max(nxt, time.time() + pace)
+                nxt = max(nxt, time.time() + pace * random.uniform(0.9, 1.1))  # noqa: S311
 
         await asyncio.gather(*(run(a) for a in agents))
     finally:

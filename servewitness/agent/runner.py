@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import random
 import threading
 import time
 
@@ -380,7 +381,8 @@ class Agent:
     def _next_wait(self) -> float:
         """Seconds until the next collection: the agent's interval, or the pace the verifier
         asked while it is busy when that is longer (logged when it changes)."""
-        wait = max(self.interval, self.pace)
+        # a pace is spread (+-10 %): agents told at once must not all come back at once
+        wait = max(self.interval, self.pace * random.uniform(0.9, 1.1))  # noqa: S311 - jitter
         if self.pace != self._paced:
             log.info("verifier_pace", asked_s=self.pace, wait_s=wait)
             self._paced = self.pace
