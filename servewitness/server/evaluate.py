@@ -263,6 +263,7 @@ class Evaluator:
             return [t for t in latest.values() if not t.expired and now - t.heard_boot_s > expiry_s]
 
     def get(self, target: str) -> Tracked | None:
+        """TARGET as this verifier holds it (None: unknown), changing nothing."""
         with self._lock:
             return self._tracked().get(target)
 
