@@ -201,7 +201,8 @@ class FileEntry:
     loaded: FileIdentity | None = None
 
 
-def _merkle_leaf(path: str, sha256_hex: str) -> bytes:
+def merkle_leaf(path: str, sha256_hex: str) -> bytes:
+    """The leaf of one (path, sha256 hex) entry of ``merkle_root``."""
     return hashlib.sha256(b"\x00" + path.encode() + b"\x00" + sha256_hex.encode()).digest()
 
 
@@ -213,7 +214,12 @@ def merkle_root(entries: Iterable[tuple[str, str]]) -> str:
     ``sha256(0x01 || left || right)``; an odd node is carried up unchanged; the empty
     manifest's root is ``sha256(b"")``.
     """
-    level = [_merkle_leaf(p, h) for p, h in sorted(set(entries))]
+    return merkle_root_of_leaves([merkle_leaf(p, h) for p, h in sorted(set(entries))])
+
+
+def merkle_root_of_leaves(level: list[bytes]) -> str:
+    """``merkle_root`` from its leaves, already in entry order (a caller that keeps leaves
+    across several roots of mostly the same entries hashes each leaf once)."""
     if not level:
         return "sha256:" + hashlib.sha256(b"").hexdigest()
     while len(level) > 1:

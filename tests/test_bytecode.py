@@ -243,7 +243,7 @@ def test_unreadable_source_of_hash_based_pyc_is_unverified(tmp_path: Path) -> No
     drifts = check_bytecode([entry(pyc)], Path)
     assert [d.id for d in drifts] == [DRIFT_BYTECODE_UNVERIFIED]
     assert f"cannot read {src}" in drifts[0].detail
-    assert "Is a directory" in drifts[0].detail
+    assert "not a regular file: a directory" in drifts[0].detail
 
 
 def test_unstattable_source_of_timestamp_pyc_is_unverified(tmp_path: Path) -> None:

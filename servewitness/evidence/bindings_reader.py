@@ -23,6 +23,7 @@ from typing import Any
 from servewitness_probe import layout as L
 
 from servewitness.evidence.journal import load_record
+from servewitness.evidence.regular import open_file
 from servewitness.model import RequestSpec
 
 MAX_READ = 64 << 20  # bytes read per call and file; the rest on the next call
@@ -147,7 +148,7 @@ class BindingsReader:
         path = Path(probe_dir) / L.BINDINGS_FILE
         key = str(path)
         try:
-            with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as f:
+            with open_file(path, nofollow=True) as f:
                 st = os.fstat(f.fileno())
                 if allowed is not None and (st.st_dev, st.st_ino) not in allowed:
                     return [], []

@@ -16,13 +16,14 @@ from pathlib import Path
 from servewitness_probe import layout as L
 
 from servewitness.evidence.binding import Holder, symlink
+from servewitness.evidence.regular import open_regular, read_regular
 from servewitness.model import StepEvidence
 
 
 def read_counters(path: Path) -> list[int] | None:
     """The counter slots, or None if the file is missing or not (yet) a probe's."""
     try:
-        data = path.read_bytes()
+        data = read_regular(path, L.SLOT_BYTES * L.N_SLOTS)
     except OSError:
         return None
     return _slots(data)
@@ -51,7 +52,7 @@ def read_settled(path: Path, holder: Holder | None = None) -> list[int] | None:
     stopped inside one), ``steps_of`` leaves the open step out of the judged counts.
     HOLDER: read only a file that process maps (else ``Unbound``), and only the file checked."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = open_regular(path, nofollow=True)
     except OSError as e:
         if holder is not None and e.errno == errno.ELOOP:
             raise symlink(L.COUNTERS_FILE) from e

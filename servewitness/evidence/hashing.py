@@ -19,7 +19,13 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from servewitness.evidence.regular import open_regular
+
 CHUNK = 1 << 20
+# No file the agent hashes is bigger (the largest CUDA libraries are a few GB); a sparse file of
+# terabytes put where a loaded file was (a second black-box attacker, 2026-12-05) kept the
+# agent reading zeros for hours, its target STALE. Bigger files are not read, and said.
+MAX_HASH_BYTES = 16 << 30
 
 Key = tuple[int, int, int, int, int]
 
@@ -55,6 +61,8 @@ class Hasher:
             return fd
         try:
             before = _key(os.fstat(fd))
+            if before[2] > MAX_HASH_BYTES:
+                return Hashed(path, None, before[2], before, _too_big(before[2]))
             if self.use_cache:
                 with self._lock:
                     hit = self._cache.get(before)
@@ -133,10 +141,14 @@ class Hasher:
         return [h for h in out if h is not None]
 
 
+def _too_big(size: int) -> str:
+    return f"{size} bytes, over the {MAX_HASH_BYTES} the agent hashes: not read"
+
+
 def _open(path: str) -> int | Hashed:
     """A read-only descriptor for PATH, or a Hashed saying why there is none."""
     try:
-        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        return open_regular(path, look=False)  # a FIFO put there would hang the hash
     except FileNotFoundError:
         return Hashed(path, None, -1, None, "missing")
     except PermissionError:

@@ -11,6 +11,7 @@ mtime, ctime), since a file whose bytes changed changed its ctime.
 from __future__ import annotations
 
 import _imp
+import errno
 import hashlib
 import marshal
 import os
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from types import CodeType
+
+from servewitness.evidence.regular import NotRegular, open_file, open_regular
 
 HEADER = 16  # magic (4), flags (4), then mtime and size (4 + 4) or the source hash (8)
 FLAG_HASH = 0b01
@@ -94,28 +97,39 @@ class CompileCache:
 
 def read_head(path: Path) -> tuple[bytes, os.stat_result]:
     """The first HEADER bytes of PATH (fewer if it is shorter) and its stat. Raises OSError."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # os.*, not open(): the hot path
+    fd = open_regular(path, look=False)  # os.*, not open(): the hot path
     try:
         return os.read(fd, HEADER), os.fstat(fd)
     finally:
         os.close(fd)
 
 
+MAX_READ = 256 << 20  # a pyc or source of the serving side read whole: a sparse terabyte is not
+
+
 def read(path: Path) -> tuple[bytes, os.stat_result]:
-    """The whole of PATH and its stat. Raises OSError."""
-    with open(path, "rb") as f:
-        return f.read(), os.fstat(f.fileno())
+    """The whole of PATH and its stat. Raises OSError (NotRegular over MAX_READ bytes)."""
+    with open_file(path) as f:
+        st = os.fstat(f.fileno())
+        _bounded(path, st)
+        return f.read(), st
 
 
 def read_stable(path: Path) -> tuple[bytes, os.stat_result] | None:
     """The whole of PATH and its stat, if its identity was the same before and after the read
     (None: it changed while read, so the bytes may not be those of either stat). Raises
     OSError."""
-    with open(path, "rb") as f:
+    with open_file(path) as f:
         before = os.fstat(f.fileno())
-        data = f.read()
+        _bounded(path, before)
+        data = f.read(MAX_READ + 1)
         after = os.fstat(f.fileno())
     return (data, after) if identity("", before) == identity("", after) else None
+
+
+def _bounded(path: Path, st: os.stat_result) -> None:
+    if st.st_size > MAX_READ:
+        raise NotRegular(errno.EFBIG, f"{st.st_size} bytes, over {MAX_READ}: not read", str(path))
 
 
 def identity(path: str, st: os.stat_result) -> Identity:

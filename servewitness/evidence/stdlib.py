@@ -11,6 +11,7 @@ from pathlib import Path
 from servewitness.evidence.distindex import norm_path
 from servewitness.evidence.probe_reader import ProbeState
 from servewitness.evidence.procfs import ProcFS
+from servewitness.evidence.regular import read_regular
 
 _VERSION = re.compile(r"(\d+)\.(\d+)(?:\.|$)")
 
@@ -84,7 +85,7 @@ def interpreter_stdlib(
 def _pyvenv_home(cfg: Path) -> str | None:
     """The ``home`` key of a pyvenv.cfg (the base interpreter's directory), if any."""
     try:
-        text = cfg.read_text(errors="replace")[:65536]
+        text = read_regular(cfg, 1 << 20).decode(errors="replace")[:65536]
     except OSError:
         return None
     for line in text.splitlines():

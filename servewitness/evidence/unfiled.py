@@ -49,6 +49,7 @@ from servewitness.evidence.distindex import norm_path
 from servewitness.evidence.origins import in_stdlib
 from servewitness.evidence.probe_reader import UnfiledModule
 from servewitness.evidence.procfs import ProcFS
+from servewitness.evidence.regular import open_file
 from servewitness.model import (
     DRIFT_MODIFIED_AFTER_LOAD,
     DRIFT_MODULE_CUSTOM_LOADER,
@@ -118,7 +119,7 @@ def _member_sha(host: Path, st: os.stat_result, name: str, size: int) -> tuple[s
     sha: str | None = None
     why = ""
     try:
-        with zipfile.ZipFile(host) as zf, zf.open(name) as fp:
+        with open_file(host) as fh, zipfile.ZipFile(fh) as zf, zf.open(name) as fp:
             h = hashlib.sha256()
             read = 0
             while read < limit and (chunk := fp.read(min(1 << 20, limit - read))):
@@ -230,7 +231,7 @@ def executing_lines(data: bytes) -> list[tuple[int, bytes]]:
 
 def _read_small(path: Path, limit: int) -> bytes | None:
     try:
-        with open(path, "rb") as f:
+        with open_file(path) as f:
             return f.read(limit)
     except (OSError, ValueError):
         return None
