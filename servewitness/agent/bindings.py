@@ -25,7 +25,11 @@ from servewitness_probe import layout as L
 
 from servewitness.evidence.bindings_reader import BindingsReader, ExternalId
 from servewitness.evidence.bindings_reader import RequestSpan as ProbeSpan
-from servewitness.evidence.journal import JournalCache, manifest_digest_at
+from servewitness.evidence.journal import (
+    JournalCache,
+    manifest_digest_at,
+    manifest_digests_at,
+)
 from servewitness.evidence.process import ProcessEvidence
 from servewitness.model import ProcessKey, RequestId, RequestSpan
 
@@ -83,6 +87,8 @@ class Bindings:
             runner = ev.probe.runner.cls if ev.probe.runner is not None else ""
             journal = directory / L.JOURNAL_FILE
             bound = ev.probe.journal_file
+            counts = {n for s in spans for n in (s.files_first, s.files_last)}
+            self._prefetch(journal, counts, journals, bound)
             for s in spans:
                 self._spans.append(self._span(key, s, runner, (journal, bound), journals))
             for r in ids:
@@ -117,6 +123,22 @@ class Bindings:
             finished=s.finished,
             spec=s.spec,
         )
+
+    def _prefetch(
+        self, journal: Path, counts: set[int], journals: JournalCache, bound: tuple[int, int] | None
+    ) -> None:
+        """The digests of ``_digest`` for every file count of COUNTS not known yet, from one
+        pass over the journal's records."""
+        missing = {n for n in counts if (str(journal), n) not in self._digests}
+        if len(missing) < 2:
+            return  # one (or none): ``_digest`` takes it as it comes
+        cached = journals.records(journal)
+        if cached is None or (bound is not None and (cached.dev, cached.ino) != bound):
+            return  # ``_digest`` says "" for each
+        if len(self._digests) + len(missing) > 10_000:
+            self._digests.clear()
+        for n, got in manifest_digests_at(cached.records, missing).items():
+            self._digests[(str(journal), n)] = got
 
     def _digest(
         self, journal: Path, files: int, journals: JournalCache, bound: tuple[int, int] | None

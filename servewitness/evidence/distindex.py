@@ -32,9 +32,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from servewitness.evidence.regular import open_file, read_regular
+
 _DIST_INFO = ".dist-info"
+MAX_RECORD_BYTES = 64 << 20  # vLLM's RECORD is ~3 MB: a bigger one is a fault, not read
+MAX_DIRECT_URL_BYTES = 1 << 20
 # A RECORD hash field: empty, sha256=<32 bytes urlsafe base64, unpadded>, or another algorithm.
-_HASH_FIELD = re.compile(r"|sha256=[A-Za-z0-9_-]{43}=?|(?!sha256=)[A-Za-z0-9_]+=[A-Za-z0-9_=-]*")
+_HASH_ALTERNATIVES = r"|sha256=[A-Za-z0-9_-]{43}=?|(?!sha256=)[A-Za-z0-9_]+=[A-Za-z0-9_=-]*"
+_HASH_FIELD = re.compile(_HASH_ALTERNATIVES)
+# A well-formed row (``_row_ok``) as CSV reads a line without CR or NUL (CRLF made LF first:
+# CSV reads both as one line end): path, hash field,
+# size (ASCII digits or nothing). Lines are matched in one pass in C. _PLAIN_ROW where the
+# text has no quote at all; else _ROW, whose path is quoted ("" for a quote, no line break:
+# group 1) or not (group 2); a quote anywhere else makes the line no match.
+_PLAIN_ROW = re.compile(rf"^([^,\n]+),({_HASH_ALTERNATIVES}),([0-9]*)$", re.MULTILINE)
+_ROW = re.compile(
+    rf'^(?:"((?:[^"\n]|"")+)"|([^,\n"][^,\n]*)),({_HASH_ALTERNATIVES}),([0-9]*)$', re.MULTILINE
+)
+# A line of such plain rows whose path is absolute or would change under normpath (what
+# ``_add_dist`` files under "elsewhere"): /..., ./..., ../..., "." or ".."; or holding //,
+# /./ or /../; or ending in /, /. or /..
+_ODD_PATH = re.compile(r"^(?:/|\.\.?[/,]|[^,\n]*?(?://|/\.{1,2}/|/\.{0,2},))", re.MULTILINE)
 _MODULE_SUFFIXES = (".py", ".so", ".pyd")
 _EXT = re.compile(r"([^.]+)(?:\.[^.]+)?\.(?:so|pyd)")  # <name>[.<tag>].so|.pyd
 
@@ -91,7 +109,8 @@ class _Dist:
     local: LocalInstall | None = None
 
 
-_Row = tuple[_Dist, list[str]]  # a well-formed RECORD row and the dist whose RECORD it is in
+_Fields = tuple[str, str, str]  # a well-formed RECORD row: path, hash field, size
+_Row = tuple[_Dist, _Fields]  # a well-formed RECORD row and the dist whose RECORD it is in
 
 
 @dataclass
@@ -199,15 +218,40 @@ def _module_of(record_path: str) -> str | None:
     return ".".join(names) if all(n.isidentifier() for n in names) else None
 
 
-def _record_rows(text: str) -> tuple[list[list[str]], list[str]]:
-    """The well-formed rows of a RECORD's text, and what was wrong with the others (a CSV
-    error ends the parse: the rows before it are kept)."""
-    rows: list[list[str]] = []
+def _record_rows(text: str) -> tuple[list[_Fields], list[str], bool]:
+    """The well-formed rows of a RECORD's text, what was wrong with the others (a CSV error
+    ends the parse: the rows before it are kept), and whether every row's path is relative
+    and normalized (what most RECORDs hold: then no row needs looking at one by one).
+
+    In most RECORDs every line is a well-formed row: then one regular expression reads them
+    all in C (a path that holds a comma is quoted: vLLM's RECORD has some). Any other text,
+    or one line that is not such a row, takes the ``csv`` reader and its messages."""
+    lf = text.replace("\r\n", "\n") if "\r" in text else text  # pip writes CRLF
+    if "\r" not in lf and "\0" not in lf:
+        fast: list[_Fields] | None = None
+        if '"' not in lf:
+            fast = _PLAIN_ROW.findall(lf)
+        else:
+            found: list[tuple[str, str, str, str]] = _ROW.findall(lf)
+            fast = [(p or q.replace('""', '"'), h, n) for q, p, h, n in found]
+        lines = lf.split("\n")
+        # each match is a whole line; csv stops at a field over its limit, so does this
+        if len(fast) == len(lines) - lines.count("") and (
+            max(map(len, lines)) <= csv.field_size_limit()
+        ):
+            return fast, [], '"' not in lf and _ODD_PATH.search(lf) is None
+    return (*_csv_rows(text), False)
+
+
+def _csv_rows(text: str) -> tuple[list[_Fields], list[str]]:
+    """``_record_rows`` by the ``csv`` reader, line by line: the definition the fast path
+    must agree with, and what reads any text it does not take."""
+    rows: list[_Fields] = []
     bad: list[str] = []
     try:
         for lineno, row in enumerate(csv.reader(io.StringIO(text, newline="")), 1):
             if _row_ok(row):
-                rows.append(row)
+                rows.append((row[0], row[1], row[2]))
             elif row:
                 bad.append(f"line {lineno}: {','.join(row)[:80]!r}")
     except csv.Error as e:
@@ -221,7 +265,7 @@ def _row_ok(row: list[str]) -> bool:
         len(row) == 3
         and bool(row[0])
         and _HASH_FIELD.fullmatch(row[1]) is not None
-        and (not row[2] or row[2].isdigit())
+        and (not row[2] or (row[2].isascii() and row[2].isdigit()))
     )
 
 
@@ -233,7 +277,7 @@ def _sha256_hex(text: str) -> str | None:
     return base64.urlsafe_b64decode(text[7:].rstrip("=") + "=").hex()
 
 
-def _claim(dist: _Dist, row: list[str]) -> Claim:
+def _claim(dist: _Dist, row: _Fields) -> Claim:
     """The Claim a well-formed RECORD row of DIST makes."""
     size = int(row[2]) if row[2] else None
     return Claim(dist.name, dist.version, row[0], _sha256_hex(row[1]), size, dist.site)
@@ -243,7 +287,7 @@ def _metadata(host: Path) -> dict[str, str]:
     """Name and Version from a METADATA file's headers (stops at the first blank line: the
     body can be long and is not needed). Raises OSError or UnicodeDecodeError."""
     fields: dict[str, str] = {}
-    with host.open(encoding="utf-8") as fh:
+    with io.TextIOWrapper(open_file(host), encoding="utf-8") as fh:
         for line in fh:
             if not line.strip():
                 break
@@ -432,12 +476,17 @@ class DistIndex:
         dist = self._read_metadata(site, dir_name, faults)
         base = f"{site.rstrip('/')}/{dir_name}"
         rows = entry.rows
-        for row in self._read_record(base, dist.name, faults):
-            rp = row[0]
-            if rp[0] != "/" and _clean(rp):
-                rows.setdefault(rp, []).append((dist, row))
-            else:
-                elsewhere.append((record_abspath(site, rp), (dist, row)))
+        fields, clean = self._read_record(base, dist.name, faults)
+        if clean:  # every path relative and normalized
+            for row in fields:
+                rows.setdefault(row[0], []).append((dist, row))
+        else:
+            for row in fields:
+                rp = row[0]
+                if rp[0] != "/" and _clean(rp):
+                    rows.setdefault(rp, []).append((dist, row))
+                else:
+                    elsewhere.append((record_abspath(site, rp), (dist, row)))
         dist.local = self._read_direct_url(base, dist, faults)
         return dist
 
@@ -460,33 +509,34 @@ class DistIndex:
             canonical_name(fields.get("name") or name), fields.get("version") or version, site
         )
 
-    def _read_record(self, base: str, dist: str, faults: list[Fault]) -> list[list[str]]:
-        """Every well-formed row of ``<base>/RECORD`` (of distribution DIST). Malformed rows
-        are skipped; a RECORD that is not UTF-8 or stops parsing part way keeps the rows before
-        the fault. Each fault is kept (``faults``)."""
+    def _read_record(self, base: str, dist: str, faults: list[Fault]) -> tuple[list[_Fields], bool]:
+        """Every well-formed row of ``<base>/RECORD`` (of distribution DIST), and whether every
+        row's path is known to be relative and normalized. Malformed rows are skipped; a
+        RECORD that is not UTF-8 or stops parsing part way keeps the rows before the fault.
+        Each fault is kept (``faults``)."""
         path = f"{base}/RECORD"
         try:
-            data = self.to_host(path).read_bytes()
+            data = read_regular(self.to_host(path), MAX_RECORD_BYTES)
         except OSError as e:
             faults.append(Fault(path, f"{path}: unreadable ({_why(e)})", dist))
-            return []
+            return [], True
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as e:
             text = data[: e.start].decode("utf-8").rpartition("\n")[0]
             why = f"{path}: not UTF-8 at byte {e.start}; rows before it kept"
             faults.append(Fault(path, why, dist))
-        rows, bad = _record_rows(text)
+        rows, bad, clean = _record_rows(text)
         if bad:
             why = f"{path}: {len(bad)} malformed rows skipped, first {bad[0]}"
             faults.append(Fault(path, why, dist))
-        return rows
+        return rows, clean
 
     def _read_direct_url(self, base: str, dist: _Dist, faults: list[Fault]) -> LocalInstall | None:
         """The local install ``<base>/direct_url.json`` describes, if any."""
         host = self.to_host(f"{base}/direct_url.json")
         try:
-            return _local_install(json.loads(host.read_bytes()), dist)
+            return _local_install(json.loads(read_regular(host, MAX_DIRECT_URL_BYTES)), dist)
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as e:  # JSONDecodeError, UnicodeDecodeError: ValueErrors
