@@ -536,7 +536,7 @@ def _role_from_process() -> None:
     name = str(mp.current_process().name)
     if name.startswith("EngineCore"):
         dp = name.partition("_DP")[2]
-        set_role("engine_core", **({"dp_rank": int(dp)} if dp.isdigit() else {}))
+        set_role("engine_core", **({"dp_rank": int(dp)} if dp.isascii() and dp.isdigit() else {}))
         return
     if mp.parent_process() is not None:
         return  # a spawned child re-imports the parent's main module as __mp_main__

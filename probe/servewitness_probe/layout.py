@@ -202,7 +202,12 @@ def ns_inode(link: str) -> int:
     """The inode of a namespace from its ``/proc/<pid>/ns/<kind>`` link text (``pid:[4026531836]``).
     Raises ValueError for any other text."""
     kind, bracket, rest = link.partition(":[")
-    if not kind or not bracket or not rest.endswith("]") or not rest[:-1].isdigit():
+    if (
+        not kind
+        or not bracket
+        or not rest.endswith("]")
+        or not (rest[:-1].isascii() and rest[:-1].isdigit())
+    ):
         raise ValueError(f"not a namespace link: {link!r}")
     return int(rest[:-1])
 

@@ -86,7 +86,7 @@ def pick(reports: list[ProcessReport], role: str | None, source: str) -> Process
 def load_side(spec: str, role: str | None, procfs: ProcFS) -> tuple[str, ProcessReport]:
     """SPEC is a pid (a live process tree, read now) or a file written by
     ``verifier inspect --json``. Returns a label for it and the process that stands for it."""
-    if spec.isdigit():
+    if spec.isascii() and spec.isdigit():
         pid = int(spec)
         if pid <= 0:
             raise UsageError(f"pid must be a positive integer, got {spec}")

@@ -19,7 +19,8 @@ class Spool:
 
     def _files(self) -> list[Path]:
         return sorted(
-            (p for p in self.dir.glob("*.pb") if p.stem.isdigit()), key=lambda p: int(p.stem)
+            (p for p in self.dir.glob("*.pb") if p.stem.isascii() and p.stem.isdigit()),
+            key=lambda p: int(p.stem),
         )
 
     def put(self, seq: int, data: bytes) -> None:

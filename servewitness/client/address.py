@@ -20,7 +20,12 @@ def normalize(address: str) -> str:
     if address.startswith("/") or address.startswith("./"):
         return "unix:" + os.path.abspath(address)
     host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if (
+        not sep
+        or not host
+        or not (port.isascii() and port.isdigit())
+        or not 0 <= int(port) <= 65535
+    ):
         raise UsageError(f"verifier address {address!r}: expected HOST:PORT, unix:PATH or a path")
     return address
 

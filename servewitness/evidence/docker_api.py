@@ -244,7 +244,12 @@ def _read_capped(resp: http.client.HTTPResponse, timeout_s: float, what: str) ->
     """The whole body, refusing more than MAX_BODY bytes (declared or sent) and a sender that
     drips it out for longer than twice the timeout."""
     length = resp.getheader("Content-Length")
-    if length is not None and length.strip().isdigit() and int(length) > MAX_BODY:
+    if (
+        length is not None
+        and length.strip().isascii()
+        and length.strip().isdigit()
+        and int(length) > MAX_BODY
+    ):
         raise DockerResponseError(f"{what}: body of {int(length)} bytes is over {MAX_BODY}")
     deadline = time.monotonic() + 2 * timeout_s
     parts: list[bytes] = []

@@ -64,7 +64,7 @@ def executable_files(procfs: ProcFS, pid: int) -> list[_Exec]:
         path, deleted = parts[5], parts[5].endswith(_DELETED)
         if deleted:
             path = path[: -len(_DELETED)]
-        inode = int(parts[4]) if parts[4].isdigit() else 0
+        inode = int(parts[4]) if parts[4].isascii() and parts[4].isdigit() else 0
         seen.setdefault(path, _Exec(path, parts[0], deleted, parts[3], inode, memfd))
     return list(seen.values())
 

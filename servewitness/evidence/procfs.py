@@ -245,7 +245,7 @@ class ProcFS:
         """pid -> ppid for every process in the tree (one scan)."""
         out: dict[int, int] = {}
         for entry in self.root.iterdir():
-            if not entry.name.isdigit():
+            if not (entry.name.isascii() and entry.name.isdigit()):
                 continue
             try:
                 out[int(entry.name)] = int(L.stat_fields((entry / "stat").read_bytes())[1])

@@ -31,7 +31,7 @@ def parse_listen(value: str) -> tuple[str, int]:
     if not sep:
         host, port = "", value
     host = host.strip("[]") or "127.0.0.1"
-    if not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not (port.isascii() and port.isdigit()) or not 0 <= int(port) <= 65535:
         raise ConfigError(f"--metrics-listen {value!r}: expected HOST:PORT or PORT")
     return host, int(port)
 

@@ -91,7 +91,7 @@ def parse_local_agent(value: str) -> LocalAgent:
     """``UID[@CONTAINER][:TARGET,TARGET...]`` (``verifier serve --local-agent``)."""
     who, sep, rest = value.partition(":")
     uid_s, at, container = who.partition("@")
-    if not uid_s.isdigit():
+    if not (uid_s.isascii() and uid_s.isdigit()):
         raise UsageError(
             f"--local-agent {value!r}: expected UID[@CONTAINER][:TARGET,...] (UID a number)"
         )
@@ -177,7 +177,7 @@ class UnixRelay:
         """The credentials behind gRPC peer PEER (``ipv4:127.0.0.1:PORT``); None when PEER is
         not one of the relay's own upstream connections."""
         host, _, port = peer.rpartition(":")
-        if host not in ("ipv4:127.0.0.1", "ipv6:[::1]") or not port.isdigit():
+        if host not in ("ipv4:127.0.0.1", "ipv6:[::1]") or not (port.isascii() and port.isdigit()):
             return None
         with self._lock:
             return self._ids.get(int(port))

@@ -62,7 +62,7 @@ def check_listen(listen: str, processes: int) -> None:
             f"a Unix socket, {listen}, has one owner)"
         )
     _, _, port = listen.rpartition(":")
-    if not port.isdigit() or int(port) == 0:
+    if not (port.isascii() and port.isdigit()) or int(port) == 0:
         raise UsageError(f"--processes {processes} needs a fixed port in --listen, got {listen}")
 
 
