@@ -50,6 +50,7 @@ bench: setup      ## benchmarks; results belong in BENCHMARKS.md
 	$(PY) bench/cold_manifest.py
 	$(PY) bench/compare_boots.py
 	$(PY) bench/ledger_ingest.py
+	$(PY) bench/ledger_audit.py
 	$(PY) bench/index_check.py
 	$(PY) bench/bindings_ledger.py
 	$(PY) bench/load_test.py

@@ -103,6 +103,11 @@ EXPECT: dict[str, tuple[str, ...]] = {
         FLOOR,
     ),
     "ledger_ingest.py": (r"ledger / raw \(medians\): \d+\.\d+", FLOOR),
+    "ledger_audit.py": (
+        r"both arms' root and proof equal: True",
+        r"kept tree / whole ledger at \d+ entries = \d+\.\d+ \(paired per round",
+        FLOOR,
+    ),
     "load_test.py": (
         r"\| 4 \| 4 \| [\d.]+ \(\d+%\) \| [\d.]+ \|",  # the 4-agent row, its ratio to offered
         r"status p50 / baseline",

@@ -24,9 +24,9 @@ def test_window_and_seal_are_ledgered_proven_and_edits_are_caught(backend: Backe
         seal = store.record_seal("w1", "run-a", 1_700_000_060.0, chain.canonical({"held": True}))
         with pytest.raises(window_rows.AlreadySealed):
             store.record_seal("w1", "run-a", 1_700_000_061.0, chain.canonical({"held": False}))
-        assert store.seal_proofs(entry.seq, seal.seq) is None  # no checkpoint covers it yet
+        assert store.seal_proofs(key, entry.seq, seal.seq) is None  # no checkpoint covers it yet
         store.sign_checkpoint(key)
-        proofs = store.seal_proofs(entry.seq, seal.seq)
+        proofs = store.seal_proofs(key, entry.seq, seal.seq)
         stored = store.get_window("w1")
     finally:
         store.close()

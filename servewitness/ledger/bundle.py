@@ -294,7 +294,7 @@ def binding(e: LedgerEntry) -> dict[str, Any]:
 
 def build_bundle(
     entries: Iterable[LedgerEntry],
-    tree: merkle.Tree,
+    tree: merkle.Proofs,
     key: Ed25519PrivateKey,
     attestations: Sequence[Attestation] = (),
     *,

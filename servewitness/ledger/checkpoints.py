@@ -129,18 +129,51 @@ def check(db: Database, key: Ed25519PublicKey | None = None) -> tuple[int, str |
     tree, hashes = _tree(db)
     for i, cp in enumerate(cps):
         where = f"checkpoint {i + 1} (size {cp.size}, signed {st.rfc3339(cp.at_unix)})"
-        if cp.size > tree.size:
-            return i, f"{where}: the ledger now has only {tree.size} entries (entries deleted)"
-        if tree.root(cp.size).hex() != cp.root or hashes[cp.size - 1] != cp.head:
-            return i, (
-                f"{where}: the ledger's first {cp.size} entries no longer have the signed root: "
-                "the chain was rewritten after it was signed"
-            )
-        if key is not None:
-            problem = _signature_problem(cp, key, where)
-            if problem is not None:
-                return i, problem
+        head = hashes[cp.size - 1] if cp.size <= tree.size else None
+        problem = _problem(cp, tree, head, key, where)
+        if problem is not None:
+            return i, problem
     return len(cps), None
+
+
+def check_new(
+    db: Database, tree: merkle.Proofs, key: Ed25519PublicKey, after: int
+) -> tuple[int, str | None]:
+    """``check`` of the checkpoints stored after row AFTER only, against TREE (the ledger's
+    tree as a verifier keeps it, ``servewitness.ledger.tiles``): (the last row checked, the
+    first problem or None)."""
+    cols = "rowid, size, root, head, at_unix, envelope, " + (
+        "note" if db.has_column("checkpoints", "note") else "NULL"
+    )
+    last = after
+    for rowid, s, r, h, a, e, n in list(
+        db.execute(f"SELECT {cols} FROM checkpoints WHERE rowid > ? ORDER BY rowid", (after,))  # noqa: S608 - fixed names
+    ):
+        cp = Checkpoint(int(s), str(r), str(h), float(a), str(e), None if n is None else str(n))
+        where = f"checkpoint row {rowid} (size {cp.size}, signed {st.rfc3339(cp.at_unix)})"
+        row = db.execute("SELECT hash FROM ledger WHERE seq = ?", (cp.size,)).fetchone()
+        problem = _problem(cp, tree, None if row is None else str(row[0]), key, where)
+        if problem is not None:
+            return last, problem
+        last = int(rowid)
+    return last, None
+
+
+def _problem(
+    cp: Checkpoint, tree: merkle.Proofs, head: str | None, key: Ed25519PublicKey | None, where: str
+) -> str | None:
+    """What is wrong with CP over TREE, whose entry CP.SIZE has the hash HEAD (None: no such
+    entry), with KEY's signature if KEY is given."""
+    if cp.size > tree.size or head is None:
+        return f"{where}: the ledger now has only {tree.size} entries (entries deleted)"
+    if tree.root(cp.size).hex() != cp.root or head != cp.head:
+        return (
+            f"{where}: the ledger's first {cp.size} entries no longer have the signed root: "
+            "the chain was rewritten after it was signed"
+        )
+    if key is not None:
+        return _signature_problem(cp, key, where)
+    return None
 
 
 def _signature_problem(cp: Checkpoint, key: Ed25519PublicKey, where: str) -> str | None:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from servewitness.errors import NotFound
-from servewitness.ledger import bindings, chain, queries
+from servewitness.ledger import bindings, chain, merkle, queries
 from servewitness.ledger import bundle as B
 from servewitness.ledger import statement as st
 from servewitness.ledger.dsse import b64encode
@@ -211,9 +211,12 @@ def export(
     return _sign(db, key, ex, vid)
 
 
-def _sign(db: Database, key: Ed25519PrivateKey, ex: _Export, vid: str) -> dict[str, Any]:
-    """The bundle of EX's statements over the whole ledger, signed now."""
-    tree = B.tree_from_db(db)
+def _sign(
+    db: Database, key: Ed25519PrivateKey, ex: _Export, vid: str, tree: merkle.Proofs | None = None
+) -> dict[str, Any]:
+    """The bundle of EX's statements over the whole ledger (TREE: its tree, as the verifier
+    keeps it; None: built from the ledger), signed now."""
+    tree = B.tree_from_db(db) if tree is None else tree
     if tree.size == 0:
         raise NotFound("the ledger is empty: nothing to export")
     since = latest_checkpoint_size(db, tree.size)
@@ -227,10 +230,17 @@ ANSWER_KINDS = ("request", "file", "run")
 
 
 def answer(
-    db: Database, key: Ed25519PrivateKey, kind: str, query: str, limit: int
+    db: Database,
+    key: Ed25519PrivateKey,
+    kind: str,
+    query: str,
+    limit: int,
+    *,
+    tree: merkle.Proofs | None = None,
 ) -> tuple[dict[str, Any], int]:
     """One audit query's answer as a signed bundle (``verifier audit ... --verifier``): the
-    first LIMIT records of KIND (``ANSWER_KINDS``) matching QUERY, and how many match."""
+    first LIMIT records of KIND (``ANSWER_KINDS``) matching QUERY, and how many match.
+    TREE: the ledger's tree as the verifier keeps it (None: built from the whole ledger)."""
     vid = key_id(key)
     ex = _Export(db)
     if kind == "request":
@@ -241,7 +251,7 @@ def answer(
         total = ex.run(query, vid, limit)
     else:
         raise ValueError(f"unknown audit query {kind!r}")
-    return _sign(db, key, ex, vid), total
+    return _sign(db, key, ex, vid, tree), total
 
 
 def latest_checkpoint_size(db: Database, size: int) -> int | None:

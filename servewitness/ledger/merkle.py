@@ -71,43 +71,18 @@ class Frontier:
         return h
 
 
-class Tree:
-    """Every level of the tree over some leaves, for proofs against any size up to its own.
-
-    Level 0 holds the leaf hashes; level k+1 pairs level k, carrying an odd last node up
-    unchanged, which gives exactly the RFC's tree for every size."""
-
-    def __init__(self, leaves: Iterable[bytes] = (), *, leaf_hashes: bool = False) -> None:
-        """LEAVES are leaf data (hashed here), or leaf hashes already when LEAF_HASHES."""
-        level = bytearray()
-        for leaf in leaves:
-            if leaf_hashes:
-                if len(leaf) != HASH_SIZE:
-                    raise ValueError("a leaf hash is 32 bytes")
-                level += leaf
-            else:
-                level += leaf_hash(leaf)
-        self._levels: list[bytes] = [bytes(level)]
-        while len(self._levels[-1]) > HASH_SIZE:
-            below = self._levels[-1]
-            n = len(below) // HASH_SIZE
-            up = bytearray()
-            for i in range(0, n - 1, 2):
-                up += node_hash(
-                    below[i * HASH_SIZE : (i + 1) * HASH_SIZE],
-                    below[(i + 1) * HASH_SIZE : (i + 2) * HASH_SIZE],
-                )
-            if n % 2:
-                up += below[(n - 1) * HASH_SIZE :]
-            self._levels.append(bytes(up))
+class Proofs:
+    """Tree heads and RFC 9162 proofs from a tree's complete subtrees (``_node``): what
+    :class:`Tree` (every level in memory) and ``servewitness.ledger.tiles`` (the levels above
+    the ledger's tiles in memory, the leaves read when a proof reaches down to them) share."""
 
     @property
     def size(self) -> int:
-        return len(self._levels[0]) // HASH_SIZE
+        raise NotImplementedError
 
     def _node(self, level: int, index: int) -> bytes:
-        data = self._levels[level]
-        return data[index * HASH_SIZE : (index + 1) * HASH_SIZE]
+        """The complete subtree of 2**LEVEL leaves starting at leaf INDEX * 2**LEVEL."""
+        raise NotImplementedError
 
     def leaf_hash(self, index: int) -> bytes:
         return self._node(0, index)
@@ -178,6 +153,45 @@ class Tree:
             proof.append(self._subtree(start, end))
         proof.reverse()
         return proof
+
+
+class Tree(Proofs):
+    """Every level of the tree over some leaves, for proofs against any size up to its own.
+
+    Level 0 holds the leaf hashes; level k+1 pairs level k, carrying an odd last node up
+    unchanged, which gives exactly the RFC's tree for every size."""
+
+    def __init__(self, leaves: Iterable[bytes] = (), *, leaf_hashes: bool = False) -> None:
+        """LEAVES are leaf data (hashed here), or leaf hashes already when LEAF_HASHES."""
+        level = bytearray()
+        for leaf in leaves:
+            if leaf_hashes:
+                if len(leaf) != HASH_SIZE:
+                    raise ValueError("a leaf hash is 32 bytes")
+                level += leaf
+            else:
+                level += leaf_hash(leaf)
+        self._levels: list[bytes] = [bytes(level)]
+        while len(self._levels[-1]) > HASH_SIZE:
+            below = self._levels[-1]
+            n = len(below) // HASH_SIZE
+            up = bytearray()
+            for i in range(0, n - 1, 2):
+                up += node_hash(
+                    below[i * HASH_SIZE : (i + 1) * HASH_SIZE],
+                    below[(i + 1) * HASH_SIZE : (i + 2) * HASH_SIZE],
+                )
+            if n % 2:
+                up += below[(n - 1) * HASH_SIZE :]
+            self._levels.append(bytes(up))
+
+    @property
+    def size(self) -> int:
+        return len(self._levels[0]) // HASH_SIZE
+
+    def _node(self, level: int, index: int) -> bytes:
+        data = self._levels[level]
+        return data[index * HASH_SIZE : (index + 1) * HASH_SIZE]
 
 
 def inclusion_proof(leaves: Sequence[bytes], index: int) -> list[bytes]:

@@ -10,7 +10,8 @@ is RESOURCE_EXHAUSTED, never sent cut.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import grpc
 
@@ -19,10 +20,11 @@ from servewitness.api.v1 import verifier_pb2 as pb
 from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
 from servewitness.errors import CheckFailed, NotFound
 from servewitness.ledger import checkpoints, merkle, note
-from servewitness.ledger.bundle import dump, tree_from_db
+from servewitness.ledger.bundle import dump
 from servewitness.ledger.export import answer
 from servewitness.ledger.interface import Database
 from servewitness.ledger.keys import Ed25519PrivateKey
+from servewitness.ledger.tiles import TileRewritten
 from servewitness.security.auth import Authorizer
 from servewitness.server.store import Store
 
@@ -33,19 +35,24 @@ MAX_ANSWER_BYTES = wire.MAX_MESSAGE_BYTES - 64 * 1024  # room for the rest of th
 
 
 class Rewritten(CheckFailed):
-    """The ledger no longer extends a checkpoint this verifier signed: nothing is signed."""
+    """The ledger no longer extends a checkpoint this verifier signed, or an answer's proofs
+    reach entries rewritten behind it: nothing is signed."""
 
 
-def extends_what_was_signed(db: Database, key: Ed25519PrivateKey) -> None:
-    """Raise :class:`Rewritten` unless every stored checkpoint still holds over the ledger as
-    it is, signed by KEY. Every note and bundle this service signs is a fresh signature over
-    the ledger as stored; without this, a database rewritten behind the running verifier
-    (consistently, with its hashes re-chained) would be signed afresh for any auditor who
-    asks, laundering the rewrite the stored checkpoints show (as ``Store.sign_checkpoint``
-    refuses to)."""
-    _, problem = checkpoints.check(db, key.public_key())
-    if problem is not None:
-        raise Rewritten(f"refused to sign an answer: {problem}")
+T = TypeVar("T")
+
+
+def _over_kept_tree(
+    store: Store, key: Ed25519PrivateKey, fn: Callable[[Database, merkle.Proofs], T]
+) -> T:
+    """FN over the ledger's tree as this verifier keeps it (``Store.audit_read``). Without
+    the checks there, a database rewritten behind the running verifier (consistently, with
+    its hashes re-chained) would be signed afresh for any auditor who asks, laundering the
+    rewrite the stored checkpoints show (as ``Store.sign_checkpoint`` refuses to)."""
+    try:
+        return store.audit_read(key, fn)
+    except (checkpoints.NotAppendOnly, TileRewritten) as e:
+        raise Rewritten(f"refused to sign an answer: {e}") from e
 
 
 class AuditService(pb_grpc.AuditServiceServicer):
@@ -66,15 +73,15 @@ class AuditService(pb_grpc.AuditServiceServicer):
         if not req.query:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"an audit {kind} query needs an id")
 
-        def build(db: Database) -> tuple[bytes, int, str]:
-            extends_what_was_signed(db, self.key)
-            bundle, total = answer(db, self.key, kind, req.query, limit)
-            tree = tree_from_db(db)
+        def build(db: Database, tree: merkle.Proofs) -> tuple[bytes, int, str]:
+            bundle, total = answer(db, self.key, kind, req.query, limit, tree=tree)
             text = note.sign_checkpoint(self.key, tree.size, tree.root())
             return dump(bundle), total, text
 
         try:
-            data, total, text = self.store.read(build)
+            data, total, text = _over_kept_tree(self.store, self.key, build)
+        except Rewritten as e:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except NotFound as e:
             context.abort(grpc.StatusCode.NOT_FOUND, str(e))
         except CheckFailed as e:  # the index disagrees with the ledger: never answered
@@ -88,18 +95,12 @@ class AuditService(pb_grpc.AuditServiceServicer):
         shown = min(total, limit)
         return pb.AuditAnswer(bundle=data, total=total, truncated=total > shown, note=text)
 
-    def _tree(self, context: grpc.ServicerContext) -> merkle.Tree:
-        """The ledger's tree, once it is shown to extend every checkpoint signed before."""
-
-        def read(db: Database) -> merkle.Tree:
-            extends_what_was_signed(db, self.key)
-            return tree_from_db(db)
-
+    def _signed(self, context: grpc.ServicerContext, fn: Callable[[merkle.Proofs], T]) -> T:
+        """FN of the ledger's tree, once it is shown to extend every checkpoint signed before."""
         try:
-            tree: merkle.Tree = self.store.read(read)
+            return _over_kept_tree(self.store, self.key, lambda _db, tree: fn(tree))
         except Rewritten as e:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
-        return tree
 
     def AuditServed(self, req: pb.AuditServedRequest, context: grpc.ServicerContext) -> Any:
         return pb.AuditServedResponse(answer=self._answer("request", req, context))
@@ -112,25 +113,33 @@ class AuditService(pb_grpc.AuditServiceServicer):
 
     def AuditCheckpoint(self, req: pb.AuditCheckpointRequest, context: grpc.ServicerContext) -> Any:
         self.auth.require_role(context, AUDIT_ROLES)
-        tree = self._tree(context)
-        if tree.size == 0:
+
+        def head(tree: merkle.Proofs) -> str | None:
+            return note.sign_checkpoint(self.key, tree.size, tree.root()) if tree.size else None
+
+        signed = self._signed(context, head)
+        if signed is None:
             context.abort(grpc.StatusCode.NOT_FOUND, "the ledger is empty")
-        return pb.AuditCheckpointResponse(
-            note=note.sign_checkpoint(self.key, tree.size, tree.root())
-        )
+        return pb.AuditCheckpointResponse(note=signed)
 
     def AuditConsistency(
         self, req: pb.AuditConsistencyRequest, context: grpc.ServicerContext
     ) -> Any:
         self.auth.require_role(context, AUDIT_ROLES)
-        tree = self._tree(context)
-        if not 0 < req.old_size <= tree.size:
+
+        def prove(tree: merkle.Proofs) -> tuple[int, Any]:
+            if not 0 < req.old_size <= tree.size:
+                return tree.size, None
+            return tree.size, pb.AuditConsistencyResponse(
+                note=note.sign_checkpoint(self.key, tree.size, tree.root()),
+                proof=tree.consistency_proof(req.old_size),
+                old_root=tree.root(req.old_size),
+            )
+
+        size, got = self._signed(context, prove)
+        if got is None:
             context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"old size {req.old_size} is not between 1 and the ledger's {tree.size}",
+                f"old size {req.old_size} is not between 1 and the ledger's {size}",
             )
-        return pb.AuditConsistencyResponse(
-            note=note.sign_checkpoint(self.key, tree.size, tree.root()),
-            proof=tree.consistency_proof(req.old_size),
-            old_root=tree.root(req.old_size),
-        )
+        return got

@@ -8,6 +8,11 @@ loading the same files store the list once; each file hash and path is stored on
 many manifests list it (``blobs``, ``paths``, ``manifest_files``: the index file queries
 use). Every stored row also gets an entry in the hash-chained audit ledger
 (``servewitness.ledger.chain``) in the same transaction, so no row exists outside the chain.
+
+Size: one module because ``Store`` is the one owner of the connection and of the lock every
+read and write takes; what each kind of row is lives in its own module (``report_rows``,
+``manifest_rows``, ``window_rows``, ``index``, ``ledger.*``), and what is left here is the
+transaction around each.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from servewitness.server.writer_queue import WriterLockTimeout
 __all__ = ["RunExists", "RunRecord", "Store", "StoredReport", "UnknownRun"]
 
 if TYPE_CHECKING:  # signing needs `cryptography`, imported only when a key is used
-    from servewitness.ledger import merkle
+    from servewitness.ledger import merkle, tiles
     from servewitness.ledger.bundle import LedgerEntry
     from servewitness.ledger.checkpoints import Checkpoint
     from servewitness.ledger.keys import Ed25519PrivateKey
@@ -103,6 +108,7 @@ class Store:
         self._writing: str | None = None  # what the write transaction in progress stores
         self.transactions = 0  # write transactions begun (``writing``)
         self._frontier: merkle.Frontier | None = None  # the tree as last signed (checkpoints)
+        self._kept: tiles.KeptTree | None = None  # the tree proofs come from (ledger/tiles.py)
         # Reports arriving while one commits are committed together (server/group_commit.py)
         self.reports: GroupCommit[int | None] = GroupCommit(
             self._batch, shared=(WriterLockTimeout,)
@@ -198,11 +204,14 @@ class Store:
         with self._lock:
             return window_rows.report_entry(self._db, agent_id, seq)
 
-    def seal_proofs(self, open_seq: int, seal_seq: int) -> window_rows.SealProofs | None:
+    def seal_proofs(
+        self, key: Ed25519PrivateKey, open_seq: int, seal_seq: int
+    ) -> window_rows.SealProofs | None:
         from servewitness.server import window_rows
 
-        with self._lock:
-            return window_rows.proofs(self._db, open_seq, seal_seq)
+        return self.audit_read(
+            key, lambda db, tree: window_rows.proofs(db, open_seq, seal_seq, tree)
+        )
 
     def verify_ledger(self) -> chain.Verification:
         """Walk the audit ledger against the stored rows (see ``chain.verify``)."""
@@ -213,6 +222,21 @@ class Store:
         """FN over one consistent snapshot of the database (the audit service's queries)."""
         with self._lock, self._db.snapshot():
             return fn(self._db)
+
+    def audit_read(self, key: Ed25519PrivateKey, fn: Callable[[Database, merkle.Proofs], T]) -> T:
+        """FN over one consistent snapshot and the ledger's tree as this verifier keeps it
+        (``ledger/tiles.py``): brought up to date, every checkpoint stored since last time
+        checked against it with KEY's signature (the first time: built from the whole ledger,
+        every stored checkpoint checked). Raises ``checkpoints.NotAppendOnly`` when the ledger
+        is no longer what was signed, ``tiles.TileRewritten`` when FN's proofs reach entries
+        rewritten behind this verifier. FN must be done with the tree when it returns."""
+        from servewitness.ledger import tiles
+
+        with self._lock, self._db.snapshot():
+            if self._kept is None:
+                self._kept = tiles.KeptTree()
+            tree = self._kept.current(self._db, key.public_key())
+            return fn(self._db, tree)
 
     def close(self) -> None:
         with self._lock:

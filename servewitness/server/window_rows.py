@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from servewitness.ledger import chain, checkpoints
+from servewitness.ledger import chain, checkpoints, merkle
 from servewitness.ledger.bundle import LedgerEntry, tree_from_db
 from servewitness.server.db import Database
 
@@ -93,13 +93,18 @@ class SealProofs:
     consistency: tuple[str, list[bytes]] | None  # (an earlier signed note, proof to this one)
 
 
-def proofs(db: Database, open_seq: int, seal_seq: int) -> SealProofs | None:
+def proofs(
+    db: Database, open_seq: int, seal_seq: int, tree: merkle.Proofs | None = None
+) -> SealProofs | None:
     """Inclusion of entries OPEN_SEQ and SEAL_SEQ in the latest signed checkpoint note (None:
-    no note covers SEAL_SEQ yet), and consistency from the note signed before it."""
+    no note covers SEAL_SEQ yet), and consistency from the note signed before it. TREE: the
+    ledger's tree at the note's size or beyond (the verifier's, ``Store.audit_read``); None:
+    built from the ledger."""
     cp = checkpoints.latest_note(db)
     if cp is None or cp.note is None or cp.size < seal_seq:
         return None
-    tree = tree_from_db(db, cp.size)
+    if tree is None or tree.size < cp.size:
+        tree = tree_from_db(db, cp.size)
     before: Any = db.execute(
         "SELECT size, note FROM checkpoints WHERE note IS NOT NULL AND size < ? "
         "ORDER BY size DESC LIMIT 1",

@@ -299,7 +299,7 @@ class Windows:
         cp = self.store.sign_checkpoint(key)
         if cp is not None and self.on_checkpoint is not None:
             self.on_checkpoint(cp.size)
-        proofs = self.store.seal_proofs(w.entry.seq, entry.seq)
+        proofs = self.store.seal_proofs(key, w.entry.seq, entry.seq)
         if proofs is None:
             raise WindowError("refused", "no signed checkpoint covers the seal entry")
         env = sealdoc.envelope(key, opened, content, w.entry, entry)
