@@ -319,6 +319,35 @@ def spawn_probed(
             proc.wait()
 
 
+def collect_once(root_pid: int, spool: Path) -> Any:
+    """One real agent's report of the tree under ROOT_PID (``--pid``), sent nowhere."""
+    from servewitness.agent.config import AgentConfig
+    from servewitness.agent.runner import Agent
+
+    config = AgentConfig("127.0.0.1:9", "t", "a", spool, root_pid=root_pid, docker_socket=None)
+    agent = Agent(config)
+    try:
+        return agent.collect()
+    finally:
+        agent.channel.close()
+
+
+@contextlib.contextmanager
+def stand_in(
+    argv: list[str], *, new_session: bool = False, env: Mapping[str, str] | None = None
+) -> Iterator[int]:
+    """A process running ARGV (in ENV, default this one's) that prints "up" once ready and
+    waits on its stdin; its pid. Killed, and its pipes closed, however the block ends."""
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            start_new_session=new_session, env=env)  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
 def spec_worker(method: str, k: int) -> Any:
     """A worker class of its own (the probe wraps classes) whose runner is configured for
     METHOD with K drafts; ``execute_model`` returns nothing and ``sample_tokens`` the output

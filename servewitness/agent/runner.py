@@ -24,8 +24,10 @@ from servewitness.agent.bindings import Bindings
 from servewitness.agent.config import AgentConfig
 from servewitness.agent.containers import ContainerDirectory, OwnPod
 from servewitness.agent.discover import discover
+from servewitness.agent.hookenv import hook_problems
 from servewitness.agent.metrics import AgentMetrics
 from servewitness.agent.parts import Part, Split, files_once
+from servewitness.agent.ports import port_problems
 from servewitness.agent.spool import Spool
 from servewitness.agent.trees import TreeMemory
 from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
@@ -34,7 +36,7 @@ from servewitness.evidence.container import container_of
 from servewitness.evidence.distindex import DistIndex, Sites
 from servewitness.evidence.hashing import Hasher
 from servewitness.evidence.journal import JournalCache
-from servewitness.evidence.judge import Judgement, dist_index
+from servewitness.evidence.judge import Judgement, dist_index, started_environment
 from servewitness.evidence.native import NativeMemory
 from servewitness.evidence.process import ProcessEvidence, still_running
 from servewitness.evidence.procfs import ProcFS
@@ -138,6 +140,13 @@ class Agent:
         began = time.time()  # the counters below are read from here on
         refused: list[str] = []
         found = discover(self.procfs, self.config.root_pid, self.journals, refused)
+        tree = (
+            set(self.procfs.descendants(self.config.root_pid))
+            if self.config.root_pid
+            else {p.identity.pid for p in found}
+        )
+        refused.extend(port_problems(self.procfs.root, found, tree))  # agent/ports.py
+        refused.extend(hook_problems(found, lambda pid: started_environment(self.procfs, pid)))
         self._sites = Sites()
         procs = [p for p in map(self._report, found) if p is not None]
         spans, request_ids = self.bindings.collect(found, self.journals)
