@@ -508,6 +508,74 @@ def test_module_shadowed_by_pythonpath_dir(world: World) -> None:
     assert only(prov, shadow).origin == Origin.UNKNOWN
 
 
+def test_a_second_installation_with_its_own_record_shadows_the_first(world: World) -> None:
+    """The attack (a black-box attacker, 2026-12-05): a copy of the package and its
+    .dist-info, one module patched and its RECORD row rewritten, first on PYTHONPATH. Every
+    file of the copy is where its (forged) RECORD says: pristine, so only the other
+    installation of the same distribution, whose RECORD says other bytes, tells."""
+    patched = b"VALUE = 42  # every token\n"
+    world.dist(
+        world.p("pp"), "Alpha", "1.0", {"alpha/__init__.py": ALPHA_INIT, "alpha/core.py": patched}
+    )
+    world.load(world.p("pp/alpha/core.py"), module="alpha.core")
+    world.load(world.p("pp/alpha/__init__.py"), module="alpha")  # the same bytes in both
+    prov, drift, _ = world.run(world.site, world.p("pp"))
+    assert prov.count(Origin.PRISTINE) == 2  # its own (forged) RECORD vouches for both
+    assert [(d.id, d.path, d.module) for d in drift] == [
+        (DRIFT_MODULE_SHADOWED, world.p("pp/alpha/core.py"), "alpha.core")
+    ]
+    assert "alpha 1.0 (the same distribution) in" in drift[0].detail
+    assert f"other bytes for it at {world.site}/alpha/core.py" in drift[0].detail
+    # Which copy is genuine two RECORDs cannot say: the real one loaded is named too.
+    world.files.clear()
+    world.load(f"{world.site}/alpha/core.py", module="alpha.core")
+    assert [d.module for d in world.run(world.site, world.p("pp"))[1]] == ["alpha.core"]
+
+
+def test_a_copy_whose_patched_row_moved_to_another_distribution_shadows_too(
+    world: World,
+) -> None:
+    """The second attacker's variation: the patched module's row moved out of the copy's
+    alpha RECORD into the RECORD of a made-up distribution in the same directory."""
+    patched = b"VALUE = 42  # every token\n"
+    world.write(world.p("pp/alpha/core.py"), patched)
+    world.dist(world.p("pp"), "alpha-overlay", "1.0", {"alpha/core.py": patched})
+    world.load(world.p("pp/alpha/core.py"), module="alpha.core")
+    drift = world.run(world.site, world.p("pp"))[1]
+    assert [(d.id, d.module) for d in drift] == [(DRIFT_MODULE_SHADOWED, "alpha.core")]
+    assert "alpha 1.0 (another) in" in drift[0].detail
+
+
+def test_the_same_wheel_installed_twice_shadows_nothing(world: World) -> None:
+    """Control: a second installation with the same bytes (a venv that also sees the
+    system's site-packages) is not a finding, whichever copy is loaded."""
+    world.dist(
+        world.p("pp"), "Alpha", "1.0", {"alpha/__init__.py": ALPHA_INIT, "alpha/core.py": ALPHA}
+    )
+    world.load(world.p("pp/alpha/core.py"), module="alpha.core")
+    world.load(f"{world.site}/alpha/__init__.py", module="alpha")
+    assert world.run(world.site, world.p("pp"))[1] == []
+
+
+def test_a_vendored_copy_is_not_a_second_installation(world: World) -> None:
+    """setuptools ships packaging in setuptools/_vendor with its .dist-info and puts that
+    directory on sys.path: its files are claimed by setuptools' RECORD in the same site as
+    the real packaging, so loading them shadows nothing."""
+    vendored: dict[str, bytes | None] = {"packaging/__init__.py": b"V = 1\n"}
+    world.dist(world.site, "packaging", "24.0", {"packaging/__init__.py": b"P = 1\n"})
+    world.dist(f"{world.site}/setuptools/_vendor", "packaging", "24.2", vendored)
+    world.dist(
+        world.site, "setuptools", "78.1", {"setuptools/_vendor/packaging/__init__.py": b"V = 1\n"}
+    )
+    world.load(f"{world.site}/setuptools/_vendor/packaging/__init__.py", module="packaging")
+    assert world.run(world.site, f"{world.site}/setuptools/_vendor")[1] == []
+    # nor the real copy loaded while the vendored one (other bytes) is on sys.path too: what
+    # every vLLM process on this machine has (found by running the attack's repro)
+    world.files.clear()
+    world.load(f"{world.site}/packaging/__init__.py", module="packaging")
+    assert world.run(world.site, f"{world.site}/setuptools/_vendor")[1] == []
+
+
 def test_shadowing_needs_the_installing_site_indexed(world: World) -> None:
     """Control: without the site in site_dirs, nothing says alpha.core is installed."""
     world.load(world.write(world.p("pp/alpha/core.py"), b"VALUE = 666\n"), module="alpha.core")
@@ -560,16 +628,21 @@ def test_stdlib_shadowed_by_top_level_module(world: World) -> None:
     )
 
 
-def test_claimed_file_is_not_shadowing_even_if_another_dist_claims_the_module(
+def test_a_claimed_file_shadows_another_sites_copy_of_its_module_with_other_bytes(
     world: World,
 ) -> None:
+    """A fork of alpha in another site, loaded first: pristine by its own RECORD, but the
+    module alpha.core is installed in two sites with other bytes, so the loaded one shadows
+    the other (since 2026-12-05: a copy of vLLM on PYTHONPATH with its own RECORDs was a
+    false PASS). A distribution's top-level module named like the standard library's, which
+    its RECORD installs, still shadows nothing (setuptools' distutils)."""
     other = world.p("other/site-packages")
     world.dist(other, "alpha-fork", "9", {"alpha/core.py": b"VALUE = 9\n"})
     world.dist(other, "jsonlike", "1", {"json.py": b"# a dist's top-level json\n"})
     world.load(f"{other}/alpha/core.py", module="alpha.core")
     world.load(f"{other}/json.py", module="json")
     prov, drift, _ = world.run(world.site, other)
-    assert drift == []
+    assert [(d.id, d.module) for d in drift] == [(DRIFT_MODULE_SHADOWED, "alpha.core")]
     assert prov.count(Origin.PRISTINE) == 2
 
 

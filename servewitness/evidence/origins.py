@@ -381,10 +381,16 @@ def shadowing(files: Sequence[FileEntry], index: DistIndex, ctx: Context) -> lis
             continue
         source = source_of_bytecode(f.path) if f.kind == "bytecode" else None
         path = norm_path(source or f.path)
-        if in_stdlib(path, ctx.stdlib_dirs) or _installed_there(path, index):
+        if in_stdlib(path, ctx.stdlib_dirs):
             continue
-        detail = _stdlib_shadow(f.module, path, index, ctx, stdlib_cache)
-        detail = detail or _dist_shadow(f.module, path, index)
+        claims = index.claims(path)
+        if claims:
+            detail = _second_install(f.module, path, claims, index)
+        elif _installed_there(path, index):
+            continue
+        else:
+            detail = _stdlib_shadow(f.module, path, index, ctx, stdlib_cache)
+            detail = detail or _dist_shadow(f.module, path, index)
         if detail is not None:
             seen.add(f.module)
             out.append(Drift(DRIFT_MODULE_SHADOWED, path, f.module, detail))
@@ -398,6 +404,45 @@ def _installed_there(path: str, index: DistIndex) -> bool:
         return True
     local = index.editable_root(path)
     return local is not None and local.editable
+
+
+def _second_install(
+    module: str, path: str, claims: Sequence[Claim], index: DistIndex
+) -> str | None:
+    """Why MODULE, loaded from PATH where a RECORD put it (CLAIMS), is not what another
+    site's installation installs for it (None: none installs it elsewhere, or with the same
+    bytes).
+
+    The attack (found by a black-box attacker, 2026-12-05): a copy of vLLM's package and its
+    ``.dist-info``, one module patched and its RECORD row rewritten, in a directory put first
+    on ``PYTHONPATH``. Every file of the copy is where its (forged) RECORD says: pristine,
+    shadowing nothing. The installation in site-packages says other bytes for that module:
+    that is the finding, whatever distribution the copy's RECORD names (a second attacker
+    moved the patched file's row into the RECORD of a made-up distribution). The two RECORDs
+    are compared, not the
+    files, so a module loaded from its pyc counts the same; the copies' other modules (the
+    same bytes in both) say nothing. Which copy is genuine the RECORDs cannot tell: the
+    finding is raised whichever was loaded. A vendored copy (``setuptools/_vendor``, which
+    setuptools puts on ``sys.path``) is claimed by its vendor's RECORD too, in an outer site:
+    not a second installation, whether it or the other copy is the one loaded."""
+    sites = {c.site for c in claims}
+    mine = next((c for c in claims if c.sha256), None)
+    if mine is None or mine.sha256 is None:
+        return None
+    for c in index.claimants(module):
+        if c.site not in sites and c.sha256 not in (None, mine.sha256):
+            where = record_abspath(c.site, c.record_path)
+            if any(o.site != c.site for o in index.claims(where)):
+                continue  # a vendored copy: its vendor's RECORD, in another site, lists it
+            same = "the same distribution" if c.distribution == mine.distribution else "another"
+            return (
+                f"module {module} was loaded from {path}, installed there by "
+                f"{mine.distribution} {mine.version} in {mine.site} with sha256 "
+                f"{mine.sha256[:12]}, but {c.distribution} {c.version} ({same}) in {c.site} "
+                f"installs other bytes for it at {where} ({(c.sha256 or '')[:12]}): two "
+                "installations of the module that disagree"
+            )
+    return None
 
 
 def _dist_shadow(module: str, path: str, index: DistIndex) -> str | None:
