@@ -448,6 +448,11 @@ HOOK_CASES = [
         hook(instantiated=None, fired=0, fired_productive=0),
         "liveness.hook.not_instantiated",
     ),
+    (  # the second attacker's: the wrapped method called on object.__new__(its class)
+        "fired_never_instantiated",
+        hook(instantiated=None, fired=12, fired_productive=12),
+        "liveness.hook.not_instantiated",
+    ),
 ]
 
 
@@ -803,3 +808,11 @@ def test_probe_and_agent_disagreeing_on_the_runner_file_fails_and_agreeing_is_si
     assert differ.verdict == Verdict.FAIL
     f = only(differ, "evidence.disagreement")
     assert (f.context["sha256_now"], f.context["sha256_in_process"]) == ("f" * 64, in_process)
+
+
+def test_a_static_method_hook_fires_without_an_instance() -> None:
+    """Control: a static or class method runs on no instance; its fires are not a
+    contradiction (the probe records how it was declared on the class)."""
+    for how in ("staticmethod", "classmethod"):
+        v = judge(HOOK_V1, worker(hooks=(hook(how=how, instantiated=None),)))
+        assert "liveness.hook.not_instantiated" not in ids(v), how

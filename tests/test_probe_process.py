@@ -128,6 +128,64 @@ def test_class_hook_never_instantiated_reads_not_instantiated(tmp_path: Path) ->
     )
 
 
+def test_hook_fire_cannot_credit_a_hook_declared_on_a_method(tmp_path: Path) -> None:
+    """The attack (a black-box attacker, 2026-12-05): a hook declared on a class that is never
+    instantiated (the runner that is not live), fired through the public API from code that
+    does run (a sampler), read "fired N on N productive steps" and PASSed the shipped
+    dead-hook policy. Now only the wrapper counts a method's or function's hook: the fires
+    are refused, said as a probe error, and the hook stays not instantiated. A hook declared
+    on a module alone is still the API's to fire (the control)."""
+    body = """
+        import servewitness_probe as p
+        p.start()
+        import usermod
+        for _ in range(3):
+            p.hook.fire("step")
+            p.hook.fire("free")
+            p.hook.fire("modonly")
+        @p.hook("deco")
+        def g():
+            return 1
+        g()
+        p.hook.fire("deco")
+    """
+    hooks = "step=usermod:Runner.step,free=usermod:free,modonly=usermod"
+    with child(tmp_path, body, VERIFIER_HOOKS=hooks) as proc:
+        info = _one(proc.pid)
+    step, free = hook_by_name(info, "step"), hook_by_name(info, "free")
+    assert (step["fired"], step["instantiated"], step["status"]) == (0, False, "not_instantiated")
+    assert free["fired"] == 0
+    assert hook_by_name(info, "modonly")["fired"] == 3  # declared on a module: the API's
+    assert hook_by_name(info, "deco")["fired"] == 1  # the decorated call, not the API's fire
+    refused = [e["msg"] for e in info["probe"]["errors"] if "only its wrapper counts" in e["msg"]]
+    assert {m.split()[0] for m in refused} == {"'step'", "'free'", "'deco'"}, refused
+
+
+def test_a_method_called_on_an_object_never_constructed_is_not_live(tmp_path: Path) -> None:
+    """The second attacker's variation: the wrapped method of the class that never runs,
+    called on ``object.__new__(cls)`` (no constructor, so no instance is recorded), counted a
+    fire per call and PASSed the dead-hook policy. An instance method's fires with no
+    instance ever made are now not_instantiated, saying how many; a static method's fires
+    need no instance (the control)."""
+    body = """
+        import servewitness_probe as p
+        p.start()
+        import usermod
+        for _ in range(3):
+            fake = object.__new__(usermod.Runner)
+            fake.x = 0
+            usermod.Runner.step(fake)
+        usermod.Runner.util()
+    """
+    hooks = "step=usermod:Runner.step,util=usermod:Runner.util"
+    with child(tmp_path, body, VERIFIER_HOOKS=hooks) as proc:
+        info = _one(proc.pid)
+    step, util = hook_by_name(info, "step"), hook_by_name(info, "util")
+    assert (step["fired"], step["instantiated"], step["status"]) == (3, False, "not_instantiated")
+    assert "fired 3 times, but class usermod.Runner was never instantiated" in step["why"]
+    assert (util["fired"], util["status"]) == (1, "firing")
+
+
 def test_hook_on_module_imported_before_the_probe_is_still_wrapped(tmp_path: Path) -> None:
     body = """
         import usermod

@@ -48,6 +48,9 @@ _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _CO_COROUTINE = 0x80
 
 _bases: dict[str, int] = {}
+# Hooks declared on a function or method: only their wrapper counts their fires (hook.fire
+# refuses them: code elsewhere in the process cannot credit the declared target's hook).
+_wrapped_only: set[str] = set()
 _env_applied = False
 
 
@@ -212,8 +215,19 @@ class HookAPI:
     """``hook.fire(name)`` and ``@hook(name)``."""
 
     def fire(self, name: str) -> None:
-        """Count one fire of hook NAME. Never raises."""
+        """Count one fire of hook NAME. Never raises. A hook declared on a function or
+        method (``VERIFIER_HOOKS`` ``name=module:qualname``, or ``@hook``) counts only when
+        that target runs: firing it here is refused, and said as a probe error (which keeps
+        a verdict judging it from PASS), so no other code can make a hook on a class that
+        was never instantiated look live."""
         try:
+            if name in _wrapped_only:
+                _core.report_error(
+                    "hook.fire",
+                    f"{name!r} is declared on a function or method: only its wrapper counts "
+                    "its fires, this fire was not counted",
+                )
+                return
             base = _bases.get(name)
             if base is None:
                 base = declare(name, "", "api")
@@ -243,6 +257,7 @@ class HookAPI:
             try:
                 target = f"{fn.__module__}:{fn.__qualname__}"
                 base = declare(name, target, "api")
+                _wrapped_only.add(name)
                 st = _core.state()
                 st.remember({"k": "hook_loaded", "name": name, "module": fn.__module__})
                 st.remember(
@@ -288,20 +303,26 @@ def _track_instances(owner: type, name: str) -> None:
     owner.__init__ = __init__  # type: ignore[misc]
 
 
-def _wrap_method(owner: type, attr: str, base: int, device: str | None = None) -> None:
-    """Wrap OWNER.ATTR at class level, keeping static/class method descriptors."""
+def _wrap_method(owner: type, attr: str, base: int, device: str | None = None) -> str:
+    """Wrap OWNER.ATTR at class level, keeping static/class method descriptors; how it was
+    declared there: "method" (an instance method: it runs on an instance), "staticmethod" or
+    "classmethod" (no instance needed)."""
     raw = next((k.__dict__[attr] for k in owner.__mro__ if attr in k.__dict__), None)
     if raw is None:
         raise AttributeError(f"{owner.__qualname__} has no attribute {attr!r}")
     if isinstance(raw, staticmethod):
         wrapped: Any = staticmethod(counting(raw.__func__, base, device))
+        how = "staticmethod"
     elif isinstance(raw, classmethod):
         wrapped = classmethod(counting(raw.__func__, base, device))
+        how = "classmethod"
     elif callable(raw):
         wrapped = counting(raw, base, device)
+        how = "method"
     else:
         raise TypeError(f"{owner.__qualname__}.{attr} is not callable")
     setattr(owner, attr, wrapped)
+    return how
 
 
 def _resolve_owner(decl: HookDecl, module: ModuleType) -> tuple[Any, str]:
@@ -338,9 +359,9 @@ def _apply(decl: HookDecl, base: int, module: ModuleType) -> None:
             if isinstance(owner, type):
                 _track_instances(owner, decl.name)
         elif isinstance(owner, type):
-            _wrap_method(owner, attr, base, device)
+            how = _wrap_method(owner, attr, base, device)
             _track_instances(owner, decl.name)
-            how, where = "method", _qualified(owner)
+            where = _qualified(owner)
         else:
             setattr(owner, attr, counting(getattr(owner, attr), base, device))
             how, where = "function", decl.target
@@ -364,4 +385,6 @@ def apply_env(text: str) -> None:
         st.error("VERIFIER_HOOKS", msg)
     for decl in decls:
         base = declare(decl.name, decl.target, "env")
+        if decl.qualname is not None:
+            _wrapped_only.add(decl.name)
         _postimport.when_imported(decl.module, functools.partial(_apply, decl, base))

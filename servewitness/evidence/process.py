@@ -114,6 +114,14 @@ def judge_hook(rec: HookEvidence, probe: ProbeState) -> HookView:
     elif rec.how == "method" and rec.instantiated_class is None and rec.fired == 0:
         status = NOT_INSTANTIATED
         why = f"module imported but class {rec.owner} never instantiated (live runner: {live})"
+    elif rec.how == "method" and rec.instantiated_class is None:
+        # An instance method fired on no instance of its class: called on an object made
+        # without its constructor (object.__new__), or its count written from elsewhere.
+        status = NOT_INSTANTIATED
+        why = (
+            f"fired {rec.fired} times, but class {rec.owner} was never instantiated: not "
+            f"the live path (live runner: {live})"
+        )
     elif rec.fired > 0:
         status = FIRING
         why = (

@@ -285,11 +285,20 @@ class HookFires:
                 f"hook {self.name} never fired in {where}: its module was imported but its "
                 f"target was not found ({h.unresolved})",
             )
-        if h.how == "method" and h.instantiated_class is None and h.fired == 0:
+        if h.how == "method" and h.instantiated_class is None:
             runner = f"the live runner is {live}" if live else "no live runner is recorded"
+            if h.fired == 0:
+                return (
+                    F.HOOK_NOT_INSTANTIATED,
+                    f"hook {self.name} never fired in {where}: its class {_hook_owner(h)} was "
+                    f"never instantiated; {runner}",
+                )
+            # An instance method's fires with no instance of its class ever made: a call on
+            # an object made without its constructor, or a count written from elsewhere.
             return (
                 F.HOOK_NOT_INSTANTIATED,
-                f"hook {self.name} never fired in {where}: its class {_hook_owner(h)} was never "
-                f"instantiated; {runner}",
+                f"hook {self.name} fired {h.fired} times in {where}, but its class "
+                f"{_hook_owner(h)} was never instantiated (an instance method runs on an "
+                f"instance): not the live path; {runner}",
             )
         return None
