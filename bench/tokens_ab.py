@@ -19,15 +19,45 @@ against steps of ms (~0.1 %). Here nothing changes between arms but the probe's 
     D       probe hot path on, its request bindings off (``_vllm._bind_step = None``): B
             against D is what the bindings (their in-step record and the writer thread's
             fold) cost
-* ROUNDS rounds (or as many as --budget-s allows), each running the five arms once in a
-  seeded random order. Two estimators, fixed in advance, of each arm's tokens/s against A1's,
-  each with a bootstrap 95 % interval (rounds resampled whole, so a round's arms stay
-  paired): the median of per-round ratios, and the ratio of the arms' fastest-decile phases
-  (other processes only ever slow a phase down). The noise floor is the A2/A1 interval's
-  half-width (the same method run with no difference at all). Both wall-clock tokens/s and
-  tokens per CPU-second of this process (all threads) are reported. Runs saved with --save
-  pool with --pool (every ratio is within a round, so rounds of separate boots pool; the
+* ROUNDS rounds (or as many as --budget-s allows) in one of two designs (``--design``):
+    sandwich  (the default since session 15) the baseline A1 between every two other
+              phases, A1 X A1 Y A1 Z A1 ..., the other arms (``--arms``) once per round in a
+              seeded random order, each X phase against the two A1 phases beside it (their
+              geometric mean): a drift of the machine's speed cancels to first order. Why: on
+              the H200 host one arm's phases spread 60-80 % through regimes of the machine's
+              speed that last seconds, so X against its round's A1 at a random distance paid
+              that drift (the recorded batch-256 phases: adjacent phases differ by a robust
+              sd of 6-7 %, phases four apart by 10-14 %);
+    rounds    (the method up to session 9) each round runs every arm once in a seeded
+              random order, X against that round's A1.
+  Estimators of each arm's tokens/s against its baselines, fixed in advance, each with a
+  bootstrap 95 % interval (rounds resampled whole, so a round's arms stay paired): the
+  median of per-round ratios; the ratio of the arms' fastest-decile phases (other processes
+  only ever slow a phase down); and, where the phases carry the speed reference (below), the
+  **speed-adjusted** median (declared before its first device run, session 15): each
+  per-round log ratio minus beta times the speed reference's log ratio over the same phases,
+  beta the least-squares slope over every round and arm (centred per arm), estimated again in
+  every resample. The noise floor is the A2 interval's half-width (the same method run with no
+  difference at all). How a run is read (fixed before session 15's device runs): the paired
+  median by wall clock is the verdict's estimator, as in every earlier run; the others are
+  reported beside it; an estimator resolves 1 % in a run only where its own A/A floor is
+  under 1 % and its own control interval lies below 1. Both wall-clock tokens/s and tokens
+  per CPU-second of this process (all threads) are reported. Runs saved with --save pool
+  with --pool (every ratio is within a round, so rounds of separate boots pool; the
   control's size is calibrated per boot, so a pooled control row mixes sizes).
+* the speed reference (``--ref-turns``, 0: none): a fixed pure-Python loop run before every
+  engine step in every arm and timed: a sample of how fast this thread runs at that moment.
+  Its seconds are taken out of the phase's (tokens/s is the engine's), and its log ratio
+  between phases is the covariate of the speed-adjusted estimator.
+* the step timer: every engine step of a phase is timed (``LLM.llm_engine.step``, outside the
+  probe, every arm) and kept (``steps_us``), with the time before the first step (adding the
+  requests) and after the last; the scheduler's shape of each step (requests, tokens) is kept
+  once per workload: what a later analysis of steady-state steps needs.
+* the probe's pending request bindings are folded and written at the end of every phase,
+  inside its timing (``drain``; a no-op in arms without bindings): its writer thread does it
+  every 0.5 s, so a shorter phase left its bindings to the next phase (found in session 15's
+  decode run, where the phase after a B phase stalled ~30 ms and the sandwich charged that to
+  the probe's own baseline).
 * the switch is checked on every phase: the probe's step counter advances by the phase's
   steps in B and D phases and by 0 in the others (exit 1 otherwise).
 
@@ -41,6 +71,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import random
 import shutil
@@ -63,8 +94,15 @@ HOOKS = (
     "v1_sample=vllm.v1.worker.gpu_model_runner:GPUModelRunner.sample_tokens"
 )
 ARMS = ("A1", "A2", "B", "C", "D")
+BASE = "A1"  # the baseline every other arm is compared with
+DESIGNS = ("sandwich", "rounds")
 BOOTSTRAP = 2000
 FAST_Q = 0.1  # the 0.1 quantile of phase times: the fastest decile of phases
+METRICS = (("wall", "tokens/s (wall clock)"), ("cpu", "tokens per CPU-second"))
+
+Phase = dict[str, Any]  # one generate of the batch: seconds, counts, its steps
+Round = dict[str, Any]  # "rounds": {arm: Phase}; "sandwich": {"seq": [A1, X, A1, Y, ..., A1]}
+Digest = dict[str, Any]  # what the estimators need of one round
 
 
 def quantile(xs: list[float], q: float) -> float:
@@ -76,19 +114,157 @@ def quantile(xs: list[float], q: float) -> float:
     return ys[lo] + (ys[hi] - ys[lo]) * (pos - lo)
 
 
-Estimator = Callable[[list[dict[str, dict[str, float]]], str, str], float]
+def speed_loop(turns: int) -> int:
+    """TURNS turns of a fixed pure-Python loop: the speed reference, whose time says how fast
+    this thread runs at the moment (the same work every time)."""
+    x = 0
+    for i in range(turns):
+        x ^= i * 7
+    return x
 
 
-def paired_median(rounds: list[dict[str, dict[str, float]]], arm: str, metric: str) -> float:
-    """Median over rounds of (ARM's tokens/s / A1's tokens/s in the same round)."""
-    return statistics.median(r["A1"][metric] / r[arm][metric] for r in rounds)
+def steal_ticks() -> int:
+    """The machine's steal time so far (/proc/stat, clock ticks, every CPU); -1 if unknown."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        return int(fields[8])
+    except (OSError, IndexError, ValueError):
+        return -1
 
 
-def fastest_decile(rounds: list[dict[str, dict[str, float]]], arm: str, metric: str) -> float:
+def drain() -> int:
+    """Fold and write the probe's pending request bindings now, in this thread, and say how
+    many steps were pending (0: nothing to do, as in every arm without bindings). Why: the
+    probe's writer thread folds them every 0.5 s, so the bindings of a phase shorter than that
+    were folded during the NEXT phase: session 15's decode run (0.33 s phases) showed a
+    ~30 ms stall in the baseline phase after every probe phase, which the sandwich then
+    counted against the probe's own baseline. Drained inside the timed phase, every phase
+    pays for its own bindings."""
+    from servewitness_probe import _bindings
+
+    pending = len(_bindings._log)
+    if pending or _bindings._buf:
+        _bindings.fold()
+        _bindings.flush()
+    return pending
+
+
+# The rounds, in either design: which phases each arm has, and what each is compared with.
+
+
+def each_phase(rnd: Round) -> list[tuple[str, Phase]]:
+    """Every phase of RND with its arm, in the order they ran (a sandwich's closing baseline,
+    which opens the next round, included)."""
+    if "seq" in rnd:
+        return [(str(p["arm"]), p) for p in rnd["seq"]]
+    return list(rnd.items())
+
+
+def round_arms(rnd: Round) -> list[str]:
+    """The arms of RND."""
+    return sorted({arm for arm, _ in each_phase(rnd)})
+
+
+def arm_phases(rnd: Round, arm: str) -> list[Phase]:
+    """ARM's phases in RND; a sandwich's baselines once each (its closing one is the next
+    round's opening one)."""
+    if "seq" not in rnd:
+        return [rnd[arm]] if arm in rnd else []
+    seq = rnd["seq"]
+    if arm == BASE:
+        return list(seq[0:-1:2])
+    return [p for p in seq[1::2] if p["arm"] == arm]
+
+
+def pair(rnd: Round, arm: str) -> tuple[Phase, list[Phase]]:
+    """ARM's phase in RND and the baseline phases it is compared with: that round's A1
+    ("rounds"), or the two A1 phases just before and after it ("sandwich")."""
+    if "seq" not in rnd:
+        return rnd[arm], [rnd[BASE]]
+    seq = rnd["seq"]
+    for i in range(1, len(seq) - 1, 2):
+        if seq[i]["arm"] == arm:
+            return seq[i], [seq[i - 1], seq[i + 1]]
+    raise KeyError(arm)
+
+
+def seconds(p: Phase, metric: str) -> float:
+    """The phase's METRIC seconds (wall or cpu) less the speed reference's: the engine's."""
+    return float(p[metric]) - float(p.get("ref_s", 0.0))
+
+
+def geomean(xs: list[float]) -> float:
+    """The geometric mean of XS (one value: itself, exactly)."""
+    if len(xs) == 1:
+        return xs[0]
+    return math.exp(statistics.fmean(math.log(x) for x in xs))
+
+
+def digest(rnd: Round, arms: list[str]) -> Digest:
+    """What the estimators need of RND: per metric, each arm's tokens/s over its baselines'
+    (``ratio``) and each arm's phase seconds (``secs``); where every phase ran the speed
+    reference, its log ratio over the same phases (``speed``: baselines' over the arm's, as
+    the tokens/s ratio is)."""
+    ratio: dict[str, dict[str, float]] = {}
+    secs: dict[str, dict[str, list[float]]] = {}
+    for metric, _ in METRICS:
+        ratio[metric] = {}
+        for a in arms:
+            if a == BASE:
+                continue
+            x, refs = pair(rnd, a)
+            ratio[metric][a] = geomean([seconds(r, metric) for r in refs]) / seconds(x, metric)
+        secs[metric] = {a: [seconds(p, metric) for p in arm_phases(rnd, a)] for a in arms}
+    speed: dict[str, float] | None = None
+    if all(float(p.get("ref_s", 0.0)) > 0 for _, p in each_phase(rnd)):
+        speed = {}
+        for a in ratio["wall"]:
+            x, refs = pair(rnd, a)
+            speed[a] = statistics.fmean(math.log(r["ref_s"]) for r in refs) - math.log(x["ref_s"])
+    return {"ratio": ratio, "secs": secs, "speed": speed}
+
+
+Estimator = Callable[[list[Digest], str, str], float]
+
+
+def paired_median(ds: list[Digest], arm: str, metric: str) -> float:
+    """Median over rounds of (ARM's tokens/s / its baselines' tokens/s in the same round)."""
+    return statistics.median(float(d["ratio"][metric][arm]) for d in ds)
+
+
+def fastest_decile(ds: list[Digest], arm: str, metric: str) -> float:
     """ARM's tokens/s at its fastest decile of phases over A1's: the other processes on the
     machine only ever slow a phase down, so the fast tail is the least disturbed estimate."""
-    return quantile([r["A1"][metric] for r in rounds], FAST_Q) / quantile(
-        [r[arm][metric] for r in rounds], FAST_Q
+    base = [s for d in ds for s in d["secs"][metric][BASE]]
+    return quantile(base, FAST_Q) / quantile(
+        [s for d in ds for s in d["secs"][metric][arm]], FAST_Q
+    )
+
+
+def speed_fit(ds: list[Digest], metric: str) -> tuple[float, float]:
+    """Least-squares slope beta of the rounds' log tokens/s ratios on the speed reference's
+    log ratios, every arm centred on its own means, and the share of their variance it
+    explains (R squared)."""
+    sxy = sxx = syy = 0.0
+    for a in ds[0]["speed"]:
+        xs = [d["speed"][a] for d in ds]
+        ys = [math.log(d["ratio"][metric][a]) for d in ds]
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
+        sxy += sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+        sxx += sum((x - mx) ** 2 for x in xs)
+        syy += sum((y - my) ** 2 for y in ys)
+    beta = sxy / sxx if sxx > 0 else 0.0
+    return beta, (sxy * sxy / (sxx * syy) if sxx > 0 and syy > 0 else 0.0)
+
+
+def speed_adjusted(ds: list[Digest], arm: str, metric: str) -> float:
+    """The paired median of the ratios with the speed reference's drift taken out: each
+    round's ratio times exp(-beta x the reference's log ratio), beta fitted on DS (so again
+    in every bootstrap resample)."""
+    beta = speed_fit(ds, metric)[0]
+    return statistics.median(
+        float(d["ratio"][metric][arm]) * math.exp(-beta * d["speed"][arm]) for d in ds
     )
 
 
@@ -96,19 +272,16 @@ ESTIMATORS: dict[str, Estimator] = {
     "paired median of per-round ratios": paired_median,
     "fastest decile of each arm's phases": fastest_decile,
 }
+SPEED_ESTIMATOR = ("speed-adjusted paired median", speed_adjusted)
 
 
 def interval(
-    rounds: list[dict[str, dict[str, float]]],
-    arm: str,
-    metric: str,
-    est: Estimator,
-    rng: random.Random,
+    ds: list[Digest], arm: str, metric: str, est: Estimator, rng: random.Random
 ) -> tuple[float, float, float]:
-    """EST on ROUNDS, and its bootstrap 95 % percentile interval (rounds resampled whole, so
-    the arms of a round stay paired)."""
-    boot = sorted(est(rng.choices(rounds, k=len(rounds)), arm, metric) for _ in range(BOOTSTRAP))
-    return est(rounds, arm, metric), boot[int(0.025 * BOOTSTRAP)], boot[int(0.975 * BOOTSTRAP) - 1]
+    """EST on the rounds DS, and its bootstrap 95 % percentile interval (rounds resampled
+    whole, so the arms of a round stay paired)."""
+    boot = sorted(est(rng.choices(ds, k=len(ds)), arm, metric) for _ in range(BOOTSTRAP))
+    return est(ds, arm, metric), boot[int(0.025 * BOOTSTRAP)], boot[int(0.975 * BOOTSTRAP) - 1]
 
 
 class GcClock:
@@ -131,9 +304,9 @@ class GcClock:
 
 
 class Bench:
-    """The offline engine, its probe switch, and the phases."""
+    """The offline engine, its probe switch, the step timer, and the phases."""
 
-    def __init__(self, model: Path, llm_kwargs: dict[str, Any]) -> None:
+    def __init__(self, model: Path, llm_kwargs: dict[str, Any], ref_turns: int = 0) -> None:
         from servewitness_probe import _core
         from servewitness_probe import layout as L
         from servewitness_probe._switch import Switch
@@ -156,6 +329,45 @@ class Bench:
         self.control_ns = 0
         self.control_calls = 0
         self.gc = GcClock()
+        self.ref_turns = ref_turns
+        self.ref_ns = 0
+        self.step_ns: list[int] = []
+        self.first_step_ns = 0
+        self.last_step_ns = 0
+        self.shapes: list[list[int]] | None = None
+        self.schedule: list[list[int]] = []
+        self._time_steps(core)
+
+    def _time_steps(self, core: Any) -> None:
+        """Every arm: the speed reference, then the engine step, each timed (outside the
+        probe: ``LLM`` calls ``llm_engine.step()`` once per step); the scheduler's shape of
+        each step (requests, tokens) while ``shapes`` is a list."""
+        engine, bench = self.llm.llm_engine, self
+        step, schedule = engine.step, core.scheduler.schedule
+
+        def timed_step() -> Any:
+            t0 = time.perf_counter_ns()
+            if bench.ref_turns:
+                speed_loop(bench.ref_turns)
+            t1 = time.perf_counter_ns()
+            out = step()
+            t2 = time.perf_counter_ns()
+            bench.ref_ns += t1 - t0
+            bench.step_ns.append(t2 - t1)
+            if not bench.first_step_ns:
+                bench.first_step_ns = t0
+            bench.last_step_ns = t2
+            return out
+
+        def shaped_schedule(*args: Any, **kwargs: Any) -> Any:
+            so = schedule(*args, **kwargs)
+            if bench.shapes is not None:
+                reqs = len(getattr(so, "num_scheduled_tokens", ()) or ())
+                bench.shapes.append([reqs, int(getattr(so, "total_num_scheduled_tokens", 0))])
+            return so
+
+        engine.step = timed_step
+        core.scheduler.schedule = shaped_schedule
 
     def workload(self, batch: int, prompt_len: int, max_tokens: int) -> None:
         """Every later phase: BATCH requests of PROMPT_LEN fixed token ids (distinct per
@@ -185,8 +397,9 @@ class Bench:
         self.switch.off()
         setattr(self.exec_owner, "execute_model", execute_model)  # noqa: B010 - on purpose
 
-    def phase(self, arm: str) -> dict[str, float]:
-        """One generate of the fixed batch in ARM: wall s, CPU s, probe steps counted."""
+    def phase(self, arm: str) -> Phase:
+        """One generate of the fixed batch in ARM: wall s, CPU s, probe steps counted, the
+        speed reference's seconds, each engine step's us, the time around the steps."""
         from servewitness_probe import _vllm
 
         bind = _vllm._bind_step
@@ -200,50 +413,88 @@ class Bench:
             self.switch.off()
         steps0, calls0 = self.counters[self.steps_slot], self.control_calls
         gc0, full0 = self.gc.seconds, self.gc.collections[2]
-        c0, t0 = time.process_time(), time.perf_counter()
+        self.step_ns, self.ref_ns, self.first_step_ns = [], 0, 0
+        steal0 = steal_ticks()
+        c0, t0 = time.process_time(), time.perf_counter_ns()
         try:
             outs = self.llm.generate(self.prompts, self.params, use_tqdm=False)
         finally:
             _vllm._bind_step = bind
-        t1, c1 = time.perf_counter(), time.process_time()
+        td = time.perf_counter_ns()
+        drained = drain()
+        t1, c1 = time.perf_counter_ns(), time.process_time()
+        steal1 = steal_ticks()
         got = sum(len(o.outputs[0].token_ids) for o in outs)
         if got != self.tokens:
             raise SystemExit(f"phase {arm}: {got} tokens, expected {self.tokens}")
         self.switch.off()
         return {
-            "wall": t1 - t0,
+            "arm": arm,
+            "wall": (t1 - t0) / 1e9,
             "cpu": c1 - c0,
             "probe_steps": self.counters[self.steps_slot] - steps0,
             "control_calls": self.control_calls - calls0,
             "gc_s": self.gc.seconds - gc0,
             "gc_full": self.gc.collections[2] - full0,
+            "ref_s": self.ref_ns / 1e9,
+            "pre_s": (self.first_step_ns - t0) / 1e9,
+            "post_s": (t1 - self.last_step_ns) / 1e9,
+            "steal": steal1 - steal0 if min(steal0, steal1) >= 0 else -1,
+            "drain_s": (t1 - td) / 1e9,
+            "drained": drained,
+            "steps_us": [round(ns / 1000) for ns in self.step_ns],
         }
 
 
-def calibrate(bench: Bench, control_pct: float, warm: int) -> int:
-    """Warm every arm up; the control's busy wait per step, CONTROL_PCT of a step's time."""
+def calibrate(bench: Bench, control_pct: float, warm: int, arms: list[str]) -> int:
+    """Warm every arm up; the scheduler's shape of a baseline phase; the control's busy wait
+    per step, CONTROL_PCT of a step's time."""
     bench.control_ns = 0
     for _ in range(warm):
-        for arm in ARMS:
+        for arm in [BASE, *arms]:
             bench.phase(arm)
-    base = [bench.phase("A1") for _ in range(5)]
+    bench.shapes = []  # one baseline phase's steps, as the scheduler shaped them
+    base = [bench.phase(BASE)]
+    bench.schedule, bench.shapes = bench.shapes or [], None
+    base += [bench.phase(BASE) for _ in range(4)]
     steps = bench.phase("C")["control_calls"]
-    wall = min(p["wall"] for p in base)  # the least disturbed: CONTROL % of a quiet step
+    wall = min(seconds(p, "wall") for p in base)  # the least disturbed: CONTROL % of a quiet step
     bench.control_ns = int(wall / max(steps, 1) * control_pct / 100 * 1e9)
     return int(steps)
 
 
-def run_rounds(
-    bench: Bench, rounds: int, rng: random.Random, budget_s: float = 0.0
-) -> list[dict[str, dict[str, float]]]:
-    """ROUNDS rounds of every arm, each round in a random order; with BUDGET_S, also stop
-    after the round that ends past it (a loaded machine makes phases slow)."""
-    out = []
+def run_rounds(  # noqa: PLR0917 - the method's knobs, all named by the callers
+    bench: Bench,
+    rounds: int,
+    rng: random.Random,
+    budget_s: float = 0.0,
+    design: str = "sandwich",
+    arms: tuple[str, ...] = ARMS[1:],
+    on_round: Callable[[int, Round], None] | None = None,
+) -> list[Round]:
+    """ROUNDS rounds of every arm in DESIGN, each round's arms in a random order; with
+    BUDGET_S, also stop after the round that ends past it (a loaded machine makes phases
+    slow). ON_ROUND sees each round as it ends (a run cut short keeps what it saw)."""
+    out: list[Round] = []
     end = time.monotonic() + budget_s
+    opening: Phase | None = None
     for i in range(rounds):
-        order = list(ARMS)
-        rng.shuffle(order)
-        out.append({arm: bench.phase(arm) for arm in order})
+        rnd: Round
+        if design == "rounds":
+            order = [BASE, *arms]
+            rng.shuffle(order)
+            rnd = {arm: bench.phase(arm) for arm in order}
+        else:
+            order = list(arms)
+            rng.shuffle(order)
+            seq = [opening if opening is not None else bench.phase(BASE)]
+            for arm in order:
+                seq += [bench.phase(arm), bench.phase(BASE)]
+            opening = seq[-1]
+            rnd = {"seq": seq}
+        out.append(rnd)
+        if on_round is not None:
+            on_round(i, rnd)
         if (i + 1) % 20 == 0:
             print(f"  ... {i + 1} rounds", flush=True)
         if budget_s and time.monotonic() > end:
@@ -252,41 +503,82 @@ def run_rounds(
     return out
 
 
-def check_switch(results: list[dict[str, dict[str, float]]], steps: int) -> bool:
-    """The probe counted every step of the B phases and none of the others."""
+def check_switch(results: list[Round], steps: int) -> bool:
+    """The probe counted every step of the B and D phases and none of the others; the
+    control ran in C phases only."""
     ok = True
     for r in results:
-        for arm, p in r.items():
+        for arm, p in each_phase(r):
             want = steps if arm in ("B", "D") else 0
             ok &= p["probe_steps"] == want
             ok &= p["control_calls"] == (steps if arm == "C" else 0)
     return ok
 
 
-def report(
-    results: list[dict[str, dict[str, float]]], tokens: int, control_pct: float, seed: int
-) -> dict[str, Any]:
+def report_steps(results: list[Round], arms: list[str]) -> None:
+    """Where a phase's time goes (phases with the step timer): its engine steps, the time
+    before the first (adding the requests) and after the last, the speed reference."""
+    if not all(p.get("steps_us") for r in results for _, p in each_phase(r)):
+        return  # recorded before the step timer (or a vLLM whose LLM does not step it)
+    print("\nengine steps per phase (median over phases): steps, ms per step, the largest")
+    print("step, ms outside steps (the bindings drained at the end included), speed reference")
+    print("ms per phase, steal ticks per phase (-1: unknown):")
+    for a in arms:
+        ps = [p for r in results for p in arm_phases(r, a)]
+        per = statistics.median(sum(p["steps_us"]) / 1e3 / len(p["steps_us"]) for p in ps)
+        out = statistics.median((p["pre_s"] + p["post_s"]) * 1e3 for p in ps)
+        big = statistics.median(max(p["steps_us"]) for p in ps) / 1e3
+        drain = (
+            f"{statistics.median(p['drain_s'] * 1e3 for p in ps):.2f}"
+            if all("drain_s" in p for p in ps)
+            else "not recorded"
+        )
+        print(
+            f"  {a}  steps {statistics.median(len(p['steps_us']) for p in ps):g}  "
+            f"{per:.3f} ms/step  largest {big:.2f} ms  "
+            f"outside {out:.2f} ms (drain {drain})  "
+            f"reference {statistics.median(p['ref_s'] * 1e3 for p in ps):.2f} ms  "
+            f"steal {statistics.median(p['steal'] for p in ps):g}"
+        )
+
+
+def report(results: list[Round], tokens: int, control_pct: float, seed: int) -> dict[str, Any]:
     """Per arm, tokens/s by wall clock and per CPU-second; for each estimator, each arm
-    against A1 with its bootstrap interval: A2 (the floor), B (the probe), C (the control)."""
+    against its baselines with its bootstrap interval: A2 (the floor), B (the probe), C (the
+    control), D (the probe without bindings)."""
     rng = random.Random(seed)  # noqa: S311 - resampling, not secrets
     found: dict[str, Any] = {}
-    if all("gc_s" in p for r in results for p in r.values()):  # recorded before: none
+    # Runs recorded before arm D existed have none: report the arms every round has.
+    common = set.intersection(*(set(round_arms(r)) for r in results))
+    arms = [a for a in ARMS if a in common]
+    ds = [digest(r, arms) for r in results]
+    if all("gc_s" in p for r in results for _, p in each_phase(r)):  # recorded before: none
         print("\ngarbage collector per phase (ms, median) and full collections (all phases):")
-        for a in [a for a in ARMS if all(a in r for r in results)]:
-            ms = statistics.median(r[a]["gc_s"] * 1e3 for r in results)
-            full = sum(int(r[a]["gc_full"]) for r in results)
+        for a in arms:
+            ps = [p for r in results for p in arm_phases(r, a)]
+            ms = statistics.median(p["gc_s"] * 1e3 for p in ps)
+            full = sum(int(p["gc_full"]) for p in ps)
             print(f"  {a}  gc {ms:8.3f} ms  full collections {full}")
-    for metric, label in (("wall", "tokens/s (wall clock)"), ("cpu", "tokens per CPU-second")):
-        # Runs recorded before arm D existed have none: report the arms every round has.
-        arms = [a for a in ARMS if all(a in r for r in results)]
-        per_arm = {a: [tokens / r[a][metric] for r in results] for a in arms}
+    report_steps(results, arms)
+    estimators = dict(ESTIMATORS)
+    if all(d["speed"] is not None for d in ds):
+        estimators[SPEED_ESTIMATOR[0]] = SPEED_ESTIMATOR[1]
+    for metric, label in METRICS:
+        per_arm = {a: [tokens / s for d in ds for s in d["secs"][metric][a]] for a in arms}
         print(f"\n{label}, {len(results)} rounds, per arm:")
         print_rows({a: summary(v) for a, v in per_arm.items()}, fmt="9.1f")
-        for name, est in ESTIMATORS.items():
-            aa, pb, cc = (interval(results, arm, metric, est, rng) for arm in ("A2", "B", "C"))
+        for name, est in estimators.items():
+            aa, pb, cc = (interval(ds, arm, metric, est, rng) for arm in ("A2", "B", "C"))
             floor = (aa[2] - aa[1]) / 2
             seen = cc[2] < 1.0
             print(f"  estimator: {name}")
+            if est is speed_adjusted:
+                beta, r2 = speed_fit(ds, metric)
+                print(
+                    f"    speed reference: beta {beta:.3f}, "
+                    f"explains {r2:.1%} of the ratios' variance"
+                )
+                found[f"{metric}/speed_fit"] = {"beta": beta, "r2": r2}
             print(
                 f"    A/A (off / off) = {aa[0]:.4f}  95 % interval [{aa[1]:.4f}, {aa[2]:.4f}]"
                 f"  A/A floor ±{floor * 100:.2f} %"
@@ -303,7 +595,7 @@ def report(
                 "aa": aa, "floor": floor, "probe": pb, "control": cc, "control_seen": seen,
             }  # fmt: skip
             if "D" in arms:
-                nb = interval(results, "D", metric, est, rng)
+                nb = interval(ds, "D", metric, est, rng)
                 print(
                     f"    probe without bindings / no-probe = {nb[0]:.4f}  95 % interval "
                     f"[{nb[1]:.4f}, {nb[2]:.4f}]  ({nb[0] - 1:+.2%})"
@@ -346,16 +638,23 @@ def measure(  # noqa: PLR0917 - the method's knobs, all named by the callers
     control: float,
     seed: int,
     budget_s: float = 0.0,
+    design: str = "sandwich",
+    arms: tuple[str, ...] = ARMS[1:],
+    on_round: Callable[[int, Round], None] | None = None,
 ) -> dict[str, Any]:
     """The whole method on one workload of BENCH's engine: warm-up and calibration, ROUNDS
-    rounds of every arm in a seeded random order, the switch check, the report."""
+    rounds of every arm in DESIGN in a seeded random order, the switch check, the report."""
+    if design not in DESIGNS or BASE in arms or not {"A2", "B", "C"} <= set(arms):
+        raise SystemExit(f"design {design!r}, arms {arms}: A2, B and C are needed, A1 is the base")
     bench.workload(batch, prompt_len, max_tokens)
-    steps = calibrate(bench, control, warm)
+    steps = calibrate(bench, control, warm, list(arms))
     print(
         f"\nphase: {batch} requests x {max_tokens} tokens (prompt {prompt_len}), {steps} steps; "
-        f"control busy wait {bench.control_ns} ns per step"
+        f"control busy wait {bench.control_ns} ns per step; design {design}, arms "
+        f"{BASE} {' '.join(arms)}; speed reference {bench.ref_turns} turns per step"
     )
-    results = run_rounds(bench, rounds, random.Random(seed), budget_s)  # noqa: S311 - an order
+    order = random.Random(seed)  # noqa: S311 - an order, not a secret
+    results = run_rounds(bench, rounds, order, budget_s, design, arms, on_round)
     ok = check_switch(results, steps)
     print(
         f"switch check: probe steps counted in B and D phases only ({steps} per phase, 0 in "
@@ -365,7 +664,8 @@ def measure(  # noqa: PLR0917 - the method's knobs, all named by the callers
     return {
         "batch": batch, "prompt_len": prompt_len, "max_tokens": max_tokens, "rounds": rounds,
         "rounds_run": len(results), "steps_per_phase": steps, "control_pct": control,
-        "control_ns": bench.control_ns,
+        "control_ns": bench.control_ns, "design": design, "arms": [BASE, *arms],
+        "ref_turns": bench.ref_turns, "schedule": bench.schedule,
         "switch_ok": ok, "stats": found, "phases": results,
     }  # fmt: skip
 
@@ -388,6 +688,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hooks", action="store_true", help="declare step and sample hooks")
     parser.add_argument("--seed", type=int, default=21)
     parser.add_argument("--budget-s", type=float, default=0.0, help="stop rounds after this")
+    parser.add_argument("--design", choices=DESIGNS, default="sandwich")
+    parser.add_argument("--arms", default=" ".join(ARMS[1:]), help="the arms besides A1")
+    parser.add_argument(
+        "--ref-turns", type=int, default=2000, help="speed reference loop per step (0: none)"
+    )
     parser.add_argument("--save", type=Path, help="append the run (every phase) as a JSON line")
     parser.add_argument(
         "--pool", type=Path, nargs="+", help="no engine: the report of saved runs' rounds pooled"
@@ -398,23 +703,24 @@ def main(argv: list[str] | None = None) -> int:
         return pool(args.pool, args.seed)
     if args.smoke:
         _smoke.begin(
-            "one offline boot of the tiny model, 3 rounds of 2 requests x 4 tokens, every arm, "
-            "the switch check on every phase, the statistics",
-            ["a floor or a ratio worth reading (3 short rounds)"],
+            "one offline boot of the tiny model, 3 sandwich rounds of 2 requests x 4 tokens, "
+            "every arm, the speed reference and the step timer, the switch check on every "
+            "phase, the statistics",
+            ["a floor or a ratio worth reading (3 short rounds)", "the design 'rounds'"],
         )
         args.batch, args.max_tokens, args.rounds, args.warm = 2, 4, 3, 1
     (REPO / ".scratch").mkdir(exist_ok=True)
     scratch = setup_env(HOOKS if args.hooks else "")
     try:
         t0 = time.monotonic()
-        bench = Bench(args.model, {**CPU_LLM, "max_num_seqs": args.batch})
+        bench = Bench(args.model, {**CPU_LLM, "max_num_seqs": args.batch}, args.ref_turns)
         print(
             f"commit {commit()}; boot {time.monotonic() - t0:.0f} s; "
             f"switched: {bench.switch.labels()}"
         )
         got = measure(
             bench, args.batch, args.prompt_len, args.max_tokens, args.rounds, args.warm,
-            args.control, args.seed, args.budget_s,
+            args.control, args.seed, args.budget_s, args.design, tuple(args.arms.split()),
         )  # fmt: skip
     finally:
         shutil.rmtree(scratch, ignore_errors=True)  # the probe's files, vLLM's caches
@@ -425,10 +731,20 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if got["switch_ok"] else 1
 
 
+def read_text(path: Path) -> str:
+    """PATH's text; gunzipped where its name ends in .gz (the evidence kept in git)."""
+    if path.suffix == ".gz":
+        import gzip
+
+        return gzip.decompress(path.read_bytes()).decode()
+    return path.read_text()
+
+
 def pool(files: list[Path], seed: int) -> int:
     """The report of the rounds of every saved run in FILES together (runs of the same
-    workload: each round's ratios are within the round, so rounds of separate boots pool)."""
-    runs = [json.loads(line) for p in files for line in p.read_text().splitlines() if line]
+    workload: each round's ratios are within the round, so rounds of separate boots and of
+    either design pool; the arms every round has are reported)."""
+    runs = [json.loads(line) for p in files for line in read_text(p).splitlines() if line]
     shapes = {(r["batch"], r["prompt_len"], r["max_tokens"], r["control_pct"]) for r in runs}
     if len(shapes) != 1:
         raise SystemExit(f"runs of different workloads cannot pool: {sorted(shapes)}")
@@ -437,7 +753,8 @@ def pool(files: list[Path], seed: int) -> int:
     print(f"pooled: {len(runs)} runs, {len(rounds)} rounds, commits {commits}")
     for i, r in enumerate(runs):
         print(
-            f"  run {i + 1}: {len(r['phases'])} rounds, {r['steps_per_phase']} steps per phase, "
+            f"  run {i + 1}: {len(r['phases'])} rounds ({r.get('design', 'rounds')}), "
+            f"{r['steps_per_phase']} steps per phase, "
             f"control busy wait {r['control_ns']} ns per step"
         )
     print(f"switch check of every run: {all(r['switch_ok'] for r in runs)}")

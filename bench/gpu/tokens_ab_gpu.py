@@ -6,17 +6,23 @@ lent H200 (issue 21, target 3), run there by the GPU kit:
 The method is bench/tokens_ab.py's (imported from the checkout: stdlib, vLLM and the
 project's wheel, whose probe loads as the vLLM plugin): one ``vllm.LLM`` in this process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), phases of one ``generate`` of the same fixed batch,
-arms A1, A2 (probe off), B (probe on), C (off + a busy wait of CONTROL % of a step), ROUNDS
-rounds in seeded random orders, the A2/A1 interval as the floor, the switch checked on every
+arms A1, A2 (probe off), B (probe on), C (off + a busy wait of CONTROL % of a step), D (probe
+on, bindings off), ROUNDS rounds in seeded random orders (by default the "sandwich" design: A1
+between every two other phases, each phase against the two beside it), the A2 interval as
+the floor, the switch checked on every phase; the speed reference and the step timer in every
 phase. Here one boot measures every BATCH in turn (default 8 64 256). Results are printed and
-appended, one JSON line per batch with every phase, to $OUT/tokens_ab.jsonl.
+appended, one JSON line per batch with every phase, to $OUT/tokens_ab.jsonl; every round, as
+it ends, to $OUT/rounds.jsonl (what a run cut short by its time limit keeps).
 
 Environment: ENFORCE_EAGER (default 0: torch.compile and CUDA graphs, vLLM's default),
 ROUNDS (40), PROMPT_LEN (32), MAX_TOKENS (64), CONTROL (1.0), WARM (2), HOOKS=1 (declare
 step and sample hooks on both runners' methods: their wrappers switch too), MODEL (the kit's
 model), GPU_MEM (0.2), BUDGET_S (per batch: stop rounds once spent; 0: none),
 MAX_BATCHED_TOKENS (0: vLLM's default; e.g. 512 with PROMPT_LEN 128 at batch 256 makes the
-first ~64 steps of every phase chunked prefills mixed with decodes: the mixed load).
+first ~64 steps of every phase chunked prefills mixed with decodes: the mixed load), DESIGN
+(sandwich; or rounds, the method up to session 9), ARMS (the arms besides A1: "A2 B C D";
+A2, B and C are required), REF_TURNS (the speed reference's turns per engine step: 2000; 0:
+none).
 
 (Named ``tokens_ab_gpu`` rather than ``tokens_ab``: mypy checks bench/ as one namespace, where
 two modules may not share a name.)
@@ -93,17 +99,23 @@ def main() -> int:
     ab.setup_env(HOOKS if os.environ.get("HOOKS") == "1" else "")  # a throwaway machine
     kwargs = llm_kwargs(max(batches))
     t0 = time.monotonic()
-    bench = ab.Bench(model, kwargs)
+    bench = ab.Bench(model, kwargs, env_int("REF_TURNS", 2000))
     boot_s = time.monotonic() - t0
     print(f"{label}: boot {boot_s:.0f} s, {kwargs}; switched: {bench.switch.labels()}")
     runner = type(bench.worker.model_runner)
     ok = True
     for i, batch in enumerate(batches):
+
+        def keep(n: int, rnd: ab.Round, batch: int = batch) -> None:
+            with (out / "rounds.jsonl").open("a") as f:
+                f.write(json.dumps({"label": label, "batch": batch, "round": n, **rnd}) + "\n")
+
         got = ab.measure(
             bench, batch, env_int("PROMPT_LEN", 32), env_int("MAX_TOKENS", 64),
             env_int("ROUNDS", 40), env_int("WARM", 2),
             float(os.environ.get("CONTROL", "1.0")), 21 + i,
-            float(os.environ.get("BUDGET_S", "0")),
+            float(os.environ.get("BUDGET_S", "0")), os.environ.get("DESIGN", "sandwich"),
+            tuple(os.environ.get("ARMS", "A2 B C D").split()), keep,
         )  # fmt: skip
         ok &= bool(got["switch_ok"])
         rec = {
