@@ -132,6 +132,7 @@ CASES: dict[str, Callable[[int], object]] = {
         )
     ),
     "held_report_bytes": from_report(held),
+    "request_ids_per_seal": lambda n: wire.seal_window_request_from_pb(sealing(n)),
 }
 
 # Also bounded by a limit above, through another field: each must be refused too.
@@ -159,6 +160,14 @@ def _with_files(held_bytes: int, n: int) -> pb.TargetReport:
     msg = held(held_bytes - flag)
     msg.processes[0].files_included = True
     msg.processes[0].files.extend(files(n, "/" + "p" * 30))
+    return msg
+
+
+def sealing(n: int) -> pb.SealWindowRequest:
+    """A seal that names N distinct request ids."""
+    msg = pb.SealWindowRequest(window_id="w", run="r", results_sha256="0" * 64, results_name="x")
+    msg.timeout_s = 1.0
+    msg.request_ids.extend(str(i) for i in range(n))
     return msg
 
 

@@ -6,12 +6,16 @@ the window's start. The verifier opens and seals each window itself (RPCs); the 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import http.server
 import json
 import os
 import signal
 import sys
+import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -302,3 +306,153 @@ def test_exec_wraps_a_real_benchmark_and_the_seal_verifies_offline(stack: Stack)
         check = verifier_cli("audit", "verify-seal", str(seal), "--key", key,
                              "--results", str(res), "--json")  # fmt: skip
         assert check.returncode == 0, check.stdout + check.stderr
+
+
+@contextlib.contextmanager
+def twin() -> Iterator[str]:
+    """An HTTP server outside the probed tree that answers /v1/completions as vLLM would (the
+    shape a harness reads): what a redirected port, a proxy or a twin serves from. Its base
+    URL."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            rid = self.headers.get("X-Request-Id", "twin")
+            out = json.dumps({
+                "id": f"cmpl-{rid}", "object": "text_completion", "model": body["model"],
+                "choices": [{"index": 0, "text": " twin", "finish_reason": "length"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": body["max_tokens"]},
+            }).encode()  # fmt: skip
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def complete_at(base_url: str, model: str, rid: str) -> dict[str, Any]:
+    """One greedy request with logprobs (both hooks fire) to BASE_URL, as request RID."""
+    body = json.dumps({"model": model, "prompt": f"requests {rid}", "max_tokens": 5,
+                       "temperature": 0.0, "ignore_eos": True, "logprobs": 1}).encode()  # fmt: skip
+    req = urllib.request.Request(  # noqa: S310 - a local test server
+        base_url + "/v1/completions", data=body,
+        headers={"Content-Type": "application/json", "X-Request-Id": rid},
+    )  # fmt: skip
+    with urllib.request.urlopen(req, timeout=120) as r:  # noqa: S310 - a local test server
+        out: dict[str, Any] = json.load(r)
+    return out
+
+
+def test_seal_requires_every_request_the_harness_sent_to_be_served_by_the_window(
+    stack: Stack,
+) -> None:
+    """`seal --requests`: the request ids the harness sent must each be bound to steps the
+    window's processes ran after it opened. Held: three requests to the probed server.
+    The attack: the harness's traffic goes partly to a twin outside the reported tree (what a
+    redirected port or a proxy does): its two answers look like vLLM's, the gate PASSes and
+    every hook keeps pace on the real server's steps, and only the requests check sees it.
+    The variation: an id the probed server did serve, but before the window opened (an
+    earlier run's, listed to cover a twin's), is not the window's either."""
+    from servewitness.policy import window as pw
+
+    addr, d, server, _ = stack
+    (d / "half.toml").write_text(HALF)
+    out = verifier_cli("run", "register", "lp_req", "--policy", str(d / "half.toml"),
+                       "--verifier", addr)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    tag = os.urandom(4).hex()
+    model = str(server.model)
+    early = f"req-{tag}-early"
+    complete_at(server.base_url, model, early)  # served, before any window
+
+    code, text = cli(addr, "window", "lp_req", "--out", str(d / "wq1.json"), "--timeout", "60")
+    assert code == 0, text
+    sent = [f"req-{tag}-{i}" for i in range(3)]
+    for rid in sent:
+        complete_at(server.base_url, model, rid)
+    (d / "q1.txt").write_text("# the harness's ids\n" + "".join(f"{r}\n" for r in sent) + "\n")
+    res = results(d, "rq1.json")
+    code, text = cli(addr, "seal", "lp_req", "--window", str(d / "wq1.json"), "--results",
+                     str(res), "--requests", str(d / "q1.txt"))  # fmt: skip
+    assert code == 0, text
+    st = seal_content((d / "rq1.json.seal.json").read_text())
+    assert st["held"] is True and st["findings"] == [], st["findings"]
+    assert st["requests"] == {"sent": 3, "served": 3, "ids_sha256": pw.ids_sha256(sent)}
+    assert "requests: 3 of the 3 the harness sent were served by the window's processes" in text
+
+    code, text = cli(addr, "window", "lp_req", "--out", str(d / "wq2.json"), "--timeout", "60")
+    assert code == 0, text
+    real = [f"req-{tag}-real-{i}" for i in range(2)]
+    twinned = [f"req-{tag}-twin-{i}" for i in range(2)]
+    for rid in real:
+        complete_at(server.base_url, model, rid)
+    with twin() as url:
+        for rid in twinned:
+            answer = complete_at(url, model, rid)
+            assert answer["usage"]["completion_tokens"] == 5  # to the harness, a normal answer
+    listed = real + twinned + [early]
+    (d / "q2.txt").write_text("".join(f"{r}\n" for r in listed))
+    res = results(d, "rq2.json")
+    code, text = cli(addr, "seal", "lp_req", "--window", str(d / "wq2.json"), "--results",
+                     str(res), "--requests", str(d / "q2.txt"))  # fmt: skip
+    assert code == 1, text
+    st = seal_content((d / "rq2.json.seal.json").read_text())
+    assert st["held"] is False
+    assert [f["id"] for f in st["findings"]] == ["window.requests_unserved"], st["findings"]
+    ctx = st["findings"][0]["context"]
+    assert ctx == {"sent": 5, "unserved": 3, "unbound": 2, "outside": 0, "before_open": 1,
+                   "ids": [*twinned, early]}, ctx  # fmt: skip
+    assert st["requests"] == {"sent": 5, "served": 2, "ids_sha256": pw.ids_sha256(listed)}
+    (row,) = [r for r in st["hooks"].values() if r["name"] == "logprobs"]
+    assert row["fired"] == row["steps"] > 0  # liveness alone held: the twin is not in it
+    key = str(d / "db.sqlite3.signing.key.pub")
+    check = verifier_cli("audit", "verify-seal", str(d / "rq2.json.seal.json"), "--key", key,
+                         "--results", str(res))  # fmt: skip
+    assert check.returncode == 1, check.stdout + check.stderr  # signed, and says broken
+
+
+def test_seal_refuses_a_requests_file_that_is_not_a_list_of_ids(stack: Stack) -> None:
+    addr, d, _, _ = stack
+    res = results(d, "rq3.json")
+    base = ["seal", "lp", "--window", str(d / "wq1.json"), "--results", str(res)]
+    code, text = cli(addr, *base, "--requests", str(d / "absent.txt"))
+    assert code == 2 and "--requests" in text and "No such file" in text, text
+    (d / "bad.txt").write_text("ok-1\nnot\tan id\n")
+    code, text = cli(addr, *base, "--requests", str(d / "bad.txt"))
+    assert code == 2 and "--requests" in text and "[1]" in text, text
+
+
+def test_exec_with_a_requests_file_the_command_did_not_write_is_not_a_pass(
+    stack: Stack,
+) -> None:
+    """Asked to check requests, `exec` never drops the check silently: a harness that did
+    not write the file gets exit 1 and a seal that says the requests were not checked."""
+    addr, d, server, _ = stack
+    (d / "half.toml").write_text(HALF)
+    out = verifier_cli("run", "register", "lp_exq", "--policy", str(d / "half.toml"),
+                       "--verifier", addr)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    (d / "bench.py").write_text(BENCH)
+    res = d / "exq.json"
+    out = verifier_cli(
+        "exec", "lp_exq", "--results", str(res), "--requests", str(d / "never.txt"),
+        "--timeout", "60", "--verifier", addr, "--",
+        sys.executable, str(d / "bench.py"), server.base_url, str(res), str(server.model), "0",
+    )  # fmt: skip
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "never.txt was not written: the requests are not checked" in out.stderr
+    st = seal_content((d / "exq.json.seal.json").read_text())
+    assert st["held"] is True and st["requests"] is None  # the rest of the window held
+    assert "requests: not checked" in out.stdout

@@ -15,6 +15,7 @@ from typing import Any
 
 from servewitness._cli.common import add_verifier_option, positive_seconds, rpc_timeout, tls_from
 from servewitness._cli.fmt import add_json, dumps
+from servewitness._cli.window_cmd import REQUESTS_HELP
 from servewitness.errors import Error, UsageError
 
 DESCRIPTION = """\
@@ -25,21 +26,24 @@ Run CMD inside a measurement window on RUN that the verifier opens and seals its
   2. CMD runs (stdio inherited; SIGINT/SIGTERM forwarded to it) and writes --results;
   3. seal: the results file is hashed, the verifier judges liveness over the window from its
      own stored reports, ledgers and signs the seal; it is written to RESULTS.seal.json (or
-     --out), also when the window broke or CMD failed.
+     --out), also when the window broke or CMD failed. With --requests, CMD also writes the
+     request ids it sent (one per line), and each must have been served by the window's
+     processes after it opened: a request something else served (a twin, a proxy, a
+     redirected port) breaks the window.
 
 Exit codes: CMD's own code when it is not 0 (the seal is still attempted, written and its
-outcome printed); else 0 when the window held and 1 when it broke (or --results was not
-written). When the window cannot open CMD never runs: 1 (RUN FAILs), 4 (verifier
-unreachable), 5 (no PASS on fresh evidence within --timeout), 10 (not authorized: the harness
-or operator role is needed). Each of open and seal takes at most --timeout + 1 s for the
-answer, an unreachable or busy verifier called again within it. Check the seal offline with
-`verifier audit verify-seal`."""
+outcome printed); else 0 when the window held and 1 when it broke (or --results, or the
+--requests file asked for, was not written). When the window cannot open CMD never runs: 1
+(RUN FAILs), 4 (verifier unreachable), 5 (no PASS on fresh evidence within --timeout), 10
+(not authorized: the harness or operator role is needed). Each of open and seal takes at
+most --timeout + 1 s for the answer, an unreachable or busy verifier called again within
+it. Check the seal offline with `verifier audit verify-seal`."""
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "exec",
-        usage="verifier exec [-h] RUN --results FILE [--out SEAL] [--timeout S] "
+        usage="verifier exec [-h] RUN --results FILE [--requests FILE] [--out SEAL] [--timeout S] "
         "[--verifier ADDRESS] [TLS options] -- CMD [ARGS...]",
         help="run a benchmark command inside a verifier-sealed measurement window",
         description=DESCRIPTION,
@@ -48,6 +52,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("run", help="the run whose window CMD runs in")
     p.add_argument("--results", required=True, metavar="FILE", help="what CMD writes")
     p.add_argument("--out", metavar="SEAL", help="seal path (default RESULTS.seal.json)")
+    p.add_argument(
+        "--requests",
+        metavar="FILE",
+        help=REQUESTS_HELP + "; CMD writes it (not written: exit 1, the seal says unchecked)",
+    )
     p.add_argument(
         "--timeout",
         type=positive_seconds,
@@ -89,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     from servewitness._cli.window_cmd import print_seal
     from servewitness.client.address import resolve
     from servewitness.client.api import VerifierClient
-    from servewitness.client.window import seal, seal_content, seal_path
+    from servewitness.client.window import read_request_ids, seal, seal_content, seal_path
 
     argv = list(args.command_argv)
     if not argv:
@@ -103,10 +112,18 @@ def run(args: argparse.Namespace) -> int:
         notice.flush()
         code = _run_child(argv)
         print(f"verifier exec: {argv[0]} exited {code}", file=sys.stderr, flush=True)
+        requests = Path(args.requests) if args.requests else None
+        unchecked = requests is not None and not requests.is_file()
+        if unchecked:
+            print(
+                f"verifier exec: {requests} was not written: the requests are not checked",
+                file=sys.stderr,
+            )
         try:
+            ids = read_request_ids(requests) if requests is not None and not unchecked else ()
             if results.is_file():
                 sealed, content, path = seal(
-                    client, opened.window_id, args.run, results, args.timeout, out
+                    client, opened.window_id, args.run, results, args.timeout, out, ids
                 )
             else:
                 # Sealed all the same (the window is closed in the ledger, held or not), over
@@ -116,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
 
                 empty = hashlib.sha256(b"").hexdigest()
                 sealing = wire.WindowSealing(
-                    opened.window_id, args.run, empty, 0, results.name, args.timeout
+                    opened.window_id, args.run, empty, 0, results.name, args.timeout, ids
                 )
                 sealed = client.seal_window(sealing)
                 path = seal_path(results, out)
@@ -137,4 +154,4 @@ def run(args: argparse.Namespace) -> int:
         print_seal(content, path, sealed.held)
     if code:
         return code
-    return 0 if sealed.held and results.is_file() else 1
+    return 0 if sealed.held and results.is_file() and not unchecked else 1

@@ -23,9 +23,21 @@ process, each on its own counts), no process restarted, such steps ran at all, a
 still PASSes. It records the seal in its ledger (also when the window broke), signs it with
 its key and returns the seal, written to --out (default RESULTS.seal.json): an in-toto
 statement binding the results file's sha256 to that evidence, with the signed checkpoint and
-inclusion proofs `verifier audit verify-seal` checks offline. Exit 0: the window held; 1: it
-did not (the seal says why, and is written anyway); 2: no such window, another run's, or
-already sealed."""
+inclusion proofs `verifier audit verify-seal` checks offline. With --requests (the request ids
+the harness sent during the window, one per line), every one must have been served by the
+window's processes after it opened, by their request bindings: a request something else served
+(a twin outside the reported tree, a proxy, a redirected port) breaks the window
+(window.requests_unserved); the seal records how many were sent and served and the ids'
+digest. Without it the seal says the requests were not checked. Exit 0: the window held; 1:
+it did not (the seal says why, and is written anyway); 2: no such window, another run's,
+already sealed, or a --requests file that is missing, too large or holds a line that is not
+a request id."""
+
+
+REQUESTS_HELP = (
+    "the request ids the harness sent during the window, one per line (X-Request-Id values or "
+    "the API's ids such as cmpl-ID-0): each must have been served by the window's processes"
+)
 
 
 def add_parser(sub: Any) -> None:
@@ -58,6 +70,7 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--window", required=True, metavar="FILE", help="from `verifier window`")
     s.add_argument("--results", required=True, metavar="FILE", help="the measurement's results")
     s.add_argument("--out", metavar="FILE", help="seal path (default RESULTS.seal.json)")
+    s.add_argument("--requests", metavar="FILE", help=REQUESTS_HELP)
     s.add_argument(
         "--timeout",
         type=positive_seconds,
@@ -107,12 +120,13 @@ def print_seal(content: dict[str, Any], path: Path, held: bool) -> None:
 def seal(args: argparse.Namespace) -> int:
     from servewitness.client.address import resolve
     from servewitness.client.api import VerifierClient
-    from servewitness.client.window import load_window
+    from servewitness.client.window import load_window, read_request_ids
     from servewitness.client.window import seal as seal_window
 
     results = Path(args.results)
     if not results.is_file():
         raise UsageError(f"--results {results}: no such file")
+    request_ids = read_request_ids(Path(args.requests)) if args.requests else ()
     w = load_window(Path(args.window))
     if w["run"] != args.run:
         raise UsageError(f"{args.window} is a window on run {w['run']}, not {args.run}")
@@ -120,7 +134,7 @@ def seal(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     with VerifierClient(address, rpc_timeout(args), tls_from(args)) as client:
         sealed, content, path = seal_window(
-            client, w["window_id"], args.run, results, args.timeout, out
+            client, w["window_id"], args.run, results, args.timeout, out, request_ids
         )
     if args.json:
         print(dumps({"held": sealed.held, "seal": str(path), "content": content}))

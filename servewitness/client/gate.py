@@ -159,6 +159,9 @@ class Measurement:
     window: wire.OpenedWindow
     sealed: wire.SealedWindow | None = None
     summary: dict[str, Any] = field(default_factory=dict)
+    # The request ids the block sent (its X-Request-Id values): when any is added, each must
+    # have been served by the window's processes (the seal's requests check).
+    request_ids: list[str] = field(default_factory=list)
 
 
 NO_RESULTS_SHA256 = hashlib.sha256(b"").hexdigest()
@@ -176,7 +179,9 @@ def measurement(
     binds its sha256 and is written beside it (RESULTS.seal.json); without it the seal binds
     the empty string's digest and is kept in ``summary["seal_json"]``. TLS and token come
     from VERIFIER_TLS_CA / _CERT / _KEY / VERIFIER_TOKEN when set. Raises ``GateFailed`` when
-    the window did not hold (after the seal is written)."""
+    the window did not hold (after the seal is written). Request ids the block appends to
+    ``request_ids`` are checked at the seal: each must have been served by the window's
+    processes after it opened (none appended: not checked, and the seal says so)."""
     with VerifierClient(resolve(address), tls=client_tls(None, None, None, None)) as client:
         try:
             opened = client.open_window(run, timeout_s)
@@ -184,12 +189,15 @@ def measurement(
             raise GateFailed(e.explain()) from None
         m = Measurement(run, opened)
         yield m
+        ids = wire.request_ids(m.request_ids, "Measurement.request_ids")
         if results is not None:
-            sealed, content, path = seal(client, opened.window_id, run, results, timeout_s)
+            sealed, content, path = seal(
+                client, opened.window_id, run, results, timeout_s, request_ids=ids
+            )
             m.summary["statement"] = str(path)
         else:
             sealing = wire.WindowSealing(
-                opened.window_id, run, NO_RESULTS_SHA256, 0, "-", timeout_s
+                opened.window_id, run, NO_RESULTS_SHA256, 0, "-", timeout_s, ids
             )
             sealed = client.seal_window(sealing)
             content = seal_content(sealed.seal_json)
@@ -205,6 +213,7 @@ def measurement(
                 "verdict_after": content["verdict_at_seal"],
                 "held": sealed.held,
                 "hooks_during_block": content["hooks"],
+                "requests": content.get("requests"),
                 "findings": [{"id": f["id"], "message": f["message"]} for f in content["findings"]],
             }
         )

@@ -19,7 +19,7 @@ from typing import Any
 
 from servewitness import wire
 from servewitness.client.api import VerifierClient
-from servewitness.errors import ConfigError
+from servewitness.errors import ConfigError, UsageError
 from servewitness.model import RunVerdict
 
 WINDOW_FILE_VERSION = 3  # 1, 2: the verdict at open, client-side (trusted what anyone typed)
@@ -89,15 +89,43 @@ def seal(  # noqa: PLR0917 - the window, the run, the results, how long, where
     results: Path,
     timeout_s: float,
     out: Path | None = None,
+    request_ids: tuple[str, ...] = (),
 ) -> tuple[wire.SealedWindow, dict[str, Any], Path]:
     """Seal WINDOW_ID over RESULTS (hashed now) and write the signed seal to OUT (default
-    RESULTS.seal.json). (The answer, the seal content, where it was written.)"""
+    RESULTS.seal.json); REQUEST_IDS, the requests the harness sent during the window, must
+    each have been served by the window's processes (none: not checked). (The answer, the
+    seal content, where it was written.)"""
     sha, size = sha256_file(results)
-    sealing = wire.WindowSealing(window_id, run, sha, size, results.name, timeout_s)
+    sealing = wire.WindowSealing(
+        window_id, run, sha, size, results.name, timeout_s, tuple(request_ids)
+    )
     sealed = client.seal_window(sealing)
     path = seal_path(results, out)
     path.write_text(sealed.seal_json)
     return sealed, seal_content(sealed.seal_json), path
+
+
+MAX_REQUESTS_FILE_BYTES = 64 << 20  # 100,000 ids of up to a few hundred bytes each
+
+
+def read_request_ids(path: Path) -> tuple[str, ...]:
+    """The request ids a harness wrote to PATH, one per line (blank lines and lines starting
+    with ``#`` skipped), checked as the verifier will check them: UsageError naming the file
+    for a missing or oversized file, too many ids or one that is not an id."""
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_REQUESTS_FILE_BYTES + 1)
+    except OSError as e:
+        raise UsageError(f"--requests {path}: {e.strerror or e}") from None
+    if len(data) > MAX_REQUESTS_FILE_BYTES:
+        raise UsageError(f"--requests {path}: over {MAX_REQUESTS_FILE_BYTES} bytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        why = f"not UTF-8 text ({e.reason} at byte {e.start})"
+        raise UsageError(f"--requests {path}: {why}") from None
+    ids = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    return wire.request_ids(ids, f"--requests {path}")  # a WireError is a UsageError
 
 
 def seal_content(seal_json: str) -> dict[str, Any]:
@@ -118,5 +146,13 @@ def describe(content: dict[str, Any]) -> list[str]:
         f"{row['total_steps']} steps)"
         for row in content.get("hooks", {}).values()
     ]
+    req = content.get("requests")
+    if isinstance(req, dict):
+        lines.append(
+            f"requests: {req['served']} of the {req['sent']} the harness sent were served by "
+            "the window's processes"
+        )
+    else:
+        lines.append("requests: not checked (no request ids given: --requests)")
     lines += [f"FAIL {f['id']}: {f['message']}" for f in content.get("findings", [])]
     return lines

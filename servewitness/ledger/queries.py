@@ -269,6 +269,20 @@ def _internal_ids(db: Database, query: str) -> dict[str, list[str]]:
     return out
 
 
+def request_steps(db: Database, query: str) -> list[tuple[str, str, int, int, int]]:
+    """Where request QUERY (the client's id, an external id or an internal id) was served, by
+    the stored bindings: (target, boot id, pid, start ticks, first step) of each."""
+    out: list[tuple[str, str, int, int, int]] = []
+    for internal in _internal_ids(db, query):
+        for target, boot, pid, ticks, first in db.execute(
+            "SELECT target, boot_id, pid, start_ticks, first_step FROM bindings "
+            "WHERE internal_id = ?",
+            (internal,),
+        ):
+            out.append((str(target), str(boot), int(pid), int(ticks), int(first)))
+    return out
+
+
 def find_request(db: Database, query: str, whole: list[str] | None = None) -> list[Served]:
     """What served request QUERY: the client's X-Request-Id, the API's external id
     (``cmpl-...``) or the engine's internal id. The refs of batches stored before counts were

@@ -13,7 +13,8 @@ window proves nothing); and the run must still PASS at the seal. The finding ids
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,12 +27,17 @@ WINDOW_PROCESS_CHANGED = "window.process_changed"
 # No report arrived from some target after the seal began, within its timeout: nothing shows
 # the window's end (the agent or the server may be dead).
 WINDOW_NO_FRESH_EVIDENCE = "window.no_fresh_evidence"
+# A request the harness says it sent during the window is bound to no step of the window's
+# processes that ran after it opened: something the verifier does not see served it (a twin
+# outside the reported tree, a proxy, a redirected port) or it never ran.
+WINDOW_REQUESTS_UNSERVED = "window.requests_unserved"
 WINDOW_IDS = (
     WINDOW_NOT_PASS,
     WINDOW_NO_STEPS,
     WINDOW_HOOK_LAGGED,
     WINDOW_PROCESS_CHANGED,
     WINDOW_NO_FRESH_EVIDENCE,
+    WINDOW_REQUESTS_UNSERVED,
 )
 
 
@@ -202,6 +208,73 @@ def not_pass(run: str, verdict: RunVerdict) -> WindowFinding | None:
         WINDOW_NOT_PASS,
         f"run {run} is {verdict.verdict.value} at the window's end: {top_finding(verdict)}",
         {"verdict": verdict.verdict.value},
+    )
+
+
+# A process of the window: (target, boot id, pid, start ticks).
+ProcessAt = tuple[str, str, int, int]
+UNSERVED_SHOWN = 10  # request ids a requests_unserved finding names; its counts say the rest
+
+
+def ids_sha256(ids: Iterable[str]) -> str:
+    """The digest a seal records of the request ids it judged: sha256 of the distinct ids,
+    sorted, one per line (each followed by a newline), so that the harness's own list, in
+    any order, can be checked against the seal."""
+    return hashlib.sha256("".join(f"{i}\n" for i in sorted(set(ids))).encode()).hexdigest()
+
+
+def is_served(
+    rows: Iterable[tuple[str, str, int, int, int]], at_open: Mapping[ProcessAt, int | None]
+) -> bool:
+    """Whether one of ROWS (a request's bindings) is a process of AT_OPEN whose first step ran
+    after the open's step count."""
+    return any(r[:4] in at_open and r[4] > (at_open[r[:4]] or 0) for r in rows)
+
+
+def requests_served(
+    ids: Sequence[str],
+    where: Mapping[str, Sequence[tuple[str, str, int, int, int]]],
+    at_open: Mapping[ProcessAt, int | None],
+) -> tuple[dict[str, Any], WindowFinding | None]:
+    """Were the request IDS the harness sent served inside the window? WHERE: each id's stored
+    bindings (target, boot id, pid, start ticks, first step); AT_OPEN: the window's processes
+    with their step count at the open (None: not recorded, an older verifier's window). An id
+    is served when one of its bindings is a process of the window whose first step came after
+    the open's count. The seal's ``requests`` summary, and the finding when any is not."""
+    served = 0
+    before: list[str] = []  # bound to a window process, but its first step ran before the open
+    outside: list[str] = []  # bound only to processes the window does not judge
+    unbound: list[str] = []  # no binding at all
+    for rid in ids:
+        rows = where.get(rid, ())
+        mine = [r for r in rows if r[:4] in at_open]
+        if is_served(mine, at_open):
+            served += 1
+        elif mine:
+            before.append(rid)
+        elif rows:
+            outside.append(rid)
+        else:
+            unbound.append(rid)
+    summary = {"sent": len(ids), "served": served, "ids_sha256": ids_sha256(ids)}
+    missing = unbound + outside + before
+    if not missing:
+        return summary, None
+    return summary, WindowFinding(
+        WINDOW_REQUESTS_UNSERVED,
+        f"{len(missing)} of the {len(ids)} requests the harness sent were not served by the "
+        f"window's processes after it opened ({len(unbound)} bound to no process at all, "
+        f"{len(outside)} only to processes outside the window, {len(before)} before it "
+        "opened): something the verifier does not see served them (a twin outside the "
+        "reported tree, a proxy, a redirected port), or they never ran",
+        {
+            "sent": len(ids),
+            "unserved": len(missing),
+            "unbound": len(unbound),
+            "outside": len(outside),
+            "before_open": len(before),
+            "ids": missing[:UNSERVED_SHOWN],
+        },
     )
 
 

@@ -21,7 +21,7 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -203,6 +203,14 @@ class Store:
 
         with self._lock:
             return window_rows.report_entry(self._db, agent_id, seq)
+
+    def request_steps(self, ids: Iterable[str]) -> dict[str, list[tuple[str, str, int, int, int]]]:
+        """For each request id of IDS, where the stored bindings say it was served
+        (``queries.request_steps``), from one consistent snapshot."""
+        from servewitness.ledger import queries
+
+        with self._lock, self._db.snapshot():
+            return {rid: queries.request_steps(self._db, rid) for rid in ids}
 
     def seal_proofs(
         self, key: Ed25519PrivateKey, open_seq: int, seal_seq: int

@@ -52,6 +52,9 @@ MAX_TIMEOUT_S = 3600.0
 MAX_WAITING = 4
 
 PROBE_ERRORS_SHOWN = 10  # per process in a seal's evidence; the count says how many
+# How long after a request finishes its binding may take to reach a report: the probe writes
+# bindings every 0.5 s (``_bindings.FLUSH_INTERVAL_S``), then the agent reads them.
+BINDINGS_GRACE_S = 2.0
 
 
 def _always() -> bool:
@@ -114,11 +117,18 @@ class Windows:
         return Judged(run, verdict, tracked, fresh)
 
     def _wait(
-        self, name: str, timeout_s: float, *, decided: bool, active: Callable[[], bool]
+        self,
+        name: str,
+        timeout_s: float,
+        *,
+        decided: bool,
+        active: Callable[[], bool],
+        settle: Callable[[Judged, float], bool] | None = None,
     ) -> Judged:
         """Judge NAME until every target reported after now (or TIMEOUT_S passed). DECIDED:
         and until the verdict on that evidence is PASS or FAIL (an open waits out PENDING; a
-        seal takes the first verdict on fresh evidence, whatever it is). A worker waits here:
+        seal takes the first verdict on fresh evidence, whatever it is). SETTLE: and until it
+        says so of the judgement (given when the wait began, on the age clock). A worker waits here:
         at most ``max_waiting`` calls at once (``busy`` beyond), and none after its caller
         went away (ACTIVE false: ``cancelled``), so waiting calls cannot starve the agents."""
         if not self._waiting.acquire(blocking=False):
@@ -133,7 +143,7 @@ class Windows:
             while True:
                 j = self._judge(name, since)
                 final = j.verdict.verdict in (Verdict.PASS, Verdict.FAIL)
-                if j.fresh and (final or not decided):
+                if j.fresh and (final or not decided) and (settle is None or settle(j, since)):
                     return j
                 if time.monotonic() >= deadline:
                     return j
@@ -167,6 +177,9 @@ class Windows:
                         "role": p.role,
                         "rank": p.rank,
                         "manifest_digest": p.manifest_digest,
+                        # engine steps at this report (a request bound to a later step ran
+                        # after it: the seal's requests check); None where no steps are counted
+                        "steps_total": None if p.steps is None else p.steps.total,
                         "authenticated_as": snap.authenticated_as,
                         "evidence_age_s": None if at is None else round(now_boot_s - at, 6),
                         "target_verdict": t.verdict.value,
@@ -255,8 +268,15 @@ class Windows:
         from servewitness.server.window_rows import AlreadySealed
 
         opened = json.loads(w.content_json)
-        j = self._wait(req.run, req.timeout_s, decided=False, active=active)
+        served = RequestWait(self.store, req.request_ids, opened_processes(opened))
+        settle = served.settled if req.request_ids else None
+        j = self._wait(req.run, req.timeout_s, decided=False, active=active, settle=settle)
         rows, found = pw.pace(opened["hooks"], pw.hook_rows(j.verdict, self._keys(j)))
+        requests: dict[str, Any] | None = None  # not checked: the harness named no requests
+        if req.request_ids:
+            requests, unserved = served.judged()
+            if unserved is not None:
+                found.append(unserved)
         if not j.fresh:
             found.insert(
                 0,
@@ -291,6 +311,7 @@ class Windows:
             "hooks": rows,
             "evidence": self._evidence(j, clock.boot_s()),
             "unsafe_flags": self._unsafe(j.run),
+            "requests": requests,
         }
         try:
             entry = self.store.record_seal(req.window_id, req.run, sealed, canonical(content))
@@ -319,3 +340,58 @@ class Windows:
             ledger_seq=entry.seq,
         )
         return wire.SealedWindow(not found, sealdoc.dump(doc))
+
+
+def opened_processes(opened: dict[str, Any]) -> dict[pw.ProcessAt, int | None]:
+    """The processes a window's open content judged, with their step counts at the open
+    (None: not counted, or a window opened by a verifier that did not record them)."""
+    out: dict[pw.ProcessAt, int | None] = {}
+    for r in opened.get("evidence", ()):
+        steps = r.get("steps_total")
+        out[(r["target"], r["boot_id"], r["pid"], r["start_ticks"])] = (
+            steps if isinstance(steps, int) else None
+        )
+    return out
+
+
+class RequestWait:
+    """The seal's wait for the harness's requests to show up as bindings. The probe writes a
+    finished request's binding within ``BINDINGS_GRACE_S`` and the agent reports it on its next
+    round, so the seal waits (within its timeout) until every request is served or every
+    target reported evidence read that long after the seal began; each target's new report
+    re-reads the bindings of the requests not served yet, nothing else does."""
+
+    def __init__(
+        self, store: Store, ids: tuple[str, ...], at_open: dict[pw.ProcessAt, int | None]
+    ) -> None:
+        self.store = store
+        self.ids = ids
+        self.at_open = at_open
+        self.where: dict[str, list[tuple[str, str, int, int, int]]] = {}
+        self._served: set[str] = set()
+        self._seen: frozenset[tuple[str, int]] | None = None  # the reports read last time
+
+    def _read(self, j: Judged) -> None:
+        seen = frozenset((t, tr.seq) for t, tr in j.tracked.items())
+        if seen == self._seen:
+            return
+        self._seen = seen
+        missing = [i for i in self.ids if i not in self._served]
+        for rid, rows in self.store.request_steps(missing).items():
+            self.where[rid] = rows
+            if pw.is_served(rows, self.at_open):
+                self._served.add(rid)
+
+    def settled(self, j: Judged, since_boot_s: float) -> bool:
+        self._read(j)
+        if len(self._served) == len(self.ids):
+            return True
+        late = since_boot_s + BINDINGS_GRACE_S
+        return all(
+            (at := tr.snapshot.evidence_boot_s) is not None and at >= late
+            for t, tr in j.tracked.items()
+            if any(p[0] == t for p in self.at_open)
+        )
+
+    def judged(self) -> tuple[dict[str, Any], pw.WindowFinding | None]:
+        return pw.requests_served(self.ids, self.where, self.at_open)

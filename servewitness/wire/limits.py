@@ -135,6 +135,14 @@ _TABLE = (
         "a host's report (processes, native mappings, code chains, containers) is well "
         "under 1 MiB; 8 MiB bounds what each target costs the verifier's memory",
     ),
+    Limit(
+        "request_ids_per_seal",
+        100_000,
+        "request ids a harness names in one SealWindow",
+        "a benchmark window sends thousands of requests (a minute at 1,000 requests/s is "
+        "60,000); each id is looked up in the bindings once, about 10 us, so the longest "
+        "list costs a second of the verifier's time",
+    ),
     UNIX_TIME,
 )
 
@@ -156,6 +164,7 @@ POLICY_BYTES = LIMITS["policy_bytes"]
 ENTRIES_PER_REPORT = LIMITS["entries_per_report"]
 REPORT_SEQ = LIMITS["report_seq"]
 HELD_REPORT_BYTES = LIMITS["held_report_bytes"]
+REQUEST_IDS_PER_SEAL = LIMITS["request_ids_per_seal"]
 
 
 def over(limit: Limit, at: str, got: float) -> NoReturn:

@@ -5,6 +5,7 @@ carried as text: it is checked offline with the verifier's key, not trusted for 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from servewitness.api.v1 import verifier_pb2 as pb
@@ -36,6 +37,9 @@ class WindowSealing:
     results_size: int
     results_name: str
     timeout_s: float
+    # The request ids the harness sent during the window (``SealWindowRequest.request_ids``):
+    # each must have been served by the window's processes. Empty: not checked.
+    request_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,7 @@ def seal_window_request_to_pb(s: WindowSealing) -> pb.SealWindowRequest:
         results_size=s.results_size,
         results_name=s.results_name,
         timeout_s=s.timeout_s,
+        request_ids=list(s.request_ids),
     )
 
 
@@ -102,7 +107,19 @@ def seal_window_request_from_pb(msg: pb.SealWindowRequest) -> WindowSealing:
         F.count(msg.results_size, f"{at}.results_size"),
         F.text(F.required(msg.results_name, f"{at}.results_name"), f"{at}.results_name"),
         _timeout(msg.timeout_s, f"{at}.timeout_s"),
+        request_ids(msg.request_ids, f"{at}.request_ids"),
     )
+
+
+def request_ids(ids: Sequence[str], at: str) -> tuple[str, ...]:
+    """IDS, checked (each a non-empty id within ``id_bytes``, at most ``request_ids_per_seal``
+    of them) and without repeats, in their first order."""
+    L.at_most(L.REQUEST_IDS_PER_SEAL, len(ids), at)
+    for i, rid in enumerate(ids):
+        L.ident(F.required(rid, f"{at}[{i}]"), f"{at}[{i}]")
+        if not rid.isprintable() or rid != rid.strip():
+            raise F.WireError(f"{at}[{i}]", "not a request id: blanks or control characters")
+    return tuple(dict.fromkeys(ids))
 
 
 def seal_window_response_to_pb(s: SealedWindow) -> pb.SealWindowResponse:

@@ -891,20 +891,22 @@ class OpenWindowResponse(_message.Message):
     def __init__(self, window_id: _Optional[str] = ..., run: _Optional[str] = ..., policy_digest: _Optional[str] = ..., opened_unix: _Optional[float] = ..., ledger_seq: _Optional[int] = ..., ledger_hash: _Optional[str] = ...) -> None: ...
 
 class SealWindowRequest(_message.Message):
-    __slots__ = ("window_id", "run", "results_sha256", "results_size", "results_name", "timeout_s")
+    __slots__ = ("window_id", "run", "results_sha256", "results_size", "results_name", "timeout_s", "request_ids")
     WINDOW_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_FIELD_NUMBER: _ClassVar[int]
     RESULTS_SHA256_FIELD_NUMBER: _ClassVar[int]
     RESULTS_SIZE_FIELD_NUMBER: _ClassVar[int]
     RESULTS_NAME_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
     window_id: str
     run: str
     results_sha256: str
     results_size: int
     results_name: str
     timeout_s: float
-    def __init__(self, window_id: _Optional[str] = ..., run: _Optional[str] = ..., results_sha256: _Optional[str] = ..., results_size: _Optional[int] = ..., results_name: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+    request_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, window_id: _Optional[str] = ..., run: _Optional[str] = ..., results_sha256: _Optional[str] = ..., results_size: _Optional[int] = ..., results_name: _Optional[str] = ..., timeout_s: _Optional[float] = ..., request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SealWindowResponse(_message.Message):
     __slots__ = ("held", "seal_json")
