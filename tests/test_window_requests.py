@@ -88,3 +88,41 @@ def test_a_harness_file_skips_blanks_and_comments_and_refuses_the_rest(tmp_path:
     f.write_text("".join(f"{i}\n" for i in range(L.REQUEST_IDS_PER_SEAL.value + 1)))
     with pytest.raises(UsageError, match="request_ids_per_seal"):
         read_request_ids(f)
+
+
+def test_the_store_reads_ids_in_chunks_with_the_same_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real SQLite store: a client id, an external id and an internal id each find their
+    binding, an unknown id finds none, across chunk boundaries of the store's lock."""
+    import sqlite3
+
+    from servewitness.server import store as store_mod
+
+    st = store_mod.Store(tmp_path / "v.sqlite3")
+    try:
+        con = sqlite3.connect(tmp_path / "v.sqlite3")
+        with con:
+            con.executemany(
+                "INSERT INTO request_ids (batch, target, internal_id, external_id, client_id, "
+                "at_unix) VALUES ('b', 't', ?, ?, ?, 1.0)",
+                [(f"cmpl-r{i}-0-ab", f"cmpl-r{i}-0", f"r{i}") for i in range(5)],
+            )
+            con.executemany(
+                "INSERT INTO bindings (batch, target, boot_id, pid, start_ticks, internal_id, "
+                "first_step, last_step, steps, tokens, first_unix, last_unix, manifest_first, "
+                "manifest_last, runner, hooks_json, finished) VALUES "
+                "('b', 't', 'boot', 20, 111, ?, ?, ?, 1, 1, 1.0, 2.0, 'm', 'm', 'R', '{}', 1)",
+                [(f"cmpl-r{i}-0-ab", 10 + i, 10 + i) for i in range(5)],
+            )
+        con.close()
+        ids = ["r0", "cmpl-r1-0", "cmpl-r2-0-ab", "r3", "unknown", "r4"]
+        whole = st.request_steps(ids)
+        monkeypatch.setattr(store_mod, "REQUEST_STEPS_CHUNK", 2)
+        assert st.request_steps(ids) == whole
+        assert whole["unknown"] == []
+        assert whole["r0"] == [("t", "boot", 20, 111, 10)]
+        assert whole["cmpl-r1-0"] == [("t", "boot", 20, 111, 11)]
+        assert whole["cmpl-r2-0-ab"] == [("t", "boot", 20, 111, 12)]
+    finally:
+        st.close()

@@ -58,6 +58,9 @@ HERE_ROWIDS = 65_536
 TARGET_EVENTS = ("expired", "forgotten")
 
 
+REQUEST_STEPS_CHUNK = 500  # request ids read per hold of the store's lock (Store.request_steps)
+
+
 class RunExists(UsageError):
     pass
 
@@ -206,11 +209,18 @@ class Store:
 
     def request_steps(self, ids: Iterable[str]) -> dict[str, list[tuple[str, str, int, int, int]]]:
         """For each request id of IDS, where the stored bindings say it was served
-        (``queries.request_steps``), from one consistent snapshot."""
+        (``queries.request_steps``). Read ``REQUEST_STEPS_CHUNK`` ids per snapshot, the
+        store's lock let go between them: a seal naming 100,000 ids must not hold every
+        report's write for seconds (each chunk is consistent; bindings are only added)."""
         from servewitness.ledger import queries
 
-        with self._lock, self._db.snapshot():
-            return {rid: queries.request_steps(self._db, rid) for rid in ids}
+        out: dict[str, list[tuple[str, str, int, int, int]]] = {}
+        todo = list(ids)
+        for at in range(0, len(todo), REQUEST_STEPS_CHUNK):
+            with self._lock, self._db.snapshot():
+                for rid in todo[at : at + REQUEST_STEPS_CHUNK]:
+                    out[rid] = queries.request_steps(self._db, rid)
+        return out
 
     def seal_proofs(
         self, key: Ed25519PrivateKey, open_seq: int, seal_seq: int
