@@ -55,6 +55,9 @@ PROBE_ERRORS_SHOWN = 10  # per process in a seal's evidence; the count says how 
 # How long after a request finishes its binding may take to reach a report: the probe writes
 # bindings every 0.5 s (``_bindings.FLUSH_INTERVAL_S``), then the agent reads them.
 BINDINGS_GRACE_S = 2.0
+# The bindings of the requests not served yet are read again at most this often while a seal
+# waits (100,000 ids cost about a second each time; a fleet's reports arrive every poll).
+REQUESTS_REREAD_S = 1.0
 
 
 def _always() -> bool:
@@ -274,7 +277,7 @@ class Windows:
         rows, found = pw.pace(opened["hooks"], pw.hook_rows(j.verdict, self._keys(j)))
         requests: dict[str, Any] | None = None  # not checked: the harness named no requests
         if req.request_ids:
-            requests, unserved = served.judged()
+            requests, unserved = served.judged(j)
             if unserved is not None:
                 found.append(unserved)
         if not j.fresh:
@@ -358,8 +361,9 @@ class RequestWait:
     """The seal's wait for the harness's requests to show up as bindings. The probe writes a
     finished request's binding within ``BINDINGS_GRACE_S`` and the agent reports it on its next
     round, so the seal waits (within its timeout) until every request is served or every
-    target reported evidence read that long after the seal began; each target's new report
-    re-reads the bindings of the requests not served yet, nothing else does."""
+    target reported evidence read that long after the seal began. The bindings of the requests
+    not served yet are read again only after a new report of one of the window's targets,
+    and at most every ``REQUESTS_REREAD_S``."""
 
     def __init__(
         self, store: Store, ids: tuple[str, ...], at_open: dict[pw.ProcessAt, int | None]
@@ -370,12 +374,18 @@ class RequestWait:
         self.where: dict[str, list[tuple[str, str, int, int, int]]] = {}
         self._served: set[str] = set()
         self._seen: frozenset[tuple[str, int]] | None = None  # the reports read last time
+        self._last = -REQUESTS_REREAD_S  # when (monotonic) the bindings were read last
 
-    def _read(self, j: Judged) -> None:
-        seen = frozenset((t, tr.seq) for t, tr in j.tracked.items())
-        if seen == self._seen:
+    def _read(self, j: Judged, *, last: bool = False) -> None:
+        """Read the bindings of the requests not served yet, if a report of the window's
+        targets came since the last read and (unless LAST: the judgement's own read) that
+        was at least ``REQUESTS_REREAD_S`` ago."""
+        mine = {p[0] for p in self.at_open}
+        seen = frozenset((t, tr.seq) for t, tr in j.tracked.items() if t in mine)
+        now = time.monotonic()
+        if seen == self._seen or (not last and now - self._last < REQUESTS_REREAD_S):
             return
-        self._seen = seen
+        self._seen, self._last = seen, now
         missing = [i for i in self.ids if i not in self._served]
         for rid, rows in self.store.request_steps(missing).items():
             self.where[rid] = rows
@@ -393,5 +403,7 @@ class RequestWait:
             if any(p[0] == t for p in self.at_open)
         )
 
-    def judged(self) -> tuple[dict[str, Any], pw.WindowFinding | None]:
+    def judged(self, j: Judged) -> tuple[dict[str, Any], pw.WindowFinding | None]:
+        """The seal's ``requests`` summary and finding, on every report J holds."""
+        self._read(j, last=True)
         return pw.requests_served(self.ids, self.where, self.at_open)
