@@ -391,6 +391,16 @@ def test_seal_requires_every_request_the_harness_sent_to_be_served_by_the_window
     assert st["held"] is True and st["findings"] == [], st["findings"]
     assert st["requests"] == {"sent": 3, "served": 3, "ids_sha256": pw.ids_sha256(sent)}
     assert "requests: 3 of the 3 the harness sent were served by the window's processes" in text
+    key = str(d / "db.sqlite3.signing.key.pub")
+    seal1 = str(d / "rq1.json.seal.json")
+    check = verifier_cli("audit", "verify-seal", seal1, "--key", key, "--requests",
+                         str(d / "q1.txt"))  # fmt: skip
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "request ids: the seal checked these 3 (3 served" in check.stdout
+    (d / "q1b.txt").write_text("".join(f"{r}\n" for r in sent[:2]))  # the auditor's list
+    check = verifier_cli("audit", "verify-seal", seal1, "--key", key, "--requests",
+                         str(d / "q1b.txt"))  # fmt: skip
+    assert check.returncode == 1 and "it covers other requests" in check.stderr, check.stderr
 
     code, text = cli(addr, "window", "lp_req", "--out", str(d / "wq2.json"), "--timeout", "60")
     assert code == 0, text
@@ -417,7 +427,6 @@ def test_seal_requires_every_request_the_harness_sent_to_be_served_by_the_window
     assert st["requests"] == {"sent": 5, "served": 2, "ids_sha256": pw.ids_sha256(listed)}
     (row,) = [r for r in st["hooks"].values() if r["name"] == "logprobs"]
     assert row["fired"] == row["steps"] > 0  # liveness alone held: the twin is not in it
-    key = str(d / "db.sqlite3.signing.key.pub")
     check = verifier_cli("audit", "verify-seal", str(d / "rq2.json.seal.json"), "--key", key,
                          "--results", str(res))  # fmt: skip
     assert check.returncode == 1, check.stdout + check.stderr  # signed, and says broken
@@ -456,6 +465,14 @@ def test_exec_with_a_requests_file_the_command_did_not_write_is_not_a_pass(
     st = seal_content((d / "exq.json.seal.json").read_text())
     assert st["held"] is True and st["requests"] is None  # the rest of the window held
     assert "requests: not checked" in out.stdout
+    (d / "exq-ids.txt").write_text("req-never-checked\n")
+    key = str(d / "db.sqlite3.signing.key.pub")
+    check = verifier_cli("audit", "verify-seal", str(d / "exq.json.seal.json"), "--key", key)
+    assert check.returncode == 0, check.stdout + check.stderr  # held; what it lacks is said
+    assert "not checked: whether the measured requests were served" in check.stdout
+    check = verifier_cli("audit", "verify-seal", str(d / "exq.json.seal.json"), "--key", key,
+                         "--requests", str(d / "exq-ids.txt"))  # fmt: skip
+    assert check.returncode == 1 and "the seal did not check requests" in check.stderr
 
 
 def test_a_policy_that_pins_a_hooks_target_fails_a_deployment_that_named_other_code(

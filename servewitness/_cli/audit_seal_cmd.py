@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from servewitness.errors import ConfigError
+from servewitness.errors import ConfigError, UsageError
 
 DESCRIPTION = """\
 Check a measurement window's seal (RESULTS.seal.json from `verifier exec` or `verifier seal`)
@@ -18,12 +18,14 @@ shape (a measurement-window predicate whose gate decision, window and seal agree
 subject is the sealed results file); the checkpoint note's signature; the window's and the
 seal's ledger entries (their hashes, their subjects recomputed from the statement, their
 inclusion in the signed checkpoint); with --results, that the file's bytes are the ones
-sealed; with --checkpoint (a note kept elsewhere), that the seal's checkpoint extends it when
-the seal carries the proof (else said to be not checked).
+sealed; with --requests (the harness's request ids, one per line), that the seal checked
+exactly those ids; with --checkpoint (a note kept elsewhere), that the seal's checkpoint
+extends it when the seal carries the proof (else said to be not checked).
 
 Exit 0: everything verifies AND the window held. 1: it verifies but the window did not hold,
-or something does not match (each named). 3: the seal, key, checkpoint or results file
-cannot be read, or the seal is not a seal document."""
+or something does not match (each named). 3: the seal, key, checkpoint, results or requests
+file cannot be read (or the requests file is not a list of ids), or the seal is not a seal
+document."""
 
 
 def add_actions(acts: Any) -> None:
@@ -36,6 +38,9 @@ def add_actions(acts: Any) -> None:
     v.add_argument("seal", metavar="SEAL", help="RESULTS.seal.json")
     v.add_argument("--key", required=True, metavar="PUB", help="the verifier's public key")
     v.add_argument("--results", metavar="FILE", help="the results file: its bytes must match")
+    v.add_argument(
+        "--requests", metavar="FILE", help="the harness's request ids: the seal must cover them"
+    )
     v.add_argument("--checkpoint", metavar="NOTE", help="a signed checkpoint kept elsewhere")
     v.add_argument("--json", action="store_true", help="the result as JSON")
     v.set_defaults(handler=run_verify_seal)
@@ -58,8 +63,16 @@ def run_verify_seal(args: argparse.Namespace) -> int:
     results = Path(args.results) if args.results else None
     if results is not None and not results.is_file():
         raise ConfigError(f"--results {results}: no such file")
+    requests = None
+    if args.requests:
+        from servewitness.client.window import read_request_ids
+
+        try:
+            requests = read_request_ids(Path(args.requests))
+        except UsageError as e:  # a file that is not a list of ids: as unreadable as a seal
+            raise ConfigError(e.explain()) from e
     try:
-        r = check_seal(data, key, results, old)
+        r = check_seal(data, key, results, old, requests)
     except Unreadable as e:
         raise ConfigError(f"{args.seal}: {e}") from e
     if args.json:

@@ -15,6 +15,8 @@ Checked, in order (each failure is named; later checks still run where they can)
    binding names exactly these entries, the seal names this open entry, and both are included
    in the checkpoint's tree (RFC 9162 inclusion proofs);
 5. with ``results``: the file's bytes hash to the subject (and its size is the sealed size);
+   with ``requests`` (the harness's request ids): the seal checked requests, and its
+   ``ids_sha256`` is the digest of exactly those ids (``policy.window.ids_sha256``);
 6. with ``old_note`` (a checkpoint kept elsewhere, signed by the same key): the seal's
    checkpoint extends it, when the seal carries a consistency proof from that size (or the
    sizes are equal); otherwise that is reported as not checked.
@@ -52,6 +54,7 @@ class SealCheck:
     run: str | None = None
     window_id: str | None = None
     results: dict[str, Any] | None = None
+    requests: dict[str, Any] | None = None  # the seal's requests summary (None: not checked)
     findings: list[dict[str, Any]] = field(default_factory=list)
     ledger_range: list[int] | None = None
     checkpoint_size: int | None = None
@@ -72,6 +75,7 @@ class SealCheck:
             "run": self.run,
             "window_id": self.window_id,
             "results": self.results,
+            "requests": self.requests,
             "findings": self.findings,
             "ledger_range": self.ledger_range,
             "checkpoint_size": self.checkpoint_size,
@@ -100,12 +104,19 @@ class _Check:
     def fail(self, what: str) -> None:
         self.r.problems.append(what)
 
-    def run(self, doc: Mapping[str, Any], results: Path | None, old_note: bytes | None) -> None:
+    def run(
+        self,
+        doc: Mapping[str, Any],
+        results: Path | None,
+        old_note: bytes | None,
+        requests: tuple[str, ...] | None = None,
+    ) -> None:
         pred, subjects = self.statement(doc.get("envelope"))
         root_size = self.checkpoint(doc.get("checkpoint"))
         if pred is not None:
             self.entries(doc, pred, root_size)
             self.subject_file(subjects, pred, results)
+            self.requests_of(pred, requests)
         if old_note is not None:
             self.anchored(doc, old_note, root_size)
         self.r.verified = not self.r.problems
@@ -300,6 +311,39 @@ class _Check:
             return
         self.r.checks.append(f"results file {results.name}: sha256 and size match the subject")
 
+    def requests_of(self, p: Mapping[str, Any], ids: tuple[str, ...] | None) -> None:
+        """The seal's requests check against the harness's own ids, when given."""
+        from servewitness.policy.window import ids_sha256
+
+        req = p["seal"].get("requests")
+        self.r.requests = req if isinstance(req, dict) else None
+        if ids is None:
+            if self.r.requests is None:
+                self.r.not_checked.append(
+                    "whether the measured requests were served by the window's processes: "
+                    "the seal was made without request ids (seal --requests)"
+                )
+            else:
+                self.r.not_checked.append(
+                    "that the seal's request ids are the harness's (give --requests FILE)"
+                )
+            return
+        if self.r.requests is None:
+            self.fail("--requests: the seal did not check requests (it was made without ids)")
+            return
+        mine = ids_sha256(ids)
+        if self.r.requests.get("ids_sha256") != mine or self.r.requests.get("sent") != len(ids):
+            self.fail(
+                f"--requests: the seal checked {self.r.requests.get('sent')} ids with digest "
+                f"{str(self.r.requests.get('ids_sha256'))[:16]}, not these {len(ids)} "
+                f"({mine[:16]}): it covers other requests"
+            )
+            return
+        self.r.checks.append(
+            f"request ids: the seal checked these {len(ids)} "
+            f"({self.r.requests.get('served')} served by the window's processes)"
+        )
+
     # 6 -------------------------------------------------------------------------------------
     def anchored(  # noqa: PLR0911 - one return per outcome
         self, doc: Mapping[str, Any], old_note: bytes, root_size: tuple[bytes, int] | None
@@ -359,10 +403,11 @@ def check_seal(
     key: Ed25519PublicKey,
     results: Path | None = None,
     old_note: bytes | None = None,
+    requests: tuple[str, ...] | None = None,
 ) -> SealCheck:
     """Check seal document DATA with KEY (module docstring). Raises :class:`Unreadable` when
     DATA is not a seal document or RESULTS cannot be read; every other problem is reported."""
     doc = read(data)
     c = _Check(key)
-    c.run(doc, results, old_note)
+    c.run(doc, results, old_note, requests)
     return c.r
