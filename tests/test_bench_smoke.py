@@ -103,6 +103,11 @@ EXPECT: dict[str, tuple[str, ...]] = {
         FLOOR,
     ),
     "ledger_ingest.py": (r"ledger / raw \(medians\): \d+\.\d+", FLOOR),
+    "seal_requests.py": (
+        r"request_steps / indexed lookup at \d+ ids = \d+\.\d+ \(paired per round",
+        r"longest hold of the store's lock by one chunk of \d+ ids: \d+\.\d+ ms",
+        FLOOR,
+    ),
     "ledger_audit.py": (
         r"both arms' root and proof equal: True",
         r"kept tree / whole ledger at \d+ entries = \d+\.\d+ \(paired per round",
