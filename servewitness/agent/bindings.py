@@ -32,6 +32,7 @@ from servewitness.evidence.journal import (
 )
 from servewitness.evidence.process import ProcessEvidence
 from servewitness.model import ProcessKey, RequestId, RequestSpan
+from servewitness.wire import fields as F
 
 log = structlog.get_logger("servewitness.agent.bindings")
 
@@ -109,7 +110,7 @@ class Bindings:
     ) -> RequestSpan:
         return RequestSpan(
             process=key,
-            internal_id=s.internal_id,
+            internal_id=F.bounded_id(s.internal_id),
             first_step=s.first_step,
             last_step=max(s.last_step, s.first_step),
             steps=s.steps,
@@ -160,4 +161,4 @@ class Bindings:
 
 
 def _request_id(key: ProcessKey, r: ExternalId) -> RequestId:
-    return RequestId(key, r.internal_id, r.external_id, r.unix_ns / 1e9)
+    return RequestId(key, F.bounded_id(r.internal_id), F.bounded_id(r.external_id), r.unix_ns / 1e9)

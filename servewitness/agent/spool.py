@@ -38,6 +38,13 @@ class Spool:
     def pending(self) -> list[tuple[int, bytes]]:
         return [(int(p.stem), p.read_bytes()) for p in self._files()]
 
+    def set_aside(self, seq: int) -> Path:
+        """Move report SEQ out of the queue, kept beside it as ``<seq>.pb.unreadable`` (a
+        report that cannot be decoded is never delivered; its bytes stay for whoever looks)."""
+        kept = self.dir / f"{seq}.pb.unreadable"
+        os.replace(self.dir / f"{seq}.pb", kept)
+        return kept
+
     def ack(self, seq: int) -> None:
         (self.dir / f"{seq}.pb").unlink(missing_ok=True)
 

@@ -21,6 +21,7 @@ from servewitness.ledger import index_check
 from servewitness.ledger.bindings import client_id
 from servewitness.ledger.interface import Database
 from servewitness.policy import Policy, PolicyError, load_policy
+from servewitness.wire import fields as F
 
 _SHA = re.compile(r"[0-9a-f]{64}")
 
@@ -248,6 +249,7 @@ def _internal_ids(db: Database, query: str) -> dict[str, list[str]]:
     """Internal ids QUERY names (as the client's id, an external id or an internal id), each
     with its external ids. An external id's rows are found through its client id (derived
     from it, and indexed), so the external id needs no index of its own."""
+    query = F.bounded_id(query)  # an id too long to report was reported by its digest
     out: dict[str, list[str]] = {}
     hits: list[tuple[Any, Any, Any]] = []
     for value in sorted({query, client_id(query)}):
@@ -269,11 +271,20 @@ def _internal_ids(db: Database, query: str) -> dict[str, list[str]]:
     return out
 
 
-def request_steps(db: Database, query: str) -> list[tuple[str, str, int, int, int]]:
-    """Where request QUERY (the client's id, an external id or an internal id) was served, by
-    the stored bindings: (target, boot id, pid, start ticks, first step) of each."""
+def request_steps(db: Database, client: str) -> list[tuple[str, str, int, int, int]]:
+    """Where the request(s) a client sent with ``X-Request-Id: CLIENT`` were served, by the
+    stored bindings: (target, boot id, pid, start ticks, first step) of each. Exactly that
+    id: not read as an external or internal id as ``find_request`` does, since a harness's
+    id shaped like an API id (``cmpl-Z-0``) would then be covered by another request (``Z``),
+    whoever sent it."""
     out: list[tuple[str, str, int, int, int]] = []
-    for internal in _internal_ids(db, query):
+    internals = {
+        str(i)
+        for (i,) in db.execute(
+            "SELECT internal_id FROM request_ids WHERE client_id = ?", (F.bounded_id(client),)
+        )
+    }
+    for internal in sorted(internals):
         for target, boot, pid, ticks, first in db.execute(
             "SELECT target, boot_id, pid, start_ticks, first_step FROM bindings "
             "WHERE internal_id = ?",

@@ -7,6 +7,7 @@ Each check takes the value and AT, the field's path in the message (``report.pro
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import re
 from collections.abc import Iterable, Iterator
@@ -160,6 +161,18 @@ def text(value: str, at: str) -> str:
     if len(value) > MAX_TEXT:
         fail(at, f"longer than {MAX_TEXT} characters")
     return value
+
+
+def bounded_id(value: str) -> str:
+    """VALUE, or when it is longer than a report may carry (``MAX_TEXT``) its digest,
+    ``sha256:<hex>`` of its UTF-8 bytes. Request ids come from whoever sends vLLM a request
+    (an ``X-Request-Id`` of 5,000 characters is accepted there): a report carrying one was
+    refused by the agent's own decoder when read back from its spool, and retried forever,
+    while the target went stale. ``verifier audit request`` hashes a query that long the same
+    way, so the full external or internal id still finds the request."""
+    if len(value) <= MAX_TEXT:
+        return value
+    return "sha256:" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def reject_constant(name: str) -> NoReturn:
