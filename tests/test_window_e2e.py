@@ -344,7 +344,7 @@ def twin() -> Iterator[str]:
 
 def complete_at(base_url: str, model: str, rid: str) -> dict[str, Any]:
     """One greedy request with logprobs (both hooks fire) to BASE_URL, as request RID."""
-    body = json.dumps({"model": model, "prompt": f"requests {rid}", "max_tokens": 5,
+    body = json.dumps({"model": model, "prompt": f"requests {rid[:32]}", "max_tokens": 5,
                        "temperature": 0.0, "ignore_eos": True, "logprobs": 1}).encode()  # fmt: skip
     req = urllib.request.Request(  # noqa: S310 - a local test server
         base_url + "/v1/completions", data=body,
@@ -382,7 +382,7 @@ def test_seal_requires_every_request_the_harness_sent_to_be_served_by_the_window
     sent = [f"req-{tag}-{i}" for i in range(3)]
     for rid in sent:
         complete_at(server.base_url, model, rid)
-    (d / "q1.txt").write_text("# the harness's ids\n" + "".join(f"{r}\n" for r in sent) + "\n")
+    (d / "q1.txt").write_text("".join(f"{r}\n" for r in sent) + "\n")
     res = results(d, "rq1.json")
     code, text = cli(addr, "seal", "lp_req", "--window", str(d / "wq1.json"), "--results",
                      str(res), "--requests", str(d / "q1.txt"))  # fmt: skip
@@ -497,3 +497,24 @@ def test_a_policy_that_pins_a_hooks_target_fails_a_deployment_that_named_other_c
     assert f"wraps {STEP}, not {LOGPROBS} as the policy pins" in text, text
     code, text = cli(addr, "wait", "pin_right", "--timeout", "60")
     assert code == 0, text
+
+
+def test_a_request_id_too_long_to_report_does_not_stall_the_target(stack: Stack) -> None:
+    """The attack (any HTTP client of the server, no access to the container): one request
+    whose X-Request-Id is 5,000 characters. vLLM serves it; its ids were over what a report
+    may carry, the agent's own decoder refused the spooled report and retried it forever,
+    and the target went stale until someone restarted vLLM and cleared the spool. Now the
+    agent reports such an id by its digest: a window still opens on fresh evidence, and the
+    request is found by its full API id."""
+    addr, d, server, _ = stack
+    (d / "half.toml").write_text(HALF)
+    out = verifier_cli("run", "register", "lp_long", "--policy", str(d / "half.toml"),
+                       "--verifier", addr)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    long_id = "L" * 5000
+    complete_at(server.base_url, str(server.model), long_id)
+    complete_at(server.base_url, str(server.model), f"after-long-{os.urandom(4).hex()}")
+    code, text = cli(addr, "window", "lp_long", "--out", str(d / "wl.json"), "--timeout", "60")
+    assert code == 0, text  # the target reported after the call: not stuck behind the id
+    found = verifier_cli("audit", "request", f"cmpl-{long_id}-0", "--db", str(d / "db.sqlite3"))
+    assert found.returncode == 0, found.stdout + found.stderr

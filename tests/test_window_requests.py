@@ -75,8 +75,14 @@ def test_ids_on_the_wire_are_bounded_distinct_and_printable() -> None:
 
 def test_a_harness_file_skips_blanks_and_comments_and_refuses_the_rest(tmp_path: Path) -> None:
     f = tmp_path / "ids.txt"
-    f.write_text("# sent\n\nreq-1\n  req-2  \nreq-1\n")
-    assert read_request_ids(f) == ("req-1", "req-2")
+    f.write_text("req-1\n\n#req-2\nreq-1\r\n")  # an X-Request-Id may begin with #
+    assert read_request_ids(f) == ("req-1", "#req-2")
+    f.write_text("req-1\n  req-2  \n")  # not silently trimmed into another id
+    with pytest.raises(UsageError, match=r"\[1\].*blanks"):
+        read_request_ids(f)
+    f.write_text("\n \n")  # asked to check requests, nothing is no check
+    with pytest.raises(UsageError, match="holds no request id"):
+        read_request_ids(f)
     with pytest.raises(UsageError, match=r"--requests .*absent"):
         read_request_ids(tmp_path / "absent")
     f.write_bytes(b"req-1\n\xff\n")
@@ -93,8 +99,9 @@ def test_a_harness_file_skips_blanks_and_comments_and_refuses_the_rest(tmp_path:
 def test_the_store_reads_ids_in_chunks_with_the_same_answer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A real SQLite store: a client id, an external id and an internal id each find their
-    binding, an unknown id finds none, across chunk boundaries of the store's lock."""
+    """A real SQLite store: a client's id finds its binding, an unknown id finds none, and an
+    API or engine id is not read as the client id inside it; the same across chunk
+    boundaries of the store's lock."""
     import sqlite3
 
     from servewitness.server import store as store_mod
@@ -116,13 +123,52 @@ def test_the_store_reads_ids_in_chunks_with_the_same_answer(
                 [(f"cmpl-r{i}-0-ab", 10 + i, 10 + i) for i in range(5)],
             )
         con.close()
-        ids = ["r0", "cmpl-r1-0", "cmpl-r2-0-ab", "r3", "unknown", "r4"]
+        ids = ["r0", "r1", "cmpl-r2-0", "cmpl-r2-0-ab", "r3", "unknown", "r4"]
         whole = st.request_steps(ids)
         monkeypatch.setattr(store_mod, "REQUEST_STEPS_CHUNK", 2)
         assert st.request_steps(ids) == whole
         assert whole["unknown"] == []
         assert whole["r0"] == [("t", "boot", 20, 111, 10)]
-        assert whole["cmpl-r1-0"] == [("t", "boot", 20, 111, 11)]
-        assert whole["cmpl-r2-0-ab"] == [("t", "boot", 20, 111, 12)]
+        assert whole["r4"] == [("t", "boot", 20, 111, 14)]
+        # The harness's X-Request-Id exactly: request r2's API id (cmpl-r2-0) or engine id
+        # is not r2, so a harness id shaped like one is not covered by request r2.
+        assert whole["cmpl-r2-0"] == [] and whole["cmpl-r2-0-ab"] == []
     finally:
         st.close()
+
+
+def test_an_id_too_long_to_report_is_reported_by_its_digest() -> None:
+    from servewitness.wire import fields as F
+
+    assert F.bounded_id("r" * F.MAX_TEXT) == "r" * F.MAX_TEXT
+    long = "r" * (F.MAX_TEXT + 1)
+    assert F.bounded_id(long) == "sha256:" + hashlib.sha256(long.encode()).hexdigest()
+
+
+def test_the_agent_never_spools_a_report_its_own_decoder_refuses(tmp_path: Path) -> None:
+    """A report whose bindings the verifier's checks refuse (a span id over the text limit,
+    however it got there) is spooled without them, saying so; the rest is kept. A spooled
+    file that does not decode is set aside, kept, not left at the head of the queue."""
+    from servewitness.agent.config import AgentConfig
+    from servewitness.agent.runner import Agent
+    from servewitness.agent.spool import Spool
+    from servewitness.model import ProcessKey, RequestSpan, TargetReport
+    from servewitness.wire import fields as F
+
+    key = ProcessKey("boot", 20, 111)
+    span = RequestSpan(key, "x" * (F.MAX_TEXT + 1), 1, 2, 2, 2, 1.0, 2.0, "", "", "R")
+    report = TargetReport("a", "t", 7, "0" * 32, 1.0, (), spans=(span,))
+    with pytest.raises(wire.WireError):
+        wire.report_from_bytes(wire.report_to_bytes(report))
+    config = AgentConfig("127.0.0.1:9", "t", "a", tmp_path / "spool", docker_socket=None)
+    agent = Agent(config)
+    try:
+        kept = wire.report_from_bytes(agent._spoolable(report))
+    finally:
+        agent.channel.close()
+    assert (kept.seq, kept.spans, kept.request_ids) == (7, (), ())
+    assert "1 request bindings and 0 request ids left out of report 7" in kept.unobservable[-1]
+    spool = Spool(tmp_path / "s", 1 << 20)
+    spool.put(3, b"\xff not a report")
+    assert spool.set_aside(3).read_bytes() == b"\xff not a report"
+    assert spool.pending() == []

@@ -119,8 +119,16 @@ def run(args: argparse.Namespace) -> int:
                 f"verifier exec: {requests} was not written: the requests are not checked",
                 file=sys.stderr,
             )
+        ids: tuple[str, ...] = ()
+        if requests is not None and not unchecked:
+            try:
+                ids = read_request_ids(requests)
+            except UsageError as e:  # sealed all the same, unchecked, and not a pass
+                unchecked = True
+                print(
+                    f"verifier exec: {e.explain()}: the requests are not checked", file=sys.stderr
+                )
         try:
-            ids = read_request_ids(requests) if requests is not None and not unchecked else ()
             if results.is_file():
                 sealed, content, path = seal(
                     client, opened.window_id, args.run, results, args.timeout, out, ids

@@ -23,8 +23,8 @@ process, each on its own counts), no process restarted, such steps ran at all, a
 still PASSes. It records the seal in its ledger (also when the window broke), signs it with
 its key and returns the seal, written to --out (default RESULTS.seal.json): an in-toto
 statement binding the results file's sha256 to that evidence, with the signed checkpoint and
-inclusion proofs `verifier audit verify-seal` checks offline. With --requests (the request ids
-the harness sent during the window, one per line), every one must have been served by the
+inclusion proofs `verifier audit verify-seal` checks offline. With --requests (the X-Request-Id
+values the harness sent during the window, one per line), every one must have been served by the
 window's processes after it opened, by their request bindings: a request something else served
 (a twin outside the reported tree, a proxy, a redirected port) breaks the window
 (window.requests_unserved); the seal records how many were sent and served and the ids'
@@ -35,8 +35,8 @@ a request id."""
 
 
 REQUESTS_HELP = (
-    "the request ids the harness sent during the window, one per line (X-Request-Id values or "
-    "the API's ids such as cmpl-ID-0): each must have been served by the window's processes"
+    "the X-Request-Id values of the requests the harness sent during the window and got "
+    "answers for, one per line: each must have been served by the window's processes"
 )
 
 

@@ -109,9 +109,11 @@ MAX_REQUESTS_FILE_BYTES = 64 << 20  # 100,000 ids of up to a few hundred bytes e
 
 
 def read_request_ids(path: Path) -> tuple[str, ...]:
-    """The request ids a harness wrote to PATH, one per line (blank lines and lines starting
-    with ``#`` skipped), checked as the verifier will check them: UsageError naming the file
-    for a missing or oversized file, too many ids or one that is not an id."""
+    """The request ids a harness wrote to PATH, one per line (blank lines skipped; every other
+    line is an id, as it stands: an ``X-Request-Id`` may begin with ``#``), checked as the
+    verifier will check them: UsageError naming the file for a missing or oversized file, one
+    with no id (asked to check requests, nothing is never checked silently), too many ids or
+    one that is not an id (blanks around it included)."""
     try:
         with path.open("rb") as f:
             data = f.read(MAX_REQUESTS_FILE_BYTES + 1)
@@ -124,7 +126,9 @@ def read_request_ids(path: Path) -> tuple[str, ...]:
     except UnicodeDecodeError as e:
         why = f"not UTF-8 text ({e.reason} at byte {e.start})"
         raise UsageError(f"--requests {path}: {why}") from None
-    ids = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    ids = [line.removesuffix("\r") for line in text.split("\n") if line.strip()]
+    if not ids:
+        raise UsageError(f"--requests {path}: holds no request id")
     return wire.request_ids(ids, f"--requests {path}")  # a WireError is a UsageError
 
 
