@@ -7,6 +7,7 @@ same check end to end, with a real vLLM, a twin and a real verifier:
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
 
 import pytest
@@ -172,3 +173,31 @@ def test_the_agent_never_spools_a_report_its_own_decoder_refuses(tmp_path: Path)
     spool.put(3, b"\xff not a report")
     assert spool.set_aside(3).read_bytes() == b"\xff not a report"
     assert spool.pending() == []
+
+
+def test_a_spooled_report_that_does_not_decode_is_set_aside_and_the_rest_delivered(
+    tmp_path: Path,
+) -> None:
+    """A real verifier and a real agent's drain: the spool's head does not decode (written by
+    an older agent, or damaged); it is set aside, kept, and the report behind it delivered,
+    where before the agent retried the head forever and its target went stale."""
+    from servewitness.agent.config import AgentConfig
+    from servewitness.agent.runner import Agent
+    from servewitness.model import TargetReport
+    from tests.helpers import running_verifier
+
+    addr = f"unix:{tmp_path}/v.sock"
+    with running_verifier(addr, tmp_path / "db.sqlite3") as server:
+        config = AgentConfig(addr, "t", "a", tmp_path / "spool", docker_socket=None)
+        agent = Agent(config)
+        try:
+            agent.spool.put(1, b"\xff not a report")
+            agent.hello()
+            later = TargetReport("a", "t", 2, agent.nonce or "", time.time(), ())
+            agent.spool.put(2, wire.report_to_bytes(later))
+            agent.drain()
+        finally:
+            agent.channel.close()
+        assert agent.spool.pending() == []  # the head set aside, the next one acknowledged
+        assert (tmp_path / "spool" / "1.pb.unreadable").read_bytes() == b"\xff not a report"
+        assert [t.snapshot.target for t in server.service.evaluator.targets()] == ["t"]
