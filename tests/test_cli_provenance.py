@@ -291,8 +291,9 @@ def test_every_hook_number_has_its_step_counts_beside_it() -> None:
     ) in text
     assert (
         "# hook live fired 30 times, 30 on 30 productive steps, 0 outside steps (40 steps "
-        'in all)\n[[hooks]]\nname = "live"\nmin_fires_per_productive_step = 1.0\n'
-    ) in text
+        'in all)\n[[hooks]]\nname = "live"\ntarget = "m:live"\n'
+        "min_fires_per_productive_step = 1.0\n"
+    ) in text  # the code it was seen on, pinned
     for line in text.splitlines():
         if "fired" in line:
             assert re.search(r"fired \d+ times.* on \d+ productive steps.*\d+ steps in all", line)

@@ -156,7 +156,9 @@ def test_rss_after_hostile_reports_stays_under_one_reports_high_water(
     """Three cycles of ``hostile_cycle`` (nine 200,000-file reports, the most files a
     manifest may list). What one such report needs while it is handled (the first cycle's
     peak resident size) bounds the verifier: after every cycle its settled resident size is
-    below that peak, and no later cycle's peak is more than 10 % above the first's. A cache
+    below that peak, and no later cycle's peak rises more than half again over the baseline
+    than the first's did (peaks vary with when the collector and the trim ran: +571, +568,
+    +676 MiB in one loaded run). A cache
     or table that kept each hostile manifest breaks both within a cycle or two (with the
     evaluator's manifest cache made unbounded, at 9360aa2: peaks +693, +1,026, +1,408 MiB,
     settled +379, +735, +1,096: this test fails on the second cycle).
@@ -193,7 +195,9 @@ def test_rss_after_hostile_reports_stays_under_one_reports_high_water(
     assert first_peak > baseline + 100 * MiB, f"the hostile reports were not handled: {told}"
     for peak, settled in seen:
         assert settled < first_peak, f"memory kept past one report's high-water: {told} MiB"
-        assert peak <= first_peak * 1.1, f"a later cycle needed more: {told} MiB"
+        assert peak - baseline <= 1.5 * (first_peak - baseline), (
+            f"a later cycle needed more: {told}"
+        )
 
 
 @pytest.fixture
