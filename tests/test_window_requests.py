@@ -150,9 +150,7 @@ def test_the_agent_never_spools_a_report_its_own_decoder_refuses(tmp_path: Path)
     """A report whose bindings the verifier's checks refuse (a span id over the text limit,
     however it got there) is spooled without them, saying so; the rest is kept. A spooled
     file that does not decode is set aside, kept, not left at the head of the queue."""
-    from servewitness.agent.config import AgentConfig
-    from servewitness.agent.runner import Agent
-    from servewitness.agent.spool import Spool
+    from servewitness.agent.spool import Spool, spoolable
     from servewitness.model import ProcessKey, RequestSpan, TargetReport
     from servewitness.wire import fields as F
 
@@ -161,12 +159,7 @@ def test_the_agent_never_spools_a_report_its_own_decoder_refuses(tmp_path: Path)
     report = TargetReport("a", "t", 7, "0" * 32, 1.0, (), spans=(span,))
     with pytest.raises(wire.WireError):
         wire.report_from_bytes(wire.report_to_bytes(report))
-    config = AgentConfig("127.0.0.1:9", "t", "a", tmp_path / "spool", docker_socket=None)
-    agent = Agent(config)
-    try:
-        kept = wire.report_from_bytes(agent._spoolable(report))
-    finally:
-        agent.channel.close()
+    kept = wire.report_from_bytes(spoolable(report))
     assert (kept.seq, kept.spans, kept.request_ids) == (7, (), ())
     assert "1 request bindings and 0 request ids left out of report 7" in kept.unobservable[-1]
     spool = Spool(tmp_path / "s", 1 << 20)

@@ -28,7 +28,7 @@ from servewitness.agent.hookenv import hook_problems
 from servewitness.agent.metrics import AgentMetrics
 from servewitness.agent.parts import Part, Split, files_once
 from servewitness.agent.ports import port_problems
-from servewitness.agent.spool import Spool
+from servewitness.agent.spool import Spool, spoolable
 from servewitness.agent.trees import TreeMemory
 from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
 from servewitness.errors import ConfigError, NotAuthorized, UnavailableError
@@ -357,39 +357,13 @@ class Agent:
             report = self._full(report, need)
         return False
 
-    def _spoolable(self, report: TargetReport) -> bytes:
-        """REPORT's bytes, read back with the verifier's own checks first: a report the
-        agent's decoder refuses would stay at the head of the spool for good (retried as if
-        the verifier's reply were at fault) and its target go stale. Its request bindings,
-        the part other parties write, are left out and said (``unobservable``) when they are
-        what fails; a report that fails without them is still spooled, and ``drain`` sets it
-        aside."""
-        data = wire.report_to_bytes(report)
-        try:
-            wire.report_from_bytes(data)
-            return data
-        except wire.WireError as e:
-            if not (report.spans or report.request_ids):
-                return data
-            why = (
-                f"{len(report.spans)} request bindings and {len(report.request_ids)} request "
-                f"ids left out of report {report.seq}: {e}"
-            )
-            log.error("bindings_left_out", reason=str(e), seq=report.seq)
-            return wire.report_to_bytes(
-                dataclasses.replace(
-                    report, spans=(), request_ids=(), unobservable=(*report.unobservable, why)
-                )
-            )
-
     def drain(self) -> None:
         if self.nonce is None:
             self.hello()
         for seq, data in self.spool.pending():
             try:
                 report = wire.report_from_bytes(data)
-            except wire.WireError as e:
-                # Never deliverable: set aside (kept, named), not retried ahead of the rest.
+            except wire.WireError as e:  # never deliverable: set aside, kept, not retried
                 kept = self.spool.set_aside(seq)
                 log.error("spooled_report_unreadable", seq=seq, reason=str(e), kept=str(kept))
                 continue
@@ -408,7 +382,7 @@ class Agent:
         reports = self.collect_all()
         self.metrics.collected(time.monotonic() - began)
         for report in reports:
-            self.spool.put(report.seq, self._spoolable(report))
+            self.spool.put(report.seq, spoolable(report))
         self.bindings.save()  # its bindings are in the spool now
         if self.spool.dropped:
             log.warning(

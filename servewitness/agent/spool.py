@@ -6,8 +6,16 @@ its byte budget the oldest reports are dropped and counted, so the agent can say
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
+
+import structlog
+
+from servewitness import wire
+from servewitness.model import TargetReport
+
+log = structlog.get_logger("servewitness.agent")
 
 
 class Spool:
@@ -76,3 +84,29 @@ class Spool:
 
     def __len__(self) -> int:
         return len(self._files())
+
+
+def spoolable(report: TargetReport) -> bytes:
+    """REPORT's bytes, read back with the verifier's own checks first: a report the agent's
+    decoder refuses would stay at the head of the spool for good (retried as if the
+    verifier's reply were at fault) and its target go stale. Its request bindings, the part
+    other parties write, are left out and said (``unobservable``) when they are what fails;
+    a report that fails without them is still spooled, and the agent's drain sets it aside
+    (``Spool.set_aside``)."""
+    data = wire.report_to_bytes(report)
+    try:
+        wire.report_from_bytes(data)
+        return data
+    except wire.WireError as e:
+        if not (report.spans or report.request_ids):
+            return data
+        why = (
+            f"{len(report.spans)} request bindings and {len(report.request_ids)} request "
+            f"ids left out of report {report.seq}: {e}"
+        )
+        log.error("bindings_left_out", reason=str(e), seq=report.seq)
+        return wire.report_to_bytes(
+            dataclasses.replace(
+                report, spans=(), request_ids=(), unobservable=(*report.unobservable, why)
+            )
+        )

@@ -248,8 +248,18 @@ class Served:
 def _internal_ids(db: Database, query: str) -> dict[str, list[str]]:
     """Internal ids QUERY names (as the client's id, an external id or an internal id), each
     with its external ids. An external id's rows are found through its client id (derived
-    from it, and indexed), so the external id needs no index of its own."""
-    query = F.bounded_id(query)  # an id too long to report was reported by its digest
+    from it, and indexed), so the external id needs no index of its own. A query too long
+    for a report is looked up as it is (stored so by an older agent) and by its digest (as
+    an agent now reports such an id: ``fields.bounded_id``)."""
+    out = _internal_ids_as(db, query)
+    short = F.bounded_id(query)
+    if short != query:
+        for internal, external in _internal_ids_as(db, short).items():
+            out.setdefault(internal, []).extend(e for e in external if e not in out[internal])
+    return out
+
+
+def _internal_ids_as(db: Database, query: str) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     hits: list[tuple[Any, Any, Any]] = []
     for value in sorted({query, client_id(query)}):
