@@ -16,12 +16,16 @@ with ``FromString`` as gRPC's deserializer would, and the child's CPU time (ever
 ``time.process_time``) is divided by the reports acknowledged. The same child first times the
 floor: the same requests parsed and a ``ReportResponse`` serialized, nothing else (what any
 servicer pays). Rows: CPU ms per report per arm over the rounds (median, min, max, spread:
-the noise floor), the floor's row, each arm's ratio to the baseline paired per round.
+the noise floor), the floor's row, each arm's ratio to the baseline paired per round; then,
+for trees that count it (``Store.write_times``), the write lock's wall time held per report
+(statements and commit: what several verifier processes on one database serialize on) and
+the reports per transaction, with the same ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import subprocess
@@ -130,20 +134,25 @@ def child(agents: int, reports: int, threads: int) -> None:
                 a[2] = ack.nonce
 
         pool = [threading.Thread(target=run) for _ in range(threads)]
+        tx0, _, held0 = store.write_times()
         c0 = time.process_time()
         for t in pool:
             t.start()
         for t in pool:
             t.join()
         cpu = time.process_time() - c0
+        tx1, _, held1 = store.write_times()
         stored = store.count_reports()
         if stored != agents * (reports + 1):
             raise SystemExit(f"{stored} reports stored, {agents * (reports + 1)} sent")
         print(f"floor {floor / len(blobs) * 1e3:.4f}")
         print(f"cpu {cpu / len(blobs) * 1e3:.4f}")
+        # the write lock: held per report (wall), and reports per transaction
+        print(f"held {(held1 - held0) / len(blobs) * 1e3:.4f}")
+        print(f"per_tx {len(blobs) / max(1, tx1 - tx0):.3f}")
 
 
-def arm(src: Path, agents: int, reports: int, threads: int) -> tuple[float, float]:
+def arm(src: Path, agents: int, reports: int, threads: int) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{src / 'probe'}"}
     out = subprocess.run(
         [sys.executable, __file__, "--child", str(agents), str(reports), str(threads)],
@@ -151,10 +160,15 @@ def arm(src: Path, agents: int, reports: int, threads: int) -> tuple[float, floa
     )  # fmt: skip
     if out.returncode != 0:
         raise SystemExit(f"arm {src} failed:\n{out.stdout}\n{out.stderr}")
-    got = dict(
-        line.split() for line in out.stdout.splitlines() if line.split()[:1] in (["floor"], ["cpu"])
-    )
-    return float(got["floor"]), float(got["cpu"])
+    keys = ("floor", "cpu", "held", "per_tx")
+    got = {
+        k: float(v)
+        for k, v in (line.split() for line in out.stdout.splitlines() if len(line.split()) == 2)
+        if k in keys
+    }
+    got.setdefault("held", float("nan"))  # a tree from before Store.write_times
+    got.setdefault("per_tx", float("nan"))
+    return got
 
 
 def main() -> None:
@@ -182,21 +196,35 @@ def main() -> None:
           f"{args.threads} threads, {args.rounds} rounds, arms interleaved, baseline "
           f"{srcs[0][0]}", flush=True)  # fmt: skip
     cpu: dict[str, list[float]] = {label: [] for label, _ in srcs}
+    held: dict[str, list[float]] = {label: [] for label, _ in srcs}
+    per_tx: dict[str, list[float]] = {label: [] for label, _ in srcs}
     floors: list[float] = []
     for r in range(args.rounds):
         order = [*srcs[r % len(srcs) :], *srcs[: r % len(srcs)]]
         for label, src in order:
-            floor, ms = arm(src, args.agents, args.reports, args.threads)
-            cpu[label].append(ms)
-            floors.append(floor)
-            print(f"  round {r} {label}: {ms:.3f} ms CPU per report (floor {floor:.4f} ms)",
-                  flush=True)  # fmt: skip
+            got = arm(src, args.agents, args.reports, args.threads)
+            cpu[label].append(got["cpu"])
+            held[label].append(got["held"])
+            per_tx[label].append(got["per_tx"])
+            floors.append(got["floor"])
+            print(f"  round {r} {label}: {got['cpu']:.3f} ms CPU per report (floor "
+                  f"{got['floor']:.4f} ms), write lock held {got['held']:.3f} ms per report, "
+                  f"{got['per_tx']:.2f} reports per transaction", flush=True)  # fmt: skip
     print("CPU ms per acknowledged report, over the rounds:")
     print_rows({**{k: summary(v) for k, v in cpu.items()}, "floor": summary(floors)}, "8.4f")
+    if not any(math.isnan(v) for vs in held.values() for v in vs):
+        print("Write lock held per report, ms (wall: statements and commit), over the rounds:")
+        print_rows({k: summary(v) for k, v in held.items()}, "8.4f")
+        print("Reports per transaction, over the rounds:")
+        print_rows({k: summary(v) for k, v in per_tx.items()}, "8.3f")
     base = cpu[srcs[0][0]]
     for label, _ in srcs[1:]:
         paired = statistics.median(a / b for a, b in zip(cpu[label], base, strict=True))
-        print(f"  {label} / {srcs[0][0]} = {paired:.3f} (paired per round, median)")
+        print(f"  {label} / {srcs[0][0]} = {paired:.3f} (CPU, paired per round, median)")
+        hb, hl = held[srcs[0][0]], held[label]
+        if not any(math.isnan(v) for v in (*hb, *hl)):
+            paired = statistics.median(a / b for a, b in zip(hl, hb, strict=True))
+            print(f"  {label} / {srcs[0][0]} = {paired:.3f} (write lock held, paired, median)")
     print(f"  {srcs[0][0]} / floor = {statistics.median(base) / statistics.median(floors):.1f}")
 
 

@@ -64,30 +64,88 @@ def save_concurrently(s: Store, agents: list[str]) -> tuple[dict[str, bool | Bas
     with s._lock:  # a transaction in progress: every writer arrives and waits
         for t in threads:
             t.start()
-        # the first became the leader (its batch taken, waiting for the store), the rest wait
-        wait_for("every writer waiting", lambda: len(s.reports._pending) == len(agents) - 1)
+        # the first became the leader, waiting for the store before it takes its batch; the
+        # rest wait for it, every write pending
+        wait_for("every writer waiting", lambda: len(s.reports._pending) == len(agents))
+        wait_for("a leader", lambda: s.reports._leading)
     for t in threads:
         t.join(HUNG_S)
     return out, s.transactions - before
 
 
 def test_reports_waiting_for_a_commit_are_committed_together(backend: Backend) -> None:
-    """N reports that arrive while the store is busy take two transactions, not N (the
-    first writer's own, then one for the N - 1 that waited), and each call returns True
-    with its report stored; the ledger still verifies."""
+    """N reports that arrive while the store is busy take ONE transaction, not N: the leader
+    takes its batch only once it holds the store, so the writes that arrived while it waited
+    are in it (before 2026-12-06 it took its batch first: two transactions, [1, N - 1]). Each
+    call returns True with its report stored; the ledger still verifies."""
     agents = [f"a{i}" for i in range(N)]
     s = Store(backend.target)
     try:
         out, transactions = save_concurrently(s, agents)
-        assert (out, transactions, s.reports.batches[-2:]) == (
+        assert (out, transactions, s.reports.batches[-1:]) == (
             dict.fromkeys(agents, True),
-            2,
-            [1, N - 1],
+            1,
+            [N],
         )
     finally:
         s.close()
     assert stored(backend.target) == {(a, 1) for a in agents}
     assert backend.check().ok
+
+
+def test_reports_waiting_while_another_writer_holds_the_database_share_one_commit(
+    backend: Backend,
+) -> None:
+    """Another writer on the same database (a second verifier process's transaction, here a
+    second connection of this one) holds the write lock while N agents' reports arrive: the
+    leader waits for the lock and only then takes its batch, so all N are committed in one
+    transaction. Before, it had taken its own write alone while waiting: [1, N - 1], one
+    commit (an fsync under the lock) more per wait. Negative control: the other writer's row
+    is stored too, and the store's transactions did not start before it let go."""
+    agents = [f"a{i}" for i in range(N)]
+    s = Store(backend.target)
+    other = open_database(backend.target)
+    out: dict[str, bool | BaseException] = {}
+
+    def save(agent: str) -> None:
+        try:
+            rep = StoredReport(agent, 1, "t-" + agent, 100.0, b"r")
+            out[agent] = s.save_report(rep, {}) is not None
+        except BaseException as e:  # noqa: BLE001 - asserted by the test
+            out[agent] = e
+
+    threads = [threading.Thread(target=save, args=(a,)) for a in agents]
+    try:
+        other.begin()  # the other verifier's transaction: the write lock is its
+        other.execute(
+            "INSERT INTO runs (name, policy_toml, policy_digest, source, created_unix) "
+            "VALUES ('other', '', 'd', 'test', 1.0)"
+        )
+        before = s.transactions
+        for t in threads:
+            t.start()
+        wait_for("every writer waiting", lambda: len(s.reports._pending) == N)
+        # one transaction begun, its leader blocked on the other's lock
+        wait_for("a leader waiting for the lock", lambda: s.transactions == before + 1)
+        other.commit()
+        for t in threads:
+            t.join(HUNG_S)
+        assert (out, s.transactions - before, s.reports.batches[-1:]) == (
+            dict.fromkeys(agents, True),
+            1,
+            [N],
+        )
+    finally:
+        if other.in_transaction:
+            other.rollback()
+        other.close()
+        s.close()
+    assert stored(backend.target) == {(a, 1) for a in agents}
+    db = open_database(backend.target, read_only=True)
+    try:
+        assert db.execute("SELECT COUNT(*) FROM runs WHERE name = 'other'").fetchone()[0] == 1
+    finally:
+        db.close()
 
 
 REFUSE = {
@@ -117,8 +175,8 @@ def test_a_report_the_database_refuses_fails_alone_not_its_batch(backend: Backen
         refused = out.pop("refused")
         assert isinstance(refused, s.errors) and "refused by the test" in str(refused)
         assert out == {a: True for a in agents if a != "refused"}
-        # the leader alone; the batch of 5 that failed; its 5 reports alone
-        assert (s.reports.batches[-7:], transactions) == ([1, 5, 1, 1, 1, 1, 1], 7)
+        # the batch of 6 that failed; its 6 reports alone
+        assert (s.reports.batches[-7:], transactions) == ([6, 1, 1, 1, 1, 1, 1], 7)
     finally:
         s.close()
     assert stored(backend.target) == {(a, 1) for a in agents if a != "refused"}
@@ -205,10 +263,11 @@ def _rounds_of_more_writes_than_a_batch() -> None:
     ran: list[int] = []
     gate, first = threading.Event(), threading.Event()
 
-    def run_batch(writes: Sequence[Callable[[object], int]], label: str) -> list[int]:
+    def run_batch(take: Callable[[], tuple[Sequence[Callable[[object], int]], str]]) -> list[int]:
         if not first.is_set():  # the first transaction holds until the others queue up
             first.set()
             assert gate.wait(10)
+        writes, _ = take()
         out = [w(None) for w in writes]
         ran.extend(out)
         return out
@@ -226,9 +285,9 @@ def _rounds_of_more_writes_than_a_batch() -> None:
     for t in threads[1:]:
         t.start()
     deadline = time.monotonic() + 10
-    while len(gc._pending) < 6 and time.monotonic() < deadline:
+    while len(gc._pending) < 7 and time.monotonic() < deadline:
         time.sleep(0.001)
-    assert len(gc._pending) == 6
+    assert len(gc._pending) == 7  # the leader's own too: it takes once it holds the store
     gate.set()
     for t in threads:
         t.join(10)

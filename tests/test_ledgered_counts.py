@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -25,33 +24,24 @@ from tests.test_export import keys
 BATCH2 = json.dumps(["a", 2])
 
 
-def _old_store_batch(  # noqa: PLR0917 - the signature it stands in for
-    db: Database,
-    batch: str,
-    target: str,
-    spans: Any,
-    ids: Any,
-    received: float,
-) -> tuple[str, str, None]:
+def _old_write_batch(db: Database, p: bindings.PreparedBatch) -> tuple[str, str, None]:
     """What the verifier wrote before counts were ledgered: the batch row without digests or
     counts, and (through the store) the subject over the rows' digests alone."""
-    span_rows = [bindings.span_row(batch, target, b) for b in spans]
-    id_rows = [bindings.id_row(batch, target, r) for r in ids]
     db.execute(
         "INSERT INTO binding_batches (ref, target, received_unix, spans, ids) "
         "VALUES (?, ?, ?, ?, ?)",
-        (batch, target, received, len(span_rows), len(id_rows)),
+        (p.ref, p.target, p.received, len(p.span_rows), len(p.id_rows)),
     )
-    if span_rows:
-        db.executemany(bindings.INSERT_SPAN, span_rows)
-    if id_rows:
-        db.executemany(bindings.INSERT_ID, id_rows)
-    return bindings.rows_sha256(span_rows), bindings.rows_sha256(id_rows), None
+    if p.span_rows:
+        db.executemany(bindings.INSERT_SPAN, p.span_rows)
+    if p.id_rows:
+        db.executemany(bindings.INSERT_ID, p.id_rows)
+    return bindings.rows_sha256(p.span_rows), bindings.rows_sha256(p.id_rows), None
 
 
 @pytest.fixture
 def old_writer(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(bindings, "store_batch", _old_store_batch)
+    monkeypatch.setattr(bindings, "write_batch", _old_write_batch)
     yield
 
 
@@ -174,7 +164,7 @@ def test_a_migrated_store_ledgers_counts_for_new_batches_only(
     then new batches: the full chain walk accepts both kinds, and the quick audit hashes
     only the old batch whole."""
     with monkeypatch.context() as m:
-        m.setattr(bindings, "store_batch", _old_store_batch)
+        m.setattr(bindings, "write_batch", _old_write_batch)
         stocked(backend.target)
     _drop_count_columns(backend)
     more_batches(backend.target, 2)  # the new Store adds the columns back, NULL in batch 1

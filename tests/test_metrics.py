@@ -382,6 +382,53 @@ def test_refusals_duplicates_and_manifest_requests_are_counted_by_reason(tmp_pat
     assert get(s, "verifier_ledger_entries") == 2  # the manifest and the report
 
 
+def test_the_write_lock_s_wait_and_hold_are_counted(tmp_path: Path) -> None:
+    """Another writer on the verifier's database (as a second verifier process would) holds
+    the write lock while an agent's report arrives: the report is acknowledged only once the
+    lock is let go, and the verifier counts the wait (at least the time the lock was held
+    after its transaction began waiting) apart from the time it held the lock. Negative
+    control: before the report, no wait was counted beyond the start's own transactions."""
+    import grpc
+
+    from servewitness import wire
+    from servewitness.server.app import ServeConfig, VerifierServer
+    from servewitness.server.db import open_database
+    from tests.test_verifier_grpc import hello, report
+
+    held_s = 0.3
+    addr, db_path = f"unix:{tmp_path}/v.sock", tmp_path / "db.sqlite3"
+    server = VerifierServer(ServeConfig(addr, db_path, report_interval_s=0.2))
+    server.start()
+    other = open_database(db_path)
+    try:
+        with grpc.insecure_channel(addr, options=list(wire.GRPC_OPTIONS)) as ch:
+            stub = agent_stub(ch)
+            nonce = hello(stub)
+            before = parse(server.service.metrics.render())
+            began = get(before, "verifier_store_transactions_total")
+            other.begin()  # the write lock is the other writer's
+            call = stub.Report.future(report(nonce, 1))
+            store = server.service.store
+            until("the report's transaction waiting", lambda: store.transactions > began, [])
+            time.sleep(held_s)  # the lock stays the other's this long after the wait began
+            assert not call.done()
+            other.commit()
+            assert call.result(timeout=30).accepted
+        after = parse(server.service.metrics.render())
+    finally:
+        if other.in_transaction:
+            other.rollback()
+        other.close()
+        server.stop()
+    waited = get(after, "verifier_store_write_wait_seconds_total")
+    assert waited - get(before, "verifier_store_write_wait_seconds_total") >= held_s
+    assert get(after, "verifier_store_write_held_seconds_total") > get(
+        before, "verifier_store_write_held_seconds_total"
+    )
+    assert get(after, "verifier_store_transactions_total") >= began + 1
+    assert get(before, "verifier_store_write_wait_seconds_total") < held_s
+
+
 # Evidence per target, over the real endpoint of a real verifier -------------------------------
 
 

@@ -155,7 +155,8 @@ def test_a_batch_the_lock_refused_is_not_retried_write_by_write(
     """Group commit retries a failed batch's writes one by one (so only the write the
     database refuses fails); a lock that was never had says nothing about the writes, and
     retried alone each would wait as long again (N writes, N bounds). The batch fails at once:
-    two transactions tried for six writes (the first writer's, then the five that waited)."""
+    one transaction tried for six writes (its leader takes the batch only once it holds the
+    lock; never had, every write pending then fails with it)."""
     monkeypatch.setattr(dbmodule.Database, "lock_wait_s", 0.3)
     path = str(tmp_path / "v.sqlite3")
     s = Store(path)
@@ -163,7 +164,7 @@ def test_a_batch_the_lock_refused_is_not_retried_write_by_write(
         with stopped_writer(path):
             out, tried = save_concurrently(s, [f"a{i}" for i in range(6)])
         assert all(isinstance(r, WriterLockTimeout) for r in out.values()), out
-        assert tried == 2 and s.reports.batches[-2:] == [1, 5]
+        assert tried == 1 and s.reports.batches[-1:] == [6]
         out, tried = save_concurrently(s, ["b0", "b1"])  # the holder gone: written
         assert out == {"b0": True, "b1": True}
     finally:

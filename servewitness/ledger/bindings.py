@@ -19,6 +19,7 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from servewitness.ledger.interface import Database
@@ -98,30 +99,48 @@ def id_row(batch: str, target: str, r: RequestId) -> tuple[Any, ...]:
     return (batch, target, r.internal_id, r.external_id, client_id(r.external_id), float(r.unix))
 
 
-def store_batch(  # noqa: PLR0917 - one call site, inside the store's transaction
-    db: Database,
+@dataclass(frozen=True, slots=True)
+class PreparedBatch:
+    """One report's bindings as the rows ``write_batch`` inserts, with their digests and
+    counts: built before the transaction (nothing here needs the database), so that the
+    write lock is held for the inserts alone."""
+
+    ref: str
+    target: str
+    received: float
+    span_rows: list[tuple[Any, ...]]
+    id_rows: list[tuple[Any, ...]]
+    digests: tuple[str, str, str]  # spans_sha256, ids_sha256, counts_json
+
+
+def prepare_batch(
     batch: str,
     target: str,
     spans: Sequence[RequestSpan],
     ids: Sequence[RequestId],
     received: float,
-) -> tuple[str, str, str]:
-    """Insert one batch (inside the caller's transaction); the digests of its span and id rows
-    and its per-process counts, for the ledger subject. The index of requests served per
-    process (``servewitness.server.index``) is the caller's."""
+) -> PreparedBatch:
+    """Batch BATCH of TARGET's SPANS and IDS received at RECEIVED, as rows and digests."""
     span_rows = [span_row(batch, target, b) for b in spans]
     id_rows = [id_row(batch, target, r) for r in ids]
     digests = (rows_sha256(span_rows), rows_sha256(id_rows), counts_json(span_rows))
+    return PreparedBatch(batch, target, received, span_rows, id_rows, digests)
+
+
+def write_batch(db: Database, p: PreparedBatch) -> tuple[str, str, str | None]:
+    """Insert P (inside the caller's transaction); the digests of its span and id rows and its
+    per-process counts, for the ledger subject. The index of requests served per process
+    (``servewitness.server.index``) is the caller's."""
     db.execute(
         "INSERT INTO binding_batches (ref, target, received_unix, spans, ids, spans_sha256, "
         "ids_sha256, counts_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        (batch, target, received, len(span_rows), len(id_rows), *digests),
+        (p.ref, p.target, p.received, len(p.span_rows), len(p.id_rows), *p.digests),
     )
-    if span_rows:
-        db.executemany(INSERT_SPAN, span_rows)
-    if id_rows:
-        db.executemany(INSERT_ID, id_rows)
-    return digests
+    if p.span_rows:
+        db.executemany(INSERT_SPAN, p.span_rows)
+    if p.id_rows:
+        db.executemany(INSERT_ID, p.id_rows)
+    return p.digests
 
 
 # The columns of a span row a count is keyed by: boot_id, pid, start_ticks, manifest_first.
@@ -130,9 +149,9 @@ _COUNT_KEY = (2, 3, 4, 12)
 
 def counts_json(span_rows: Iterable[Sequence[Any]]) -> str:
     """A batch's requests counted per process and manifest of their first step (what
-    ``servewitness.server.index.index_requests`` adds to ``processes.requests``), as compact JSON
-    ``[[boot_id, pid, start_ticks, manifest, count], ...]`` in key order: what the ledger
-    subject of a batch covers beside its rows' digests."""
+    ``servewitness.server.index.write_request_counts`` adds to ``processes.requests``), as
+    compact JSON ``[[boot_id, pid, start_ticks, manifest, count], ...]`` in key order: what
+    the ledger subject of a batch covers beside its rows' digests."""
     counts: dict[tuple[str, int, int, str], int] = {}
     for r in span_rows:
         k = (str(r[2]), int(r[3]), int(r[4]), str(r[12]))

@@ -70,11 +70,14 @@ def report_subject(
     body: bytes,
     *,
     receipt_json: str | None = None,
+    body_sha256: str | None = None,
 ) -> str:
     """A stored report. RECEIPT_JSON: how the verifier that stored it received it (who it
     was authenticated as, how long it took to store: ``server/follow.py``), in reports stored
-    since it was kept; NULL in older rows, whose subject leaves it out."""
-    parts: list[object] = [agent_id, seq, target, received, hashlib.sha256(body).hexdigest()]
+    since it was kept; NULL in older rows, whose subject leaves it out. BODY_SHA256: BODY's
+    sha256 in hex, when the caller computed it already (outside the write lock)."""
+    digest = hashlib.sha256(body).hexdigest() if body_sha256 is None else body_sha256
+    parts: list[object] = [agent_id, seq, target, received, digest]
     if receipt_json is not None:
         parts.append(receipt_json)
     return sha("report", *parts)

@@ -180,7 +180,7 @@ def _derive_processes(
 ) -> tuple[dict[PKey, _Proc], list[Difference]]:
     """The ``processes`` rows the stored reports (decoded) and bindings derive, replayed in
     storage order as the verifier indexed them (``servewitness.server.index.index_processes``
-    then ``index_requests`` per report), and the differences found on the way.
+    then ``write_request_counts`` per report), and the differences found on the way.
 
     Every target (``audit verify``): the binding rows counted in SQL (``chain.verify`` checks
     them against their entries). For TARGETS (one answer's check): the reports read are
@@ -247,8 +247,8 @@ def _seen(out: dict[PKey, _Proc], target: str, at: float, processes: Sequence[An
 
 def _batches(db: Database) -> dict[str, list[tuple[PKey, int]]]:
     """Each stored batch's spans counted per process and manifest of their first step (what
-    ``index_requests`` counts), in SQL: O(the binding rows) inside the database, none of them
-    decoded here."""
+    ``write_request_counts`` counts), in SQL: O(the binding rows) inside the database, none
+    of them decoded here."""
     cols = "target, boot_id, pid, start_ticks, manifest_first"
     rows = db.execute(
         f"SELECT batch, {cols}, COUNT(*) FROM bindings GROUP BY batch, {cols}"  # noqa: S608

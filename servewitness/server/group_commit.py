@@ -6,10 +6,15 @@ largest single cost of ingest (21 % of the verifier's CPU at 500 agents, BENCHMA
 commit for every report waiting costs about as much as one for a single report.
 
 How (leader and followers, no thread of its own): a caller appends its write to the pending
-list; if no batch is being written it becomes the leader, takes everything pending and writes
-it in one transaction (``run_batch``); callers that arrive meanwhile wait, and when the batch
-is done one of them leads the next. Durability is unchanged: a caller returns (and the
-servicer acknowledges) only after the transaction holding its write committed.
+list; if no batch is being written it becomes the leader, opens the transaction (waiting for the
+database's write lock: another verifier on the same database, or this one's own reads) and
+only then takes everything pending and writes it (``run_batch``); callers that arrive
+meanwhile wait, and when the batch is done one of them leads the next. Taking the batch once
+the lock is held puts every write that arrived during the wait into it: one commit for them
+instead of one more each (measured with two verifier processes on one SQLite file, where a
+leader waits for the other's transaction: BENCHMARKS.md, "The write lock's work"). Durability
+is unchanged: a caller returns (and the servicer acknowledges) only after the transaction
+holding its write committed.
 
 Failure: when a batch's transaction fails, nothing of it was committed; each of its writes is
 then tried again alone, so only the writes that fail alone fail (a report the database
@@ -42,14 +47,21 @@ class _Write(Generic[T]):
         self.error: BaseException | None = None
 
 
+# What RUN_BATCH is given: TAKE, called once inside the open transaction, returns the batch's
+# writes and a label for them ("report AGENT/SEQ" for one, "N writes" for several).
+Take = Callable[[], tuple[Sequence[Callable[[Any], T]], str]]
+
+
 class GroupCommit(Generic[T]):
-    """Writes submitted concurrently, committed together. RUN_BATCH(writes, label) runs every
-    write of a batch (each given the database connection) in ONE transaction and commits it,
-    raising if it did not commit; a batch of one is also how a write is retried alone."""
+    """Writes submitted concurrently, committed together. RUN_BATCH(take) opens ONE
+    transaction, calls TAKE once it holds the database's write lock, runs every write TAKE
+    returned (each given the database connection) and commits, returning their results in
+    order, raising if it did not commit; a batch of one is also how a write is retried
+    alone."""
 
     def __init__(
         self,
-        run_batch: Callable[[Sequence[Callable[[Any], T]], str], list[T]],
+        run_batch: Callable[[Take[T]], list[T]],
         max_batch: int = MAX_BATCH,
         shared: tuple[type[BaseException], ...] = (),
     ) -> None:
@@ -77,9 +89,8 @@ class GroupCommit(Generic[T]):
                 if item.done:
                     break
                 self._leading = True
-                batch, self._pending = self._pending[: self._max], self._pending[self._max :]
             try:
-                self._write(batch)
+                self._lead()
             finally:
                 with self._cond:
                     self._leading = False
@@ -88,30 +99,51 @@ class GroupCommit(Generic[T]):
             raise item.error
         return item.result  # type: ignore[return-value]  # done without error: set
 
-    def _write(self, batch: list[_Write[T]]) -> None:
+    def _take(self) -> list[_Write[T]]:
+        with self._cond:
+            batch, self._pending = self._pending[: self._max], self._pending[self._max :]
         self.batches = [*self.batches[-63:], len(batch)]
-        label = batch[0].label if len(batch) == 1 else f"{len(batch)} writes"
+        return batch
+
+    @staticmethod
+    def _label(batch: Sequence[_Write[T]]) -> str:
+        return batch[0].label if len(batch) == 1 else f"{len(batch)} writes"
+
+    def _lead(self) -> None:
+        taken: list[_Write[T]] = []
+
+        def take() -> tuple[list[Callable[[Any], T]], str]:
+            if taken:
+                raise RuntimeError("a batch is taken once per transaction")
+            taken.extend(self._take())
+            return [w.write for w in taken], self._label(taken)
+
         try:
-            results = self._run_batch([w.write for w in batch], label)
+            results = self._run_batch(take)
         except Exception as e:  # noqa: BLE001 - nothing committed: each write is tried alone
-            if len(batch) == 1 or isinstance(e, self._shared):
-                for w in batch:
+            opened = bool(taken)
+            if not opened:  # the transaction never opened: none of these writes was tried
+                taken.extend(self._take())
+            if len(taken) == 1 or isinstance(e, self._shared) or not opened:
+                for w in taken:
                     w.error, w.done = e, True
                 return
-            for w in batch:
+            for w in taken:
                 self._alone(w)
             return
         except BaseException as e:
-            for w in batch:
+            for w in taken or self._take():
                 w.error, w.done = e, True
             raise
-        for w, r in zip(batch, results, strict=True):
+        if not taken:
+            raise RuntimeError("run_batch committed without taking its batch")
+        for w, r in zip(taken, results, strict=True):
             w.result, w.done = r, True
 
     def _alone(self, w: _Write[T]) -> None:
         self.batches = [*self.batches[-63:], 1]
         try:
-            w.result = self._run_batch([w.write], w.label)[0]
+            w.result = self._run_batch(lambda: ([w.write], w.label))[0]
         except BaseException as e:  # noqa: BLE001 - handed to the caller that submitted it
             w.error = e
         w.done = True

@@ -80,40 +80,54 @@ def index_manifest(db: Database, digest: str, files: Sequence[dict[str, Any]]) -
     write_manifest_index(db, manifest_index(digest, files))
 
 
+_UPSERT_PROCESS = (
+    "INSERT INTO processes (target, boot_id, pid, start_ticks, manifest, role, rank, "
+    "container_id, runner, first_unix, last_unix, reports) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1) "
+    "ON CONFLICT (target, boot_id, pid, start_ticks, manifest) DO UPDATE SET "
+    "last_unix = excluded.last_unix, reports = processes.reports + 1, "
+    "role = excluded.role, rank = excluded.rank, container_id = excluded.container_id, "
+    "runner = COALESCE(excluded.runner, processes.runner)"
+)
+_COUNT_REQUESTS = (
+    "UPDATE processes SET requests = requests + ? WHERE target = ? AND boot_id = ? "
+    "AND pid = ? AND start_ticks = ? AND manifest = ?"
+)
+
+
+def process_rows(target: str, at: float, processes: Sequence[ProcessSeen]) -> list[tuple[Any, ...]]:
+    """The rows ``write_processes`` upserts (built before the transaction)."""
+    return [
+        (target, p.boot_id, p.pid, p.start_ticks, p.manifest, p.role, p.rank,
+         p.container_id, p.runner, at, at)
+        for p in processes
+    ]  # fmt: skip
+
+
+def write_processes(db: Database, rows: Sequence[tuple[Any, ...]]) -> None:
+    """Note that each process of ROWS (``process_rows``) ran its manifest in a report."""
+    if rows:
+        db.executemany(_UPSERT_PROCESS, rows)
+
+
 def index_processes(db: Database, target: str, at: float, processes: Sequence[ProcessSeen]) -> None:
     """Note that each of PROCESSES ran its manifest in a report received AT."""
-    if not processes:
-        return
-    db.executemany(
-        "INSERT INTO processes (target, boot_id, pid, start_ticks, manifest, role, rank, "
-        "container_id, runner, first_unix, last_unix, reports) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1) "
-        "ON CONFLICT (target, boot_id, pid, start_ticks, manifest) DO UPDATE SET "
-        "last_unix = excluded.last_unix, reports = processes.reports + 1, "
-        "role = excluded.role, rank = excluded.rank, container_id = excluded.container_id, "
-        "runner = COALESCE(excluded.runner, processes.runner)",
-        [
-            (target, p.boot_id, p.pid, p.start_ticks, p.manifest, p.role, p.rank,
-             p.container_id, p.runner, at, at)
-            for p in processes
-        ],
-    )  # fmt: skip
+    write_processes(db, process_rows(target, at, processes))
 
 
-def index_requests(db: Database, target: str, spans: Sequence[RequestSpan]) -> None:
-    """Count SPANS (request bindings of TARGET, stored in the same transaction) as requests
-    served by their process under the manifest of their first step (what `audit file`
-    counts)."""
-    if not spans:
-        return
+def request_counts(target: str, spans: Sequence[RequestSpan]) -> list[tuple[Any, ...]]:
+    """The rows ``write_request_counts`` applies (built before the transaction)."""
     served = Counter(
         (b.process.boot_id, b.process.pid, b.process.start_ticks, b.manifest_first) for b in spans
     )
-    db.executemany(
-        "UPDATE processes SET requests = requests + ? WHERE target = ? AND boot_id = ? "
-        "AND pid = ? AND start_ticks = ? AND manifest = ?",
-        [(n, target, *k) for k, n in served.items()],
-    )
+    return [(n, target, *k) for k, n in served.items()]
+
+
+def write_request_counts(db: Database, rows: Sequence[tuple[Any, ...]]) -> None:
+    """Count requests as served by their process under the manifest of their first step
+    (what `audit file` counts): ROWS from ``request_counts``."""
+    if rows:
+        db.executemany(_COUNT_REQUESTS, rows)
 
 
 def needs_rebuild(db: Database) -> bool:

@@ -100,7 +100,13 @@ STEP_KINDS = ("total", "productive")
 class VerifierMetrics:
     """What ``verifier serve`` exports. LEDGER_SIZE is read at scrape time."""
 
-    def __init__(self, ledger_size: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        ledger_size: Callable[[], int] | None = None,
+        store_writes: Callable[[], tuple[int, float, float]] | None = None,
+    ) -> None:
+        """LEDGER_SIZE: the ledger's entries; STORE_WRITES: (write transactions, seconds
+        they waited for the write lock, seconds they held it), each read when scraped."""
         r = self.registry = new_registry()
         self.received = Counter(
             "verifier_reports_received_total",
@@ -193,6 +199,31 @@ class VerifierMetrics:
         )
         if ledger_size is not None:
             ScrapeTime(r, "verifier_ledger_entries", "entries in the audit ledger", ledger_size)
+        if store_writes is not None:
+            writes = store_writes
+            ScrapeTime(
+                r,
+                "verifier_store_transactions",
+                "write transactions begun (reports of one group commit share one)",
+                lambda: writes()[0],
+                counter=True,
+            )
+            ScrapeTime(
+                r,
+                "verifier_store_write_wait_seconds",
+                "seconds write transactions waited for the database's write lock (another "
+                "verifier's transaction on the same database, or this one's)",
+                lambda: writes()[1],
+                counter=True,
+            )
+            ScrapeTime(
+                r,
+                "verifier_store_write_held_seconds",
+                "seconds write transactions held the database's write lock (statements and "
+                "commit); near 1 a second, the lock is what limits ingest",
+                lambda: writes()[2],
+                counter=True,
+            )
         self.rpcs = Counter(
             "verifier_rpcs_total",
             "RPCs answered, by method and gRPC status code",

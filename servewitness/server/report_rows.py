@@ -5,6 +5,7 @@ on the same database makes (``server/follow.py``). Functions over a database the
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,9 +15,11 @@ from servewitness.model import RequestId, RequestSpan
 from servewitness.server.db import Database
 from servewitness.server.index import (
     ProcessSeen,
-    index_processes,
-    index_requests,
+    process_rows,
+    request_counts,
     write_manifest_index,
+    write_processes,
+    write_request_counts,
 )
 from servewitness.server.manifest_rows import PreparedManifest
 
@@ -43,25 +46,55 @@ def from_row(row: Sequence[Any]) -> StoredReport:
     return StoredReport(row[0], int(row[1]), row[2], float(row[3]), body, row[5], int(row[6]))
 
 
-def insert(  # noqa: PLR0917 - one report's parts, as the store is given them
-    db: Database,
+@dataclass(frozen=True, slots=True)
+class PreparedReport:
+    """A report and everything stored with it, as rows and digests built before its
+    transaction (``prepare``): inside, ``write`` runs the statements and the ledger's chain,
+    which need the database, and nothing else."""
+
+    rep: StoredReport
+    manifests: Sequence[PreparedManifest]
+    body_sha256: str
+    processes: list[tuple[Any, ...]]
+    bindings: bindings.PreparedBatch | None
+    request_counts: list[tuple[Any, ...]]
+
+
+def prepare(
     rep: StoredReport,
-    prepared: Sequence[PreparedManifest],
+    manifests: Sequence[PreparedManifest],
     processes: Sequence[ProcessSeen],
     spans: Sequence[RequestSpan],
     request_ids: Sequence[RequestId],
-    *,
-    receipt: Callable[[], str] | None = None,
+) -> PreparedReport:
+    """REP with its new MANIFESTS, the PROCESSES it saw and its bindings, ready to write."""
+    batch = None
+    if spans or request_ids:
+        ref = chain.bindings_ref(rep.agent_id, rep.seq)
+        batch = bindings.prepare_batch(ref, rep.target, spans, request_ids, rep.received_unix)
+    return PreparedReport(
+        rep,
+        manifests,
+        hashlib.sha256(rep.report).hexdigest(),
+        process_rows(rep.target, rep.received_unix, processes),
+        batch,
+        request_counts(rep.target, spans),
+    )
+
+
+def write(
+    db: Database, p: PreparedReport, *, receipt: Callable[[], str] | None = None
 ) -> int | None:
-    """Write REP (inside the caller's transaction): its row's rowid, or None if its seq (or
-    a later one of its agent) is stored already. RECEIPT makes its receipt now (else REP's
-    own)."""
+    """Write P (inside the caller's transaction): its row's rowid, or None if its seq (or a
+    later one of its agent) is stored already. RECEIPT makes its receipt now (else the
+    report's own)."""
+    rep = p.rep
     # Seqs only grow: this seq, or a later one, stored already (by this verifier or another
     # on the same database, whose acknowledgement this verifier's cache has not seen)
     last = db.execute("SELECT MAX(seq) FROM reports WHERE agent_id = ?", (rep.agent_id,)).fetchone()
     if last is not None and last[0] is not None and int(last[0]) >= rep.seq:
         return None
-    for m in prepared:  # content-addressed: each digest once
+    for m in p.manifests:  # content-addressed: each digest once
         if db.execute("SELECT 1 FROM manifests WHERE digest = ?", (m.digest,)).fetchone():
             continue
         db.execute(
@@ -78,15 +111,15 @@ def insert(  # noqa: PLR0917 - one report's parts, as the store is given them
         row,
     ).fetchone()
     ref = chain.report_ref(rep.agent_id, rep.seq)
-    subject = chain.report_subject(*row[:5], receipt_json=got)
+    subject = chain.report_subject(*row[:5], receipt_json=got, body_sha256=p.body_sha256)
     chain.append(db, rep.received_unix, "report", ref, subject)
-    index_processes(db, rep.target, rep.received_unix, processes)
-    if spans or request_ids:
-        batch = chain.bindings_ref(rep.agent_id, rep.seq)
-        digests = bindings.store_batch(db, batch, rep.target, spans, request_ids, rep.received_unix)
-        index_requests(db, rep.target, spans)
-        subject = chain.bindings_subject(batch, rep.target, rep.received_unix, *digests)
-        chain.append(db, rep.received_unix, "bindings", batch, subject)
+    write_processes(db, p.processes)
+    if p.bindings is not None:
+        b = p.bindings
+        digests = bindings.write_batch(db, b)
+        write_request_counts(db, p.request_counts)
+        subject = chain.bindings_subject(b.ref, b.target, b.received, *digests)
+        chain.append(db, rep.received_unix, "bindings", b.ref, subject)
     return int(rowid)
 
 

@@ -120,7 +120,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
             maxlen=MAX_SEEN_VERDICTS
         )
         self.dirty = threading.Event()  # new evidence: the history keeper re-evaluates
-        self.metrics = VerifierMetrics(store.ledger_size)
+        self.metrics = VerifierMetrics(store.ledger_size, store.write_times)
         limit = functools.partial(freshness_limit_s, store, self.evaluator)
         self.pacer = Pacer(report_interval_s, limit, self.metrics.registry)  # server/pacing.py
         # server/windows.py

@@ -32,7 +32,7 @@ from servewitness.model import FileEntry, RequestId, RequestSpan
 from servewitness.server import manifest_rows, report_rows, schema
 from servewitness.server.bounded import LruCache
 from servewitness.server.db import Database, is_corruption, open_database
-from servewitness.server.group_commit import GroupCommit
+from servewitness.server.group_commit import GroupCommit, Take
 from servewitness.server.index import (
     ProcessSeen,
     needs_rebuild,
@@ -110,6 +110,11 @@ class Store:
         self._lock = threading.Lock()
         self._writing: str | None = None  # what the write transaction in progress stores
         self.transactions = 0  # write transactions begun (``writing``)
+        # Seconds write transactions waited for the write lock (another verifier's
+        # transaction, this one's reads) and held it (statements and commit): the metrics'
+        # verifier_store_write_*_seconds_total, and what a benchmark divides by its reports
+        self.write_wait_s = 0.0
+        self.write_held_s = 0.0
         self._frontier: merkle.Frontier | None = None  # the tree as last signed (checkpoints)
         self._kept: tiles.KeptTree | None = None  # the tree proofs come from (ledger/tiles.py)
         # Reports arriving while one commits are committed together (server/group_commit.py)
@@ -260,6 +265,11 @@ class Store:
         with self._lock:
             self._db.close()
 
+    def write_times(self) -> tuple[int, float, float]:
+        """(write transactions begun, seconds they waited for the write lock, seconds they
+        held it): read without the lock (a scrape never waits for a transaction)."""
+        return self.transactions, self.write_wait_s, self.write_held_s
+
     @property
     def writing(self) -> str | None:
         """What the write transaction that holds the store now stores ("report AGENT/SEQ",
@@ -277,8 +287,10 @@ class Store:
         with self._lock:
             self._writing = what
             self.transactions += 1
+            t0, t1 = time.perf_counter(), None  # t1: the lock had
             try:
                 self._db.begin()
+                t1 = time.perf_counter()
                 for sql, args in statements:
                     self._db.execute(sql, args)
                 if then is not None:
@@ -293,13 +305,20 @@ class Store:
                 raise
             finally:
                 self._writing = None
+                t2 = time.perf_counter()
+                self.write_wait_s += (t2 if t1 is None else t1) - t0
+                self.write_held_s += 0.0 if t1 is None else t2 - t1
 
-    def _batch(
-        self, writes: Sequence[Callable[[Database], int | None]], what: str
-    ) -> list[int | None]:
-        """WRITES in one transaction (group commit): their results once it committed."""
+    def _batch(self, take: Take[int | None]) -> list[int | None]:
+        """The writes TAKE gives once this transaction holds the write lock, in that one
+        transaction (group commit): their results once it committed."""
         out: list[int | None] = []
-        self._tx([], lambda db: out.extend(w(db) for w in writes), what)
+
+        def run(db: Database) -> None:
+            writes, self._writing = take()
+            out.extend(w(db) for w in writes)
+
+        self._tx([], run, "a batch, not yet taken")
         return out
 
     def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -404,14 +423,16 @@ class Store:
         report's receipt as its row is written (``follow.receipt_json``: it times the wait
         for the transaction). Returns once its transaction committed: reports saved
         concurrently share one (group commit); one the database refuses fails alone."""
-        prepared = (
-            self.prepare_manifests(manifests) if isinstance(manifests, Mapping) else manifests
-        )
+        prepared = report_rows.prepare(
+            rep,
+            self.prepare_manifests(manifests) if isinstance(manifests, Mapping) else manifests,
+            processes,
+            spans,
+            request_ids,
+        )  # rows and digests built here: the write lock is held for the statements alone
 
         def store(db: Database) -> int | None:
-            rowid = report_rows.insert(
-                db, rep, prepared, processes, spans, request_ids, receipt=receipt
-            )
+            rowid = report_rows.write(db, prepared, receipt=receipt)
             if rowid is not None:
                 self._here.put(rowid, True)  # before it commits: following skips it
             return rowid
