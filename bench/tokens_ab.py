@@ -38,11 +38,16 @@ against steps of ms (~0.1 %). Here nothing changes between arms but the probe's 
   per-round log ratio minus beta times the speed reference's log ratio over the same phases,
   beta the least-squares slope over every round and arm (centred per arm), estimated again in
   every resample. The noise floor is the A2 interval's half-width (the same method run with no
-  difference at all). How a run is read (fixed before session 15's device runs): the paired
-  median by wall clock is the verdict's estimator, as in every earlier run; the others are
-  reported beside it; an estimator resolves 1 % in a run only where its own A/A floor is
-  under 1 % and its own control interval lies below 1. Both wall-clock tokens/s and tokens
-  per CPU-second of this process (all threads) are reported. Runs saved with --save pool
+  difference at all). How a run is read (declared before session 17's device runs; up to
+  session 15 the plain paired median was the verdict's): the **speed-adjusted paired median
+  by wall clock is the verdict's estimator** (in session 15's runs the speed reference
+  explained 58-77 % of the per-round variance and its floors were the narrowest); the plain
+  paired median and the fastest decile are still printed beside it; an estimator resolves
+  1 % in a run only where its own A/A floor is under 1 % and its own control interval lies
+  below 1 (the report prints that reading for each). A run without the speed reference
+  (``--ref-turns 0``) has no verdict's estimator and resolves nothing by this rule. Both
+  wall-clock tokens/s and tokens per CPU-second of this process (all threads) are
+  reported. Runs saved with --save pool
   with --pool (every ratio is within a round, so rounds of separate boots pool; the
   control's size is calibrated per boot, so a pooled control row mixes sizes).
 * the speed reference (``--ref-turns``, 0: none): a fixed pure-Python loop run before every
@@ -58,6 +63,15 @@ against steps of ms (~0.1 %). Here nothing changes between arms but the probe's 
   every 0.5 s, so a shorter phase left its bindings to the next phase (found in session 15's
   decode run, where the phase after a B phase stalled ~30 ms and the sandwich charged that to
   the probe's own baseline).
+* every phase ends with one more engine step, in its arm and inside its timing (the
+  **finish step**): vLLM hands a step's finished requests to the NEXT step's scheduler
+  output, and ``generate`` returns before that step, so without it a B phase's finishes
+  reached the probe only in the next phase, which runs with the probe off: its 256 requests
+  stayed open in the probe's table for good, the table grew by a batch per B phase and the
+  steady fold path went off (session 15's decode re-run: B's cost grew through the run).
+  A server with the probe always on runs that step too (its engine loop steps while finished
+  requests are pending). The requests open in the probe's table after each phase are kept
+  (``open``) and reported: they must stay at 0.
 * the switch is checked on every phase: the probe's step counter advances by the phase's
   steps in B and D phases and by 0 in the others (exit 1 otherwise).
 
@@ -148,6 +162,14 @@ def drain() -> int:
         _bindings.fold()
         _bindings.flush()
     return pending
+
+
+def open_requests() -> int:
+    """Requests open in the probe's bindings table (after ``drain``, every arm): 0 after every
+    phase when each phase's finishes reach the probe in its own phase (the finish step)."""
+    from servewitness_probe import _bindings
+
+    return len(_bindings._open)
 
 
 # The rounds, in either design: which phases each arm has, and what each is compared with.
@@ -273,6 +295,15 @@ ESTIMATORS: dict[str, Estimator] = {
     "fastest decile of each arm's phases": fastest_decile,
 }
 SPEED_ESTIMATOR = ("speed-adjusted paired median", speed_adjusted)
+# The verdict's estimator (wall clock), declared before session 17's device runs; up to
+# session 15 it was the plain paired median, which is still printed beside it.
+VERDICT = SPEED_ESTIMATOR[0]
+
+
+def resolves(floor: float, control_seen: bool) -> bool:
+    """The reading rule, fixed before session 15's runs: an estimator resolves 1 % in a run
+    only where its own A/A floor is under 1 % and its own control interval lies below 1."""
+    return floor < 0.01 and control_seen
 
 
 def interval(
@@ -418,12 +449,16 @@ class Bench:
         c0, t0 = time.process_time(), time.perf_counter_ns()
         try:
             outs = self.llm.generate(self.prompts, self.params, use_tqdm=False)
+            # The finish step: the finishes of this phase's requests reach the worker (and
+            # the probe, in B and D) in this arm, not in the next phase's first step.
+            self.llm.llm_engine.step()
         finally:
             _vllm._bind_step = bind
         td = time.perf_counter_ns()
         drained = drain()
         t1, c1 = time.perf_counter_ns(), time.process_time()
         steal1 = steal_ticks()
+        still_open = open_requests()
         got = sum(len(o.outputs[0].token_ids) for o in outs)
         if got != self.tokens:
             raise SystemExit(f"phase {arm}: {got} tokens, expected {self.tokens}")
@@ -442,6 +477,7 @@ class Bench:
             "steal": steal1 - steal0 if min(steal0, steal1) >= 0 else -1,
             "drain_s": (t1 - td) / 1e9,
             "drained": drained,
+            "open": still_open,
             "steps_us": [round(ns / 1000) for ns in self.step_ns],
         }
 
@@ -522,7 +558,8 @@ def report_steps(results: list[Round], arms: list[str]) -> None:
         return  # recorded before the step timer (or a vLLM whose LLM does not step it)
     print("\nengine steps per phase (median over phases): steps, ms per step, the largest")
     print("step, ms outside steps (the bindings drained at the end included), speed reference")
-    print("ms per phase, steal ticks per phase (-1: unknown):")
+    print("ms per phase, steal ticks per phase (-1: unknown), the most requests left open in the")
+    print("probe's table after a phase (0: every phase's finishes reached the probe in it):")
     for a in arms:
         ps = [p for r in results for p in arm_phases(r, a)]
         per = statistics.median(sum(p["steps_us"]) / 1e3 / len(p["steps_us"]) for p in ps)
@@ -533,12 +570,16 @@ def report_steps(results: list[Round], arms: list[str]) -> None:
             if all("drain_s" in p for p in ps)
             else "not recorded"
         )
+        opened = (
+            f"{max(int(p['open']) for p in ps)}" if all("open" in p for p in ps) else "not recorded"
+        )
         print(
             f"  {a}  steps {statistics.median(len(p['steps_us']) for p in ps):g}  "
             f"{per:.3f} ms/step  largest {big:.2f} ms  "
             f"outside {out:.2f} ms (drain {drain})  "
             f"reference {statistics.median(p['ref_s'] * 1e3 for p in ps):.2f} ms  "
-            f"steal {statistics.median(p['steal'] for p in ps):g}"
+            f"steal {statistics.median(p['steal'] for p in ps):g}  "
+            f"open after the phase, most {opened}"
         )
 
 
@@ -571,7 +612,8 @@ def report(results: list[Round], tokens: int, control_pct: float, seed: int) -> 
             aa, pb, cc = (interval(ds, arm, metric, est, rng) for arm in ("A2", "B", "C"))
             floor = (aa[2] - aa[1]) / 2
             seen = cc[2] < 1.0
-            print(f"  estimator: {name}")
+            mark = " (the verdict's estimator)" if name == VERDICT else ""
+            print(f"  estimator: {name}{mark}")
             if est is speed_adjusted:
                 beta, r2 = speed_fit(ds, metric)
                 print(
@@ -593,6 +635,7 @@ def report(results: list[Round], tokens: int, control_pct: float, seed: int) -> 
             )
             found[f"{metric}/{name}"] = {
                 "aa": aa, "floor": floor, "probe": pb, "control": cc, "control_seen": seen,
+                "resolves_1pct": resolves(floor, seen),
             }  # fmt: skip
             if "D" in arms:
                 nb = interval(ds, "D", metric, est, rng)
@@ -601,6 +644,25 @@ def report(results: list[Round], tokens: int, control_pct: float, seed: int) -> 
                     f"[{nb[1]:.4f}, {nb[2]:.4f}]  ({nb[0] - 1:+.2%})"
                 )
                 found[f"{metric}/{name}"]["probe_no_bindings"] = nb
+            print(
+                f"    reading: resolves 1 %: {resolves(floor, seen)} (A/A floor under 1 %: "
+                f"{floor < 0.01}; control interval below 1: {seen})"
+            )
+    verdict: dict[str, Any] | None = found.get(f"wall/{VERDICT}")
+    found["verdict"] = {"estimator": VERDICT, "metric": "wall", **(verdict or {})}
+    if verdict is None:
+        print(
+            f"\nverdict: no {VERDICT} (the phases carry no speed reference): "
+            "this run resolves nothing by the rule"
+        )
+    else:
+        vp = verdict["probe"]
+        print(
+            f"\nverdict ({VERDICT}, wall clock): A/A floor ±{verdict['floor'] * 100:.2f} %, "
+            f"control seen: {verdict['control_seen']}, resolves 1 %: "
+            f"{verdict['resolves_1pct']}; probe / no-probe = {vp[0]:.4f} "
+            f"[{vp[1]:.4f}, {vp[2]:.4f}]"
+        )
     return found
 
 
@@ -677,7 +739,15 @@ CPU_LLM = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser = argparse.ArgumentParser(
+        description=(__doc__ or "").split("\n")[0],
+        epilog=(
+            f"The verdict's estimator is the {VERDICT} by wall clock (it needs the speed "
+            "reference, --ref-turns > 0); the plain paired median and the fastest decile are "
+            "printed beside it. An estimator resolves 1 % only where its own A/A floor is "
+            "under 1 % and its own control interval lies below 1."
+        ),
+    )
     parser.add_argument("--model", type=Path, default=MODEL)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--prompt-len", type=int, default=16)
@@ -691,7 +761,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--design", choices=DESIGNS, default="sandwich")
     parser.add_argument("--arms", default=" ".join(ARMS[1:]), help="the arms besides A1")
     parser.add_argument(
-        "--ref-turns", type=int, default=2000, help="speed reference loop per step (0: none)"
+        "--ref-turns",
+        type=int,
+        default=2000,
+        help="speed reference loop per step (0: none, and no verdict's estimator)",
     )
     parser.add_argument("--save", type=Path, help="append the run (every phase) as a JSON line")
     parser.add_argument(

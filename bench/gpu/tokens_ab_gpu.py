@@ -17,9 +17,11 @@ it ends, to $OUT/rounds.jsonl (what a run cut short by its time limit keeps).
 Environment: ENFORCE_EAGER (default 0: torch.compile and CUDA graphs, vLLM's default),
 ROUNDS (40), PROMPT_LEN (32), MAX_TOKENS (64), CONTROL (1.0), WARM (2), HOOKS=1 (declare
 step and sample hooks on both runners' methods: their wrappers switch too), MODEL (the kit's
-model), GPU_MEM (0.2), BUDGET_S (per batch: stop rounds once spent; 0: none),
-MAX_BATCHED_TOKENS (0: vLLM's default; e.g. 512 with PROMPT_LEN 128 at batch 256 makes the
-first ~64 steps of every phase chunked prefills mixed with decodes: the mixed load), DESIGN
+model), GPU_MEM (0.2), BUDGET_S (per batch: stop rounds once spent; 0: none), DEADLINE
+(unix seconds; 0: none; each batch's rounds then stop RESERVE_S, default 60, before it,
+whatever BUDGET_S says, so a slow boot costs rounds, not the report), MAX_BATCHED_TOKENS (0:
+vLLM's default; e.g. 512 with PROMPT_LEN 128 at batch 256 makes the first ~64 steps of every
+phase chunked prefills mixed with decodes: the mixed load), DESIGN
 (sandwich; or rounds, the method up to session 9), ARMS (the arms besides A1: "A2 B C D";
 A2, B and C are required), REF_TURNS (the speed reference's turns per engine step: 2000; 0:
 none).
@@ -110,11 +112,17 @@ def main() -> int:
             with (out / "rounds.jsonl").open("a") as f:
                 f.write(json.dumps({"label": label, "batch": batch, "round": n, **rnd}) + "\n")
 
+        budget = float(os.environ.get("BUDGET_S", "0"))
+        deadline = float(os.environ.get("DEADLINE", "0"))
+        if deadline:  # rounds end RESERVE_S before it (calibration, the last round, the report)
+            left = deadline - time.time() - float(os.environ.get("RESERVE_S", "60"))
+            budget = max(min(budget, left) if budget else left, 1.0)
+            print(f"{label}: batch {batch}: {budget:.0f} s of rounds (BUDGET_S, DEADLINE)")
         got = ab.measure(
             bench, batch, env_int("PROMPT_LEN", 32), env_int("MAX_TOKENS", 64),
             env_int("ROUNDS", 40), env_int("WARM", 2),
             float(os.environ.get("CONTROL", "1.0")), 21 + i,
-            float(os.environ.get("BUDGET_S", "0")), os.environ.get("DESIGN", "sandwich"),
+            budget, os.environ.get("DESIGN", "sandwich"),
             tuple(os.environ.get("ARMS", "A2 B C D").split()), keep,
         )  # fmt: skip
         ok &= bool(got["switch_ok"])
