@@ -10,15 +10,18 @@ thresholds: the tests assert counts (transactions, batch sizes) and what is stor
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import grpc
+import pytest
 
 from servewitness import wire
 from servewitness.api.v1 import verifier_pb2 as pb
@@ -47,9 +50,13 @@ def stored(target: str) -> set[tuple[str, int]]:
         db.close()
 
 
-def save_concurrently(s: Store, agents: list[str]) -> tuple[dict[str, bool | BaseException], int]:
-    """Every agent's report 1 saved from its own thread while the store is held, so that all
-    of them wait for one commit; (each call's result or exception, transactions begun)."""
+def save_concurrently(
+    s: Store, agents: list[str], held_by: AbstractContextManager[object] | None = None
+) -> tuple[dict[str, bool | BaseException], int]:
+    """Every agent's report 1 saved from its own thread while the store is held (by a
+    transaction of its own in progress, or HELD_BY: another writer's on the same database),
+    so that all of them wait for one commit; (each call's result or exception, transactions
+    begun)."""
     out: dict[str, bool | BaseException] = {}
 
     def save(agent: str) -> None:
@@ -61,27 +68,53 @@ def save_concurrently(s: Store, agents: list[str]) -> tuple[dict[str, bool | Bas
 
     threads = [threading.Thread(target=save, args=(a,)) for a in agents]
     before = s.transactions
-    with s._lock:  # a transaction in progress: every writer arrives and waits
+    with s._lock if held_by is None else held_by:  # every writer arrives and waits
         for t in threads:
             t.start()
         # the first became the leader, waiting for the store before it takes its batch; the
         # rest wait for it, every write pending
         wait_for("every writer waiting", lambda: len(s.reports._pending) == len(agents))
         wait_for("a leader", lambda: s.reports._leading)
+        if held_by is not None:  # its transaction begun, blocked on the other's lock
+            wait_for("the leader's transaction", lambda: s.transactions == before + 1)
     for t in threads:
         t.join(HUNG_S)
     return out, s.transactions - before
 
 
-def test_reports_waiting_for_a_commit_are_committed_together(backend: Backend) -> None:
-    """N reports that arrive while the store is busy take ONE transaction, not N: the leader
-    takes its batch only once it holds the store, so the writes that arrived while it waited
-    are in it (before 2026-12-06 it took its batch first: two transactions, [1, N - 1]). Each
-    call returns True with its report stored; the ledger still verifies."""
+@contextlib.contextmanager
+def another_writer(target: str) -> Iterator[None]:
+    """Another verifier's transaction on TARGET (a second connection): it holds the
+    database's write lock, writes a row of its own and commits when the block ends."""
+    other = open_database(target)
+    try:
+        other.begin()
+        other.execute(
+            "INSERT INTO runs (name, policy_toml, policy_digest, source, created_unix) "
+            "VALUES ('other', '', 'd', 'test', 1.0)"
+        )
+        yield
+        other.commit()
+    finally:
+        if other.in_transaction:
+            other.rollback()
+        other.close()
+
+
+@pytest.mark.parametrize("holder", ["its own transaction", "another writer"])
+def test_reports_waiting_for_the_lock_are_committed_together(backend: Backend, holder: str) -> None:
+    """N reports arrive while the store is busy (its own transaction in progress, or another
+    writer's on the same database: a second verifier process, here a second connection).
+    They take ONE transaction, not N: the leader takes its batch only once it holds the lock,
+    so the writes that arrived while it waited are in it (before 2026-12-06 it took its batch
+    first: two transactions, [1, N - 1], one commit and fsync under the lock more per wait).
+    Each call returns True with its report stored; the ledger still verifies. Negative
+    control: the other writer's own row is stored too."""
     agents = [f"a{i}" for i in range(N)]
     s = Store(backend.target)
+    held = another_writer(backend.target) if holder == "another writer" else None
     try:
-        out, transactions = save_concurrently(s, agents)
+        out, transactions = save_concurrently(s, agents, held)
         assert (out, transactions, s.reports.batches[-1:]) == (
             dict.fromkeys(agents, True),
             1,
@@ -90,62 +123,13 @@ def test_reports_waiting_for_a_commit_are_committed_together(backend: Backend) -
     finally:
         s.close()
     assert stored(backend.target) == {(a, 1) for a in agents}
-    assert backend.check().ok
-
-
-def test_reports_waiting_while_another_writer_holds_the_database_share_one_commit(
-    backend: Backend,
-) -> None:
-    """Another writer on the same database (a second verifier process's transaction, here a
-    second connection of this one) holds the write lock while N agents' reports arrive: the
-    leader waits for the lock and only then takes its batch, so all N are committed in one
-    transaction. Before, it had taken its own write alone while waiting: [1, N - 1], one
-    commit (an fsync under the lock) more per wait. Negative control: the other writer's row
-    is stored too, and the store's transactions did not start before it let go."""
-    agents = [f"a{i}" for i in range(N)]
-    s = Store(backend.target)
-    other = open_database(backend.target)
-    out: dict[str, bool | BaseException] = {}
-
-    def save(agent: str) -> None:
-        try:
-            rep = StoredReport(agent, 1, "t-" + agent, 100.0, b"r")
-            out[agent] = s.save_report(rep, {}) is not None
-        except BaseException as e:  # noqa: BLE001 - asserted by the test
-            out[agent] = e
-
-    threads = [threading.Thread(target=save, args=(a,)) for a in agents]
-    try:
-        other.begin()  # the other verifier's transaction: the write lock is its
-        other.execute(
-            "INSERT INTO runs (name, policy_toml, policy_digest, source, created_unix) "
-            "VALUES ('other', '', 'd', 'test', 1.0)"
-        )
-        before = s.transactions
-        for t in threads:
-            t.start()
-        wait_for("every writer waiting", lambda: len(s.reports._pending) == N)
-        # one transaction begun, its leader blocked on the other's lock
-        wait_for("a leader waiting for the lock", lambda: s.transactions == before + 1)
-        other.commit()
-        for t in threads:
-            t.join(HUNG_S)
-        assert (out, s.transactions - before, s.reports.batches[-1:]) == (
-            dict.fromkeys(agents, True),
-            1,
-            [N],
-        )
-    finally:
-        if other.in_transaction:
-            other.rollback()
-        other.close()
-        s.close()
-    assert stored(backend.target) == {(a, 1) for a in agents}
+    assert backend.check().ok == (held is None)  # the other's row has no ledger entry
     db = open_database(backend.target, read_only=True)
     try:
-        assert db.execute("SELECT COUNT(*) FROM runs WHERE name = 'other'").fetchone()[0] == 1
+        others = db.execute("SELECT COUNT(*) FROM runs WHERE name = 'other'").fetchone()[0]
     finally:
         db.close()
+    assert others == (0 if held is None else 1)
 
 
 REFUSE = {
