@@ -35,6 +35,7 @@ proto-check:      ## regenerate into a temp dir; fail with a diff if the checked
 
 bench: setup      ## benchmarks; results belong in BENCHMARKS.md
 	$(PY) bench/hook_fire.py
+	$(PY) bench/bindings_record.py
 	$(PY) bench/identity_cost.py
 	$(PY) bench/step_cost.py
 	$(PY) bench/server_throughput.py

@@ -86,6 +86,11 @@ EXPECT: dict[str, tuple[str, ...]] = {
         FLOOR,
     ),
     "hook_fire.py": (r"fire / baseline call += \d+\.\d+x", r"decorated / plain call", FLOOR),
+    "bindings_record.py": (
+        r"line / json = \d+\.\d+ \(paired per round",
+        r"json2 / json = \d+\.\d+ \(paired per round",
+        FLOOR,
+    ),
     "cli_start.py": (
         r"verifier wait --help / python = \d+\.\d+",
         r"named / every command = \d+\.\d+",

@@ -414,6 +414,38 @@ def _record(item: Any) -> dict[str, Any]:
     return rec
 
 
+# What json.dumps writes for a string (ensure_ascii: every character outside printable ASCII
+# escaped), in C; hook names are few and repeat, so theirs are kept.
+_str = json.encoder.encode_basestring_ascii
+_names: dict[str, str] = {}
+
+
+def _line(item: Any) -> str:
+    """ITEM's record as one JSON line (no newline): the same text as ``json.dumps`` of
+    ``_record(item)`` with compact separators, written without a dict or an encoder call for
+    a request's record (~1.5 us instead of ~4.7 us: 256 requests' records per phase were half
+    of the bindings' drain at batch 256). Anything else (an id map, a speculative request's
+    record) goes through ``json.dumps``."""
+    if isinstance(item, dict) or item[5] is not None or type(item[1]) is not str:
+        return json.dumps(_record(item), separators=(",", ":"))
+    _, rid, e, snap, end, _ = item
+    s0, s1, n, tok, t0, t1, f0, f1, snap0 = e[:9]
+    names, fires = snap if snap is not None else ((), ())
+    fires0 = snap0[1] if snap0 is not None else ()
+    parts = []
+    for i, name in enumerate(names):
+        q = _names.get(name)
+        if q is None:
+            q = _str(name)
+            if len(_names) < 4096:  # bounded: hook names are the deployment's, and few
+                _names[name] = q
+        parts.append(f"{q}:{fires[i] - (fires0[i] if i < len(fires0) else 0)}")
+    return (
+        f'{{"k":"req","id":{_str(rid)},"s0":{s0},"s1":{s1},"n":{n},"tok":{tok},"t0":{t0},'
+        f'"t1":{t1},"f0":{f0},"f1":{f1},"hooks":{{{",".join(parts)}}},"end":{_str(end)}}}'
+    )
+
+
 def _open_fd() -> int:
     """This process's ``bindings.jsonl``, created on first use, held open from then on (a
     reader takes it for the process's own only while the process holds it). A file already
@@ -452,7 +484,7 @@ def flush(block: bool = True) -> int:
             items.append(_buf.popleft())  # only this lock's holder takes from the buffer
         if not items:
             return 0
-        data = "".join(json.dumps(_record(i), separators=(",", ":")) + "\n" for i in items).encode()
+        data = "".join(_line(i) + "\n" for i in items).encode()
         fd = _open_fd()
         view = memoryview(data)
         while view:
