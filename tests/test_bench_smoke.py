@@ -124,7 +124,9 @@ EXPECT: dict[str, tuple[str, ...]] = {
         r"every ledger verifies: True",
     ),
     "report_path.py": (
-        r"this tree again / this tree = \d+\.\d+ \(paired per round, median\)",
+        r"this tree again / this tree = \d+\.\d+ \(CPU, paired per round, median\)",
+        r"this tree again / this tree = \d+\.\d+ \(write lock held, paired, median\)",
+        r"Reports per transaction, over the rounds:",
         r"this tree / floor = \d+\.\d+",
         FLOOR,
     ),

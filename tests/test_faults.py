@@ -581,9 +581,17 @@ def verifier(tmp_path: Path) -> Iterator[str]:
 
 
 def skewed_clock(skew_s: float) -> types.SimpleNamespace:
-    """The agent module's view of ``time``: wall clock SKEW_S off, monotonic untouched."""
-    real = time.time
-    return types.SimpleNamespace(time=lambda: real() + skew_s, monotonic=time.monotonic)
+    """The agent module's view of ``time``: wall clock SKEW_S off (``time``, ``time_ns``),
+    ``monotonic``, ``perf_counter`` and the rest untouched."""
+    real, real_ns = time.time, time.time_ns
+    rest = {k: getattr(time, k) for k in dir(time) if not k.startswith("_")}  # perf_counter...
+    return types.SimpleNamespace(
+        **{
+            **rest,
+            "time": lambda: real() + skew_s,
+            "time_ns": lambda: real_ns() + int(skew_s * 1e9),
+        }
+    )
 
 
 def target_verdict(addr: str) -> tuple[Verdict, float, list[str]]:

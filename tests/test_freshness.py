@@ -38,9 +38,17 @@ LENIENT_S = 30.0
 
 def skewed(skew_s: float) -> types.SimpleNamespace:
     """A module's view of ``time``: the wall clock SKEW_S off, monotonic untouched (a clock
-    stepped by NTP or an administrator moves the wall clock only)."""
-    real = time.time
-    return types.SimpleNamespace(time=lambda: real() + skew_s, monotonic=time.monotonic)
+    stepped by NTP or an administrator moves the wall clock only: ``time`` and ``time_ns``;
+    ``monotonic``, ``perf_counter`` and the rest are the real ones)."""
+    real, real_ns = time.time, time.time_ns
+    rest = {k: getattr(time, k) for k in dir(time) if not k.startswith("_")}  # perf_counter...
+    return types.SimpleNamespace(
+        **{
+            **rest,
+            "time": lambda: real() + skew_s,
+            "time_ns": lambda: real_ns() + int(skew_s * 1e9),
+        }
+    )
 
 
 def step_verifier_clock(monkeypatch: pytest.MonkeyPatch, skew_s: float) -> None:
