@@ -415,7 +415,8 @@ def _record(item: Any) -> dict[str, Any]:
 
 
 # What json.dumps writes for a string (ensure_ascii: every character outside printable ASCII
-# escaped), in C; hook names are few and repeat, so theirs are kept.
+# escaped), in C; hook names are few and repeat, so theirs are kept (in a plain dict:
+# functools.lru_cache around _str made a record 0.33x json.dumps' time instead of 0.29x).
 _str = json.encoder.encode_basestring_ascii
 _names: dict[str, str] = {}
 
