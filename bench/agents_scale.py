@@ -52,6 +52,7 @@ import fcntl
 import multiprocessing as mp
 import os
 import random
+import shlex
 import signal
 import sqlite3
 import statistics
@@ -60,7 +61,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -260,7 +261,9 @@ def echo(addr: str) -> None:
     server.stop(1).wait()
 
 
-def serve(tmp: Path, src: Path, processes: int = 1) -> tuple[str, subprocess.Popen[bytes], str]:
+def serve(
+    tmp: Path, src: Path, processes: int = 1, extra: Sequence[str] = ()
+) -> tuple[str, subprocess.Popen[bytes], str]:
     tmp.mkdir()
     db, addr = str(tmp / "verifier.sqlite3"), f"127.0.0.1:{free_port()}"
     path = os.pathsep.join(
@@ -269,7 +272,8 @@ def serve(tmp: Path, src: Path, processes: int = 1) -> tuple[str, subprocess.Pop
     env = {**os.environ, "PYTHONPATH": path}  # the tree first; what was there (site dirs) after
     log = (tmp / "serve.log").open("wb")
     more = ["--processes", str(processes)] if processes > 1 else []
-    cmd = [sys.executable, "-m", "servewitness", "serve", "--listen", addr, "--db", db, *more]
+    cmd = [sys.executable, "-m", "servewitness", "serve", "--listen", addr, "--db", db, *more,
+           *extra]  # fmt: skip
     if src == Path(FLOOR):
         cmd, env = [sys.executable, __file__, "--echo", addr], {**os.environ}
     server = subprocess.Popen([*VERIFIER_CPUS, *cmd], stdout=log, stderr=subprocess.STDOUT,
@@ -284,8 +288,8 @@ def serve(tmp: Path, src: Path, processes: int = 1) -> tuple[str, subprocess.Pop
 
 def arm(src: Path, tmp: Path, k: int, rate: float, seconds: float, bindings: int,  # noqa: PLR0917
         status_rate: float = 5.0, hello_busy: bool = False, processes: int = 1,
-        connections: int = 1) -> dict[str, Any]:  # fmt: skip
-    addr, server, db = serve(tmp, src, processes)
+        connections: int = 1, extra: Sequence[str] = ()) -> dict[str, Any]:  # fmt: skip
+    addr, server, db = serve(tmp, src, processes, extra)
     ctx = mp.get_context("spawn")
     ready, go, out = ctx.Queue(), ctx.Queue(), ctx.Queue()
     gen = ctx.Process(target=generator, args=(addr, tmp.name, k, rate, bindings, ready, go, out,
@@ -297,8 +301,11 @@ def arm(src: Path, tmp: Path, k: int, rate: float, seconds: float, bindings: int
     go.put((t_win, t_win + seconds))
     time.sleep(max(0.0, t_win - time.time()))
     pids = [server.pid, *children(server.pid)]  # --processes: the others are its children
-    if len(pids) != processes:
-        raise SystemExit(f"{len(pids)} verifier processes, {processes} asked for")
+    # and, unless the arm says --no-writer-process, one store writer process (counted: its CPU
+    # is the verifier's)
+    writer = processes > 1 and "--no-writer-process" not in extra and src != Path(FLOOR)
+    if len(pids) != processes + writer:
+        raise SystemExit(f"{len(pids)} verifier processes, {processes} (+{writer:d}) asked for")
     cpu0, gcpu0, m0 = sum(map(cpu_seconds, pids)), cpu_seconds(gen_pid), time.monotonic()
     stop, slat, serr = threading.Event(), [], []  # type: ignore[var-annotated]
     st = threading.Thread(target=status_loop, args=(addr, stop, slat, serr, 1 / (status_rate or 1)))
@@ -404,6 +411,14 @@ def main() -> None:
         help="the arm LABEL's verifier serves from N processes (--processes N)",
     )
     ap.add_argument(
+        "--serve-args-of",
+        action="append",
+        default=[],
+        metavar="LABEL=ARGS",
+        help="more arguments for the arm LABEL's `verifier serve` (shell words), e.g. "
+        "'2 each=--no-writer-process'",
+    )
+    ap.add_argument(
         "--floor",
         action="store_true",
         help=f"an arm '{FLOOR}': the same load on a gRPC server that only parses and "
@@ -443,6 +458,7 @@ def main() -> None:
           f"{srcs[0][0]}", flush=True)  # fmt: skip
     results: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in srcs}
     procs = {v.split("=", 1)[0]: int(v.split("=", 1)[1]) for v in args.processes_of}
+    extras = {v.split("=", 1)[0]: shlex.split(v.split("=", 1)[1]) for v in args.serve_args_of}
     if args.verifier_cpus:
         VERIFIER_CPUS[:] = ["taskset", "-c", args.verifier_cpus]
     with tempfile.TemporaryDirectory(prefix="agents-scale-") as tmp:
@@ -453,7 +469,7 @@ def main() -> None:
                     res = arm(src, Path(tmp) / f"r{r}-{label}", args.agents, args.rate,
                               args.seconds, args.bindings, args.status_rate,
                               label in args.hello_after_busy, procs.get(label, 1),
-                              args.connections)  # fmt: skip
+                              args.connections, extras.get(label, ()))  # fmt: skip
                     results[label].append(res)
                     say(r, label, args.agents * args.rate, args.agents, res)
     print(

@@ -101,17 +101,24 @@ def database(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return str(request.getfixturevalue("pg_database"))  # on PostgreSQL's advisory lock
 
 
-def test_processes_share_the_port_and_serve_as_one_verifier(tmp_path: Path, database: str) -> None:
+@pytest.mark.parametrize("writer", ["writer process", "each commits"])
+def test_processes_share_the_port_and_serve_as_one_verifier(
+    tmp_path: Path, database: str, writer: str
+) -> None:
+    """Both ways of storing: one writer process for both serving processes (the default), and
+    each serving process committing its own reports (--no-writer-process)."""
     port, metrics = free_port(), free_port()
     while metrics + 1 == port:
         metrics = free_port()
     addr, db, log = f"127.0.0.1:{port}", database, tmp_path / "serve.log"
     args = ["--processes", "2", "--listen", addr, "--db", db,
             "--metrics-listen", f"127.0.0.1:{metrics}"]  # fmt: skip
+    more = 2 if writer == "writer process" else 1  # children: the second, and the writer
+    args += [] if more == 2 else ["--no-writer-process"]
     acked: dict[str, int] = {}
     with verifier(args, log) as proc:
         serving(addr, proc, log)
-        wait_until("the second process", lambda: len(children(proc.pid)) == 1, log)
+        wait_until("the other processes", lambda: len(children(proc.pid)) == more, log)
         for m in (metrics, metrics + 1):  # each process its own metrics port
             wait_until(f"metrics on {m}", functools.partial(_answers, m), log)
         # agents on connections of their own until both processes acknowledged reports
@@ -167,13 +174,19 @@ def test_a_process_that_exits_stops_the_verifier(tmp_path: Path) -> None:
     args = ["--processes", "3", "--listen", addr, "--db", str(tmp_path / "v.sqlite3")]
     with verifier(args, log) as proc:
         serving(addr, proc, log)
-        wait_until("two more processes", lambda: len(children(proc.pid)) == 2, log)
-        first, second = children(proc.pid)
+        wait_until("three more processes", lambda: len(children(proc.pid)) == 3, log)
+        everyone = children(proc.pid)
+        first = next(c for c in everyone if not is_writer(c))  # a serving process
         os.kill(first, signal.SIGKILL)
         assert proc.wait(timeout=DEADLINE_S) == 4  # unavailable: restart all of it
-        wait_until("the last process gone", lambda: not alive(second), log)
+        wait_until("the others gone", lambda: not any(map(alive, everyone)), log)
     said = rf"serving process [12] \(pid {first}\) exited with code -9; the other processes"
     assert re.search(said, log.read_text()), log.read_text()[-3000:]
+
+
+def is_writer(pid: int) -> bool:
+    """Whether PID is the store's writer process a verifier started."""
+    return "--as-store-writer" in Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
 
 
 def test_no_process_outlives_the_first(tmp_path: Path) -> None:
@@ -182,13 +195,13 @@ def test_no_process_outlives_the_first(tmp_path: Path) -> None:
             "--metrics-listen", f"127.0.0.1:{metrics}"]  # fmt: skip
     with verifier(args, log) as proc:
         serving(addr, proc, log)
-        wait_until("the second process", lambda: len(children(proc.pid)) == 1, log)
-        (other,) = children(proc.pid)
+        wait_until("the other processes", lambda: len(children(proc.pid)) == 2, log)
+        others = children(proc.pid)  # the second serving process and the writer
         # serving (its metrics answer): past its start-up check that the first is there
         wait_until("the second process serving", functools.partial(_answers, metrics + 1), log)
-        proc.kill()  # no chance to stop the other: the kernel tells it (PR_SET_PDEATHSIG)
+        proc.kill()  # no chance to stop the others: the kernel tells them (PR_SET_PDEATHSIG)
         proc.wait()
-        wait_until("the second process gone", lambda: not alive(other), log)
+        wait_until("the other processes gone", lambda: not any(map(alive, others)), log)
 
 
 @pytest.mark.parametrize(

@@ -145,7 +145,17 @@ def add_parser(sub: Any) -> None:
         "--metrics-listen port plus I. A process that exits stops them all (exit 4) "
         "(default 1; docs/operations.md)",
     )
+    p.add_argument(
+        "--writer-process",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --processes N > 1: one more process stores every serving process's reports, "
+        "so that reports waiting in any of them commit together and the database's write lock "
+        "is held by a process with no request threads (default on; --no-writer-process: each "
+        "serving process commits its own; docs/operations.md)",
+    )
     p.add_argument("--process-index", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--as-store-writer", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(handler=run)
 
 
@@ -187,10 +197,8 @@ def run(args: argparse.Namespace) -> int:
     listen = normalize(args.listen)
     index = args.process_index
     processes.check_listen(listen, 2 if index > 0 else args.processes)
-    if index > 0:
-        if args.processes != 1:
-            raise UsageError("--process-index is given to the processes --processes starts")
-        processes.die_with_parent()
+    if _started_process(args, index):
+        return 0
     config = ServeConfig(
         listen,
         args.db,
@@ -211,10 +219,35 @@ def run(args: argparse.Namespace) -> int:
         share_port=args.processes > 1 or index > 0,
     )
     if args.processes > 1:
-        processes.serve(VerifierServer(config), args.processes, sys.argv[1:])
+        processes.serve(VerifierServer(config), args.processes, sys.argv[1:], args.writer_process)
     else:
-        VerifierServer(config).serve_forever()
+        server = VerifierServer(config)
+        if index > 0:
+            from servewitness.server import writer_process
+
+            writer_process.use_from_env(server.store)
+        server.serve_forever()
     return 0
+
+
+def _started_process(args: argparse.Namespace, index: int) -> bool:
+    """In a process --processes started (INDEX > 0): check that, and follow the first process.
+    True when it is the store's writer process, which has run until told to stop."""
+    from servewitness.errors import UsageError
+    from servewitness.server import processes
+
+    if index > 0:
+        if args.processes != 1:
+            raise UsageError("--process-index is given to the processes --processes starts")
+        processes.die_with_parent()
+    if not args.as_store_writer:
+        return False
+    if index == 0:
+        raise UsageError("--as-store-writer is given to the writer process --processes starts")
+    from servewitness.server import writer_process
+
+    writer_process.run_writer(args.db)
+    return True
 
 
 def _container_of(pid: int) -> str | None:

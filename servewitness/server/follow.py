@@ -78,6 +78,19 @@ def receipt_json(authenticated_as: str | None, lag_s: float) -> str:
     return json.dumps(body, sort_keys=True, separators=(",", ":"))
 
 
+@dataclass(frozen=True, slots=True)
+class ReceiptAt:
+    """A report's receipt, made when its row is written (the wait for its transaction counts
+    in ``lag_s``): by this process, or by the writer process it is sent to (a pickle; the age
+    clock, ``clock.boot_s``, is the host's, the same in every process)."""
+
+    authenticated_as: str | None
+    received_boot_s: float
+
+    def __call__(self) -> str:
+        return receipt_json(self.authenticated_as, clock.boot_s() - self.received_boot_s)
+
+
 def parse_receipt(text: str | None) -> Receipt | None:
     """The receipt TEXT says, or None when there is none or it does not parse (a row stored
     before receipts, or one edited: its report then counts as unauthenticated, of unknown

@@ -37,11 +37,14 @@ MAX_BATCH = 256
 
 
 class _Write(Generic[T]):
-    __slots__ = ("done", "error", "label", "result", "write")
+    __slots__ = ("done", "error", "label", "on_done", "result", "write")
 
-    def __init__(self, write: Callable[[Any], T], label: str) -> None:
+    def __init__(
+        self, write: Callable[[Any], T], label: str, on_done: Callable[[_Write[T]], None] | None
+    ) -> None:
         self.write = write
         self.label = label
+        self.on_done = on_done  # enqueue's: told the outcome (no thread waits for it)
         self.done = False
         self.result: T | None = None
         self.error: BaseException | None = None
@@ -71,13 +74,14 @@ class GroupCommit(Generic[T]):
         self._cond = threading.Condition()
         self._pending: list[_Write[T]] = []
         self._leading = False
+        self._closed = False
         self.batches: list[int] = []  # sizes of the last transactions tried (tests, debugging)
 
     def submit(self, write: Callable[[Any], T], label: str = "write") -> T:
         """Run WRITE (given the store's connection, it executes statements) in a transaction with
         whatever else is pending; its result once that transaction committed. Raises what
         WRITE raised when it was tried alone."""
-        item: _Write[T] = _Write(write, label)
+        item: _Write[T] = _Write(write, label, None)
         with self._cond:
             self._pending.append(item)
         # Lead batches until this write's is done: a leader takes the oldest MAX_BATCH pending
@@ -98,6 +102,51 @@ class GroupCommit(Generic[T]):
         if item.error is not None:
             raise item.error
         return item.result  # type: ignore[return-value]  # done without error: set
+
+    def enqueue(
+        self,
+        write: Callable[[Any], T],
+        label: str,
+        done: Callable[[T | None, BaseException | None], None],
+    ) -> None:
+        """WRITE queued, no thread waiting for it: ``lead_pending`` commits it with whatever
+        else is pending and then calls DONE(result, None), or DONE(None, what it raised when
+        tried alone) (the writer process: a serving process waits for the answer)."""
+
+        def told(w: _Write[T]) -> None:
+            done(w.result, w.error)
+
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("enqueue after close")
+            self._pending.append(_Write(write, label, told))
+            self._cond.notify_all()
+
+    def lead_pending(self) -> None:
+        """Lead batches of what ``enqueue`` queued until ``close`` (the writer process's one
+        thread): each batch taken once its transaction holds the database's write lock."""
+        while True:
+            with self._cond:
+                while not self._closed and (self._leading or not self._pending):
+                    self._cond.wait()
+                if not self._pending and self._closed:
+                    return
+                if self._leading:  # closed, a submit leading: wait for it
+                    self._cond.wait()
+                    continue
+                self._leading = True
+            try:
+                self._lead()
+            finally:
+                with self._cond:
+                    self._leading = False
+                    self._cond.notify_all()
+
+    def close(self) -> None:
+        """No more ``enqueue``: ``lead_pending`` returns once what is queued is done."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
 
     def _take(self) -> list[_Write[T]]:
         with self._cond:
@@ -127,18 +176,23 @@ class GroupCommit(Generic[T]):
             if len(taken) == 1 or isinstance(e, self._shared) or not opened:
                 for w in taken:
                     w.error, w.done = e, True
+                _told(taken)
                 return
             for w in taken:
                 self._alone(w)
+            _told(taken)
             return
         except BaseException as e:
-            for w in taken or self._take():
+            taken = taken or self._take()
+            for w in taken:
                 w.error, w.done = e, True
+            _told(taken)
             raise
         if not taken:
             raise RuntimeError("run_batch committed without taking its batch")
         for w, r in zip(taken, results, strict=True):
             w.result, w.done = r, True
+        _told(taken)
 
     def _alone(self, w: _Write[T]) -> None:
         self.batches = [*self.batches[-63:], 1]
@@ -147,3 +201,10 @@ class GroupCommit(Generic[T]):
         except BaseException as e:  # noqa: BLE001 - handed to the caller that submitted it
             w.error = e
         w.done = True
+
+
+def _told(writes: Sequence[_Write[Any]]) -> None:
+    """Tell each enqueued write of WRITES its outcome (a waiting caller needs no telling)."""
+    for w in writes:
+        if w.on_done is not None:
+            w.on_done(w)

@@ -12,14 +12,19 @@ with one process (a reconnect may land on another, whose nonce it does not hold:
 "nonce mismatch" and says Hello again). Status reads answer from any process, each seeing what
 the others stored within ``follow.FOLLOW_S``.
 
+Their reports are stored by one more process, the store's writer (``server/writer_process.py``;
+``--no-writer-process``: each serving process commits its own), so that the reports every
+serving process has waiting commit together and the database's write lock is held by a process
+with no request threads.
+
 The first process (this one) starts serving before the others start, so the database's tables,
 the default signing key and the ``--run`` registrations exist once; then it starts the others
 as ``verifier serve`` with the same arguments and ``--process-index I`` (metrics on the
-``--metrics-listen`` port plus I). It supervises them: SIGTERM/SIGINT stops every process; a
-process that exits on its own stops the others and this one exits 4, so that whatever restarts
-the verifier restarts all of it (never some processes serving while another is gone). The
-others are told to stop if this one dies (``PR_SET_PDEATHSIG``, set by each as it starts), so
-none outlives it.
+``--metrics-listen`` port plus I), and the writer before them. It supervises them all:
+SIGTERM/SIGINT stops every process (the writer last); a process, the writer too, that exits on
+its own stops the others and this one exits 4, so that whatever restarts the verifier restarts
+all of it (never some processes serving while another is gone). The others are told to stop if
+this one dies (``PR_SET_PDEATHSIG``, set by each as it starts), so none outlives it.
 """
 
 from __future__ import annotations
@@ -27,17 +32,20 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Sequence
+from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
 import structlog
 
 from servewitness._stop_signals import stop_on_signals
 from servewitness.errors import UnavailableError, UsageError
+from servewitness.server import writer_process
 
 if TYPE_CHECKING:
     from servewitness.server.app import VerifierServer
@@ -114,48 +122,90 @@ def die_with_parent() -> None:
         raise UnavailableError("the verifier's first process is gone: not serving without it")
 
 
-def serve(server: VerifierServer, processes: int, argv: Sequence[str]) -> None:
-    """Serve from SERVER (this process, index 0) and PROCESSES - 1 more, started from ARGV;
+def serve(server: VerifierServer, processes: int, argv: Sequence[str], writer: bool = True) -> None:
+    """Serve from SERVER (this process, index 0) and PROCESSES - 1 more, started from ARGV,
+    their reports stored by one writer process (``server/writer_process.py``) when WRITER;
     block until SIGTERM/SIGINT or until a process exits on its own (UnavailableError)."""
     stop = threading.Event()
-    others: list[subprocess.Popen[bytes]] = []
+    others: list[tuple[str, subprocess.Popen[bytes]]] = []
+    writers: list[tuple[str, subprocess.Popen[bytes]]] = []
     gone: str | None = None
     with stop_on_signals(stop):
         try:
             # Started before this one serves (no gRPC threads to fork beside), after it made the
             # tables, the default key and the --run registrations (VerifierServer's constructor).
             env = {**os.environ, PARENT_ENV: str(os.getpid())}
+            ends = writer_process.pairs(processes) if writer else []
+            if writer:
+                fds = [a.fileno() for a, _ in ends]
+                w = subprocess.Popen(
+                    [*child_argv(argv, processes), "--as-store-writer"],
+                    env={**env, writer_process.FDS_ENV: ",".join(map(str, fds))},
+                    pass_fds=fds,
+                )
+                writers.append(("the store's writer process", w))
+                log.info("process_started", index="writer", pid=w.pid)
             for i in range(1, processes):
-                others.append(subprocess.Popen(child_argv(argv, i), env=env))
-                log.info("process_started", index=i, pid=others[-1].pid)
+                extra = {writer_process.FD_ENV: str(ends[i][1].fileno())} if writer else {}
+                p = subprocess.Popen(
+                    child_argv(argv, i),
+                    env={**env, **extra},
+                    pass_fds=[ends[i][1].fileno()] if writer else (),
+                )
+                others.append((f"serving process {i}", p))
+                log.info("process_started", index=i, pid=p.pid)
+            if writer:
+                server.store.use_writer(writer_process.RemoteWriter(_own(ends)), True)
+            for a, b in ends[1:]:  # the children hold them now
+                a.close()
+                b.close()
             server.start()
             print(f"verifier listening on {server.config.listen} (port {server.port}), "
-                  f"{processes} processes", flush=True)  # fmt: skip
+                  f"{processes} processes" + (", one store writer" if writer else ""),
+                  flush=True)  # fmt: skip
             print(server.key_line(), flush=True)
             while not stop.wait(WATCH_S):
-                for i, p in enumerate(others, 1):
+                for what, p in [*writers, *others]:
                     code = p.poll()
                     if code is not None:
-                        gone = f"serving process {i} (pid {p.pid}) exited with code {code}"
-                        log.error("process_exited", index=i, pid=p.pid, code=code)
+                        gone = f"{what} (pid {p.pid}) exited with code {code}"
+                        log.error("process_exited", process=what, pid=p.pid, code=code)
                         stop.set()
                         break
         finally:
-            _stop_all(server, others)
+            _stop_all(server, others, writers)
     if gone is not None:
         raise UnavailableError(f"{gone}; the other processes were stopped")
 
 
-def _stop_all(server: VerifierServer, others: list[subprocess.Popen[bytes]]) -> None:
-    """Stop the other processes (SIGTERM, then SIGKILL after STOP_S), then this one."""
-    for p in others:
+def _own(ends: list[tuple[socket.socket, socket.socket]]) -> Connection:
+    """Process 0's connection to the writer (its end of the first pair; the writer's end of
+    it is closed here, the writer holds it)."""
+    mine, theirs = ends[0][1], ends[0][0]
+    theirs.close()
+    return writer_process.connection(mine.detach())
+
+
+def _stop_all(
+    server: VerifierServer,
+    others: list[tuple[str, subprocess.Popen[bytes]]],
+    writers: list[tuple[str, subprocess.Popen[bytes]]],
+) -> None:
+    """Stop the other serving processes (SIGTERM, then SIGKILL after STOP_S), then this one,
+    then the writer (last: the serving processes' last reports still go to it)."""
+    _stop(others)
+    server.stop()
+    _stop(writers)
+
+
+def _stop(procs: list[tuple[str, subprocess.Popen[bytes]]]) -> None:
+    for _, p in procs:
         if p.poll() is None:
             p.terminate()
     deadline = time.monotonic() + STOP_S
-    for p in others:
+    for _, p in procs:
         try:
             p.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
-    server.stop()

@@ -215,9 +215,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         prepared = self.store.prepare_manifests(manifests)
         seen = processes_seen(report.processes)
         who = self.auth.authenticated_as(peer)
-
-        def receipt() -> str:  # made as its row is written: the wait for the transaction counts
-            return follow.receipt_json(who, clock.boot_s() - received[1])
+        receipt = follow.ReceiptAt(who, received[1])  # made as its row is written
 
         with self._locks.hold(("target", report.target)):  # ForgetTarget waits
             try:

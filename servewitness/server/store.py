@@ -39,7 +39,7 @@ from servewitness.server.index import (
     rebuild,
 )
 from servewitness.server.manifest_rows import PreparedManifest
-from servewitness.server.report_rows import StoredReport
+from servewitness.server.report_rows import PreparedReport, StoredReport
 from servewitness.server.writer_queue import WriterLockTimeout
 
 __all__ = ["RunExists", "RunRecord", "Store", "StoredReport", "UnknownRun"]
@@ -50,6 +50,7 @@ if TYPE_CHECKING:  # signing needs `cryptography`, imported only when a key is u
     from servewitness.ledger.checkpoints import Checkpoint
     from servewitness.ledger.keys import Ed25519PrivateKey
     from servewitness.server import window_rows
+    from servewitness.server.writer_process import RemoteWriter
 
 RUN_COLUMNS = "name, policy_toml, policy_digest, source, created_unix"
 # The reports this store wrote, remembered (newest) so that following the database does not
@@ -122,6 +123,8 @@ class Store:
             self._batch, shared=(WriterLockTimeout,)
         )
         self._here: LruCache[int, bool] = LruCache(HERE_ROWIDS)
+        self._writer: RemoteWriter | None = None  # use_writer: reports stored by another process
+        self._writer_times = False
         self.columns_added: list[str] = []
         self._tx([], self._add_columns)
         self.backfilled = 0
@@ -268,6 +271,9 @@ class Store:
     def write_times(self) -> tuple[int, float, float]:
         """(write transactions begun, seconds they waited for the write lock, seconds they
         held it): read without the lock (a scrape never waits for a transaction)."""
+        if self._writer is not None and self._writer_times:
+            n, wait, held = self._writer.times
+            return self.transactions + n, self.write_wait_s + wait, self.write_held_s + held
         return self.transactions, self.write_wait_s, self.write_held_s
 
     @property
@@ -430,15 +436,49 @@ class Store:
             spans,
             request_ids,
         )  # rows and digests built here: the write lock is held for the statements alone
+        if self._writer is not None:  # the writer process stores it (server/writer_process.py)
+            rowid = self._writer.save(prepared, receipt)
+            if rowid is not None:
+                self._here.put(rowid, True)
+            return rowid
+        return self.save_prepared(prepared, receipt)
 
+    def save_prepared(
+        self, prepared: PreparedReport, receipt: Callable[[], str] | None = None
+    ) -> int | None:
+        """``save_report`` of a report ``report_rows.prepare`` made (here, or in the serving
+        process that sent it to this one, the writer process)."""
+        # committed with the other reports waiting, returning only once this one is
+        return self.reports.submit(*self._report_write(prepared, receipt))
+
+    def enqueue_prepared(
+        self,
+        prepared: PreparedReport,
+        receipt: Callable[[], str] | None,
+        done: Callable[[int | None, BaseException | None], None],
+    ) -> None:
+        """``save_prepared`` with no thread waiting (the writer process): queued for the thread
+        running ``reports.lead_pending``, which calls DONE(rowid, None) once its transaction
+        committed, or DONE(None, what it raised when tried alone)."""
+        self.reports.enqueue(*self._report_write(prepared, receipt), done)
+
+    def _report_write(
+        self, prepared: PreparedReport, receipt: Callable[[], str] | None
+    ) -> tuple[Callable[[Database], int | None], str]:
         def store(db: Database) -> int | None:
             rowid = report_rows.write(db, prepared, receipt=receipt)
             if rowid is not None:
                 self._here.put(rowid, True)  # before it commits: following skips it
             return rowid
 
-        # committed with the other reports waiting, returning only once this one is
-        return self.reports.submit(store, f"report {rep.agent_id}/{rep.seq}")
+        return store, f"report {prepared.rep.agent_id}/{prepared.rep.seq}"
+
+    def use_writer(self, writer: RemoteWriter, count_its_times: bool) -> None:
+        """Have WRITER (the writer process) store this store's reports from now on; with
+        COUNT_ITS_TIMES, ``write_times`` adds its transactions to this store's (one process
+        of a verifier counts them, so that the processes' sum counts each once)."""
+        self._writer = writer
+        self._writer_times = count_its_times
 
     def latest_reports(self) -> list[StoredReport]:
         """The most recent report of every target."""

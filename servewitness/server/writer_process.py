@@ -1,0 +1,290 @@
+"""One process writes every serving process's reports: ``verifier serve --processes N``'s store
+writer.
+
+Why: N serving processes that each commit their own reports take turns at the database's one
+write lock. Each holds it for its statements and its commit's fsync, and its statements wait
+for its interpreter lock, which the process's request threads hold most of the time: two
+processes on one SQLite file held the lock ~78 % of the wall clock while using ~125 % of two
+cores, so reports waited ~200 ms and agents were paced (BENCHMARKS.md, "The write lock's
+work"). One writer with no request threads runs the statements at the speed of its CPU, and
+one commit (one fsync) covers the reports every serving process has waiting.
+
+How: the first process starts the writer before it serves (``processes.serve``), with one end
+of a ``socketpair`` per serving process (inherited file descriptors: no address anyone else
+could connect to). A serving process builds a report's rows and digests itself
+(``report_rows.prepare``), sends them (``RemoteWriter.save``), and waits for the writer's
+answer: the rowid once the transaction holding the report committed, None if its seq was
+stored already, or why it was not stored. The writer runs each report through the store's
+group commit (``server/group_commit.py``), so reports from every process that wait together
+commit together, and a report the database refuses fails alone.
+
+Durability is unchanged: a serving process acknowledges a report only after the writer said
+its transaction committed. Failure: a writer that dies or stops answering fails every report
+waiting for it (``StoreWriterError``, an ``OSError``: not stored, never acknowledged, the
+agent keeps it spooled and retries), and the first process stops the verifier (exit 4), as for
+any process of it that exits. Every other write (runs, seals, targets, checkpoints) stays in
+the process that makes it, under the database's write lock as before.
+
+The messages are pickles between processes of one verifier, over descriptors only they hold;
+nothing outside the verifier can send one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import structlog
+
+from servewitness.server.db import WRITE_LOCK_WAIT_S
+from servewitness.server.report_rows import PreparedReport
+
+if TYPE_CHECKING:
+    from servewitness.server.store import Store
+
+log = structlog.get_logger("verifier.writer")
+
+FDS_ENV = "VERIFIER_STORE_WRITER_FDS"  # the writer's ends, comma-separated
+FD_ENV = "VERIFIER_STORE_WRITER_FD"  # a serving process's end
+# How long a serving process waits for the writer's answer: the writer's own wait for the
+# database's lock is bounded by WRITE_LOCK_WAIT_S, and a batch that fails is retried one report
+# at a time; beyond this the writer is stopped or stuck, and the report is not acknowledged.
+ANSWER_S = 6 * WRITE_LOCK_WAIT_S
+
+
+class StoreWriterError(OSError):
+    """The writer did not store the report: why (the database refused it, or the writer is
+    gone or not answering). Not stored, so never acknowledged."""
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """The writer's answer to request ID: the rowid (None: its seq was stored already), or
+    ERROR; TIMES: the writer's store's (transactions, lock wait s, lock held s) so far."""
+
+    id: int
+    rowid: int | None
+    error: str | None
+    times: tuple[int, float, float]
+
+
+class _Waiting:
+    __slots__ = ("answer", "done")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.answer: Answer | None = None
+
+
+def pairs(n: int) -> list[tuple[socket.socket, socket.socket]]:
+    """N socket pairs: (the writer's end, a serving process's end) each, inheritable."""
+    out = []
+    for _ in range(n):
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        a.set_inheritable(True)
+        b.set_inheritable(True)
+        out.append((a, b))
+    return out
+
+
+def connection(fd: int) -> Connection:
+    """A ``Connection`` over the inherited socket FD (its framing and pickles)."""
+    os.set_inheritable(fd, False)
+    return Connection(fd)
+
+
+class RemoteWriter:
+    """A serving process's side: reports sent to the writer over CONN, each caller waiting for
+    its own answer (any number of threads at once)."""
+
+    def __init__(self, conn: Connection, answer_s: float = ANSWER_S) -> None:
+        self._conn = conn
+        self._answer_s = answer_s
+        self._send = threading.Lock()
+        self._lock = threading.Lock()
+        self._waiting: dict[int, _Waiting] = {}
+        self._next = 0
+        self._gone: str | None = None
+        self.times = (0, 0.0, 0.0)  # the writer's store's write_times, as last answered
+        self._reader = threading.Thread(target=self._read, name="store-writer", daemon=True)
+        self._reader.start()
+
+    def save(self, prepared: PreparedReport, receipt: object) -> int | None:
+        """PREPARED stored by the writer (RECEIPT, a picklable callable, makes its receipt as
+        its row is written): its rowid once committed, None if its seq was stored already.
+        Raises StoreWriterError when it was not stored."""
+        waiting = _Waiting()
+        with self._lock:
+            if self._gone is not None:
+                raise StoreWriterError(self._gone)
+            self._next += 1
+            rid = self._next
+            self._waiting[rid] = waiting
+        try:
+            with self._send:
+                self._conn.send((rid, prepared, receipt))
+        except (OSError, ValueError) as e:  # ValueError: the connection closed under us
+            self._lost(f"the store's writer process is gone: {e}")
+        if not waiting.done.wait(self._answer_s):
+            with self._lock:
+                self._waiting.pop(rid, None)
+            raise StoreWriterError(
+                f"the store's writer process did not answer in {self._answer_s:g} s "
+                "(stopped or stuck?); the report may be stored and is not acknowledged"
+            )
+        answer = waiting.answer
+        if answer is None:
+            raise StoreWriterError(self._gone or "the store's writer process is gone")
+        if answer.error is not None:
+            raise StoreWriterError(answer.error)
+        return answer.rowid
+
+    def _read(self) -> None:
+        while True:
+            try:
+                answer = self._conn.recv()
+            except (EOFError, OSError) as e:
+                self._lost(f"the store's writer process is gone ({type(e).__name__})")
+                return
+            if not isinstance(answer, Answer):
+                self._lost(f"the store's writer process sent {type(answer).__name__}")
+                return
+            self.times = answer.times
+            with self._lock:
+                waiting = self._waiting.pop(answer.id, None)
+            if waiting is not None:  # None: its caller stopped waiting
+                waiting.answer = answer
+                waiting.done.set()
+
+    def _lost(self, why: str) -> None:
+        """Fail every report waiting, and every one after: the writer is gone."""
+        with self._lock:
+            if self._gone is None:
+                self._gone = why
+                log.error("store_writer_lost", error=why)
+            waiting, self._waiting = list(self._waiting.values()), {}
+        for w in waiting:
+            w.done.set()
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def serve(store: Store, conns: Sequence[Connection], stop: threading.Event) -> None:
+    """The writer's side: store every report CONNS send, answering each on its connection,
+    until STOP or until every connection closed (its serving processes gone). A reader thread
+    per connection queues the requests in the store's group commit; this thread leads its
+    batches (``GroupCommit.lead_pending``: everything queued when a transaction gets the
+    database's write lock goes into it), and each report is answered once it committed."""
+    left = [len(conns)]
+    lock = threading.Lock()  # LEFT, and each connection's close (here or by its reader)
+
+    def gone(conn: Connection) -> None:
+        with lock:
+            conn.close()
+            left[0] -= 1
+            if left[0] == 0:
+                stop.set()
+
+    for i, c in enumerate(conns):
+        t = threading.Thread(target=_requests, args=(store, c, i, gone), name=f"writer-conn-{i}")
+        t.daemon = True
+        t.start()
+
+    def close_on_stop() -> None:
+        stop.wait()
+        store.reports.close()
+
+    threading.Thread(target=close_on_stop, name="writer-stop", daemon=True).start()
+    store.reports.lead_pending()
+    with lock:  # wake the readers (a close would not): each closes its own connection
+        for c in conns:
+            if not c.closed:
+                with socket.socket(fileno=os.dup(c.fileno())) as s:
+                    s.shutdown(socket.SHUT_RDWR)
+    log.info("store_writer_stopped")
+
+
+def _requests(
+    store: Store, conn: Connection, index: int, gone: Callable[[Connection], None]
+) -> None:
+    """Queue CONN's requests until it closes; each answered on CONN once done."""
+    send = threading.Lock()  # answers come from the leading thread; one at a time all the same
+    try:
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                return
+            if not (
+                isinstance(message, tuple)
+                and len(message) == 3
+                and isinstance(message[0], int)
+                and isinstance(message[1], PreparedReport)
+                and callable(message[2])
+            ):
+                log.error("store_writer_bad_request", process=index, got=type(message).__name__)
+                return  # a serving process's bug: its connection closes, its reports fail
+            rid, prepared, receipt = message
+            try:
+                store.enqueue_prepared(prepared, receipt, _answer(store, conn, send, rid, prepared))
+            except RuntimeError:  # closed: stopping
+                return
+    finally:
+        gone(conn)
+
+
+def _answer(
+    store: Store, conn: Connection, send: threading.Lock, rid: int, prepared: PreparedReport
+) -> Callable[[int | None, BaseException | None], None]:
+    def done(rowid: int | None, error: BaseException | None) -> None:
+        if error is None:
+            answer = Answer(rid, rowid, None, store.write_times())
+        else:
+            rep = prepared.rep
+            log.error("report_not_stored", agent=rep.agent_id, seq=rep.seq, error=str(error))
+            answer = Answer(rid, None, f"{type(error).__name__}: {error}", store.write_times())
+        with send, contextlib.suppress(OSError, ValueError):  # its serving process is gone
+            conn.send(answer)
+
+    return done
+
+
+def run_writer(db: str | Path) -> None:
+    """The writer process's main: its store on DB, its connections from ``FDS_ENV``; until
+    SIGTERM/SIGINT or its serving processes are gone."""
+    from servewitness._stop_signals import stop_on_signals
+    from servewitness.errors import UsageError
+    from servewitness.server.store import Store
+
+    text = os.environ.get(FDS_ENV, "")
+    try:
+        fds = [int(f) for f in text.split(",")]
+    except ValueError:
+        raise UsageError(
+            "--as-store-writer is given to the writer process --processes starts"
+        ) from None
+    conns = [connection(fd) for fd in fds]
+    store = Store(db)
+    stop = threading.Event()
+    log.info("store_writer_started", connections=len(conns))
+    try:
+        with stop_on_signals(stop):
+            serve(store, conns, stop)
+    finally:
+        store.close()
+
+
+def use_from_env(store: Store) -> None:
+    """In a serving process --processes started: have the writer process store its reports,
+    when the first process gave it a connection to one (``FD_ENV``)."""
+    fd = os.environ.pop(FD_ENV, None)
+    if fd is not None:
+        store.use_writer(RemoteWriter(connection(int(fd))), False)
