@@ -263,3 +263,32 @@ def test_the_writer_process_is_on_by_default_and_can_be_turned_off(
         assert proc.wait(timeout=DEADLINE_S) == 0, log.read_text()[-3000:]
     said = "one store writer" in log.read_text()
     assert said == (flag == "--writer-process")
+
+
+@pytest.mark.parametrize("counts", [True, False])
+def test_a_store_that_uses_the_writer_counts_its_transactions_once(
+    backend: Backend, counts: bool
+) -> None:
+    """A serving process's store hands its reports to the writer (``use_writer``): the report
+    is stored by the writer's transaction, none of its own, and ``write_times`` (what the
+    ``verifier_store_*`` metrics read) adds the writer's transactions only in the one process
+    told to count them (the first), so that summed over the processes each counts once."""
+    s = Store(backend.target)
+    front = Store(backend.target)
+    try:
+        with writer(s, 1) as (remote,):
+            front.use_writer(remote, counts)
+            own = front.transactions
+            rep = StoredReport("a0", 1, "t-a0", 100.0, b"r")
+            rowid = front.save_report(rep, {}, receipt=follow.ReceiptAt(None, 0.0))
+            assert isinstance(rowid, int)
+            assert front.stored_here(rowid)  # following will not read it back
+            assert front.transactions == own  # no transaction of its own
+            writer_tx = s.write_times()[0]
+            assert writer_tx >= 1
+            assert front.write_times()[0] == own + (writer_tx if counts else 0)
+    finally:
+        front.close()
+        s.close()
+    assert stored(backend.target) == {("a0", 1)}
+    assert backend.check().ok
