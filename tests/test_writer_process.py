@@ -292,3 +292,29 @@ def test_a_store_that_uses_the_writer_counts_its_transactions_once(
         s.close()
     assert stored(backend.target) == {("a0", 1)}
     assert backend.check().ok
+
+
+def test_a_report_that_cannot_be_sent_fails_alone_and_leaves_nothing_waiting() -> None:
+    """A report whose receipt cannot be pickled (a closure: a caller's bug) is refused with
+    StoreWriterError (not acknowledged), nothing is left waiting for an answer that will never
+    come, and the connection still carries the next report."""
+    theirs, front = _front()
+    outcome: object
+    try:
+        front.save(prepared("a0"), lambda: "not picklable")
+    except StoreWriterError as e:
+        outcome = e
+    else:
+        outcome = None
+    assert isinstance(outcome, StoreWriterError) and "could not be sent" in str(outcome)
+    assert front._waiting == {}
+    got: list[object] = []
+    t = threading.Thread(target=lambda: got.append(_outcome(front, "a1")))
+    t.start()
+    rid, rep, _ = theirs.recv()
+    assert rep.rep.agent_id == "a1"
+    theirs.send(writer_process.Answer(rid, 7, None, (1, 0.0, 0.0)))
+    t.join(HUNG_S)
+    assert got == [7]
+    theirs.close()
+    front.close()

@@ -132,6 +132,10 @@ class RemoteWriter:
                 self._conn.send((rid, prepared, receipt))
         except (OSError, ValueError) as e:  # ValueError: the connection closed under us
             self._lost(f"the store's writer process is gone: {e}")
+        except Exception as e:  # not sent (a receipt that does not pickle): refused alone
+            with self._lock:
+                self._waiting.pop(rid, None)
+            raise StoreWriterError(f"the report could not be sent to the writer: {e}") from e
         if not waiting.done.wait(self._answer_s):
             with self._lock:
                 self._waiting.pop(rid, None)
