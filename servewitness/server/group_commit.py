@@ -93,12 +93,7 @@ class GroupCommit(Generic[T]):
                 if item.done:
                     break
                 self._leading = True
-            try:
-                self._lead()
-            finally:
-                with self._cond:
-                    self._leading = False
-                    self._cond.notify_all()
+            self._lead_once()
         if item.error is not None:
             raise item.error
         return item.result  # type: ignore[return-value]  # done without error: set
@@ -135,12 +130,16 @@ class GroupCommit(Generic[T]):
                     self._cond.wait()
                     continue
                 self._leading = True
-            try:
-                self._lead()
-            finally:
-                with self._cond:
-                    self._leading = False
-                    self._cond.notify_all()
+            self._lead_once()
+
+    def _lead_once(self) -> None:
+        """Lead one batch (the caller made itself the leader), then let the next one lead."""
+        try:
+            self._lead()
+        finally:
+            with self._cond:
+                self._leading = False
+                self._cond.notify_all()
 
     def close(self) -> None:
         """No more ``enqueue``: ``lead_pending`` returns once what is queued is done."""
