@@ -30,7 +30,14 @@ from servewitness.server.writer_process import RemoteWriter, StoreWriterError
 from tests.helpers import Backend
 from tests.test_group_commit import HUNG_S, REFUSE, agent_loop, stored, wait_for
 from tests.test_listen_exclusive import free_port, serving
-from tests.test_processes import DEADLINE_S, alive, children, is_writer, verifier, wait_until
+from tests.test_processes import (
+    DEADLINE_S,
+    alive,
+    children,
+    is_writer,
+    verifier,
+    wait_until,
+)
 
 
 def prepared(agent: str, seq: int = 1) -> report_rows.PreparedReport:
@@ -207,18 +214,20 @@ def _outcome(front: RemoteWriter, agent: str) -> object:
 
 
 # the writer process of a real `verifier serve --processes 2` ---------------------------------
-def test_writer_sigkilled_mid_ingest_loses_nothing_acknowledged(tmp_path: Path) -> None:
+def test_writer_sigkilled_mid_ingest_loses_nothing_acknowledged(
+    tmp_path: Path, backend: Backend
+) -> None:
     """`verifier serve --processes 2` runs three processes: two serving, one writing. With
     agents reporting concurrently, the writer is SIGKILLed: the verifier stops (exit 4, naming
     the writer), no process outlives it, every report an agent was told was stored is stored,
     and the ledger is one chain that verifies. Negative control: reports were acknowledged
     before the kill (the check is not vacuous)."""
-    db, log = tmp_path / "v.sqlite3", tmp_path / "serve.log"
+    db, log = backend.target, tmp_path / "serve.log"
     addr = f"127.0.0.1:{free_port()}"
     acked: dict[str, int] = {}
     errors: list[str] = []
     stop = threading.Event()
-    with verifier(["--processes", "2", "--listen", addr, "--db", str(db)], log) as proc:
+    with verifier(["--processes", "2", "--listen", addr, "--db", db], log) as proc:
         serving(addr, proc, log)
         wait_until("two more processes", lambda: len(children(proc.pid)) == 2, log)
         (w,) = [c for c in children(proc.pid) if is_writer(c)]
@@ -239,9 +248,9 @@ def test_writer_sigkilled_mid_ingest_loses_nothing_acknowledged(tmp_path: Path) 
     said = rf"the store's writer process \(pid {w}\) exited with code -9; the other processes"
     assert re.search(said, log.read_text()), log.read_text()[-3000:]
     assert sum(acked.values()) >= 40
-    have = stored(str(db))
+    have = stored(db)
     assert {(a, s) for a, last in acked.items() for s in range(1, last + 1)} <= have
-    assert Backend(str(db)).check().ok
+    assert backend.check().ok
 
 
 @pytest.mark.parametrize("flag", ["--writer-process", "--no-writer-process"])
