@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from servewitness.errors import ConfigError, DatabaseCorrupt, UsageError
 from servewitness.ledger import chain
@@ -50,9 +50,19 @@ if TYPE_CHECKING:  # signing needs `cryptography`, imported only when a key is u
     from servewitness.ledger.checkpoints import Checkpoint
     from servewitness.ledger.keys import Ed25519PrivateKey
     from servewitness.server import window_rows
-    from servewitness.server.writer_process import RemoteWriter
 
 RUN_COLUMNS = "name, policy_toml, policy_digest, source, created_unix"
+
+
+class ReportWriter(Protocol):
+    """Another process that stores this store's reports (``server/writer_process.py``'s
+    ``RemoteWriter``): ``save`` returns once its transaction committed."""
+
+    times: tuple[int, float, float]  # its store's write_times, as last known
+
+    def save(self, prepared: PreparedReport, receipt: object) -> int | None: ...
+
+
 # The reports this store wrote, remembered (newest) so that following the database does not
 # read them back: about a minute of reports at 1,000/s; an older one is read back, no harm.
 HERE_ROWIDS = 65_536
@@ -123,7 +133,7 @@ class Store:
             self._batch, shared=(WriterLockTimeout,)
         )
         self._here: LruCache[int, bool] = LruCache(HERE_ROWIDS)
-        self._writer: RemoteWriter | None = None  # use_writer: reports stored by another process
+        self._writer: ReportWriter | None = None  # use_writer: reports stored by another process
         self._writer_times = False
         self.columns_added: list[str] = []
         self._tx([], self._add_columns)
@@ -473,7 +483,7 @@ class Store:
 
         return store, f"report {prepared.rep.agent_id}/{prepared.rep.seq}"
 
-    def use_writer(self, writer: RemoteWriter, count_its_times: bool) -> None:
+    def use_writer(self, writer: ReportWriter, count_its_times: bool) -> None:
         """Have WRITER (the writer process) store this store's reports from now on; with
         COUNT_ITS_TIMES, ``write_times`` adds its transactions to this store's (one process
         of a verifier counts them, so that the processes' sum counts each once)."""
