@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import grpc
@@ -73,9 +73,12 @@ def accepted(port: int) -> float:
 
 
 @contextlib.contextmanager
-def verifier(args: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def verifier(
+    args: list[str], log: Path, prefix: Sequence[str] = ()
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`verifier serve ARGS` (run under PREFIX, e.g. setpriv), killed with its children after."""
     with log.open("ab") as f:
-        proc = subprocess.Popen([*CLI, "serve", *args], stdout=f, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([*prefix, *CLI, "serve", *args], stdout=f, stderr=subprocess.STDOUT)
     try:
         yield proc
     finally:

@@ -683,3 +683,28 @@ def test_a_replica_whose_clock_runs_ahead_never_expires_a_target_another_hears(
         b.terminate()
         b.wait(timeout=30)
         b_log.close()
+
+
+def test_a_stored_report_that_does_not_decode_is_skipped_at_start_not_fatal(
+    backend: Backend, tmp_path: Path
+) -> None:
+    """A row whose body is not a report (edited, or stored by something that is not an agent)
+    is never evidence, when loaded at start as when followed: the verifier starts (before the
+    fix, every restart failed with exit 2, "invalid report", the whole fleet's gate down over
+    one row), serves the other targets, and that target has no evidence here. The edit itself
+    is the ledger's to catch (`audit verify`). Negative control: the other target, stored the
+    same way, is loaded."""
+    s = Store(backend.target)
+    try:
+        for agent, target in (("a", "t-edited"), ("b", "t-fine")):
+            rep = StoredReport(agent, 1, target, time.time(), body(agent, target, 1))
+            assert s.save_report(rep, {})
+    finally:
+        s.close()
+    backend.sql(("UPDATE reports SET report = ? WHERE target = 't-edited'", (b"not a report",)))
+    assert not backend.check().ok
+    with running_verifier(f"unix:{tmp_path}/v.sock", backend.target) as server:
+        assert [t.snapshot.target for t in server.service.evaluator.targets()] == ["t-fine"]
+        with grpc.insecure_channel(f"unix:{tmp_path}/v.sock") as ch:
+            got = pb_grpc.VerifierServiceStub(ch).ListTargets(pb.ListTargetsRequest())
+        assert [t.target for t in got.targets] == ["t-fine"]

@@ -194,8 +194,7 @@ def test_a_message_that_is_not_a_report_closes_only_its_connection(backend: Back
     s = Store(backend.target)
     try:
         with writer(s, 2) as (bad, good):
-            with bad._send:
-                bad._conn.send((1, {"rep": "not a report"}, "not callable"))
+            bad._conn.send((1, {"rep": "not a report"}, "not callable"))
             wait_for("the bad connection dropped", lambda: bad._gone is not None)
             outcome = _outcome(bad, "a0")
             assert isinstance(outcome, StoreWriterError), outcome

@@ -7,6 +7,8 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import structlog
+
 from servewitness import wire
 from servewitness.model import FileEntry, RunVerdict, TargetReport
 from servewitness.policy import Policy, PolicyError, evaluate_run, load_policy, refused_run
@@ -21,6 +23,8 @@ from servewitness.server.store import RunRecord, Store, StoredReport
 # a vLLM process loads about 10,000 files, so this keeps about ten of them; an agent sending a
 # fresh 200,000-file manifest in every report makes the verifier keep none of them.
 MANIFEST_CACHE_FILES = 100_000
+
+log = structlog.get_logger("verifier.evaluate")
 
 
 @dataclass(frozen=True)
@@ -132,7 +136,12 @@ class Evaluator:
             if (agent, seq) == (s.agent_id, s.seq) and event == "forgotten":
                 self._floors[s.target] = s.rowid
                 continue
-            snap = self._snapshot(wire.report_from_bytes(s.report), s.received_unix, None, None)
+            try:
+                report = wire.report_from_bytes(s.report)
+            except wire.WireError as e:  # an edited row: never evidence, as when followed
+                log.error("stored_report_unreadable", target=s.target, rowid=s.rowid, error=str(e))
+                continue
+            snap = self._snapshot(report, s.received_unix, None, None)
             expired = (agent, seq) == (s.agent_id, s.seq) and event == "expired"
             out[s.target] = Tracked(snap, s.agent_id, s.seq, now, expired, s.rowid)
         return out

@@ -110,12 +110,26 @@ def child_argv(argv: Sequence[str], index: int) -> list[str]:
 PARENT_ENV = "VERIFIER_SERVE_PARENT"
 
 
+def undumpable() -> None:
+    """Make this process not dumpable (``PR_SET_DUMPABLE`` 0): another process of the same
+    user can then neither ptrace it nor take its file descriptors (``pidfd_getfd``), such as
+    its end of a socket pair to the store's writer (only a process with ``CAP_SYS_PTRACE``,
+    root's, still can). No core dumps either: a verifier's memory holds its signing key."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE
+        raise UnavailableError(
+            f"cannot make the verifier's process undumpable: {os.strerror(ctypes.get_errno())}"
+        )
+
+
 def die_with_parent() -> None:
     """In a process --processes started: be sent SIGTERM when the first process dies
-    (``PR_SET_PDEATHSIG``), and stop now if it is gone already (it died before this ran)."""
+    (``PR_SET_PDEATHSIG``), and stop now if it is gone already (it died before this ran);
+    undumpable, as the first process is."""
     parent = os.environ.get(PARENT_ENV)
     if parent is None:
         raise UsageError("--process-index is given to the processes --processes starts")
+    undumpable()
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     if os.getppid() != int(parent):
@@ -126,6 +140,7 @@ def serve(server: VerifierServer, processes: int, argv: Sequence[str], writer: b
     """Serve from SERVER (this process, index 0) and PROCESSES - 1 more, started from ARGV,
     their reports stored by one writer process (``server/writer_process.py``) when WRITER;
     block until SIGTERM/SIGINT or until a process exits on its own (UnavailableError)."""
+    undumpable()  # and each process it starts: their socket pairs are theirs alone
     stop = threading.Event()
     others: list[tuple[str, subprocess.Popen[bytes]]] = []
     writers: list[tuple[str, subprocess.Popen[bytes]]] = []

@@ -25,19 +25,23 @@ agent keeps it spooled and retries), and the first process stops the verifier (e
 any process of it that exits. Every other write (runs, seals, targets, checkpoints) stays in
 the process that makes it, under the database's write lock as before.
 
-The messages are pickles between processes of one verifier, over descriptors only they hold;
-nothing outside the verifier can send one.
+The messages are pickles between processes of one verifier, over descriptors only they hold:
+each process is undumpable (``processes.undumpable``), so another process of the same user
+cannot take them, except with ``CAP_SYS_PTRACE`` or during a process's start (before the
+call). Each side sends from a thread of its own (``_Sender``): a peer that stops reading
+blocks that thread, never the callers, which wait for their answers with a bound.
 """
 
 from __future__ import annotations
 
-import contextlib
+import collections
 import os
 import socket
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -83,6 +87,52 @@ class _Waiting:
         self.answer: Answer | None = None
 
 
+class _Sender:
+    """The one thread that sends a connection's messages, in order: a peer that stops reading
+    (stopped, stuck) blocks it once the socket's buffer is full, not the threads that handed it
+    messages, which wait for their answers with a bound of their own. A message whose sender no
+    longer WANTS it sent (its caller gave up waiting) is dropped unsent."""
+
+    def __init__(self, conn: Connection, name: str, failed: Callable[[BaseException], None]):
+        self._conn = conn
+        self._failed = failed
+        self._cond = threading.Condition()
+        self._queue: collections.deque[tuple[bytes, Callable[[], bool]]] = collections.deque()
+        self._closed = False
+        threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    def put(self, data: bytes, wanted: Callable[[], bool]) -> None:
+        """Send DATA (a pickle, whole) once the ones before it are sent, if WANTED then."""
+        with self._cond:
+            self._queue.append((data, wanted))
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                data, wanted = self._queue.popleft()
+            if not wanted():
+                continue
+            try:
+                self._conn.send_bytes(data)
+            except (OSError, ValueError) as e:  # ValueError: closed meanwhile
+                self._failed(e)
+                return
+
+
+def _always() -> bool:
+    return True
+
+
 def pairs(n: int) -> list[tuple[socket.socket, socket.socket]]:
     """N socket pairs: (the writer's end, a serving process's end) each, inheritable."""
     out = []
@@ -107,12 +157,12 @@ class RemoteWriter:
     def __init__(self, conn: Connection, answer_s: float = ANSWER_S) -> None:
         self._conn = conn
         self._answer_s = answer_s
-        self._send = threading.Lock()
         self._lock = threading.Lock()
         self._waiting: dict[int, _Waiting] = {}
         self._next = 0
         self._gone: str | None = None
         self.times = (0, 0.0, 0.0)  # the writer's store's write_times, as last answered
+        self._sender = _Sender(conn, "store-writer-send", self._send_failed)
         self._reader = threading.Thread(target=self._read, name="store-writer", daemon=True)
         self._reader.start()
 
@@ -128,14 +178,13 @@ class RemoteWriter:
             rid = self._next
             self._waiting[rid] = waiting
         try:
-            with self._send:
-                self._conn.send((rid, prepared, receipt))
-        except (OSError, ValueError) as e:  # ValueError: the connection closed under us
-            self._lost(f"the store's writer process is gone: {e}")
+            data = bytes(ForkingPickler.dumps((rid, prepared, receipt)))
         except Exception as e:  # not sent (a receipt that does not pickle): refused alone
             with self._lock:
                 self._waiting.pop(rid, None)
             raise StoreWriterError(f"the report could not be sent to the writer: {e}") from e
+        # sent by the sender thread: a writer that stops reading blocks it, not this caller
+        self._sender.put(data, lambda: rid in self._waiting)
         if not waiting.done.wait(self._answer_s):
             with self._lock:
                 self._waiting.pop(rid, None)
@@ -177,7 +226,11 @@ class RemoteWriter:
         for w in waiting:
             w.done.set()
 
+    def _send_failed(self, e: BaseException) -> None:
+        self._lost(f"the store's writer process is gone: {e}")
+
     def close(self) -> None:
+        self._sender.close()
         self._conn.close()
 
 
@@ -220,7 +273,7 @@ def _requests(
     store: Store, conn: Connection, index: int, gone: Callable[[Connection], None]
 ) -> None:
     """Queue CONN's requests until it closes; each answered on CONN once done."""
-    send = threading.Lock()  # answers come from the leading thread; one at a time all the same
+    sender = _Sender(conn, f"writer-send-{index}", lambda e: None)  # gone: its reader sees it
     try:
         while True:
             try:
@@ -238,15 +291,16 @@ def _requests(
                 return  # a serving process's bug: its connection closes, its reports fail
             rid, prepared, receipt = message
             try:
-                store.enqueue_prepared(prepared, receipt, _answer(store, conn, send, rid, prepared))
+                store.enqueue_prepared(prepared, receipt, _answer(store, sender, rid, prepared))
             except RuntimeError:  # closed: stopping
                 return
     finally:
+        sender.close()
         gone(conn)
 
 
 def _answer(
-    store: Store, conn: Connection, send: threading.Lock, rid: int, prepared: PreparedReport
+    store: Store, sender: _Sender, rid: int, prepared: PreparedReport
 ) -> Callable[[int | None, BaseException | None], None]:
     def done(rowid: int | None, error: BaseException | None) -> None:
         if error is None:
@@ -255,8 +309,8 @@ def _answer(
             rep = prepared.rep
             log.error("report_not_stored", agent=rep.agent_id, seq=rep.seq, error=str(error))
             answer = Answer(rid, None, f"{type(error).__name__}: {error}", store.write_times())
-        with send, contextlib.suppress(OSError, ValueError):  # its serving process is gone
-            conn.send(answer)
+        # by the connection's sender: a serving process that stops reading blocks only it
+        sender.put(bytes(ForkingPickler.dumps(answer)), _always)
 
     return done
 
