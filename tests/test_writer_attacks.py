@@ -450,15 +450,8 @@ def test_the_same_seq_on_both_serving_processes_at_once_is_stored_once(tmp_path:
 
 
 # 6 -------------------------------------------------------------------------------------------
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "v.sqlite3")
-    return str(request.getfixturevalue("pg_database"))
-
-
 def test_a_report_the_database_refuses_is_refused_alone_and_never_acknowledged(
-    tmp_path: Path, database: str
+    tmp_path: Path, backend: Backend
 ) -> None:
     """Attack: a report the database refuses (a trigger, as a full disk or a constraint
     would) arrives through the writer among other agents' reports, and is retried after the
@@ -466,9 +459,10 @@ def test_a_report_the_database_refuses_is_refused_alone_and_never_acknowledged(
     acknowledged nor stored (a retry is not taken for a stored duplicate); the others keep
     being acknowledged and stored; the verifier keeps serving; the ledger verifies."""
     acked: dict[str, int] = {}
+    database = backend.target
     with started(tmp_path, db=database) as v:
         kind = "postgresql" if database.startswith("postgres") else "sqlite"
-        Backend(database).sql(*REFUSE[kind])
+        backend.sql(*REFUSE[kind])
         stop, errors = load(v.addr, [f"a{i}" for i in range(4)], acked)
         wait_until("reports acknowledged", lambda: sum(acked.values()) >= 20, v.log)
         refusals = []
