@@ -215,6 +215,8 @@ def test_no_process_outlives_the_first(tmp_path: Path) -> None:
         (["--processes", "0", "--listen", "127.0.0.1:9"], "--processes must be 1 to 64"),
         (["--process-index", "1", "--listen", "127.0.0.1:9"], "--process-index is given to"),
         (["--as-store-writer", "--listen", "127.0.0.1:9"], "--as-store-writer is given to"),
+        (["--no-writer-process", "--listen", "127.0.0.1:9"], "goes with --processes N > 1"),
+        (["--writer-process", "--listen", "127.0.0.1:9"], "goes with --processes N > 1"),
     ],
 )
 def test_what_cannot_be_shared_is_refused(args: list[str], says: str, tmp_path: Path) -> None:

@@ -148,7 +148,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--writer-process",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=None,
         help="with --processes N > 1: one more process stores every serving process's reports, "
         "so that reports waiting in any of them commit together and the database's write lock "
         "is held by a process with no request threads (default on; --no-writer-process: each "
@@ -199,6 +199,9 @@ def run(args: argparse.Namespace) -> int:
     processes.check_listen(listen, 2 if index > 0 else args.processes)
     if _started_process(args, index):
         return 0
+    if args.writer_process is not None and args.processes == 1 and index == 0:
+        flag = "--writer-process" if args.writer_process else "--no-writer-process"
+        raise UsageError(f"{flag} goes with --processes N > 1 (one process writes its own)")
     config = ServeConfig(
         listen,
         args.db,
@@ -219,7 +222,8 @@ def run(args: argparse.Namespace) -> int:
         share_port=args.processes > 1 or index > 0,
     )
     if args.processes > 1:
-        processes.serve(VerifierServer(config), args.processes, sys.argv[1:], args.writer_process)
+        writer = args.writer_process is not False  # on unless --no-writer-process
+        processes.serve(VerifierServer(config), args.processes, sys.argv[1:], writer)
     else:
         server = VerifierServer(config)
         if index > 0:
