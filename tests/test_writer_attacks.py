@@ -286,6 +286,48 @@ def test_a_same_uid_process_cannot_take_a_writer_socket_and_store_a_forged_repor
     audit_ok(v.db)
 
 
+GARBLER = r"""
+import ctypes, os, sys
+from multiprocessing.connection import Connection
+pid, fd = int(sys.argv[1]), int(sys.argv[2])
+libc = ctypes.CDLL(None, use_errno=True)
+got = libc.syscall(438, os.pidfd_open(pid), fd, 0)  # pidfd_getfd
+if got < 0:
+    print("refused", ctypes.get_errno())
+    sys.exit(0)
+Connection(got).send(("not", "a", "report"))
+print("sent")
+"""
+
+
+def test_a_serving_process_whose_writer_drops_it_stops_the_verifier(tmp_path: Path) -> None:
+    """Attack: something with CAP_SYS_PTRACE (root: what undumpable does not stop) takes
+    serving process 1's socket to the writer and sends it a message that is not a report.
+    Defence: the writer drops that connection (and stores nothing of it); the serving process,
+    which can no longer store anything, stops, and the verifier with it (exit 4, naming serving
+    process 1), rather than serve on with every report refused. Non-vacuous: the message was
+    sent (root is let through)."""
+    with started(tmp_path) as v:
+        wait_until("serving process 1's metrics", lambda: answers(v.metrics + 1), v.log)
+        env = Path(f"/proc/{v.second}/environ").read_bytes().split(b"\0")
+        (fd,) = [
+            int(e.split(b"=", 1)[1]) for e in env if e.startswith(b"VERIFIER_STORE_WRITER_FD=")
+        ]
+        garbler = subprocess.run(
+            [sys.executable, "-c", GARBLER, str(v.second), str(fd)],
+            check=False, cwd=REPO, capture_output=True, text=True, timeout=HUNG_S,
+        )  # fmt: skip
+        assert garbler.stdout.strip() == "sent", (garbler.stdout, garbler.stderr)
+        others = children(v.proc.pid)
+        assert v.proc.wait(timeout=DEADLINE_S) == 4
+        wait_until("every process gone", lambda: not any(map(alive, others)), v.log)
+    log = v.log.read_text()
+    assert re.search(rf"serving process 1 \(pid {v.second}\) exited with code", log), log[-3000:]
+    assert "store_writer_bad_request" in log and "serving_process_stops" in log, log[-3000:]
+    assert not stored(v.db)
+    audit_ok(v.db)
+
+
 # 3 -------------------------------------------------------------------------------------------
 def test_a_stopped_writer_gets_every_report_refused_within_the_bound_however_large(
     tmp_path: Path,

@@ -326,3 +326,19 @@ def test_a_report_that_cannot_be_sent_fails_alone_and_leaves_nothing_waiting() -
     assert got == [7]
     theirs.close()
     front.close()
+
+
+def test_a_lost_connection_is_told_once_to_whoever_stops_the_process() -> None:
+    """The writer's end closes (it died, or dropped this connection): the serving side is
+    told once, with why (a serving process then stops, and the verifier with it), and every
+    report after fails at once."""
+    theirs, front = _front()
+    told: list[str] = []
+    front._on_lost = told.append
+    theirs.close()
+    wait_for("the loss told", lambda: len(told) == 1)
+    assert "gone" in told[0]
+    later = _outcome(front, "a1")
+    assert isinstance(later, StoreWriterError)
+    assert len(told) == 1
+    front.close()

@@ -55,6 +55,7 @@ log = structlog.get_logger("verifier.serve")
 MAX_PROCESSES = 64
 WATCH_S = 0.2  # how often the processes are looked at
 STOP_S = 30.0  # how long a process is given to stop before it is killed
+LOST_S = 2.0  # how long a lost connection to the writer waits to be explained by an exit
 
 
 def check_listen(listen: str, processes: int) -> None:
@@ -169,8 +170,15 @@ def serve(server: VerifierServer, processes: int, argv: Sequence[str], writer: b
                 )
                 others.append((f"serving process {i}", p))
                 log.info("process_started", index=i, pid=p.pid)
+            lost: list[str] = []
+
+            def writer_lost(why: str) -> None:  # this process's connection: stop them all
+                lost.append(why)
+                stop.set()
+
             if writer:
-                server.store.use_writer(writer_process.RemoteWriter(_own(ends)), True)
+                remote = writer_process.RemoteWriter(_own(ends), lost=writer_lost)
+                server.store.use_writer(remote, True)
             for a, b in ends[1:]:  # the children hold them now
                 a.close()
                 b.close()
@@ -180,17 +188,32 @@ def serve(server: VerifierServer, processes: int, argv: Sequence[str], writer: b
                   flush=True)  # fmt: skip
             print(server.key_line(), flush=True)
             while not stop.wait(WATCH_S):
-                for what, p in [*writers, *others]:
-                    code = p.poll()
-                    if code is not None:
-                        gone = f"{what} (pid {p.pid}) exited with code {code}"
-                        log.error("process_exited", process=what, pid=p.pid, code=code)
-                        stop.set()
-                        break
+                gone = _exited([*writers, *others])
+                if gone is not None:
+                    stop.set()
+            if lost and gone is None:  # the writer's exit closed it, most likely: name that
+                deadline = time.monotonic() + LOST_S
+                while gone is None and time.monotonic() < deadline:
+                    gone = _exited([*writers, *others])
+                    time.sleep(0.02)
+                gone = (
+                    gone
+                    or f"the first process lost its connection to the store's writer ({lost[0]})"
+                )
         finally:
             _stop_all(server, others, writers)
     if gone is not None:
         raise UnavailableError(f"{gone}; the other processes were stopped")
+
+
+def _exited(procs: list[tuple[str, subprocess.Popen[bytes]]]) -> str | None:
+    """The first of PROCS that exited, said as the verifier's error (and logged); None: none."""
+    for what, p in procs:
+        code = p.poll()
+        if code is not None:
+            log.error("process_exited", process=what, pid=p.pid, code=code)
+            return f"{what} (pid {p.pid}) exited with code {code}"
+    return None
 
 
 def _own(ends: list[tuple[socket.socket, socket.socket]]) -> Connection:

@@ -19,11 +19,14 @@ group commit (``server/group_commit.py``), so reports from every process that wa
 commit together, and a report the database refuses fails alone.
 
 Durability is unchanged: a serving process acknowledges a report only after the writer said
-its transaction committed. Failure: a writer that dies or stops answering fails every report
-waiting for it (``StoreWriterError``, an ``OSError``: not stored, never acknowledged, the
-agent keeps it spooled and retries), and the first process stops the verifier (exit 4), as for
-any process of it that exits. Every other write (runs, seals, targets, checkpoints) stays in
-the process that makes it, under the database's write lock as before.
+its transaction committed. Failure: a report the writer does not answer within ``ANSWER_S``
+is refused (``StoreWriterError``, an ``OSError``: not acknowledged, the agent keeps it spooled
+and retries; it may be stored, and the retry is then a duplicate). A connection to the writer
+that is lost (the writer died, or dropped it) fails every report waiting on it, and its
+serving process stops; the first process, seeing a process of the verifier exit, stops the
+verifier (exit 4): never some processes serving while they can store nothing. Every other
+write (runs, seals, targets, checkpoints) stays in the process that makes it, under the
+database's write lock as before.
 
 The messages are pickles between processes of one verifier, over descriptors only they hold:
 each process is undumpable (``processes.undumpable``), so another process of the same user
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import collections
 import os
+import signal
 import socket
 import threading
 from collections.abc import Callable, Sequence
@@ -154,9 +158,15 @@ class RemoteWriter:
     """A serving process's side: reports sent to the writer over CONN, each caller waiting for
     its own answer (any number of threads at once)."""
 
-    def __init__(self, conn: Connection, answer_s: float = ANSWER_S) -> None:
+    def __init__(
+        self,
+        conn: Connection,
+        answer_s: float = ANSWER_S,
+        lost: Callable[[str], None] | None = None,
+    ) -> None:
         self._conn = conn
         self._answer_s = answer_s
+        self._on_lost = lost  # told once, why, when the connection is lost (the process stops)
         self._lock = threading.Lock()
         self._waiting: dict[int, _Waiting] = {}
         self._next = 0
@@ -219,12 +229,15 @@ class RemoteWriter:
     def _lost(self, why: str) -> None:
         """Fail every report waiting, and every one after: the writer is gone."""
         with self._lock:
-            if self._gone is None:
+            first = self._gone is None
+            if first:
                 self._gone = why
                 log.error("store_writer_lost", error=why)
             waiting, self._waiting = list(self._waiting.values()), {}
         for w in waiting:
             w.done.set()
+        if first and self._on_lost is not None:
+            self._on_lost(why)
 
     def _send_failed(self, e: BaseException) -> None:
         self._lost(f"the store's writer process is gone: {e}")
@@ -345,4 +358,12 @@ def use_from_env(store: Store) -> None:
     when the first process gave it a connection to one (``FD_ENV``)."""
     fd = os.environ.pop(FD_ENV, None)
     if fd is not None:
-        store.use_writer(RemoteWriter(connection(int(fd))), False)
+        store.use_writer(RemoteWriter(connection(int(fd)), lost=_stop_this_process), False)
+
+
+def _stop_this_process(why: str) -> None:
+    """A serving process that lost its writer can store nothing: it stops (SIGTERM to itself,
+    the graceful way), and the first process, seeing it exit, stops the verifier (exit 4),
+    rather than leave it serving with reports refused for ever."""
+    log.error("serving_process_stops", reason=why)
+    os.kill(os.getpid(), signal.SIGTERM)
