@@ -39,6 +39,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_ports(n: int, avoid: int = 0) -> int:
+    """The first of N consecutive ports free now (and none of them AVOID): `serve --processes`
+    serves process I's metrics on the --metrics-listen port plus I, and tests run side by side
+    (a free first port alone let another test's port be the second)."""
+    while True:
+        first = free_port()
+        if avoid in range(first, first + n) or first + n > 65535:
+            continue
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(first, first + n):
+                    s = held.enter_context(contextlib.closing(socket.socket()))
+                    s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return first
+
+
 def serving(addr: str, proc: subprocess.Popen[bytes], log: Path) -> None:
     deadline = time.monotonic() + 60  # only so that a hung test fails
     while True:

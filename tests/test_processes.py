@@ -32,7 +32,7 @@ from servewitness.server.db import open_database
 from tests.helpers import VENV_BIN, agent_stub, verifier_cli
 from tests.test_backpressure import audit_ok
 from tests.test_contention import manifest, report
-from tests.test_listen_exclusive import free_port, serving
+from tests.test_listen_exclusive import free_port, free_ports, serving
 
 CLI = [str(VENV_BIN / "verifier")] if (VENV_BIN / "verifier").exists() else [
     sys.executable, "-m", "servewitness"]  # fmt: skip
@@ -110,9 +110,8 @@ def test_processes_share_the_port_and_serve_as_one_verifier(
 ) -> None:
     """Both ways of storing: one writer process for both serving processes (the default), and
     each serving process committing its own reports (--no-writer-process)."""
-    port, metrics = free_port(), free_port()
-    while metrics + 1 == port:
-        metrics = free_port()
+    port = free_port()
+    metrics = free_ports(2, avoid=port)  # process I's metrics on metrics + I
     addr, db, log = f"127.0.0.1:{port}", database, tmp_path / "serve.log"
     args = ["--processes", "2", "--listen", addr, "--db", db,
             "--metrics-listen", f"127.0.0.1:{metrics}"]  # fmt: skip
@@ -193,7 +192,8 @@ def is_writer(pid: int) -> bool:
 
 
 def test_no_process_outlives_the_first(tmp_path: Path) -> None:
-    addr, log, metrics = f"127.0.0.1:{free_port()}", tmp_path / "serve.log", free_port()
+    port = free_port()
+    addr, log, metrics = f"127.0.0.1:{port}", tmp_path / "serve.log", free_ports(2, avoid=port)
     args = ["--processes", "2", "--listen", addr, "--db", str(tmp_path / "v.sqlite3"),
             "--metrics-listen", f"127.0.0.1:{metrics}"]  # fmt: skip
     with verifier(args, log) as proc:

@@ -38,7 +38,7 @@ from tests.helpers import Backend, agent_stub
 from tests.test_backpressure import audit_ok
 from tests.test_contention import manifest, report
 from tests.test_group_commit import HUNG_S, REFUSE, agent_loop, stored
-from tests.test_listen_exclusive import free_port, serving
+from tests.test_listen_exclusive import free_port, free_ports, serving
 from tests.test_processes import (
     DEADLINE_S,
     alive,
@@ -71,9 +71,7 @@ def started(
     """`verifier serve --processes 2` (with its writer; run under PREFIX, a command such as
     setpriv's), serving; stopped (killed if need be) when the block ends."""
     port = port or free_port()
-    metrics = free_port()
-    while port in (metrics, metrics + 1):
-        metrics = free_port()
+    metrics = free_ports(2, avoid=port)  # process I's metrics on metrics + I
     addr, log = f"127.0.0.1:{port}", tmp_path / f"serve-{port}.log"
     db = db or str(tmp_path / "v.sqlite3")
     args = ["--processes", "2", "--listen", addr, "--db", db,
