@@ -202,20 +202,25 @@ def test_writer_sockets_are_held_by_one_pair_of_processes_each_and_cannot_be_ope
 
 
 # 2 -------------------------------------------------------------------------------------------
+# Takes descriptor FD of process PID (pidfd_getfd) and sends on it: a pickled report no agent
+# sent ("forged"), or a message that is not a report ("garbage").
 THIEF = r"""
 import ctypes, os, sys
 from multiprocessing.connection import Connection
 from servewitness.server import follow, report_rows
 from servewitness.server.report_rows import StoredReport
-pid, fd = int(sys.argv[1]), int(sys.argv[2])
+pid, fd, what = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 libc = ctypes.CDLL(None, use_errno=True)
 got = libc.syscall(438, os.pidfd_open(pid), fd, 0)  # pidfd_getfd
 if got < 0:
     print("refused", ctypes.get_errno())
     sys.exit(0)
-rep = StoredReport("forged", 1, "t-forged", 100.0, b"no agent sent this")
-prepared = report_rows.prepare(rep, [], [], [], [])
-Connection(got).send((2**40, prepared, follow.ReceiptAt("agent:forged", 0.0)))
+if what == "forged":
+    rep = StoredReport("forged", 1, "t-forged", 100.0, b"no agent sent this")
+    prepared = report_rows.prepare(rep, [], [], [], [])
+    Connection(got).send((2**40, prepared, follow.ReceiptAt("agent:forged", 0.0)))
+else:
+    Connection(got).send(("not", "a", "report"))
 print("sent")
 """
 
@@ -225,14 +230,22 @@ print("sent")
 NO_PTRACE = ["setpriv", "--inh-caps=-sys_ptrace", "--bounding-set=-sys_ptrace"]
 
 
-def steal(pid: int, fd: int) -> str:
-    """THIEF run without CAP_SYS_PTRACE against FD of process PID: "sent" or "refused ERRNO"."""
+def steal(pid: int, fd: int, what: str = "forged", prefix: Sequence[str] = NO_PTRACE) -> str:
+    """THIEF run under PREFIX (by default without CAP_SYS_PTRACE) against FD of process PID,
+    sending WHAT: "sent" or "refused ERRNO"."""
     thief = subprocess.run(
-        [*NO_PTRACE, sys.executable, "-c", THIEF, str(pid), str(fd)],
+        [*prefix, sys.executable, "-c", THIEF, str(pid), str(fd), what],
         check=False, cwd=REPO, capture_output=True, text=True, timeout=HUNG_S,
     )  # fmt: skip
     assert thief.returncode == 0, thief.stderr
     return thief.stdout.strip()
+
+
+def writer_fd(pid: int) -> int:
+    """Serving process PID's end of its socket pair to the writer, as its environment says."""
+    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    (fd,) = [int(e.split(b"=", 1)[1]) for e in env if e.startswith(b"VERIFIER_STORE_WRITER_FD=")]
+    return fd
 
 
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs util-linux's setpriv")
@@ -271,10 +284,7 @@ def test_a_same_uid_process_cannot_take_a_writer_socket_and_store_a_forged_repor
         with own_connection(v.addr) as ch:
             ack = agent_stub(ch).Report(small("a0", 1, hello(ch, "a0")), timeout=HUNG_S)
             assert ack.accepted
-        env = Path(f"/proc/{v.second}/environ").read_bytes().split(b"\0")
-        (fd,) = [
-            int(e.split(b"=", 1)[1]) for e in env if e.startswith(b"VERIFIER_STORE_WRITER_FD=")
-        ] or [min(socket_fds(v.second))]
+        fd = writer_fd(v.second)
         assert fd in socket_fds(v.second), "its end is not where its environment says"
         took = {pid: steal(pid, fd) for pid in (v.second, v.writer, v.proc.pid)}
         v.proc.send_signal(signal.SIGTERM)
@@ -282,20 +292,6 @@ def test_a_same_uid_process_cannot_take_a_writer_socket_and_store_a_forged_repor
     assert all(t == f"refused {errno.EPERM}" for t in took.values()), took
     assert ("forged", 1) not in stored(v.db)
     audit_ok(v.db)
-
-
-GARBLER = r"""
-import ctypes, os, sys
-from multiprocessing.connection import Connection
-pid, fd = int(sys.argv[1]), int(sys.argv[2])
-libc = ctypes.CDLL(None, use_errno=True)
-got = libc.syscall(438, os.pidfd_open(pid), fd, 0)  # pidfd_getfd
-if got < 0:
-    print("refused", ctypes.get_errno())
-    sys.exit(0)
-Connection(got).send(("not", "a", "report"))
-print("sent")
-"""
 
 
 def test_a_serving_process_whose_writer_drops_it_stops_the_verifier(tmp_path: Path) -> None:
@@ -307,15 +303,7 @@ def test_a_serving_process_whose_writer_drops_it_stops_the_verifier(tmp_path: Pa
     sent (root is let through)."""
     with started(tmp_path) as v:
         wait_until("serving process 1's metrics", lambda: answers(v.metrics + 1), v.log)
-        env = Path(f"/proc/{v.second}/environ").read_bytes().split(b"\0")
-        (fd,) = [
-            int(e.split(b"=", 1)[1]) for e in env if e.startswith(b"VERIFIER_STORE_WRITER_FD=")
-        ]
-        garbler = subprocess.run(
-            [sys.executable, "-c", GARBLER, str(v.second), str(fd)],
-            check=False, cwd=REPO, capture_output=True, text=True, timeout=HUNG_S,
-        )  # fmt: skip
-        assert garbler.stdout.strip() == "sent", (garbler.stdout, garbler.stderr)
+        assert steal(v.second, writer_fd(v.second), "garbage", prefix=()) == "sent"
         others = children(v.proc.pid)
         assert v.proc.wait(timeout=DEADLINE_S) == 4
         wait_until("every process gone", lambda: not any(map(alive, others)), v.log)
