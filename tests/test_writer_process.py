@@ -342,3 +342,16 @@ def test_a_lost_connection_is_told_once_to_whoever_stops_the_process() -> None:
     assert isinstance(later, StoreWriterError)
     assert len(told) == 1
     front.close()
+
+
+def test_a_report_sent_without_a_receipt_is_stored_with_its_own(backend: Backend) -> None:
+    """``save_report`` allows no receipt (the report's own is stored): through the writer too,
+    not taken for a malformed message (which would drop the connection and stop the process)."""
+    s = Store(backend.target)
+    try:
+        with writer(s, 1) as (remote,):
+            assert isinstance(remote.save(prepared("a0"), None), int)
+            assert remote._gone is None
+    finally:
+        s.close()
+    assert stored(backend.target) == {("a0", 1)}

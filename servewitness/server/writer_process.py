@@ -298,7 +298,7 @@ def _requests(
                 and len(message) == 3
                 and isinstance(message[0], int)
                 and isinstance(message[1], PreparedReport)
-                and callable(message[2])
+                and (message[2] is None or callable(message[2]))  # None: the report's own
             ):
                 log.error("store_writer_bad_request", process=index, got=type(message).__name__)
                 return  # a serving process's bug: its connection closes, its reports fail
