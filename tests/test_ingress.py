@@ -201,6 +201,30 @@ def test_tls_roles_are_checked_before_the_request_is_parsed(
             ), why
 
 
+def test_tls_only_an_authorized_status_read_holds_agents_back(
+    tls_served: tuple[VerifierServer, Path],
+) -> None:
+    """Status reads hold agents' calls back while they run (``admission.ReadsFirst``), which a
+    flood of them could turn against ingest: a read is counted only once its caller was
+    authorized and its request parsed. An agent's certificate asking for a run's status, and
+    an auditor's sending garbage, hold nobody; an auditor's status read does (the control)."""
+    server, d = tls_served
+    rf = server.reads_first
+    rf.cooldown_s = 0.0  # every read may hold: only authorization decides here
+    before = rf.holds
+    for who, body in (("agent-a", pb.GetRunStatusRequest(name="r").SerializeToString()),
+                      ("audit", GARBAGE)):  # fmt: skip
+        creds = ClientTLS(d / "ca.pem", d / f"{who}.pem", d / f"{who}.key")
+        with creds.channel(f"127.0.0.1:{server.port}", wire.GRPC_OPTIONS) as ch:
+            code, why = refused(lambda c=ch, b=body: raw(c, "GetRunStatus")(b))  # type: ignore[misc]
+        assert code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.INVALID_ARGUMENT), why
+    assert rf.holds == before
+    creds = ClientTLS(d / "ca.pem", d / "audit.pem", d / "audit.key")
+    with creds.channel(f"127.0.0.1:{server.port}", wire.GRPC_OPTIONS) as ch:
+        code, _ = refused(lambda: raw(ch, "GetRunStatus")(b"\n\x07no-such"))  # run "no-such"
+    assert code == grpc.StatusCode.NOT_FOUND and rf.holds == before + 1
+
+
 def test_local_agent_garbage_for_an_unlisted_target_is_not_authorized_and_never_parsed() -> None:
     d = Path(tempfile.mkdtemp(prefix="ving-"))
     addr = f"unix:{d}/v.sock"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import re
 import signal
@@ -29,7 +30,7 @@ from servewitness import wire
 from servewitness.api.v1 import verifier_pb2 as pb
 from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
 from servewitness.server.db import open_database
-from tests.helpers import VENV_BIN, agent_stub, verifier_cli
+from tests.helpers import VENV_BIN, agent_stub, not_vllm_policy, verifier_cli
 from tests.test_backpressure import audit_ok
 from tests.test_contention import manifest, report
 from tests.test_listen_exclusive import free_port, free_ports, serving
@@ -63,13 +64,15 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def accepted(port: int) -> float:
+def metric(port: int, prefix: str) -> float:
+    """The sum of the series starting with PREFIX on the metrics endpoint at PORT."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         text = r.read().decode()
-    for line in text.splitlines():
-        if line.startswith('verifier_reports_total{result="accepted"}'):
-            return float(line.split()[-1])
-    return 0.0
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+def accepted(port: int) -> float:
+    return metric(port, 'verifier_reports_total{result="accepted"}')
 
 
 @contextlib.contextmanager
@@ -109,11 +112,15 @@ def test_processes_share_the_port_and_serve_as_one_verifier(
     tmp_path: Path, database: str, writer: str
 ) -> None:
     """Both ways of storing: one writer process for both serving processes (the default), and
-    each serving process committing its own reports (--no-writer-process)."""
+    each serving process committing its own reports (--no-writer-process). The first process
+    alone re-evaluates the run after new evidence and records its verdict history, for reports
+    either process stored; the second computes no verdict unless asked for one."""
     port = free_port()
     metrics = free_ports(2, avoid=port)  # process I's metrics on metrics + I
     addr, db, log = f"127.0.0.1:{port}", database, tmp_path / "serve.log"
-    args = ["--processes", "2", "--listen", addr, "--db", db,
+    policy = tmp_path / "p.toml"
+    policy.write_text(POLICY)
+    args = ["--processes", "2", "--listen", addr, "--db", db, "--run", f"r={policy}",
             "--metrics-listen", f"127.0.0.1:{metrics}"]  # fmt: skip
     more = 2 if writer == "writer process" else 1  # children: the second, and the writer
     args += [] if more == 2 else ["--no-writer-process"]
@@ -150,6 +157,10 @@ def test_processes_share_the_port_and_serve_as_one_verifier(
             return True
 
         wait_until("every process listing every target", everyone_sees_all, log)
+        # the history: the run's verdict over every target, those the second process stored too
+        wait_until("the run's history over every target", lambda: judged(db) == targets, log)
+        assert metric(metrics, "verifier_verdicts_total{") > 0  # the first evaluated the run
+        assert metric(metrics + 1, "verifier_verdicts_total{") == 0  # the second did not
         others = children(proc.pid)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=DEADLINE_S) == 0, log.read_text()[-3000:]
@@ -161,6 +172,21 @@ def test_processes_share_the_port_and_serve_as_one_verifier(
         store.close()
     assert {(a, s) for a, last in acked.items() for s in range(1, last + 1)} <= stored
     audit_ok(db)  # one chain, whichever process appended
+
+
+POLICY = not_vllm_policy('version = 1\n[[hooks]]\nname = "h"\nrole = "worker"\n')
+
+
+def judged(db: str) -> set[str]:
+    """The targets the verdict history's latest record of run r judged."""
+    store = open_database(db, read_only=True)
+    try:
+        row = store.execute(
+            "SELECT detail_json FROM verdicts WHERE run = 'r' ORDER BY rowid DESC LIMIT 1"
+        ).fetchone()
+    finally:
+        store.close()
+    return set() if row is None else set(json.loads(row[0])["targets"])
 
 
 def _answers(port: int) -> bool:

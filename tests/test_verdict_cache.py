@@ -9,17 +9,20 @@ the same targets. The age clock is set by the test (``clock.boot_s``), so no sle
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from servewitness import wire
 from servewitness.model import RunVerdict, TargetReport, Verdict
 from servewitness.policy import evaluate_run, load_policy, policy_digest
-from servewitness.server import clock
+from servewitness.server import clock, follow
 from servewitness.server.evaluate import Evaluator
-from servewitness.server.store import RunRecord, Store
+from servewitness.server.store import RunRecord, Store, StoredReport
+from servewitness.wire import verdicts as wire_verdicts
 from tests.helpers import as_weak_as_needed
 from tests.test_policy_engine import HOOK_V1, api, engine, worker
 
@@ -228,3 +231,58 @@ def test_a_kept_target_verdicts_message_is_copied_with_the_time_of_the_call(
     got = told(lax, now + 9)
     assert built and verdicts(got) == {"a": Verdict.PASS, "b": Verdict.FAIL}
     assert got == ev.run_verdict(lax, now + 9)
+
+
+def test_a_report_is_judged_as_it_arrives_not_when_status_is_asked(evaluator: Evaluator) -> None:
+    """Once a run's policy is loaded (its first status call), and while status calls ask,
+    each report noted is judged then, with its verdict's message made: the status call that
+    follows judges nothing and answers what a fresh evaluation gives. Controls: before any
+    status call asked, nothing is judged ahead; a run whose policy was never asked for is not
+    judged ahead (its first status call judges every target then)."""
+    ev = evaluator
+    run = register(ev, "r", POLICY)
+    note(ev, "a", 1, hooked=True)
+    both(ev, run)  # loads POLICY
+    before = ev.judgements.misses
+    note(ev, "a", 2, hooked=True)
+    assert ev.judgements.misses == before  # no status call asked lately: nothing judged ahead
+    ev.asked()  # a status call
+    note(ev, "a", 3, hooked=False)
+    note(ev, "b", 1, hooked=True)
+    assert ev.judgements.misses == before + 2  # judged as noted
+    kept, first = both(ev, run)
+    assert kept == first and verdicts(kept) == {"a": Verdict.FAIL, "b": Verdict.PASS}
+    assert ev.judgements.misses == before + 2  # the status call judged nothing
+    a_findings = kept.targets[0].findings
+    (made,) = [m for tv, m in wire_verdicts._VERDICTS_KEPT["a"] if tv.findings is a_findings]
+    assert made.target == "a" and made.verdict  # its message was made with it
+    strict = register(ev, "strict", STRICT)
+    note(ev, "c", 1, hooked=True)
+    assert ev.judgements.misses == before + 3  # POLICY only: STRICT is not loaded
+    kept, first = both(ev, strict)
+    assert kept == first and ev.judgements.misses == before + 6  # a, b, c judged on demand
+
+
+def test_a_followed_report_is_judged_as_it_is_followed(tmp_path: Path) -> None:
+    """Another verifier on the same database stores a report; this one follows it and judges
+    it then, under the policies it has loaded, so its status call judges nothing."""
+    db = tmp_path / "db.sqlite3"
+    here, there = Store(db), Store(db)
+    try:
+        ev = Evaluator(here)
+        follower = follow.Follower(here, ev)
+        run = register(ev, "r", POLICY)
+        follower.poll()
+        ev.asked()  # a status call ...
+        ev.run_verdict(run, time.time())  # ... loads POLICY (no target yet)
+        before = ev.judgements.misses
+        rep = TargetReport("agent-t", "t", 1, "", time.time(), (api(), engine(), worker()))
+        sent = StoredReport("agent-t", 1, "t", time.time(), wire.report_to_bytes(rep), None)
+        assert there.save_report(sent, {})
+        assert follower.poll() == 1
+        assert ev.judgements.misses == before + 1  # judged as followed
+        got = ev.run_verdict(run, time.time())
+        assert [t.target for t in got.targets] == ["t"] and ev.judgements.misses == before + 1
+    finally:
+        here.close()
+        there.close()

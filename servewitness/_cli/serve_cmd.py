@@ -220,6 +220,8 @@ def run(args: argparse.Namespace) -> int:
         health_listen=args.health_listen,
         container_of=_container_of,
         share_port=args.processes > 1 or index > 0,
+        keeps_history=index == 0,  # the first process judges every run for the others
+        tune_gc=True,
     )
     if args.processes > 1:
         writer = args.writer_process is not False  # on unless --no-writer-process

@@ -328,6 +328,11 @@ class Judgements:
         return out
 
 
+def selects_snapshot(policy: Policy, snap: I.TargetSnapshot) -> bool:
+    """Whether POLICY's run covers SNAP's target (``Policy.selects``, with its containers)."""
+    return policy.selects(snap.target, _container_ids(snap))
+
+
 def _container_ids(snap: I.TargetSnapshot) -> tuple[str, ...]:
     seen = dict.fromkeys(snap.container_ids)
     seen.update(dict.fromkeys(p.container_id for p in snap.processes if p.container_id))

@@ -23,8 +23,11 @@ cancelled before its request arrived never reaches the method, but its task stil
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import threading
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Iterator
 from concurrent import futures
 from typing import Any
 
@@ -45,14 +48,97 @@ def grpc_limit(agent_limit: int | None) -> int | None:
     return None if agent_limit is None else agent_limit + READ_LIMIT + OTHER_LIMIT
 
 
+READS_FIRST_S = 0.05
+"""The longest a status read holds back the agents' calls that reach a worker after it began."""
+READS_FIRST_SHARE = 0.25
+"""The most of the time reads may hold agents back: a read begun less than ``READS_FIRST_S /
+READS_FIRST_SHARE`` after the last hold began holds nothing (a client calling status in a loop
+slows agents by a quarter at most)."""
+
+
+class ReadsFirst:
+    """Status reads before agents' reports, within one process. Its threads share one
+    interpreter lock, handed round among the threads that want it: a status call that needs
+    20 ms of it waited behind eight agents' workers for ten times that once the agents kept
+    the process busy (BENCHMARKS.md, "Status reads first"). So while a read runs, an agent's
+    call that reaches a worker waits before it starts, up to ``grant_s`` after the read began
+    (calls already running go on: they are short), and not more than ``share`` of the time;
+    so do the process's own passes over every target (the history keeper's, the follower's).
+    An agent's call is delayed, never refused: its report is acknowledged as before. A read
+    counts once its caller was authorized and its request parsed (``ingress.add_services``):
+    a caller refused holds nobody back."""
+
+    def __init__(
+        self,
+        grant_s: float = READS_FIRST_S,
+        share: float = READS_FIRST_SHARE,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.grant_s = grant_s
+        self.cooldown_s = grant_s / share
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._reading = 0
+        self._until = 0.0  # agents' calls starting wait until then while a read runs
+        self._next = 0.0  # the earliest a read can hold agents back again
+        self.holds = 0  # reads that held the others back
+        self.waits: collections.Counter[str] = collections.Counter()  # turns that waited, by who
+        self.waiting: collections.Counter[str] = collections.Counter()  # waiting now, by who
+
+    @property
+    def reads(self) -> int:
+        """Status reads running now."""
+        return self._reading
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        """Around a status read: agents' calls wait while it runs (if it may hold them)."""
+        with self._cond:
+            self._reading += 1
+            now = self._clock()
+            if now >= self._next:
+                self._until, self._next = now + self.grant_s, now + self.cooldown_s
+                self.holds += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._reading -= 1
+                if not self._reading:
+                    self._until = 0.0
+                    self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def turn(self, who: str = "agents") -> Iterator[None]:
+        """Before work that is not a status read (WHO: an agent's call, a pass of the history
+        keeper or of the follower): wait while a read holds it back."""
+        with self._cond:
+            waited = False
+            while self._reading and (left := self._until - self._clock()) > 0:
+                waited = True
+                self.waiting[who] += 1
+                self._cond.wait(left)
+                self.waiting[who] -= 1
+            self.waits[who] += waited
+        yield
+
+
 class ClassPool(futures.ThreadPoolExecutor):
     """The threads of one class of methods, counting its calls in flight: a slot is taken when
-    gRPC submits a call and given back when its task ends."""
+    gRPC submits a call and given back when its task ends. GATE, when given, is entered around
+    each call's task (``ReadsFirst.turn``)."""
 
-    def __init__(self, name: str, workers: int, limit: int | None) -> None:
+    def __init__(
+        self,
+        name: str,
+        workers: int,
+        limit: int | None,
+        gate: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
+    ) -> None:
         super().__init__(workers, thread_name_prefix=name)
         self.name = name
         self.limit = limit
+        self._gate = gate
         self._count_lock = threading.Lock()
         self.in_flight = 0
 
@@ -65,7 +151,10 @@ class ClassPool(futures.ThreadPoolExecutor):
 
         def counted() -> Any:
             try:
-                return fn(*args, **kwargs)
+                if self._gate is None:
+                    return fn(*args, **kwargs)
+                with self._gate():
+                    return fn(*args, **kwargs)
             finally:
                 with self._count_lock:
                     self.in_flight -= 1

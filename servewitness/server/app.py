@@ -7,6 +7,7 @@ verdict history current after new evidence arrives, so ingest never waits for ev
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import threading
@@ -38,6 +39,7 @@ from servewitness.server.admission import (
     READ_WORKERS,
     Admission,
     ClassPool,
+    ReadsFirst,
     grpc_limit,
 )
 from servewitness.server.audit_service import AuditService
@@ -99,6 +101,14 @@ class ServeConfig:
     # One of several processes serving one verifier on one port (server/processes.py): the
     # port is bound with SO_REUSEPORT. Otherwise it is this process's alone (EXCLUSIVE_PORT).
     share_port: bool = False
+    # Whether the history keeper re-evaluates every run after new evidence (recording each
+    # change in the verdict history and the verdict metrics) and expires silent targets. The
+    # other processes of `--processes N` follow the same evidence and their first process does
+    # this for them: theirs record only the verdicts their own status calls computed.
+    keeps_history: bool = True
+    # The process's garbage collector set up for a server that runs for long (memory.tune_gc):
+    # process-wide, so the command line's, not a test's or an embedding program's.
+    tune_gc: bool = False
 
 
 def derived_run_name(name: str, digest: str) -> str:
@@ -219,9 +229,13 @@ class VerifierServer:
         self.health = health.HealthServicer()
         opts = [*wire.GRPC_OPTIONS, *self._port_option()]
         limit = config.max_concurrent_rpcs
+        self.reads_first = ReadsFirst()
         self.admission = Admission(
             (
-                (AGENT_METHODS, ClassPool("agents", config.workers, limit)),
+                (
+                    AGENT_METHODS,
+                    ClassPool("agents", config.workers, limit, self.reads_first.turn),
+                ),
                 (
                     READ_METHODS,
                     ClassPool("status", READ_WORKERS, None if limit is None else READ_LIMIT),
@@ -238,7 +252,8 @@ class VerifierServer:
         self.audit = AuditService(self.store, self._key, auth)  # same listener, same auth
         # Both through the ingress: callers authorized before their bytes are parsed.
         services = {"VerifierService": self.service, "AuditService": self.audit}
-        ingress.add_services(self.server, services, auth)
+        reading = dict.fromkeys(READ_METHODS, self.reads_first.reading)  # once authorized
+        ingress.add_services(self.server, services, auth, reading)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.reflection = add_reflection(self.server, auth) if config.reflection else None
         self.port = 0
@@ -259,7 +274,12 @@ class VerifierServer:
         )
         self._following = threading.Thread(
             target=follow.run,
-            args=(self.follower, self._stop, self.service.dirty.set),
+            args=(
+                self.follower,
+                self._stop,
+                self.service.dirty.set,
+                functools.partial(self.reads_first.turn, "follow"),
+            ),
             name="follow-store",
             daemon=True,
         )
@@ -321,7 +341,11 @@ class VerifierServer:
         return Authorizer(True, load_tokens(config.tokens) if config.tokens else ())
 
     def start(self) -> None:
+        from servewitness.server.memory import tune_gc
+
         self.follower.begin()
+        if self.config.tune_gc:  # after the evidence loaded at start (process-wide)
+            tune_gc()
         self.metrics_http = serve_metrics(self.config.metrics_listen, self.service.metrics.registry)
         try:
             if self.config.tls is not None:
@@ -380,7 +404,11 @@ class VerifierServer:
             self.service.dirty.wait(timeout=1.0)  # also re-evaluates on time (STALE)
             self.service.dirty.clear()
             try:
-                self.service.refresh_verdicts()
+                with self.reads_first.turn("history"):  # a status call running goes first
+                    if self.config.keeps_history:
+                        self.service.refresh_verdicts()
+                    else:
+                        self.service.record_seen()
             except Exception as e:  # noqa: BLE001 - the keeper logs and keeps going
                 log.error("history_failed", error=f"{type(e).__name__}: {e}")
             trimmer.maybe_trim()

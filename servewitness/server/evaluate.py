@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -12,7 +13,7 @@ import structlog
 from servewitness import wire
 from servewitness.model import FileEntry, RunVerdict, TargetReport
 from servewitness.policy import Policy, PolicyError, evaluate_run, load_policy, refused_run
-from servewitness.policy.engine import Judgements
+from servewitness.policy.engine import Judgements, selects_snapshot
 from servewitness.policy.interface import TargetSnapshot
 from servewitness.server import clock, report_rows
 from servewitness.server.bounded import LruCache
@@ -23,6 +24,9 @@ from servewitness.server.store import RunRecord, Store, StoredReport
 # a vLLM process loads about 10,000 files, so this keeps about ten of them; an agent sending a
 # fresh 200,000-file manifest in every report makes the verifier keep none of them.
 MANIFEST_CACHE_FILES = 100_000
+# After a status call, how long reports are judged as they arrive (``Evaluator.prejudge``): a
+# client polling (``verifier wait``, a gate) keeps it on; a process nobody asks pays nothing.
+PREJUDGE_S = 10.0
 
 log = structlog.get_logger("verifier.evaluate")
 
@@ -64,6 +68,7 @@ class Evaluator:
         self._lock = threading.Lock()
         # what evaluations of a (policy, target snapshot) found, reused until either changes
         self.judgements = Judgements()
+        self._prejudge_until = 0.0  # judge reports as they arrive until then (``asked``)
 
     def policy(self, run: RunRecord) -> Policy | PolicyError:
         """RUN's parsed policy, or why this verifier refuses it: a run stored by an earlier
@@ -155,6 +160,27 @@ class Evaluator:
                 self._loaded_at = (self.store.read(report_rows.marks), clock.boot_s())
             return self._loaded_at
 
+    def asked(self) -> None:
+        """A status call asked for a run's verdict: judge ahead (``prejudge``) for the next
+        ``PREJUDGE_S`` seconds."""
+        self._prejudge_until = time.monotonic() + PREJUDGE_S
+
+    def prejudge(self, snap: TargetSnapshot) -> None:
+        """Judge SNAP now under every run's policy this verifier has loaded that covers its
+        target, and make its verdict's message (``wire.target_verdict_to_pb``): both are
+        kept (``Judgements.fresh``, the message by its verdict), so a status call finds them
+        made instead of making them while its client waits (BENCHMARKS.md, "Status reads
+        first"). Called as a report becomes its target's latest (ingested or followed), off
+        the status calls' path; a policy loaded later judges on demand as before. Only while
+        status calls ask this process (``asked``): one that nobody asks (another process of
+        ``--processes N`` gets the status calls) judges nothing ahead."""
+        if time.monotonic() >= self._prejudge_until:
+            return
+        now = time.time()
+        for pol in list(self._policies.values()):
+            if isinstance(pol, Policy) and selects_snapshot(pol, snap):
+                wire.target_verdict_to_pb(self.judgements.fresh(pol, snap, now))
+
     def is_newer(self, target: str, rowid: int) -> bool:
         """Whether the report at ROWID is newer than what this verifier holds of TARGET (or
         last forgot of it)."""
@@ -191,7 +217,8 @@ class Evaluator:
             self._tracked()[report.target] = Tracked(
                 snap, stored.agent_id, stored.seq, heard, False, stored.rowid
             )
-            return True
+        self.prejudge(snap)
+        return True
 
     def retired(
         self, target: str, event: str, last: tuple[str, int], expiry_s: float | None = None
@@ -249,6 +276,7 @@ class Evaluator:
             if rowid and held is not None and held.rowid > rowid:
                 return
             latest[report.target] = Tracked(snap, report.agent_id, report.seq, at, False, rowid)
+        self.prejudge(snap)
 
     def snapshots(self) -> list[TargetSnapshot]:
         """The latest snapshot of every target that is not expired: what verdicts judge."""

@@ -37,6 +37,7 @@ mismatch" and says Hello again, which reads its last stored seq from the databas
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -221,12 +222,20 @@ class Follower:
         return changed
 
 
-def run(follower: Follower, stop: threading.Event, changed: Callable[[], None]) -> None:
-    """Poll every ``FOLLOW_S`` until STOP; CHANGED after a poll that changed a target. A
-    failed poll (the database away) is logged, counted and tried again."""
+def run(
+    follower: Follower,
+    stop: threading.Event,
+    changed: Callable[[], None],
+    turn: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext,
+) -> None:
+    """Poll every ``FOLLOW_S`` until STOP; CHANGED after a poll that changed a target; each
+    poll in TURN (``admission.ReadsFirst.turn``: after a status call running). A failed poll
+    (the database away) is logged, counted and tried again."""
     while not stop.wait(FOLLOW_S):
         try:
-            if follower.poll():
+            with turn():
+                polled = follower.poll()
+            if polled:
                 changed()
         except Exception as e:  # noqa: BLE001 - logged; the next poll tries again
             follower.count("failed")

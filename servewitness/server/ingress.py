@@ -29,7 +29,8 @@ context chain).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -189,7 +190,11 @@ def _limit_behind(exc: BaseException) -> bool:
 
 
 def _method_handler(
-    service: str, method: str, servicer: Any, auth: Authorizer
+    service: str,
+    method: str,
+    servicer: Any,
+    auth: Authorizer,
+    around: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
 ) -> grpc.RpcMethodHandler[bytes, Any]:
     desc = pb.DESCRIPTOR.services_by_name[service].methods_by_name[method]
     request_type = getattr(pb, desc.input_type.name)
@@ -219,7 +224,10 @@ def _method_handler(
             if why is not None:
                 _abort(context, grpc.StatusCode.PERMISSION_DENIED, why)
         try:
-            return call(request, _BoundedContext(context))  # type: ignore[arg-type]
+            if around is None:
+                return call(request, _BoundedContext(context))  # type: ignore[arg-type]
+            with around():  # authorized and parsed: only then may it hold others back
+                return call(request, _BoundedContext(context))  # type: ignore[arg-type]
         except BaseException as e:
             if _limit_behind(e):
                 note_refusal("too_large")
@@ -232,12 +240,20 @@ def _method_handler(
     )
 
 
-def add_services(server: grpc.Server, services: dict[str, Any], auth: Authorizer) -> None:
+def add_services(
+    server: grpc.Server,
+    services: dict[str, Any],
+    auth: Authorizer,
+    around: Mapping[str, Callable[[], contextlib.AbstractContextManager[None]]] | None = None,
+) -> None:
     """Serve SERVICES (a service name of ``GATES``: its servicer) on SERVER through the
-    ingress, in place of the generated ``add_*Servicer_to_server``."""
+    ingress, in place of the generated ``add_*Servicer_to_server``. AROUND: for a method
+    name, what its servicer runs inside once its caller was authorized and its request parsed
+    (``admission.ReadsFirst.reading`` for the status reads: a caller refused holds nobody)."""
+    around = around or {}
     for service, servicer in services.items():
         handlers = {
-            m: _method_handler(service, m, servicer, auth)
+            m: _method_handler(service, m, servicer, auth, around.get(m))
             for m in pb.DESCRIPTOR.services_by_name[service].methods_by_name
         }
         full = pb.DESCRIPTOR.services_by_name[service].full_name

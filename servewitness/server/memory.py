@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import os
 import threading
 from collections.abc import Callable
@@ -71,6 +72,24 @@ def fix_mmap_threshold(size: int = MMAP_THRESHOLD_BYTES) -> bool:
     fn.argtypes = [ctypes.c_int, ctypes.c_int]
     fn.restype = ctypes.c_int
     return bool(fn(_M_MMAP_THRESHOLD, size))
+
+
+GC_YOUNG_THRESHOLD = 10_000
+"""Allocations less deallocations of container objects before the cyclic collector looks at
+the youngest generation (CPython's default: 700). Each report makes thousands of short-lived
+objects; at the default, most collections find them alive (still in use by a call in flight),
+walk them, and promote them toward the old generation, whose full collections then walk every
+target's latest snapshot. Measured: BENCHMARKS.md, "Status reads first"."""
+
+
+def tune_gc(young: int = GC_YOUNG_THRESHOLD) -> None:
+    """Set up the cyclic garbage collector for a long-running server, once it has loaded what
+    it keeps for good (modules, the evidence loaded at start): that is moved out of the
+    collector's reach (``gc.freeze``: never walked again; freed normally when its references
+    go), and the youngest generation is collected every YOUNG allocations instead of 700."""
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(young, middle, old)
 
 
 FOLLOW_UP_MAX_BEATS = 64  # the longest wait between follow-up trims that give nothing back

@@ -318,6 +318,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
             run = self.store.get_run(name)
             if run is None:  # get_run raises UnknownRun; this only narrows the type
                 raise UnknownRun(f"no run named {name!r}")
+            self.evaluator.asked()  # judge reports ahead while status calls come
             verdict = self.evaluator.run_verdict(run, time.time())
         except UnknownRun as e:
             context.abort(grpc.StatusCode.NOT_FOUND, e.explain())

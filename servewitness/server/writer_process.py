@@ -342,8 +342,11 @@ def run_writer(db: str | Path) -> None:
         raise UsageError(
             "--as-store-writer is given to the writer process --processes starts"
         ) from None
+    from servewitness.server.memory import tune_gc
+
     conns = [connection(fd) for fd in fds]
     store = Store(db)
+    tune_gc()
     stop = threading.Event()
     log.info("store_writer_started", connections=len(conns))
     try:
