@@ -256,3 +256,33 @@ def test_the_stated_bounds_are_the_defaults() -> None:
         ("MANIFEST_CACHE_FILES", MANIFEST_CACHE_FILES),
     ):
         assert f"{value:,}" in ops, f"{name} ({value:,}) is not stated in docs/operations.md"
+
+
+GC_CHECK = """
+import gc
+from servewitness.server.memory import GC_YOUNG_THRESHOLD, tune_gc
+from servewitness.server.app import ServeConfig
+kept = [[i] for i in range(1000)]  # what a server holds at start
+before = gc.get_threshold()
+assert gc.get_freeze_count() == 0 and not ServeConfig("x", "y").tune_gc  # off unless the CLI's
+tune_gc()
+after = gc.get_threshold()
+assert after == (GC_YOUNG_THRESHOLD, before[1], before[2]), (before, after)
+assert gc.get_freeze_count() >= len(kept)  # held at start: never walked again
+print("tuned")
+"""
+
+
+def test_the_servers_collector_is_tuned_in_its_own_process_only() -> None:
+    """``memory.tune_gc`` (the CLI's server; process-wide, so never an embedding program's or
+    a test's by default): what is held at start is frozen out of the collector's walks and
+    the young generation is collected every ``GC_YOUNG_THRESHOLD`` allocations. Run in a
+    process of its own: it changes the interpreter it runs in."""
+    out = subprocess.run(
+        [str(VENV_BIN / "python"), "-c", GC_CHECK],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "tuned", out.stderr[-2000:]
