@@ -237,6 +237,9 @@ _PLACEHOLDER = re.compile(r"\?")
 # One lock id for every verifier writing to one PostgreSQL database: ledger appends are
 # serialised (each entry names its predecessor).
 _WRITE_LOCK = 0x5646_5952
+# Another for creating the schema (``PostgresDatabase.executescript``), so that a replica
+# starting never waits behind another's report transactions.
+_SCHEMA_LOCK = 0x5646_5953
 
 
 class PostgresDatabase(Database):
@@ -296,7 +299,15 @@ class PostgresDatabase(Database):
             cur.executemany(self._convert(sql), rows)
 
     def executescript(self, script: str) -> None:
-        self._live().execute(script)
+        """SCRIPT (the schema's ``IF NOT EXISTS`` statements) in one transaction that holds
+        the schema's own advisory lock: PostgreSQL's ``CREATE ... IF NOT EXISTS`` fails, not
+        waits, when another session creates the same table at the same moment (the catalog's
+        unique index: replicas of a Deployment starting together on a new database), so
+        one replica creates the schema and the others then find it made."""
+        db = self._live()
+        with db.transaction():
+            db.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+            db.execute(script)
 
     def begin(self) -> None:
         self._live().execute("BEGIN")
