@@ -169,7 +169,9 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
                 self.metrics.report("need_manifests")
                 ack = wire.ReportAck(False, report.seq, expected, tuple(need))
                 return wire.report_response_to_pb(ack)
-            nonce = self._ingest(report, manifests, peer, (received, received_boot_s), context)
+            nonce = self._ingest(
+                report, request.report, manifests, peer, (received, received_boot_s), context
+            )
             self.nonces.put(report.agent_id, nonce)
             self._last_seqs.put(report.agent_id, report.seq)
         self.dirty.set()
@@ -194,15 +196,16 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
     def _ingest(
         self,
         report: TargetReport,
+        msg: pb.TargetReport,
         manifests: dict[str, tuple[FileEntry, ...]],
         peer: Any,
         received: tuple[float, float],
         context: grpc.ServicerContext,
     ) -> str:
-        """Store REPORT with its new MANIFESTS and make it its target's latest evidence; the
-        agent's next nonce. Everything that needs no database (the stored body, the manifests'
-        JSON, ledger subjects and index rows) is built first: the store's lock, which every
-        agent shares, is held only for the writes."""
+        """Store REPORT (converted from MSG) with its new MANIFESTS and make it its target's
+        latest evidence; the agent's next nonce. Everything that needs no database (the stored
+        body, the manifests' JSON, ledger subjects and index rows) is built first: the store's
+        lock, which every agent shares, is held only for the writes."""
         stripped = dataclasses.replace(
             report,
             processes=tuple(dataclasses.replace(p, files=None) for p in report.processes),
@@ -210,7 +213,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
             request_ids=(),
         )
         stored = StoredReport(
-            report.agent_id, report.seq, report.target, time.time(), wire.report_to_bytes(stripped)
+            report.agent_id, report.seq, report.target, time.time(), wire.stored_bytes(msg)
         )
         prepared = self.store.prepare_manifests(manifests)
         seen = processes_seen(report.processes)

@@ -45,6 +45,7 @@ from servewitness.wire.reports import (
     report_from_pb,
     report_to_bytes,
     report_to_pb,
+    stored_bytes,
 )
 from servewitness.wire.runs import (
     AGENT_ID_HEADER,
@@ -181,6 +182,7 @@ __all__ = [
     "seal_window_response_to_pb",
     "severity_from_pb",
     "severity_to_pb",
+    "stored_bytes",
     "target_verdict_from_pb",
     "target_verdict_to_pb",
     "verdict_from_pb",
