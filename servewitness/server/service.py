@@ -170,7 +170,12 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
                 ack = wire.ReportAck(False, report.seq, expected, tuple(need))
                 return wire.report_response_to_pb(ack)
             nonce = self._ingest(
-                report, request.report, manifests, peer, (received, received_boot_s), context
+                report,
+                request.report,
+                manifests,
+                peer=peer,
+                received=(received, received_boot_s),
+                context=context,
             )
             self.nonces.put(report.agent_id, nonce)
             self._last_seqs.put(report.agent_id, report.seq)
@@ -198,6 +203,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         report: TargetReport,
         msg: pb.TargetReport,
         manifests: dict[str, tuple[FileEntry, ...]],
+        *,
         peer: Any,
         received: tuple[float, float],
         context: grpc.ServicerContext,
