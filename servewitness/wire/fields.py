@@ -147,6 +147,16 @@ def sha256_hex(value: str, at: str) -> str:
     return value
 
 
+def is_sha256_hex(value: str) -> bool:
+    """Whether :func:`sha256_hex` accepts VALUE (fast paths: no field path built)."""
+    return _SHA256_HEX.fullmatch(value) is not None
+
+
+def is_digest(value: str) -> bool:
+    """Whether :func:`digest` accepts VALUE (fast paths: no field path built)."""
+    return _DIGEST.fullmatch(value) is not None
+
+
 def digest(value: str, at: str) -> str:
     if not _DIGEST.fullmatch(value):
         fail(at, f"not a manifest digest 'sha256:<hex>': {value!r}")
