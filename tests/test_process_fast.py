@@ -63,11 +63,9 @@ def fullest_processes() -> list[pb.ProcessReport]:
     """tests/test_wire.py's full report's processes as an agent sends them after its first
     report: every part filled, files left out (the digest only)."""
     report = full_report()
-    return [
-        wire.report_to_pb(dataclasses.replace(report, processes=(dataclasses.replace(p, files=None),)))
-        .processes[0]
-        for p in report.processes
-    ]  # fmt: skip
+    one = [dataclasses.replace(report, processes=(dataclasses.replace(p, files=None),))
+           for p in report.processes]  # fmt: skip
+    return [wire.report_to_pb(r).processes[0] for r in one]
 
 
 def test_full_processes_take_the_fast_path_and_convert_as_the_checked_path_does() -> None:
