@@ -101,7 +101,7 @@ BREAKS = [
     ("manifest_digest", lambda m: setattr(m, "manifest_digest", "sha256:XYZ")),
     ("runner_file_sha256_now", lambda m: setattr(m, "runner_file_sha256_now", "0" * 63)),
     ("roles", lambda m: m.roles.append("")),
-    ("hashed_after", lambda m: (m.hashed_after.append("/x"), setattr(m, "hashed_after_count", 0))),
+    ("hashed_after", lambda m: m.hashed_after.extend(["/x"] * (m.hashed_after_count + 1))),
     ("hashed_after_count", lambda m: setattr(m, "hashed_after_count", -1)),
     ("files", lambda m: m.files.add(path="/f", sha256="0" * 64)),
     ("stack_witness", lambda m: setattr(m.stack_witness, "runner_file_hits", 10**9)),
