@@ -19,7 +19,11 @@ servicer pays). Rows: CPU ms per report per arm over the rounds (median, min, ma
 the noise floor), the floor's row, each arm's ratio to the baseline paired per round; then,
 for trees that count it (``Store.write_times``), the write lock's wall time held per report
 (statements and commit: what several verifier processes on one database serialize on) and
-the reports per transaction, with the same ratios.
+the reports per transaction, with the same ratios. Last, the conversions alone (the request
+converted, its stored body made as that tree's ``_ingest`` makes it, the body read back as a
+follower reads it), single-threaded, best of three passes: their floor is a few percent where
+the whole path's (threads, SQLite's fsync) is 10-50 % on a shared VM, so a change to the
+conversions is priced there (``convert_cpu``).
 """
 
 from __future__ import annotations
@@ -150,6 +154,43 @@ def child(agents: int, reports: int, threads: int) -> None:
         # the write lock: held per report (wall), and reports per transaction
         print(f"held {(held1 - held0) / len(blobs) * 1e3:.4f}")
         print(f"per_tx {len(blobs) / max(1, tx1 - tx0):.3f}")
+        print(f"convert {convert_cpu(blobs) * 1e3:.4f}")
+
+
+def _stored_body(report: Any, msg: Any) -> bytes:
+    """The stored body as this tree's ``VerifierService._ingest`` makes it: cut from the
+    message (``wire.stored_bytes``), or, in a tree from before it, the stripped conversion
+    encoded again (what ``_ingest`` did then, reproduced here)."""
+    import dataclasses
+
+    from servewitness import wire
+
+    cut = getattr(wire, "stored_bytes", None)
+    if cut is not None:
+        return bytes(cut(msg))
+    procs = tuple(dataclasses.replace(p, files=None) for p in report.processes)
+    bare = dataclasses.replace(report, processes=procs, spans=(), request_ids=())
+    return bytes(wire.report_to_bytes(bare))
+
+
+def convert_cpu(blobs: list[tuple[list[Any], bytes]], passes: int = 3) -> float:
+    """CPU seconds per report of the conversions alone, single-threaded, best of PASSES over
+    BLOBS: the receiver's (request parsed, converted, its stored body made) and a follower's
+    (the stored body read back), what a serving process converts per report it receives and
+    per report another process stored. No store, no threads: a floor in the 1-3 % range
+    where the whole path's is 10-50 % on this machine."""
+    from servewitness import wire
+    from servewitness.api.v1 import verifier_pb2 as pb
+
+    best = math.inf
+    for _ in range(passes):
+        c0 = time.process_time()
+        for _, blob in blobs:
+            req = pb.ReportRequest.FromString(blob)
+            report = wire.report_request_from_pb(req)
+            wire.report_from_bytes(_stored_body(report, req.report))
+        best = min(best, time.process_time() - c0)
+    return best / len(blobs)
 
 
 def arm(src: Path, agents: int, reports: int, threads: int) -> dict[str, float]:
@@ -160,7 +201,7 @@ def arm(src: Path, agents: int, reports: int, threads: int) -> dict[str, float]:
     )  # fmt: skip
     if out.returncode != 0:
         raise SystemExit(f"arm {src} failed:\n{out.stdout}\n{out.stderr}")
-    keys = ("floor", "cpu", "held", "per_tx")
+    keys = ("floor", "cpu", "held", "per_tx", "convert")
     got = {
         k: float(v)
         for k, v in (line.split() for line in out.stdout.splitlines() if len(line.split()) == 2)
@@ -198,6 +239,7 @@ def main() -> None:
     cpu: dict[str, list[float]] = {label: [] for label, _ in srcs}
     held: dict[str, list[float]] = {label: [] for label, _ in srcs}
     per_tx: dict[str, list[float]] = {label: [] for label, _ in srcs}
+    convert: dict[str, list[float]] = {label: [] for label, _ in srcs}
     floors: list[float] = []
     for r in range(args.rounds):
         order = [*srcs[r % len(srcs) :], *srcs[: r % len(srcs)]]
@@ -206,10 +248,12 @@ def main() -> None:
             cpu[label].append(got["cpu"])
             held[label].append(got["held"])
             per_tx[label].append(got["per_tx"])
+            convert[label].append(got["convert"])
             floors.append(got["floor"])
             print(f"  round {r} {label}: {got['cpu']:.3f} ms CPU per report (floor "
                   f"{got['floor']:.4f} ms), write lock held {got['held']:.3f} ms per report, "
-                  f"{got['per_tx']:.2f} reports per transaction", flush=True)  # fmt: skip
+                  f"{got['per_tx']:.2f} reports per transaction, conversions "
+                  f"{got['convert']:.4f} ms", flush=True)  # fmt: skip
     print("CPU ms per acknowledged report, over the rounds:")
     print_rows({**{k: summary(v) for k, v in cpu.items()}, "floor": summary(floors)}, "8.4f")
     if not any(math.isnan(v) for vs in held.values() for v in vs):
@@ -217,8 +261,14 @@ def main() -> None:
         print_rows({k: summary(v) for k, v in held.items()}, "8.4f")
         print("Reports per transaction, over the rounds:")
         print_rows({k: summary(v) for k, v in per_tx.items()}, "8.3f")
+    print("Conversions per report, ms CPU (received + stored body + read back), over the rounds:")
+    print_rows({k: summary(v) for k, v in convert.items()}, "8.4f")
     base = cpu[srcs[0][0]]
     for label, _ in srcs[1:]:
+        paired = statistics.median(
+            a / b for a, b in zip(convert[label], convert[srcs[0][0]], strict=True)
+        )
+        print(f"  {label} / {srcs[0][0]} = {paired:.3f} (conversions, paired per round, median)")
         paired = statistics.median(a / b for a, b in zip(cpu[label], base, strict=True))
         print(f"  {label} / {srcs[0][0]} = {paired:.3f} (CPU, paired per round, median)")
         hb, hl = held[srcs[0][0]], held[label]

@@ -126,6 +126,8 @@ EXPECT: dict[str, tuple[str, ...]] = {
     "report_path.py": (
         r"this tree again / this tree = \d+\.\d+ \(CPU, paired per round, median\)",
         r"this tree again / this tree = \d+\.\d+ \(write lock held, paired, median\)",
+        r"this tree again / this tree = \d+\.\d+ \(conversions, paired per round, median\)",
+        r"Conversions per report, ms CPU",
         r"Reports per transaction, over the rounds:",
         r"this tree / floor = \d+\.\d+",
         FLOOR,
