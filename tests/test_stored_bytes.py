@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -59,11 +60,17 @@ def test_any_report_the_verifier_accepts_reads_back_as_it_was_judged(msg: pb.Tar
     assert wire.report_from_bytes(wire.stored_bytes(msg)) == stripped(judged)
 
 
-def test_fields_this_verifier_does_not_know_are_not_kept() -> None:
+@pytest.mark.parametrize("files", [True, False], ids=["with a manifest", "digest only"])
+def test_fields_this_verifier_does_not_know_are_not_kept(files: bool) -> None:
     """An agent (or an attacker with an agent's credentials) adds fields the schema does not
     have, at the top and inside a process: they were never judged, so they are not stored
-    (a store holds evidence, not whatever rode along)."""
-    msg = wire.report_to_pb(fullest())
+    (a store holds evidence, not whatever rode along). Both ways a body is cut: a report
+    carrying a manifest's files (copied field by field) and one without (copied whole)."""
+    report = fullest()
+    if not files:
+        report = stripped(report)
+    assert any(p.files for p in report.processes) == files
+    msg = wire.report_to_pb(report)
     smuggled = b"smuggled: never judged"
     tag = (9999 << 3) | 2  # field 9999, length-delimited
     extra = bytes([tag & 0x7F | 0x80, (tag >> 7) & 0x7F | 0x80, tag >> 14, len(smuggled)])
