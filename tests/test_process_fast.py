@@ -1,4 +1,4 @@
-"""A process's fast conversion (``wire.process._process_fast``, taken for nearly every process
+"""A process's fast conversion (``wire.process_fast.process_fast``, taken for nearly every process
 of every report) against the checked one it stands in for: on any message, the fast path
 gives the checked path's answer, or steps aside (None) for the checked path to give it; it
 never accepts what the checked path refuses. Generated hostile processes (tests/
@@ -18,7 +18,8 @@ from servewitness.api.v1 import verifier_pb2 as pb
 from servewitness.model import ProcessReport
 from servewitness.wire import fields as F
 from servewitness.wire import limits as L
-from servewitness.wire.process import _process_checked, _process_fast, process_from_pb
+from servewitness.wire.process import _process_checked, process_from_pb
+from servewitness.wire.process_fast import process_fast
 from tests import fuzz_reports as fz
 from tests.test_wire import full_report
 
@@ -28,7 +29,7 @@ AT = "report.processes[0]"
 def answers(msg: pb.ProcessReport) -> tuple[ProcessReport | str | None, ProcessReport | str]:
     """(fast, checked): each a conversion, or its error's text; fast may be None."""
     try:
-        fast: ProcessReport | str | None = _process_fast(msg, AT)
+        fast: ProcessReport | str | None = process_fast(msg, AT)
     except F.WireError as e:
         fast = str(e)
     try:
@@ -112,7 +113,7 @@ BREAKS = [
 @pytest.mark.parametrize(("field", "brk"), BREAKS, ids=[f for f, _ in BREAKS])
 def test_a_process_with_one_invalid_field_is_refused_naming_it(field: str, brk: object) -> None:
     (msg,) = [p for p in fullest_processes() if not p.steps.HasField("spec")][:1]
-    assert _process_fast(msg, AT) is not None  # the intact process takes the fast path
+    assert process_fast(msg, AT) is not None  # the intact process takes the fast path
     assert callable(brk)
     brk(msg)
     fast, checked = answers(msg)

@@ -13,6 +13,8 @@ By message family:
 
 - :mod:`~servewitness.wire.fields`: the field checks, :class:`WireError`, the message size limit
 - :mod:`~servewitness.wire.process`: ``ProcessReport`` and its parts
+- :mod:`~servewitness.wire.process_fast`: a common process converted without field paths (the
+  checked path's answers, or None to take it)
 - :mod:`~servewitness.wire.files`: what the agent judged of a process's files (manifest entries
   with their identity, native mappings, disagreements, provenance, drift)
 - :mod:`~servewitness.wire.reports`: ``TargetReport`` (processes, containers, request bindings)
