@@ -254,7 +254,7 @@ def test_a_report_is_judged_as_it_arrives_not_when_status_is_asked(evaluator: Ev
     assert kept == first and verdicts(kept) == {"a": Verdict.FAIL, "b": Verdict.PASS}
     assert ev.judgements.misses == before + 2  # the status call judged nothing
     a_findings = kept.targets[0].findings
-    (made,) = [m for tv, m in wire_verdicts._VERDICTS_KEPT["a"] if tv.findings is a_findings]
+    (made,) = [m for tv, m, _ in wire_verdicts._VERDICTS_KEPT["a"] if tv.findings is a_findings]
     assert made.target == "a" and made.verdict  # its message was made with it
     strict = register(ev, "strict", STRICT)
     note(ev, "c", 1, hooked=True)

@@ -3,7 +3,6 @@ into verdicts. It knows nothing about rule kinds; ``loader.py`` builds the rules
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from collections.abc import Sequence
@@ -162,7 +161,7 @@ class Policy:
         age = self.age(snap, now, now_boot_s)
         stale = age is None or age > self.evidence.freshness_s
         if not stale and judgements is not None:  # the same verdict as last time, but when
-            return dataclasses.replace(judgements.fresh(self, snap, now), evaluated_unix=now)
+            return judgements.fresh(self, snap, now).at(now)
         judged = self.judge(snap) if judgements is None else judgements.judged(self, snap)
         return self.verdict_of(snap, judged, now, age if stale else None, stale)
 
@@ -330,13 +329,7 @@ class Judgements:
 
 def selects_snapshot(policy: Policy, snap: I.TargetSnapshot) -> bool:
     """Whether POLICY's run covers SNAP's target (``Policy.selects``, with its containers)."""
-    return policy.selects(snap.target, _container_ids(snap))
-
-
-def _container_ids(snap: I.TargetSnapshot) -> tuple[str, ...]:
-    seen = dict.fromkeys(snap.container_ids)
-    seen.update(dict.fromkeys(p.container_id for p in snap.processes if p.container_id))
-    return tuple(seen)
+    return policy.selects(snap.target, snap.every_container_id)
 
 
 def refused_run(run: str, digest: str, error: I.PolicyError, now: float) -> RunVerdict:
@@ -378,7 +371,7 @@ def evaluate_run(
     but each one the policy selects is named (``evidence.target_expired``, a WARNING)."""
     latest: dict[str, I.TargetSnapshot] = {}
     for snap in snapshots:
-        if not policy.selects(snap.target, _container_ids(snap)):
+        if not policy.selects(snap.target, snap.every_container_id):
             continue
         prev = latest.get(snap.target)
         if prev is None or snap.received_unix >= prev.received_unix:
@@ -411,7 +404,7 @@ def evaluate_run(
     if findings:
         verdicts.append(Verdict.PENDING)
     for snap in sorted(expired, key=lambda s: s.target):
-        if snap.target in latest or not policy.selects(snap.target, _container_ids(snap)):
+        if snap.target in latest or not policy.selects(snap.target, snap.every_container_id):
             continue
         findings.append(
             Finding(

@@ -92,6 +92,14 @@ class TargetSnapshot:
     mixed_roots: tuple[ProcessKey, ...] = ()
 
     @functools.cached_property
+    def every_container_id(self) -> tuple[str, ...]:
+        """Its container ids, then its processes' not among them, each once in order (what a
+        policy's selection matches): computed once, not on every status call."""
+        seen = dict.fromkeys(self.container_ids)
+        seen.update(dict.fromkeys(p.container_id for p in self.processes if p.container_id))
+        return tuple(seen)
+
+    @functools.cached_property
     def most_productive(self) -> int:
         """The most productive steps any of its processes ran (0 with none): rules ask it once
         per process, so it is computed once (asked of every process each time, a status call

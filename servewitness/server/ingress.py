@@ -233,10 +233,17 @@ def _method_handler(
                 note_refusal("too_large")
             raise
 
+    def serialize(response: Any) -> bytes:
+        if response.__class__ is bytes:  # encoded by the servicer (``GetRunStatus``)
+            return response
+        if not isinstance(response, response_type):
+            raise TypeError(f"{method} answered a {type(response).__name__}")
+        return response.SerializeToString()  # type: ignore[no-any-return]
+
     return grpc.unary_unary_rpc_method_handler(
         behavior,
         request_deserializer=None,  # the bytes as received: parsed after authorization
-        response_serializer=response_type.SerializeToString,
+        response_serializer=serialize,
     )
 
 

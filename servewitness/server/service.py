@@ -21,12 +21,13 @@ from servewitness import wire
 from servewitness.api.v1 import verifier_pb2 as pb
 from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
 from servewitness.errors import Error
-from servewitness.model import FileEntry, RunVerdict, TargetReport, merkle_root
+from servewitness.model import FileEntry, TargetReport, merkle_root
 from servewitness.policy import Policy, PolicyError, load_policy, policy_digest, unsafe_flags
 from servewitness.security.auth import READ_ROLES, Authorizer
 from servewitness.server import clock, follow
 from servewitness.server.bounded import KeyedLocks, LruCache
 from servewitness.server.evaluate import Evaluator, Tracked
+from servewitness.server.history_detail import verdict_detail
 from servewitness.server.index import processes_seen
 from servewitness.server.metrics import VerifierMetrics
 from servewitness.server.pacing import Pacer, freshness_limit_s
@@ -38,17 +39,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("verifier.serve")
 REPORT_INTERVAL_S = 0.5  # keeps gate latency under 1 s (BENCHMARKS.md)
-
-
-def verdict_detail(v: RunVerdict) -> dict[str, Any]:
-    """What the verdict history keeps: verdicts and finding ids per target (no timestamps)."""
-    return {
-        "policy_digest": v.policy_digest,
-        "run": [f.id for f in v.findings],
-        "targets": {
-            t.target: [t.verdict.value, sorted(f.id for f in t.findings)] for t in v.targets
-        },
-    }
 
 
 OPERATOR = frozenset({"operator"})
@@ -315,9 +305,10 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         registered = wire.RegisteredRun(rec.name, rec.policy_digest, rec.created_unix)
         return wire.register_run_response_to_pb(registered)
 
-    def GetRunStatus(
-        self, request: pb.GetRunStatusRequest, context: grpc.ServicerContext
-    ) -> pb.GetRunStatusResponse:
+    def GetRunStatus(self, request: pb.GetRunStatusRequest, context: grpc.ServicerContext) -> bytes:
+        """The run's verdict now, as the encoded ``GetRunStatusResponse`` (assembled from each
+        target's kept encoding: ``wire.run_status_bytes``; the ingress sends bytes as they
+        are)."""
         self.auth.require_role(context, READ_ROLES)
         try:
             name = wire.get_run_status_request_from_pb(request)
@@ -338,7 +329,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         self._seen.append((run.name, verdict.verdict.value, verdict_detail(verdict)))
         self.dirty.set()
         self.metrics.verdict(verdict)
-        return wire.get_run_status_response_to_pb(verdict)
+        return wire.run_status_bytes(verdict)
 
     def ListRuns(
         self, request: pb.ListRunsRequest, context: grpc.ServicerContext

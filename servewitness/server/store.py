@@ -133,6 +133,9 @@ class Store:
             self._batch, shared=(WriterLockTimeout,)
         )
         self._here: LruCache[int, bool] = LruCache(HERE_ROWIDS)
+        # per run, the last verdict detail recorded or found unchanged, and its JSON: a detail
+        # equal to it (most history passes and status calls) is not encoded again
+        self._detail_json: LruCache[str, tuple[dict[str, Any], str]] = LruCache(1024)
         self._writer: ReportWriter | None = None  # use_writer: reports stored by another process
         self._writer_times = False
         self.columns_added: list[str] = []
@@ -576,7 +579,12 @@ class Store:
     def record_verdict(self, run: str, verdict: str, detail: dict[str, Any]) -> bool:
         """Append to the run's history when the verdict or its findings changed (checked in
         the transaction that appends: verifiers sharing the database record a change once)."""
-        detail_json = json.dumps(detail, sort_keys=True)
+        memo = self._detail_json.get(run)
+        if memo is not None and memo[0] == detail:  # shared entries: mostly identity checks
+            detail_json = memo[1]
+        else:
+            detail_json = json.dumps(detail, sort_keys=True)
+            self._detail_json.put(run, (detail, detail_json))
         if self.last_verdict(run) == (verdict, detail_json):
             return False  # the common case, without a write transaction
         at = time.time()

@@ -91,6 +91,7 @@ from servewitness.wire.targets import (
 from servewitness.wire.verdicts import (
     finding_from_pb,
     finding_to_pb,
+    run_status_bytes,
     run_verdict_from_pb,
     run_verdict_to_pb,
     severity_from_pb,
@@ -174,6 +175,7 @@ __all__ = [
     "report_to_bytes",
     "report_to_pb",
     "request_ids",
+    "run_status_bytes",
     "run_verdict_from_json",
     "run_verdict_from_pb",
     "run_verdict_to_json",

@@ -20,7 +20,7 @@ from servewitness.wire import limits as L
 from servewitness.wire.reports import report_from_pb, report_to_pb
 from servewitness.wire.verdicts import (
     run_verdict_from_pb,
-    run_verdict_to_pb,
+    set_run_verdict,
     verdict_from_pb,
     verdict_to_pb,
 )
@@ -206,7 +206,10 @@ def get_run_status_request_from_pb(msg: pb.GetRunStatusRequest) -> str:
 
 
 def get_run_status_response_to_pb(verdict: RunVerdict) -> pb.GetRunStatusResponse:
-    return pb.GetRunStatusResponse(verdict=run_verdict_to_pb(verdict))
+    msg = pb.GetRunStatusResponse()
+    msg.verdict.SetInParent()  # present even if every field of it were a default
+    set_run_verdict(msg.verdict, verdict)  # in place: never a copy of the whole verdict
+    return msg
 
 
 def get_run_status_response_from_pb(msg: pb.GetRunStatusResponse) -> RunVerdict:

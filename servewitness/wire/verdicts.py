@@ -4,6 +4,7 @@ run's verdict, to and from their messages."""
 from __future__ import annotations
 
 import json
+import struct
 from typing import Any
 
 from servewitness.api.v1 import verifier_pb2 as pb
@@ -68,8 +69,9 @@ _CONTEXT_JSON = json.JSONEncoder(sort_keys=True, allow_nan=False).encode
 _KEPT: dict[int, tuple[Finding, pb.Finding]] = {}
 _KEPT_MAX = 65_536
 # Target verdicts' messages, the same way (_set_target_verdict): per target, the last few (one
-# per run whose policy judges it; more runs than that only cost a rebuild).
-_VERDICTS_KEPT: dict[str, list[tuple[TargetVerdict, pb.TargetVerdict]]] = {}
+# per run whose policy judges it; more runs than that only cost a rebuild), each with its
+# encoding without its evaluation time (``target_verdict_bytes``).
+_VERDICTS_KEPT: dict[str, list[tuple[TargetVerdict, pb.TargetVerdict, bytes]]] = {}
 _VERDICTS_PER_TARGET = 4
 
 
@@ -162,22 +164,30 @@ def target_verdict_to_pb(tv: TargetVerdict) -> pb.TargetVerdict:
     return msg
 
 
-def _set_target_verdict(msg: pb.TargetVerdict, tv: TargetVerdict) -> None:
-    """Make the empty MSG TV's message. A verdict that differs from one made before only in
-    when it was evaluated (the evaluator's fresh verdicts keep their findings and hooks, the
-    same objects, until the target's snapshot changes: ``policy.engine.Judgements.fresh``)
-    is copied from that one's message, in C, and given its time."""
-    kept = _VERDICTS_KEPT.get(tv.target, ())
-    for was, made in kept:
+def _kept(tv: TargetVerdict) -> tuple[TargetVerdict, pb.TargetVerdict, bytes] | None:
+    """The kept message of a verdict that differs from TV only in when it was evaluated."""
+    for entry in _VERDICTS_KEPT.get(tv.target, ()):
+        was = entry[0]
         if (
             was.findings is tv.findings
             and was.hooks is tv.hooks
             and was.verdict is tv.verdict
             and was.report_unix == tv.report_unix
         ):
-            msg.CopyFrom(made)
-            msg.evaluated_unix = tv.evaluated_unix
-            return
+            return entry
+    return None
+
+
+def _set_target_verdict(msg: pb.TargetVerdict, tv: TargetVerdict) -> None:
+    """Make the empty MSG TV's message. A verdict that differs from one made before only in
+    when it was evaluated (the evaluator's fresh verdicts keep their findings and hooks, the
+    same objects, until the target's snapshot changes: ``policy.engine.Judgements.fresh``)
+    is copied from that one's message, in C, and given its time."""
+    entry = _kept(tv)
+    if entry is not None:
+        msg.CopyFrom(entry[1])
+        msg.evaluated_unix = tv.evaluated_unix
+        return
     msg.target = tv.target
     msg.verdict = verdict_to_pb(tv.verdict)
     msg.findings.extend(finding_to_pb(f) for f in tv.findings)
@@ -188,9 +198,73 @@ def _set_target_verdict(msg: pb.TargetVerdict, tv: TargetVerdict) -> None:
     if tv.findings or tv.hooks:  # empty tuples are shared objects: nothing to tell apart
         own = pb.TargetVerdict()  # a message of its own: MSG's would keep its parent alive
         own.CopyFrom(msg)
+        own.ClearField("evaluated_unix")  # each use sets its own
+        kept = _VERDICTS_KEPT.get(tv.target, [])
         if len(_VERDICTS_KEPT) >= _KEPT_MAX:
             _VERDICTS_KEPT.clear()
-        _VERDICTS_KEPT[tv.target] = [(tv, own), *kept][:_VERDICTS_PER_TARGET]
+        entry = (tv, own, _framed(own.SerializeToString()))
+        _VERDICTS_KEPT[tv.target] = [entry, *kept][:_VERDICTS_PER_TARGET]
+
+
+# The keys of the fields a status answer is assembled from as bytes (``run_status_bytes``):
+# (field number << 3) | wire type, read from the messages' descriptors.
+def _key(message: Any, field: str, wire_type: int) -> bytes:
+    return _varint(message.DESCRIPTOR.fields_by_name[field].number << 3 | wire_type)
+
+
+def _varint(n: int) -> bytes:
+    """N (>= 0) as a protobuf base-128 varint."""
+    if n < 0x80:
+        return bytes((n,))
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_LEN, _FIXED64 = 2, 1  # protobuf wire types
+_TARGETS_KEY = _key(pb.RunVerdict, "targets", _LEN)
+_EVALUATED_KEY = _key(pb.TargetVerdict, "evaluated_unix", _FIXED64)
+_VERDICT_KEY = _key(pb.GetRunStatusResponse, "verdict", _LEN)
+_DOUBLE = struct.Struct("<d").pack
+
+
+def _framed(body: bytes) -> bytes:
+    """BODY, a kept verdict's encoding without its time, as an entry of a run verdict's
+    targets up to its time's value: the entry's key and length, BODY, the time's key. A
+    status answer appends the 8 bytes of the time (``run_status_bytes``), which a parser
+    takes as the field's value: a scalar's last occurrence wins, and every other field of
+    BODY is the verdict's own."""
+    return b"".join(
+        (_TARGETS_KEY, _varint(len(body) + len(_EVALUATED_KEY) + 8), body, _EVALUATED_KEY)
+    )
+
+
+def run_status_bytes(rv: RunVerdict) -> bytes:
+    """``GetRunStatusResponse(verdict=RV)``, encoded: the run's own fields encoded as one
+    message, then each target's verdict appended as an entry of its repeated field, a kept
+    one as its kept encoding and its time (``_framed``), so that a status answer over many
+    targets builds and copies no message for a fresh target (at 500 targets: building and
+    encoding the message was 2.1 ms of a 4.6 ms call in-process). Parses to
+    ``get_run_status_response_to_pb(rv)``, not byte for byte."""
+    head = pb.RunVerdict()
+    _set_run_head(head, rv)
+    parts = [head.SerializeToString()]
+    add = parts.append
+    for t in rv.targets:
+        entry = _kept(t)
+        if entry is None:  # made now (and kept, for the next call, if it can be)
+            msg = pb.TargetVerdict()
+            _set_target_verdict(msg, t)
+            body = msg.SerializeToString()
+            add(_TARGETS_KEY + _varint(len(body)) + body)
+        else:
+            add(entry[2])
+            add(_DOUBLE(t.evaluated_unix))
+    inner = b"".join(parts)
+    return b"".join((_VERDICT_KEY, _varint(len(inner)), inner))
 
 
 def target_verdict_from_pb(msg: pb.TargetVerdict, at: str = "target_verdict") -> TargetVerdict:
@@ -208,16 +282,28 @@ def target_verdict_from_pb(msg: pb.TargetVerdict, at: str = "target_verdict") ->
 
 
 def run_verdict_to_pb(rv: RunVerdict) -> pb.RunVerdict:
-    msg = pb.RunVerdict(
-        run=rv.run,
-        policy_digest=rv.policy_digest,
-        verdict=verdict_to_pb(rv.verdict),
-        findings=[finding_to_pb(f) for f in rv.findings],
-        evaluated_unix=rv.evaluated_unix,
-    )
-    for t in rv.targets:  # made in place: a message passed to a constructor is copied
-        _set_target_verdict(msg.targets.add(), t)
+    msg = pb.RunVerdict()
+    set_run_verdict(msg, rv)
     return msg
+
+
+def set_run_verdict(msg: pb.RunVerdict, rv: RunVerdict) -> None:
+    """Make the empty MSG RV's message, in place: a message given to a constructor, or
+    assigned, is copied whole (for a status answer over 500 targets that copy was ~1.5 ms,
+    a quarter of the call)."""
+    _set_run_head(msg, rv)
+    add = msg.targets.add
+    for t in rv.targets:
+        _set_target_verdict(add(), t)
+
+
+def _set_run_head(msg: pb.RunVerdict, rv: RunVerdict) -> None:
+    """RV's fields but its targets, in the empty MSG."""
+    msg.run = rv.run
+    msg.policy_digest = rv.policy_digest
+    msg.verdict = verdict_to_pb(rv.verdict)
+    msg.findings.extend(finding_to_pb(f) for f in rv.findings)
+    msg.evaluated_unix = rv.evaluated_unix
 
 
 def run_verdict_from_pb(msg: pb.RunVerdict, at: str = "run_verdict") -> RunVerdict:
