@@ -1,4 +1,4 @@
-"""The bindings' fast conversion (``wire.reports._span_valid``, ``_request_id_valid``) accepts
+"""The bindings' fast conversion (``wire.reports.span_fields``, ``request_id_fields``) accepts
 exactly what the checked conversion accepts, with the same value, and hands everything else to
 it, so a refusal still names its field: a valid binding and one mutation per check, each over
 its bound by one, and each at its bound (which both accept)."""
@@ -111,7 +111,7 @@ def test_a_span_converts_fast_only_when_the_checked_path_accepts_it(case: str) -
     msg = span()
     SPAN_CASES[case](msg)
     slow = checked(R._span_from_pb, msg)
-    fast = R._span_valid(msg)
+    fast = R.span_from_pb(msg, "x") if R.span_fields(msg) is not None else None
     refused = case in SPAN_REFUSED
     expect_fast = None if refused or case == "spec" else slow
     assert (fast, isinstance(slow, WireError)) == (expect_fast, refused)
@@ -122,7 +122,7 @@ def test_a_request_id_converts_fast_only_when_the_checked_path_accepts_it(case: 
     msg = request_id()
     ID_CASES[case](msg)
     slow = checked(R._request_id_from_pb, msg)
-    fast = R._request_id_valid(msg)
+    fast = R.request_id_from_pb(msg, "x") if R.request_id_fields(msg) is not None else None
     refused = case not in ("valid", "external at limit")
     assert (fast, isinstance(slow, WireError)) == (None if refused else slow, refused)
 
@@ -135,4 +135,4 @@ def test_relaxed_reads_a_time_over_the_limit_through_the_checked_path() -> None:
     rep = pb.TargetReport(agent_id="a", target="t", seq=1, sent_unix=1.0, spans=[msg])
     with F.relaxed():
         spans, _ = R._bindings_from_pb(rep, "report")
-    assert (R._span_valid(msg), spans[0].last_unix) == (None, float(F.MAX_UNIX_TIME + 1))
+    assert (R.span_fields(msg), spans[0].last_unix) == (None, float(F.MAX_UNIX_TIME + 1))

@@ -217,7 +217,7 @@ if got < 0:
     sys.exit(0)
 if what == "forged":
     rep = StoredReport("forged", 1, "t-forged", 100.0, b"no agent sent this")
-    prepared = report_rows.prepare(rep, [], [], [], [])
+    prepared = report_rows.prepare(rep, [], [])
     Connection(got).send((2**40, prepared, follow.ReceiptAt("agent:forged", 0.0)))
 else:
     Connection(got).send(("not", "a", "report"))

@@ -42,7 +42,7 @@ from tests.test_processes import (
 
 def prepared(agent: str, seq: int = 1) -> report_rows.PreparedReport:
     rep = StoredReport(agent, seq, "t-" + agent, 100.0, b"report of " + agent.encode())
-    return report_rows.prepare(rep, [], [], [], [])
+    return report_rows.prepare(rep, [], [])
 
 
 @contextlib.contextmanager

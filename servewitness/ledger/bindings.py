@@ -22,8 +22,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from servewitness.api.v1 import verifier_pb2 as pb
 from servewitness.ledger.interface import Database
 from servewitness.model import RequestId, RequestSpan, RequestSpec
+from servewitness.wire import reports as R
 
 SPAN_COLUMNS = (
     "batch, target, boot_id, pid, start_ticks, internal_id, first_step, last_step, steps, "
@@ -100,6 +102,52 @@ def id_row(batch: str, target: str, r: RequestId) -> tuple[Any, ...]:
 
 
 @dataclass(frozen=True, slots=True)
+class Tails:
+    """A report's bindings as the rows ``write_batch`` inserts, but for their first two
+    columns (the batch's ref and target, known once the report is): ``span_row(...)[2:]``
+    and ``id_row(...)[2:]``."""
+
+    spans: list[tuple[Any, ...]]
+    ids: list[tuple[Any, ...]]
+
+
+NO_TAILS = Tails([], [])
+
+
+def tails_of(spans: Sequence[RequestSpan], ids: Sequence[RequestId]) -> Tails:
+    """SPANS' and IDS' rows (converted objects: a caller that holds them)."""
+    return Tails([span_row("", "", b)[2:] for b in spans], [id_row("", "", r)[2:] for r in ids])
+
+
+def tails_from_pb(msg: pb.TargetReport, at: str = "report") -> Tails:
+    """MSG's bindings' rows, straight from the message: each binding the fast path takes
+    (``wire.reports.span_fields``, ``request_id_fields``) becomes its row without building
+    its objects; any other is converted by the checked path (a WireError names its field)
+    and made a row from those. The same rows as ``tails_of`` of the converted bindings (what
+    ``wire.report_from_pb`` gives), with the same refusals; its bound checked first."""
+    R.check_bindings(msg, at)
+    spans = []
+    for i, b in enumerate(msg.spans):
+        f = R.span_fields(b)
+        if f is None:
+            spans.append(span_row("", "", R.span_from_pb(b, f"{at}.spans[{i}]"))[2:])
+            continue
+        hooks = f[13]
+        spans.append((
+            f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], float(f[8]), float(f[9]), f[10],
+            f[11], f[12], hooks_json(hooks) if hooks else "{}", int(f[14]), None,
+        ))  # fmt: skip
+    ids = []
+    for i, r in enumerate(msg.request_ids):
+        g = R.request_id_fields(r)
+        if g is None:
+            ids.append(id_row("", "", R.request_id_from_pb(r, f"{at}.request_ids[{i}]"))[2:])
+            continue
+        ids.append((g[3], g[4], client_id(g[4]), float(g[5])))
+    return Tails(spans, ids)
+
+
+@dataclass(frozen=True, slots=True)
 class PreparedBatch:
     """One report's bindings as the rows ``write_batch`` inserts, with their digests and
     counts: built before the transaction (nothing here needs the database), so that the
@@ -121,8 +169,14 @@ def prepare_batch(
     received: float,
 ) -> PreparedBatch:
     """Batch BATCH of TARGET's SPANS and IDS received at RECEIVED, as rows and digests."""
-    span_rows = [span_row(batch, target, b) for b in spans]
-    id_rows = [id_row(batch, target, r) for r in ids]
+    return prepare_tails(batch, target, tails_of(spans, ids), received)
+
+
+def prepare_tails(batch: str, target: str, tails: Tails, received: float) -> PreparedBatch:
+    """``prepare_batch`` of bindings already made rows (``Tails``)."""
+    head = (batch, target)
+    span_rows = [head + t for t in tails.spans]
+    id_rows = [head + t for t in tails.ids]
     digests = (rows_sha256(span_rows), rows_sha256(id_rows), counts_json(span_rows))
     return PreparedBatch(batch, target, received, span_rows, id_rows, digests)
 

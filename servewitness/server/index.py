@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from servewitness.model import RequestSpan
 from servewitness.server.db import Database
 
 
@@ -115,11 +114,11 @@ def index_processes(db: Database, target: str, at: float, processes: Sequence[Pr
     write_processes(db, process_rows(target, at, processes))
 
 
-def request_counts(target: str, spans: Sequence[RequestSpan]) -> list[tuple[Any, ...]]:
-    """The rows ``write_request_counts`` applies (built before the transaction)."""
-    served = Counter(
-        (b.process.boot_id, b.process.pid, b.process.start_ticks, b.manifest_first) for b in spans
-    )
+def request_counts(target: str, span_tails: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The rows ``write_request_counts`` applies (built before the transaction), from a
+    report's span rows without their batch and target (``ledger.bindings.Tails.spans``:
+    boot_id, pid, start_ticks first, manifest_first eleventh)."""
+    served = Counter((t[0], t[1], t[2], t[10]) for t in span_tails)
     return [(n, target, *k) for k, n in served.items()]
 
 

@@ -288,7 +288,15 @@ class VerifierMetrics:
     def report(self, result: str) -> None:
         self.reports.labels(result).inc()
 
-    def stored(self, report: TargetReport, received_unix: float, ingest_s: float) -> None:
+    def stored(
+        self,
+        report: TargetReport,
+        received_unix: float,
+        ingest_s: float,
+        bindings: tuple[int, int] | None = None,
+    ) -> None:
+        """REPORT was stored. BINDINGS: its spans and request ids, counted (None: REPORT's
+        own, for a report converted with them)."""
         self._accepted.inc()
         self.ingest.observe(ingest_s)
         t, targets = report.target, self.targets
@@ -304,8 +312,9 @@ class VerifierMetrics:
             for h in p.hooks:
                 fires[(h.name,)] = max(fires.get((h.name,), 0), h.fired)
         targets.replace(self.hook_fires, t, fires)
-        self._spans.inc(len(report.spans))
-        self._request_ids.inc(len(report.request_ids))
+        spans, ids = (len(report.spans), len(report.request_ids)) if bindings is None else bindings
+        self._spans.inc(spans)
+        self._request_ids.inc(ids)
 
     def forget_target(self, target: str) -> None:
         """TARGET expired or was forgotten: its series go."""

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from servewitness.ledger import bindings, chain
-from servewitness.model import RequestId, RequestSpan
 from servewitness.server.db import Database
 from servewitness.server.index import (
     ProcessSeen,
@@ -64,21 +63,22 @@ def prepare(
     rep: StoredReport,
     manifests: Sequence[PreparedManifest],
     processes: Sequence[ProcessSeen],
-    spans: Sequence[RequestSpan],
-    request_ids: Sequence[RequestId],
+    tails: bindings.Tails = bindings.NO_TAILS,
 ) -> PreparedReport:
-    """REP with its new MANIFESTS, the PROCESSES it saw and its bindings, ready to write."""
+    """REP with its new MANIFESTS, the PROCESSES it saw and its bindings (as rows, but for
+    the batch's columns: ``bindings.tails_from_pb``, or ``tails_of`` converted ones), ready
+    to write."""
     batch = None
-    if spans or request_ids:
+    if tails.spans or tails.ids:
         ref = chain.bindings_ref(rep.agent_id, rep.seq)
-        batch = bindings.prepare_batch(ref, rep.target, spans, request_ids, rep.received_unix)
+        batch = bindings.prepare_tails(ref, rep.target, tails, rep.received_unix)
     return PreparedReport(
         rep,
         manifests,
         hashlib.sha256(rep.report).hexdigest(),
         process_rows(rep.target, rep.received_unix, processes),
         batch,
-        request_counts(rep.target, spans),
+        request_counts(rep.target, tails.spans),
     )
 
 

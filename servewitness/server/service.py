@@ -21,6 +21,7 @@ from servewitness import wire
 from servewitness.api.v1 import verifier_pb2 as pb
 from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
 from servewitness.errors import Error
+from servewitness.ledger import bindings
 from servewitness.model import FileEntry, TargetReport, merkle_root
 from servewitness.policy import Policy, PolicyError, load_policy, policy_digest, unsafe_flags
 from servewitness.security.auth import READ_ROLES, Authorizer
@@ -136,7 +137,9 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         received = time.monotonic()
         received_boot_s = clock.boot_s()  # its age is measured from here (server/clock.py)
         try:
-            report = wire.report_request_from_pb(request)
+            # its bindings made the store's rows straight from the message (no objects)
+            report = wire.report_request_from_pb(request, bindings=False)
+            tails = bindings.tails_from_pb(request.report)
         except wire.WireError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed report: {e}")
         structlog.contextvars.bind_contextvars(  # every line about this report names it
@@ -162,6 +165,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
             nonce = self._ingest(
                 report,
                 request.report,
+                tails,
                 manifests,
                 peer=peer,
                 received=(received, received_boot_s),
@@ -192,21 +196,20 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         self,
         report: TargetReport,
         msg: pb.TargetReport,
+        tails: bindings.Tails,
         manifests: dict[str, tuple[FileEntry, ...]],
         *,
         peer: Any,
         received: tuple[float, float],
         context: grpc.ServicerContext,
     ) -> str:
-        """Store REPORT (converted from MSG) with its new MANIFESTS and make it its target's
-        latest evidence; the agent's next nonce. Everything that needs no database (the stored
-        body, the manifests' JSON, ledger subjects and index rows) is built first: the store's
-        lock, which every agent shares, is held only for the writes."""
-        stripped = dataclasses.replace(
-            report,
-            processes=tuple(dataclasses.replace(p, files=None) for p in report.processes),
-            spans=(),
-            request_ids=(),
+        """Store REPORT (converted from MSG, its bindings as TAILS) with its new MANIFESTS and
+        make it its target's latest evidence; the agent's next nonce. Everything that needs no
+        database (the stored body, the manifests' JSON, ledger subjects and index rows) is
+        built first: the store's lock, which every agent shares, is held only for the
+        writes."""
+        stripped = dataclasses.replace(  # its bindings were never made objects (TAILS)
+            report, processes=tuple(dataclasses.replace(p, files=None) for p in report.processes)
         )
         stored = StoredReport(
             report.agent_id, report.seq, report.target, time.time(), wire.stored_bytes(msg)
@@ -218,9 +221,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
 
         with self._locks.hold(("target", report.target)):  # ForgetTarget waits
             try:
-                rowid = self.store.save_report(
-                    stored, prepared, seen, report.spans, report.request_ids, receipt=receipt
-                )
+                rowid = self.store.save_report(stored, prepared, seen, receipt=receipt, tails=tails)
             except self.store.errors as e:
                 # Not stored, so never acknowledged: the agent keeps it spooled and retries.
                 log.error("report_not_stored", agent=report.agent_id, seq=report.seq, error=str(e))
@@ -238,7 +239,9 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
                 log.info("report_stored_elsewhere", agent=report.agent_id, seq=report.seq)
                 return secrets.token_hex(16)
             ingest_s = time.monotonic() - received[0]
-            self.metrics.stored(report, stored.received_unix, ingest_s)
+            self.metrics.stored(
+                report, stored.received_unix, ingest_s, (len(tails.spans), len(tails.ids))
+            )
             log.debug("report_stored", ingest_s=round(ingest_s, 6), processes=len(report.processes))
             self.evaluator.note(
                 stripped, stored.received_unix, who, received[1], manifests, rowid=rowid

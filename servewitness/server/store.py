@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from servewitness.errors import ConfigError, DatabaseCorrupt, UsageError
-from servewitness.ledger import chain
+from servewitness.ledger import bindings, chain
 from servewitness.model import FileEntry, RequestId, RequestSpan
 from servewitness.server import manifest_rows, report_rows, schema
 from servewitness.server.bounded import LruCache
@@ -434,6 +434,7 @@ class Store:
         request_ids: Sequence[RequestId] = (),
         *,
         receipt: Callable[[], str] | None = None,
+        tails: bindings.Tails | None = None,
     ) -> int | None:
         """Store one report, its new manifests (as files, or ``prepare_manifests``'s), the
         processes it saw (index) and the request bindings that came with it, atomically: its
@@ -441,13 +442,14 @@ class Store:
         verifier, or by another on the same database). RECEIPT, when given, makes the
         report's receipt as its row is written (``follow.receipt_json``: it times the wait
         for the transaction). Returns once its transaction committed: reports saved
-        concurrently share one (group commit); one the database refuses fails alone."""
+        concurrently share one (group commit); one the database refuses fails alone.
+        TAILS: the bindings already made rows (``bindings.tails_from_pb``), instead of SPANS
+        and REQUEST_IDS."""
         prepared = report_rows.prepare(
             rep,
             self.prepare_manifests(manifests) if isinstance(manifests, Mapping) else manifests,
             processes,
-            spans,
-            request_ids,
+            bindings.tails_of(spans, request_ids) if tails is None else tails,
         )  # rows and digests built here: the write lock is held for the statements alone
         if self._writer is not None:  # the writer process stores it (server/writer_process.py)
             rowid = self._writer.save(prepared, receipt)

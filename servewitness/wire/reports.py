@@ -173,16 +173,35 @@ def _request_id_from_pb(msg: pb.RequestId, at: str) -> RequestId:
     )
 
 
+def check_bindings(msg: pb.TargetReport, at: str = "report") -> None:
+    """MSG's request bindings within their limit, before any is converted."""
+    L.at_most(L.BINDINGS_PER_REPORT, len(msg.spans) + len(msg.request_ids), f"{at}.spans")
+
+
+def span_from_pb(msg: pb.RequestSpan, at: str) -> RequestSpan:
+    """A request span, checked: the fast path (``span_fields``) if it takes it, else every
+    check with its field's path (a WireError names it)."""
+    f = span_fields(msg)
+    if f is None:
+        return _span_from_pb(msg, at)
+    return RequestSpan(ProcessKey(f[0], f[1], f[2]), *f[3:], None)
+
+
+def request_id_from_pb(msg: pb.RequestId, at: str) -> RequestId:
+    """A request id, checked (as ``span_from_pb``)."""
+    f = request_id_fields(msg)
+    if f is None:
+        return _request_id_from_pb(msg, at)
+    return RequestId(ProcessKey(f[0], f[1], f[2]), f[3], f[4], f[5])
+
+
 def _bindings_from_pb(
     msg: pb.TargetReport, at: str
 ) -> tuple[tuple[RequestSpan, ...], tuple[RequestId, ...]]:
-    L.at_most(L.BINDINGS_PER_REPORT, len(msg.spans) + len(msg.request_ids), f"{at}.spans")
-    spans = tuple(
-        _span_valid(b) or _span_from_pb(b, f"{at}.spans[{i}]") for i, b in enumerate(msg.spans)
-    )
+    check_bindings(msg, at)
+    spans = tuple(span_from_pb(b, f"{at}.spans[{i}]") for i, b in enumerate(msg.spans))
     ids = tuple(
-        _request_id_valid(r) or _request_id_from_pb(r, f"{at}.request_ids[{i}]")
-        for i, r in enumerate(msg.request_ids)
+        request_id_from_pb(r, f"{at}.request_ids[{i}]") for i, r in enumerate(msg.request_ids)
     )
     return spans, ids
 
@@ -196,18 +215,27 @@ _MAX_TEXT = F.MAX_TEXT
 _MAX_UNIX = F.MAX_UNIX_TIME
 
 
-def _key_valid(msg: pb.ProcessKey) -> ProcessKey | None:
-    pid, ticks = msg.pid, msg.start_ticks
-    if pid < 1 or ticks < 0:
-        return None
-    return ProcessKey(msg.boot_id, pid, ticks)
-
-
 def _time_ok(value: float) -> bool:
     return 0 <= value <= _MAX_UNIX  # False for NaN; inf is above the limit
 
 
-def _span_valid(msg: pb.RequestSpan) -> RequestSpan | None:
+# A span's fields as the fast path checked them, in RequestSpan's order with its process key
+# flattened: boot_id, pid, start_ticks, internal_id, first_step, last_step, steps, tokens,
+# first_unix, last_unix, manifest_first, manifest_last, runner, hooks (sorted pairs), finished.
+SpanFields = tuple[
+    str, int, int, str, int, int, int, int, float, float, str, str, str,
+    tuple[tuple[str, int], ...], bool,
+]  # fmt: skip
+# A request id's: boot_id, pid, start_ticks, internal_id, external_id, unix.
+RequestIdFields = tuple[str, int, int, str, str, float]
+
+
+def span_fields(msg: pb.RequestSpan) -> SpanFields | None:
+    """MSG's fields (``SpanFields``) if every check ``_span_from_pb`` makes passes, else None
+    (and for a span with speculation counts, which only the checked path converts): the
+    caller then converts with the checked path, which names the failing field (or, under
+    ``relaxed``, accepts a time over ``unix_time``). What a store needs of a span is made from
+    these without building its objects (``ledger.bindings.tails_from_pb``)."""
     first, last, steps, tokens = msg.first_step, msg.last_step, msg.steps, msg.tokens
     t0, t1, internal = msg.first_unix, msg.last_unix, msg.internal_id
     m0, m1, runner, hooks = msg.manifest_first, msg.manifest_last, msg.runner, msg.hooks
@@ -233,23 +261,27 @@ def _span_valid(msg: pb.RequestSpan) -> RequestSpan | None:
         hook_pairs: tuple[tuple[str, int], ...] = tuple(pairs)
     else:
         hook_pairs = ()
-    key = _key_valid(msg.process)
-    if key is None:
+    key = msg.process
+    pid, ticks = key.pid, key.start_ticks
+    if pid < 1 or ticks < 0:
         return None
-    return RequestSpan(
-        key, internal, first, last, steps, tokens, t0, t1, m0, m1, runner, hook_pairs,
-        msg.finished, None,
+    return (
+        key.boot_id, pid, ticks, internal, first, last, steps, tokens, t0, t1, m0, m1, runner,
+        hook_pairs, msg.finished,
     )  # fmt: skip
 
 
-def _request_id_valid(msg: pb.RequestId) -> RequestId | None:
+def request_id_fields(msg: pb.RequestId) -> RequestIdFields | None:
+    """MSG's fields (``RequestIdFields``) if every check ``_request_id_from_pb`` makes passes,
+    else None (as ``span_fields``)."""
     internal, external, unix = msg.internal_id, msg.external_id, msg.unix
     if not (0 < len(internal) <= _MAX_TEXT and 0 < len(external) <= _MAX_TEXT and _time_ok(unix)):
         return None
-    key = _key_valid(msg.process)
-    if key is None:
+    key = msg.process
+    pid, ticks = key.pid, key.start_ticks
+    if pid < 1 or ticks < 0:
         return None
-    return RequestId(key, internal, external, unix)
+    return key.boot_id, pid, ticks, internal, external, unix
 
 
 def report_to_pb(report: TargetReport) -> pb.TargetReport:
@@ -316,7 +348,12 @@ def _entry_bytes(entry: Message, tag_bytes: int) -> int:
     return tag_bytes + max(1, (n.bit_length() + 6) // 7) + n
 
 
-def report_from_pb(msg: pb.TargetReport, at: str = "report") -> TargetReport:
+def report_from_pb(
+    msg: pb.TargetReport, at: str = "report", *, bindings: bool = True
+) -> TargetReport:
+    """MSG converted, every field checked. BINDINGS False: its request bindings are left out
+    (``spans`` and ``request_ids`` empty) for a caller that converts them to the store's rows
+    itself (``ledger.bindings.tails_from_pb``), after everything else here is checked."""
     agent_id = L.ident(F.required(msg.agent_id, f"{at}.agent_id"), f"{at}.agent_id")
     target = L.ident(F.required(msg.target, f"{at}.target"), f"{at}.target")
     L.ident(msg.nonce, f"{at}.nonce")
@@ -338,7 +375,7 @@ def report_from_pb(msg: pb.TargetReport, at: str = "report") -> TargetReport:
             F.fail(f"{at}.processes[{i}].key", f"duplicate process {process.key}")
         keys.add(process.key)
         processes.append(process)
-    spans, request_ids = _bindings_from_pb(msg, at)
+    spans, request_ids = _bindings_from_pb(msg, at) if bindings else ((), ())
     return TargetReport(
         agent_id=agent_id,
         target=target,

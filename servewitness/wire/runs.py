@@ -132,10 +132,11 @@ def report_request_to_pb(report: TargetReport) -> pb.ReportRequest:
     return pb.ReportRequest(report=report_to_pb(report))
 
 
-def report_request_from_pb(msg: pb.ReportRequest) -> TargetReport:
+def report_request_from_pb(msg: pb.ReportRequest, *, bindings: bool = True) -> TargetReport:
+    """The request's report (``report_from_pb``; BINDINGS as there)."""
     if not msg.HasField("report"):
         F.fail("report", "required, but absent")
-    return report_from_pb(msg.report)
+    return report_from_pb(msg.report, bindings=bindings)
 
 
 def report_response_to_pb(ack: ReportAck) -> pb.ReportResponse:
