@@ -197,6 +197,9 @@ def run(args: argparse.Namespace) -> int:
     listen = normalize(args.listen)
     index = args.process_index
     processes.check_listen(listen, 2 if index > 0 else args.processes)
+    from servewitness.server.thread_names import name_threads_as_started
+
+    name_threads_as_started()  # every thread of a server process shows in top -H by name
     if _started_process(args, index):
         return 0
     if args.writer_process is not None and args.processes == 1 and index == 0:
