@@ -177,21 +177,27 @@ def _stored_body(report: Any, msg: Any) -> bytes:
 def _converted(req: Any) -> Any:
     """REQ converted, and its bindings made the store's rows with their digests and request
     counts, as this tree's ``VerifierService.Report`` and ``report_rows.prepare`` make them:
-    straight from the message where the tree has ``bindings.tails_from_pb``, else from the
-    converted objects. The report, converted."""
+    straight from the message where the tree has ``tails_from_pb`` (``server/binding_rows.py``,
+    or ``ledger.bindings`` at a38e502), else from the converted objects. The report,
+    converted."""
     from servewitness import wire
     from servewitness.ledger import bindings
     from servewitness.server import index
 
-    if hasattr(bindings, "tails_from_pb"):
+    tails_from_pb: Any
+    try:
+        from servewitness.server.binding_rows import tails_from_pb
+    except ImportError:  # an older tree
+        tails_from_pb = getattr(bindings, "tails_from_pb", None)
+    if tails_from_pb is not None:
         report = wire.report_request_from_pb(req, bindings=False)
-        tails = bindings.tails_from_pb(req.report)
+        tails = tails_from_pb(req.report)
         bindings.prepare_tails("ref", report.target, tails, 1.0)
         index.request_counts(report.target, tails.spans)
         return report
     report = wire.report_request_from_pb(req)
     bindings.prepare_batch("ref", report.target, report.spans, report.request_ids, 1.0)
-    index.request_counts(report.target, report.spans)  # type: ignore[arg-type]  # an older tree's
+    index.request_counts(report.target, report.spans)  # type: ignore[arg-type]  # older trees
     return report
 
 

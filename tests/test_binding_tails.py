@@ -1,5 +1,5 @@
 """A report's bindings made the store's rows straight from the message
-(``ledger.bindings.tails_from_pb``, what ``VerifierService.Report`` stores) against the rows of
+(``server.binding_rows.tails_from_pb``, what ``VerifierService.Report`` stores) against the rows of
 the converted objects (``tails_of(report_from_pb(...))``, what it stored before): the same rows,
 so the same ledger digests and request counts, and the same refusal, naming the same field,
 for the fullest report the wire carries, generated hostile messages, one broken field at a
@@ -18,7 +18,7 @@ from servewitness import wire
 from servewitness.api.v1 import verifier_pb2 as pb
 from servewitness.ledger import bindings
 from servewitness.model import RequestId, RequestSpec
-from servewitness.server import index
+from servewitness.server import binding_rows, index
 from servewitness.server.store import Store, StoredReport
 from servewitness.wire import fields as F
 from servewitness.wire import limits as L
@@ -30,7 +30,7 @@ from tests.test_stored_bytes import fullest
 def both(msg: pb.TargetReport) -> tuple[object, object]:
     """(rows from the message, rows from the objects), or the WireError's text for each."""
     try:
-        fast: object = bindings.tails_from_pb(msg)
+        fast: object = binding_rows.tails_from_pb(msg)
     except wire.WireError as e:
         fast = str(e)
     try:
@@ -142,7 +142,7 @@ def test_a_report_stored_from_tails_is_the_report_stored_from_objects(tmp_path: 
         s = Store(path)
         rep = StoredReport(report.agent_id, report.seq, report.target, 100.0, b"body")
         if way == "tails":
-            assert s.save_report(rep, {}, tails=bindings.tails_from_pb(msg)) is not None
+            assert s.save_report(rep, {}, tails=binding_rows.tails_from_pb(msg)) is not None
         else:
             assert s.save_report(rep, {}, (), report.spans, report.request_ids) is not None
         subjects.append(

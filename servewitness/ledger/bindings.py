@@ -18,14 +18,12 @@ import functools
 import hashlib
 import json
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from servewitness.api.v1 import verifier_pb2 as pb
 from servewitness.ledger.interface import Database
 from servewitness.model import RequestId, RequestSpan, RequestSpec
-from servewitness.wire import reports as R
 
 SPAN_COLUMNS = (
     "batch, target, boot_id, pid, start_ticks, internal_id, first_step, last_step, steps, "
@@ -117,51 +115,6 @@ NO_TAILS = Tails([], [])
 def tails_of(spans: Sequence[RequestSpan], ids: Sequence[RequestId]) -> Tails:
     """SPANS' and IDS' rows (converted objects: a caller that holds them)."""
     return Tails([span_row("", "", b)[2:] for b in spans], [id_row("", "", r)[2:] for r in ids])
-
-
-def tails_from_pb(msg: pb.TargetReport, at: str = "report") -> Tails:
-    """MSG's bindings' rows, straight from the message: each binding the fast path takes
-    (``wire.reports.span_fields``, ``request_id_fields``) becomes its row without building
-    its objects; any other is converted by the checked path (a WireError names its field)
-    and made a row from those. The same rows as ``tails_of`` of the converted bindings (what
-    ``wire.report_from_pb`` gives), with the same refusals; its bound checked first."""
-    R.check_bindings(msg, at)
-    spans = _rows(msg.spans, R.span_fields, _span_tail, R.span_from_pb, span_row, f"{at}.spans")
-    ids = _rows(
-        msg.request_ids, R.request_id_fields, _id_tail, R.request_id_from_pb, id_row,
-        f"{at}.request_ids",
-    )  # fmt: skip
-    return Tails(spans, ids)
-
-
-def _rows(  # noqa: PLR0917 - the two kinds of binding differ in these five only
-    items: Iterable[Any],
-    fields: Callable[[Any], Any],
-    tail: Callable[[Any], tuple[Any, ...]],
-    checked: Callable[[Any, str], Any],
-    row: Callable[[str, str, Any], tuple[Any, ...]],
-    at: str,
-) -> list[tuple[Any, ...]]:
-    """Each of ITEMS' row tail: from its FIELDS where the fast path takes it, else from its
-    CHECKED conversion's ROW (which raises, naming the field, for one it refuses)."""
-    out = []
-    for i, m in enumerate(items):
-        f = fields(m)
-        out.append(row("", "", checked(m, f"{at}[{i}]"))[2:] if f is None else tail(f))
-    return out
-
-
-def _span_tail(f: R.SpanFields) -> tuple[Any, ...]:
-    """``span_row(...)[2:]`` of a span's checked fields."""
-    return (
-        f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], float(f[8]), float(f[9]), f[10], f[11],
-        f[12], hooks_json(f[13]) if f[13] else "{}", int(f[14]), None,
-    )  # fmt: skip
-
-
-def _id_tail(g: R.RequestIdFields) -> tuple[Any, ...]:
-    """``id_row(...)[2:]`` of a request id's checked fields."""
-    return g[3], g[4], client_id(g[4]), float(g[5])
 
 
 @dataclass(frozen=True, slots=True)

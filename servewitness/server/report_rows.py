@@ -66,8 +66,8 @@ def prepare(
     tails: bindings.Tails = bindings.NO_TAILS,
 ) -> PreparedReport:
     """REP with its new MANIFESTS, the PROCESSES it saw and its bindings (as rows, but for
-    the batch's columns: ``bindings.tails_from_pb``, or ``tails_of`` converted ones), ready
-    to write."""
+    the batch's columns: ``binding_rows.tails_from_pb``, or ``bindings.tails_of`` of
+    converted ones), ready to write."""
     batch = None
     if tails.spans or tails.ids:
         ref = chain.bindings_ref(rep.agent_id, rep.seq)

@@ -25,7 +25,7 @@ from servewitness.ledger import bindings
 from servewitness.model import FileEntry, TargetReport, merkle_root
 from servewitness.policy import Policy, PolicyError, load_policy, policy_digest, unsafe_flags
 from servewitness.security.auth import READ_ROLES, Authorizer
-from servewitness.server import clock, follow
+from servewitness.server import binding_rows, clock, follow
 from servewitness.server.bounded import KeyedLocks, LruCache
 from servewitness.server.evaluate import Evaluator, Tracked
 from servewitness.server.history_detail import verdict_detail
@@ -139,7 +139,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         try:
             # its bindings made the store's rows straight from the message (no objects)
             report = wire.report_request_from_pb(request, bindings=False)
-            tails = bindings.tails_from_pb(request.report)
+            tails = binding_rows.tails_from_pb(request.report)
         except wire.WireError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed report: {e}")
         structlog.contextvars.bind_contextvars(  # every line about this report names it

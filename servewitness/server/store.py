@@ -443,7 +443,7 @@ class Store:
         report's receipt as its row is written (``follow.receipt_json``: it times the wait
         for the transaction). Returns once its transaction committed: reports saved
         concurrently share one (group commit); one the database refuses fails alone.
-        TAILS: the bindings already made rows (``bindings.tails_from_pb``), instead of SPANS
+        TAILS: the bindings already made rows (``binding_rows.tails_from_pb``), instead of SPANS
         and REQUEST_IDS."""
         prepared = report_rows.prepare(
             rep,

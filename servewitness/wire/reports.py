@@ -235,7 +235,7 @@ def span_fields(msg: pb.RequestSpan) -> SpanFields | None:
     (and for a span with speculation counts, which only the checked path converts): the
     caller then converts with the checked path, which names the failing field (or, under
     ``relaxed``, accepts a time over ``unix_time``). What a store needs of a span is made from
-    these without building its objects (``ledger.bindings.tails_from_pb``)."""
+    these without building its objects (``server.binding_rows.tails_from_pb``)."""
     first, last, steps, tokens = msg.first_step, msg.last_step, msg.steps, msg.tokens
     t0, t1, internal = msg.first_unix, msg.last_unix, msg.internal_id
     m0, m1, runner, hooks = msg.manifest_first, msg.manifest_last, msg.runner, msg.hooks
@@ -353,7 +353,7 @@ def report_from_pb(
 ) -> TargetReport:
     """MSG converted, every field checked. BINDINGS False: its request bindings are left out
     (``spans`` and ``request_ids`` empty) for a caller that converts them to the store's rows
-    itself (``ledger.bindings.tails_from_pb``), after everything else here is checked."""
+    itself (``server.binding_rows.tails_from_pb``), after everything else here is checked."""
     agent_id = L.ident(F.required(msg.agent_id, f"{at}.agent_id"), f"{at}.agent_id")
     target = L.ident(F.required(msg.target, f"{at}.target"), f"{at}.target")
     L.ident(msg.nonce, f"{at}.nonce")
