@@ -110,7 +110,7 @@ def test_a_span_converts_fast_only_when_the_checked_path_accepts_it(case: str) -
     refuses (it names the field) or handles what the fast one leaves to it (a spec)."""
     msg = span()
     SPAN_CASES[case](msg)
-    slow = checked(R._span_from_pb, msg)
+    slow = checked(R.span_checked, msg)
     fast = R.span_from_pb(msg, "x") if R.span_fields(msg) is not None else None
     refused = case in SPAN_REFUSED
     expect_fast = None if refused or case == "spec" else slow
@@ -121,7 +121,7 @@ def test_a_span_converts_fast_only_when_the_checked_path_accepts_it(case: str) -
 def test_a_request_id_converts_fast_only_when_the_checked_path_accepts_it(case: str) -> None:
     msg = request_id()
     ID_CASES[case](msg)
-    slow = checked(R._request_id_from_pb, msg)
+    slow = checked(R.request_id_checked, msg)
     fast = R.request_id_from_pb(msg, "x") if R.request_id_fields(msg) is not None else None
     refused = case not in ("valid", "external at limit")
     assert (fast, isinstance(slow, WireError)) == (None if refused else slow, refused)

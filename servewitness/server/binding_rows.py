@@ -23,9 +23,9 @@ def tails_from_pb(msg: pb.TargetReport, at: str = "report") -> Tails:
     and made a row from those. The same rows as ``tails_of`` of the converted bindings (what
     ``wire.report_from_pb`` gives), with the same refusals; its bound checked first."""
     R.check_bindings(msg, at)
-    spans = _rows(msg.spans, R.span_fields, _span_tail, R.span_from_pb, span_row, f"{at}.spans")
+    spans = _rows(msg.spans, R.span_fields, _span_tail, R.span_checked, span_row, f"{at}.spans")
     ids = _rows(
-        msg.request_ids, R.request_id_fields, _id_tail, R.request_id_from_pb, id_row,
+        msg.request_ids, R.request_id_fields, _id_tail, R.request_id_checked, id_row,
         f"{at}.request_ids",
     )  # fmt: skip
     return Tails(spans, ids)
@@ -40,7 +40,8 @@ def _rows(  # noqa: PLR0917 - the two kinds of binding differ in these five only
     at: str,
 ) -> list[tuple[Any, ...]]:
     """Each of ITEMS' row tail: from its FIELDS where the fast path takes it, else from its
-    CHECKED conversion's ROW (which raises, naming the field, for one it refuses)."""
+    CHECKED conversion's ROW (which raises, naming the field, for one it refuses; the checked
+    path alone, so a span with speculation counts is not looked at by the fast path twice)."""
     out = []
     for i, m in enumerate(items):
         f = fields(m)

@@ -122,7 +122,8 @@ def _request_spec_from_pb(msg: pb.RequestSpec, at: str) -> RequestSpec:
     )
 
 
-def _span_from_pb(msg: pb.RequestSpan, at: str) -> RequestSpan:
+def span_checked(msg: pb.RequestSpan, at: str) -> RequestSpan:
+    """A request span through every check, each naming its field under AT (the slow path)."""
     first, last = (
         F.count(msg.first_step, f"{at}.first_step"),
         F.count(msg.last_step, f"{at}.last_step"),
@@ -164,7 +165,8 @@ def _request_id_to_pb(r: RequestId) -> pb.RequestId:
     )  # fmt: skip
 
 
-def _request_id_from_pb(msg: pb.RequestId, at: str) -> RequestId:
+def request_id_checked(msg: pb.RequestId, at: str) -> RequestId:
+    """A request id through every check, each naming its field under AT (the slow path)."""
     return RequestId(
         process=key_from_pb(msg.process, f"{at}.process"),
         internal_id=F.required(F.text(msg.internal_id, f"{at}.internal_id"), f"{at}.internal_id"),
@@ -183,7 +185,7 @@ def span_from_pb(msg: pb.RequestSpan, at: str) -> RequestSpan:
     check with its field's path (a WireError names it)."""
     f = span_fields(msg)
     if f is None:
-        return _span_from_pb(msg, at)
+        return span_checked(msg, at)
     return RequestSpan(ProcessKey(f[0], f[1], f[2]), *f[3:], None)
 
 
@@ -191,7 +193,7 @@ def request_id_from_pb(msg: pb.RequestId, at: str) -> RequestId:
     """A request id, checked (as ``span_from_pb``)."""
     f = request_id_fields(msg)
     if f is None:
-        return _request_id_from_pb(msg, at)
+        return request_id_checked(msg, at)
     return RequestId(ProcessKey(f[0], f[1], f[2]), f[3], f[4], f[5])
 
 
@@ -207,7 +209,7 @@ def _bindings_from_pb(
 
 
 # The fast path of a report's bindings (hundreds per report, every report): the same checks as
-# _span_from_pb and _request_id_from_pb without building a field path per field; None when any
+# span_checked and request_id_checked without building a field path per field; None when any
 # check fails (or a spec is present), and the caller then converts with the checked path, which
 # names the field (or, under ``relaxed``, accepts a time over ``unix_time``). Measured: building
 # the paths was ~15 % of the verifier's GIL time at 500 agents (BENCHMARKS.md).
@@ -231,7 +233,7 @@ RequestIdFields = tuple[str, int, int, str, str, float]
 
 
 def span_fields(msg: pb.RequestSpan) -> SpanFields | None:
-    """MSG's fields (``SpanFields``) if every check ``_span_from_pb`` makes passes, else None
+    """MSG's fields (``SpanFields``) if every check ``span_checked`` makes passes, else None
     (and for a span with speculation counts, which only the checked path converts): the
     caller then converts with the checked path, which names the failing field (or, under
     ``relaxed``, accepts a time over ``unix_time``). What a store needs of a span is made from
@@ -272,7 +274,7 @@ def span_fields(msg: pb.RequestSpan) -> SpanFields | None:
 
 
 def request_id_fields(msg: pb.RequestId) -> RequestIdFields | None:
-    """MSG's fields (``RequestIdFields``) if every check ``_request_id_from_pb`` makes passes,
+    """MSG's fields (``RequestIdFields``) if every check ``request_id_checked`` makes passes,
     else None (as ``span_fields``)."""
     internal, external, unix = msg.internal_id, msg.external_id, msg.unix
     if not (0 < len(internal) <= _MAX_TEXT and 0 < len(external) <= _MAX_TEXT and _time_ok(unix)):
