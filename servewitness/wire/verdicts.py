@@ -70,7 +70,7 @@ _KEPT: dict[int, tuple[Finding, pb.Finding]] = {}
 _KEPT_MAX = 65_536
 # Target verdicts' messages, the same way (_set_target_verdict): per target, the last few (one
 # per run whose policy judges it; more runs than that only cost a rebuild), each with its
-# encoding without its evaluation time (``target_verdict_bytes``).
+# encoding without its evaluation time, framed for a status answer (``_framed``).
 _VERDICTS_KEPT: dict[str, list[tuple[TargetVerdict, pb.TargetVerdict, bytes]]] = {}
 _VERDICTS_PER_TARGET = 4
 
@@ -255,14 +255,16 @@ def run_status_bytes(rv: RunVerdict) -> bytes:
     add = parts.append
     for t in rv.targets:
         entry = _kept(t)
-        if entry is None:  # made now (and kept, for the next call, if it can be)
+        if entry is None:  # made now, and kept (with its encoding) if it can be
             msg = pb.TargetVerdict()
             _set_target_verdict(msg, t)
-            body = msg.SerializeToString()
-            add(_TARGETS_KEY + _varint(len(body)) + body)
-        else:
-            add(entry[2])
-            add(_DOUBLE(t.evaluated_unix))
+            entry = _kept(t)
+            if entry is None:  # not kept (no findings, no hooks): encoded as it is
+                body = msg.SerializeToString()
+                add(_TARGETS_KEY + _varint(len(body)) + body)
+                continue
+        add(entry[2])
+        add(_DOUBLE(t.evaluated_unix))
     inner = b"".join(parts)
     return b"".join((_VERDICT_KEY, _varint(len(inner)), inner))
 
