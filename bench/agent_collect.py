@@ -214,9 +214,9 @@ def measure(pid: int, rounds: int) -> None:
             a.channel.close()
 
         def rejudge() -> None:
-            for key, (digest, at, judged) in list(warm_rejudge._checked.items()):
+            for key, (digest, at, judged) in list(warm_rejudge.judged._checked.items()):
                 # as if the manifest had changed: the manifest-only part is judged again
-                warm_rejudge._checked[key] = (digest, at, replace(judged, static_key=None))
+                warm_rejudge.judged._checked[key] = (digest, at, replace(judged, static_key=None))
             warm_rejudge.collect()
 
         pyc_arms, n_pycs, n_sources = bytecode_arms(report)

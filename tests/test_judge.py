@@ -82,7 +82,7 @@ def test_process_exiting_mid_scan_is_reported_gone_not_as_disagreements(tmp_path
         proc.wait()
     agent = Agent(AgentConfig("127.0.0.1:9", "t", "a", tmp_path / "spool", root_pid=os.getpid()))
     try:
-        assert agent._report(ev) is None  # not a report full of "missing" files
+        assert agent.judged.report(ev) is None  # not a report full of "missing" files
     finally:
         agent.channel.close()
 

@@ -41,7 +41,7 @@ def collect_under_load(server: VllmServer, tmp_path: Path, reports: int) -> list
         "127.0.0.1:9", "t", "a", tmp_path / "spool", root_pid=server.pid, recheck_s=3600.0
     )
     agent = Agent(config)
-    agent.witnesses = Witnesses(burst=8)  # eight samples each time the steps moved
+    agent.judged.witnesses = Witnesses(burst=8)  # eight samples each time the steps moved
     stop = threading.Event()
 
     def load() -> None:

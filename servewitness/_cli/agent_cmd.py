@@ -6,12 +6,15 @@ import argparse
 import os
 import socket
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from servewitness._cli.common import add_verifier_option, positive_seconds, tls_from
 from servewitness.client.address import resolve
 from servewitness.errors import UsageError
 from servewitness.instances import instance_of
+
+if TYPE_CHECKING:
+    from servewitness.agent.config import AgentConfig
 
 
 def add_parser(sub: Any) -> None:
@@ -82,6 +85,12 @@ def add_parser(sub: Any) -> None:
         help="do not keep pyc compile verdicts in the spool directory across restarts (also "
         "VERIFIER_AGENT_COMPILE_CACHE=0; docs/operations.md)",
     )
+    p.add_argument(
+        "--no-judgement-cache",
+        action="store_true",
+        help="do not keep each process's judgement against its distributions in the spool "
+        "directory across restarts (also VERIFIER_AGENT_JUDGEMENT_CACHE=0; docs/operations.md)",
+    )
     docker = p.add_mutually_exclusive_group()
     docker.add_argument(
         "--docker-socket",
@@ -97,8 +106,15 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from servewitness.agent.config import AgentConfig, default_agent_id
     from servewitness.agent.runner import Agent
+
+    Agent(config_from(args)).serve_forever()
+    return 0
+
+
+def config_from(args: argparse.Namespace) -> AgentConfig:
+    """The agent's configuration from its parsed arguments and environment."""
+    from servewitness.agent.config import AgentConfig, default_agent_id
 
     target, agent_id = args.target, args.agent_id or default_agent_id(args.target)
     if args.instance is not None and args.instance_per_container:
@@ -109,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as e:
             raise UsageError(f"--instance: {e}") from None
         agent_id = f"{agent_id}/{args.instance}"
-    config = AgentConfig(
+    return AgentConfig(
         verifier=resolve(args.verifier),
         target=target,
         agent_id=agent_id,
@@ -123,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
         metrics_listen=args.metrics_listen,
         compile_cache=not args.no_compile_cache
         and os.environ.get("VERIFIER_AGENT_COMPILE_CACHE", "1") != "0",
+        judgement_cache=not args.no_judgement_cache
+        and os.environ.get("VERIFIER_AGENT_JUDGEMENT_CACHE", "1") != "0",
         per_container=args.instance_per_container,
     )
-    Agent(config).serve_forever()
-    return 0

@@ -30,6 +30,9 @@ class AgentConfig:
     # Keep compile verdicts by content in spool_dir across restarts
     # (servewitness/evidence/verdicts.py)
     compile_cache: bool = True
+    # Keep each process's static judgement in spool_dir across restarts
+    # (servewitness/evidence/judgements.py)
+    judgement_cache: bool = True
     # One report per container, each as the instance TARGET/<container id> (--instance-per-
     # container): N serving containers in one PID namespace are N targets, not one mixed one
     per_container: bool = False

@@ -25,6 +25,7 @@ from servewitness.agent.config import AgentConfig
 from servewitness.agent.containers import ContainerDirectory, OwnPod
 from servewitness.agent.discover import discover
 from servewitness.agent.hookenv import hook_problems
+from servewitness.agent.judged import Judged
 from servewitness.agent.metrics import AgentMetrics
 from servewitness.agent.parts import Part, Split, files_once
 from servewitness.agent.ports import port_problems
@@ -33,17 +34,9 @@ from servewitness.agent.trees import TreeMemory
 from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
 from servewitness.errors import ConfigError, NotAuthorized, UnavailableError
 from servewitness.evidence.container import container_of
-from servewitness.evidence.distindex import DistIndex, Sites
-from servewitness.evidence.hashing import Hasher
 from servewitness.evidence.journal import JournalCache
-from servewitness.evidence.judge import Judgement, dist_index, started_environment
-from servewitness.evidence.native import NativeMemory
-from servewitness.evidence.process import ProcessEvidence, still_running
+from servewitness.evidence.judge import started_environment
 from servewitness.evidence.procfs import ProcFS
-from servewitness.evidence.report import report_with_judgement
-from servewitness.evidence.stacks import Witnesses
-from servewitness.evidence.verdicts import FILENAME as VERDICTS_FILE
-from servewitness.evidence.verdicts import VerdictStore
 from servewitness.metrics.health import serve_health
 from servewitness.metrics.http import serve_metrics
 from servewitness.model import ProcessKey, ProcessReport, TargetReport
@@ -66,31 +59,18 @@ class Agent:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
         self.procfs = ProcFS(config.proc_root)
-        self.hasher = Hasher()  # its cache makes re-hashing unchanged files a stat each
         # In Kubernetes, the pod the downward API says the agent runs in (None elsewhere)
         self.containers = ContainerDirectory(
             config.docker_socket, OwnPod.from_env(os.environ), self.procfs
         )
         self.journals = JournalCache()  # probe journals are read once, then only appends
-        # (pid, start ticks) -> (manifest digest, when, judgement) of the last full check
-        self._checked: dict[tuple[int, int], tuple[str | None, float, Judgement]] = {}
-        self._indexes: dict[tuple[int, int], DistIndex] = {}  # RECORDs parsed once per process
-        # ... and once per collect for all the processes that see the same files (each collect
-        # a new one: a process started later reads the RECORDs as they are then)
-        self._sites = Sites()
-        # The mapped bytes first seen per process and native mapping (changed in place)
-        self.natives = NativeMemory()
-        self.witnesses = Witnesses()  # py-spy stack samples of step-running processes
+        self.judged = Judged(config, self.procfs)  # each process's last judgement (judged.py)
         # Independent vLLM trees seen under this one target (none when --pid selects one)
         self.trees = TreeMemory(selected=config.root_pid is not None)
         self._trees: dict[str, TreeMemory] = {}  # per container (--instance-per-container)
         # Request bindings the probes appended since the last report (offsets kept by the spool)
         self.bindings = Bindings(config.spool_dir / "bindings-offsets.json")
         self.spool = Spool(config.spool_dir, config.spool_max_bytes)
-        # pyc compile outcomes by content: a restarted agent compiles only what changed
-        self.verdicts = VerdictStore(
-            config.spool_dir / VERDICTS_FILE if config.compile_cache else None
-        )
         self.metrics = AgentMetrics(
             lambda: (len(self.spool), self.spool.size_bytes(), self.spool.dropped)
         )
@@ -147,20 +127,15 @@ class Agent:
         )
         refused.extend(port_problems(self.procfs.root, found, tree))  # agent/ports.py
         refused.extend(hook_problems(found, lambda pid: started_environment(self.procfs, pid)))
-        self._sites = Sites()
-        procs = [p for p in map(self._report, found) if p is not None]
+        self.judged.new_collect()
+        procs = [p for p in map(self.judged.report, found) if p is not None]
         spans, request_ids = self.bindings.collect(found, self.journals)
         keys = {p.key for p in procs}
         if procs:
             self.exited = ()
         elif self.seen:  # every process the last collect reported is gone
             self.exited = tuple(sorted(k.pid for k in self.seen))
-        alive = {(k.pid, k.start_ticks) for k in keys}
-        for cache in (self._checked, self._indexes):
-            for stale in [k for k in cache if k not in alive]:
-                del cache[stale]
-        self.witnesses.forget(alive)
-        self.natives.forget(keys)
+        self.judged.forget(keys)
         gone = tuple(k for k in self.seen if k not in keys)
         was = {k: self.seen[k].container_id for k in gone}
         for k in gone:
@@ -235,48 +210,6 @@ class Agent:
             "--pid container:NAME; compose pid: service:NAME; Kubernetes "
             "shareProcessNamespace: true)"
         )
-
-    def _report(self, ev: ProcessEvidence) -> ProcessReport | None:
-        """Judge every manifest file when the manifest changed or every recheck_s; in
-        between, reuse the last judgement (the runner file is re-hashed every report).
-        None when the process exited while it was being read: files that vanished with it
-        are not evidence of anything, and the next collect reports it gone."""
-        digest = ev.probe.manifest_digest if ev.probe else None
-        key = (ev.identity.pid, ev.identity.start_ticks)
-        last = self._checked.get(key)
-        now = time.monotonic()
-        fresh = last is not None and last[0] == digest and now - last[1] < self.config.recheck_s
-        index = self._indexes.get(key)
-        if index is None:
-            index = self._indexes[key] = dist_index(self.procfs, ev.identity.pid, self._sites)
-        index.sites = self._sites  # sites it indexes later: parsed as they are then
-        try:
-            report, judged = report_with_judgement(
-                self.procfs,
-                ev,
-                self.hasher,
-                previous=last[2] if fresh and last else None,
-                index=index,
-                reuse=last[2] if last else None,
-                memory=self.natives,
-                verdicts=self.verdicts,
-            )
-        except (UnavailableError, OSError) as e:
-            if still_running(self.procfs, ev):
-                raise
-            log.info("process_exited_mid_scan", pid=ev.identity.pid, error=str(e))
-            return None
-        if not still_running(self.procfs, ev):
-            log.info("process_exited_mid_scan", pid=ev.identity.pid)
-            return None
-        if not fresh and judged is not None:
-            self._checked[key] = (digest, now, judged)
-        if report.runner is not None and report.steps is not None:
-            witness = self.witnesses.observe(
-                key, ev.identity.pid, report.steps.total, report.runner.file
-            )
-            report = dataclasses.replace(report, stack_witness=witness)
-        return report
 
     def _full(self, report: TargetReport, need: set[str]) -> TargetReport:
         procs = []

@@ -38,7 +38,7 @@ import hashlib
 import os
 import sys
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import CodeType
@@ -170,13 +170,16 @@ def check_chains(
     to_host: Callable[[str], Path],
     *,
     index: DistIndex | None = None,
+    owners: Mapping[str, str | None] | None = None,
     cache: CodeCache | None = None,
     python: str = PYTHON,
 ) -> tuple[tuple[CodeChain, ...], list[Drift]]:
     """CHAINS judged (status, detail, each layer's check) and a drift for each that is not
     verified. FILES: the process's manifest. TO_HOST: a path as the process sees it to one
-    this code can read. INDEX: to name the distribution that owns each owner's file. PYTHON:
-    the major.minor this code compiles with. Never raises on odd files or records."""
+    this code can read. INDEX: to name the distribution that owns each owner's file, unless
+    OWNERS (path -> distribution, ``judge.chain_owners``) names it already: a restarted agent
+    that kept its judgement parses no RECORD for a label. PYTHON: the major.minor this code
+    compiles with. Never raises on odd files or records."""
     if not chains:
         return (), []  # most processes (the API server) run no step method: nothing to index
     judge = _Judge(files, to_host, cache or SHARED_CACHE, python)
@@ -184,9 +187,13 @@ def check_chains(
     drift: list[Drift] = []
     for chain in chains:
         judged = judge.chain(chain)
-        if index is not None and chain.owner_file:
+        path = chain.owner_file
+        if path and owners is not None and path in owners:
+            if owners[path] is not None:
+                judged = replace(judged, distribution=owners[path])
+        elif index is not None and path:
             try:
-                claim = index.claim(chain.owner_file)
+                claim = index.claim(path)
             except (OSError, ValueError):
                 claim = None
             if claim is not None:

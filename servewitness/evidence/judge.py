@@ -74,6 +74,9 @@ class Judgement:
     # (path, sha256) of the files hashed after the fact that the agent itself saw with those
     # bytes and a ctime before the process started: the bytes imported (``cross_check``).
     vouched: frozenset[tuple[str, str]] = frozenset()
+    # (path, distribution) of each code chain's owner file, as its RECORD names it when the
+    # static part was judged (``codecheck.check_chains``' label; kept with the static part)
+    owners: tuple[tuple[str, str | None], ...] = ()
 
 
 # /proc gives a process's start in clock ticks after a boot time in whole seconds: without
@@ -382,16 +385,38 @@ def judge(
         native = native_mappings(procfs, pid, hasher, start_time=start_time, generated=generated)
     key = (probe.manifest_digest, len(probe.fileless), _native_digest(native), len(probe.unfiled))
     if reuse is not None and reuse.static_key == key:
-        provenance, static = reuse.provenance, list(reuse.static_drift)
+        provenance, static, owners = reuse.provenance, list(reuse.static_drift), reuse.owners
     else:
         provenance, static = _static(
             procfs, pid, probe, files, index, ctx=ctx, native=native, verdicts=verdicts
         )
+        owners = chain_owners(probe, index)
     drift += static
     drift.sort(key=lambda d: (d.id, d.path))
     return Judgement(
-        tuple(disagreements), provenance, tuple(drift), key, tuple(static), frozenset(vouched)
+        tuple(disagreements),
+        provenance,
+        tuple(drift),
+        key,
+        tuple(static),
+        frozenset(vouched),
+        owners,
     )
+
+
+def chain_owners(probe: ProbeState, index: DistIndex) -> tuple[tuple[str, str | None], ...]:
+    """(path, distribution) of each code chain's owner file: the distribution whose RECORD
+    lists it (``DistIndex.claim``), None when none does or its RECORDs cannot be read."""
+    out: dict[str, str | None] = {}
+    for chain in probe.code:
+        path = chain.owner_file
+        if path and path not in out:
+            try:
+                claim = index.claim(path)
+            except (OSError, ValueError):
+                claim = None
+            out[path] = claim.distribution if claim is not None else None
+    return tuple(out.items())
 
 
 def _native_digest(native: Sequence[NativeMapping]) -> str:

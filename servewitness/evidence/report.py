@@ -118,7 +118,11 @@ def report_with_judgement(
     # What runs the step methods and hook targets: verified on every report (a chain can
     # change without any file changing; compiled files are cached).
     code, code_drift = check_chains(
-        probe.code, probe.files, lambda path: procfs.in_root(ident.pid, path), index=index
+        probe.code,
+        probe.files,
+        lambda path: procfs.in_root(ident.pid, path),
+        index=index,
+        owners=dict(judged.owners),
     )
     drift = sorted((*judged.drift, *code_drift), key=lambda d: (d.id, d.path))
     after = hashed_after(probe.files, stdlib)

@@ -35,7 +35,7 @@ log = structlog.get_logger(__name__)
 FORMAT = "verifier-compile-verdicts/1"
 FILENAME = "compile-verdicts.json"
 LIMIT = 1 << 15  # ~60 bytes each on disk: at most ~2 MB, many vLLM images' worth of pycs
-_MAGIC = importlib.util.MAGIC_NUMBER.hex()
+MAGIC = importlib.util.MAGIC_NUMBER.hex()
 
 
 def content_key(
@@ -44,7 +44,7 @@ def content_key(
     """The key of one compile verdict: both files' bytes (their sha256), the filename compiled
     under, the optimization level, the pyc's flags, and this interpreter (magic number and
     full version: a patch release may compile otherwise)."""
-    text = repr((_MAGIC, sys.version, pyc_sha256, source_sha256, filename, optimize, flags))
+    text = repr((MAGIC, sys.version, pyc_sha256, source_sha256, filename, optimize, flags))
     return hashlib.blake2b(text.encode(errors="backslashreplace"), digest_size=16).hexdigest()
 
 
@@ -85,7 +85,7 @@ class VerdictStore:
         body = json.dumps(
             {
                 "format": FORMAT,
-                "magic": _MAGIC,
+                "magic": MAGIC,
                 "python": sys.version,
                 "verdicts": [[k, v] for k, v in self._verdicts.items()],
             },
@@ -128,7 +128,7 @@ def _load(path: Path) -> dict[str, Outcome]:
     except ValueError as e:  # json.JSONDecodeError, and _parse's
         log.warning("compile_cache_ignored", path=str(path), reason=str(e))
         return {}
-    if doc["magic"] != _MAGIC or doc["python"] != sys.version:
+    if doc["magic"] != MAGIC or doc["python"] != sys.version:
         log.info("compile_cache_other_python", path=str(path), python=doc["python"])
         return {}
     return verdicts
