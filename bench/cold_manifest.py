@@ -11,11 +11,19 @@ process, interleaved in every round, and their ratio taken per round (pair):
            compiled and compared, everything judged (interpreter start and imports counted),
            with an empty state directory: a first-ever start
   restart  the same with the state directory of an agent that judged these files before
-           (the common case: the agent or vLLM restarts): every pyc is still read and hashed,
-           its source read and hashed, but its compile verdict is found by content
-           (servewitness/evidence/verdicts.py)
+           (the common case: the agent restarts, vLLM runs on): every file is still read
+           and hashed, but each pyc's compile verdict is found by content
+           (servewitness/evidence/verdicts.py) and each process's static judgement by the
+           process and what it loaded (servewitness/evidence/judgements.py)
+  rejudge  the restart with the judgement store off (compile verdicts kept): every file
+           classified again, as every restart did before the store; restart / rejudge is
+           what the store buys
   cold @C  (with --against TREE) the same with the agent of TREE, checked out at commit C:
            what a change bought, priced in the same run
+Every agent arm loads its own modules compiled (a private PYTHONPYCACHEPREFIX, filled by the
+warm-up run, PYTHONDONTWRITEBYTECODE ignored), as an agent installed from its wheel does; before
+this, a shell that set PYTHONDONTWRITEBYTECODE (CI's, this machine's) had every arm compile
+the agent's ~60 modules on every start (~0.2 s of CPU).
 Page cache warm for both arms (the comparison is CPU work), then, where this process may
 (root), with the caches dropped before every arm (`echo 3 > /proc/sys/vm/drop_caches`: the
 reads, the interpreter's own imports and openssl's binary come from disk).
@@ -45,17 +53,21 @@ DROPPED_ROUNDS = 3
 DROP = Path("/proc/sys/vm/drop_caches")
 
 # The cold arm: what a freshly started agent computes for its first report.
-# argv: the target's pid, and the agent's state directory (its spool: where a previous agent
-# kept its compile verdicts), or none: a new empty one (a first-ever start)
+# argv: the target's pid, the agent's state directory (its spool: where a previous agent
+# kept its compile verdicts and judgements) or "-": a new empty one (a first-ever start), and
+# "judgements" or "no-judgements" (the judgement store on or off)
 COLD = """
-import sys, tempfile
+import dataclasses, sys, tempfile
 from pathlib import Path
 from servewitness.agent.config import AgentConfig
 from servewitness.agent.runner import Agent
+# (an --against tree older than the judgement store has no such option)
+has = {f.name for f in dataclasses.fields(AgentConfig)}
+store = {"judgement_cache": sys.argv[3] == "judgements"} if "judgement_cache" in has else {}
 with tempfile.TemporaryDirectory() as tmp:
-    state = Path(sys.argv[2]) if len(sys.argv) > 2 else Path(tmp)
+    state = Path(sys.argv[2]) if sys.argv[2] != "-" else Path(tmp)
     config = AgentConfig("127.0.0.1:9", "bench", "bench", state, root_pid=int(sys.argv[1]),
-                         docker_socket=None)
+                         docker_socket=None, **store)
     agent = Agent(config)
     report = agent.collect()
     agent.channel.close()
@@ -119,9 +131,17 @@ def arms(pid: int, listing: Path, against: Path | None) -> dict[str, Callable[[]
                 stdin=fh, stdout=subprocess.DEVNULL, check=True,
             )  # fmt: skip
 
-    def cold(tree: Path, state: Path | None = None) -> Callable[[], None]:
-        env = dict(os.environ, PYTHONPATH=f"{tree}{os.pathsep}{tree / 'probe'}")
-        argv = [sys.executable, "-c", COLD, str(pid), *([str(state)] if state else [])]
+    pycache = listing.parent / "pycache"
+
+    def cold(tree: Path, state: Path | None = None, judgements: bool = True) -> Callable[[], None]:
+        env = dict(
+            os.environ,
+            PYTHONPATH=f"{tree}{os.pathsep}{tree / 'probe'}",
+            PYTHONPYCACHEPREFIX=str(pycache),  # the agent's modules compiled once, at warm-up
+        )
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        store = "judgements" if judgements else "no-judgements"
+        argv = [sys.executable, "-c", COLD, str(pid), str(state or "-"), store]
 
         def run() -> None:
             subprocess.run(
@@ -131,8 +151,16 @@ def arms(pid: int, listing: Path, against: Path | None) -> dict[str, Callable[[]
         return run
 
     # "restart": the state directory of an agent that already judged these files (its first
+    # run, at warm-up, fills it); "rejudge" shares it with its judgement store off
     # run, at warm-up, fills it); every later run finds its compile verdicts there
-    out = {"openssl": openssl, "cold": cold(REPO), "restart": cold(REPO, listing.parent)}
+    state = listing.parent / "state"
+    state.mkdir()
+    out = {
+        "openssl": openssl,
+        "cold": cold(REPO),
+        "restart": cold(REPO, state),
+        "rejudge": cold(REPO, state, judgements=False),
+    }
     if against is not None:
         out[f"cold @{commit(against)}"] = cold(against)
     return out
@@ -173,8 +201,9 @@ def report(title: str, both: tuple[Results, Results]) -> None:
     results, cpu = both
     print(f"{title}: CPU seconds (user + system, the arm's processes)")
     print_rows({k: summary(v) for k, v in cpu.items()}, fmt="6.3f")
-    for arm in ("cold", "restart"):
+    for arm in ("cold", "restart", "rejudge"):
         ratio(cpu, arm, "openssl", "", "CPU")
+    ratio(cpu, "restart", "rejudge", " (what the judgement store buys)", "CPU")
     for k in [k for k in cpu if "@" in k]:
         ratio(cpu, "cold", k, "", "CPU")
     print(f"{title}: wall seconds")
@@ -183,9 +212,11 @@ def report(title: str, both: tuple[Results, Results]) -> None:
     for arm, base in [
         ("cold", "openssl"),
         ("restart", "openssl"),
+        ("rejudge", "openssl"),
         *[(k, "openssl") for k in others],
     ]:
         ratio(results, arm, base, " (target <= 1.2)" if "@" not in arm else "")
+    ratio(results, "restart", "rejudge", "")
     for k in [k for k in results if "@" in k]:
         ratio(results, "cold", k, "")
 
