@@ -18,6 +18,10 @@ process, interleaved in every round, and their ratio taken per round (pair):
   rejudge  the restart with the judgement store off (compile verdicts kept): every file
            classified again, as every restart did before the store; restart / rejudge is
            what the store buys
+  floor    what any agent in Python pays before it judges anything: a fresh `python` that
+           imports the agent (its transport included) and hashes the same list with
+           hashlib on as many threads as the agent's hasher (no journals, no judgement);
+           floor / openssl is how close to the target a Python agent can come
   cold @C  (with --against TREE) the same with the agent of TREE, checked out at commit C:
            what a change bought, priced in the same run
 Every agent arm loads its own modules compiled (a private PYTHONPYCACHEPREFIX, filled by the
@@ -73,6 +77,35 @@ with tempfile.TemporaryDirectory() as tmp:
     agent.channel.close()
 files = sum(len(p.files or ()) for p in report.processes)
 print(len(report.processes), files, flush=True)
+"""
+
+# The floor arm: argv: the file list (NUL-separated); the agent's imports, then its hashing
+# alone (as servewitness.evidence.hashing.Hasher reads: 1 MiB at a time, one thread per core)
+FLOOR = """
+import hashlib, os, sys, threading
+from servewitness.agent.runner import Agent  # noqa: F401  (what the agent imports)
+paths = [p for p in open(sys.argv[1], "rb").read().split(b"\\0") if p]
+take = iter(paths)
+lock = threading.Lock()
+def work():
+    while True:
+        with lock:
+            path = next(take, None)
+        if path is None:
+            return
+        h = hashlib.sha256()
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            while chunk := os.read(fd, 1 << 20):
+                h.update(chunk)
+        finally:
+            os.close(fd)
+        h.hexdigest()
+threads = [threading.Thread(target=work) for _ in range(max(2, os.cpu_count() or 2))]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
 """
 
 # smoke mode's stand-in target (as agent_collect.py's): a probed Python process without
@@ -132,6 +165,15 @@ def arms(pid: int, listing: Path, against: Path | None) -> dict[str, Callable[[]
             )  # fmt: skip
 
     pycache = listing.parent / "pycache"
+    env = dict(
+        os.environ,
+        PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'probe'}",
+        PYTHONPYCACHEPREFIX=str(pycache),
+    )
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+
+    def floor() -> None:
+        subprocess.run([sys.executable, "-c", FLOOR, str(listing)], env=env, check=True)
 
     def cold(tree: Path, state: Path | None = None, judgements: bool = True) -> Callable[[], None]:
         env = dict(
@@ -160,6 +202,7 @@ def arms(pid: int, listing: Path, against: Path | None) -> dict[str, Callable[[]
         "cold": cold(REPO),
         "restart": cold(REPO, state),
         "rejudge": cold(REPO, state, judgements=False),
+        "floor": floor,
     }
     if against is not None:
         out[f"cold @{commit(against)}"] = cold(against)
@@ -201,8 +244,9 @@ def report(title: str, both: tuple[Results, Results]) -> None:
     results, cpu = both
     print(f"{title}: CPU seconds (user + system, the arm's processes)")
     print_rows({k: summary(v) for k, v in cpu.items()}, fmt="6.3f")
-    for arm in ("cold", "restart", "rejudge"):
+    for arm in ("cold", "restart", "rejudge", "floor"):
         ratio(cpu, arm, "openssl", "", "CPU")
+    ratio(cpu, "restart", "floor", " (the agent's own work over the floor)", "CPU")
     ratio(cpu, "restart", "rejudge", " (what the judgement store buys)", "CPU")
     for k in [k for k in cpu if "@" in k]:
         ratio(cpu, "cold", k, "", "CPU")
@@ -213,6 +257,7 @@ def report(title: str, both: tuple[Results, Results]) -> None:
         ("cold", "openssl"),
         ("restart", "openssl"),
         ("rejudge", "openssl"),
+        ("floor", "openssl"),
         *[(k, "openssl") for k in others],
     ]:
         ratio(results, arm, base, " (target <= 1.2)" if "@" not in arm else "")
