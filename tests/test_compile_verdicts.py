@@ -8,8 +8,10 @@ import hashlib
 import json
 from pathlib import Path
 
+import pytest
 from structlog.testing import capture_logs
 
+from servewitness.evidence import statefile
 from servewitness.evidence.bytecode import judge_bytecode
 from servewitness.evidence.pycfile import CompileCache
 from servewitness.evidence.verdicts import FILENAME, VerdictStore
@@ -113,6 +115,20 @@ def test_truncated_or_garbage_store_is_ignored(tmp_path: Path) -> None:
         with capture_logs() as logs:
             assert len(VerdictStore(path)) == 0
         assert [x["event"] for x in logs] == ["compile_cache_ignored"]
+
+
+def test_oversized_store_is_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bounded cost: a store over ``statefile.MAX_BYTES`` is not read past the bound."""
+    _, pyc = write_module(tmp_path / "pkg")
+    path = tmp_path / FILENAME
+    store = VerdictStore(path)
+    judged(pyc, store)
+    monkeypatch.setattr(statefile, "MAX_BYTES", path.stat().st_size - 1)
+    with capture_logs() as logs:
+        assert len(VerdictStore(path)) == 0
+    assert [(x["event"], x["reason"]) for x in logs] == [("compile_cache_ignored", "too large")]
+    monkeypatch.setattr(statefile, "MAX_BYTES", path.stat().st_size)
+    assert len(VerdictStore(path)) == 1  # control: at the bound it is read
 
 
 def test_store_of_another_interpreter_is_not_used(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from servewitness._cli.agent_cmd import config_from
 from servewitness._cli.main import build_parser
 from servewitness.agent.config import AgentConfig
 from servewitness.agent.runner import Agent
-from servewitness.evidence import judgements, origins
+from servewitness.evidence import judgements, origins, statefile
 from servewitness.evidence.judge import Judgement
 from servewitness.evidence.judgements import FILENAME, JudgementStore
 from servewitness.model import (
@@ -276,7 +276,7 @@ def test_truncated_garbage_or_oversized_store_is_ignored(
             assert len(JudgementStore(path)) == 0
         assert [x["event"] for x in logs] == ["judgement_cache_ignored"]
     path.write_bytes(whole)
-    monkeypatch.setattr(judgements, "MAX_BYTES", len(whole) - 1)
+    monkeypatch.setattr(statefile, "MAX_BYTES", len(whole) - 1)
     with capture_logs() as logs:
         assert len(JudgementStore(path)) == 0
     assert [(x["event"], x["reason"]) for x in logs] == [("judgement_cache_ignored", "too large")]

@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
-import os
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -40,6 +38,7 @@ from typing import Any
 import structlog
 
 from servewitness import model
+from servewitness.evidence import statefile
 from servewitness.evidence.judge import Judgement
 from servewitness.evidence.verdicts import MAGIC
 from servewitness.model import Drift, FileOrigin, Provenance
@@ -49,7 +48,6 @@ log = structlog.get_logger(__name__)
 FORMAT = "verifier-judgements/1"
 FILENAME = "judgements.json"
 LIMIT = 1024  # processes: a store holds the last collect's, a vLLM tree is a few
-MAX_BYTES = 64 << 20  # a store larger than this is not read (a few KB per process as a rule)
 
 # (boot id, pid, start ticks): one process, never another
 Key = tuple[str, int, int]
@@ -113,28 +111,15 @@ class JudgementStore:
         to write is logged, never raised: the store only saves time."""
         if self.path is None or not self.dirty:
             return
-        body = json.dumps(
-            {
-                "format": FORMAT,
-                "magic": MAGIC,
-                "python": sys.version,
-                "judge": judge_code(),
-                "judgements": [[*k, _encode(j)] for k, j in self._kept.items()],
-            },
-            separators=(",", ":"),
-        ).encode()
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                f.write(hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except OSError as e:
-            log.warning("judgement_cache_unwritable", path=str(self.path), error=str(e))
-            tmp.unlink(missing_ok=True)
-            return
-        self.dirty = False
+        doc = {
+            "format": FORMAT,
+            "magic": MAGIC,
+            "python": sys.version,
+            "judge": judge_code(),
+            "judgements": [[*k, _encode(j)] for k, j in self._kept.items()],
+        }
+        if statefile.save(self.path, doc, "judgement_cache"):
+            self.dirty = False
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -184,41 +169,20 @@ def _origin_row(f: FileOrigin) -> list[str | None]:
 
 def _load(path: Path) -> dict[Key, Judgement]:
     """The judgements PATH holds, or none (with a log line) if it is not a whole, unedited
-    store of this format written by this interpreter and this agent's code."""
-    data = _read(path)
-    if data is None:
-        return {}
-    digest, _, body = data.partition(b"\n")
-    if digest != hashlib.sha256(body).hexdigest().encode():
-        log.warning("judgement_cache_ignored", path=str(path), reason="digest mismatch")
+    store of this format written by this interpreter and this agent's code
+    (``statefile.load``)."""
+    doc = statefile.load(path, "judgement_cache")
+    if doc is None:
         return {}
     try:
-        doc = json.loads(body)
         kept = _parse(doc)
-    except (ValueError, RecursionError) as e:  # json.JSONDecodeError, and _parse's
+    except ValueError as e:
         log.warning("judgement_cache_ignored", path=str(path), reason=str(e))
         return {}
     if (doc["magic"], doc["python"], doc["judge"]) != (MAGIC, sys.version, judge_code()):
         log.info("judgement_cache_other_agent", path=str(path), python=doc["python"])
         return {}
     return kept
-
-
-def _read(path: Path) -> bytes | None:
-    """PATH's bytes; None (with a log line, unless there is no file) when it cannot be read
-    or holds more than MAX_BYTES (not read past that)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_BYTES + 1)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        log.warning("judgement_cache_ignored", path=str(path), reason=str(e))
-        return None
-    if len(data) > MAX_BYTES:
-        log.warning("judgement_cache_ignored", path=str(path), reason="too large")
-        return None
-    return data
 
 
 def _parse(doc: object) -> dict[Key, Judgement]:

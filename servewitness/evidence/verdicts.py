@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
-import os
 import sys
 from pathlib import Path
 
 import structlog
 
+from servewitness.evidence import statefile
 from servewitness.evidence.pycfile import Outcome
 
 log = structlog.get_logger(__name__)
@@ -82,27 +81,14 @@ class VerdictStore:
         failure to write is logged, never raised: the store only saves time."""
         if self.path is None or not self.dirty:
             return
-        body = json.dumps(
-            {
-                "format": FORMAT,
-                "magic": MAGIC,
-                "python": sys.version,
-                "verdicts": [[k, v] for k, v in self._verdicts.items()],
-            },
-            separators=(",", ":"),
-        ).encode()
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                f.write(hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except OSError as e:
-            log.warning("compile_cache_unwritable", path=str(self.path), error=str(e))
-            tmp.unlink(missing_ok=True)
-            return
-        self.dirty = False
+        doc = {
+            "format": FORMAT,
+            "magic": MAGIC,
+            "python": sys.version,
+            "verdicts": [[k, v] for k, v in self._verdicts.items()],
+        }
+        if statefile.save(self.path, doc, "compile_cache"):
+            self.dirty = False
 
     def __len__(self) -> int:
         return len(self._verdicts)
@@ -110,22 +96,13 @@ class VerdictStore:
 
 def _load(path: Path) -> dict[str, Outcome]:
     """The verdicts PATH holds, or none (with a log line) if it is not a whole, unedited store
-    of this format written by this interpreter."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return {}
-    except OSError as e:
-        log.warning("compile_cache_ignored", path=str(path), reason=str(e))
-        return {}
-    digest, _, body = data.partition(b"\n")
-    if digest != hashlib.sha256(body).hexdigest().encode():
-        log.warning("compile_cache_ignored", path=str(path), reason="digest mismatch")
+    of this format written by this interpreter (``statefile.load``)."""
+    doc = statefile.load(path, "compile_cache")
+    if doc is None:
         return {}
     try:
-        doc = json.loads(body)
         verdicts = _parse(doc)
-    except ValueError as e:  # json.JSONDecodeError, and _parse's
+    except ValueError as e:
         log.warning("compile_cache_ignored", path=str(path), reason=str(e))
         return {}
     if doc["magic"] != MAGIC or doc["python"] != sys.version:
