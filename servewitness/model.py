@@ -369,6 +369,10 @@ DRIFT_PTH_UNCLAIMED = "provenance.pth.unclaimed"
 # a RECORD, METADATA or direct_url.json (or a site directory) that could not be read or
 # parsed: what it would have said about the files is unknown (path: that file)
 DRIFT_RECORD_UNREADABLE = "provenance.record.unreadable"
+# a RECORD, METADATA or direct_url.json the loaded files were judged against that changed
+# (ctime) after the process started: the reference changed under what runs (a row forged to
+# match a patched file the process had loaded, or put back after the agent read a forged one)
+DRIFT_RECORD_CHANGED_AFTER_START = "provenance.record.changed_after_start"
 # the code that runs a step method or hook target is not its file's own definition (path: the
 # owner's file), or could not be verified against its file (another Python, unreadable)
 DRIFT_CODE_PATCHED = "provenance.code.patched"
@@ -392,6 +396,7 @@ DRIFT_IDS = (
     DRIFT_MODULE_SHADOWED,
     DRIFT_MODULE_FILELESS,
     DRIFT_RECORD_UNREADABLE,
+    DRIFT_RECORD_CHANGED_AFTER_START,
     DRIFT_CODE_PATCHED,
     DRIFT_CODE_UNVERIFIED,
     DRIFT_MODULE_UNFILED,

@@ -28,6 +28,7 @@ from servewitness.evidence.judge import Judgement
 from servewitness.evidence.judgements import FILENAME, JudgementStore
 from servewitness.model import (
     DRIFT_MODIFIED_AFTER_LOAD,
+    DRIFT_RECORD_CHANGED_AFTER_START,
     DRIFT_RECORD_UNREADABLE,
     Drift,
     FileOrigin,
@@ -121,34 +122,38 @@ def test_a_file_changed_while_the_agent_was_down_is_still_caught(
     assert [d.id for d in again.drift if d.path == str(core)] == [DRIFT_MODIFIED_AFTER_LOAD]
 
 
-def test_a_record_rewritten_while_the_agent_was_down_launders_nothing(
+def test_a_record_rewritten_after_the_process_started_is_a_finding(
     live: tuple[int, Path], tmp_path: Path
 ) -> None:
-    """Attack: while the agent is down, rewrite a RECORD so that the patched file the process
-    loaded looks published. The running process's judgement is kept as it was made: the file
-    stays patched. (An agent without the store parses the rewritten RECORD and calls it
-    pristine: the control below; the process's next start is judged afresh either way.)"""
+    """Attack: after the process loaded a patched file, rewrite its RECORD row to match.
+    What the files are judged against changed while they ran: every agent says so, a
+    restarted one, a running one and a fresh one with the store off, whatever the rewritten
+    RECORD now makes of the file (its ctime moved after the start, and cannot be set back)."""
     pid, site = live
     state = tmp_path / "state"
     core = site / "fakedist" / "core.py"
-
-    def origin_of(report: ProcessReport) -> str:
-        assert report.provenance is not None
-        found = {f.path: f.origin for f in report.provenance.files}
-        return found.get(str(core), Origin.PRISTINE)
-
-    assert origin_of(collect(pid, state)) == Origin.PATCHED
     record = site / "fakedist-1.0.dist-info" / "RECORD"
-    digest = base64.urlsafe_b64encode(hashlib.sha256(core.read_bytes()).digest()).rstrip(b"=")
-    rows = [
-        f"fakedist/core.py,sha256={digest.decode()},{core.stat().st_size}"
-        if row.startswith("fakedist/core.py,")
-        else row
-        for row in record.read_text().splitlines()
-    ]
-    record.write_text("\n".join(rows) + "\n")
-    assert origin_of(collect(pid, state)) == Origin.PATCHED
-    assert origin_of(collect(pid, tmp_path / "other", cache=False)) == Origin.PRISTINE
+    config = AgentConfig("127.0.0.1:9", "t", "a", tmp_path / "running", root_pid=pid,
+                         docker_socket=None, recheck_s=0)  # fmt: skip
+    running = Agent(config)
+    try:
+        (before,) = running.collect().processes
+        assert collect(pid, state).provenance is not None
+        assert not [d for d in before.drift if d.id == DRIFT_RECORD_CHANGED_AFTER_START]
+        digest = base64.urlsafe_b64encode(hashlib.sha256(core.read_bytes()).digest()).rstrip(b"=")
+        rows = [
+            f"fakedist/core.py,sha256={digest.decode()},{core.stat().st_size}"
+            if row.startswith("fakedist/core.py,")
+            else row
+            for row in record.read_text().splitlines()
+        ]
+        record.write_text("\n".join(rows) + "\n")
+        (now,) = running.collect().processes
+    finally:
+        running.channel.close()
+    for report in (now, collect(pid, state), collect(pid, tmp_path / "fresh", cache=False)):
+        changed = [d.path for d in report.drift if d.id == DRIFT_RECORD_CHANGED_AFTER_START]
+        assert changed == [str(record)]
 
 
 def test_a_kept_judgement_of_another_manifest_or_process_is_not_used(
@@ -210,9 +215,15 @@ def judgement(n: int = 0) -> Judgement:
                         "a.py", "ab" * 32, "cd" * 32)  # fmt: skip
     provenance = Provenance((("pristine", 3), ("patched", 1)), (origin,), (("a", "1.0", 4),))
     drift = (Drift("provenance.record.unreadable", "/s/b/RECORD", None, "bad row"),)
-    return Judgement(
-        (), provenance, drift, (f"{n:064x}", 1, "ef" * 32, 0), drift, owners=(("/s/a.py", "a"),)
+    disk = (
+        ("/s", "listing", (), "ab" * 32),
+        ("/s/a-1.0.dist-info/RECORD", "file", (1, 2, 3, 4, 5), "cd" * 32),
+        ("/t/x.py", "exists", (-1,), "0"),
     )
+    return Judgement(
+        (), provenance, drift, (f"{n:064x}", "ef" * 32), drift, owners=(("/s/a.py", "a"),),
+        disk=disk,
+    )  # fmt: skip
 
 
 def saved(path: Path, *pairs: tuple[tuple[str, int, int], Judgement]) -> None:
@@ -224,17 +235,18 @@ def saved(path: Path, *pairs: tuple[tuple[str, int, int], Judgement]) -> None:
 
 def test_store_round_trips_the_static_part(tmp_path: Path) -> None:
     path = tmp_path / FILENAME
-    full = Judgement((), judgement().provenance, judgement().drift, judgement().static_key,
-                     judgement().static_drift, frozenset({("/s/x.py", "00" * 32)}),
-                     judgement().owners)  # fmt: skip
+    j = judgement()
+    full = Judgement((), j.provenance, j.drift, j.static_key, j.static_drift,
+                     frozenset({("/s/x.py", "00" * 32)}), j.owners, j.disk)  # fmt: skip
     saved(path, (KEY, full))
     got = JudgementStore(path).get(KEY)
     assert got is not None
-    assert (got.static_key, got.provenance, got.static_drift, got.owners) == (
+    assert (got.static_key, got.provenance, got.static_drift, got.owners, got.disk) == (
         full.static_key,
         full.provenance,
         full.static_drift,
         full.owners,
+        full.disk,
     )
     # the cross-check's part is never kept: a restarted agent hashes and vouches afresh
     assert (got.disagreements, got.drift, got.vouched) == ((), (), frozenset())
@@ -285,7 +297,7 @@ def test_truncated_garbage_or_oversized_store_is_ignored(
 @pytest.mark.parametrize(
     "edit",
     [
-        lambda d: d.update(format="verifier-judgements/0"),
+        lambda d: d.update(format="verifier-compile-verdicts/1"),
         lambda d: d.update(judgements={}),
         lambda d: d["judgements"][0].pop(),
         lambda d: d["judgements"][0].__setitem__(1, True),  # a bool is no pid
@@ -295,6 +307,10 @@ def test_truncated_garbage_or_oversized_store_is_ignored(
         lambda d: d["judgements"][0][3]["provenance"]["counts"].append(["x", 1.5]),
         lambda d: d["judgements"][0][3]["drift"][0].append("more"),
         lambda d: d["judgements"][0][3].__setitem__("owners", {"/s/a.py": "a"}),
+        lambda d: d["judgements"][0][3]["disk"][1][2].append(6),  # an identity of 6 ints
+        lambda d: d["judgements"][0][3]["disk"][1].__setitem__(2, "stat"),
+        lambda d: d["judgements"][0][3]["disk"][1].pop(),
+        lambda d: d["judgements"][0][3].pop("disk"),
         lambda d: d["judgements"][0].__setitem__(3, []),
     ],
 )
@@ -402,3 +418,43 @@ def test_agent_flag_and_environment_turn_the_store_off(
     config = config_from(args)
     assert config.judgement_cache is expected
     assert config.compile_cache  # the compile verdicts have their own switch
+
+
+def test_a_running_agent_judges_against_a_record_put_back_not_the_one_it_parsed(
+    live: tuple[int, Path], tmp_path: Path
+) -> None:
+    """Attack on a running agent: forge the RECORD row of the patched file the process loaded
+    for the agent's first look, then put the genuine RECORD back. The agent's index parsed
+    the forged one; what it read changed, so its next full check parses again (a new index)
+    and says patched, as a fresh agent does; and the RECORD changed after the start."""
+    pid, site = live
+    core = site / "fakedist" / "core.py"
+    record = site / "fakedist-1.0.dist-info" / "RECORD"
+    genuine = record.read_text()
+    digest = base64.urlsafe_b64encode(hashlib.sha256(core.read_bytes()).digest()).rstrip(b"=")
+    record.write_text(
+        "".join(
+            f"fakedist/core.py,sha256={digest.decode()},{core.stat().st_size}\n"
+            if row.startswith("fakedist/core.py,")
+            else row + "\n"
+            for row in genuine.splitlines()
+        )
+    )
+
+    def origin(report: ProcessReport) -> str:
+        assert report.provenance is not None
+        return {f.path: f.origin for f in report.provenance.files}.get(str(core), "pristine")
+
+    config = AgentConfig("127.0.0.1:9", "t", "a", tmp_path / "running", root_pid=pid,
+                         docker_socket=None, recheck_s=0)  # fmt: skip
+    running = Agent(config)
+    try:
+        (first,) = running.collect().processes
+        assert origin(first) == Origin.PRISTINE  # the forgery fools the first look
+        record.write_text(genuine)
+        (now,) = running.collect().processes
+    finally:
+        running.channel.close()
+    assert origin(now) == Origin.PATCHED
+    assert origin(collect(pid, tmp_path / "fresh", cache=False)) == Origin.PATCHED  # control
+    assert str(record) in [d.path for d in now.drift if d.id == DRIFT_RECORD_CHANGED_AFTER_START]

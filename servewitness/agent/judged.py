@@ -18,6 +18,7 @@ import structlog
 
 from servewitness.agent.config import AgentConfig
 from servewitness.errors import UnavailableError
+from servewitness.evidence import inputs
 from servewitness.evidence.distindex import DistIndex, Sites
 from servewitness.evidence.hashing import Hasher
 from servewitness.evidence.judge import Judgement, dist_index
@@ -75,6 +76,8 @@ class Judged:
         now = time.monotonic()
         fresh = last is not None and last[0] == digest and now - last[1] < self.recheck_s
         index = self._indexes.get(key)
+        if index is not None and last is not None and not fresh and not self._same_disk(ev, last):
+            index = None  # it parsed files that changed since: a new one reads them as they are
         if index is None:
             index = self._indexes[key] = dist_index(self.procfs, ident.pid, self._sites)
         index.sites = self._sites  # sites it indexes later: parsed as they are then
@@ -106,6 +109,11 @@ class Judged:
             witness = self.witnesses.observe(key, ident.pid, report.steps.total, report.runner.file)
             report = dataclasses.replace(report, stack_witness=witness)
         return report
+
+    def _same_disk(self, ev: ProcessEvidence, last: tuple[str | None, float, Judgement]) -> bool:
+        """Whether what the last judgement read from the disk is unchanged."""
+        pid = ev.identity.pid
+        return inputs.unchanged(last[2].disk, lambda path: self.procfs.in_root(pid, path))
 
     def forget(self, keys: set[ProcessKey]) -> None:
         """Forget every process but KEYS (those the collect reported), and write the

@@ -24,7 +24,6 @@ import base64
 import csv
 import io
 import json
-import os
 import posixpath
 import re
 from collections.abc import Callable
@@ -32,11 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from servewitness.evidence.regular import open_file, read_regular
+from servewitness.evidence import inputs as I
+from servewitness.evidence.regular import read_regular
 
 _DIST_INFO = ".dist-info"
 MAX_RECORD_BYTES = 64 << 20  # vLLM's RECORD is ~3 MB: a bigger one is a fault, not read
 MAX_DIRECT_URL_BYTES = 1 << 20
+MAX_METADATA_BYTES = 64 << 20  # read whole (its digest is kept: ``inputs``); most are KBs
 # A RECORD hash field: empty, sha256=<32 bytes urlsafe base64, unpadded>, or another algorithm.
 _HASH_ALTERNATIVES = r"|sha256=[A-Za-z0-9_-]{43}=?|(?!sha256=)[A-Za-z0-9_]+=[A-Za-z0-9_=-]*"
 _HASH_FIELD = re.compile(_HASH_ALTERNATIVES)
@@ -283,11 +284,12 @@ def _claim(dist: _Dist, row: _Fields) -> Claim:
     return Claim(dist.name, dist.version, row[0], _sha256_hex(row[1]), size, dist.site)
 
 
-def _metadata(host: Path) -> dict[str, str]:
-    """Name and Version from a METADATA file's headers (stops at the first blank line: the
-    body can be long and is not needed). Raises OSError or UnicodeDecodeError."""
+def _metadata(data: bytes) -> dict[str, str]:
+    """Name and Version from a METADATA file's headers (its bytes DATA; stops at the first
+    blank line: the body is not needed). Raises UnicodeDecodeError as a text file read of
+    it would (decoded in the same chunks)."""
     fields: dict[str, str] = {}
-    with io.TextIOWrapper(open_file(host), encoding="utf-8") as fh:
+    with io.TextIOWrapper(io.BytesIO(data), encoding="utf-8") as fh:
         for line in fh:
             if not line.strip():
                 break
@@ -331,6 +333,9 @@ class _Parsed:
     elsewhere: tuple[tuple[str, _Row], ...]
     roots: tuple[tuple[str, LocalInstall], ...]
     faults: tuple[Fault, ...]
+    # what was read (``inputs``): the site's listing, each distribution's METADATA, RECORD
+    # and direct_url.json
+    inputs: tuple[I.Input, ...] = ()
 
 
 class Sites:
@@ -377,6 +382,8 @@ class DistIndex:
         self._elsewhere: dict[str, list[_Row]] = {}  # rows naming "../" or absolute paths
         self._claims: dict[str, list[Claim]] = {}  # paths looked up -> their Claims
         self._roots: list[tuple[str, LocalInstall]] = []  # directory installs, longest first
+        # every read, by (path, kind) (``inputs``)
+        self._inputs: dict[tuple[str, str], I.Input] = {}
 
     # -- sites ------------------------------------------------------------------------------
 
@@ -405,14 +412,32 @@ class DistIndex:
 
     def _holds_dist_info(self, directory: str) -> bool:
         """Whether DIRECTORY has a ``*.dist-info`` subdirectory (unreadable: no)."""
+        names, fault = self._list(directory, self._keep)
+        if fault is not None:
+            self._fault(fault, directory)
+        return bool(names)
+
+    def _list(
+        self, directory: str, keep: Callable[[I.Input], None]
+    ) -> tuple[list[str], str | None]:
+        """The ``*.dist-info`` names of DIRECTORY, sorted (none where it cannot be listed,
+        with why, when that is a fault), the read kept with KEEP."""
+        host = self.to_host(directory)
+        ident = I.snapshot(host)
+        fault = None
         try:
-            with os.scandir(self.to_host(directory)) as it:
-                return any(e.name.endswith(_DIST_INFO) and e.is_dir() for e in it)
+            names = sorted(I.dist_infos(host))
+            digest = I.of_names(names)
         except (FileNotFoundError, NotADirectoryError, ValueError):  # ValueError: NUL, "\ud800"
-            return False
+            names, digest = [], I.of_names([])
         except OSError as e:
-            self._fault(f"cannot list {directory}: {e.strerror or e}", directory)
-            return False
+            names, digest = [], I.UNREADABLE
+            fault = f"cannot list {directory}: {e.strerror or e}"
+        keep((directory, I.LISTING, ident, digest))
+        return names, fault
+
+    def _keep(self, read: I.Input) -> None:
+        self._inputs.setdefault((read[0], read[1]), read)
 
     def add_site(self, site: str) -> None:
         """Index every ``*.dist-info`` directory in SITE (idempotent). A relative SITE (a
@@ -427,6 +452,8 @@ class DistIndex:
             if self.sites is not None and shared:
                 self.sites.put(self.view, site, parsed)
         self._sites[site] = parsed.entry
+        for read in parsed.inputs:
+            self._keep(read)
         for path, row in parsed.elsewhere:
             self._elsewhere.setdefault(path, []).append(row)
         self._roots.extend(parsed.roots)
@@ -442,16 +469,12 @@ class DistIndex:
         elsewhere: list[tuple[str, _Row]] = []
         roots: list[tuple[str, LocalInstall]] = []
         faults: list[Fault] = []
-        try:
-            with os.scandir(self.to_host(site)) as it:
-                names = sorted(e.name for e in it if e.name.endswith(_DIST_INFO) and e.is_dir())
-        except (FileNotFoundError, NotADirectoryError, ValueError):  # ValueError: NUL, "\ud800"
-            names = []
-        except OSError as e:
-            faults.append(Fault(site, f"cannot list {site}: {e.strerror or e}"))
-            names = []
+        inputs: list[I.Input] = []
+        names, fault = self._list(site, inputs.append)
+        if fault is not None:
+            faults.append(Fault(site, fault))
         for name in names:
-            dist = self._add_dist(site, entry, name, elsewhere, faults)
+            dist = self._add_dist(site, entry, name, elsewhere, faults, inputs=inputs)
             if dist.local is not None and dist.local.root is not None:
                 roots.append((dist.local.root, dist.local))
             if entry.dists.setdefault(dist.name, dist) is not dist:
@@ -462,7 +485,7 @@ class DistIndex:
                         dist.name,
                     )
                 )
-        return _Parsed(entry, tuple(elsewhere), tuple(roots), tuple(faults))
+        return _Parsed(entry, tuple(elsewhere), tuple(roots), tuple(faults), tuple(inputs))
 
     def _add_dist(
         self,
@@ -471,12 +494,15 @@ class DistIndex:
         dir_name: str,
         elsewhere: list[tuple[str, _Row]],
         faults: list[Fault],
+        *,
+        inputs: list[I.Input],
     ) -> _Dist:
-        """Index one ``.dist-info`` directory: its name, version, RECORD and direct_url."""
-        dist = self._read_metadata(site, dir_name, faults)
+        """Index one ``.dist-info`` directory: its name, version, RECORD and direct_url (each
+        read kept in INPUTS)."""
+        dist = self._read_metadata(site, dir_name, faults, inputs)
         base = f"{site.rstrip('/')}/{dir_name}"
         rows = entry.rows
-        fields, clean = self._read_record(base, dist.name, faults)
+        fields, clean = self._read_record(base, dist.name, faults, inputs)
         if clean:  # every path relative and normalized
             for row in fields:
                 rows.setdefault(row[0], []).append((dist, row))
@@ -487,17 +513,19 @@ class DistIndex:
                     rows.setdefault(rp, []).append((dist, row))
                 else:
                     elsewhere.append((record_abspath(site, rp), (dist, row)))
-        dist.local = self._read_direct_url(base, dist, faults)
+        dist.local = self._read_direct_url(base, dist, faults, inputs)
         return dist
 
-    def _read_metadata(self, site: str, dir_name: str, faults: list[Fault]) -> _Dist:
+    def _read_metadata(
+        self, site: str, dir_name: str, faults: list[Fault], inputs: list[I.Input]
+    ) -> _Dist:
         """Canonical name and version from METADATA, falling back on the directory's name
         (``<name>-<version>.dist-info``) for whatever METADATA does not say."""
         stem = dir_name[: -len(_DIST_INFO)]
         name, _, version = stem.partition("-")
         path = f"{site.rstrip('/')}/{dir_name}/METADATA"
         try:
-            fields = _metadata(self.to_host(path))
+            fields = _metadata(self._read(path, MAX_METADATA_BYTES, inputs))
         except (OSError, UnicodeDecodeError) as e:
             why = f"{path}: unreadable ({_why(e)}); name from directory name"
             faults.append(Fault(path, why, canonical_name(name)))
@@ -509,14 +537,16 @@ class DistIndex:
             canonical_name(fields.get("name") or name), fields.get("version") or version, site
         )
 
-    def _read_record(self, base: str, dist: str, faults: list[Fault]) -> tuple[list[_Fields], bool]:
+    def _read_record(
+        self, base: str, dist: str, faults: list[Fault], inputs: list[I.Input]
+    ) -> tuple[list[_Fields], bool]:
         """Every well-formed row of ``<base>/RECORD`` (of distribution DIST), and whether every
         row's path is known to be relative and normalized. Malformed rows are skipped; a
         RECORD that is not UTF-8 or stops parsing part way keeps the rows before the fault.
         Each fault is kept (``faults``)."""
         path = f"{base}/RECORD"
         try:
-            data = read_regular(self.to_host(path), MAX_RECORD_BYTES)
+            data = self._read(path, MAX_RECORD_BYTES, inputs)
         except OSError as e:
             faults.append(Fault(path, f"{path}: unreadable ({_why(e)})", dist))
             return [], True
@@ -532,17 +562,48 @@ class DistIndex:
             faults.append(Fault(path, why, dist))
         return rows, clean
 
-    def _read_direct_url(self, base: str, dist: _Dist, faults: list[Fault]) -> LocalInstall | None:
+    def _read_direct_url(
+        self, base: str, dist: _Dist, faults: list[Fault], inputs: list[I.Input]
+    ) -> LocalInstall | None:
         """The local install ``<base>/direct_url.json`` describes, if any."""
-        host = self.to_host(f"{base}/direct_url.json")
+        path = f"{base}/direct_url.json"
         try:
-            return _local_install(json.loads(read_regular(host, MAX_DIRECT_URL_BYTES)), dist)
+            return _local_install(json.loads(self._read(path, MAX_DIRECT_URL_BYTES, inputs)), dist)
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as e:  # JSONDecodeError, UnicodeDecodeError: ValueErrors
             path = f"{base}/direct_url.json"
             faults.append(Fault(path, f"{path}: skipped ({_why(e)})", dist.name))
             return None
+
+    def _read(self, path: str, limit: int, inputs: list[I.Input]) -> bytes:
+        """The bytes of the regular file PATH (at most LIMIT), the read kept in INPUTS (one
+        that fails too: a file absent, or unreadable). Raises OSError as ``read_regular``."""
+        host = self.to_host(path)
+        ident = I.snapshot(host)
+        try:
+            data = read_regular(host, limit)
+        except FileNotFoundError:
+            inputs.append((path, I.FILE, ident, I.of_bytes(None)))
+            raise
+        except OSError:
+            inputs.append((path, I.FILE, ident, I.UNREADABLE))
+            raise
+        inputs.append((path, I.FILE, ident, I.of_bytes(data)))
+        return data
+
+    def is_file(self, path: str) -> bool:
+        """Whether PATH is a file (anything that cannot be examined: no), the look kept."""
+        host = self.to_host(path)
+        ident = I.snapshot(host)
+        there = host.is_file()
+        self._keep((path, I.EXISTS, ident, I.of_exists(there)))
+        return there
+
+    def inputs(self) -> tuple[I.Input, ...]:
+        """Every read this index made (``inputs``), sorted: the judgement it served holds
+        while each would read the same."""
+        return tuple(sorted(self._inputs.values()))
 
     def _fault(self, message: str, path: str, distribution: str | None = None) -> None:
         """Keep what was skipped (MESSAGE), about PATH of DISTRIBUTION."""

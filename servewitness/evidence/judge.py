@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servewitness.errors import UnavailableError
-from servewitness.evidence import bytecode, origins, unfiled
+from servewitness.evidence import bytecode, inputs, origins, recheck, unfiled
 from servewitness.evidence.distindex import DistIndex, Sites
 from servewitness.evidence.hashing import Hasher
 from servewitness.evidence.native import native_mappings
@@ -47,7 +47,6 @@ from servewitness.model import (
     DRIFT_CHANGED_AFTER_START,
     DRIFT_CHANGED_IN_CACHE,
     DRIFT_MODIFIED_AFTER_LOAD,
-    DRIFT_MODULE_FILELESS,
     DRIFT_RECORD_UNREADABLE,
     Drift,
     FileDisagreement,
@@ -66,10 +65,11 @@ class Judgement:
     provenance: Provenance | None
     drift: tuple[Drift, ...]
     # What depends only on the manifest, the native mappings and the installed distributions
-    # (origins, shadowing, bytecode, fileless and unfiled modules, .pth files), and the
-    # (manifest digest, fileless count, native mappings digest, unfiled count) it was judged
-    # for: reused while those stay the same; the cross-check is redone on every full check.
-    static_key: tuple[str, int, str, int] | None = None
+    # (origins, shadowing, bytecode, unfiled modules: the static part), and the
+    # (``static_digest``, native mappings digest) it was judged for: reused while those and
+    # the files it read from the disk (DISK) stay the same; the cross-check, the fileless
+    # modules and the .pth files are checked again on every full check.
+    static_key: tuple[str, str] | None = None
     static_drift: tuple[Drift, ...] = ()
     # (path, sha256) of the files hashed after the fact that the agent itself saw with those
     # bytes and a ctime before the process started: the bytes imported (``cross_check``).
@@ -77,6 +77,8 @@ class Judgement:
     # (path, distribution) of each code chain's owner file, as its RECORD names it when the
     # static part was judged (``codecheck.check_chains``' label; kept with the static part)
     owners: tuple[tuple[str, str | None], ...] = ()
+    # what the static part read from the disk (``inputs``): reused while it reads the same
+    disk: tuple[inputs.Input, ...] = ()
 
 
 # /proc gives a process's start in clock ticks after a boot time in whole seconds: without
@@ -228,23 +230,6 @@ def _describe(i: FileIdentity) -> str:
     return f"inode {i.ino}, {i.size} bytes, ctime {i.ctime_ns / 1e9:.3f}"
 
 
-def fileless(procfs: ProcFS, pid: int, probe: ProbeState) -> list[Drift]:
-    """Modules the probe saw claiming a file that the agent, too, finds missing."""
-    out = []
-    for module, claimed in probe.fileless:
-        if os.path.lexists(procfs.in_root_str(pid, claimed)):
-            continue  # there now: nothing the agent can confirm
-        out.append(
-            Drift(
-                DRIFT_MODULE_FILELESS,
-                claimed,
-                module,
-                f"module {module} claims to come from {claimed}, which does not exist",
-            )
-        )
-    return out
-
-
 def context(
     procfs: ProcFS,
     pid: int,
@@ -383,15 +368,27 @@ def judge(
     drift += moved
     if native is None:
         native = native_mappings(procfs, pid, hasher, start_time=start_time, generated=generated)
-    key = (probe.manifest_digest, len(probe.fileless), _native_digest(native), len(probe.unfiled))
-    if reuse is not None and reuse.static_key == key:
-        provenance, static, owners = reuse.provenance, list(reuse.static_drift), reuse.owners
+    key = (static_digest(files, probe, ctx), _native_digest(native))
+    if (
+        reuse is not None
+        and reuse.static_key == key
+        and inputs.unchanged(reuse.disk, _to_host(procfs, pid))
+    ):
+        provenance, static = reuse.provenance, list(reuse.static_drift)
+        owners, disk = reuse.owners, reuse.disk
     else:
         provenance, static = _static(
             procfs, pid, probe, files, index, ctx=ctx, native=native, verdicts=verdicts
         )
         owners = chain_owners(probe, index)
-    drift += static
+        disk = index.inputs()  # after everything the static part and the owners read
+    # Read from the disk on every full check, never kept: whether a module's claimed file
+    # exists, what a .pth file holds
+    ran = _ran(files)
+    drift += static + recheck.fileless(procfs, pid, probe)
+    drift += recheck.installer_changed(procfs, pid, disk, start_time)
+    if provenance is not None:
+        drift += unfiled.pth_drift(procfs, pid, ran, provenance)
     drift.sort(key=lambda d: (d.id, d.path))
     return Judgement(
         tuple(disagreements),
@@ -401,7 +398,28 @@ def judge(
         tuple(static),
         frozenset(vouched),
         owners,
+        disk,
     )
+
+
+def static_digest(files: Sequence[FileEntry], probe: ProbeState, ctx: origins.Context) -> str:
+    """A digest of everything the static part of a judgement reads from the probe: every
+    manifest entry's path, bytes, kind, module and how it was read (a pyc rejected at first
+    and run later, a file read under another module's name judge otherwise), the fileless and
+    unfiled modules, the interpreter's version and where its standard library, caches and
+    sys.path are. The same digest and the same files on disk (``Judgement.disk``): the same
+    judgement."""
+    h = hashlib.sha256()
+    for f in files:
+        h.update(repr((f.path, f.sha256, f.kind, f.module, f.at)).encode(errors="backslashreplace"))
+    head = (probe.fileless, probe.unfiled, repr(probe.interp.get("version")), ctx)
+    h.update(b"\0" + repr(head).encode(errors="backslashreplace"))
+    return h.hexdigest()
+
+
+def _ran(files: Sequence[FileEntry]) -> tuple[FileEntry, ...]:
+    """FILES that ran: a pyc its loader read and rejected did not; -c code is no file."""
+    return tuple(f for f in files if f.at != "rejected" and f.kind != unfiled.INLINE)
 
 
 def chain_owners(probe: ProbeState, index: DistIndex) -> tuple[tuple[str, str | None], ...]:
@@ -452,15 +470,12 @@ def _static(
     verdicts: VerdictStore | None = None,
 ) -> tuple[Provenance, list[Drift]]:
     to_host = _to_host(procfs, pid)
-    # a pyc its loader read and rejected did not run; -c code is no file to class
-    ran = tuple(f for f in files if f.at != "rejected" and f.kind != unfiled.INLINE)
+    ran = _ran(files)
     version = probe.interp.get("version")  # written by the process: a string, or anything
     python = version if isinstance(version, str) else None
     code = bytecode.judge_bytecode(ran, to_host, python=python, verdicts=verdicts)
     provenance, drift = origins.classify(ran, index, ctx, native, code.compiled_from)
     drift += code.drift
-    drift += fileless(procfs, pid, probe)
     drift += record_faults(index)
-    drift += unfiled.pth_drift(procfs, pid, ran, provenance)
     drift += unfiled.unfiled_drift(probe.unfiled, ran, provenance, ctx.stdlib_dirs)
     return provenance, drift

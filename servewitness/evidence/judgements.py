@@ -39,13 +39,15 @@ import structlog
 
 from servewitness import model
 from servewitness.evidence import statefile
+from servewitness.evidence.inputs import Input
 from servewitness.evidence.judge import Judgement
 from servewitness.evidence.verdicts import MAGIC
 from servewitness.model import Drift, FileOrigin, Provenance
 
 log = structlog.get_logger(__name__)
 
-FORMAT = "verifier-judgements/1"
+_FAMILY = "verifier-judgements/"
+FORMAT = _FAMILY + "2"
 FILENAME = "judgements.json"
 LIMIT = 1024  # processes: a store holds the last collect's, a vLLM tree is a few
 
@@ -126,13 +128,16 @@ class JudgementStore:
 
 
 def _static_part(j: Judgement) -> Judgement:
-    return Judgement((), j.provenance, (), j.static_key, j.static_drift, owners=j.owners)
+    return Judgement(
+        (), j.provenance, (), j.static_key, j.static_drift, owners=j.owners, disk=j.disk
+    )
 
 
 def _same(a: Judgement, b: Judgement) -> bool:
     return (
         a.static_key == b.static_key
         and a.owners == b.owners
+        and a.disk == b.disk
         and a.static_drift == b.static_drift
         and a.provenance == b.provenance
     )
@@ -151,6 +156,7 @@ def _encode(j: Judgement) -> dict[str, Any]:
         },
         "drift": [[d.id, d.path, d.module, d.detail] for d in j.static_drift],
         "owners": [list(o) for o in j.owners],
+        "disk": [[path, kind, list(ident), digest] for path, kind, ident, digest in j.disk],
     }
 
 
@@ -174,15 +180,16 @@ def _load(path: Path) -> dict[Key, Judgement]:
     doc = statefile.load(path, "judgement_cache")
     if doc is None:
         return {}
+    if isinstance(doc, dict) and str(doc.get("format")).startswith(_FAMILY):
+        head = tuple(doc.get(k) for k in ("format", "magic", "python", "judge"))
+        if head != (FORMAT, MAGIC, sys.version, judge_code()):  # an upgrade, as a rule
+            log.info("judgement_cache_other_agent", path=str(path), format=str(head[0]))
+            return {}
     try:
-        kept = _parse(doc)
+        return _parse(doc)
     except ValueError as e:
         log.warning("judgement_cache_ignored", path=str(path), reason=str(e))
         return {}
-    if (doc["magic"], doc["python"], doc["judge"]) != (MAGIC, sys.version, judge_code()):
-        log.info("judgement_cache_other_agent", path=str(path), python=doc["python"])
-        return {}
-    return kept
 
 
 def _parse(doc: object) -> dict[Key, Judgement]:
@@ -209,7 +216,7 @@ def _parse(doc: object) -> dict[Key, Judgement]:
 def _decode(entry: object) -> Judgement:
     if not isinstance(entry, dict):
         raise ValueError("a malformed judgement")
-    key = _row(entry.get("key"), (str, int, str, int))
+    key = _row(entry.get("key"), (str, str))
     p = entry.get("provenance")
     provenance = None
     if p is not None:
@@ -225,7 +232,16 @@ def _decode(entry: object) -> Judgement:
         )
     drift = tuple(Drift(*_row(d, (str, str, _OPT, str))) for d in _list(entry.get("drift")))
     owners = tuple(_row(o, (str, _OPT)) for o in _list(entry.get("owners")))
-    return Judgement((), provenance, (), key, drift, owners=owners)
+    disk = tuple(_input(d) for d in _list(entry.get("disk")))
+    return Judgement((), provenance, (), key, drift, owners=owners, disk=disk)
+
+
+def _input(value: object) -> Input:
+    """One read of a judgement's disk (``inputs.Input``): an identity is 0, 1 or 5 ints."""
+    path, kind, ident, digest = _row(value, (str, str, list, str))
+    if len(ident) not in (0, 1, 5) or not all(map(_is_int, ident)):
+        raise ValueError("a malformed judgement")
+    return path, kind, tuple(ident), digest
 
 
 _OPT = (str, type(None))

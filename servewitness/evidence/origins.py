@@ -479,7 +479,7 @@ def _stdlib_file(module: str, index: DistIndex, ctx: Context) -> str | None:
         for rel in (f"{module}.py", f"{module}/__init__.py"):
             candidate = f"{d.rstrip('/')}/{rel}"
             try:
-                if index.to_host(candidate).is_file():
+                if index.is_file(candidate):  # the look is kept: ``inputs``
                     return candidate
             except OSError:
                 continue

@@ -26,6 +26,7 @@ from servewitness.model import (
     DRIFT_MODULE_SHADOWED,
     DRIFT_MODULE_UNFILED,
     DRIFT_PTH_UNCLAIMED,
+    DRIFT_RECORD_CHANGED_AFTER_START,
     DRIFT_RECORD_UNREADABLE,
     EVIDENCE_JOURNAL_EDITED,
     EVIDENCE_PROBE_UNBOUND,
@@ -362,6 +363,12 @@ FINDINGS: dict[str, FindingKind] = {
     ),
     DRIFT_RECORD_UNREADABLE: FindingKind(
         Severity.WARNING, "", "an installer's RECORD, METADATA or direct_url.json is unreadable"
+    ),
+    DRIFT_RECORD_CHANGED_AFTER_START: FindingKind(
+        Severity.ERROR,
+        "",
+        "an installer's RECORD, METADATA or direct_url.json the loaded files were judged "
+        "against changed after the process started",
     ),
     DRIFT_CODE_PATCHED: FindingKind(
         Severity.ERROR,
