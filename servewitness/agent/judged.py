@@ -21,7 +21,7 @@ from servewitness.errors import UnavailableError
 from servewitness.evidence import inputs
 from servewitness.evidence.distindex import DistIndex, Sites
 from servewitness.evidence.hashing import Hasher
-from servewitness.evidence.judge import Judgement, dist_index
+from servewitness.evidence.judge import Judgement, dist_index, view_of
 from servewitness.evidence.judgements import FILENAME as JUDGEMENTS_FILE
 from servewitness.evidence.judgements import JudgementStore
 from servewitness.evidence.native import NativeMemory
@@ -50,6 +50,7 @@ class Judged:
         # ... and once per collect for all the processes that see the same files (each collect
         # a new one: a process started later reads the RECORDs as they are then)
         self._sites = Sites()
+        self._disk: dict[object, dict[inputs.Input, bool]] = {}  # new_collect's
         # The mapped bytes first seen per process and native mapping (changed in place)
         self.natives = NativeMemory()
         self.witnesses = Witnesses()  # py-spy stack samples of step-running processes
@@ -62,8 +63,10 @@ class Judged:
         )
 
     def new_collect(self) -> None:
-        """A collect begins: the sites its processes index are parsed as they are now."""
+        """A collect begins: the sites its processes index are parsed as they are now, and
+        whether the disk a judgement read is the same is found once per file and view."""
         self._sites = Sites()
+        self._disk = {}
 
     def report(self, ev: ProcessEvidence) -> ProcessReport | None:
         """EV's report, judged in full or from what is remembered (see the module's doc).
@@ -75,13 +78,16 @@ class Judged:
         last = self._checked.get(key)
         now = time.monotonic()
         fresh = last is not None and last[0] == digest and now - last[1] < self.recheck_s
+        kept = (ident.boot_id, ident.pid, ident.start_ticks)
+        # a restarted agent: the static part its last run kept (checked by its key)
+        reuse = last[2] if last else self.judgements.get(kept)
         index = self._indexes.get(key)
-        if index is not None and last is not None and not fresh and not self._same_disk(ev, last):
-            index = None  # it parsed files that changed since: a new one reads them as they are
+        if reuse is not None and not fresh and not self._same_disk(ident.pid, reuse):
+            reuse = None  # what it read changed: judged afresh, by an index that reads it now
+            index = None
         if index is None:
             index = self._indexes[key] = dist_index(self.procfs, ident.pid, self._sites)
         index.sites = self._sites  # sites it indexes later: parsed as they are then
-        kept = (ident.boot_id, ident.pid, ident.start_ticks)
         try:
             report, judged = report_with_judgement(
                 self.procfs,
@@ -89,10 +95,10 @@ class Judged:
                 self.hasher,
                 previous=last[2] if fresh and last else None,
                 index=index,
-                # a restarted agent: the static part its last run kept (checked by its key)
-                reuse=last[2] if last else self.judgements.get(kept),
+                reuse=reuse,
                 memory=self.natives,
                 verdicts=self.verdicts,
+                disk_checked=True,
             )
         except (UnavailableError, OSError) as e:
             if still_running(self.procfs, ev):
@@ -110,10 +116,12 @@ class Judged:
             report = dataclasses.replace(report, stack_witness=witness)
         return report
 
-    def _same_disk(self, ev: ProcessEvidence, last: tuple[str | None, float, Judgement]) -> bool:
-        """Whether what the last judgement read from the disk is unchanged."""
-        pid = ev.identity.pid
-        return inputs.unchanged(last[2].disk, lambda path: self.procfs.in_root(pid, path))
+    def _same_disk(self, pid: int, judged: Judgement) -> bool:
+        """Whether what JUDGED read from the disk would read the same now (the processes of
+        one view, in one collect, share the answers)."""
+        view = view_of(self.procfs, pid)
+        memo = self._disk.setdefault(view, {}) if view is not None else None
+        return inputs.unchanged(judged.disk, lambda path: self.procfs.in_root_str(pid, path), memo)
 
     def forget(self, keys: set[ProcessKey]) -> None:
         """Forget every process but KEYS (those the collect reported), and write the

@@ -80,14 +80,25 @@ def dist_infos(host: str | Path) -> list[str]:
         return [e.name for e in it if e.name.endswith(DIST_INFO) and e.is_dir()]
 
 
-def unchanged(kept: Iterable[Input], to_host: Callable[[str], str | Path]) -> bool:
+def unchanged(
+    kept: Iterable[Input],
+    to_host: Callable[[str], str | Path],
+    memo: dict[Input, bool] | None = None,
+) -> bool:
     """Whether every read of KEPT (paths as the process names them; TO_HOST: where this code
-    reads each) would read the same now."""
-    for path, kind, ident, digest in kept:
-        host = to_host(path)
-        if ident != CHANGING and snapshot(host) == ident:
-            continue
-        if _digest_now(kind, host) != digest:
+    reads each) would read the same now. MEMO: answers already found for reads of the same
+    files (processes that see the same filesystem, at the same moment), added to."""
+    for read in kept:
+        same = memo.get(read) if memo is not None else None
+        if same is None:
+            path, kind, ident, digest = read
+            host = to_host(path)
+            same = (ident != CHANGING and snapshot(host) == ident) or (
+                _digest_now(kind, host) == digest
+            )
+            if memo is not None:
+                memo[read] = same
+        if not same:
             return False
     return True
 

@@ -297,6 +297,13 @@ def _to_host(procfs: ProcFS, pid: int) -> Callable[[str], Path]:
     return to_host
 
 
+def _to_host_str(procfs: ProcFS, pid: int) -> Callable[[str], str]:
+    def to_host(path: str) -> str:
+        return procfs.in_root_str(pid, path)
+
+    return to_host
+
+
 def dist_index(procfs: ProcFS, pid: int, sites: Sites | None = None) -> DistIndex:
     """An index of the distributions installed as PID sees its filesystem. SITES: sites
     parsed for other processes, shared with those that see the same filesystem (``view_of``;
@@ -332,6 +339,7 @@ def judge(
     verdicts: VerdictStore | None = None,
     stdlib: tuple[str, ...] | None = None,
     environ: Mapping[str, str] | None = None,
+    disk_checked: bool = False,
 ) -> Judgement:
     """Everything above for one process. Never raises on odd files: each problem is a
     disagreement or a drift with its reason. INDEX: reuse one made by ``dist_index`` for the
@@ -342,7 +350,8 @@ def judge(
     inodes already hashed). VERDICTS: compile outcomes kept across agent restarts
     (``bytecode.judge_bytecode``). STDLIB: the standard library directories, if already
     confirmed (``stdlib_dirs``); ENVIRON: the environment it was started with, if already
-    read (``started_environment``)."""
+    read (``started_environment``). DISK_CHECKED: the caller found REUSE's disk unchanged
+    (``inputs.unchanged``) just now: not checked again."""
     hashed_at = probe.hashed_at
     ctx = context(procfs, pid, probe, stdlib, environ)
     index = index or DistIndex(_to_host(procfs, pid))
@@ -372,7 +381,7 @@ def judge(
     if (
         reuse is not None
         and reuse.static_key == key
-        and inputs.unchanged(reuse.disk, _to_host(procfs, pid))
+        and (disk_checked or inputs.unchanged(reuse.disk, _to_host_str(procfs, pid)))
     ):
         provenance, static = reuse.provenance, list(reuse.static_drift)
         owners, disk = reuse.owners, reuse.disk
@@ -409,12 +418,30 @@ def static_digest(files: Sequence[FileEntry], probe: ProbeState, ctx: origins.Co
     unfiled modules, the interpreter's version and where its standard library, caches and
     sys.path are. The same digest and the same files on disk (``Judgement.disk``): the same
     judgement."""
-    h = hashlib.sha256()
-    for f in files:
-        h.update(repr((f.path, f.sha256, f.kind, f.module, f.at)).encode(errors="backslashreplace"))
+    h = hashlib.sha256(_files_digest(files).encode())
     head = (probe.fileless, probe.unfiled, repr(probe.interp.get("version")), ctx)
     h.update(b"\0" + repr(head).encode(errors="backslashreplace"))
     return h.hexdigest()
+
+
+# The digest of each manifest judged lately, by the manifest itself (the journal cache hands
+# out the same tuple while the journal has nothing new): a full check does not make it again.
+_FILES_DIGESTS: dict[int, tuple[Sequence[FileEntry], str]] = {}
+_FILES_DIGESTS_MAX = 64
+
+
+def _files_digest(files: Sequence[FileEntry]) -> str:
+    hit = _FILES_DIGESTS.get(id(files))
+    if hit is not None and hit[0] is files:
+        return hit[1]
+    h = hashlib.sha256()
+    for f in files:
+        h.update(repr((f.path, f.sha256, f.kind, f.module, f.at)).encode(errors="backslashreplace"))
+    digest = h.hexdigest()
+    if len(_FILES_DIGESTS) >= _FILES_DIGESTS_MAX:
+        _FILES_DIGESTS.clear()
+    _FILES_DIGESTS[id(files)] = (files, digest)
+    return digest
 
 
 def _ran(files: Sequence[FileEntry]) -> tuple[FileEntry, ...]:

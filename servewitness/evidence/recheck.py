@@ -39,15 +39,20 @@ def installer_changed(
     the loaded files were judged against changed while they ran. A row forged to match a
     patched file the process had loaded, and a forged file put back after the agent read it,
     both move the ctime, which no unprivileged process can set back. Checked on every full
-    check (a ``stat`` each), whether the judgement was made now or reused."""
+    check, whether the judgement was made now or reused: a file whose identity was taken
+    (just before it was read, or found the same again by ``inputs.unchanged``) has that
+    ctime; one kept as absent or changing is looked at now."""
     out = []
-    for path, kind, _, _ in disk:
+    for path, kind, ident, _ in disk:
         if kind != inputs.FILE:
             continue
-        try:
-            ctime = os.stat(procfs.in_root_str(pid, path)).st_ctime_ns / 1e9
-        except (OSError, ValueError):
-            continue  # gone or unreadable: a re-judgement says so (provenance.record.unreadable)
+        if len(ident) == 5:  # its identity is the one now: the judgement was made or reused
+            ctime = ident[4] / 1e9  # just now (``inputs.unchanged``)
+        else:
+            try:
+                ctime = os.stat(procfs.in_root_str(pid, path)).st_ctime_ns / 1e9
+            except (OSError, ValueError):
+                continue  # gone or unreadable: a re-judgement says so (record.unreadable)
         after = ctime - start_time
         if after > CHANGED_SLACK_S:
             out.append(

@@ -53,6 +53,7 @@ def report_with_judgement(
     reuse: Judgement | None = None,
     memory: NativeMemory | None = None,
     verdicts: VerdictStore | None = None,
+    disk_checked: bool = False,
 ) -> tuple[ProcessReport, Judgement | None]:
     """One process's report with the agent's own /proc evidence added. HASHER: reuse one so
     unchanged files are answered from its cache. PREVIOUS: the last judgement of its files, to
@@ -61,7 +62,8 @@ def report_with_judgement(
     manifest-only part (origins, bytecode) is kept while the manifest is unchanged. MEMORY:
     the native mappings' bytes first seen (the agent's, across reports), so a library
     rewritten in place between two reports is ``changed``. VERDICTS: compile outcomes kept
-    across agent restarts (``verdicts.py``). The code that runs each step
+    across agent restarts (``verdicts.py``). DISK_CHECKED: REUSE's disk was found unchanged
+    just now (``judge.judge``). The code that runs each step
     method and hook target is verified every time (``codecheck``)."""
     ident = ev.identity
     ref = container_of(procfs, ident.pid)
@@ -114,6 +116,7 @@ def report_with_judgement(
         verdicts=verdicts,
         stdlib=stdlib,
         environ=environ,
+        disk_checked=disk_checked,
     )
     # What runs the step methods and hook targets: verified on every report (a chain can
     # change without any file changing; compiled files are cached).
