@@ -293,7 +293,6 @@ def spawn_probed(
     has run and, after SETTLE_S, the probe's sweeper has recorded the interpreter layout. Its
     temporary directory is ROOT/scratch, so that files under ROOT (itself under /tmp) are not
     judged generated. Stopped (SIGTERM, then SIGKILL) on exit."""
-    import signal
 
     ready = root / f"ready-{time.monotonic_ns()}"
     (root / "scratch").mkdir(exist_ok=True)
@@ -311,12 +310,19 @@ def spawn_probed(
         time.sleep(settle_s)
         yield proc.pid
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen[Any]) -> None:
+    """Stop PROC: SIGTERM, then SIGKILL if it has not exited within 10 s."""
+    import signal
+
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def collect_once(root_pid: int, spool: Path) -> Any:

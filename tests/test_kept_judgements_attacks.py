@@ -18,7 +18,6 @@ import hashlib
 import importlib.util
 import py_compile
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -33,7 +32,7 @@ from servewitness.model import (
     Origin,
     ProcessReport,
 )
-from tests.helpers import probe_env, wait_ready
+from tests.helpers import probe_env, stop, wait_ready
 from tests.test_cold_manifest import _dist, make_site
 from tests.test_kept_judgements import Classified, collect
 
@@ -108,12 +107,7 @@ def workload(root: Path, code: str, *paths: Path, name: str = "w") -> Iterator[W
         time.sleep(SETTLE_S)
         yield Workload(proc.pid, cmds)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 def judged(r: ProcessReport) -> tuple[object, ...]:

@@ -16,7 +16,6 @@ import dataclasses
 import os
 import py_compile
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
@@ -48,6 +47,7 @@ from tests.helpers import (
     REPO,
     inspect_json,
     probe_env,
+    stop,
     system_libz,
     verifier_cli,
     wait_ready,
@@ -188,12 +188,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         report = wire.process_from_json(raw["report"])
         yield Live(proc.pid, overlay, pkg, gen, report, raw)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 def origin_of(live: Live, path: Path) -> str:
