@@ -27,14 +27,13 @@ trusting the probe's report alone:
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from servewitness.errors import UnavailableError
-from servewitness.evidence import bytecode, inputs, origins, recheck, unfiled
+from servewitness.evidence import bytecode, inputs, origins, recheck, statickey, unfiled
 from servewitness.evidence.distindex import DistIndex, Sites
 from servewitness.evidence.hashing import Hasher
 from servewitness.evidence.native import native_mappings
@@ -377,7 +376,7 @@ def judge(
     drift += moved
     if native is None:
         native = native_mappings(procfs, pid, hasher, start_time=start_time, generated=generated)
-    key = (static_digest(files, probe, ctx), _native_digest(native))
+    key = (statickey.static_digest(files, probe, ctx), statickey.native_digest(native))
     if (
         reuse is not None
         and reuse.static_key == key
@@ -411,39 +410,6 @@ def judge(
     )
 
 
-def static_digest(files: Sequence[FileEntry], probe: ProbeState, ctx: origins.Context) -> str:
-    """A digest of everything the static part of a judgement reads from the probe: every
-    manifest entry's path, bytes, kind, module and how it was read (a pyc rejected at first
-    and run later, a file read under another module's name judge otherwise), the fileless and
-    unfiled modules, the interpreter's version and where its standard library, caches and
-    sys.path are. The same digest and the same files on disk (``Judgement.disk``): the same
-    judgement."""
-    h = hashlib.sha256(_files_digest(files).encode())
-    head = (probe.fileless, probe.unfiled, repr(probe.interp.get("version")), ctx)
-    h.update(b"\0" + repr(head).encode(errors="backslashreplace"))
-    return h.hexdigest()
-
-
-# The digest of each manifest judged lately, by the manifest itself (the journal cache hands
-# out the same tuple while the journal has nothing new): a full check does not make it again.
-_FILES_DIGESTS: dict[int, tuple[Sequence[FileEntry], str]] = {}
-_FILES_DIGESTS_MAX = 64
-
-
-def _files_digest(files: Sequence[FileEntry]) -> str:
-    hit = _FILES_DIGESTS.get(id(files))
-    if hit is not None and hit[0] is files:
-        return hit[1]
-    h = hashlib.sha256()
-    for f in files:
-        h.update(repr((f.path, f.sha256, f.kind, f.module, f.at)).encode(errors="backslashreplace"))
-    digest = h.hexdigest()
-    if len(_FILES_DIGESTS) >= _FILES_DIGESTS_MAX:
-        _FILES_DIGESTS.clear()
-    _FILES_DIGESTS[id(files)] = (files, digest)
-    return digest
-
-
 def _ran(files: Sequence[FileEntry]) -> tuple[FileEntry, ...]:
     """FILES that ran: a pyc its loader read and rejected did not; -c code is no file."""
     return tuple(f for f in files if f.at != "rejected" and f.kind != unfiled.INLINE)
@@ -462,14 +428,6 @@ def chain_owners(probe: ProbeState, index: DistIndex) -> tuple[tuple[str, str | 
                 claim = None
             out[path] = claim.distribution if claim is not None else None
     return tuple(out.items())
-
-
-def _native_digest(native: Sequence[NativeMapping]) -> str:
-    """A digest of which native files are mapped with which bytes."""
-    h = hashlib.sha256()
-    for m in native:
-        h.update(f"{m.path}\0{m.sha256}\n".encode(errors="backslashreplace"))
-    return h.hexdigest()
 
 
 def record_faults(index: DistIndex) -> list[Drift]:
