@@ -26,7 +26,7 @@ def read(path: Path, kind: str = I.FILE) -> I.Input:
     digest = {
         I.FILE: lambda: I.of_bytes(path.read_bytes() if path.exists() else None),
         I.LISTING: lambda: I.of_names(I.dist_infos(path)),
-        I.EXISTS: lambda: I.of_exists(path.is_file()),
+        I.EXISTS: lambda: I.look(path)[1],
     }[kind]()
     return (str(path), kind, I.snapshot(path), digest)
 

@@ -58,7 +58,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from servewitness.evidence import compilers
+from servewitness.evidence import compilers, inputs
 from servewitness.evidence.pycfile import (
     FLAG_CHECK,
     FLAG_HASH,
@@ -101,6 +101,9 @@ class BytecodeJudgement:
 
     drift: tuple[Drift, ...]
     compiled_from: Mapping[str, str]
+    # each source read to compare a pyc with (``inputs``): a judgement kept is reused only
+    # while they would read the same (a source staged for one look, then put back)
+    reads: tuple[inputs.Input, ...] = ()
 
 
 class _Deferred(Exception):
@@ -183,7 +186,7 @@ def judge_bytecode(
             shown[entry.path] = source_sha
     if verdicts is not None:
         verdicts.save()
-    return BytecodeJudgement(tuple(found.values()), shown)
+    return BytecodeJudgement(tuple(found.values()), shown, tuple(judge.reads.values()))
 
 
 def check_bytecode(
@@ -216,6 +219,7 @@ class _Judge:
         # When set: comparisons not cached are not compiled but kept here (cache key -> the
         # compare job and what is known without it), to be compiled together (judge_bytecode)
         self.deferred: dict[bytes, tuple[compilers.Job, Checked, str]] | None = None
+        self.reads: dict[str, inputs.Input] = {}  # source -> how it was read (``inputs``)
 
     def entry(self, entry: FileEntry) -> tuple[list[Drift], str | None]:
         """The drifts of one loaded pyc, and the sha256 of the source it was shown to be
@@ -251,15 +255,22 @@ class _Judge:
 
     def against_source(self, pyc: _Pyc) -> tuple[list[Drift], str | None]:
         """``entry`` for a pyc the interpreter can have used: compared with its source."""
+        unread: inputs.Input = (pyc.source, inputs.FILE, inputs.CHANGING, inputs.UNREADABLE)
         try:
             src_st = os.stat(pyc.source_host)
             checked = self.check(pyc, src_st)
         except _MISSING:
+            self.reads[pyc.source] = (pyc.source, inputs.FILE, inputs.ABSENT, inputs.of_bytes(None))
             return _unverified(pyc, f"{pyc.source} is missing now"), None
         except OSError as e:
+            self.reads[pyc.source] = unread
             return _unverified(pyc, _unreadable(pyc, e)), None
         if checked is None:
+            self.reads[pyc.source] = unread
             return _unverified(pyc, f"{pyc.source} changed while it was read"), None
+        if checked.source_sha256 is not None:  # read (read_stable: with this identity)
+            ident = inputs.ident_of(src_st)
+            self.reads[pyc.source] = (pyc.source, inputs.FILE, ident, checked.source_sha256)
         return _verdict(pyc, src_st, checked, self.other_python)
 
     def check(self, pyc: _Pyc, src_st: os.stat_result) -> Checked | None:

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import base64
 import csv
+import errno
 import io
 import json
+import os
 import posixpath
 import re
 from collections.abc import Callable
@@ -32,7 +34,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from servewitness.evidence import inputs as I
-from servewitness.evidence.regular import read_regular
+from servewitness.evidence.regular import NotRegular, open_file
 
 _DIST_INFO = ".dist-info"
 MAX_RECORD_BYTES = 64 << 20  # vLLM's RECORD is ~3 MB: a bigger one is a fault, not read
@@ -421,19 +423,31 @@ class DistIndex:
         self, directory: str, keep: Callable[[I.Input], None]
     ) -> tuple[list[str], str | None]:
         """The ``*.dist-info`` names of DIRECTORY, sorted (none where it cannot be listed,
-        with why, when that is a fault), the read kept with KEEP."""
+        with why, when that is a fault), the read kept with KEEP: the identity of the very
+        directory listed (a descriptor's, so a directory renamed in between is not taken for
+        another), and a look at each ``*.dist-info`` that is a symbolic link (where it points
+        can change while DIRECTORY does not)."""
         host = self.to_host(directory)
-        ident = I.snapshot(host)
         fault = None
+        linked: list[str] = []
         try:
-            names = sorted(I.dist_infos(host))
+            fd = os.open(host, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                ident = I.ident_of(os.fstat(fd))
+                names = sorted(I.dist_infos(fd))
+                linked = I.linked_dist_infos(fd)
+            finally:
+                os.close(fd)
             digest = I.of_names(names)
         except (FileNotFoundError, NotADirectoryError, ValueError):  # ValueError: NUL, "\ud800"
-            names, digest = [], I.of_names([])
+            ident, names, digest = I.ABSENT, [], I.of_names([])
         except OSError as e:
-            names, digest = [], I.UNREADABLE
+            ident, names, digest = I.CHANGING, [], I.UNREADABLE
             fault = f"cannot list {directory}: {e.strerror or e}"
         keep((directory, I.LISTING, ident, digest))
+        for name in linked:
+            path = f"{directory.rstrip('/')}/{name}"
+            keep((path, I.EXISTS, *I.look(self.to_host(path))))
         return names, fault
 
     def _keep(self, read: I.Input) -> None:
@@ -578,27 +592,31 @@ class DistIndex:
 
     def _read(self, path: str, limit: int, inputs: list[I.Input]) -> bytes:
         """The bytes of the regular file PATH (at most LIMIT), the read kept in INPUTS (one
-        that fails too: a file absent, or unreadable). Raises OSError as ``read_regular``."""
-        host = self.to_host(path)
-        ident = I.snapshot(host)
+        that fails too: a file absent, or unreadable) with the identity of the very file
+        read (its descriptor's: a file renamed over the path between a look and the read is
+        not taken for the one looked at). Raises OSError as ``read_regular``."""
         try:
-            data = read_regular(host, limit)
+            with open_file(self.to_host(path)) as f:
+                ident = I.ident_of(os.fstat(f.fileno()))
+                data = f.read(limit + 1)
         except FileNotFoundError:
-            inputs.append((path, I.FILE, ident, I.of_bytes(None)))
+            inputs.append((path, I.FILE, I.ABSENT, I.of_bytes(None)))
             raise
         except OSError:
-            inputs.append((path, I.FILE, ident, I.UNREADABLE))
+            inputs.append((path, I.FILE, I.CHANGING, I.UNREADABLE))
             raise
+        if len(data) > limit:
+            inputs.append((path, I.FILE, I.CHANGING, I.UNREADABLE))
+            raise NotRegular(errno.EFBIG, f"larger than {limit} bytes: not read", path)
         inputs.append((path, I.FILE, ident, I.of_bytes(data)))
         return data
 
     def is_file(self, path: str) -> bool:
-        """Whether PATH is a file (anything that cannot be examined: no), the look kept."""
-        host = self.to_host(path)
-        ident = I.snapshot(host)
-        there = host.is_file()
-        self._keep((path, I.EXISTS, ident, I.of_exists(there)))
-        return there
+        """Whether PATH is a file (anything that cannot be examined: no), the look kept (one
+        ``stat``: the identity kept is the one the answer came from)."""
+        ident, what = I.look(self.to_host(path))
+        self._keep((path, I.EXISTS, ident, what))
+        return what == "file"
 
     def inputs(self) -> tuple[I.Input, ...]:
         """Every read this index made (``inputs``), sorted: the judgement it served holds

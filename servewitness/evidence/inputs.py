@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -38,7 +39,7 @@ CHANGING: Ident = (-1,)
 YOUNG_S = 1.0  # far above any filesystem's timestamp granularity
 MAX_READ = 64 << 20  # an installer file read again larger than this counts as changed
 
-# Kinds of read: a file's bytes, a directory's *.dist-info names, whether a file is there
+# Kinds of read: a file's bytes, a directory's *.dist-info names, what is at a path
 FILE, LISTING, EXISTS = "file", "listing", "exists"
 DIST_INFO = ".dist-info"
 # (path as the process names it, kind, identity before the read, digest of what was read)
@@ -54,6 +55,11 @@ def snapshot(host: str | Path) -> Ident:
         return ABSENT
     except (OSError, ValueError):  # permission, a loop; ValueError: NUL, a lone surrogate
         return CHANGING
+    return ident_of(st)
+
+
+def ident_of(st: os.stat_result) -> Ident:
+    """The identity ST gives, as kept for a judgement (``CHANGING`` when under YOUNG_S old)."""
     if st.st_ctime_ns > time.time_ns() - int(YOUNG_S * 1e9):
         return CHANGING
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
@@ -69,15 +75,42 @@ def of_names(names: Iterable[str]) -> str:
     return hashlib.sha256("\0".join(sorted(names)).encode(errors="surrogateescape")).hexdigest()
 
 
-def of_exists(there: bool) -> str:
-    return "1" if there else "0"
+def kind_of(st: os.stat_result | None) -> str:
+    """The digest of a look at a path (``EXISTS``): what ``stat`` (links followed) says is
+    there: "file", "dir", "other", or "" for nothing."""
+    if st is None:
+        return ""
+    return "file" if stat.S_ISREG(st.st_mode) else "dir" if stat.S_ISDIR(st.st_mode) else "other"
 
 
-def dist_infos(host: str | Path) -> list[str]:
-    """The names of HOST's ``*.dist-info`` subdirectories. Raises OSError (FileNotFoundError
-    and NotADirectoryError where there is no such directory) or ValueError (a bad name)."""
-    with os.scandir(host) as it:
-        return [e.name for e in it if e.name.endswith(DIST_INFO) and e.is_dir()]
+def look(host: str | Path) -> tuple[Ident, str]:
+    """One ``stat`` of HOST: its identity and what is there (``kind_of``), from the same
+    call."""
+    try:
+        st = os.stat(host)
+    except (FileNotFoundError, NotADirectoryError):
+        return ABSENT, kind_of(None)
+    except (OSError, ValueError):
+        return CHANGING, UNREADABLE
+    return ident_of(st), kind_of(st)
+
+
+def dist_infos(host: str | Path | int) -> list[str]:
+    """The names of HOST's ``*.dist-info`` subdirectories (HOST: a path, or a descriptor of
+    the directory). Raises OSError (FileNotFoundError and NotADirectoryError where there is
+    no such directory) or ValueError (a bad name)."""
+    return [name for name, is_dir, _ in _entries(host) if is_dir]
+
+
+def linked_dist_infos(host: str | Path | int) -> list[str]:
+    """The names of HOST's ``*.dist-info`` entries that are symbolic links, whatever they
+    point at (nothing yet, a file): where they point can change without HOST changing."""
+    return [name for name, _, linked in _entries(host) if linked]
+
+
+def _entries(host: str | Path | int) -> list[tuple[str, bool, bool]]:
+    with os.scandir(host) as it:  # an int: a descriptor of the directory
+        return [(e.name, e.is_dir(), e.is_symlink()) for e in it if e.name.endswith(DIST_INFO)]
 
 
 def unchanged(
@@ -120,5 +153,5 @@ def _digest_now(kind: str, host: str | Path) -> str:
 _READS: dict[str, Callable[[str | Path], str]] = {
     FILE: lambda host: of_bytes(read_regular(host, MAX_READ)),
     LISTING: lambda host: of_names(dist_infos(host)),
-    EXISTS: lambda host: of_exists(Path(host).is_file()),
+    EXISTS: lambda host: look(host)[1],
 }

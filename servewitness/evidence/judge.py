@@ -385,11 +385,13 @@ def judge(
         provenance, static = reuse.provenance, list(reuse.static_drift)
         owners, disk = reuse.owners, reuse.disk
     else:
-        provenance, static = _static(
+        provenance, static, sources = _static(
             procfs, pid, probe, files, index, ctx=ctx, native=native, verdicts=verdicts
         )
         owners = chain_owners(probe, index)
-        disk = index.inputs()  # after everything the static part and the owners read
+        # after everything the static part and the owners read: the index's reads, and the
+        # sources the pycs were compared with
+        disk = tuple(sorted({*index.inputs(), *sources}))
     # Read from the disk on every full check, never kept: whether a module's claimed file
     # exists, what a .pth file holds
     ran = _ran(files)
@@ -453,7 +455,7 @@ def _static(
     ctx: origins.Context,
     native: Sequence[NativeMapping] = (),
     verdicts: VerdictStore | None = None,
-) -> tuple[Provenance, list[Drift]]:
+) -> tuple[Provenance, list[Drift], tuple[inputs.Input, ...]]:
     to_host = _to_host(procfs, pid)
     ran = _ran(files)
     version = probe.interp.get("version")  # written by the process: a string, or anything
@@ -463,4 +465,4 @@ def _static(
     drift += code.drift
     drift += record_faults(index)
     drift += unfiled.unfiled_drift(probe.unfiled, ran, provenance, ctx.stdlib_dirs)
-    return provenance, drift
+    return provenance, drift, code.reads
