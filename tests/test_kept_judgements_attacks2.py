@@ -65,6 +65,32 @@ def _forged_record(site: Path) -> str:
     return forged + "\n" * max(0, len(genuine) - len(forged))
 
 
+def stale_pyc(tmp_path: Path, name: str) -> tuple[Path, Path, Path, bytes, bytes]:
+    """Module NAME in TMP_PATH/app: its genuine source (an old mtime) and a pyc compiled from
+    other code whose header carries the genuine source's size and mtime (the interpreter
+    takes it as fresh): (app, source, pyc, the genuine bytes, the code the pyc holds)."""
+    app = tmp_path / "app"
+    app.mkdir()
+    good = b"X = 1  # the genuine source\n"
+    evil = b"X = 666  # what runs instead\n"
+    source = app / f"{name}.py"
+    source.write_bytes(good)
+    os.utime(source, (MTIME, MTIME))
+    evil_src = tmp_path / "evilsrc" / f"{name}.py"
+    evil_src.parent.mkdir()
+    evil_src.write_bytes(evil)
+    pyc = app / "__pycache__" / f"{name}.{sys.implementation.cache_tag}.pyc"
+    py_compile.compile(str(evil_src), cfile=str(pyc), dfile=str(source), doraise=True)
+    data = bytearray(pyc.read_bytes())
+    data[8:12] = MTIME.to_bytes(4, "little")
+    data[12:16] = len(good).to_bytes(4, "little")
+    pyc.write_bytes(bytes(data))
+    return app, source, pyc, good, evil
+
+
+MTIME = 1_000_000_000  # the genuine source's mtime, which the stale pyc's header names
+
+
 def test_a_pyc_source_staged_for_the_first_judgement_is_compared_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -79,23 +105,7 @@ def test_a_pyc_source_staged_for_the_first_judgement_is_compared_again(
     the genuine source and flags it stale.
 
     UNSAFE when this fails (a running agent with ``recheck_s=0`` shares it)."""
-    app = tmp_path / "app"
-    app.mkdir()
-    good = b"X = 1  # the genuine source\n"
-    evil = b"X = 666  # what runs instead\n"
-    source = app / "pycmod.py"
-    source.write_bytes(good)
-    mtime = 1_000_000_000
-    os.utime(source, (mtime, mtime))
-    evil_src = tmp_path / "evilsrc" / "pycmod.py"
-    evil_src.parent.mkdir()
-    evil_src.write_bytes(evil)
-    pyc = app / "__pycache__" / f"pycmod.{sys.implementation.cache_tag}.pyc"
-    py_compile.compile(str(evil_src), cfile=str(pyc), dfile=str(source), doraise=True)
-    data = bytearray(pyc.read_bytes())
-    data[8:12] = mtime.to_bytes(4, "little")
-    data[12:16] = len(good).to_bytes(4, "little")
-    pyc.write_bytes(bytes(data))
+    app, source, pyc, good, evil = stale_pyc(tmp_path, "pycmod")
     state = tmp_path / "state"
     with workload(tmp_path, "import pycmod\nassert pycmod.X == 666", app) as w:
         control = collect(w.pid, tmp_path / "c", cache=False)
@@ -104,7 +114,7 @@ def test_a_pyc_source_staged_for_the_first_judgement_is_compared_again(
         first = collect(w.pid, state)
         assert DRIFT_BYTECODE_STALE not in drift_at(first, pyc)  # fooled, as anyone would be
         source.write_bytes(good)
-        os.utime(source, (mtime, mtime))
+        os.utime(source, (MTIME, MTIME))
         again, fresh, reused = restarted_and_fresh(w.pid, state, tmp_path / "o", monkeypatch)
     assert DRIFT_BYTECODE_STALE in drift_at(fresh, pyc), "control"
     assert drift_at(again, pyc) == drift_at(fresh, pyc), reused
@@ -343,23 +353,7 @@ def test_a_running_agent_compares_a_pyc_again_once_its_staged_source_is_restored
     second collect reuses "compiled from its source" too.
 
     UNSAFE when this fails."""
-    app = tmp_path / "app"
-    app.mkdir()
-    good = b"X = 1  # the genuine source\n"
-    evil = b"X = 666  # what runs instead\n"
-    source = app / "pycmod2.py"
-    source.write_bytes(good)
-    mtime = 1_000_000_000
-    os.utime(source, (mtime, mtime))
-    evil_src = tmp_path / "evilsrc" / "pycmod2.py"
-    evil_src.parent.mkdir()
-    evil_src.write_bytes(evil)
-    pyc = app / "__pycache__" / f"pycmod2.{sys.implementation.cache_tag}.pyc"
-    py_compile.compile(str(evil_src), cfile=str(pyc), dfile=str(source), doraise=True)
-    data = bytearray(pyc.read_bytes())
-    data[8:12] = mtime.to_bytes(4, "little")
-    data[12:16] = len(good).to_bytes(4, "little")
-    pyc.write_bytes(bytes(data))
+    app, source, pyc, good, evil = stale_pyc(tmp_path, "pycmod2")
     config = AgentConfig(
         "127.0.0.1:9", "t", "a", tmp_path / "state", root_pid=0, docker_socket=None,
         recheck_s=0,
@@ -371,7 +365,7 @@ def test_a_running_agent_compares_a_pyc_again_once_its_staged_source_is_restored
             (first,) = agent.collect().processes
             assert DRIFT_BYTECODE_STALE not in drift_at(first, pyc)
             source.write_bytes(good)
-            os.utime(source, (mtime, mtime))
+            os.utime(source, (MTIME, MTIME))
             (again,) = agent.collect().processes
         finally:
             agent.channel.close()
