@@ -91,6 +91,15 @@ def stale_pyc(tmp_path: Path, name: str) -> tuple[Path, Path, Path, bytes, bytes
 MTIME = 1_000_000_000  # the genuine source's mtime, which the stale pyc's header names
 
 
+def forgeable_site(tmp_path: Path) -> tuple[Path, Path, Path, str, str]:
+    """``make_site`` in TMP_PATH/site: (site, the patched core.py, fakedist's RECORD, its
+    genuine text, a forged text of the same length that calls core.py published)."""
+    site = tmp_path / "site"
+    make_site(site)
+    record = site / "fakedist-1.0.dist-info" / "RECORD"
+    return site, site / "fakedist" / "core.py", record, record.read_text(), _forged_record(site)
+
+
 def test_a_pyc_source_staged_for_the_first_judgement_is_compared_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -220,12 +229,7 @@ def test_a_record_replaced_by_rename_with_the_same_size_and_mtime_is_read_again(
     genuine one's mtime, over the genuine one (then the reverse order: forged first). The
     inode and ctime differ, so the restarted agent reads it again and judges as a fresh one
     does."""
-    site = tmp_path / "site"
-    make_site(site)
-    core = site / "fakedist" / "core.py"
-    record = site / "fakedist-1.0.dist-info" / "RECORD"
-    genuine = record.read_text()
-    forged = _forged_record(site)
+    site, core, record, genuine, forged = forgeable_site(tmp_path)
     assert len(forged) == len(genuine)
     st = record.stat()
     state = tmp_path / "state"
@@ -248,12 +252,7 @@ def test_a_record_changed_twice_within_a_tick_is_caught(
     """Attack: write the forged RECORD just before the agent first judges and the genuine one
     back at once (the same timestamp tick, same size, mtime put back): the identity taken was
     young (``CHANGING``), so the restarted agent reads it again and compares the digest."""
-    site = tmp_path / "site"
-    make_site(site)
-    core = site / "fakedist" / "core.py"
-    record = site / "fakedist-1.0.dist-info" / "RECORD"
-    genuine = record.read_text()
-    forged = _forged_record(site)
+    site, core, record, genuine, forged = forgeable_site(tmp_path)
     st = record.stat()
     state = tmp_path / "state"
     real_open = open_file

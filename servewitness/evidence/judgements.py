@@ -94,10 +94,7 @@ class JudgementStore:
         old = self._kept.get(key)
         if old is not None and _same(old, judged):
             return
-        self._kept.pop(key, None)
-        self._kept[key] = _static_part(judged)
-        while len(self._kept) > self.limit:
-            del self._kept[next(iter(self._kept))]
+        statefile.put_bounded(self._kept, key, _static_part(judged), self.limit)
         self.dirty = True
 
     def retain(self, keys: Iterable[Key]) -> None:

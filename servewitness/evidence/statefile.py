@@ -15,11 +15,14 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
 log = structlog.get_logger(__name__)
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 MAX_BYTES = 64 << 20  # a file larger than this is not read (the stores hold a few MB at most)
 
@@ -67,3 +70,12 @@ def save(path: Path, doc: dict[str, Any], event: str) -> bool:
         tmp.unlink(missing_ok=True)
         return False
     return True
+
+
+def put_bounded(items: dict[K, V], key: K, value: V, limit: int) -> None:
+    """ITEMS[KEY] = VALUE as the most recent entry, the least recent ones dropped past LIMIT
+    (a store's memory: insertion order is recency)."""
+    items.pop(key, None)
+    items[key] = value
+    while len(items) > limit:
+        del items[next(iter(items))]

@@ -70,10 +70,7 @@ class VerdictStore:
     def put(self, key: str, outcome: Outcome) -> None:
         if self.limit <= 0:
             return
-        self._verdicts.pop(key, None)
-        self._verdicts[key] = outcome
-        while len(self._verdicts) > self.limit:
-            del self._verdicts[next(iter(self._verdicts))]
+        statefile.put_bounded(self._verdicts, key, outcome, self.limit)
         self.dirty = True
 
     def save(self) -> None:
