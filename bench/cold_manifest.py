@@ -22,8 +22,9 @@ process, interleaved in every round, and their ratio taken per round (pair):
            imports the agent (its transport included) and hashes the same list with
            hashlib on as many threads as the agent's hasher (no journals, no judgement);
            floor / openssl is how close to the target a Python agent can come
-  cold @C  (with --against TREE) the same with the agent of TREE, checked out at commit C:
-           what a change bought, priced in the same run
+  cold @C, restart @C  (with --against TREE) the same two with the agent of TREE, checked
+           out at commit C (its restart with a state directory of its own): what a change
+           bought, priced in the same run
 Every agent arm loads its own modules compiled (a private PYTHONPYCACHEPREFIX, filled by the
 warm-up run, PYTHONDONTWRITEBYTECODE ignored), as an agent installed from its wheel does; before
 this, a shell that set PYTHONDONTWRITEBYTECODE (CI's, this machine's) had every arm compile
@@ -205,7 +206,11 @@ def arms(pid: int, listing: Path, against: Path | None) -> dict[str, Callable[[]
         "floor": floor,
     }
     if against is not None:
-        out[f"cold @{commit(against)}"] = cold(against)
+        other = commit(against)
+        out[f"cold @{other}"] = cold(against)
+        # its own state directory: the store's format and its judging code are that tree's
+        (listing.parent / "state-against").mkdir()
+        out[f"restart @{other}"] = cold(against, listing.parent / "state-against")
     return out
 
 
@@ -249,7 +254,7 @@ def report(title: str, both: tuple[Results, Results]) -> None:
     ratio(cpu, "restart", "floor", " (the agent's own work over the floor)", "CPU")
     ratio(cpu, "restart", "rejudge", " (what the judgement store buys)", "CPU")
     for k in [k for k in cpu if "@" in k]:
-        ratio(cpu, "cold", k, "", "CPU")
+        ratio(cpu, k.split(" @")[0], k, " (this tree against the other, the same arm)", "CPU")
     print(f"{title}: wall seconds")
     print_rows({k: summary(v) for k, v in results.items()}, fmt="6.3f")
     others = [k for k in results if "@" in k]
@@ -263,7 +268,7 @@ def report(title: str, both: tuple[Results, Results]) -> None:
         ratio(results, arm, base, " (target <= 1.2)" if "@" not in arm else "")
     ratio(results, "restart", "rejudge", "")
     for k in [k for k in results if "@" in k]:
-        ratio(results, "cold", k, "")
+        ratio(results, k.split(" @")[0], k, "")
 
 
 def ratio(results: Results, arm: str, base: str, note: str, what: str = "wall") -> None:
@@ -317,8 +322,8 @@ def main() -> None:
     parser.add_argument(
         "--against",
         type=Path,
-        help="another checkout (a git worktree of an earlier commit): its cold agent is a third "
-        "arm, to price a change in the same run",
+        help="another checkout (a git worktree of an earlier commit): its first start and its "
+        "restart are two more arms, to price a change in the same run",
     )
     _smoke.add_args(parser)
     args = parser.parse_args()

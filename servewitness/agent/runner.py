@@ -20,6 +20,7 @@ from grpc_health.v1 import health, health_pb2
 
 from servewitness import wire
 from servewitness._stop_signals import stop_on_signals
+from servewitness.agent import gcpause
 from servewitness.agent.bindings import Bindings
 from servewitness.agent.config import AgentConfig
 from servewitness.agent.containers import ContainerDirectory, OwnPod
@@ -108,13 +109,15 @@ class Agent:
     # collection ------------------------------------------------------------------------
     def collect(self) -> TargetReport:
         """One report of every vLLM process visible, as this agent's target."""
-        (report,) = self._collect(per_container=False)
+        with gcpause.paused():
+            (report,) = self._collect(per_container=False)
         return report
 
     def collect_all(self) -> list[TargetReport]:
         """This collect's reports: one, or one per container (``--instance-per-container``:
         ``agent/parts.py``)."""
-        return self._collect(per_container=self.config.per_container)
+        with gcpause.paused():
+            return self._collect(per_container=self.config.per_container)
 
     def _collect(self, per_container: bool) -> list[TargetReport]:
         began = time.time()  # the counters below are read from here on

@@ -94,22 +94,31 @@ class _Compiled:
                 tree = ast.parse(self.source, self.filename)
             except (SyntaxError, ValueError, RecursionError, MemoryError):
                 tree = None
-            self.decorators = {} if tree is None else dict(_decorated(tree, ""))
+            self.decorators = {} if tree is None else dict(_decorated(tree.body, ""))
         return self.decorators.get((qualname, line))
 
 
-def _decorated(node: ast.AST, prefix: str) -> Iterator[tuple[tuple[str, int], int]]:
-    for child in ast.iter_child_nodes(node):
+def _decorated(body: list[ast.stmt], prefix: str) -> Iterator[tuple[tuple[str, int], int]]:
+    """(qualified name, first line) and decorator count of every definition in BODY and the
+    statements nested in it. Only statements are looked into: a definition is a statement,
+    so no expression holds one (a lambda is no ``def``), and a big file's expressions are most
+    of its nodes."""
+    for child in body:
         if isinstance(child, ast.ClassDef):
-            yield from _decorated(child, f"{prefix}{child.name}.")
+            yield from _decorated(child.body, f"{prefix}{child.name}.")
         elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
             decs = child.decorator_list
             first = decs[0].lineno if decs else child.lineno
             n = sum(1 for d in decs if not (isinstance(d, ast.Name) and d.id in _DESCRIPTORS))
             yield (f"{prefix}{child.name}", first), n
-            yield from _decorated(child, f"{prefix}{child.name}.<locals>.")
-        else:
-            yield from _decorated(child, prefix)
+            yield from _decorated(child.body, f"{prefix}{child.name}.<locals>.")
+        else:  # if, for, while, with, try, match: their statements keep the prefix
+            for field_name in ("body", "orelse", "finalbody"):
+                sub = getattr(child, field_name, None)
+                if sub:
+                    yield from _decorated(sub, prefix)
+            for holder in (*getattr(child, "handlers", ()), *getattr(child, "cases", ())):
+                yield from _decorated(holder.body, prefix)
 
 
 def _walk(code: CodeType) -> Iterator[CodeType]:

@@ -1,7 +1,11 @@
 """Hash many files fast: in parallel, with a cache of files already hashed.
 
 sha256 is the digest ``RECORD`` files and auditors speak, so it is the one used. ``hashlib``
-releases the GIL while it hashes, so a thread pool uses every core.
+releases the GIL while it hashes, so threads use every core for the big files. Small files
+(most of what a Python process loads: a median of ~6 kB) are hashed by the calling thread
+meanwhile: each costs a few system calls and little hashing, and every system call hands the
+GIL over; two threads taking turns at it over thousands of small files spent more CPU in the
+handover (futex waits, context switches) than in hashing (``bench/cold_manifest.py``).
 
 The cache is keyed by (device, inode, size, mtime_ns, ctime_ns) of the file as ``stat`` sees
 it just before reading. **Trust assumption:** a file whose bytes changed also changed one of
@@ -19,9 +23,11 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from servewitness.evidence.regular import open_regular
+from servewitness.evidence.regular import open_regular_stat
 
 CHUNK = 1 << 20
+# Files smaller than this are hashed by the caller of ``hash_files``, bigger ones by threads.
+SMALL = 1 << 18
 # No file the agent hashes is bigger (the largest CUDA libraries are a few GB); a sparse file of
 # terabytes put where a loaded file was (a second black-box attacker, 2026-12-05) kept the
 # agent reading zeros for hours, its target STALE. Bigger files are not read, and said.
@@ -56,11 +62,12 @@ class Hasher:
         self._lock = threading.Lock()
 
     def hash_file(self, path: str) -> Hashed:
-        fd = _open(path)
-        if isinstance(fd, Hashed):
-            return fd
+        opened = _open(path)
+        if isinstance(opened, Hashed):
+            return opened
+        fd, st = opened
         try:
-            before = _key(os.fstat(fd))
+            before = _key(st)
             if before[2] > MAX_HASH_BYTES:
                 return Hashed(path, None, before[2], before, _too_big(before[2]))
             if self.use_cache:
@@ -68,11 +75,18 @@ class Hasher:
                     hit = self._cache.get(before)
                 if hit is not None:
                     return Hashed(path, hit, before[2], before, cached=True)
-            h = hashlib.sha256()
-            size = 0
-            while chunk := os.read(fd, CHUNK):
-                h.update(chunk)
-                size += len(chunk)
+            if before[2] < CHUNK:
+                # One read of one byte more than stat said: a file that grew since reads
+                # long (and a short read of a regular file is its end), so no read for EOF.
+                data = os.read(fd, before[2] + 1)
+                h = hashlib.sha256(data)
+                size = len(data)
+            else:
+                h = hashlib.sha256()
+                size = 0
+                while chunk := os.read(fd, CHUNK):
+                    h.update(chunk)
+                    size += len(chunk)
             after = _key(os.fstat(fd))
         except OSError as e:
             return Hashed(path, None, -1, None, e.strerror or type(e).__name__)
@@ -107,16 +121,17 @@ class Hasher:
             else:
                 misses.append((key[2], path))
         if misses:
-            order = [p for _, p in sorted(misses, reverse=True)]
-            results.update(zip(order, self._hash_all(order), strict=True))
+            order = sorted(misses, reverse=True)
+            results.update(zip((p for _, p in order), self._hash_all(order), strict=True))
         return [results[p] for p in unique]
 
-    def _hash_all(self, order: list[str]) -> list[Hashed]:
-        """``hash_file`` of every path of ORDER, in order, by WORKERS threads that each take
-        the next path when done with one (no future, no queue per file: most loaded files
-        are small, and per-file bookkeeping cost as much as hashing them)."""
+    def _hash_all(self, order: list[tuple[int, str]]) -> list[Hashed]:
+        """``hash_file`` of every path of ORDER ((size, path), largest first), in order: the
+        files of SMALL bytes or more by WORKERS threads that each take the next one when done
+        with one (no future, no queue per file), the smaller ones by this thread meanwhile."""
         out: list[Hashed | None] = [None] * len(order)
-        take = iter(range(len(order)))
+        big = next((i for i, (size, _) in enumerate(order) if size < SMALL), len(order))
+        take = iter(range(big))
         lock = threading.Lock()
         raised: list[BaseException] = []
 
@@ -127,28 +142,41 @@ class Hasher:
                         i = next(take, None)
                     if i is None:
                         return
-                    out[i] = self.hash_file(order[i])
+                    out[i] = self.hash_file(order[i][1])
             except BaseException as e:  # noqa: BLE001 - re-raised in the caller, as the pool did
                 raised.append(e)
 
-        threads = [threading.Thread(target=work) for _ in range(min(self.workers, len(order)))]
+        threads = [threading.Thread(target=work) for _ in range(min(self.workers, big))]
         for t in threads:
             t.start()
-        for t in threads:
-            t.join()
+        try:
+            for i in range(big, len(order)):
+                if raised:
+                    break
+                out[i] = self.hash_file(order[i][1])
+        except BaseException:
+            raised.append(_Stop())  # the threads take no more files
+            raise
+        finally:
+            for t in threads:
+                t.join()
         if raised:
             raise raised[0]
         return [h for h in out if h is not None]
+
+
+class _Stop(Exception):
+    """Told to the hashing threads when their caller raised: they take no more files."""
 
 
 def _too_big(size: int) -> str:
     return f"{size} bytes, over the {MAX_HASH_BYTES} the agent hashes: not read"
 
 
-def _open(path: str) -> int | Hashed:
-    """A read-only descriptor for PATH, or a Hashed saying why there is none."""
+def _open(path: str) -> tuple[int, os.stat_result] | Hashed:
+    """A read-only descriptor for PATH and what it is, or a Hashed saying why there is none."""
     try:
-        return open_regular(path, look=False)  # a FIFO put there would hang the hash
+        return open_regular_stat(path)  # a FIFO put there would hang the hash
     except FileNotFoundError:
         return Hashed(path, None, -1, None, "missing")
     except PermissionError:

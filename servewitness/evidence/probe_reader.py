@@ -28,7 +28,7 @@ from servewitness.evidence.journal import (
     digest_of,
     journal_problems,
     manifest_of,
-    parse,
+    parse_text,
     read_file,
 )
 from servewitness.model import (
@@ -275,7 +275,7 @@ def _read_journal(
             cached.records, cached.files, cached.hashed_at, cached.digest, cached.rewritten, fid
         )  # fmt: skip
     got = read_file(journal)
-    records = parse(got[0].split(b"\n")) if got is not None else []
+    records = parse_text(got[0]) if got is not None else []
     files, hashed_at = manifest_of(records)
     return records, files, hashed_at, digest_of(files), None, got[1] if got else (0, 0)
 
