@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from pathlib import Path
+
+import pytest
 
 from servewitness.evidence.hashing import Hasher
 
@@ -66,3 +69,72 @@ def test_bytes_that_change_while_being_read_give_no_digest() -> None:
     got = Hasher(cache=False).hash_file("/proc/self/status")
     assert (got.sha256, got.error) == (None, "changed while hashing")
     assert got.size > 0  # bytes were read, and they are not trusted
+
+
+def test_files_either_side_of_the_thread_and_read_bounds_hash_right(tmp_path: Path) -> None:
+    """Small files are hashed by the caller in one read, big ones by threads in chunks: every
+    size either side of both bounds gets the digest hashlib gives, in input order."""
+    from servewitness.evidence import hashing
+
+    sizes = [0, 1, hashing.SMALL - 1, hashing.SMALL, hashing.SMALL + 1, hashing.CHUNK - 1]
+    sizes += [hashing.CHUNK, hashing.CHUNK + 1, 3 * hashing.CHUNK + 7, 5, 77]
+    files = []
+    for i, n in enumerate(sizes):
+        p = tmp_path / f"f{i}"
+        p.write_bytes(os.urandom(n))
+        files.append(str(p))
+    got = Hasher(workers=2, cache=False).hash_files([*files, files[3]])  # (a repeat: once)
+    want = [(f, _sha(Path(f).read_bytes()), os.path.getsize(f)) for f in files]
+    assert [(h.path, h.sha256, h.size) for h in got] == want
+    assert all(h.error is None for h in got)
+
+
+def test_a_file_that_grows_past_what_stat_said_is_not_given_a_digest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One read of one byte more than stat said: bytes appended between the look and the read
+    are seen (the digest would be of a file stat never described)."""
+    p = tmp_path / "grows"
+    p.write_bytes(b"x" * 100)
+    real_read = os.read
+
+    def read_after_append(fd: int, n: int) -> bytes:
+        with p.open("ab") as f:  # the writer gets in between the fstat and the read
+            f.write(b"y")
+        return real_read(fd, n)
+
+    monkeypatch.setattr("servewitness.evidence.hashing.os", _Patched(read_after_append))
+    got = Hasher(cache=False).hash_file(str(p))
+    assert (got.sha256, got.error, got.size) == (None, "changed while hashing", 101)
+
+
+class _Patched:
+    """``os`` with its ``read`` replaced."""
+
+    def __init__(self, read: object) -> None:
+        self.read = read
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(os, name)
+
+
+def test_an_error_in_the_callers_part_stops_the_threads_and_is_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from servewitness.evidence import hashing
+
+    big = tmp_path / "big"
+    big.write_bytes(b"b" * (hashing.SMALL + 1))
+    small = tmp_path / "small"
+    small.write_bytes(b"s")
+    real = Hasher.hash_file
+
+    def boom(self: Hasher, path: str) -> hashing.Hashed:
+        if path == str(small):
+            raise MemoryError("the caller's part")
+        return real(self, path)
+
+    monkeypatch.setattr(Hasher, "hash_file", boom)
+    with pytest.raises(MemoryError, match="the caller's part"):
+        Hasher(cache=False).hash_files([str(big), str(small)])
+    assert threading.active_count() == 1  # no hashing thread left behind
