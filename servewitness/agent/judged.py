@@ -128,6 +128,7 @@ class Judged:
         judgement store if it changed."""
         self.judgements.retain((k.boot_id, k.pid, k.start_ticks) for k in keys)
         self.judgements.save()
+        self.verdicts.save()  # (what the code chains' files answered is kept there too)
         alive = {(k.pid, k.start_ticks) for k in keys}
         for cache in (self._checked, self._indexes):
             for stale in [k for k in cache if k not in alive]:

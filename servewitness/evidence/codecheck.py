@@ -47,7 +47,8 @@ from servewitness_probe import layout as L
 
 from servewitness.evidence.distindex import DistIndex
 from servewitness.evidence.origins import source_of_bytecode
-from servewitness.evidence.pycfile import Identity, identity, read
+from servewitness.evidence.pycfile import Identity, Outcome, identity, read
+from servewitness.evidence.verdicts import VerdictStore, fact_key
 from servewitness.model import (
     DRIFT_CODE_PATCHED,
     DRIFT_CODE_UNVERIFIED,
@@ -66,36 +67,82 @@ _DESCRIPTORS = frozenset({"staticmethod", "classmethod"})  # decorators that add
 
 @dataclass
 class _Compiled:
-    """One source file compiled as the process would: its sha256, its code objects by
-    (co_qualname, co_firstlineno), their digests (computed when asked), and how many
-    decorators each definition has (parsed when asked)."""
+    """One source file as the process would compile it: its sha256, and what the judge asks of
+    it, each answered from FACTS (outcomes kept by content across agent restarts,
+    ``verdicts.VerdictStore``) where it holds the answer, else by compiling or parsing the
+    source (once, when first needed) and kept there: whether it compiles (``error``), the
+    digest of its code object of (co_qualname, co_firstlineno) (``digest``), how many
+    decorators a definition has (``decorator_count``). Each answer depends on the source's
+    bytes, the filename compiled under, the optimization level and the interpreter only
+    (``verdicts.fact_key``)."""
 
     sha256: str
     source: bytes
     filename: str
-    codes: dict[tuple[str, int], CodeType]
-    error: str | None = None
-    digests: dict[tuple[str, int], str] = field(default_factory=dict)
+    optimize: int
+    facts: VerdictStore | None = None
+    _codes: dict[tuple[str, int], CodeType] | None = None
+    _error: str | None = None
+    digests: dict[tuple[str, int], str | None] = field(default_factory=dict)
     decorators: dict[tuple[str, int], int] | None = None
 
+    def _key(self, what: str, *detail: object) -> str:
+        return fact_key(what, self.sha256, self.filename, self.optimize, *detail)
+
+    def _kept(self, key: str) -> tuple[bool, Outcome]:
+        return self.facts.get(key) if self.facts is not None else (False, None)
+
+    def _keep(self, key: str, outcome: Outcome) -> None:
+        if self.facts is not None:
+            self.facts.put(key, outcome)
+
+    def _compiled(self) -> dict[tuple[str, int], CodeType]:
+        if self._codes is None:
+            self._codes, self._error = _compile(self.source, self.filename, self.optimize)
+        return self._codes
+
+    @property
+    def error(self) -> str | None:
+        """Why the source does not compile here (None: it does)."""
+        key = self._key("compile")
+        found, outcome = self._kept(key)
+        if found and outcome is not None:
+            return None if outcome[0] else outcome[1]
+        self._compiled()
+        self._keep(key, (self._error is None, self._error or ""))
+        return self._error
+
     def digest(self, key: tuple[str, int]) -> str | None:
+        """``layout.code_digest`` of the code object KEY names; None when there is none."""
         if key not in self.digests:
-            code = self.codes.get(key)
-            if code is None:
-                return None
-            self.digests[key] = L.code_digest(code)
+            fact = self._key("code", *key)
+            found, outcome = self._kept(fact)
+            if found:
+                self.digests[key] = outcome[1] if outcome is not None else None
+            else:
+                code = self._compiled().get(key)
+                self.digests[key] = None if code is None else L.code_digest(code)
+                if self._error is None:  # (a file that does not compile keeps no answer)
+                    got = self.digests[key]
+                    self._keep(fact, None if got is None else (True, got))
         return self.digests[key]
 
     def decorator_count(self, qualname: str, line: int) -> int | None:
         """Decorators on the definition of QUALNAME at LINE (its first decorator's line, as
         ``co_firstlineno`` says), ``staticmethod`` and ``classmethod`` not counted."""
+        fact = self._key("decorators", qualname, line)
+        found, outcome = self._kept(fact)
+        if found:
+            return int(outcome[1]) if outcome is not None and outcome[1].isdigit() else None
         if self.decorators is None:
             try:
                 tree = ast.parse(self.source, self.filename)
             except (SyntaxError, ValueError, RecursionError, MemoryError):
                 tree = None
             self.decorators = {} if tree is None else dict(_decorated(tree.body, ""))
-        return self.decorators.get((qualname, line))
+        got = self.decorators.get((qualname, line))
+        self._keep(fact, None if got is None else (True, str(got)))
+        return got
 
 
 def _decorated(body: list[ast.stmt], prefix: str) -> Iterator[tuple[tuple[str, int], int]]:
@@ -128,19 +175,29 @@ def _walk(code: CodeType) -> Iterator[CodeType]:
             yield from _walk(c)
 
 
-def compile_file(source: bytes, filename: str, optimize: int) -> _Compiled:
-    """SOURCE compiled as the import system compiles a module (``dont_inherit``, OPTIMIZE)."""
-    sha = hashlib.sha256(source).hexdigest()
+def _compile(
+    source: bytes, filename: str, optimize: int
+) -> tuple[dict[tuple[str, int], CodeType], str | None]:
+    """SOURCE compiled as the import system compiles a module (``dont_inherit``, OPTIMIZE):
+    its code objects by (co_qualname, co_firstlineno), or why it does not compile."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the source's SyntaxWarning, DeprecationWarning...
             top = compile(source, filename, "exec", dont_inherit=True, optimize=optimize)
     except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
-        return _Compiled(sha, source, filename, {}, error=f"{type(e).__name__}: {e}")
+        return {}, f"{type(e).__name__}: {e}"
     codes: dict[tuple[str, int], CodeType] = {}
     for c in _walk(top):
         codes.setdefault((getattr(c, "co_qualname", c.co_name), c.co_firstlineno), c)
-    return _Compiled(sha, source, filename, codes)
+    return codes, None
+
+
+def compile_file(
+    source: bytes, filename: str, optimize: int, facts: VerdictStore | None = None
+) -> _Compiled:
+    """SOURCE as the import system would compile it, compiled when first asked (see
+    ``_Compiled``)."""
+    return _Compiled(hashlib.sha256(source).hexdigest(), source, filename, optimize, facts)
 
 
 class CodeCache:
@@ -151,15 +208,20 @@ class CodeCache:
         self.limit = limit
         self._files: dict[tuple[Identity, int], _Compiled] = {}
 
-    def get(self, host: Path, filename: str, optimize: int) -> _Compiled:
-        """FILENAME (as the process names it) read at HOST, compiled. Raises OSError."""
+    def get(
+        self, host: Path, filename: str, optimize: int, facts: VerdictStore | None = None
+    ) -> _Compiled:
+        """FILENAME (as the process names it) read at HOST, to be compiled (FACTS: answers kept
+        by content, see ``_Compiled``). Raises OSError."""
         st = os.stat(host)
         key = (identity(str(host), st), optimize)
         hit = self._files.get(key)
         if hit is not None:
+            if facts is not None:
+                hit.facts = facts
             return hit
         source, st2 = read(host)
-        compiled = compile_file(source, filename, optimize)
+        compiled = compile_file(source, filename, optimize, facts)
         if self.limit > 0 and identity(str(host), st2) == key[0]:
             if len(self._files) >= self.limit:
                 self._files.clear()
@@ -182,16 +244,18 @@ def check_chains(
     owners: Mapping[str, str | None] | None = None,
     cache: CodeCache | None = None,
     python: str = PYTHON,
+    facts: VerdictStore | None = None,
 ) -> tuple[tuple[CodeChain, ...], list[Drift]]:
     """CHAINS judged (status, detail, each layer's check) and a drift for each that is not
     verified. FILES: the process's manifest. TO_HOST: a path as the process sees it to one
     this code can read. INDEX: to name the distribution that owns each owner's file, unless
     OWNERS (path -> distribution, ``judge.chain_owners``) names it already: a restarted agent
     that kept its judgement parses no RECORD for a label. PYTHON: the major.minor this code
-    compiles with. Never raises on odd files or records."""
+    compiles with. FACTS: what compiling each file answered, kept by content across agent
+    restarts (``_Compiled``). Never raises on odd files or records."""
     if not chains:
         return (), []  # most processes (the API server) run no step method: nothing to index
-    judge = _Judge(files, to_host, cache or SHARED_CACHE, python)
+    judge = _Judge(files, to_host, cache or SHARED_CACHE, python, facts)
     out: list[CodeChain] = []
     drift: list[Drift] = []
     for chain in chains:
@@ -234,10 +298,12 @@ class _Judge:
         to_host: Callable[[str], Path],
         cache: CodeCache,
         python: str,
+        facts: VerdictStore | None = None,
     ) -> None:
         self.to_host = to_host
         self.cache = cache
         self.python = python
+        self.facts = facts
         self.loaded = {f.path: f for f in files if f.at != "rejected"}
         self.via_pyc = {
             src
@@ -313,7 +379,7 @@ class _Judge:
         file, line, qual = layer.file or "", layer.line or 0, layer.code_qualname or ""
         where = _where(layer)
         try:
-            compiled = self.cache.get(self.to_host(file), file, optimize)
+            compiled = self.cache.get(self.to_host(file), file, optimize, self.facts)
         except (OSError, ValueError) as e:
             reason = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
             return UNVERIFIED, f"{where}: {file} cannot be read ({reason})"
@@ -391,7 +457,9 @@ class _Judge:
         if core.file is None or core.line is None:
             return
         try:
-            compiled = self.cache.get(self.to_host(core.file), core.file, chain.optimize)
+            compiled = self.cache.get(
+                self.to_host(core.file), core.file, chain.optimize, self.facts
+            )
         except (OSError, ValueError):
             return  # the innermost layer says it could not be read
         declared = compiled.decorator_count(core.code_qualname or "", core.line) or 0

@@ -126,6 +126,7 @@ def report_with_judgement(
         lambda path: procfs.in_root(ident.pid, path),
         index=index,
         owners=dict(judged.owners),
+        facts=verdicts,
     )
     drift = sorted((*judged.drift, *code_drift), key=lambda d: (d.id, d.path))
     after = hashed_after(probe.files, stdlib)

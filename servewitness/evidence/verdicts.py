@@ -1,4 +1,6 @@
-"""Compile verdicts kept by content across agent restarts (``bytecode.judge_bytecode``).
+"""Compile verdicts kept by content across agent restarts (``bytecode.judge_bytecode``), and
+what compiling a step method's file answered (``codecheck``: whether it compiles, a code
+object's digest, a definition's decorator count: ``fact_key``).
 
 Comparing a loaded pyc with its source (``pycfile.compare``) compiles the source: about 1.5 s
 of CPU for the ~1,000 pycs of a vLLM container, on every cold start. The outcome depends only
@@ -44,6 +46,18 @@ def content_key(
     under, the optimization level, the pyc's flags, and this interpreter (magic number and
     full version: a patch release may compile otherwise)."""
     text = repr((MAGIC, sys.version, pyc_sha256, source_sha256, filename, optimize, flags))
+    return hashlib.blake2b(text.encode(errors="backslashreplace"), digest_size=16).hexdigest()
+
+
+def fact_key(what: str, source_sha256: str, filename: str, optimize: int, *detail: object) -> str:
+    """The key of one fact about compiling a source file for the code chains
+    (``codecheck._Compiled``): WHAT ("compile": whether it compiles; "code": the digest of a
+    code object; "decorators": a definition's decorator count), the source's bytes (its
+    sha256), the filename compiled under, the optimization level, this interpreter, and
+    DETAIL (a definition's qualified name and first line)."""
+    text = repr(
+        (MAGIC, sys.version, "chain-fact", what, source_sha256, filename, optimize, *detail)
+    )
     return hashlib.blake2b(text.encode(errors="backslashreplace"), digest_size=16).hexdigest()
 
 
