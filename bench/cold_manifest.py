@@ -77,7 +77,8 @@ with tempfile.TemporaryDirectory() as tmp:
     report = agent.collect()
     agent.channel.close()
 files = sum(len(p.files or ()) for p in report.processes)
-print(len(report.processes), files, flush=True)
+import servewitness
+print(len(report.processes), files, servewitness.__file__, flush=True)
 """
 
 # The floor arm: argv: the file list (NUL-separated); the agent's imports, then its hashing
@@ -174,7 +175,9 @@ def arms(pid: int, listing: Path, against: Path | None) -> dict[str, Callable[[]
     env.pop("PYTHONDONTWRITEBYTECODE", None)
 
     def floor() -> None:
-        subprocess.run([sys.executable, "-c", FLOOR, str(listing)], env=env, check=True)
+        subprocess.run(
+            [sys.executable, "-c", FLOOR, str(listing)], env=env, cwd=listing.parent, check=True
+        )
 
     def cold(tree: Path, state: Path | None = None, judgements: bool = True) -> Callable[[], None]:
         env = dict(
@@ -187,9 +190,16 @@ def arms(pid: int, listing: Path, against: Path | None) -> dict[str, Callable[[]
         argv = [sys.executable, "-c", COLD, str(pid), str(state or "-"), store]
 
         def run() -> None:
-            subprocess.run(
-                argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True
-            )
+            # Run from the listing's folder: `python -c` puts its working directory first on
+            # sys.path, so from a checkout's root every arm imported that checkout's agent,
+            # whatever PYTHONPATH named (an --against arm measured this tree, not its own).
+            out = subprocess.run(
+                argv, env=env, cwd=listing.parent, stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL, check=True, text=True,
+            ).stdout  # fmt: skip
+            ran = Path(out.split()[-1]).resolve()
+            if not ran.is_relative_to(tree.resolve()):
+                raise RuntimeError(f"the arm of {tree} ran the agent of {ran}")
 
         return run
 
