@@ -138,3 +138,20 @@ def test_an_error_in_the_callers_part_stops_the_threads_and_is_raised(
     with pytest.raises(MemoryError, match="the caller's part"):
         Hasher(cache=False).hash_files([str(big), str(small)])
     assert threading.active_count() == 1  # no hashing thread left behind
+
+
+def test_short_reads_of_a_small_file_are_read_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file system may answer a read with fewer bytes than asked before the end (network,
+    FUSE): the small files' single read goes on until the end, and the digest is the file's."""
+    p = tmp_path / "f"
+    p.write_bytes(os.urandom(5000))
+    real_read = os.read
+
+    def trickle(fd: int, n: int) -> bytes:
+        return real_read(fd, min(n, 700))
+
+    monkeypatch.setattr("servewitness.evidence.hashing.os", _Patched(trickle))
+    got = Hasher(cache=False).hash_file(str(p))
+    assert (got.sha256, got.size, got.error) == (_sha(p.read_bytes()), 5000, None)

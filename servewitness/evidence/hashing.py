@@ -76,9 +76,16 @@ class Hasher:
                 if hit is not None:
                     return Hashed(path, hit, before[2], before, cached=True)
             if before[2] < CHUNK:
-                # One read of one byte more than stat said: a file that grew since reads
-                # long (and a short read of a regular file is its end), so no read for EOF.
-                data = os.read(fd, before[2] + 1)
+                # One read of one byte more than stat said: a file that grew since reads long,
+                # and one that reads exactly as long needs no read for its end. (A read short
+                # of that, which a network or FUSE file system may give, is read on.)
+                want = before[2] + 1
+                data = os.read(fd, want)
+                while 0 < len(data) < before[2]:
+                    more = os.read(fd, want - len(data))
+                    if not more:
+                        break
+                    data += more
                 h = hashlib.sha256(data)
                 size = len(data)
             else:
