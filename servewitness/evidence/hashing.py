@@ -75,25 +75,7 @@ class Hasher:
                     hit = self._cache.get(before)
                 if hit is not None:
                     return Hashed(path, hit, before[2], before, cached=True)
-            if before[2] < CHUNK:
-                # One read of one byte more than stat said: a file that grew since reads long,
-                # and one that reads exactly as long needs no read for its end. (A read short
-                # of that, which a network or FUSE file system may give, is read on.)
-                want = before[2] + 1
-                data = os.read(fd, want)
-                while 0 < len(data) < before[2]:
-                    more = os.read(fd, want - len(data))
-                    if not more:
-                        break
-                    data += more
-                h = hashlib.sha256(data)
-                size = len(data)
-            else:
-                h = hashlib.sha256()
-                size = 0
-                while chunk := os.read(fd, CHUNK):
-                    h.update(chunk)
-                    size += len(chunk)
+            h, size = _digest(fd, before[2])
             after = _key(os.fstat(fd))
         except OSError as e:
             return Hashed(path, None, -1, None, e.strerror or type(e).__name__)
@@ -174,6 +156,28 @@ class Hasher:
 
 class _Stop(Exception):
     """Told to the hashing threads when their caller raised: they take no more files."""
+
+
+def _digest(fd: int, expected: int) -> tuple[hashlib._Hash, int]:
+    """The sha256 of what FD reads to its end, and how many bytes that was; EXPECTED: its size
+    as ``fstat`` said. A file under CHUNK takes one read of one byte more than that: a file
+    that grew since reads long, and one that reads exactly as long needs no read for its end.
+    (A read short of that, which a network or FUSE file system may give, is read on.)"""
+    if expected < CHUNK:
+        want = expected + 1
+        data = os.read(fd, want)
+        while 0 < len(data) < expected:
+            more = os.read(fd, want - len(data))
+            if not more:
+                break
+            data += more
+        return hashlib.sha256(data), len(data)
+    h = hashlib.sha256()
+    size = 0
+    while chunk := os.read(fd, CHUNK):
+        h.update(chunk)
+        size += len(chunk)
+    return h, size
 
 
 def _too_big(size: int) -> str:
