@@ -26,6 +26,13 @@ def test_digests_match_hashlib_in_input_order(tmp_path: Path) -> None:
     assert [(h.path, h.sha256) for h in got] == [(str(p), _sha(p.read_bytes())) for p in files]
 
 
+@pytest.fixture
+def settled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every file counts as settled (written a while ago): what these tests write is new."""
+    monkeypatch.setattr("servewitness.evidence.hashing.SETTLED_NS", -(10**18))
+
+
+@pytest.mark.usefixtures("settled")
 def test_rescan_of_an_unchanged_file_is_served_from_the_cache(tmp_path: Path) -> None:
     p = tmp_path / "f"
     p.write_bytes(b"abc")
@@ -52,6 +59,7 @@ def test_missing_and_unreadable_files_give_reasons_not_crashes(tmp_path: Path) -
     assert got[1].sha256 is None and got[1].error is not None  # a directory cannot be read
 
 
+@pytest.mark.usefixtures("settled")
 def test_batch_rescan_answers_from_the_cache_and_rehashes_only_what_changed(tmp_path: Path) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
     a.write_bytes(b"one")
@@ -155,3 +163,60 @@ def test_short_reads_of_a_small_file_are_read_on(
     monkeypatch.setattr("servewitness.evidence.hashing.os", _Patched(trickle))
     got = Hasher(cache=False).hash_file(str(p))
     assert (got.sha256, got.size, got.error) == (_sha(p.read_bytes()), 5000, None)
+
+
+def test_a_file_changed_in_the_last_second_is_hashed_again_not_served_from_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write moves the ctime when it begins, before its bytes land: a file changed this
+    recently may be read torn under a key that will not move again, so its digest is not
+    kept. The same file a second later is."""
+    from servewitness.evidence import hashing
+
+    p = tmp_path / "f"
+    p.write_bytes(b"abc")
+    hasher = Hasher()
+    first, again = hasher.hash_file(str(p)), hasher.hash_file(str(p))
+    assert (first.cached, again.cached, again.sha256) == (False, False, _sha(b"abc"))
+    later = os.stat(p).st_ctime_ns + hashing.SETTLED_NS + 1
+    monkeypatch.setattr("servewitness.evidence.hashing.time", _Clock(later))
+    settled_once, settled_twice = hasher.hash_file(str(p)), hasher.hash_file(str(p))
+    assert (settled_once.cached, settled_twice.cached) == (False, True)
+
+
+class _Clock:
+    """``time`` with ``time_ns`` fixed at NOW."""
+
+    def __init__(self, now: int) -> None:
+        self.now = now
+
+    def time_ns(self) -> int:
+        return self.now
+
+
+def test_a_read_torn_by_a_write_under_way_is_caught_by_a_second_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write moves the ctime when it begins: a read overlapping its bytes sees the same key
+    before and after. The file was just changed, so it is read twice; the first read torn
+    (half old bytes, as a read racing an in-place rewrite returns them) and the second whole
+    differ: no digest. The control: the same torn read of a settled file is not read again."""
+    p = tmp_path / "f"
+    p.write_bytes(b"B" * 10_000)
+    real_read = os.read
+    calls: list[int] = []
+
+    def torn_once(fd: int, n: int) -> bytes:
+        calls.append(n)
+        data = real_read(fd, n)
+        return b"A" * 5_000 + data[5_000:] if len(calls) == 1 else data
+
+    monkeypatch.setattr("servewitness.evidence.hashing.os", _Patched(torn_once))
+    got = Hasher(cache=False).hash_file(str(p))
+    assert (got.sha256, got.error) == (None, "changed while hashing")
+    assert len(calls) == 2
+
+    calls.clear()
+    monkeypatch.setattr("servewitness.evidence.hashing.SETTLED_NS", -(10**18))
+    settled = Hasher(cache=False).hash_file(str(p))
+    assert settled.sha256 == _sha(b"A" * 5_000 + b"B" * 5_000) and len(calls) == 1

@@ -48,6 +48,16 @@ def discover(
             continue
         except (NotPythonProcess, UnavailableError, OSError, ValueError):
             continue
+        except Exception as e:  # noqa: BLE001 - what the workload wrote must not end the agent
+            # A process's own files (its journal above all) are the workload's to write: an
+            # error nothing above expects is said as what could not be seen, never dropped,
+            # and the other processes are still read.
+            if refused is not None:
+                refused.append(
+                    f"pid {pid}: its evidence could not be read ({type(e).__name__}: "
+                    f"{str(e)[:200]}); not reported"
+                )
+            continue
         if is_vllm_candidate(ev):
             out.append(ev)
     return out

@@ -85,6 +85,7 @@ class _Compiled:
     _error: str | None = None
     digests: dict[tuple[str, int], str | None] = field(default_factory=dict)
     decorators: dict[tuple[str, int], int] | None = None
+    _parse_transient: bool = False  # the parse for the decorators failed for want of stack
 
     def _key(self, what: str, *detail: object) -> str:
         return fact_key(what, self.sha256, self.filename, self.optimize, *detail)
@@ -109,7 +110,8 @@ class _Compiled:
         if found and outcome is not None:
             return None if outcome[0] else outcome[1]
         self._compiled()
-        self._keep(key, (self._error is None, self._error or ""))
+        if not (self._error or "").startswith(_TRANSIENT):
+            self._keep(key, (self._error is None, self._error or ""))
         return self._error
 
     def digest(self, key: tuple[str, int]) -> str | None:
@@ -135,13 +137,16 @@ class _Compiled:
         if found:
             return int(outcome[1]) if outcome is not None and outcome[1].isdigit() else None
         if self.decorators is None:
+            self.decorators = {}
             try:
-                tree = ast.parse(self.source, self.filename)
-            except (SyntaxError, ValueError, RecursionError, MemoryError):
-                tree = None
-            self.decorators = {} if tree is None else dict(_decorated(tree.body, ""))
+                self.decorators = dict(_decorated(ast.parse(self.source, self.filename).body, ""))
+            except (SyntaxError, ValueError):
+                pass
+            except (RecursionError, MemoryError):  # (see _TRANSIENT)
+                self._parse_transient = True
         got = self.decorators.get((qualname, line))
-        self._keep(fact, None if got is None else (True, str(got)))
+        if not self._parse_transient:
+            self._keep(fact, None if got is None else (True, str(got)))
         return got
 
 
@@ -175,16 +180,25 @@ def _walk(code: CodeType) -> Iterator[CodeType]:
             yield from _walk(c)
 
 
+# Errors that say how deep the stack or how full the memory was, not what the file is: an
+# answer that ends in one is not kept (a restart from another depth may compile it).
+_TRANSIENT = ("RecursionError", "MemoryError")
+
+
 def _compile(
     source: bytes, filename: str, optimize: int
 ) -> tuple[dict[tuple[str, int], CodeType], str | None]:
     """SOURCE compiled as the import system compiles a module (``dont_inherit``, OPTIMIZE):
-    its code objects by (co_qualname, co_firstlineno), or why it does not compile."""
+    its code objects by (co_qualname, co_firstlineno), or why it does not compile. OPTIMIZE
+    is the probed process's word (its code record): a level no interpreter runs at is said,
+    not passed to ``compile``."""
+    if optimize.__class__ is not int or not 0 <= optimize <= 2:
+        return {}, f"optimization level {optimize!r} is none an interpreter runs at"
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the source's SyntaxWarning, DeprecationWarning...
             top = compile(source, filename, "exec", dont_inherit=True, optimize=optimize)
-    except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
+    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError) as e:
         return {}, f"{type(e).__name__}: {e}"
     codes: dict[tuple[str, int], CodeType] = {}
     for c in _walk(top):

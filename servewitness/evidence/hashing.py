@@ -12,7 +12,10 @@ it just before reading. **Trust assumption:** a file whose bytes changed also ch
 those. ``mtime`` can be set back by anyone who can write the file, but ``ctime`` cannot be
 set from user space: it changes on every write and on every ``utime`` call, so the key
 changes unless the clock itself was manipulated (root, or a filesystem that fakes ctime).
-Where that is not acceptable, construct ``Hasher(cache=False)``.
+Where that is not acceptable, construct ``Hasher(cache=False)``. A file changed in the last
+second (``SETTLED_NS``) is read twice and its digest not kept: a write under way has moved the
+ctime already and may still be moving bytes (two reads torn alike are not ruled out: a digest
+of no content the file held is possible then, and says "modified", never "pristine").
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -34,6 +38,10 @@ SMALL = 1 << 18
 MAX_HASH_BYTES = 16 << 30
 
 Key = tuple[int, int, int, int, int]
+# A write moves the ctime when it begins, before its bytes land: a file whose ctime is this
+# recent may still be changing under the same key, so its digest is not kept (it is hashed
+# again next time). A clock set back makes every ctime recent: nothing is kept, nothing wrong.
+SETTLED_NS = 1_000_000_000
 
 
 @dataclass(frozen=True)
@@ -75,16 +83,15 @@ class Hasher:
                     hit = self._cache.get(before)
                 if hit is not None:
                     return Hashed(path, hit, before[2], before, cached=True)
-            h, size = _digest(fd, before[2])
-            after = _key(os.fstat(fd))
+            settled = time.time_ns() - before[4] > SETTLED_NS
+            digest, size, after = _read(fd, before, settled)
         except OSError as e:
             return Hashed(path, None, -1, None, e.strerror or type(e).__name__)
         finally:
             os.close(fd)
-        if after != before or size != before[2]:
+        if digest is None or after != before or size != before[2]:
             return Hashed(path, None, size, after, "changed while hashing")
-        digest = h.hexdigest()
-        if self.use_cache:
+        if self.use_cache and settled:
             with self._lock:
                 self._cache[before] = digest
         return Hashed(path, digest, size, before)
@@ -156,6 +163,22 @@ class Hasher:
 
 class _Stop(Exception):
     """Told to the hashing threads when their caller raised: they take no more files."""
+
+
+def _read(fd: int, before: Key, settled: bool) -> tuple[str | None, int, Key]:
+    """FD's sha256 (hex), the bytes read and its key after; BEFORE: its key before. A file
+    not SETTLED (changed in the last ``SETTLED_NS``) is read twice: a write under way moves
+    the ctime when it begins, so a read that overlapped its bytes has the same key before and
+    after it, and only a second read that differs tells (None: they differ)."""
+    h, size = _digest(fd, before[2])
+    after = _key(os.fstat(fd))
+    if settled or after != before or size != before[2]:
+        return h.hexdigest(), size, after
+    os.lseek(fd, 0, os.SEEK_SET)
+    again, size_again = _digest(fd, before[2])
+    if (again.digest(), size_again) != (h.digest(), size):
+        return None, size_again, after
+    return h.hexdigest(), size, _key(os.fstat(fd))
 
 
 def _digest(fd: int, expected: int) -> tuple[hashlib._Hash, int]:

@@ -21,7 +21,7 @@ import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from itertools import accumulate, repeat
+from itertools import repeat
 from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import Any
@@ -60,9 +60,28 @@ def _valid_unicode(v: Any) -> Any:
 def load_record(line: bytes) -> Any:
     """One JSON line written by the probed process (``json.loads``; raises ValueError or
     RecursionError as it does). Strings that are not valid Unicode come back escaped (see
-    ``_valid_unicode``), so whatever a journal says can be reported."""
+    ``_valid_unicode``), so whatever a journal says can be reported. A line with more than
+    MAX_BRACKETS brackets outside its strings is no record (ValueError): how deep a JSON
+    reader may nest depends on how deep the stack it is called from is, so a line near that
+    limit would read as a record from one caller and as garbled from another; the probe's
+    records nest three deep."""
+    if line.count(b"[") + line.count(b"{") > MAX_BRACKETS:
+        bare = _outside_strings(line)
+        if bare.count(b"[") + bare.count(b"{") > MAX_BRACKETS:
+            raise ValueError(f"more than {MAX_BRACKETS} brackets: nested too deep for a record")
     rec = json.loads(line)
     return _valid_unicode(rec) if _SURROGATE_ESCAPE.search(line) else rec
+
+
+MAX_BRACKETS = 200
+
+
+def _outside_strings(line: bytes) -> bytes:
+    """What of LINE, valid JSON, is outside its strings: its escapes (a backslash and the next
+    byte, left to right, as JSON reads them) dropped, then every other run between quotes. C
+    passes only: linear in the line whatever it holds. (Invalid JSON gives some bytes, and
+    json.loads refuses the line anyway.)"""
+    return b"".join(line.replace(b"\\\\", b"").replace(b'\\"', b"").split(b'"')[0::2])
 
 
 def parse(lines: list[bytes]) -> list[dict[str, Any]]:
@@ -84,50 +103,74 @@ def parse(lines: list[bytes]) -> list[dict[str, Any]]:
 # The C scanner json.loads uses, called at an index: one value, no wrapper (typeshed types its
 # argument as a scanner; it takes the decoder whose settings it reads)
 _scan = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
+_WINDOW = 1 << 15  # bytes of whole lines decoded and scanned at a time (bounds the memory)
+# Lines with more brackets than this (strings included) are read by ``parse``, which holds
+# them to MAX_BRACKETS outside their strings; the scanner here reads only lines below both.
+_SHALLOW = 100
 
 
 def parse_text(raw: bytes) -> list[dict[str, Any]]:
     """``parse(raw.split(b"\n"))``: the same records, in about two thirds of the time. Each
-    line is still read alone: the JSON scanner reads one value at each line's start (called
-    from ``map``, with no Python step per line), and a line is taken as parsed only when that
-    value ends where the line does. Every other line (blank, garbled, two values, one value
-    over several lines, whitespace around it, a byte-order mark, UTF-16) is read by ``parse``,
-    which says what ``json.loads`` makes of it. A journal that is not strict UTF-8 or holds an
-    escape that may be a lone surrogate (``load_record``'s cases) is read by ``parse`` whole."""
+    line is read alone, as ``parse`` reads it: the JSON scanner reads one value from each
+    line's own string (called from ``map``, with no Python step per line), and a line is
+    taken as parsed only when that value is all of it. Every other line (blank, garbled, two
+    values, whitespace around one, a byte-order mark, UTF-16, more than ``_SHALLOW``
+    brackets) is read by ``parse``, which says what ``json.loads`` makes of it. The bytes are
+    taken ``_WINDOW`` of whole lines at a time; a window that is not strict UTF-8 or holds an
+    escape that may be a lone surrogate (``load_record``'s cases) is read by ``parse``."""
+    out: list[dict[str, Any]] = []
+    start, end = 0, len(raw)
+    while start < end:
+        stop = end
+        if end - start > _WINDOW:
+            stop = raw.rfind(b"\n", start, start + _WINDOW) + 1
+            if stop <= start:  # one line longer than the window: the window is that line
+                nl = raw.find(b"\n", start + _WINDOW)
+                stop = end if nl < 0 else nl + 1
+        _parse_window(raw[start:stop], out)
+        start = stop
+    return out
+
+
+def _parse_window(raw: bytes, out: list[dict[str, Any]]) -> None:
+    """The records of RAW (whole lines, the last one's newline may be missing) appended to
+    OUT (see ``parse_text``)."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        return parse(raw.split(b"\n"))
+        out += parse(raw.split(b"\n"))
+        return
     if _SURROGATE_ESCAPE.search(raw):
-        return parse(raw.split(b"\n"))
+        out += parse(raw.split(b"\n"))
+        return
     lines = text.split("\n")
-    if not lines[-1]:
-        lines.pop()  # what follows the last newline (the caller hands complete lines)
-    lens = list(map(len, lines))
-    starts = list(accumulate(map((1).__add__, lens), initial=0))
-    ends = list(map(operator.add, starts, lens))
-    out: list[dict[str, Any]] = []
-    i, n = 0, len(lines)
-    while i < n:
-        got: list[tuple[Any, int]] = []
-        # (stops at the first line that does not start with a value, StopIteration; the
-        # scanner's errors stop it too: that line is read below)
+    if len(lines) > 1 and not lines[-1]:
+        lines.pop()  # what follows the window's last newline: nothing
+    bracketed = list(
+        map(operator.add, map(str.count, lines, repeat("[")), map(str.count, lines, repeat("{")))
+    )
+    scanned = lines
+    if bracketed and max(bracketed) > _SHALLOW:
+        scanned = [line if b <= _SHALLOW else "" for line, b in zip(lines, bracketed, strict=True)]
+    got: list[tuple[Any, int] | None] = []
+    values = map(_scan, scanned, repeat(0))
+    while len(got) < len(lines):
+        # (a line that does not start with a value ends the extend, StopIteration; one that
+        # makes the scanner raise too: either way that line is read by parse below, and the
+        # same map goes on from the line after it)
         with contextlib.suppress(ValueError, RecursionError):
-            got.extend(map(_scan, repeat(text, n - i), starts[i:n]))
-        if list(map(itemgetter(1), got)) == ends[i : i + len(got)]:
-            out += [rec for rec, _ in got if rec.__class__ is dict]
-        else:
-            for k, (rec, end) in enumerate(got):
-                if end == ends[i + k]:
-                    if rec.__class__ is dict:
-                        out.append(rec)
-                else:
-                    out += parse([lines[i + k].encode()])
-        i += len(got)
-        if i < n:  # the line the scanner stopped at
-            out += parse([lines[i].encode()])
-            i += 1
-    return out
+            got.extend(values)
+        if len(got) < len(lines):
+            got.append(None)
+    if None not in got and list(map(itemgetter(1), got)) == list(map(len, lines)):  # type: ignore[arg-type]
+        out += [rec for rec, _ in got if rec.__class__ is dict]  # type: ignore[misc]
+        return
+    for line, value in zip(lines, got, strict=True):
+        if value is not None and value[1] == len(line):
+            if value[0].__class__ is dict:
+                out.append(value[0])
+        else:  # not one value alone on its line: what json.loads makes of it, if anything
+            out += parse([line.encode()])
 
 
 FileId = tuple[int, int]  # (device, inode)
@@ -238,8 +281,18 @@ class JournalCache:
 def _union(before: list[dict[str, Any]], now: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Records read BEFORE an edit, then those of the journal NOW that are not among them (in
     the order read): nothing read is dropped, and a record changed in place is there twice."""
-    known = {json.dumps(r, sort_keys=True) for r in before}
-    return before + [r for r in now if json.dumps(r, sort_keys=True) not in known]
+    known = {_text(r) for r in before}
+    return before + [r for r in now if (key := _text(r)) is None or key not in known]
+
+
+def _text(record: dict[str, Any]) -> str | None:
+    """RECORD as canonical JSON, to compare; None when it cannot be written back (nested past
+    what the encoder takes from here: the journal is the workload's to write), and then it
+    is never taken for one read before."""
+    try:
+        return json.dumps(record, sort_keys=True)
+    except (ValueError, RecursionError, TypeError):
+        return None
 
 
 def journal_problems(
