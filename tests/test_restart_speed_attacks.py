@@ -30,7 +30,7 @@ import sys
 import sysconfig
 import time
 import tracemalloc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -41,7 +41,6 @@ from servewitness.agent.config import AgentConfig
 from servewitness.agent.runner import Agent
 from servewitness.evidence import journal
 from servewitness.evidence.codecheck import (
-    _DESCRIPTORS,
     CodeCache,
     _decorated,
     check_chains,
@@ -52,6 +51,7 @@ from servewitness.evidence.journal import JournalCache, identity_of, parse, pars
 from servewitness.evidence.verdicts import FILENAME, VerdictStore
 from servewitness.model import CodeChain, FileEntry, ProcessReport
 from tests.test_code_patch import ATTACKER, MAIN, TARGET, _hooked
+from tests.test_decorator_counts import _every_node  # the walk of every node: the reference
 from tests.test_journal_integrity import Child, _edited
 
 T = TypeVar("T")
@@ -629,21 +629,6 @@ def test_a_code_record_with_an_optimize_level_out_of_range_is_judged_not_raised(
     assert chains and all(c.status != "verified" for c in chains)
 
 
-def _old_decorated(node: ast.AST, prefix: str) -> Iterator[tuple[tuple[str, int], int]]:
-    """The walk before 9a9b03e/db8f36e (every child node), as the reference."""
-    for child in ast.iter_child_nodes(node):
-        if isinstance(child, ast.ClassDef):
-            yield from _old_decorated(child, f"{prefix}{child.name}.")
-        elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            decs = child.decorator_list
-            first = decs[0].lineno if decs else child.lineno
-            n = sum(1 for d in decs if not (isinstance(d, ast.Name) and d.id in _DESCRIPTORS))
-            yield (f"{prefix}{child.name}", first), n
-            yield from _old_decorated(child, f"{prefix}{child.name}.<locals>.")
-        else:
-            yield from _old_decorated(child, prefix)
-
-
 TRICKY = b"""\
 import functools
 d = functools.cache
@@ -693,7 +678,7 @@ def test_decorator_counts_from_statements_only_equal_the_full_walk() -> None:
     matches what the compiler names (co_qualname, co_firstlineno)."""
     tree = ast.parse(TRICKY)
     got = dict(_decorated(tree.body, ""))
-    assert got == dict(_old_decorated(tree, ""))
+    assert got == dict(_every_node(tree, ""))
     assert got[("A.c", 23)] == 3 and got[("A.outer.<locals>.Inner.deep", 34)] == 1
     top = compile(TRICKY, "tricky.py", "exec", dont_inherit=True)
     codes = set()
@@ -711,7 +696,7 @@ def test_decorator_counts_from_statements_only_equal_the_full_walk() -> None:
             tree = ast.parse(source)
         except (SyntaxError, ValueError):
             continue
-        assert dict(_decorated(tree.body, "")) == dict(_old_decorated(tree, "")), path
+        assert dict(_decorated(tree.body, "")) == dict(_every_node(tree, "")), path
 
 
 # -- the GC paused during a collect ----------------------------------------------------------
