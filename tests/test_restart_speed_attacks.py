@@ -28,7 +28,6 @@ import random
 import subprocess
 import sys
 import sysconfig
-import time
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
@@ -53,22 +52,13 @@ from servewitness.model import CodeChain, FileEntry, ProcessReport
 from tests.test_code_patch import ATTACKER, MAIN, TARGET, _hooked
 from tests.test_decorator_counts import _every_node  # the walk of every node: the reference
 from tests.test_journal_integrity import Child, _edited
+from tests.test_limits import _best_of  # the least CPU time of N calls
 
 T = TypeVar("T")
 
 
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def _cpu(fn: Callable[[], object], repeat: int = 1) -> float:
-    """The least CPU time (this process) FN took over REPEAT runs."""
-    best = float("inf")
-    for _ in range(repeat):
-        began = time.process_time()
-        fn()
-        best = min(best, time.process_time() - began)
-    return best
 
 
 def _at_depth(frames: int, fn: Callable[[], T]) -> T:
@@ -99,8 +89,8 @@ def test_lines_the_scanner_stops_at_cost_no_more_than_reading_line_by_line() -> 
     agent busy for hours (its target STALE, every other process it watches unreported). A
     sound reader costs about what ``parse`` (linear) costs on the same bytes."""
     raw = b"x\n" * 40_000
-    reference = _cpu(lambda: parse(raw.split(b"\n")), repeat=3)
-    took = _cpu(lambda: parse_text(raw))
+    reference = _best_of(3, lambda: parse(raw.split(b"\n")))
+    took = _best_of(1, lambda: parse_text(raw))
     assert parse_text(raw) == parse(raw.split(b"\n")) == []
     assert took <= 4 * reference + 0.1, (took, reference)
 
@@ -113,8 +103,8 @@ def test_a_line_that_opens_a_value_is_not_scanned_through_the_lines_after_it() -
     before it is read alone. A sound reader never looks past a line's end (``parse`` reads
     each alone): it costs about what ``parse`` costs on the same bytes."""
     raw = b"[\n" * 4_000
-    reference = _cpu(lambda: parse(raw.split(b"\n")), repeat=3)
-    took = _cpu(lambda: parse_text(raw))
+    reference = _best_of(3, lambda: parse(raw.split(b"\n")))
+    took = _best_of(1, lambda: parse_text(raw))
     assert parse_text(raw) == parse(raw.split(b"\n")) == []
     assert took <= 4 * reference + 0.1, (took, reference)
 
