@@ -68,7 +68,7 @@ from servewitness.model import (
     RunnerEvidence,
     StepEvidence,
     TargetReport,
-    merkle_root,
+    manifest_digest,
 )  # fmt: skip
 
 RUN = "load"
@@ -79,7 +79,7 @@ FILES = tuple(
     FileEntry(f"/site/pkg/mod{i}.py", f"{i:064x}", 1000, "source", f"pkg.mod{i}", "load")
     for i in range(500)
 )
-DIGEST = merkle_root((f.path, f.sha256 or "") for f in FILES)
+DIGEST = manifest_digest(FILES)
 INTERVAL_S = 1.0
 MAX_BACKOFF_S = 8.0
 RUNNER = "vllm.v1.worker.cpu_model_runner.CPUModelRunner"

@@ -3,7 +3,7 @@
 Size: one module because it is one vocabulary: the types every part shares (and the digest
 one of them is defined by); what acts on them lives elsewhere.
 
-Frozen dataclasses, and the manifest digest (``merkle_root``) that
+Frozen dataclasses, and the manifest digest (``manifest_digest``) that
 ``ProcessReport.manifest_digest`` is defined as; stdlib only. Generated protobuf never appears
 here: ``servewitness/wire/`` is the only place that maps these to and from ``servewitness.api.v1``
 messages.
@@ -17,6 +17,7 @@ target; a *verdict* is PASS, FAIL, PENDING or STALE with *findings* that say why
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -201,25 +202,41 @@ class FileEntry:
     loaded: FileIdentity | None = None
 
 
-def merkle_leaf(path: str, sha256_hex: str) -> bytes:
-    """The leaf of one (path, sha256 hex) entry of ``merkle_root``."""
-    return hashlib.sha256(b"\x00" + path.encode() + b"\x00" + sha256_hex.encode()).digest()
+_LEAF_JSON = json.JSONEncoder(separators=(",", ":")).encode
 
 
-def merkle_root(entries: Iterable[tuple[str, str]]) -> str:
-    """``sha256:<hex>`` root over ENTRIES (path, sha256 hex), order-independent: the manifest
-    digest, a Merkle root over the sorted (path, sha256) entries of loaded files.
+# One manifest entry's fields as its leaf takes them: path, sha256, size, kind, module, at.
+LeafFields = tuple[str, str | None, int, str, str | None, str]
 
-    Leaves are ``sha256(0x00 || path || 0x00 || sha256-hex)``, inner nodes
+
+def manifest_leaf(fields: LeafFields) -> bytes:
+    """The leaf of one manifest entry (FIELDS): ``sha256(0x00 || json([path, sha256, size,
+    kind, module, at]))``, the JSON compact and ASCII (Python's ``json`` with separators ``,``
+    and ``:``), ``null`` for an absent hash or module. Every field a stored manifest keeps
+    (``server/manifest_rows.to_rows``) is in it, so a manifest stored under a digest holds
+    nothing its digest does not commit to: another agent's report of the same files cannot
+    choose the module names, kinds or unreadable entries a target is judged on."""
+    data = _LEAF_JSON(fields).encode()
+    return hashlib.sha256(b"\x00" + data).digest()
+
+
+def manifest_digest(files: Iterable[FileEntry]) -> str:
+    """``sha256:<hex>``, the manifest digest of FILES (``ProcessReport.manifest_digest``): a
+    Merkle root over their leaves (``manifest_leaf``, unreadable entries included), sorted by
+    path then leaf, order-independent and with duplicate entries counted once. Inner nodes are
     ``sha256(0x01 || left || right)``; an odd node is carried up unchanged; the empty
-    manifest's root is ``sha256(b"")``.
-    """
-    return merkle_root_of_leaves([merkle_leaf(p, h) for p, h in sorted(set(entries))])
+    manifest's root is ``sha256(b"")``. The identities (``FileEntry.identity``, ``loaded``)
+    are per process and not in it."""
+    leaves = {
+        (f.path, manifest_leaf((f.path, f.sha256, f.size, f.kind, f.module, f.at))) for f in files
+    }
+    return merkle_root_of_leaves([leaf for _, leaf in sorted(leaves)])
 
 
 def merkle_root_of_leaves(level: list[bytes]) -> str:
-    """``merkle_root`` from its leaves, already in entry order (a caller that keeps leaves
-    across several roots of mostly the same entries hashes each leaf once)."""
+    """A Merkle root from its leaves, already in entry order (``manifest_digest``; a caller
+    that keeps leaves across several roots of mostly the same entries hashes each leaf
+    once)."""
     if not level:
         return "sha256:" + hashlib.sha256(b"").hexdigest()
     while len(level) > 1:
@@ -484,7 +501,7 @@ class ProcessReport:
     runner: RunnerEvidence | None = None
     steps: StepEvidence | None = None
     hooks: tuple[HookEvidence, ...] = ()
-    # merkle_root over the (path, sha256) of the files it loaded, unreadable ones left out.
+    # manifest_digest of the files it loaded: every field of every entry (unreadable ones too).
     manifest_digest: str | None = None
     # None: the agent sent the digest only (the verifier already has this manifest).
     files: tuple[FileEntry, ...] | None = None

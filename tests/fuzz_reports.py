@@ -19,7 +19,7 @@ from google.protobuf.message import Message
 from hypothesis import strategies as st
 
 from servewitness.api.v1 import verifier_pb2 as pb
-from servewitness.model import HASHED_AFTER_SHOWN, merkle_root
+from servewitness.model import HASHED_AFTER_SHOWN, FileEntry, manifest_digest
 from servewitness.wire.fields import MAX_TEXT
 
 # What the harness's run requires and the generators never produce (filtered out below).
@@ -121,7 +121,17 @@ def manifest(n: int, start: int = 0) -> list[pb.FileEntry]:
 
 
 def digest_of(files: list[pb.FileEntry]) -> str:
-    return merkle_root((f.path, f.sha256) for f in files if f.HasField("sha256"))
+    return manifest_digest(
+        FileEntry(
+            f.path,
+            f.sha256 if f.HasField("sha256") else None,
+            f.size,
+            f.kind,
+            f.module if f.HasField("module") else None,
+            f.at,
+        )
+        for f in files
+    )
 
 
 VALID = Pools(VALID_TEXT, VALID_COUNT, VALID_COUNT, VALID_TIME, VALID_SHA)

@@ -25,7 +25,13 @@ import pytest
 from servewitness import wire
 from servewitness.api.v1 import verifier_pb2 as pb
 from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
-from servewitness.model import FileEntry, ProcessKey, ProcessReport, TargetReport, merkle_root
+from servewitness.model import (
+    FileEntry,
+    ProcessKey,
+    ProcessReport,
+    TargetReport,
+    manifest_digest,
+)
 from servewitness.server.app import VerifierServer
 from tests.helpers import Backend, agent_stub, not_vllm_policy, running_verifier
 
@@ -52,7 +58,7 @@ def manifest(n: int, tag: str) -> tuple[FileEntry, ...]:
 def report(
     agent: str, target: str, files: tuple[FileEntry, ...], seq: int = 1, nonce: str = ""
 ) -> pb.ReportRequest:
-    digest = merkle_root((f.path, f.sha256) for f in files if f.sha256)
+    digest = manifest_digest(files)
     proc = ProcessReport(
         key=ProcessKey("boot", 10, 20), ns_pid=10, ppid=1, start_time=1.0, role="worker",
         rank=0, container_id=None, cmdline=("python",), exe="/usr/bin/python3",

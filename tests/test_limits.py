@@ -39,8 +39,14 @@ def report(**kw: object) -> pb.TargetReport:
     return pb.TargetReport(agent_id="a", target="t", seq=1, **kw)  # type: ignore[arg-type]
 
 
-def files(n: int, path: str = "/p") -> list[pb.FileEntry]:
-    return [pb.FileEntry(path=path, size=1) for _ in range(n)]
+def files(n: int, path: str = "/p0000000") -> list[pb.FileEntry]:
+    """N entries whose paths are each as long as PATH and distinct (a manifest lists a path
+    once: one listed twice is refused)."""
+    if n == 1:
+        return [pb.FileEntry(path=path, size=1)]
+    width = len(f"{n:x}")
+    assert len(path) > width
+    return [pb.FileEntry(path=f"{path[:-width]}{i:0{width}x}", size=1) for i in range(n)]
 
 
 def manifest_paths(n: int) -> pb.TargetReport:
@@ -329,13 +335,13 @@ def test_processes_that_share_a_manifest_carry_its_files_once(
     from dataclasses import replace
 
     from servewitness.agent.parts import files_once
-    from servewitness.model import ProcessKey, TargetReport, merkle_root
+    from servewitness.model import ProcessKey, TargetReport, manifest_digest
     from tests.helpers import agent_stub
     from tests.test_policy_engine import entry, worker
 
     server, addr = served
     files = tuple(entry(f"/site/vllm/m{i}.py") for i in range(3))
-    digest = merkle_root((f.path, f.sha256) for f in files if f.sha256)
+    digest = manifest_digest(files)
     ranks = [
         replace(worker(), key=ProcessKey("boot", 100 + r, 7), files=files, manifest_digest=digest)
         for r in range(8)

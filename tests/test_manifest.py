@@ -1,8 +1,10 @@
-"""The manifest digest is a Merkle root over sorted (path, sha256) entries."""
+"""The manifest digest: a Merkle root over every field of every entry, sorted by path."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 from typing import Any
 
 from hypothesis import given, settings
@@ -14,31 +16,53 @@ from servewitness.evidence.journal import (
     manifest_digests_at,
     manifest_of,
 )
-from servewitness.model import merkle_root
+from servewitness.model import FileEntry, manifest_digest
 
-A = ("/a.py", "00" * 32)
-B = ("/b.py", "11" * 32)
-C = ("/c.py", "22" * 32)
+A = FileEntry("/a.py", "00" * 32, 10, "source", "a", "load")
+B = FileEntry("/b.py", "11" * 32, 20, "bytecode", "b", "snapshot")
+C = FileEntry("/c.py", "22" * 32, 30, "source", None, "late")
+UNREADABLE = FileEntry("/d.py", None, -1, "source", "d", "load")
 
 
 def test_root_is_independent_of_entry_order_and_duplicates() -> None:
-    assert merkle_root([A, B, C]) == merkle_root([C, A, B, A])
+    assert manifest_digest([A, B, C]) == manifest_digest([C, A, B, A])
 
 
 def test_empty_manifest_has_the_hash_of_nothing() -> None:
-    assert merkle_root([]) == "sha256:" + hashlib.sha256(b"").hexdigest()
+    assert manifest_digest([]) == "sha256:" + hashlib.sha256(b"").hexdigest()
 
 
-def test_single_entry_root_is_its_leaf() -> None:
-    leaf = hashlib.sha256(b"\x00/a.py\x00" + A[1].encode()).hexdigest()
-    assert merkle_root([A]) == "sha256:" + leaf
+def test_single_entry_root_is_its_leaf_over_every_field() -> None:
+    text = json.dumps(["/a.py", "00" * 32, 10, "source", "a", "load"], separators=(",", ":"))
+    assert manifest_digest([A]) == "sha256:" + hashlib.sha256(b"\x00" + text.encode()).hexdigest()
 
 
-def test_any_change_of_path_or_hash_changes_the_root() -> None:
-    base = merkle_root([A, B, C])
-    assert merkle_root([A, B, ("/c.py", "23" * 32)]) != base
-    assert merkle_root([A, B, ("/d.py", C[1])]) != base
-    assert merkle_root([A, B]) != base
+def test_any_change_of_any_stored_field_changes_the_root() -> None:
+    """What a stored manifest keeps of an entry (``server/manifest_rows.to_rows``) is what
+    its digest commits to: another sender of the same digest cannot change any of it. The
+    identities are per process and left out."""
+    base = manifest_digest([A, B, C, UNREADABLE])
+    changes: list[dict[str, Any]] = [
+        {"path": "/e.py"}, {"sha256": "23" * 32}, {"sha256": None}, {"size": 11},
+        {"kind": "bytecode"}, {"module": None}, {"module": "evil"}, {"at": "rejected"},
+    ]  # fmt: skip
+    for change in changes:
+        assert manifest_digest([dataclasses.replace(A, **change), B, C, UNREADABLE]) != base
+    assert manifest_digest([A, B, C]) != base  # an unreadable entry counts too
+    same = dataclasses.replace(A, identity=None, loaded=None)
+    assert manifest_digest([same, B, C, UNREADABLE]) == base
+
+
+def test_fields_that_look_alike_in_text_give_different_leaves() -> None:
+    """The leaf is JSON, not text joined by a separator: a separator inside a field (a NUL,
+    a quote) cannot move text from one field to the next, and an absent module or hash is
+    not an empty one."""
+    one = FileEntry("/x", None, 1, "a\x00b", None, "load")
+    two = FileEntry("/x", None, 1, "a", "b", "load")
+    assert manifest_digest([one]) != manifest_digest([two])
+    assert manifest_digest([dataclasses.replace(A, module="")]) != manifest_digest(
+        [dataclasses.replace(A, module=None)]
+    )
 
 
 # -- the digests of a journal's prefixes (request spans: what was loaded at a step) ----------
@@ -79,6 +103,8 @@ def test_a_rejected_pyc_read_stands_only_once_every_read_of_it_was_rejected() ->
         {"k": "file", "path": "/m.pyc", "at": "rejected", "sha256": "aa"},
     ]
     got = manifest_digests_at(records, [1, 2, 3, 4])
-    assert got[3] == merkle_root([("/m.pyc", "aa")])  # "aa" was read and not (yet) rejected
-    assert got[4] == merkle_root([("/m.pyc", "aa")])  # the rejected record's own sha256
-    assert got[2] == merkle_root([("/m.pyc", "bb")])
+    read_aa = FileEntry("/m.pyc", "aa", -1, "bytecode", None, "load")
+    assert got[3] == manifest_digest([read_aa])  # "aa" was read and not (yet) rejected
+    rejected_aa = FileEntry("/m.pyc", "aa", -1, "", None, "rejected")
+    assert got[4] == manifest_digest([rejected_aa])  # the rejected record itself
+    assert got[2] == manifest_digest([dataclasses.replace(read_aa, sha256="bb")])

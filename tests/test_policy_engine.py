@@ -24,6 +24,7 @@ from servewitness.model import (
     StepEvidence,
     TargetVerdict,
     Verdict,
+    manifest_digest,
 )
 from servewitness.policy import (
     Policy,
@@ -151,7 +152,9 @@ def proc(
         runner=RunnerEvidence(runner, V1_FILE, SHA_A, (runner, V1)) if runner else None,
         steps=step if probe else None,
         hooks=hooks if probe else (),
-        files=files if probe else (),
+        files=files if probe else None,  # no probe, no manifest (as the agent reports it)
+        # as an agent sends it: the digest of the files, whenever they are sent
+        manifest_digest=None if files is None or not probe else manifest_digest(files),
         runner_file_sha256_now=runner_file_sha256_now,
         provenance=JUDGED if probe else None,  # the agent judged the files from outside
     )

@@ -35,7 +35,7 @@ from servewitness.model import (
     RequestId,
     RequestSpan,
     TargetReport,
-    merkle_root,
+    manifest_digest,
 )
 from servewitness.server.app import ServeConfig, VerifierServer
 from servewitness.server.index import processes_seen
@@ -62,7 +62,7 @@ def hostile_store(path: Path, when: float, text: str) -> str:
     verdicts (timed by the store's own clock) get WHEN by hand. The id of the request."""
     internal = f"cmpl-{text}-0-1a2b"
     files = (entry(f"/site/vllm/{text}/sampler.py"), entry("/site/vllm/x.py"))
-    digest = merkle_root((f.path, f.sha256) for f in files if f.sha256)
+    digest = manifest_digest(files)
     w = replace(worker(), files=files, manifest_digest=digest, role=f"worker{text}",
                 container_id=f"c{text}")  # fmt: skip
     key = ProcessKey("boot", 10, 100)
@@ -203,6 +203,7 @@ def test_a_target_named_with_escape_sequences_is_listed_escaped(
         # Accepted at ingest (a name is any text within id_bytes): printing must make it safe.
         nonce = stub.Hello(pb.HelloRequest(agent_id=f"a{ANSI}", targets=[target])).nonce
         w = worker()
+        w = replace(w, manifest_digest=manifest_digest(w.files or ()))
         rep = TargetReport(f"a{ANSI}", target, 1, nonce, time.time(), (w,))
         stub.Report(pb.ReportRequest(report=wire.report_to_pb(rep)))
     out = verifier_cli("target", "list", "--verifier", addr)

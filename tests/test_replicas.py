@@ -27,7 +27,7 @@ from prometheus_client import generate_latest
 from servewitness import wire
 from servewitness.api.v1 import verifier_pb2 as pb
 from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
-from servewitness.model import ProcessKey, ProcessReport, TargetReport
+from servewitness.model import ProcessKey, ProcessReport, TargetReport, manifest_digest
 from servewitness.server import clock, follow
 from servewitness.server.app import VerifierServer
 from servewitness.server.db import open_database
@@ -41,11 +41,14 @@ from tests.test_instances import REPLICAS, until
 __all__ = ["worker"]  # the fixture, used by name
 
 
+EMPTY = manifest_digest(())  # a probed process's empty manifest
+
+
 def proc(pid: int) -> ProcessReport:
     return ProcessReport(
         key=ProcessKey("boot", pid, 20), ns_pid=pid, ppid=1, start_time=1.0, role="worker",
         rank=0, container_id=None, cmdline=("python",), exe="/usr/bin/python3",
-        probe_present=True, manifest_digest=None, files=(),
+        probe_present=True, manifest_digest=EMPTY, files=(),
     )  # fmt: skip
 
 

@@ -30,7 +30,7 @@ from servewitness.model import (
     ProcessReport,
     TargetReport,
     Verdict,
-    merkle_root,
+    manifest_digest,
 )
 from servewitness.server.app import ServeConfig, VerifierServer
 from tests.helpers import Backend, agent_stub, not_vllm_policy, probe_env
@@ -63,7 +63,7 @@ def process(files: tuple[FileEntry, ...] | None, digest: str | None = None) -> P
         key=ProcessKey("boot", 10, 20), ns_pid=10, ppid=1, start_time=1.0, role="worker",
         rank=0, container_id=None, cmdline=("python",), exe="/usr/bin/python3",
         probe_present=True,
-        manifest_digest=digest or merkle_root((f.path, f.sha256) for f in entries if f.sha256),
+        manifest_digest=digest or manifest_digest(entries),
         files=files,
     )  # fmt: skip
 

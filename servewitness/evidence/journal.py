@@ -30,26 +30,28 @@ from servewitness.evidence.regular import open_regular
 from servewitness.model import (
     FileEntry,
     FileIdentity,
-    merkle_leaf,
-    merkle_root,
+    LeafFields,
+    manifest_digest,
+    manifest_leaf,
     merkle_root_of_leaves,
 )
 
 # A \uD800-\uDFFF escape, which may decode to a lone surrogate: a file name's undecodable bytes
-# (Python's surrogateescape) or a hostile string, valid JSON either way.
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+# (Python's surrogateescape) or a hostile string, valid JSON either way; or \u0000, a NUL (a
+# request id a client chose, say), which no text column of PostgreSQL stores.
+_SURROGATE_ESCAPE = re.compile(rb"\\u(?:[dD][89a-fA-F]|0000)")
 
 
 def _valid_unicode(v: Any) -> Any:
     """V with every string that is not valid Unicode escaped (a lone surrogate becomes the
-    six characters ``\udcff``): what the wire (protobuf strings are UTF-8) can carry, and
-    still distinct from any other string."""
+    six characters ``\udcff``), and every NUL (the four characters ``\\x00``): what the wire
+    (protobuf strings are UTF-8) can carry and a verifier's database can store."""
     if isinstance(v, str):
         try:
             v.encode("utf-8")
         except UnicodeEncodeError:
-            return v.encode("utf-8", "backslashreplace").decode("utf-8")
-        return v
+            v = v.encode("utf-8", "backslashreplace").decode("utf-8")
+        return v.replace("\x00", "\\x00") if "\x00" in v else v
     if isinstance(v, list):
         return [_valid_unicode(x) for x in v]
     if isinstance(v, dict):
@@ -256,7 +258,9 @@ class JournalCache:
                 why = f"{why} after the agent had read {entry.offset} bytes of it"
                 seen, why = entry.records, entry.rewritten or why
         if entry is None or why is not None:
-            entry = _Cached(dev, ino, 0, hashlib.sha256(b"").digest(), [], (), {}, merkle_root([]))
+            entry = _Cached(
+                dev, ino, 0, hashlib.sha256(b"").digest(), [], (), {}, manifest_digest(())
+            )
             entry.rewritten = why
         new = raw[entry.offset :]
         complete = new[: new.rfind(b"\n") + 1]
@@ -413,7 +417,7 @@ def manifest_of(records: list[dict[str, Any]]) -> tuple[tuple[FileEntry, ...], d
             FileEntry(
                 path=path,
                 sha256=sha if isinstance(sha, str) else None,
-                size=size if isinstance(size, int) else -1,
+                size=size if size.__class__ is int else -1,  # a bool is no size
                 kind=str(rec.get("kind", "")),
                 module=rec.get("module") if isinstance(rec.get("module"), str) else None,
                 at=str(rec.get("at", "")),
@@ -425,11 +429,19 @@ def manifest_of(records: list[dict[str, Any]]) -> tuple[tuple[FileEntry, ...], d
 
 
 _PATH = attrgetter("path")
+digest_of = manifest_digest  # a journal's manifest's digest (ProcessReport.manifest_digest)
 
 
-def digest_of(files: tuple[FileEntry, ...]) -> str:
-    """The manifest digest of FILES (``ProcessReport.manifest_digest``)."""
-    return merkle_root((f.path, f.sha256) for f in files if f.sha256)
+def _fields(rec: dict[str, Any]) -> tuple[str | None, int, str, str | None, str]:
+    """A file record's (sha256, size, kind, module, at) as ``manifest_of`` makes its entry."""
+    sha, size, module = rec.get("sha256"), rec.get("size"), rec.get("module")
+    return (
+        sha if isinstance(sha, str) else None,
+        size if size.__class__ is int else -1,  # as manifest_of: a bool is no size
+        str(rec.get("kind", "")),
+        module if isinstance(module, str) else None,
+        str(rec.get("at", "")),
+    )
 
 
 def manifest_digest_at(records: list[dict[str, Any]], files: int) -> str:
@@ -445,16 +457,17 @@ def manifest_digests_at(records: list[dict[str, Any]], counts: Iterable[int]) ->
 
     The same rules as ``manifest_of``: the latest record of each path stands for it, except a
     pyc's ``rejected`` record while one of its reads was not rejected (each path's standing
-    sha256 changes only with a record of that path, so it is kept as the records go by)."""
+    record changes only with a record of that path, so it is kept as the records go by); each
+    entry's leaf is made from the fields ``manifest_of`` gives its ``FileEntry`` (``_fields``)."""
     wanted = sorted(set(counts))
     out: dict[int, str] = {}
-    standing: dict[str, object] = {}  # path -> the sha256 field of the record standing for it
-    unrejected: dict[str, list[object]] = {}  # per pyc, the sha256 fields of reads still used
-    leaves: dict[tuple[str, str], bytes] = {}
+    standing: dict[str, dict[str, Any]] = {}  # path -> the record standing for it
+    unrejected: dict[str, list[dict[str, Any]]] = {}  # per pyc, its reads still used
+    leaves: dict[LeafFields, bytes] = {}
 
     def digest() -> str:
-        entries = sorted((p, h) for p, h in standing.items() if isinstance(h, str) and h)
-        level = [leaves.get(e) or leaves.setdefault(e, merkle_leaf(*e)) for e in entries]
+        entries = sorted((p, *_fields(r)) for p, r in standing.items())
+        level = [leaves.get(e) or leaves.setdefault(e, manifest_leaf(e)) for e in entries]
         return merkle_root_of_leaves(level)
 
     picked = 0
@@ -471,15 +484,15 @@ def manifest_digests_at(records: list[dict[str, Any]], counts: Iterable[int]) ->
             continue
         at, sha = rec.get("at"), rec.get("sha256")
         if at == "load" and rec.get("kind") == "bytecode":
-            unrejected.setdefault(path, []).append(sha)
+            unrejected.setdefault(path, []).append(rec)
         elif at == "rejected":
             reads = unrejected.get(path, [])
             for i in range(len(reads) - 1, -1, -1):
-                if reads[i] == sha:
+                if reads[i].get("sha256") == sha:
                     del reads[i]
                     break
         used = unrejected.get(path)
-        standing[path] = used[-1] if at == "rejected" and used else sha
+        standing[path] = used[-1] if at == "rejected" and used else rec
     if wanted:
         last = digest()
         out.update(dict.fromkeys(wanted, last))

@@ -87,8 +87,15 @@ def _manifest_files(db: Database, digests: Iterable[str] | None) -> dict[tuple[s
             continue  # chain.verify names a manifest that no longer reads
         for f in files if isinstance(files, list) else ():
             if isinstance(f, dict) and isinstance(f.get("path"), str):
-                sha = f.get("sha256")
-                out[(str(digest), f["path"])] = sha if isinstance(sha, str) else None
+                # As the index was written (``server/index.write_manifest_index``): a path's
+                # first entry with a hash, else the path without one. (A path listed twice is
+                # refused at ingest since; a database from before may hold one.)
+                key, sha = (str(digest), f["path"]), f.get("sha256")
+                if isinstance(sha, str):
+                    if not isinstance(out.get(key), str):
+                        out[key] = sha
+                else:
+                    out.setdefault(key, None)
     return out
 
 

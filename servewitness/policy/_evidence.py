@@ -138,8 +138,12 @@ def with_files(
         finding(
             F.EVIDENCE_MANIFEST_UNRESOLVED,
             Severity.PENDING,
-            f"the report for {name(p)} carries only its manifest digest, not its files, so "
-            f"{needed_by} cannot be judged there",
+            (
+                f"the report for {name(p)} carries only its manifest digest, not its files, so "
+                if p.manifest_digest is not None
+                else f"the report for {name(p)} names no manifest (no digest, no files), so "
+            )
+            + f"{needed_by} cannot be judged there",
             snap,
             **base(p),
             manifest_digest=p.manifest_digest,

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from servewitness.api.v1 import verifier_pb2 as pb
-from servewitness.ledger.bindings import Tails, client_id, hooks_json, id_row, span_row
+from servewitness.ledger.bindings import Tails, client_id, hooks_json, id_row, real, span_row
 from servewitness.wire import reports as R
 
 
@@ -52,11 +52,11 @@ def _rows(  # noqa: PLR0917 - the two kinds of binding differ in these five only
 def _span_tail(f: R.SpanFields) -> tuple[Any, ...]:
     """``span_row(...)[2:]`` of a span's checked fields."""
     return (
-        f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], float(f[8]), float(f[9]), f[10], f[11],
+        f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], real(f[8]), real(f[9]), f[10], f[11],
         f[12], hooks_json(f[13]) if f[13] else "{}", int(f[14]), None,
     )  # fmt: skip
 
 
 def _id_tail(g: R.RequestIdFields) -> tuple[Any, ...]:
     """``id_row(...)[2:]`` of a request id's checked fields."""
-    return g[3], g[4], client_id(g[4]), float(g[5])
+    return g[3], g[4], client_id(g[4]), real(g[5])

@@ -85,14 +85,20 @@ class Evaluator:
 
     def _manifest(
         self, digest: str | None, given: Mapping[str, tuple[FileEntry, ...]]
-    ) -> tuple[FileEntry, ...]:
+    ) -> tuple[FileEntry, ...] | None:
+        """The files stored under DIGEST; None where they are not known (no digest, or none
+        stored under it): a process whose files are not known is judged as such (PENDING where
+        a rule needs them, ``evidence.manifest_unresolved``), never as one that loaded
+        nothing."""
         if digest is None:
-            return ()
+            return None
         got = given.get(digest)
         if got is None:
             got = self.manifests.get(digest)
         if got is None:
-            got = self.store.get_manifest(digest) or ()
+            got = self.store.get_manifest(digest)
+            if got is None:
+                return None
         self.manifests.put(digest, got)
         return got
 

@@ -59,6 +59,37 @@ class PreparedReport:
     request_counts: list[tuple[Any, ...]]
 
 
+def nul_text(
+    rep: StoredReport,
+    manifests: Sequence[PreparedManifest],
+    processes: Sequence[ProcessSeen],
+    tails: bindings.Tails,
+) -> str | None:
+    """What of REP's rows would put a NUL character in a column of text, or None. PostgreSQL's
+    text refuses one (the transaction fails: an agent told UNAVAILABLE retries that report
+    for ever, its target's evidence stuck behind it) and SQLite keeps it: refused before
+    either is asked, so a report means the same on both. (Text kept as JSON, the files' list
+    and a binding's hooks, escapes it; the report's body is bytes.)"""
+    for what, value in (("agent id", rep.agent_id), ("target", rep.target)):
+        if "\x00" in value:
+            return what
+    for p in processes:
+        for what, v in (("boot id", p.boot_id), ("role", p.role),
+                        ("container id", p.container_id), ("runner", p.runner)):  # fmt: skip
+            if v is not None and "\x00" in v:
+                return f"pid {p.pid}'s {what}"
+    for kind, rows in (("request span", tails.spans), ("request id", tails.ids)):
+        for row in rows:
+            for v in row:
+                if v.__class__ is str and "\x00" in v:
+                    return f"a {kind} ({v[:64]!r})"
+    for m in manifests:
+        for (path,) in m.index.paths:
+            if "\x00" in path:
+                return f"a path of manifest {m.digest}"
+    return None
+
+
 def prepare(
     rep: StoredReport,
     manifests: Sequence[PreparedManifest],

@@ -22,10 +22,10 @@ from servewitness.api.v1 import verifier_pb2 as pb
 from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
 from servewitness.errors import Error
 from servewitness.ledger import bindings
-from servewitness.model import FileEntry, TargetReport, merkle_root
+from servewitness.model import FileEntry, TargetReport, manifest_digest
 from servewitness.policy import Policy, PolicyError, load_policy, policy_digest, unsafe_flags
 from servewitness.security.auth import READ_ROLES, Authorizer
-from servewitness.server import binding_rows, clock, follow
+from servewitness.server import binding_rows, clock, follow, report_rows
 from servewitness.server.bounded import KeyedLocks, LruCache
 from servewitness.server.evaluate import Evaluator, Tracked
 from servewitness.server.history_detail import verdict_detail
@@ -216,6 +216,13 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         )
         prepared = self.store.prepare_manifests(manifests)
         seen = processes_seen(report.processes)
+        unstorable = report_rows.nul_text(stored, prepared, seen, tails)
+        if unstorable is not None:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"report {report.seq}: {unstorable} holds a NUL character, which no text "
+                "column stores",
+            )
         who = self.auth.authenticated_as(peer)
         receipt = follow.ReceiptAt(who, received[1])  # made as its row is written
 
@@ -255,6 +262,13 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         need: list[str] = []
         for p in report.processes:
             digest = p.manifest_digest
+            if digest is None and p.files is not None:
+                # never stored, and judged as loading nothing: refused (an agent sends every
+                # probed process's digest, and its files only with it)
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"pid {p.key.pid}: {len(p.files)} files sent without a manifest_digest",
+                )
             if digest is None or digest in manifests:
                 continue
             if self._known_manifest(digest):
@@ -262,7 +276,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
             if p.files is None:
                 need.append(digest)
                 continue
-            actual = merkle_root((f.path, f.sha256) for f in p.files if f.sha256)
+            actual = manifest_digest(p.files)
             if actual != digest:
                 context.abort(
                     grpc.StatusCode.INVALID_ARGUMENT,

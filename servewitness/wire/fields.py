@@ -52,7 +52,7 @@ library can print (Python's datetime stops at year 9999)."""
 
 MAX_TEXT = 4096  # any one name, label or reason
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")  # servewitness.model.merkle_root
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")  # servewitness.model.manifest_digest
 
 
 class WireError(UsageError):
@@ -128,11 +128,13 @@ def count(value: int, at: str, minimum: int = 0) -> int:
 
 
 def finite_time(value: float, at: str) -> float:
+    """VALUE, a finite time >= 0; -0.0 (>= 0 to every comparison) is given as 0.0, the value
+    a database's column of floats would give back."""
     if not math.isfinite(value) or value < 0:
         fail(at, f"must be a finite time >= 0, got {value}")
     if value > MAX_UNIX_TIME and enforced():
         raise LimitError(at, UNIX_TIME, value)
-    return value
+    return value + 0.0
 
 
 def ratio(value: float, at: str) -> float:

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from servewitness.api.v1 import verifier_pb2 as pb
 from servewitness.model import (
     HASHED_AFTER_SHOWN,
+    FileEntry,
     HookEvidence,
     LogLine,
     ProcessKey,
@@ -290,6 +291,21 @@ def _check_sizes(msg: pb.ProcessReport, at: str) -> None:
     L.at_most(L.MANIFEST_PATH_BYTES, path_bytes, f"{at}.files[*].path")
 
 
+def _files_from_pb(msg: pb.ProcessReport, at: str) -> tuple[FileEntry, ...]:
+    """A manifest's files as sent (``files_included``). Refused: a path listed twice (the
+    index keeps one entry of a path, the ledgered list both: the two would answer an audit
+    differently). Whether the files match a digest, and that a digest comes with them, is the
+    verifier's check (``server/service.py``)."""
+    files = tuple(file_from_pb(f, f"{at}.files[{i}]") for i, f in enumerate(msg.files))
+    if len({f.path for f in files}) != len(files):
+        seen: set[str] = set()
+        for i, f in enumerate(files):
+            if f.path in seen:
+                F.fail(f"{at}.files[{i}].path", f"{f.path!r} is listed twice in one manifest")
+            seen.add(f.path)
+    return files
+
+
 def process_from_pb(msg: pb.ProcessReport, at: str) -> ProcessReport:
     fast = process_fast(msg, at)
     if fast is not None:
@@ -320,11 +336,7 @@ def _process_checked(msg: pb.ProcessReport, at: str) -> ProcessReport:
         steps=_steps_from_pb(msg.steps, f"{at}.steps") if msg.HasField("steps") else None,
         hooks=tuple(_hook_from_pb(h, f"{at}.hooks[{i}]") for i, h in enumerate(msg.hooks)),
         manifest_digest=None if digest is None else F.digest(digest, f"{at}.manifest_digest"),
-        files=(
-            tuple(file_from_pb(f, f"{at}.files[{i}]") for i, f in enumerate(msg.files))
-            if msg.files_included
-            else None
-        ),
+        files=_files_from_pb(msg, at) if msg.files_included else None,
         native_mappings=tuple(
             native_from_pb(n, f"{at}.native_mappings[{i}]")
             for i, n in enumerate(msg.native_mappings)
