@@ -45,6 +45,7 @@ from servewitness.model import FileEntry, ProcessReport, TargetReport, manifest_
 from servewitness.server.db import open_database
 from servewitness.server.index import processes_seen
 from servewitness.server.store import Store, StoredReport
+from servewitness.wire.verdicts import _varint  # the product's own base-128 encoder
 from tests.helpers import Backend, agent_stub, running_verifier
 from tests.test_policy_engine import SITE, V1_FILE, WORKER_FILES, api, engine, worker
 from tests.test_status_bytes import POLICY
@@ -261,15 +262,6 @@ def test_a_probed_process_without_a_manifest_is_not_judged_as_loading_nothing(
 def _len_field(number: int, body: bytes) -> bytes:
     """Field NUMBER (length-delimited) holding BODY, encoded by hand."""
     return _varint(number << 3 | 2) + _varint(len(body)) + body
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def test_a_report_split_over_repeated_fields_is_stored_as_it_was_judged(tmp_path: Path) -> None:
