@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import json.encoder
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -203,6 +204,7 @@ class FileEntry:
 
 
 _LEAF_JSON = json.JSONEncoder(separators=(",", ":")).encode
+_STR = json.encoder.encode_basestring_ascii  # what the encoder writes for a str (ASCII)
 
 
 # One manifest entry's fields as its leaf takes them: path, sha256, size, kind, module, at.
@@ -216,8 +218,21 @@ def manifest_leaf(fields: LeafFields) -> bytes:
     (``server/manifest_rows.to_rows``) is in it, so a manifest stored under a digest holds
     nothing its digest does not commit to: another agent's report of the same files cannot
     choose the module names, kinds or unreadable entries a target is judged on."""
-    data = _LEAF_JSON(fields).encode()
-    return hashlib.sha256(b"\x00" + data).digest()
+    path, sha, size, kind, module, at = fields
+    if (
+        size.__class__ is int
+        and path.__class__ is kind.__class__ is at.__class__ is str
+        and (sha is None or sha.__class__ is str)
+        and (module is None or module.__class__ is str)
+    ):
+        # the same text as the encoder's, a third of its time (an agent digests every journal)
+        text = (
+            f"[{_STR(path)},{'null' if sha is None else _STR(sha)},{size},{_STR(kind)},"
+            f"{'null' if module is None else _STR(module)},{_STR(at)}]"
+        )
+    else:
+        text = _LEAF_JSON(fields)
+    return hashlib.sha256(b"\x00" + text.encode()).digest()
 
 
 def manifest_digest(files: Iterable[FileEntry]) -> str:

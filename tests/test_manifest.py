@@ -16,7 +16,7 @@ from servewitness.evidence.journal import (
     manifest_digests_at,
     manifest_of,
 )
-from servewitness.model import FileEntry, manifest_digest
+from servewitness.model import FileEntry, manifest_digest, manifest_leaf
 
 A = FileEntry("/a.py", "00" * 32, 10, "source", "a", "load")
 B = FileEntry("/b.py", "11" * 32, 20, "bytecode", "b", "snapshot")
@@ -63,6 +63,27 @@ def test_fields_that_look_alike_in_text_give_different_leaves() -> None:
     assert manifest_digest([dataclasses.replace(A, module="")]) != manifest_digest(
         [dataclasses.replace(A, module=None)]
     )
+
+
+_TEXTS = st.text(st.characters(codec=None), max_size=12)  # control, non-ASCII, surrogates
+
+
+_LEAF_FIELDS = st.tuples(
+    _TEXTS, st.none() | _TEXTS, st.integers(-(2**70), 2**70), _TEXTS, st.none() | _TEXTS, _TEXTS
+)
+
+
+@given(_LEAF_FIELDS)
+@settings(max_examples=300, deadline=None)
+def test_a_leaf_is_the_json_of_its_fields_whatever_they_hold(fields: Any) -> None:
+    """The leaf's text is written by hand for speed; it must be exactly what ``json.dumps``
+    writes (compact, ASCII) for any strings, absent values and sizes, and a field of another
+    type (a bool, a str subclass) takes the encoder itself."""
+    text = json.dumps(list(fields), separators=(",", ":"))
+    assert manifest_leaf(fields) == hashlib.sha256(b"\x00" + text.encode()).digest()
+    odd = (fields[0], fields[1], True, fields[3], fields[4], fields[5])
+    text = json.dumps(list(odd), separators=(",", ":"))
+    assert manifest_leaf(odd) == hashlib.sha256(b"\x00" + text.encode()).digest()
 
 
 # -- the digests of a journal's prefixes (request spans: what was loaded at a step) ----------
