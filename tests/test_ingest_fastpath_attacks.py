@@ -27,6 +27,7 @@ the attack did before:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,6 +46,7 @@ from servewitness.model import FileEntry, ProcessReport, TargetReport, manifest_
 from servewitness.server.db import open_database
 from servewitness.server.index import processes_seen
 from servewitness.server.store import Store, StoredReport
+from servewitness.wire import fields as F
 from servewitness.wire.verdicts import _varint  # the product's own base-128 encoder
 from tests.helpers import Backend, agent_stub, running_verifier
 from tests.test_policy_engine import SITE, V1_FILE, WORKER_FILES, api, engine, worker
@@ -343,37 +345,63 @@ def test_a_manifest_stored_before_the_refusal_reads_as_its_index_was_written(
         db.close()
 
 
-@pytest.mark.parametrize("where", ["request span", "request id", "role", "path"])
-def test_a_nul_in_a_stored_text_is_refused_alike_on_either_database(
+LONG = hashlib.sha256(b"incompressible").hexdigest() * 44  # 2,816 bytes, as random text
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["request span", "request id", "role", "path", "long span id", "long request id",
+     "long path"],
+)  # fmt: skip
+def test_a_text_no_database_stores_alike_is_refused_on_either(
     tmp_path: Path, backend: Backend, where: str
 ) -> None:
     """The variation the attacker left untried, found by trying it: a NUL character in a
     text the store keeps in a column (a binding's request id, a process's role, a manifest's
-    path). Before: PostgreSQL refused the transaction and the agent was told UNAVAILABLE, so it
-    retried that report for ever and its target's later evidence queued behind it (a request
-    id is a client's to choose: one API call could do that to an honest agent), while SQLite
-    stored it. Defence: refused at ingest with INVALID_ARGUMENT on both (the agent drops a
-    report so refused), naming what; the agent escapes a NUL it reads (test below)."""
+    path), or an indexed text (a request id, a path) of 2,816 bytes that do not compress,
+    within what a report may carry. Before: PostgreSQL refused the transaction (text takes
+    no NUL; its b-tree no index row over 2,704 bytes) and the agent was told UNAVAILABLE, so
+    it retried that report for ever and its target's later evidence queued behind it (a
+    request id is a client's to choose: one API call could do that to an honest agent),
+    while SQLite stored it. Defence: refused at ingest with INVALID_ARGUMENT on both (the
+    agent drops a report so refused), naming what; the agent escapes a NUL it reads and
+    hashes an id that long (tests below)."""
     with verifier(tmp_path, db=backend.target) as v:
         msg = report_msg(v, "a", "t", honest_processes())
-        if where == "request span":
-            span = msg.spans.add(internal_id="req\x00x", first_step=1, last_step=2, last_unix=1.0)
+        if where in ("request span", "long span id"):
+            internal = "req\x00x" if where == "request span" else LONG
+            span = msg.spans.add(internal_id=internal, first_step=1, last_step=2, last_unix=1.0)
             span.process.pid = 300
-        elif where == "request id":
-            rid = msg.request_ids.add(internal_id="req-1", external_id="cmpl-\x00-0", unix=1.0)
+        elif where in ("request id", "long request id"):
+            external = "cmpl-\x00-0" if where == "request id" else f"cmpl-{LONG}-0"
+            rid = msg.request_ids.add(internal_id="req-1", external_id=external, unix=1.0)
             rid.process.pid = 100
         elif where == "role":
             msg.processes[0].role = "api\x00server"
         else:
-            nul = dataclasses.replace(WORKER_FILES[0], path=SITE + "evil\x00.py")
-            w = with_digest(worker(files=(*WORKER_FILES, nul)))
+            name = "evil\x00.py" if where == "path" else LONG + ".py"
+            odd = dataclasses.replace(WORKER_FILES[0], path=SITE + name)
+            w = with_digest(worker(files=(*WORKER_FILES, odd)))
             msg = report_msg(v, "a", "t", (with_digest(api()), with_digest(engine()), w), seq=1)
         with pytest.raises(grpc.RpcError) as refused:
             v.stub.Report(pb.ReportRequest(report=msg))
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "NUL" in (refused.value.details() or "")
+        said = refused.value.details() or ""
+        assert ("NUL" if "long" not in where else "over 2048 bytes") in said
         send(v, report_msg(v, "a", "t", honest_processes(), seq=2))  # the next one is stored
         assert status(v)["t"][0] == pb.VERDICT_PASS
+
+
+def test_an_agent_hashes_a_request_id_longer_than_an_index_takes() -> None:
+    """The agent's side of a long id: an id whose UTF-8 bytes are over 2,048 (a client's
+    ``X-Request-Id``) is sent as its digest, as ``audit request`` looks it up; one of 2,048
+    bytes, or 2,048 characters of one byte, is sent as it is (characters of several bytes
+    count as their bytes)."""
+    assert F.bounded_id("x" * 2048) == "x" * 2048
+    assert F.bounded_id(LONG) == "sha256:" + hashlib.sha256(LONG.encode()).hexdigest()
+    wide = "é" * 1025  # 2,050 bytes in 1,025 characters
+    assert F.bounded_id(wide) == "sha256:" + hashlib.sha256(wide.encode()).hexdigest()
+    assert F.bounded_id("é" * 1024) == "é" * 1024
 
 
 def test_an_agent_escapes_a_nul_it_reads_from_the_probe() -> None:

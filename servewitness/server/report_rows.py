@@ -21,6 +21,7 @@ from servewitness.server.index import (
     write_request_counts,
 )
 from servewitness.server.manifest_rows import PreparedManifest
+from servewitness.wire.fields import MAX_INDEXED_BYTES
 
 
 @dataclass(frozen=True)
@@ -59,35 +60,60 @@ class PreparedReport:
     request_counts: list[tuple[Any, ...]]
 
 
-def nul_text(
+def unstorable_text(
     rep: StoredReport,
     manifests: Sequence[PreparedManifest],
     processes: Sequence[ProcessSeen],
     tails: bindings.Tails,
 ) -> str | None:
-    """What of REP's rows would put a NUL character in a column of text, or None. PostgreSQL's
-    text refuses one (the transaction fails: an agent told UNAVAILABLE retries that report
-    for ever, its target's evidence stuck behind it) and SQLite keeps it: refused before
-    either is asked, so a report means the same on both. (Text kept as JSON, the files' list
-    and a binding's hooks, escapes it; the report's body is bytes.)"""
-    for what, value in (("agent id", rep.agent_id), ("target", rep.target)):
-        if "\x00" in value:
-            return what
+    """What of REP's rows no database takes alike, or None: a NUL character in a column of
+    text (PostgreSQL refuses it, SQLite keeps it), or an indexed text (a request id, a file
+    path) over ``MAX_INDEXED_BYTES`` UTF-8 bytes (PostgreSQL's b-tree refuses an index row over
+    2,704). PostgreSQL's refusal failed the transaction, the agent was told UNAVAILABLE and
+    retried that report for ever, its target's evidence stuck behind it: refused here,
+    before either database is asked, so a report means the same on both. (Text kept as JSON,
+    the files' list and a binding's hooks, escapes a NUL; the report's body is bytes; an
+    agent hashes a request id that long itself: ``wire.fields.bounded_id``.)"""
+    return _named(rep, processes) or _bindings(tails) or _paths(manifests)
+
+
+def _named(rep: StoredReport, processes: Sequence[ProcessSeen]) -> str | None:
+    named = [("the agent id", rep.agent_id), ("the target", rep.target)]
     for p in processes:
         for what, v in (("boot id", p.boot_id), ("role", p.role),
                         ("container id", p.container_id), ("runner", p.runner)):  # fmt: skip
-            if v is not None and "\x00" in v:
-                return f"pid {p.pid}'s {what}"
-    for kind, rows in (("request span", tails.spans), ("request id", tails.ids)):
+            if v is not None:
+                named.append((f"pid {p.pid}'s {what}", v))
+    return next((f"{what} holds a NUL character" for what, v in named if "\x00" in v), None)
+
+
+def _bindings(tails: bindings.Tails) -> str | None:
+    for kind, rows, indexed in (
+        ("request span", tails.spans, (3,)),  # boot_id, pid, start_ticks, internal_id, ...
+        ("request id", tails.ids, (0, 1, 2)),  # internal_id, external_id, client_id, unix
+    ):
         for row in rows:
-            for v in row:
-                if v.__class__ is str and "\x00" in v:
-                    return f"a {kind} ({v[:64]!r})"
+            nul = next((v for v in row if v.__class__ is str and "\x00" in v), None)
+            if nul is not None:
+                return f"a {kind} ({nul[:64]!r}) holds a NUL character"
+            long = next((row[i] for i in indexed if _too_long(row[i])), None)
+            if long is not None:
+                return f"a {kind}'s id ({long[:64]!r}...) is over {MAX_INDEXED_BYTES} bytes"
+    return None
+
+
+def _paths(manifests: Sequence[PreparedManifest]) -> str | None:
     for m in manifests:
         for (path,) in m.index.paths:
             if "\x00" in path:
-                return f"a path of manifest {m.digest}"
+                return f"a path of manifest {m.digest} holds a NUL character"
+            if _too_long(path):
+                return f"a path of manifest {m.digest} is over {MAX_INDEXED_BYTES} bytes"
     return None
+
+
+def _too_long(text: str) -> bool:
+    return len(text) > MAX_INDEXED_BYTES // 4 and len(text.encode()) > MAX_INDEXED_BYTES
 
 
 def prepare(

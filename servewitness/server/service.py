@@ -216,12 +216,11 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         )
         prepared = self.store.prepare_manifests(manifests)
         seen = processes_seen(report.processes)
-        unstorable = report_rows.nul_text(stored, prepared, seen, tails)
+        unstorable = report_rows.unstorable_text(stored, prepared, seen, tails)
         if unstorable is not None:
             context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"report {report.seq}: {unstorable} holds a NUL character, which no text "
-                "column stores",
+                f"report {report.seq} not storable alike in every database: {unstorable}",
             )
         who = self.auth.authenticated_as(peer)
         receipt = follow.ReceiptAt(who, received[1])  # made as its row is written

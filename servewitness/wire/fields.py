@@ -51,6 +51,9 @@ MAX_UNIX_TIME = 253_402_300_799
 library can print (Python's datetime stops at year 9999)."""
 
 MAX_TEXT = 4096  # any one name, label or reason
+# The most UTF-8 bytes of a text a verifier's database indexes (a request id, a file path):
+# PostgreSQL's b-tree refuses an index row over 2,704 bytes, whatever the text's limit.
+MAX_INDEXED_BYTES = 2048
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")  # servewitness.model.manifest_digest
 
@@ -176,15 +179,20 @@ def text(value: str, at: str) -> str:
 
 
 def bounded_id(value: str) -> str:
-    """VALUE, or when it is longer than a report may carry (``MAX_TEXT``) its digest,
-    ``sha256:<hex>`` of its UTF-8 bytes. Request ids come from whoever sends vLLM a request
-    (an ``X-Request-Id`` of 5,000 characters is accepted there): a report carrying one was
-    refused by the agent's own decoder when read back from its spool, and retried forever,
-    while the target went stale. ``verifier audit request`` hashes a query that long the same
-    way, so the full external or internal id still finds the request."""
-    if len(value) <= MAX_TEXT:
+    """VALUE, or when its UTF-8 bytes are more than a verifier's database indexes
+    (``MAX_INDEXED_BYTES``) its digest, ``sha256:<hex>`` of those bytes. Request ids come from
+    whoever sends vLLM a request (an ``X-Request-Id`` of 5,000 characters is accepted there):
+    a report carrying one was refused by the agent's own decoder when read back from its
+    spool, and retried forever, while the target went stale; and one of 2,800 bytes, within
+    what a report may carry, was refused by PostgreSQL's index (UNAVAILABLE, retried for
+    ever). ``verifier audit request`` looks a query up as it is and as this makes it, so the
+    full external or internal id still finds the request."""
+    if len(value) <= MAX_INDEXED_BYTES // 4:  # four bytes a character at most
         return value
-    return "sha256:" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
+    data = value.encode("utf-8", "surrogatepass")
+    if len(data) <= MAX_INDEXED_BYTES:
+        return value
+    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 def reject_constant(name: str) -> NoReturn:
