@@ -2,7 +2,7 @@
 stored body cut from the message as it arrived, the bindings made rows straight from the
 message, the content-addressed manifests and what the verdicts are judged on. Each works
 through a real verifier (``tests.helpers.running_verifier``) on a real gRPC listener and a
-real SQLite database.
+real SQLite database (and a real PostgreSQL where the store decides).
 
 Written by an attacker who had not read the code (2026-12-07). Four of its five attacks worked
 and are closed; each test is the attack, run for real, asserting the defence, and says what
@@ -22,7 +22,12 @@ the attack did before:
 - files sent without a manifest digest were never checked nor stored, and the process judged
   as having loaded nothing (PASS): refused at ingest, and a process whose files are not known
   (no digest, nothing stored under it) is judged as such (PENDING), never as loading
-  nothing."""
+  nothing.
+
+Its untried ideas, tried: a NUL in a stored text or an indexed text over what PostgreSQL's
+b-tree takes stalled an agent for ever (PostgreSQL refused the transaction: UNAVAILABLE, the
+report retried), while SQLite stored it: refused at ingest on both, and the agent escapes or
+hashes what it reads (the last tests)."""
 
 from __future__ import annotations
 
