@@ -141,9 +141,11 @@ def test_the_store_reads_ids_in_chunks_with_the_same_answer(
 def test_an_id_too_long_to_report_is_reported_by_its_digest() -> None:
     from servewitness.wire import fields as F
 
-    assert F.bounded_id("r" * F.MAX_TEXT) == "r" * F.MAX_TEXT
-    long = "r" * (F.MAX_TEXT + 1)
-    assert F.bounded_id(long) == "sha256:" + hashlib.sha256(long.encode()).hexdigest()
+    # the bound is what a database indexes (MAX_INDEXED_BYTES of UTF-8), below a text's limit
+    assert F.MAX_INDEXED_BYTES < F.MAX_TEXT
+    assert F.bounded_id("r" * F.MAX_INDEXED_BYTES) == "r" * F.MAX_INDEXED_BYTES
+    for long in ("r" * (F.MAX_INDEXED_BYTES + 1), "r" * (F.MAX_TEXT + 1)):
+        assert F.bounded_id(long) == "sha256:" + hashlib.sha256(long.encode()).hexdigest()
 
 
 def test_the_agent_never_spools_a_report_its_own_decoder_refuses(tmp_path: Path) -> None:
