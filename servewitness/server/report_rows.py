@@ -21,7 +21,7 @@ from servewitness.server.index import (
     write_request_counts,
 )
 from servewitness.server.manifest_rows import PreparedManifest
-from servewitness.wire.fields import MAX_INDEXED_BYTES
+from servewitness.wire.fields import MAX_INDEXED_BYTES, over_index
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ def _bindings(tails: bindings.Tails) -> str | None:
             nul = next((v for v in row if v.__class__ is str and "\x00" in v), None)
             if nul is not None:
                 return f"a {kind} ({nul[:64]!r}) holds a NUL character"
-            long = next((row[i] for i in indexed if _too_long(row[i])), None)
+            long = next((row[i] for i in indexed if over_index(row[i])), None)
             if long is not None:
                 return f"a {kind}'s id ({long[:64]!r}...) is over {MAX_INDEXED_BYTES} bytes"
     return None
@@ -107,13 +107,9 @@ def _paths(manifests: Sequence[PreparedManifest]) -> str | None:
         for (path,) in m.index.paths:
             if "\x00" in path:
                 return f"a path of manifest {m.digest} holds a NUL character"
-            if _too_long(path):
+            if over_index(path):
                 return f"a path of manifest {m.digest} is over {MAX_INDEXED_BYTES} bytes"
     return None
-
-
-def _too_long(text: str) -> bool:
-    return len(text) > MAX_INDEXED_BYTES // 4 and len(text.encode()) > MAX_INDEXED_BYTES
 
 
 def prepare(

@@ -187,12 +187,16 @@ def bounded_id(value: str) -> str:
     what a report may carry, was refused by PostgreSQL's index (UNAVAILABLE, retried for
     ever). ``verifier audit request`` looks a query up as it is and as this makes it, so the
     full external or internal id still finds the request."""
+    if not over_index(value):
+        return value
+    return "sha256:" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def over_index(value: str) -> bool:
+    """Whether VALUE's UTF-8 bytes are more than a database indexes (``MAX_INDEXED_BYTES``)."""
     if len(value) <= MAX_INDEXED_BYTES // 4:  # four bytes a character at most
-        return value
-    data = value.encode("utf-8", "surrogatepass")
-    if len(data) <= MAX_INDEXED_BYTES:
-        return value
-    return "sha256:" + hashlib.sha256(data).hexdigest()
+        return False
+    return len(value.encode("utf-8", "surrogatepass")) > MAX_INDEXED_BYTES
 
 
 def reject_constant(name: str) -> NoReturn:
