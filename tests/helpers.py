@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -383,3 +384,18 @@ def spec_worker(method: str, k: int) -> Any:
 
     _vllm._wrap_worker_class(Worker)
     return Worker()
+
+
+def threads_started(monkeypatch: Any) -> list[threading.Thread]:
+    """Every thread started from now until the test ends, in order. A test about the threads
+    its code starts counts these, never ``threading.active_count()``: an earlier test in the
+    same worker may leave threads of its own that come and go (that flaked CI)."""
+    started: list[threading.Thread] = []
+    real_start = threading.Thread.start
+
+    def start(self: threading.Thread) -> None:
+        started.append(self)
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    return started

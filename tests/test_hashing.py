@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import threading
 from pathlib import Path
 
 import pytest
 
 from servewitness.evidence.hashing import Hasher
+from tests.helpers import threads_started
 
 
 def _sha(data: bytes) -> str:
@@ -143,9 +143,11 @@ def test_an_error_in_the_callers_part_stops_the_threads_and_is_raised(
         return real(self, path)
 
     monkeypatch.setattr(Hasher, "hash_file", boom)
+    started = threads_started(monkeypatch)
     with pytest.raises(MemoryError, match="the caller's part"):
         Hasher(cache=False).hash_files([str(big), str(small)])
-    assert threading.active_count() == 1  # no hashing thread left behind
+    assert [t.name for t in started] == [hashing.THREAD_NAME]  # the big file had a thread
+    assert [t for t in started if t.is_alive()] == []  # and it was joined, not left behind
 
 
 def test_short_reads_of_a_small_file_are_read_on(

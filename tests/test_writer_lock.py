@@ -37,7 +37,7 @@ from servewitness.server import db as dbmodule
 from servewitness.server.db import open_database
 from servewitness.server.store import Store
 from servewitness.server.writer_queue import WriterLockTimeout, WriterQueue
-from tests.helpers import agent_stub, running_verifier
+from tests.helpers import agent_stub, running_verifier, threads_started
 from tests.test_backpressure import audit_ok
 from tests.test_contention import manifest, report
 from tests.test_group_commit import save_concurrently
@@ -171,7 +171,9 @@ def test_a_batch_the_lock_refused_is_not_retried_write_by_write(
         s.close()
 
 
-def test_a_writer_that_gave_up_leaves_no_lock_behind(tmp_path: Path) -> None:
+def test_a_writer_that_gave_up_leaves_no_lock_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A writer that gave up leaves a thread waiting in the kernel for the lock. The next
     writer takes that wait over (one thread, not one per try: two waits on one open file
     would each believe they hold its one lock); and when the lock comes with no writer
@@ -181,11 +183,11 @@ def test_a_writer_that_gave_up_leaves_no_lock_behind(tmp_path: Path) -> None:
     q = WriterQueue(path)
     try:
         with stopped_writer(path):
-            before = threading.active_count()
+            started = threads_started(monkeypatch)
             for _ in range(3):
                 with pytest.raises(WriterLockTimeout, match=HELD):
                     q.acquire(0.1)
-            assert q.waits == 3 and threading.active_count() == before + 1
+            assert q.waits == 3 and len(started) == 1
         other = os.open(path, os.O_RDONLY)  # another process's open file, as far as flock knows
 
         def other_gets_it() -> bool:

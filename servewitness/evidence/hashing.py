@@ -30,6 +30,9 @@ from dataclasses import dataclass
 from servewitness.evidence.regular import open_regular_stat
 
 CHUNK = 1 << 20
+# The name of the hashing threads (what py-spy and a test that none is left behind see).
+THREAD_NAME = "servewitness-hash"
+
 # Files smaller than this are hashed by the caller of ``hash_files``, bigger ones by threads.
 SMALL = 1 << 18
 # No file the agent hashes is bigger (the largest CUDA libraries are a few GB); a sparse file of
@@ -142,7 +145,9 @@ class Hasher:
             except BaseException as e:  # noqa: BLE001 - re-raised in the caller, as the pool did
                 raised.append(e)
 
-        threads = [threading.Thread(target=work) for _ in range(min(self.workers, big))]
+        threads = [
+            threading.Thread(target=work, name=THREAD_NAME) for _ in range(min(self.workers, big))
+        ]
         for t in threads:
             t.start()
         try:
