@@ -113,6 +113,11 @@ EXPECT: dict[str, tuple[str, ...]] = {
         r"longest hold of the store's lock by one chunk of \d+ ids: \d+\.\d+ ms",
         FLOOR,
     ),
+    "seal_history.py": (
+        r"with count / no count at \d+ windows = \d+\.\d+ \(paired per round",
+        r"the count adds -?\d+\.\d+ ms per seal",
+        FLOOR,
+    ),
     "ledger_audit.py": (
         r"both arms' root and proof equal: True",
         r"kept tree / whole ledger at \d+ entries = \d+\.\d+ \(paired per round",

@@ -7,9 +7,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from servewitness.errors import ConfigError, UsageError
+
+if TYPE_CHECKING:
+    from servewitness.ledger.verify_seal import SealCheck
 
 DESCRIPTION = """\
 Check a measurement window's seal (RESULTS.seal.json from `verifier exec` or `verifier seal`)
@@ -20,7 +23,9 @@ seal's ledger entries (their hashes, their subjects recomputed from the statemen
 inclusion in the signed checkpoint); with --results, that the file's bytes are the ones
 sealed; with --requests (the harness's request ids, one per line), that the seal checked
 exactly those ids; with --checkpoint (a note kept elsewhere), that the seal's checkpoint
-extends it when the seal carries the proof (else said to be not checked).
+extends it when the seal carries the proof (else said to be not checked). It prints how many
+other windows the verifier's ledger held when this one was sealed, by outcome, on its run and
+on the whole ledger: a result chosen from several attempts says so.
 
 Exit 0: everything verifies AND the window held. 1: it verifies but the window did not hold,
 or something does not match (each named). 3: the seal, key, checkpoint, results or requests
@@ -78,19 +83,26 @@ def run_verify_seal(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(r.to_json(), indent=2))
     else:
-        for c in r.checks:
-            print(f"ok   {c}")
-        for n in r.not_checked:
-            print(f"not checked: {n}")
-        for p in r.problems:
-            print(f"FAIL {p}", file=sys.stderr)
-        for f in r.findings:
-            print(f"finding {f.get('id')}: {f.get('message')}")
-        state = "held" if r.held else "did NOT hold"
-        if r.verified:
-            print(f"seal verified: window {r.window_id} on run {r.run} {state}")
-        else:
-            print(
-                f"seal does NOT verify ({len(r.problems)} problem(s)); it says the window {state}"
-            )
+        _print(r)
     return 0 if r.ok else 1
+
+
+def _print(r: SealCheck) -> None:
+    """The check as text: what passed, what was not checked, what failed, the window."""
+    for c in r.checks:
+        print(f"ok   {c}")
+    for n in r.not_checked:
+        print(f"not checked: {n}")
+    for p in r.problems:
+        print(f"FAIL {p}", file=sys.stderr)
+    for f in r.findings:
+        print(f"finding {f.get('id')}: {f.get('message')}")
+    if r.other_windows is not None:
+        from servewitness.client.window import other_windows_line
+
+        print(other_windows_line(r.other_windows, str(r.run)))
+    state = "held" if r.held else "did NOT hold"
+    if r.verified:
+        print(f"seal verified: window {r.window_id} on run {r.run} {state}")
+    else:
+        print(f"seal does NOT verify ({len(r.problems)} problem(s)); it says the window {state}")

@@ -158,5 +158,29 @@ def describe(content: dict[str, Any]) -> list[str]:
         )
     else:
         lines.append("requests: not checked (no request ids given: --requests)")
+    lines.append(other_windows_line(content.get("other_windows"), str(content.get("run"))))
     lines += [f"FAIL {f['id']}: {f['message']}" for f in content.get("findings", [])]
     return lines
+
+
+_OUTCOME_WORDS = (("held", "held"), ("not_held", "did not hold"), ("not_sealed", "never sealed"),
+                  ("unreadable", "unreadable in the database"))  # fmt: skip
+
+
+def other_windows_line(counts: object, run: str) -> str:
+    """What a seal says of the other windows its verifier's ledger held when it was sealed
+    (``server/window_rows.other_windows``): the ones a result could have been chosen from."""
+    if not isinstance(counts, dict):
+        return "other windows: not counted (a seal made before seals counted them)"
+
+    def scope(c: dict[str, Any]) -> str:
+        parts = [f"{c.get(k, 0)} {words}" for k, words in _OUTCOME_WORDS if c.get(k)]
+        return f"{c.get('opened', 0)}" + (f" ({', '.join(parts)})" if parts else "")
+
+    on_run, on_ledger = counts.get("run") or {}, counts.get("ledger") or {}
+    if not on_ledger.get("opened"):
+        return "other windows: none (the first window on this verifier's ledger)"
+    return (
+        f"other windows when this one was sealed: {scope(on_run)} on run {run}, "
+        f"{scope(on_ledger)} on the whole ledger"
+    )

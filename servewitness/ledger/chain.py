@@ -186,13 +186,25 @@ def _contents(db: Database) -> Iterator[tuple[str, str, str, float]]:
         "SELECT id, opened_unix, content_json FROM windows ORDER BY rowid"
     ):
         yield "window", str(wid), window_subject(content_json), at
-    for wid, at, content_json in db.execute(
-        "SELECT window_id, sealed_unix, content_json FROM seals ORDER BY rowid"
+    sealed = "held" if db.has_column("seals", "held") else "NULL"
+    for wid, at, content_json, held in db.execute(
+        f"SELECT window_id, sealed_unix, content_json, {sealed} FROM seals ORDER BY rowid"  # noqa: S608
     ):
-        yield "seal", str(wid), seal_subject(content_json), at
+        # The held column, what later seals count, must say what the ledgered content says.
+        agrees = held is None or seal_held(content_json) is bool(held)
+        yield "seal", str(wid), seal_subject(content_json) if agrees else "", at
     for ref, target, received, spans, ids, counts in bindings.stored_batches(db):
         subject = bindings_subject(ref, target, received, spans, ids, counts)
         yield "bindings", ref, subject, received
+
+
+def seal_held(content_json: str) -> bool | None:
+    """The ``held`` of a seal's stored content (None: not a seal's content)."""
+    try:
+        held = json.loads(content_json).get("held")
+    except (ValueError, AttributeError):
+        return None
+    return held if isinstance(held, bool) else None
 
 
 def backfill(db: Database, now: float) -> int:

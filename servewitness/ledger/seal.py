@@ -23,8 +23,10 @@ stored (``chain.canonical`` of each recomputes the entry's subject): the window 
 policy digest, times, the evidence per process at each end (agent id, report seq, that
 report's ledger entry, manifest digest, authenticated_as, evidence age, the probe's own
 errors: the first ten and their count), every hook's counts,
-the findings, held or not, the unsafe policy flags, the results' digest and the verifier's key
-id. The statement is signed by the verifier's ledger key (the one that signs checkpoints).
+the findings, held or not, the unsafe policy flags, the results' digest, the verifier's key
+id, and every other window the ledger held just before the seal entry, counted by outcome on
+the run and on the whole ledger (``other_windows``: a result chosen from several attempts says
+so). The statement is signed by the verifier's ledger key (the one that signs checkpoints).
 Checking it is :mod:`servewitness.ledger.verify_seal`.
 """
 

@@ -7,7 +7,9 @@ Checked, in order (each failure is named; later checks still run where they can)
 2. the payload is an in-toto Statement of the measurement-window predicate type, and its
    gate decision agrees with the seal content: same run, policy digest and verifier key id
    (the key given), ``verificationResult`` PASS exactly when ``held``, the same findings, and
-   the subject is the sealed results' name and sha256;
+   the subject is the sealed results' name and sha256; the count of the other windows
+   (``other_windows``) is well formed, and (with 4) taken over the ledger before the seal
+   entry;
 3. the checkpoint note is signed by the same key;
 4. the open and seal ledger entries: each hash recomputes from its fields, their kinds and
    refs are ``window``/``seal`` of this window id, their subjects recompute from the
@@ -55,6 +57,8 @@ class SealCheck:
     window_id: str | None = None
     results: dict[str, Any] | None = None
     requests: dict[str, Any] | None = None  # the seal's requests summary (None: not checked)
+    # the windows the ledger held beside this one at the seal (None: the seal predates them)
+    other_windows: dict[str, Any] | None = None
     findings: list[dict[str, Any]] = field(default_factory=list)
     ledger_range: list[int] | None = None
     checkpoint_size: int | None = None
@@ -76,6 +80,7 @@ class SealCheck:
             "window_id": self.window_id,
             "results": self.results,
             "requests": self.requests,
+            "other_windows": self.other_windows,
             "findings": self.findings,
             "ledger_range": self.ledger_range,
             "checkpoint_size": self.checkpoint_size,
@@ -155,6 +160,7 @@ class _Check:
         self.r.results = sl.get("results") if isinstance(sl.get("results"), dict) else None
         self.r.findings = list(sl.get("findings") or [])
         self.shape(p, w, sl, s.subjects)
+        self.others(sl)
         return p, s.subjects
 
     def shape(
@@ -192,6 +198,22 @@ class _Check:
                 "statement: measurement-window predicate; decision, window and seal agree; "
                 "subject is the sealed results"
             )
+
+    def others(self, sl: Mapping[str, Any]) -> None:
+        """The seal's count of the other windows (``server/window_rows.other_windows``): read,
+        its shape checked; that its ledger size is the seal entry's is checked with the
+        entries."""
+        if "other_windows" not in sl:
+            self.r.not_checked.append(
+                "which other windows the verifier had opened when it sealed this one: the "
+                "seal predates that count (a later seal counts them)"
+            )
+            return
+        c = sl["other_windows"]
+        if not other_windows_shape(c):
+            self.fail("the seal's count of the other windows is malformed")
+            return
+        self.r.other_windows = c
 
     # 3 -------------------------------------------------------------------------------------
     def checkpoint(self, text: object) -> tuple[bytes, int] | None:
@@ -235,6 +257,12 @@ class _Check:
                 self.fail("the seal closes another window entry")
             if not o.seq < s.seq:
                 self.fail("the seal entry does not come after the window's")
+            counted = self.r.other_windows
+            if counted is not None and counted["ledger_size"] != s.seq - 1:
+                self.fail(
+                    f"the seal counts the other windows of a ledger of {counted['ledger_size']} "
+                    f"entries, not of the {s.seq - 1} before its own entry"
+                )
             self.r.ledger_range = [o.seq, s.seq]
         if len(self.r.problems) == before:
             self.r.checks.append(
@@ -396,6 +424,31 @@ class _Check:
             "--key KEY --verifier ADDR` (or `--db DB`), then check the seal against that "
             "command's newer note"
         )
+
+
+_OUTCOMES = ("held", "not_held", "not_sealed", "unreadable")
+
+
+def other_windows_shape(c: object) -> bool:
+    """C is ``{ledger_size, ledger: COUNTS, run: COUNTS}`` of non-negative integers, each
+    COUNTS' outcomes adding up to its ``opened``, the run's inside the ledger's."""
+
+    def nat(x: object) -> bool:
+        return type(x) is int and x >= 0
+
+    if not isinstance(c, dict) or set(c) != {"ledger_size", "ledger", "run"}:
+        return False
+    scopes = [c["ledger"], c["run"]]
+    if not nat(c["ledger_size"]) or not all(
+        isinstance(x, dict) and set(x) == {"opened", *_OUTCOMES} and all(map(nat, x.values()))
+        for x in scopes
+    ):
+        return False
+    return (
+        all(x["opened"] == sum(x[k] for k in _OUTCOMES) for x in scopes)
+        and all(c["run"][k] <= c["ledger"][k] for k in ("opened", *_OUTCOMES))
+        and c["ledger"]["opened"] < c["ledger_size"]  # its own window entry is among them
+    )
 
 
 def check_seal(

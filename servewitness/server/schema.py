@@ -207,15 +207,30 @@ ADDED_COLUMNS = (
     # How the verifier that stored a report received it (server/follow.py): what another
     # verifier on the same database needs to judge it; NULL in a report stored before.
     ("reports", "receipt_json", "TEXT"),
+    # Whether a seal held (1, 0), as its content says (the ledger walk checks they agree): what
+    # a later seal counts without reading every seal's content; NULL in a seal stored before.
+    ("seals", "held", "INTEGER"),
+)
+
+
+# Indexes over columns of ADDED_COLUMNS (made once the columns are there).
+ADDED_INDEXES = (
+    # What a seal counts of the other windows (server/window_rows.other_windows), read from
+    # these indexes alone: a seal's row is its content's size (kilobytes, overflow pages),
+    # and its added held column comes after the content.
+    "CREATE INDEX IF NOT EXISTS seals_held ON seals (window_id, held)",
+    "CREATE INDEX IF NOT EXISTS windows_runs ON windows (id, run)",
 )
 
 
 def add_columns(db: Database) -> list[str]:
-    """Add every ``ADDED_COLUMNS`` column DB lacks (inside the caller's transaction); the
-    ``table.column`` names added."""
+    """Add every ``ADDED_COLUMNS`` column DB lacks and the ``ADDED_INDEXES`` (inside the
+    caller's transaction); the ``table.column`` names added."""
     added = []
     for table, column, kind in ADDED_COLUMNS:
         if not db.has_column(table, column):
             db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")  # fixed names
             added.append(f"{table}.{column}")
+    for statement in ADDED_INDEXES:
+        db.execute(statement)
     return added

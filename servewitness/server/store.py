@@ -208,12 +208,22 @@ class Store:
         self._tx([], add)
         return out[0]
 
-    def record_seal(self, wid: str, run: str, at: float, content_json: str) -> LedgerEntry:
-        """Store and ledger the seal of window WID (``window_rows.AlreadySealed``: it has one)."""
+    def record_seal(
+        self, wid: str, run: str, at: float, content: dict[str, Any]
+    ) -> tuple[LedgerEntry, str]:
+        """Store and ledger the seal of window WID (``window_rows.AlreadySealed``: it has one);
+        CONTENT gets every other window the ledger holds before it, by outcome. (Its entry,
+        the content as stored.)"""
         from servewitness.server import window_rows
 
-        out: list[LedgerEntry] = []
-        self._tx([], lambda db: out.append(window_rows.insert_seal(db, wid, run, at, content_json)))
+        out: list[tuple[LedgerEntry, str]] = []
+
+        def add(db: Database) -> None:
+            content["other_windows"] = window_rows.other_windows(db, wid, run)
+            text = chain.canonical(content)
+            out.append((window_rows.insert_seal(db, wid, run, at, text), text))
+
+        self._tx([], add)
         return out[0]
 
     def get_window(self, wid: str) -> window_rows.StoredWindow | None:

@@ -44,12 +44,52 @@ def insert_window(db: Database, wid: str, run: str, at: float, content_json: str
 def insert_seal(db: Database, wid: str, run: str, at: float, content_json: str) -> LedgerEntry:
     if db.execute("SELECT 1 FROM seals WHERE window_id = ?", (wid,)).fetchone():
         raise AlreadySealed(f"window {wid} is already sealed")
+    held = chain.seal_held(content_json)
     db.execute(
-        "INSERT INTO seals (window_id, run, sealed_unix, content_json) VALUES (?, ?, ?, ?)",
-        (wid, run, at, content_json),
+        "INSERT INTO seals (window_id, run, sealed_unix, content_json, held) "
+        "VALUES (?, ?, ?, ?, ?)",
+        (wid, run, at, content_json, None if held is None else int(held)),
     )
     chain.append(db, at, "seal", wid, chain.seal_subject(content_json))
     return _last_entry(db)
+
+
+# What became of a window, as the ledger says when another window is sealed: its seal held,
+# did not hold, it has no seal, or its stored content cannot tell (a row missing or edited:
+# `audit verify` names which).
+OUTCOMES = ("held", "not_held", "not_sealed", "unreadable")
+
+
+def other_windows(db: Database, wid: str, run: str) -> dict[str, Any]:
+    """Every window the ledger holds but WID, counted by outcome, on the whole ledger and on
+    RUN (inside the transaction that appends WID's seal, so the counts are exactly those of
+    the entries before it): what a seal says about the windows it was chosen from. A window
+    whose stored row is gone counts on the ledger only, as unreadable."""
+    # Each table read alone, from an index that holds what is read (a join would read the
+    # seals' rows, kilobytes each, through their unique key), and joined here.
+    held = dict(db.execute("SELECT window_id, held FROM seals").fetchall())
+    for ref in [r for r, h in held.items() if h is None]:  # stored before the held column
+        row = db.execute("SELECT content_json FROM seals WHERE window_id = ?", (ref,)).fetchone()
+        held[ref] = chain.seal_held(str(row[0]))
+    outcome = {
+        str(ref): "unreadable" if held.get(ref) is None else _OUTCOME[bool(held[ref])]
+        for (ref,) in db.execute("SELECT ref FROM ledger WHERE kind = 'seal'").fetchall()
+    }
+    runs = dict(db.execute("SELECT id, run FROM windows").fetchall())
+    counts = {"ledger": dict.fromkeys(("opened", *OUTCOMES), 0)}
+    counts["run"] = dict(counts["ledger"])
+    for (ref,) in db.execute("SELECT ref FROM ledger WHERE kind = 'window'").fetchall():
+        if ref == wid:
+            continue
+        wrun = runs.get(ref)
+        got = "unreadable" if wrun is None else outcome.get(str(ref), "not_sealed")
+        for scope in ("ledger", "run") if wrun == run else ("ledger",):
+            counts[scope]["opened"] += 1
+            counts[scope][got] += 1
+    return {"ledger_size": ledger_size(db), **counts}
+
+
+_OUTCOME = {True: "held", False: "not_held"}
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from servewitness import wire
-from servewitness.ledger.chain import canonical
 from servewitness.model import ProcessKey, RunVerdict, Verdict
 from servewitness.policy import Policy, unsafe_flags
 from servewitness.policy import window as pw
@@ -317,7 +316,7 @@ class Windows:
             "requests": requests,
         }
         try:
-            entry = self.store.record_seal(req.window_id, req.run, sealed, canonical(content))
+            entry, _ = self.store.record_seal(req.window_id, req.run, sealed, content)
         except AlreadySealed as e:
             raise WindowError("exists", str(e)) from None
         cp = self.store.sign_checkpoint(key)
