@@ -15,6 +15,7 @@ Real verifier, real gRPC, a real agent over a probed stepping worker (tests/test
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,18 @@ def _seal(
     return c.seal_window(sealing).held
 
 
+def _harness(v: V, stepper: Stepper, results: Path) -> subprocess.CompletedProcess[str]:
+    """A window on run r as a harness makes one (`verifier window`, steps, `verifier seal`
+    over RESULTS, held): the seal command's output."""
+    w = v.tmp / "w.json"
+    out = cli("window", "r", "--out", str(w), "--timeout", "30", "--verifier", v.addr)
+    assert out.returncode == 0, out.stderr
+    stepper.do("step", 3)
+    out = cli("seal", "r", "--window", str(w), "--results", str(results), "--timeout", "30")
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out
+
+
 def test_the_seal_shown_names_the_attempts_it_was_chosen_from(
     verifier: V, stepper: Stepper, reporting: Daemon
 ) -> None:
@@ -58,14 +71,8 @@ def test_the_seal_shown_names_the_attempts_it_was_chosen_from(
         assert not _seal(c, "r", results, stepper, ("never-served",))  # 1: did not hold
         c.open_window("r", 30)  # attempt 2: abandoned, never sealed
         assert _seal(c, "other", results, stepper)  # 3, on another run: no hiding place
-    # The attempt shown, as a harness makes it.
-    w = v.tmp / "w.json"
-    out = cli("window", "r", "--out", str(w), "--timeout", "30", "--verifier", v.addr)
-    assert out.returncode == 0, out.stderr
-    stepper.do("step", 4)
     results.write_text('{"tokens_per_s": 123.4}\n')
-    out = cli("seal", "r", "--window", str(w), "--results", str(results), "--timeout", "30")
-    assert out.returncode == 0, out.stdout + out.stderr
+    out = _harness(v, stepper, results)  # the attempt shown
     line = (
         "other windows when this one was sealed: 2 (1 did not hold, 1 never sealed) on run r, "
         "3 (1 held, 1 did not hold, 1 never sealed) on the whole ledger"
@@ -106,12 +113,7 @@ def test_the_first_window_says_it_was_the_first(
     v = verifier
     results = v.tmp / "results.json"
     results.write_text("{}\n")
-    w = v.tmp / "w.json"
-    out = cli("window", "r", "--out", str(w), "--timeout", "30", "--verifier", v.addr)
-    assert out.returncode == 0, out.stderr
-    stepper.do("step", 2)
-    out = cli("seal", "r", "--window", str(w), "--results", str(results), "--timeout", "30")
-    assert out.returncode == 0, out.stdout + out.stderr
+    out = _harness(v, stepper, results)
     assert "other windows: none (the first window on this verifier's ledger)" in out.stdout
     code, r = verify_seal(v, results.with_name("results.json.seal.json"))
     assert code == 0 and r["other_windows"]["ledger"] == ZERO, r
