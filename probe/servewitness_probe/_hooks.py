@@ -20,9 +20,15 @@ Two ways to get one:
   through the API. ``name=module:qualname@device`` also counts on the device, so that the
   count advances on every replay of a captured CUDA graph (``_device``);
   ``name=module:qualname@first`` fires once, on the first call, and then costs nothing
-  (``_firsthit``). Malformed entries
-  are reported by the probe (journal ``error`` records), never raised: vLLM start-up must
-  not depend on a typo.
+  (``_firsthit``); one mode suffix at most. Malformed entries are reported by the probe
+  (journal ``error`` records), never raised: vLLM start-up must not depend on a typo.
+
+A hook name is declared once per process, on one thing (``_claim``): a function or method
+(``VERIFIER_HOOKS`` ``module:qualname``, or ``@hook`` on one function), a module, or the API
+alone (the first ``hook.fire``). A second declaration of the name on anything else, in either
+order, is refused and said as a probe error (judged: no PASS rests on the hook); it gets no
+counter and changes nothing of the first. A hook declared on a function or method counts
+only its wrapper's calls: ``hook.fire`` and ``hook.device_counter`` refuse it.
 
 One fire is a few memoryview operations on the shared counters: fires, the process's step
 count at the first and at the latest fire.
@@ -31,10 +37,12 @@ count at the first and at the latest fire.
 from __future__ import annotations
 
 import functools
+import os
 import re
 import sys
+import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, TypeVar
 
@@ -47,11 +55,41 @@ _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _CO_COROUTINE = 0x80
 
+MODES = ("device", "first")  # a VERIFIER_HOOKS target's "@mode" suffixes
+
 _bases: dict[str, int] = {}
-# Hooks declared on a function or method: only their wrapper counts their fires (hook.fire
-# refuses them: code elsewhere in the process cannot credit the declared target's hook).
-_wrapped_only: set[str] = set()
 _env_applied = False
+
+
+@dataclass(frozen=True)
+class _Claim:
+    """What a hook name was declared on, the first time (the only one: see ``_claim``)."""
+
+    target: str  # as journaled: "module:qualname[@mode]", "module", "" (fired by name)
+    source: str  # as journaled: "env" (VERIFIER_HOOKS) or "api"
+    how: str  # "env", "decorator" or "api" (hook.fire / hook.device_counter)
+    wrapped: bool  # on a function or method: only its wrapper counts its fires
+    # A decorator's: the function it decorated and the wrappers made of it (identity only:
+    # the same function decorated again under the same name is the same declaration).
+    fns: list[Any] = field(default_factory=list, compare=False)
+
+    def describe(self) -> str:
+        if self.how == "api":
+            return "no target (fired by name through the API)"
+        return f"{self.target} ({'VERIFIER_HOOKS' if self.how == 'env' else '@hook'})"
+
+
+_claims: dict[str, _Claim] = {}
+_api: dict[str, int] = {}  # hooks the API may fire (declared on a module, or by name): base
+_claim_lock = threading.Lock()
+
+
+def _new_lock() -> None:
+    global _claim_lock
+    _claim_lock = threading.Lock()  # a fork may have copied it held by a thread not copied
+
+
+os.register_at_fork(after_in_child=_new_lock)
 
 
 @dataclass(frozen=True)
@@ -87,9 +125,15 @@ def parse_hooks(text: str) -> tuple[list[HookDecl], list[str]]:
         if not _NAME.match(name):
             errors.append(f"entry {entry!r}: hook name may use letters, digits, '_', '.', '-'")
             continue
-        device, first = target.endswith("@device"), target.endswith("@first")
-        target = target.removesuffix("@device").removesuffix("@first")
-        module, colon, qualname = target.partition(":")
+        target, *modes = target.split("@")
+        if len(modes) > 1 or (modes and modes[0] not in MODES):
+            errors.append(
+                f"entry {entry!r}: one mode suffix at most, @device or @first"
+                + (f", not {'@' + '@'.join(modes)!r}" if modes else "")
+            )
+            continue
+        device, first = modes == ["device"], modes == ["first"]
+        module, colon, qualname = target.strip().partition(":")
         if not _DOTTED.match(module) or (colon and not _DOTTED.match(qualname)):
             errors.append(
                 f"entry {entry!r}: target must be a dotted module, optionally ':qualname'"
@@ -106,13 +150,55 @@ def parse_hooks(text: str) -> tuple[list[HookDecl], list[str]]:
     return decls, errors
 
 
-def declare(name: str, target: str, source: str) -> int:
-    """Slot base for hook NAME (allocated on first use)."""
-    base = _bases.get(name)
+def _claim(name: str, new: _Claim, where: str) -> int | None:
+    """The slot base of hook NAME declared as NEW: allocated (and journaled) by its first
+    declaration; a later one gets it only when it is the same declaration (the API's again, or
+    the same function decorated again). Any other is refused: a probe error under WHERE that
+    names the hook (so a policy judging it cannot PASS), and None; the first declaration's
+    counter, target and how stay as they were."""
+    with _claim_lock:
+        old = _claims.get(name)
+        if old is None:
+            base = _core.state().hook_index(name, new.target, new.source)
+            _claims[name], _bases[name] = new, base
+            if not new.wrapped:
+                _api[name] = base
+            return base
+        if old == new and (old.how != "decorator" or any(f is new.fns[0] for f in old.fns)):
+            return _bases[name]
+    _core.state().error(
+        where,
+        f"{name!r} is declared already, on {old.describe()}: a second declaration, on "
+        f"{new.describe()}, is refused and counts nothing",
+    )
+    return None
+
+
+def declare(name: str, target: str = "", source: str = "api") -> int:
+    """Slot base for hook NAME declared by name (TARGET "") or on a module, as the API's;
+    ValueError when NAME is declared on something else already (a probe error too)."""
+    base = _claim(name, _Claim(target, source, "api" if not target else source, False), "hooks")
     if base is None:
-        base = _core.state().hook_index(name, target, source)
-        _bases[name] = base
+        raise ValueError(f"hook {name!r} is declared on something else")
     return base
+
+
+def _api_base(name: str, where: str) -> int | None:
+    """The slot base of hook NAME for the API (``hook.fire``, ``hook.device_counter``): a hook
+    declared by name or on a module; None (a probe error under WHERE) for a hook declared on a
+    function or method, which only its wrapper counts."""
+    base = _api.get(name)
+    if base is not None:
+        return base
+    old = _claims.get(name)
+    if old is not None and old.wrapped:
+        _core.report_error(
+            where,
+            f"{name!r} is declared on a function or method: only its wrapper counts its fires, "
+            + ("this fire was not counted" if where == "hook.fire" else "no counter handed out"),
+        )
+        return None
+    return _claim(name, _Claim("", "api", "api", False), where)
 
 
 def _fire(
@@ -221,16 +307,11 @@ class HookAPI:
         a verdict judging it from PASS), so no other code can make a hook on a class that
         was never instantiated look live."""
         try:
-            if name in _wrapped_only:
-                _core.report_error(
-                    "hook.fire",
-                    f"{name!r} is declared on a function or method: only its wrapper counts "
-                    "its fires, this fire was not counted",
-                )
-                return
-            base = _bases.get(name)
+            base = _api.get(name)
             if base is None:
-                base = declare(name, "", "api")
+                base = _api_base(name, "hook.fire")
+                if base is None:
+                    return
             _fire(base)
         except Exception as e:  # noqa: BLE001 - a probe never raises into its caller
             _core.report_error("hook.fire", f"{name!r}: {type(e).__name__}: {e}")
@@ -239,11 +320,13 @@ class HookAPI:
         """A one-element int64 tensor on LIKE's device (a tensor, a module, or a device) that
         counts for hook NAME: increment it with ``counter.add_(1)`` in code that a CUDA graph
         captures, and the count advances on every replay. None if torch is not loaded or
-        LIKE names no device. Never raises."""
+        LIKE names no device. Never raises. Refused for a hook declared on a function or
+        method, as ``fire`` is (only its wrapper counts it; ``@device`` counts it on the
+        device): a probe error, and None."""
         try:
-            base = _bases.get(name)
+            base = _api_base(name, "hook.device_counter")
             if base is None:
-                base = declare(name, "", "api")
+                return None
             device = like if type(like).__name__ == "device" else _device.device_of((like,), {})
             return _device.create(base, name, device)
         except Exception as e:  # noqa: BLE001 - a probe never raises into its caller
@@ -251,19 +334,28 @@ class HookAPI:
             return None
 
     def __call__(self, name: str) -> Callable[[F], F]:
-        """Decorator: every call of the function fires hook NAME."""
+        """Decorator: every call of the function fires hook NAME. Refused (a probe error, the
+        function returned as it is) when NAME is declared on anything else already: on
+        another function or method, a module, or by ``hook.fire``."""
 
         def decorate(fn: F) -> F:
             try:
+                old = _claims.get(name)
+                if old is not None and old.how == "decorator" and any(w is fn for w in old.fns[1:]):
+                    return fn  # already this hook's wrapper: counting it twice is not asked
                 target = f"{fn.__module__}:{fn.__qualname__}"
-                base = declare(name, target, "api")
-                _wrapped_only.add(name)
+                base = _claim(name, _Claim(target, "api", "decorator", True, [fn]), "hook.decorate")
+                if base is None:
+                    return fn
+                wrapper = counting(fn, base)
+                with _claim_lock:
+                    _claims[name].fns.append(wrapper)
                 st = _core.state()
                 st.remember({"k": "hook_loaded", "name": name, "module": fn.__module__})
                 st.remember(
                     {"k": "hook_wrapped", "name": name, "owner": target, "how": "decorator"}
                 )
-                return counting(fn, base)
+                return wrapper
             except Exception as e:  # noqa: BLE001 - never break the decorated module's import
                 _core.report_error("hook.decorate", f"{name!r}: {type(e).__name__}: {e}")
                 return fn
@@ -384,7 +476,7 @@ def apply_env(text: str) -> None:
     for msg in errors:
         st.error("VERIFIER_HOOKS", msg)
     for decl in decls:
-        base = declare(decl.name, decl.target, "env")
-        if decl.qualname is not None:
-            _wrapped_only.add(decl.name)
-        _postimport.when_imported(decl.module, functools.partial(_apply, decl, base))
+        claim = _Claim(decl.target, "env", "env", decl.qualname is not None)
+        base = _claim(decl.name, claim, "hooks")
+        if base is not None:
+            _postimport.when_imported(decl.module, functools.partial(_apply, decl, base))

@@ -22,8 +22,11 @@ Everything is installed through post-import watches, so nothing here imports vLL
   warm-up, CUDA-graph capture, data-parallel padding; V2's ``execute_model(dummy_run=True)``
   runs inside it), and every call of the worker's ``execute_model`` made while the worker's
   ``compile_or_warm_up_model`` runs (V2's kernel warm-up drives hand-built scheduler outputs
-  through it). Nested ones count once; hook fires inside them count as outside steps. These
-  methods run at start-up only, so the wrappers cost nothing per step.
+  through it). Nested ones count once; hook fires inside them count as outside steps. All
+  of it per thread: only the calls of the thread inside a dummy run or the warm-up are dummy
+  steps (a thread of the workload's that enters one and stays there leaves the engine
+  thread's steps counted). These methods run at start-up only, so the wrappers cost nothing
+  per step.
 * Speculative decoding (``_spec``): the runner's speculative config is journaled with the live
   runner; while it is on, each step's scheduled drafts are counted against the runner output
   its ``execute_model`` or ``sample_tokens`` returns (one global check per step when off).
@@ -42,6 +45,7 @@ import functools
 import hashlib
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -55,8 +59,16 @@ DUMMY_METHOD = "_dummy_run"  # on the runner class (V1 and V2)
 WARMUP_METHOD = "compile_or_warm_up_model"  # on the worker class
 _roles_done: set[str] = set()
 _runner_seen: set[type] = set()
-_dummy_depth = 0  # > 0 inside a counted dummy step (a nested one is not counted again)
-_warming = 0  # > 0 while the worker's warm-up runs: its execute_model calls are dummy steps
+# Inside a dummy step, inside the worker's warm-up: per thread (a thread that enters a dummy
+# run and stays there must not make another thread's steps dummy ones), kept as thread id ->
+# depth (nested ones count once). The step's hot path reads only the two totals below, all
+# threads together, which are 0 but at start-up: it asks which thread it is only when a
+# thread is inside one (``_held``).
+_dummy_threads: dict[int, int] = {}
+_warming_threads: dict[int, int] = {}
+_dummy_depth = 0  # the depths in _dummy_threads, summed
+_warming = 0  # the depths in _warming_threads, summed
+_depth_lock = threading.Lock()
 _spec_on = False  # the live config has a speculative config: steps count drafts (_spec)
 RAISED_LOGGED_MAX = 8  # execute_model errors journaled per process (all are counted)
 _raised_logged = 0
@@ -87,6 +99,44 @@ def _ours(fn: Any) -> bool:
 
 def _qualified(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _held(_ident: Callable[[], int] = threading.get_ident) -> bool:
+    """Whether this thread is inside a dummy step or the worker's warm-up (called only when
+    some thread is: ``_dummy_depth`` or ``_warming``)."""
+    t = _ident()
+    return t in _dummy_threads or t in _warming_threads
+
+
+def _enter(threads: dict[int, int], step: int) -> int:
+    """Add STEP (1 or -1) to this thread's depth in THREADS; the depth it had before. Sets
+    the totals the hot path reads."""
+    global _dummy_depth, _warming
+    t = threading.get_ident()
+    with _depth_lock:
+        depth = threads.get(t, 0)
+        if depth + step > 0:
+            threads[t] = depth + step
+        else:
+            threads.pop(t, None)
+        _dummy_depth = sum(_dummy_threads.values())
+        _warming = sum(_warming_threads.values())
+    return depth
+
+
+def _forked() -> None:
+    """In a forked child only the forking thread lives on: the other threads' depths go."""
+    global _depth_lock, _dummy_depth, _warming
+    _depth_lock = threading.Lock()
+    t = threading.get_ident()
+    for threads in (_dummy_threads, _warming_threads):
+        for other in [k for k in threads if k != t]:
+            del threads[other]
+    _dummy_depth = sum(_dummy_threads.values())
+    _warming = sum(_warming_threads.values())
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def set_role(role: str, **extra: Any) -> None:
@@ -281,7 +331,7 @@ def _wrap_worker_class(cls: type) -> None:
         def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
             nonlocal recorded
             global _waiting, _step_phase
-            if _warming or _dummy_depth or (kwargs and kwargs.get("dummy_run")):
+            if ((_warming or _dummy_depth) and _held()) or (kwargs and kwargs.get("dummy_run")):
                 # warm-up (V2 kernel warm-up drives the worker) or padding: not a step
                 return _dummy_call(orig_exec, self, (scheduler_output, *args), kwargs)
             c = _core.COUNTERS
@@ -338,11 +388,14 @@ def _wrap_worker_class(cls: type) -> None:
 def _dummy_call(fn: Callable[..., Any], self: Any, args: tuple[Any, ...], kwargs: Any) -> Any:
     """FN(SELF, *ARGS, **KWARGS) counted as one dummy step (unless inside one already): not a
     step, and hook fires inside it count as outside steps (the latest step's phase and the
-    in-step mark are put back after it, for a dummy run inside a step)."""
-    global _dummy_depth
+    in-step mark are put back after it, for a dummy run inside a step). Nested is per
+    thread: one thread inside a dummy run leaves every other thread's steps steps. The marks
+    are put back only if no step moved them meanwhile (one of another thread: a dummy run
+    held open must not reopen a step that has closed since)."""
     saved: tuple[int, int] | None = None
     c = _core.COUNTERS
-    if not _dummy_depth:
+    outer = not _enter(_dummy_threads, 1)
+    if outer:
         try:
             c[L.S_STEPS_DUMMY] += 1
             saved = c[L.S_IN_STEP], c[L.S_CURRENT_PHASE]
@@ -350,12 +403,11 @@ def _dummy_call(fn: Callable[..., Any], self: Any, args: tuple[Any, ...], kwargs
             c[L.S_CURRENT_PHASE] = 0
         except Exception as e:  # noqa: BLE001 - a probe never raises into vLLM
             _core.report_error("steps", f"dummy: {type(e).__name__}: {e}")
-    _dummy_depth += 1
     try:
         return fn(self, *args, **kwargs)
     finally:
-        _dummy_depth -= 1
-        if saved is not None:
+        _enter(_dummy_threads, -1)
+        if saved is not None and c[L.S_IN_STEP] == 0 and c[L.S_CURRENT_PHASE] == 0:
             c[L.S_IN_STEP], c[L.S_CURRENT_PHASE] = saved
 
 
@@ -385,16 +437,15 @@ def _wrap_warm_up(cls: type, name: str) -> None:
         return
 
     def warm_up(self: Any, *args: Any, **kwargs: Any) -> Any:
-        global _warming
         try:
             record_runner(self)  # the runner's _dummy_run is wrapped before warm-up at the latest
         except Exception as e:  # noqa: BLE001 - a probe never raises into vLLM
             _core.report_error(f"{cls.__qualname__}.{name}", f"{type(e).__name__}: {e}")
-        _warming += 1
+        _enter(_warming_threads, 1)
         try:
             return orig(self, *args, **kwargs)
         finally:
-            _warming -= 1
+            _enter(_warming_threads, -1)
 
     functools.update_wrapper(warm_up, orig)
     _mark(warm_up)
@@ -418,7 +469,7 @@ def _mark_in_step(cls: type, name: str) -> None:
     in_step = L.S_IN_STEP  # bound here: no module lookups in the step
 
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if _warming or _dummy_depth:
+        if (_warming or _dummy_depth) and _held():
             return orig(self, *args, **kwargs)  # warm-up: not in a step
         global _waiting
         c = _core.COUNTERS

@@ -15,13 +15,28 @@ from servewitness.policy import _evidence as E
 from servewitness.policy import findings as F
 from servewitness.policy import interface as I
 
+# The mode suffixes a VERIFIER_HOOKS target may carry (the probe records one at most).
+MODE_SUFFIXES = ("@device", "@first")
+
+
+def code_target(target: str) -> str:
+    """The code a recorded hook target names: TARGET without its one mode suffix
+    (``m:f@device`` -> ``m:f``). The mode says how the code's calls are counted, which the
+    policy judges apart (``count``, the fire rules); a pin names the code. One suffix only:
+    ``m:f@first@device`` (which the probe refuses to declare) becomes ``m:f@first``, no pin's."""
+    for suffix in MODE_SUFFIXES:
+        if target.endswith(suffix):
+            return target.removesuffix(suffix)
+    return target
+
 
 def _hook_owner(h: HookEvidence) -> str:
     if h.owner:
         return h.owner
-    module, _, qualname = h.target.partition(":")
+    target = code_target(h.target)
+    module, _, qualname = target.partition(":")
     cls = qualname.rpartition(".")[0]
-    return f"{module}.{cls}" if cls else h.target
+    return f"{module}.{cls}" if cls else target
 
 
 def _graph_note(p: ProcessReport) -> str | None:
@@ -53,7 +68,8 @@ class HookFires:
     min_fires_per_productive_step: float = I.DEFAULT_MIN_FIRES_PER_PRODUCTIVE_STEP
     on: str = "productive"  # the steps judged: productive | decode | prefill
     count: str = "python"  # python: the wrapper's fires | device: its device-side counter
-    # What the hook must wrap ("module:qualname", as the probe records it); None: any target.
+    # What the hook must wrap ("module:qualname", as the probe records it without a mode
+    # suffix: a pin names code, @device / @first say how it is counted); None: any target.
     target: str | None = None
 
     def describe(self) -> str:
@@ -134,7 +150,7 @@ class HookFires:
             "live_runner": live,
         }
         where = E.name(p)
-        if self.target is not None and h is not None and h.target != self.target:
+        if self.target is not None and h is not None and code_target(h.target) != self.target:
             # Known at once, whatever the steps: the name is on other code than the policy's.
             context["pinned_target"] = self.target
             return [

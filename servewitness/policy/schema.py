@@ -178,8 +178,9 @@ def _hooks() -> Schema:
             "name": _string("the hook name the probe reports"),
             "target": _string(
                 "what the hook must wrap, module:qualname as the probe records it "
-                "(VERIFIER_HOOKS' target, or a decorated function's module:qualname): a hook "
-                "of that name on anything else is liveness.hook.target_mismatch",
+                "(VERIFIER_HOOKS' target without its @device or @first, or a decorated "
+                "function's module:qualname): a hook of that name on anything else is "
+                "liveness.hook.target_mismatch",
                 _ecma(L.HOOK_TARGET),
             ),
             "role": _enum(I.STEP_ROLES, "only processes of this role (only they run steps)"),
