@@ -2,7 +2,9 @@
 ids a harness names (``seal --requests``), against the least a lookup of each id can cost.
 
 A SQLite store holds BINDINGS requests as a serving target reports them (a ``request_ids`` row
-mapping the client's id to the engine's, and a binding row). The ids asked for are half of
+mapping the client's id to the engine's, and a binding row), in ledgered batches of ``BATCH``
+(the seal counts only rows their batch's ledger entry covers: each batch it touches is hashed
+once per read). The ids asked for are half of
 them served and half unknown (what a twin's requests look like: the check's worst case, each
 id looked up as a client id, its derived client id and an internal id). Arms, interleaved
 over ROUNDS rounds:
@@ -17,7 +19,6 @@ longest hold of the store's lock by one chunk (what a report's write may wait be
 from __future__ import annotations
 
 import argparse
-import sqlite3
 import sys
 import tempfile
 import time
@@ -33,22 +34,34 @@ IDS = (10_000, 100_000)
 ROUNDS = 5
 
 
-def _fill(path: Path, n: int) -> None:
-    con = sqlite3.connect(path)
-    with con:
-        con.executemany(
-            "INSERT INTO request_ids (batch, target, internal_id, external_id, client_id, "
-            "at_unix) VALUES ('b', 't', ?, ?, ?, 1.0)",
-            ((f"cmpl-req{i}-0-ab12", f"cmpl-req{i}-0", f"req{i}") for i in range(n)),
-        )
-        con.executemany(
-            "INSERT INTO bindings (batch, target, boot_id, pid, start_ticks, internal_id, "
-            "first_step, last_step, steps, tokens, first_unix, last_unix, manifest_first, "
-            "manifest_last, runner, hooks_json, finished) VALUES "
-            "('b', 't', 'boot', 20, 111, ?, ?, ?, 5, 9, 1.0, 2.0, 'm', 'm', 'R', '{}', 1)",
-            ((f"cmpl-req{i}-0-ab12", i + 1, i + 5) for i in range(n)),
-        )
-    con.close()
+BATCH = 1_000  # requests per stored batch (one agent report's worth)
+
+
+def _fill(st: Any, n: int) -> None:
+    """N served requests as reports store them: ledgered batches of BATCH requests, each an id
+    row mapping the client's id to the engine's and a binding row (one target)."""
+    from servewitness.ledger import bindings, chain
+
+    def write(db: Any) -> None:
+        for b, at in enumerate(range(0, n, BATCH)):
+            ref = chain.bindings_ref("agent", b + 1)
+            span_rows = [
+                (ref, "t", "boot", 20, 111, f"cmpl-req{i}-0-ab12", i + 1, i + 5, 5, 9, 1.0,
+                 2.0, "m", "m", "R", "{}", 1, None)
+                for i in range(at, min(n, at + BATCH))
+            ]  # fmt: skip
+            id_rows = [
+                (ref, "t", f"cmpl-req{i}-0-ab12", f"cmpl-req{i}-0", f"req{i}", 1.0)
+                for i in range(at, min(n, at + BATCH))
+            ]
+            p = bindings.PreparedBatch(ref, "t", 1.0, span_rows, id_rows,
+                (bindings.rows_sha256(span_rows), bindings.rows_sha256(id_rows),
+                 bindings.counts_json(span_rows)))  # fmt: skip
+            digests = bindings.write_batch(db, p)
+            chain.append(db, 1.0, "bindings", ref,
+                         chain.bindings_subject(ref, "t", 1.0, *digests))  # fmt: skip
+
+    st._tx([], write)
 
 
 def measure(bindings: int, count: int, rounds: int) -> None:
@@ -57,7 +70,7 @@ def measure(bindings: int, count: int, rounds: int) -> None:
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "verifier.sqlite3"
         st = store_mod.Store(path)
-        _fill(path, bindings)
+        _fill(st, bindings)
         ids = [f"req{i}" for i in range(count // 2)] + [
             f"twin{i}" for i in range(count - count // 2)
         ]

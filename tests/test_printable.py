@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from unittest import mock
 
 import grpc
 import pytest
@@ -59,7 +60,8 @@ DOCUMENTED = {c.value for c in ExitCode}
 def hostile_store(path: Path, when: float, text: str) -> str:
     """A store written through ``Store`` with WHEN as every agent-given time and TEXT in every
     agent-given text (target, agent id, role, path, runner, request ids); the runs and
-    verdicts (timed by the store's own clock) get WHEN by hand. The id of the request."""
+    verdicts (timed by the store's own clock) get WHEN from that clock, ledgered so (a row
+    edited by hand is refused by the answers that use it). The id of the request."""
     internal = f"cmpl-{text}-0-1a2b"
     files = (entry(f"/site/vllm/{text}/sampler.py"), entry("/site/vllm/x.py"))
     digest = manifest_digest(files)
@@ -68,8 +70,11 @@ def hostile_store(path: Path, when: float, text: str) -> str:
     key = ProcessKey("boot", 10, 100)
     s = Store(str(path))
     try:
-        s.register_run(f"run{text}", not_vllm_policy("version = 1\n"), "sha256:" + "1" * 64, text)
-        s.record_verdict(f"run{text}", "PASS", {"n": 1})
+        with mock.patch("servewitness.server.store.time.time", return_value=when):
+            s.register_run(
+                f"run{text}", not_vllm_policy("version = 1\n"), "sha256:" + "1" * 64, text
+            )
+            s.record_verdict(f"run{text}", "PASS", {"n": 1})
         sent = TargetReport(f"a{text}", f"t{text}", 1, "", time.time(), (w,))
         body = wire.report_to_bytes(sent)  # stored as received, WHEN its time of arrival
         span = RequestSpan(w.key, internal, 5, 20, 16, 31, when, when, digest, M1,
@@ -83,9 +88,6 @@ def hostile_store(path: Path, when: float, text: str) -> str:
         )
     finally:
         s.close()
-    with sqlite3.connect(path) as db:  # an older verifier's clock, or a hand edit
-        db.execute("UPDATE runs SET created_unix = ?", (when,))
-        db.execute("UPDATE verdicts SET at_unix = ?", (when,))
     return internal
 
 
@@ -128,13 +130,11 @@ def test_the_audit_commands_print_hostile_stored_values(
     for args in (["audit", "run", f"run{text}"], ["audit", "run", f"run{text}", "--json"]):
         assert_printed(verifier_cli(*args, "--db", str(db)), 0)
 
-    # The runs and verdicts were edited by hand: the ledger says so (1), in text and JSON.
     out = verifier_cli("audit", "verify", "--db", str(db))
-    assert_printed(out, 1)
-    assert "ledger entry 1 (run " in out.stderr, out.stderr
+    assert_printed(out, 0)
     got = verifier_cli("audit", "verify", "--db", str(db), "--json")
-    assert_printed(got, 1)
-    assert json.loads(got.stdout)["ok"] is False
+    assert_printed(got, 0)
+    assert json.loads(got.stdout)["ok"] is True
     bundle = tmp_path / "b.json"
     out = verifier_cli("audit", "export", "--db", str(db), "--key", str(key), "--out",
                        str(bundle), "--request", request)  # fmt: skip

@@ -102,28 +102,21 @@ def test_the_store_reads_ids_in_chunks_with_the_same_answer(
 ) -> None:
     """A real SQLite store: a client's id finds its binding, an unknown id finds none, and an
     API or engine id is not read as the client id inside it; the same across chunk
-    boundaries of the store's lock."""
-    import sqlite3
-
+    boundaries of the store's lock. The rows are a ledgered batch, as a report stores them
+    (rows no ledger entry covers count for nothing: tests/test_audit_attacks.py)."""
+    from servewitness.model import ProcessKey, RequestId, RequestSpan, TargetReport
     from servewitness.server import store as store_mod
 
     st = store_mod.Store(tmp_path / "v.sqlite3")
     try:
-        con = sqlite3.connect(tmp_path / "v.sqlite3")
-        with con:
-            con.executemany(
-                "INSERT INTO request_ids (batch, target, internal_id, external_id, client_id, "
-                "at_unix) VALUES ('b', 't', ?, ?, ?, 1.0)",
-                [(f"cmpl-r{i}-0-ab", f"cmpl-r{i}-0", f"r{i}") for i in range(5)],
-            )
-            con.executemany(
-                "INSERT INTO bindings (batch, target, boot_id, pid, start_ticks, internal_id, "
-                "first_step, last_step, steps, tokens, first_unix, last_unix, manifest_first, "
-                "manifest_last, runner, hooks_json, finished) VALUES "
-                "('b', 't', 'boot', 20, 111, ?, ?, ?, 1, 1, 1.0, 2.0, 'm', 'm', 'R', '{}', 1)",
-                [(f"cmpl-r{i}-0-ab", 10 + i, 10 + i) for i in range(5)],
-            )
-        con.close()
+        w, api = ProcessKey("boot", 20, 111), ProcessKey("boot", 10, 100)
+        spans = [
+            RequestSpan(w, f"cmpl-r{i}-0-ab", 10 + i, 10 + i, 1, 1, 1.0, 2.0, "m", "m", "R")
+            for i in range(5)
+        ]
+        rids = [RequestId(api, f"cmpl-r{i}-0-ab", f"cmpl-r{i}-0", 1.0) for i in range(5)]
+        body = wire.report_to_bytes(TargetReport("ag", "t", 1, "", 1.0, ()))
+        assert st.save_report(store_mod.StoredReport("ag", 1, "t", 1.0, body), {}, (), spans, rids)
         ids = ["r0", "r1", "cmpl-r2-0", "cmpl-r2-0-ab", "r3", "unknown", "r4"]
         whole = st.request_steps(ids)
         monkeypatch.setattr(store_mod, "REQUEST_STEPS_CHUNK", 2)

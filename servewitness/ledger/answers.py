@@ -104,6 +104,13 @@ def _requests(query: str, pairs: list[Pair]) -> list[dict[str, Any]]:
         names = {d["request"], *d["external_ids"], *(client_id(e) for e in d["external_ids"])}
         if query not in names:
             raise AnswerRefused(f"a statement is about request {d['request']!r}, not {query!r}")
+        if content["fields"]["target"] != stmt["predicate"]["target"]:
+            # A record rests on its own target's batches only (an id row of one target never
+            # names another target's request).
+            raise AnswerRefused(
+                f"a record of target {stmt['predicate']['target']!r} rests on a batch of "
+                f"target {content['fields']['target']!r}"
+            )
         record = {"target": stmt["predicate"]["target"], **d}
         if record not in out:
             out.append(record)

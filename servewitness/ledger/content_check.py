@@ -101,12 +101,16 @@ def check_content(
     manifests: Iterable[str] = (),
     reports: Iterable[tuple[str, int]] = (),
     batches: Iterable[str] = (),
+    *,
+    runs: Iterable[str] = (),
+    verdicts: Iterable[tuple[str, float]] = (),
 ) -> list[Difference]:
-    """The stored MANIFESTS (digests), REPORTS ((agent, seq)) and binding BATCHES (refs) an
-    answer rests on, each against the subject of its own ledger entry: content edited after
-    it was ledgered, or never ledgered, is named (table, key, "ledger entry")."""
+    """The stored MANIFESTS (digests), REPORTS ((agent, seq)), binding BATCHES (refs), RUNS
+    (names) and VERDICTS ((run, at_unix)) an answer rests on, each against the subject of its
+    own ledger entry: content edited after it was ledgered, or never ledgered, is named
+    (table, key, "ledger entry")."""
     manifests, batches = sorted(set(manifests)), sorted(set(batches))
-    out: list[Difference] = []
+    out: list[Difference] = _check_runs(db, runs, verdicts)
     want = _subjects(db, "manifest", manifests)
     for d in sorted(set(manifests)):
         row = db.execute("SELECT files_json FROM manifests WHERE digest = ?", (d,)).fetchone()
@@ -136,10 +140,36 @@ def check_content(
     return out
 
 
-def batch_subject(db: Database, ref: str) -> str | None:
-    """The ledger subject batch REF's stored rows recompute to (None: no such batch), hashed
-    whole: O(its rows). For a batch stored with its digests and counts, those must be its
-    rows' (else a subject that matches no entry)."""
+def _check_runs(
+    db: Database, runs: Iterable[str], verdicts: Iterable[tuple[str, float]]
+) -> list[Difference]:
+    """The ``runs`` rows of RUNS and the ``verdicts`` rows of VERDICTS against their entries."""
+    out: list[Difference] = []
+    names = sorted(set(runs))
+    want = _subjects(db, "run", [chain.run_ref(n) for n in names])
+    for n in names:
+        for row in db.execute(
+            "SELECT policy_toml, policy_digest, source, created_unix FROM runs WHERE name = ?",
+            (n,),
+        ).fetchall():
+            if want.get(chain.run_ref(n)) != chain.run_subject(n, *row):
+                out.append(Difference("runs", n, "ledger entry", "changed or unledgered", None))
+    refs = {chain.verdict_ref(r, at): (r, at) for r, at in verdicts}
+    want = _subjects(db, "verdict", refs)
+    for ref, (r, at) in sorted(refs.items()):
+        for verdict, detail in db.execute(
+            "SELECT verdict, detail_json FROM verdicts WHERE run = ? AND at_unix = ?", (r, at)
+        ).fetchall():
+            if want.get(ref) != chain.verdict_subject(r, at, verdict, detail):
+                out.append(
+                    Difference("verdicts", ref, "ledger entry", "changed or unledgered", None)
+                )
+    return out
+
+
+def _batch(db: Database, ref: str) -> tuple[Any, list[Any], list[Any]] | None:
+    """Batch REF's ``binding_batches`` row (target, received, digests, counts), its span rows
+    and its id rows, in storage order (None: no such batch)."""
     head = db.execute(
         f"SELECT target, received_unix, {bindings.batch_columns(db)} FROM binding_batches "  # noqa: S608
         "WHERE ref = ?",
@@ -155,6 +185,10 @@ def batch_subject(db: Database, ref: str) -> str | None:
         f"SELECT {bindings.ID_COLUMNS} FROM request_ids WHERE batch = ? ORDER BY rowid",  # noqa: S608
         (ref,),
     ).fetchall()
+    return head, spans, ids
+
+
+def _subject_of(ref: str, head: Any, spans: list[Any], ids: list[Any]) -> str:
     derived = (bindings.rows_sha256(spans), bindings.rows_sha256(ids), bindings.counts_json(spans))
     counts = head[4]
     if counts is not None and tuple(head[2:5]) != derived:
@@ -162,6 +196,54 @@ def batch_subject(db: Database, ref: str) -> str | None:
     return chain.bindings_subject(
         ref, head[0], float(head[1]), derived[0], derived[1], None if counts is None else derived[2]
     )
+
+
+def batch_subject(db: Database, ref: str) -> str | None:
+    """The ledger subject batch REF's stored rows recompute to (None: no such batch), hashed
+    whole: O(its rows). For a batch stored with its digests and counts, those must be its
+    rows' (else a subject that matches no entry)."""
+    got = _batch(db, ref)
+    return None if got is None else _subject_of(ref, *got)
+
+
+class LedgeredRows:
+    """The rows of binding batches that their ledger entries cover, for a reader that counts
+    rows as evidence (a seal's requests check): each batch it is asked about is read and
+    hashed whole once (O(its rows); one ledger probe), and kept as the set of its rows when
+    they recompute its entry's subject. A row is evidence only when it is one of those: a
+    row of a batch with no ledger entry, of a batch whose rows no longer recompute it, or
+    added to a checked batch afterwards (or edited since) is not. The refs of the batches
+    refused are kept in ``refused``."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.span_columns = bindings.span_select(db)  # read once: a probe of the schema
+        self._rows: dict[str, tuple[frozenset[Any], frozenset[Any]] | None] = {}
+        self.refused: set[str] = set()
+
+    def _checked(self, ref: str) -> tuple[frozenset[Any], frozenset[Any]] | None:
+        if ref in self._rows:
+            return self._rows[ref]
+        got = _batch(self.db, ref)
+        rows = None
+        if got is not None and _subjects(self.db, "bindings", [ref]).get(ref) == _subject_of(
+            ref, *got
+        ):
+            rows = (frozenset(map(tuple, got[1])), frozenset(map(tuple, got[2])))
+        else:
+            self.refused.add(ref)
+        self._rows[ref] = rows
+        return rows
+
+    def has_span(self, row: Any) -> bool:
+        """Whether ROW (``bindings.span_select``'s columns) is a ledgered row of its batch."""
+        got = self._checked(str(row[0]))
+        return got is not None and tuple(row) in got[0]
+
+    def has_id(self, row: Any) -> bool:
+        """Whether ROW (``bindings.ID_COLUMNS``) is a ledgered row of its batch."""
+        got = self._checked(str(row[0]))
+        return got is not None and tuple(row) in got[1]
 
 
 Counts = dict[str, list[tuple[tuple[str, str, int, int, str], int]]]

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from servewitness.errors import NotFound
-from servewitness.ledger import bindings, chain, merkle, queries
+from servewitness.ledger import bindings, chain, content_check, merkle, queries
 from servewitness.ledger import bundle as B
 from servewitness.ledger import statement as st
 from servewitness.ledger.dsse import b64encode
@@ -100,14 +100,14 @@ class _Export:
                 "not_pristine": s.not_pristine, "runs": s.runs,
             }  # fmt: skip
             pred = st.runtime_evidence(target=s.target, collected_unix=s.last_unix, details=summary)
-            for (ref,) in self.db.execute(
-                "SELECT DISTINCT batch FROM bindings WHERE internal_id = ?", (s.internal_id,)
-            ).fetchall():
-                self.batch(str(ref), pred)
-            for (ref,) in self.db.execute(
-                "SELECT DISTINCT batch FROM request_ids WHERE internal_id = ?", (s.internal_id,)
-            ).fetchall():
-                self.batch(str(ref), pred)
+            # The batches of its own target only: an id row or span another target reported
+            # on the same internal id is that target's engine's, never this record's.
+            for table in ("bindings", "request_ids"):
+                for (ref,) in self.db.execute(
+                    f"SELECT DISTINCT batch FROM {table} WHERE internal_id = ? AND target = ?",  # noqa: S608
+                    (s.internal_id, s.target),
+                ).fetchall():
+                    self.batch(str(ref), pred)
             for m in s.manifests:
                 self.manifest(m)
         return len(found)
@@ -174,6 +174,10 @@ class _Export:
             "SELECT at_unix, verdict, detail_json FROM verdicts WHERE run = ? ORDER BY rowid",
             (name,),
         ).fetchall()
+        used = content_check.check_content(
+            self.db, runs=[name], verdicts=[(name, float(at)) for at, _, _ in verdicts[:limit]]
+        )
+        content_check.require(used, f"audit run {name}")  # never signs an edited row
         for at, verdict, detail in verdicts[:limit]:
             ref = chain.verdict_ref(name, at)
             findings = json.loads(detail).get("run", [])

@@ -289,26 +289,23 @@ def _stored_processes(db: Database, targets: list[str] | None) -> dict[PKey, tup
 def _rows_agree(
     db: Database, have: dict[PKey, tuple[Any, ...]], want: dict[PKey, _Proc]
 ) -> list[Difference]:
-    """The binding rows stored for each process WANT derives, counted in the index
-    ``bindings_by_manifest`` (manifest, pid, start): O(the process's bindings) in index
-    entries, no table row read, and filtered by target and boot only when another process
-    row shares that key; each must be the count the ledgered batches commit to
-    (``requests_all``). A row deleted, forged or moved to another process, with or without
-    the ``processes`` count edited to match, differs here or in ``requests``."""
+    """The binding rows stored for each process WANT derives, counted by the whole key the
+    ledgered counts are derived on (target, boot, pid, start, manifest): O(the process's
+    bindings), found through the index ``bindings_by_manifest`` (manifest, pid, start). Each
+    must be the count the ledgered batches commit to (``requests_all``). A row deleted,
+    forged or moved to another process, with or without the ``processes`` count edited to
+    match, differs here or in ``requests``; another target's rows on the same (manifest, pid,
+    start), or rows under another boot id, are another process's and never counted here."""
     out = []
     for k in sorted(set(have) & set(want), key=lambda k: tuple(map(str, k))):
         target, boot, pid, ticks, manifest = k
-        sql = (
-            "SELECT COUNT(*) FROM bindings WHERE manifest_first = ? AND pid = ? AND start_ticks = ?"
+        n = int(
+            db.execute(
+                "SELECT COUNT(*) FROM bindings WHERE manifest_first = ? AND pid = ? "
+                "AND start_ticks = ? AND target = ? AND boot_id = ?",
+                (manifest, pid, ticks, target, boot),
+            ).fetchone()[0]
         )
-        args: tuple[Any, ...] = (manifest, pid, ticks)
-        others = db.execute(
-            "SELECT COUNT(*) FROM processes WHERE manifest = ? AND pid = ? AND start_ticks = ?",
-            args,
-        ).fetchone()[0]
-        if int(others) != 1:
-            sql, args = sql + " AND target = ? AND boot_id = ?", (*args, target, boot)
-        n = int(db.execute(sql, args).fetchone()[0])
         if n != want[k].requests_all:
             out.append(Difference("bindings", _fmt_key(k), "rows", n, want[k].requests_all))
     return out

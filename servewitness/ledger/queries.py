@@ -17,7 +17,7 @@ from typing import Any
 
 from servewitness import wire
 from servewitness.errors import CheckFailed, NotFound
-from servewitness.ledger import index_check
+from servewitness.ledger import bindings, content_check, index_check
 from servewitness.ledger.bindings import client_id
 from servewitness.ledger.interface import Database
 from servewitness.policy import Policy, PolicyError, load_policy
@@ -177,9 +177,15 @@ def _check_used(
 
 
 def _runs(db: Database) -> list[tuple[str, Policy]]:
-    """Every run with its parsed policy (a policy that no longer parses covers nothing)."""
+    """Every run with its parsed policy (a policy that no longer parses covers nothing), each
+    ``runs`` row checked against its ledger entry first: a policy edited to cover another
+    set of targets is refused (:class:`index_check.IndexDisagrees`, exit 1), never answered."""
+    rows = db.execute("SELECT name, policy_toml FROM runs ORDER BY rowid").fetchall()
+    index_check.require(
+        index_check.check_content(db, runs=[str(n) for n, _ in rows]), "the runs covering it"
+    )
     out = []
-    for name, toml in db.execute("SELECT name, policy_toml FROM runs ORDER BY rowid"):
+    for name, toml in rows:
         try:
             out.append((str(name), load_policy(toml, f"run {name}")))
         except PolicyError:
@@ -212,6 +218,8 @@ def run_summary(db: Database, name: str) -> RunSummary:
             "SELECT at_unix, verdict FROM verdicts WHERE run = ? ORDER BY rowid", (name,)
         )
     ]
+    used = index_check.check_content(db, runs=[name], verdicts=[(name, t) for t, _ in history])
+    index_check.require(used, f"audit run {name}")
     return RunSummary(row[0], row[1], row[2], float(row[3]), history)
 
 
@@ -245,99 +253,133 @@ class Served:
     spec: dict[str, Any] | None = None
 
 
-def _internal_ids(db: Database, query: str) -> dict[str, list[str]]:
-    """Internal ids QUERY names (as the client's id, an external id or an internal id), each
-    with its external ids. An external id's rows are found through its client id (derived
-    from it, and indexed), so the external id needs no index of its own. A query too long
-    for a report is looked up as it is (stored so by an older agent) and by its digest (as
-    an agent now reports such an id: ``fields.bounded_id``)."""
+IdKey = tuple[str, str]  # (internal id, target): an id row's mapping, within its own target
+
+
+def _internal_ids(db: Database, query: str) -> dict[IdKey, list[str]]:
+    """The (internal id, target) pairs the id rows naming QUERY (as the client's id, an
+    external id or an internal id) map it to, each with its external ids. An id row is what
+    one target's agent reported of its own API server: it names a request of that target's
+    engine alone (internal ids are one engine's, not global), so it resolves only to spans
+    of that target. An external id's rows are found through its client id (derived from it,
+    and indexed), so the external id needs no index of its own. A query too long for a
+    report is looked up as it is (stored so by an older agent) and by its digest (as an
+    agent now reports such an id: ``fields.bounded_id``)."""
     out = _internal_ids_as(db, query)
     short = F.bounded_id(query)
     if short != query:
-        for internal, external in _internal_ids_as(db, short).items():
-            out.setdefault(internal, []).extend(e for e in external if e not in out[internal])
+        for key, external in _internal_ids_as(db, short).items():
+            have = out.setdefault(key, [])
+            have.extend(e for e in external if e not in have)
     return out
 
 
-def _internal_ids_as(db: Database, query: str) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    hits: list[tuple[Any, Any, Any]] = []
+def _internal_ids_as(db: Database, query: str) -> dict[IdKey, list[str]]:
+    out: dict[IdKey, list[str]] = {}
+    hits: list[tuple[Any, ...]] = []
+    cols = "internal_id, target, external_id, client_id"
     for value in sorted({query, client_id(query)}):
         hits += db.execute(
-            "SELECT internal_id, external_id, client_id FROM request_ids WHERE client_id = ?",
+            f"SELECT {cols} FROM request_ids WHERE client_id = ?",  # noqa: S608 - fixed names
             (value,),
         ).fetchall()
     hits += db.execute(
-        "SELECT internal_id, external_id, client_id FROM request_ids WHERE internal_id = ?",
+        f"SELECT {cols} FROM request_ids WHERE internal_id = ?",  # noqa: S608 - fixed names
         (query,),
     ).fetchall()
-    for internal, external, client in hits:
+    for internal, target, external, client in hits:
         if query not in (internal, external, client):
             continue
-        ext = out.setdefault(str(internal), [])
+        ext = out.setdefault((str(internal), str(target)), [])
         if external not in ext:
             ext.append(str(external))
-    out.setdefault(query, [])
     return out
 
 
-def request_steps(db: Database, client: str) -> list[tuple[str, str, int, int, int]]:
+Steps = tuple[str, str, int, int, int]  # target, boot id, pid, start ticks, first step
+
+
+def request_steps(
+    db: Database, client: str, ledgered: content_check.LedgeredRows | None = None
+) -> list[Steps]:
     """Where the request(s) a client sent with ``X-Request-Id: CLIENT`` were served, by the
     stored bindings: (target, boot id, pid, start ticks, first step) of each. Exactly that
     id: not read as an external or internal id as ``find_request`` does, since a harness's
     id shaped like an API id (``cmpl-Z-0``) would then be covered by another request (``Z``),
-    whoever sent it."""
-    out: list[tuple[str, str, int, int, int]] = []
-    internals = {
-        str(i)
-        for (i,) in db.execute(
-            "SELECT internal_id FROM request_ids WHERE client_id = ?", (F.bounded_id(client),)
-        )
-    }
-    for internal in sorted(internals):
-        for target, boot, pid, ticks, first in db.execute(
-            "SELECT target, boot_id, pid, start_ticks, first_step FROM bindings "
-            "WHERE internal_id = ?",
-            (internal,),
-        ):
-            out.append((str(target), str(boot), int(pid), int(ticks), int(first)))
+    whoever sent it. An id row of target T leads to T's spans only. With LEDGERED, only rows
+    that their batches' ledger entries cover count (an id row or span inserted behind the
+    ledger's back is no evidence): the caller keeps one across ids, each batch hashed once."""
+    out: list[Steps] = []
+    rows = db.execute(
+        f"SELECT {bindings.ID_COLUMNS} FROM request_ids WHERE client_id = ?",  # noqa: S608
+        (F.bounded_id(client),),
+    ).fetchall()
+    keys = {(str(r[2]), str(r[1])) for r in rows if ledgered is None or ledgered.has_id(tuple(r))}
+    if not keys:
+        return out
+    cols = bindings.span_select(db) if ledgered is None else ledgered.span_columns
+    spans = f"SELECT {cols} FROM bindings WHERE internal_id = ? AND target = ?"  # noqa: S608
+    for internal, target in sorted(keys):
+        for row in db.execute(spans, (internal, target)):
+            if ledgered is None or ledgered.has_span(tuple(row)):
+                out.append((str(row[1]), str(row[2]), int(row[3]), int(row[4]), int(row[6])))
     return out
 
 
 def find_request(db: Database, query: str, whole: list[str] | None = None) -> list[Served]:
     """What served request QUERY: the client's X-Request-Id, the API's external id
-    (``cmpl-...``) or the engine's internal id. The refs of batches stored before counts were
+    (``cmpl-...``) or the engine's internal id. An id row resolves to the spans of its own
+    target only. Records reached through an id row naming QUERY come first (by first step
+    time), then the spans whose internal id is QUERY itself that no such row reached: a
+    target's spans on another's internal id never come before (nor push out of a limited
+    answer) the request its own target mapped. The refs of batches stored before counts were
     ledgered, hashed whole by the check of the targets' processes, are appended to WHOLE."""
     ids = _internal_ids(db, query)
     runs = _runs(db)
-    out: list[Served] = []
     seen: set[tuple[Any, ...]] = set()
     spec = "spec_json" if db.has_column("bindings", "spec_json") else "NULL"
     columns = (
         "target, boot_id, pid, start_ticks, first_step, last_step, steps, tokens, first_unix, "
-        f"last_unix, manifest_first, manifest_last, runner, hooks_json, finished, {spec}"
+        f"last_unix, manifest_first, manifest_last, runner, hooks_json, finished, {spec}, batch"
     )  # fixed names (spec: a column name or NULL)
-    sql = f"SELECT {columns} FROM bindings WHERE internal_id = ? ORDER BY first_unix"  # noqa: S608
-    for internal, external in ids.items():
-        for row in db.execute(sql, (internal,)):
-            # The same record sent twice (an agent killed after spooling a report and before
-            # saving its read offsets resends it) is one request served once.
-            if tuple(row) in seen:
-                continue
-            seen.add(tuple(row))
-            out.append(_served(db, runs, internal, external, tuple(row)))
-    batches = {str(b) for i in ids for (b,) in db.execute(
-        "SELECT DISTINCT batch FROM bindings WHERE internal_id = ? UNION "
-        "SELECT DISTINCT batch FROM request_ids WHERE internal_id = ?", (i, i))}  # fmt: skip
+    sql = f"SELECT {columns} FROM bindings WHERE internal_id = ?"  # noqa: S608
+    mapped: list[tuple[str, list[str], tuple[Any, ...]]] = []
+    for (internal, target), external in ids.items():
+        for row in db.execute(sql + " AND target = ?", (internal, target)):
+            mapped.append((internal, external, tuple(row)))
+    direct = [
+        (query, ids.get((query, str(row[0])), []), tuple(row)) for row in db.execute(sql, (query,))
+    ]
+    mapped.sort(key=lambda m: float(m[2][8]))
+    direct.sort(key=lambda m: float(m[2][8]))
+    out: list[Served] = []
+    batches: set[str] = set()
+    for internal, external, row in [*mapped, *direct]:
+        # The same record sent twice (an agent killed after spooling a report and before
+        # saving its read offsets resends it) is one request served once.
+        batches.add(str(row[-1]))
+        if row[:-1] in seen:
+            continue
+        seen.add(row[:-1])
+        out.append(_served(db, runs, internal, external, row[:-1]))
+    for (internal, target), _ in ids.items():
+        batches |= {
+            str(b)
+            for (b,) in db.execute(
+                "SELECT DISTINCT batch FROM request_ids WHERE internal_id = ? AND target = ?",
+                (internal, target),
+            )
+        }
     index_check.require(index_check.check_content(db, batches=batches), f"audit request {query}")
     if out:
         _check_used(db, f"audit request {query}", set(), {s.target for s in out}, whole)
     if not out:
-        known = [i for i, e in ids.items() if e]
+        known = sorted({i for (i, _), e in ids.items() if e})
         if known:
             raise NotFound(
-                f"request {query!r} is the engine's {', '.join(sorted(known))}, but no stored "
-                "binding says which steps served it (not yet reported, or it never ran)"
+                f"request {query!r} is the engine's {', '.join(known)}, but no stored binding "
+                "of the target that mapped it says which steps served it (not yet reported, "
+                "or it never ran)"
             )
         raise NotFound(f"no stored request binding matches {query!r}")
     return out
@@ -408,6 +450,9 @@ def _verdicts_at(
             "ORDER BY at_unix DESC LIMIT 1",
             (name, at),
         ).fetchone()
+        if got is not None:  # the verdict in force, as its ledger entry says it
+            used = index_check.check_content(db, verdicts=[(name, float(got[1]))])
+            index_check.require(used, f"the verdict of run {name} at {float(got[1])}")
         out.append(
             {"run": name, "verdict": got[0] if got else None,
              "since_unix": float(got[1]) if got else None}

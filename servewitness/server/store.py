@@ -238,19 +238,28 @@ class Store:
         with self._lock:
             return window_rows.report_entry(self._db, agent_id, seq)
 
-    def request_steps(self, ids: Iterable[str]) -> dict[str, list[tuple[str, str, int, int, int]]]:
+    def request_steps(
+        self, ids: Iterable[str], refused: set[str] | None = None
+    ) -> dict[str, list[tuple[str, str, int, int, int]]]:
         """For each request id of IDS, where the stored bindings say it was served
-        (``queries.request_steps``). Read ``REQUEST_STEPS_CHUNK`` ids per snapshot, the
-        store's lock let go between them: a seal naming 100,000 ids must not hold every
-        report's write for seconds (each chunk is consistent; bindings are only added)."""
-        from servewitness.ledger import queries
+        (``queries.request_steps``): an id row of a target leads to that target's spans only,
+        and only rows their batches' ledger entries cover count (each batch hashed once per
+        call; the refs of the batches that do not recompute their entry, or have none, are
+        added to REFUSED). Read ``REQUEST_STEPS_CHUNK`` ids per snapshot, the store's lock
+        let go between them: a seal naming 100,000 ids must not hold every report's write for
+        seconds (each chunk is consistent; a row counts only if it is one its batch's entry
+        covered when that batch was hashed, whatever changed between chunks)."""
+        from servewitness.ledger import content_check, queries
 
         out: dict[str, list[tuple[str, str, int, int, int]]] = {}
         todo = list(ids)
+        ledgered = content_check.LedgeredRows(self._db)
         for at in range(0, len(todo), REQUEST_STEPS_CHUNK):
             with self._lock, self._db.snapshot():
                 for rid in todo[at : at + REQUEST_STEPS_CHUNK]:
-                    out[rid] = queries.request_steps(self._db, rid)
+                    out[rid] = queries.request_steps(self._db, rid, ledgered)
+        if refused is not None:
+            refused |= ledgered.refused
         return out
 
     def seal_proofs(

@@ -372,6 +372,7 @@ class RequestWait:
         self.at_open = at_open
         self.where: dict[str, list[tuple[str, str, int, int, int]]] = {}
         self._served: set[str] = set()
+        self.refused: set[str] = set()  # batches whose rows no ledger entry covers: ignored
         self._seen: frozenset[tuple[str, int]] | None = None  # the reports read last time
         self._last = -REQUESTS_REREAD_S  # when (monotonic) the bindings were read last
 
@@ -386,7 +387,7 @@ class RequestWait:
             return
         self._seen, self._last = seen, now
         missing = [i for i in self.ids if i not in self._served]
-        for rid, rows in self.store.request_steps(missing).items():
+        for rid, rows in self.store.request_steps(missing, self.refused).items():
             self.where[rid] = rows
             if pw.is_served(rows, self.at_open):
                 self._served.add(rid)
@@ -405,4 +406,16 @@ class RequestWait:
     def judged(self, j: Judged) -> tuple[dict[str, Any], pw.WindowFinding | None]:
         """The seal's ``requests`` summary and finding, on every report J holds."""
         self._read(j, last=True)
-        return pw.requests_served(self.ids, self.where, self.at_open)
+        summary, finding = pw.requests_served(self.ids, self.where, self.at_open)
+        if finding is not None and self.refused:
+            # Rows outside their batch's ledgered digest (or of a batch with no entry) were
+            # read and not counted: say so, a database edited behind the ledger's back.
+            shown = sorted(self.refused)[: pw.UNSERVED_SHOWN]
+            finding = pw.WindowFinding(
+                finding.id,
+                f"{finding.message}; {len(self.refused)} batch(es) of request bindings were "
+                "not counted: their rows are not what a ledger entry covers (written behind "
+                "the ledger's back)",
+                {**finding.context, "unledgered_batches": shown},
+            )
+        return summary, finding
