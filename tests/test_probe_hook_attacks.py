@@ -20,7 +20,6 @@ The attacks, each run in a real interpreter with the probe loaded, read by a rea
 5. A worker run by a copy of CPython named ``engine`` (its libpython ``libcore.so``), which
    the agent took for no Python process and dropped without a word, beside a decoy worker.
 
-Still open (xfail): a runner object that runs nothing reported as the live runner.
 """
 
 from __future__ import annotations
@@ -446,14 +445,13 @@ def test_a_declaration_with_more_than_one_or_an_unknown_mode_is_an_error(
     assert len(errors) == 1 and fragment in errors[0] and repr(entry) in errors[0], errors
 
 
-# -- still open --------------------------------------------------------------------------------
+# -- a runner object that runs nothing ----------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: the warm-up wrapper journals any object's model_runner as the live runner",
-)
-def test_a_runner_object_that_runs_nothing_is_reported_as_the_live_runner(tmp_path: Path) -> None:
+@pytest.mark.parametrize("through", ["warm_up", "a_step_then_real_ones"])
+def test_a_runner_object_that_runs_nothing_is_not_the_live_runner(
+    tmp_path: Path, through: str
+) -> None:
     """The attack (first built against a real vLLM on CPU, its side plugin doing it): the
     worker class's ``compile_or_warm_up_model`` called on a worker object of the workload's
     own (``object.__new__``, no constructor) whose ``model_runner`` is an uninitialised
@@ -461,19 +459,31 @@ def test_a_runner_object_that_runs_nothing_is_reported_as_the_live_runner(tmp_pa
     The probe's warm-up wrapper calls ``record_runner(self)`` first; that class was not seen,
     so a new runner record names it, and the agent reads the latest runner record as the
     live runner. The real runner keeps running every step. Observed: a policy expecting the
-    other class PASSes. Sound: FAIL runner.unexpected (the live runner is LiveRunner)."""
+    other class PASSed. Now the live runner is the class of the runner whose step completed
+    last (a ``stepped`` record each time the stepping worker object changes): FAIL
+    runner.unexpected. The variation: the fake worker stepped through the worker's wrapped
+    ``execute_model`` itself (this fake worker's step completes without its runner; vLLM's
+    calls the runner's own ``execute_model``, which an object never constructed does not
+    complete), then real steps: the latest step's runner is the live one again."""
+    fake_step = (
+        "type(fake).compile_or_warm_up_model(fake)"
+        if through == "warm_up"
+        else "type(fake).execute_model(fake, types.SimpleNamespace(total_num_scheduled_tokens=1,"
+        " num_scheduled_tokens={'a': 1}, scheduled_new_reqs=[], scheduled_spec_decode_tokens={},"
+        " finished_req_ids=set(), scheduled_cached_reqs=types.SimpleNamespace(req_ids=['a'])))"
+    )
     proc = _probed(
         tmp_path,
         """
         import servewitness_probe as p
         p.start()
-        import usermod, fakeworker
+        import types, usermod, fakeworker
         fakeworker.run(4)
         fake = object.__new__(fakeworker.Worker)
         fake.model_runner = object.__new__(usermod.Runner)
-        type(fake).compile_or_warm_up_model(fake)
+        FAKE_STEP
         fakeworker.run(4)
-        """,
+        """.replace("FAKE_STEP", fake_step),
         "",
     )
     verdict, ids, text = _judge(proc, 'version = 1\n[runner]\nexpect_class = "usermod.Runner"\n')

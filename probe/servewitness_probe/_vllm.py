@@ -69,6 +69,9 @@ _warming_threads: dict[int, int] = {}
 _dummy_depth = 0  # the depths in _dummy_threads, summed
 _warming = 0  # the depths in _warming_threads, summed
 _depth_lock = threading.Lock()
+# The worker object whose step returned last (``_stepped``; a module global, not a closure
+# cell: the probe's wrappers are told apart by what their cells hold, ``_code.own``).
+_stepped_worker: Any = None
 _spec_on = False  # the live config has a speculative config: steps count drafts (_spec)
 RAISED_LOGGED_MAX = 8  # execute_model errors journaled per process (all are counted)
 _raised_logged = 0
@@ -330,7 +333,7 @@ def _wrap_worker_class(cls: type) -> None:
 
         def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
             nonlocal recorded
-            global _waiting, _step_phase
+            global _waiting, _step_phase, _stepped_worker
             if ((_warming or _dummy_depth) and _held()) or (kwargs and kwargs.get("dummy_run")):
                 # warm-up (V2 kernel warm-up drives the worker) or padding: not a step
                 return _dummy_call(orig_exec, self, (scheduler_output, *args), kwargs)
@@ -359,6 +362,8 @@ def _wrap_worker_class(cls: type) -> None:
                 if _device._counters:
                     _read_device()
                 raise
+            if self is not _stepped_worker:  # another worker object than the last step's
+                _stepped_worker = _stepped(self)
             if _spec_on:  # before the step may close: its counts are in when it does
                 _spec_output(out)
             # Two-phase protocol: execute_model returned nothing, the step goes on in
@@ -378,11 +383,33 @@ def _wrap_worker_class(cls: type) -> None:
         _mark(execute_model)
         cls.execute_model = execute_model  # type: ignore[attr-defined]
 
+    _wrap_setup(cls)
+
+
+def _wrap_setup(cls: type) -> None:
+    """The worker class's methods around its steps: sample_tokens (in the step), the ones
+    that make its runner (which they record) and its warm-up (dummy steps)."""
     _mark_in_step(cls, "sample_tokens")
     for name in ("init_device", "load_model"):
         _observe(cls, name, after=record_runner)
     _wrap_warm_up(cls, WARMUP_METHOD)
     cls.__verifier_probe_wrapped__ = True  # type: ignore[attr-defined]
+
+
+def _stepped(worker: Any) -> Any:
+    """Journal the runner class of WORKER, whose step just returned, when it is another worker
+    object than the last step's (an identity test per step; a record only when it changes);
+    WORKER, the step's worker from now on.
+    A runner record says which runner the probe saw, not that it ran: the warm-up wrapper, for
+    one, records whatever object it is called on. The reader takes the live runner from the
+    latest of these, so an object that never completed a step is not the live runner."""
+    try:
+        runner = getattr(worker, "model_runner", None)
+        if runner is not None:
+            _core.state().remember({"k": "stepped", "class": _qualified(type(runner))})
+    except Exception as e:  # noqa: BLE001 - a probe never raises into a step
+        _core.report_error("steps", f"stepped: {type(e).__name__}: {e}")
+    return worker
 
 
 def _dummy_call(fn: Callable[..., Any], self: Any, args: tuple[Any, ...], kwargs: Any) -> Any:

@@ -236,6 +236,27 @@ def _log_lines(records: list[dict[str, Any]]) -> tuple[LogLine, ...]:
     )
 
 
+def _live_runner(records: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The runner record of the live runner and the graph record made with it. A runner
+    record says which runner the probe saw (the warm-up wrapper records any object it is
+    called on); a ``stepped`` record, which runner a completed step ran on. The live runner
+    is the latest runner record of the class the latest step ran on; with no step recorded
+    (none yet, or a probe from before these records), the latest runner record."""
+    want = next((r.get("class") for r in reversed(records) if r.get("k") == "stepped"), None)
+    at = next(
+        (
+            i
+            for i in range(len(records) - 1, -1, -1)
+            if records[i].get("k") == "runner" and (want is None or records[i].get("class") == want)
+        ),
+        None,
+    )
+    if at is None:
+        return {}, next((r for r in reversed(records) if r.get("k") == "graph"), {})
+    graph: dict[str, Any] = next((r for r in reversed(records[:at]) if r.get("k") == "graph"), {})
+    return records[at], graph
+
+
 def _runner(rec: dict[str, Any]) -> RunnerEvidence | None:
     """The live runner a ``runner`` record names (None: no runner recorded)."""
     if not rec:
@@ -332,8 +353,7 @@ def read_probe_dir(
         counted = (before[L.S_JOURNAL_RECORDS], slots[L.S_JOURNAL_RECORDS])
     problems = tuple(journal_problems(records, counted, rewritten))
     slots = slots or [0] * L.N_SLOTS
-    runner_rec: dict[str, Any] = next((r for r in reversed(records) if r.get("k") == "runner"), {})
-    graph: dict[str, Any] = next((r for r in reversed(records) if r.get("k") == "graph"), {})
+    runner_rec, graph = _live_runner(records)
     methods = runner_rec.get("methods")
     return ProbeState(
         directory=str(directory),
