@@ -43,6 +43,11 @@ from servewitness.ledger.keys import Ed25519PrivateKey, key_id
 
 FORMAT = 1
 
+# What a seal's ``other_windows`` counts each other window as (``server/window_rows``): its
+# seal held, did not hold, it has no seal, or its stored rows cannot tell (a row missing or
+# edited: `audit verify` names which). Written by the verifier, checked by ``verify_seal``.
+OTHER_OUTCOMES = ("held", "not_held", "not_sealed", "unreadable")
+
 
 def predicate(
     open_content: Mapping[str, Any],

@@ -40,7 +40,7 @@ from servewitness.ledger import statement as st
 from servewitness.ledger.bundle import Fields, LedgerEntry
 from servewitness.ledger.errors import BundleCorrupt, WrongKey
 from servewitness.ledger.keys import Ed25519PublicKey, key_id
-from servewitness.ledger.seal import FORMAT
+from servewitness.ledger.seal import FORMAT, OTHER_OUTCOMES
 from servewitness.ledger.verify_bundle import _entry, _hex_list
 
 
@@ -426,9 +426,6 @@ class _Check:
         )
 
 
-_OUTCOMES = ("held", "not_held", "not_sealed", "unreadable")
-
-
 def other_windows_shape(c: object) -> bool:
     """C is ``{ledger_size, ledger: COUNTS, run: COUNTS}`` of non-negative integers, each
     COUNTS' outcomes adding up to its ``opened``, the run's inside the ledger's."""
@@ -440,13 +437,13 @@ def other_windows_shape(c: object) -> bool:
         return False
     scopes = [c["ledger"], c["run"]]
     if not nat(c["ledger_size"]) or not all(
-        isinstance(x, dict) and set(x) == {"opened", *_OUTCOMES} and all(map(nat, x.values()))
+        isinstance(x, dict) and set(x) == {"opened", *OTHER_OUTCOMES} and all(map(nat, x.values()))
         for x in scopes
     ):
         return False
     return (
-        all(x["opened"] == sum(x[k] for k in _OUTCOMES) for x in scopes)
-        and all(c["run"][k] <= c["ledger"][k] for k in ("opened", *_OUTCOMES))
+        all(x["opened"] == sum(x[k] for k in OTHER_OUTCOMES) for x in scopes)
+        and all(c["run"][k] <= c["ledger"][k] for k in ("opened", *OTHER_OUTCOMES))
         and c["ledger"]["opened"] < c["ledger_size"]  # its own window entry is among them
     )
 

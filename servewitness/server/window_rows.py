@@ -11,6 +11,7 @@ from typing import Any
 
 from servewitness.ledger import chain, checkpoints, merkle
 from servewitness.ledger.bundle import LedgerEntry, tree_from_db
+from servewitness.ledger.seal import OTHER_OUTCOMES
 from servewitness.server.db import Database
 
 ENTRY_COLUMNS = "seq, at_unix, kind, ref, subject, prev, hash"
@@ -54,12 +55,6 @@ def insert_seal(db: Database, wid: str, run: str, at: float, content_json: str) 
     return _last_entry(db)
 
 
-# What became of a window, as the ledger says when another window is sealed: its seal held,
-# did not hold, it has no seal, or its stored content cannot tell (a row missing or edited:
-# `audit verify` names which).
-OUTCOMES = ("held", "not_held", "not_sealed", "unreadable")
-
-
 def other_windows(db: Database, wid: str, run: str) -> dict[str, Any]:
     """Every window the ledger holds but WID, counted by outcome, on the whole ledger and on
     RUN (inside the transaction that appends WID's seal, so the counts are exactly those of
@@ -76,7 +71,7 @@ def other_windows(db: Database, wid: str, run: str) -> dict[str, Any]:
         for (ref,) in db.execute("SELECT ref FROM ledger WHERE kind = 'seal'").fetchall()
     }
     runs = dict(db.execute("SELECT id, run FROM windows").fetchall())
-    counts = {"ledger": dict.fromkeys(("opened", *OUTCOMES), 0)}
+    counts = {"ledger": dict.fromkeys(("opened", *OTHER_OUTCOMES), 0)}
     counts["run"] = dict(counts["ledger"])
     for (ref,) in db.execute("SELECT ref FROM ledger WHERE kind = 'window'").fetchall():
         if ref == wid:
