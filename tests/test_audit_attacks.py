@@ -339,31 +339,29 @@ def test_another_targets_rows_never_make_the_honest_targets_answers_refused_as_t
     )
 
 
-LONG_ID_OPEN = (
-    "open: a client id over the index bound is stored as the digest of the whole API id, so "
-    "the client's own id finds nothing"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=LONG_ID_OPEN)
 def test_a_served_request_with_a_long_client_id_is_found_by_that_id(shared: Lab) -> None:
     """Ids over the length bound (any HTTP client of a's vLLM chooses the X-Request-Id): a
     client sends ``X-Request-Id: L`` of 3,000 characters; a's agent reports the external id
-    ``cmpl-L-0`` and the internal id as their digests (``fields.bounded_id``, exactly what
-    ``agent/bindings.py`` sends), so the stored client id is ``sha256(cmpl-L-0)``, not
-    derived from L. ``audit request`` hashes a long *query* as a whole: ``sha256(L)``.
+    ``cmpl-L-0`` and the internal id bounded (``fields.bounded_external_id`` and
+    ``bounded_internal_id``, exactly what ``agent/bindings.py`` sends).
 
-    Gets: ``verifier audit request L`` (the client's own id, which ``--help`` says it takes)
-    exits 6, "no stored request binding matches": the served request is reported as never
-    served; only the full API id ``cmpl-L-0`` finds it. The same lookup
-    (``request_steps``) decides a seal's ``--requests``. Sound: the client's id finds the
-    request it names."""
+    Used to get: the agent sent each id as the digest of the whole id, so the stored client
+    id was ``sha256(cmpl-L-0)``, no function of L; ``verifier audit request L`` (the client's
+    own id, which ``--help`` says it takes) hashed the query whole, ``sha256(L)``, and exited
+    6, "no stored request binding matches": the served request read as never served; only
+    the full API id ``cmpl-L-0`` found it. The same lookup (``request_steps``) decides a
+    seal's ``--requests``. Sound: the agent bounds the client part inside the id
+    (``cmpl-sha256(L)-0``), so the stored client id is what the query computes; the client's
+    id finds the request it names (more forms: ``tests/test_long_request_ids.py``)."""
     from servewitness.wire import fields as F
 
     long_id = "L" * 3000
     L = shared
     a = procs_of("boot-a")
-    ids = (F.bounded_id(f"cmpl-{long_id}-0-abcd1234"), F.bounded_id(f"cmpl-{long_id}-0"))
+    ids = (
+        F.bounded_internal_id(f"cmpl-{long_id}-0-abcd1234"),
+        F.bounded_external_id(f"cmpl-{long_id}-0"),
+    )
     L.report("agent-a", "a", a, lambda m: add_request(m, a, *ids))
     by_api = L.audit("request", f"cmpl-{long_id}-0")
     by_client = L.audit("request", long_id)
@@ -374,8 +372,6 @@ def test_a_served_request_with_a_long_client_id_is_found_by_that_id(shared: Lab)
     )
 
 
-@pytest.mark.xfail(strict=True, reason="open: an answer carries every row of each batch it "
-                   "rests on, so another target's fat batch is over one gRPC message")  # fmt: skip
 def test_another_targets_fat_batch_leaves_the_honest_request_answerable_over_the_wire(
     shared: Lab,
 ) -> None:
@@ -410,6 +406,49 @@ def test_another_targets_fat_batch_leaves_the_honest_request_answerable_over_the
         f"over the wire: rc {default.returncode} {default.stderr.strip()[-220:]}; "
         f"--limit 1: rc {one.returncode}"
     )
+    for answer in (default, one):  # b's record is named as left out, never dropped silently
+        assert "cmpl-h4-0-bbbbbbbb of target b matches too" in answer.stderr, answer.stderr
+
+
+def test_another_targets_fat_manifests_leave_the_honest_file_sightings_answerable_over_the_wire(
+    shared: Lab,
+) -> None:
+    """Variation of the fat batch, on ``audit file``: b's agent reports, in three reports,
+    three workers that each loaded the honest worker's file (same path, same sha256) beside
+    14,000 padding files with 2 KiB paths (the most a path may hold; about 29 MB a manifest,
+    under the 32 MiB of paths one manifest may hold), each padded apart so each manifest is
+    its own. A file's answer carries the manifest of every process it shows: b's three are
+    over one message, so the answer was refused (RESOURCE_EXHAUSTED) and a's sighting could
+    not be obtained over the wire at all.
+
+    Sound: over the wire, a's worker is shown and verified (exit 0), and what did not fit is
+    named as left out for its size, never dropped silently; ``--db`` lists all four."""
+    from tests.test_policy_engine import SITE, WORKER_FILES, entry
+
+    L = shared
+    path = SITE + "vllm/v1/worker/padded_runner.py"  # a file only this test's workers load
+    mine = entry(path, sha256="c" * 64, module="vllm.v1.worker.padded_runner")
+
+    def loading(procs: tuple[ProcessReport, ...], pad: str, n: int) -> Any:
+        extra = tuple(entry(SITE + f"pad/{pad}{i:05d}/" + "p" * 1990 + ".py", sha256=None,
+                            module=None) for i in range(n))  # fmt: skip
+        w = procs[2]
+        worker_ = dataclasses.replace(w, files=(*WORKER_FILES, mine, *extra))
+        return (*procs[:2], with_digest(worker_))
+
+    for k in range(3):
+        b = loading(shifted(procs_of("boot-fat"), "boot-fat", 7 + k), str(k), 14_000)
+        L.report("agent-b", "b", b)
+    a = loading(shifted(procs_of("boot-fat-a"), "boot-fat-a", 20), "", 0)
+    L.report("agent-a", "a", a)
+    local = L.audit("file", "c" * 64, "--json")
+    over = L.audit_wire("file", "c" * 64, "--json")
+    assert local.returncode == 0, local.stderr
+    assert sorted(s["target"] for s in json.loads(local.stdout)) == ["a", "b", "b", "b"]
+    assert over.returncode == 0, over.stderr[-400:]
+    shown = [s["target"] for s in json.loads(over.stdout)]
+    assert "a" in shown and len(shown) < 4, shown
+    assert over.stderr.count("of target b matches too") == 4 - len(shown), over.stderr
 
 
 # ------------------------------------------------------------------ adversary 1 and 2: seals
@@ -651,8 +690,6 @@ def test_an_edited_verdict_or_run_row_is_refused_never_answered_signed_or_export
             assert L.audit("verify").returncode == 0, name  # undone: the next edit alone
 
 
-@pytest.mark.xfail(strict=True, reason="open: a deleted id row reads as never served, not as "
-                   "an edit (no scan of the ledgered batches for the queried id)")  # fmt: skip
 def test_a_request_whose_id_row_is_deleted_is_answered_as_never_served(tmp_path: Path) -> None:
     """Attack (adversary 2): ``DELETE FROM request_ids WHERE client_id = 'honest-1'`` (the
     ledgered batch now differs from its entry).
@@ -682,8 +719,6 @@ def test_a_request_whose_id_row_is_deleted_is_answered_as_never_served(tmp_path:
     )
 
 
-@pytest.mark.xfail(strict=True, reason="open: a manifest whose ledger entry exists but whose "
-                   "row is deleted is answered as (not stored: between reports)")  # fmt: skip
 def test_a_deleted_manifest_hides_the_files_that_served_a_request(tmp_path: Path) -> None:
     """Attack (adversary 2): delete the worker's manifest and its index rows (``DELETE FROM
     manifests WHERE digest = M``; ``DELETE FROM manifest_files WHERE manifest = M``); its
@@ -727,6 +762,102 @@ def test_a_deleted_manifest_hides_the_files_that_served_a_request(tmp_path: Path
         f"({[ln for ln in req.stdout.splitlines() if 'manifest' in ln]}); wire rc "
         f"{over.returncode}"
     )
+
+
+def _deleted(con: sqlite3.Connection, table: str, where: str) -> list[tuple[Any, ...]]:
+    """Delete TABLE's rows WHERE; return them with their rowid first (for ``_restore``)."""
+    rows = con.execute(f"SELECT rowid, * FROM {table} WHERE {where}").fetchall()  # noqa: S608
+    con.execute(f"DELETE FROM {table} WHERE {where}")  # noqa: S608
+    return rows
+
+
+def _restore(con: sqlite3.Connection, table: str, rows: list[tuple[Any, ...]]) -> int:
+    """Put back rows ``_deleted`` took, with their rowids; how many."""
+    cols = ["rowid"] + [r[1] for r in con.execute(f"PRAGMA table_info({table})")]
+    marks = ", ".join("?" * len(cols))
+    con.executemany(f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({marks})", rows)  # noqa: S608
+    return len(rows)
+
+
+def test_no_deletion_or_swap_behind_the_ledger_makes_a_served_request_or_file_not_found(
+    tmp_path: Path,
+) -> None:
+    """Variations of the two attacks above (adversary 2, the database's writer), each undone
+    before the next, the answers compared with the same query's before any edit:
+
+    - the id row *swapped*: deleted and a forged row (another client id) inserted into the
+      same batch, so the batch keeps its row count;
+    - the whole batch deleted: its ``binding_batches`` row, its spans and its id rows (its
+      ledger entry stays);
+    - the spans of a request queried by its internal id (an engine with no API server has no
+      id row) deleted;
+    - the worker's manifest *edited* to drop one file (valid JSON, its ``manifest_files``
+      row deleted too), not deleted.
+
+    Sound: each such answer exits 1 naming the edit (never 6, "not found"); every control
+    answer (before the edit, and after it is undone) is found (0)."""
+    with lab(tmp_path) as L:
+        a = procs_of("boot-a")
+        L.report("agent-a", "a", a,
+                 lambda m: add_request(m, a, internal("honest-1"), "cmpl-honest-1-0"))  # fmt: skip
+        runner_file = "vllm/v1/worker/cpu_model_runner.py"
+        queries = [("request", "honest-1"), ("request", internal("honest-1")),
+                   ("file", runner_file)]  # fmt: skip
+        assert [L.audit(*q).returncode for q in queries] == [0, 0, 0]
+        con = sqlite3.connect(L.db)
+        manifest = a[2].manifest_digest or ""
+        (files_json,) = con.execute(
+            "SELECT files_json FROM manifests WHERE digest = ?", (manifest,)
+        ).fetchone()
+        dropped = json.dumps([f for f in json.loads(files_json) if runner_file not in f["path"]])
+        assert dropped != files_json
+
+        def swap() -> Any:
+            # the row's place taken by a forged row of the same batch: the count stays
+            edit = "UPDATE request_ids SET client_id = ?, external_id = ? WHERE client_id = ?"
+            con.execute(edit, ("other", "cmpl-other-0", "honest-1"))
+            return lambda: con.execute(edit, ("honest-1", "cmpl-honest-1-0", "other"))
+
+        def whole_batch() -> Any:
+            (ref,) = con.execute(
+                "SELECT batch FROM request_ids WHERE client_id = 'honest-1'"
+            ).fetchone()
+            tables = (("binding_batches", "ref"), ("bindings", "batch"), ("request_ids", "batch"))
+            gone = [(t, _deleted(con, t, f"{c} = '{ref}'")) for t, c in tables]
+            return lambda: [_restore(con, t, r) for t, r in gone]
+
+        def spans_and_ids() -> Any:
+            ids = _deleted(con, "request_ids", "client_id = 'honest-1'")
+            spans = _deleted(con, "bindings", f"internal_id = '{internal('honest-1')}'")
+            return lambda: (_restore(con, "request_ids", ids), _restore(con, "bindings", spans))
+
+        def edited_manifest() -> Any:
+            con.execute("UPDATE manifests SET files_json = ? WHERE digest = ?", (dropped, manifest))
+            rows = _deleted(
+                con, "manifest_files", f"manifest = '{manifest}' AND path_id IN (SELECT id "  # noqa: S608
+                f"FROM paths WHERE path LIKE '%/{runner_file}')"
+            )  # fmt: skip
+            return lambda: (
+                con.execute(
+                    "UPDATE manifests SET files_json = ? WHERE digest = ?", (files_json, manifest)
+                ),
+                _restore(con, "manifest_files", rows),
+            )
+
+        cases = [(swap, queries[0]), (whole_batch, queries[0]), (spans_and_ids, queries[1]),
+                 (edited_manifest, queries[2])]  # fmt: skip
+        got = {}
+        for edit, query in cases:
+            with con:
+                undo = edit()
+            after = L.audit(*query)
+            got[edit.__name__] = (after.returncode, after.stderr.strip()[:160])
+            with con:
+                undo()
+            assert L.audit("verify").returncode == 0, edit.__name__  # undone
+        con.close()
+    assert {k: v[0] for k, v in got.items()} == dict.fromkeys(got, 1), got
+    assert all("disagree with the ledgered content" in v[1] for v in got.values()), got
 
 
 # ------------------------------------------------------------------ the SQL, on both backends

@@ -206,7 +206,7 @@ def test_a_tampered_answer_is_refused(tmp_path: Path) -> None:
 
     rodb = open_database(db, read_only=True)
     try:
-        forged, _ = answer(rodb, other, "run", "all", 50)
+        forged = answer(rodb, other, "run", "all", 50).bundle
     finally:
         rodb.close()
     from servewitness.ledger.bundle import dump

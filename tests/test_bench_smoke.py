@@ -113,6 +113,12 @@ EXPECT: dict[str, tuple[str, ...]] = {
         r"longest hold of the store's lock by one chunk of \d+ ids: \d+\.\d+ ms",
         FLOOR,
     ),
+    "audit_absence.py": (
+        r"not found / read rows at \d+ = \d+\.\d+ \(paired per round",
+        r"not found / found at \d+ = \d+\.\d+ \(paired per round",
+        r"not found: \d+\.\d+ us per stored row",
+        FLOOR,
+    ),
     "seal_history.py": (
         r"with count / no count at \d+ windows = \d+\.\d+ \(paired per round",
         r"the count adds -?\d+\.\d+ ms per seal",

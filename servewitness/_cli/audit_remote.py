@@ -76,11 +76,20 @@ def run_remote(kind: str, query: str, args: argparse.Namespace) -> int:
         for record in checked.records:
             _print(kind, record)
     when = fmt.when(checked.at_unix)
+    for o in reply.omitted:  # named, never hidden: what they rest on did not fit
+        print(
+            f"not in this answer: {_t(o.record)} of target {_t(o.target)} matches too, but "
+            f"the ledgered content it rests on ({o.bytes} bytes) does not fit in one answer "
+            "beside the rest: ask with --db, or `verifier audit export`",
+            file=sys.stderr,
+        )
     more = (
         f"; {len(checked.records)} of {reply.total} record(s) shown (--limit)"
         if reply.truncated
         else ""
     )
+    if reply.omitted:
+        more += f"; {len(reply.omitted)} left out for their size (named above)"
     print(
         f"verified offline with key {key_id(key)[:16]}: included in the ledger of "
         f"{checked.size} entries, checkpoint signed {when}, root {checked.root[:16]}{more}",

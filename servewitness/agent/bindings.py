@@ -110,7 +110,7 @@ class Bindings:
     ) -> RequestSpan:
         return RequestSpan(
             process=key,
-            internal_id=F.bounded_id(s.internal_id),
+            internal_id=F.bounded_internal_id(s.internal_id),
             first_step=s.first_step,
             last_step=max(s.last_step, s.first_step),
             steps=s.steps,
@@ -161,4 +161,10 @@ class Bindings:
 
 
 def _request_id(key: ProcessKey, r: ExternalId) -> RequestId:
-    return RequestId(key, F.bounded_id(r.internal_id), F.bounded_id(r.external_id), r.unix_ns / 1e9)
+    """R as reported: an id over what a database indexes (a client's ``X-Request-Id`` of
+    5,000 characters is served) with its client part made a digest, prefix and suffix kept
+    (``fields.bounded_external_id``), so the stored client id is what a query by the
+    client's id computes; the internal id bounded as ``_span`` bounds the same id, so the two
+    still meet."""
+    internal = F.bounded_internal_id(r.internal_id)
+    return RequestId(key, internal, F.bounded_external_id(r.external_id), r.unix_ns / 1e9)

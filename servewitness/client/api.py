@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import grpc
@@ -233,7 +233,8 @@ class VerifierClient:
             "run": (self.audit_stub.AuditRun, pb.AuditRunRequest),
         }[kind]
         got = self._call(fn, msg(query=query, limit=limit)).answer
-        return AuditReply(bytes(got.bundle), got.note, got.total, got.truncated)
+        omitted = [Omitted(o.target, o.record, int(o.bytes)) for o in got.omitted]
+        return AuditReply(bytes(got.bundle), got.note, got.total, got.truncated, omitted)
 
     def audit_checkpoint(self) -> str:
         """A checkpoint of the whole ledger signed now (a C2SP note), unchecked."""
@@ -248,11 +249,22 @@ class VerifierClient:
 
 
 @dataclass(frozen=True)
+class Omitted:
+    """A record the verifier left out of an answer for its size (not signed)."""
+
+    target: str
+    record: str
+    bytes: int
+
+
+@dataclass(frozen=True)
 class AuditReply:
-    """What an audit RPC returned: the signed bundle and note, and the record counts (the
-    counts are not signed: only what the bundle holds is checked)."""
+    """What an audit RPC returned: the signed bundle and note, and the record counts and the
+    records left out for their size (these are not signed: only what the bundle holds is
+    checked)."""
 
     bundle: bytes
     note: str
     total: int
     truncated: bool
+    omitted: list[Omitted] = field(default_factory=list)

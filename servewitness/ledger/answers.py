@@ -32,6 +32,7 @@ from servewitness.ledger.bindings import client_id
 from servewitness.ledger.errors import BundleCorrupt, WrongKey
 from servewitness.ledger.keys import Ed25519PublicKey
 from servewitness.ledger.verify_bundle import check_bundle
+from servewitness.wire import fields as F
 
 
 class AnswerRefused(CheckFailed):
@@ -97,12 +98,14 @@ Pair = tuple[dict[str, Any], dict[str, Any]]  # (in-toto statement, its content)
 
 def _requests(query: str, pairs: list[Pair]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
+    # The query as the verifier looked it up: an id too long to report is stored bounded.
+    forms = set(F.request_id_forms(query))
     for stmt, content in pairs:
         if content["kind"] != "bindings":
             continue
         d = stmt["predicate"]["details"]
         names = {d["request"], *d["external_ids"], *(client_id(e) for e in d["external_ids"])}
-        if query not in names:
+        if names.isdisjoint(forms):
             raise AnswerRefused(f"a statement is about request {d['request']!r}, not {query!r}")
         if content["fields"]["target"] != stmt["predicate"]["target"]:
             # A record rests on its own target's batches only (an id row of one target never

@@ -17,13 +17,16 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from servewitness.ledger.interface import Database
 from servewitness.model import RequestId, RequestSpan, RequestSpec
+
+# The client's id inside an external id, kept beside each id row: derived by the wire, so that
+# the agent bounds a long id the way a query by the client's id finds it.
+from servewitness.wire.fields import client_id as client_id  # noqa: PLC0414 - re-exported
 
 SPAN_COLUMNS = (
     "batch, target, boot_id, pid, start_ticks, internal_id, first_step, last_step, steps, "
@@ -44,24 +47,6 @@ def span_select(db: Database) -> str:
 # Fixed column lists, no input: S608 does not apply.
 INSERT_SPAN = f"INSERT INTO bindings ({SPAN_COLUMNS}) VALUES ({', '.join('?' * 18)})"  # noqa: S608
 INSERT_ID = f"INSERT INTO request_ids ({ID_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)"  # noqa: S608
-
-# The OpenAI server's id prefixes (vllm/entrypoints/**/serving.py): "<prefix>-<base id>", the
-# base id being the client's X-Request-Id header when it sent one. Completions add
-# "-<prompt index>" for the engine.
-_PREFIXES = ("chatcmpl-", "cmpl-", "generate-tokens-", "tokenize-", "embd-", "pool-")
-_COMPLETION = re.compile(r"cmpl-(.+)-\d+")
-
-
-def client_id(external: str) -> str:
-    """The client's own id inside an external id (``cmpl-abc-0`` -> ``abc``); the external
-    id itself when it has no known prefix."""
-    m = _COMPLETION.fullmatch(external)
-    if m:
-        return m.group(1)
-    for prefix in _PREFIXES:
-        if external.startswith(prefix) and len(external) > len(prefix):
-            return external[len(prefix) :]
-    return external
 
 
 @functools.lru_cache(maxsize=4096)

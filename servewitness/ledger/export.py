@@ -25,13 +25,55 @@ from servewitness.ledger.dsse import b64encode
 from servewitness.ledger.interface import Database
 from servewitness.ledger.keys import Ed25519PrivateKey, key_id
 
+# What one statement adds to a bundle beyond its content and predicate: the DSSE envelope's
+# signature and key id, the statement's subject, the inclusion proof (64 bytes a level).
+_STATEMENT_BYTES = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class Omitted:
+    """A record that matches but is not in the answer: what it rests on would not fit."""
+
+    target: str
+    record: str  # a request's internal id, a sighting's "pid N"
+    bytes: int
+
+
+_Pending = tuple[str, str, dict[str, Any], str, Any]  # kind, ref, content, type, predicate
+
 
 class _Export:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, budget: int | None = None) -> None:
         self.db = db
         self.attestations: list[B.Attestation] = []
         self.seqs: set[int] = set()
         self.done: set[tuple[str, str]] = set()
+        # An answer over the wire is one message: records whose content would take it over
+        # BUDGET bytes are left out and named (``omitted``), so one record's fat content (a
+        # batch another target padded to its report limit) never holds the others out.
+        self.budget = budget
+        self.used = 0
+        self.omitted: list[Omitted] = []
+        self.shown = 0  # records carried
+
+    def _fits(
+        self, target: str, record: str, pending: list[_Pending], extra: dict[str, Any] | None = None
+    ) -> bool:
+        """Add PENDING (one record's statements) when they, and EXTRA (content it adds to a
+        statement made later), fit the budget; else name the record in ``omitted`` and add
+        nothing."""
+        new = [p for p in pending if (p[0], p[1]) not in self.done]
+        cost = sum(
+            len(json.dumps(c)) + len(json.dumps(pred, default=str)) * 4 // 3 + _STATEMENT_BYTES
+            for _, _, c, _, pred in new
+        ) + (len(json.dumps(extra)) + _STATEMENT_BYTES if extra else 0)
+        if self.budget is not None and self.used + cost > self.budget:
+            self.omitted.append(Omitted(target, record, cost))
+            return False
+        self.used += cost
+        for kind, ref, c, ptype, pred in new:
+            self.add(kind, ref, c, ptype, pred)
+        return True
 
     def entry(self, kind: str, ref: str) -> int | None:
         row = self.db.execute(
@@ -49,7 +91,7 @@ class _Export:
         self.seqs.add(seq)
         self.attestations.append(B.Attestation(seq, content, ptype, pred))
 
-    def batch(self, ref: str, predicate: dict[str, Any]) -> None:
+    def _batch(self, ref: str) -> dict[str, Any]:
         head = self.db.execute(
             f"SELECT target, received_unix, {bindings.batch_columns(self.db)} "  # noqa: S608
             "FROM binding_batches WHERE ref = ?",
@@ -73,24 +115,27 @@ class _Export:
         )  # fmt: skip
         if head[4] is not None:  # stored since per-process counts were ledgered
             content["fields"]["counts_json"] = str(head[4])
-        self.add("bindings", ref, content, st.RUNTIME_EVIDENCE, predicate)
+        return content
 
-    def manifest(self, digest: str) -> None:
+    def _manifest(self, digest: str) -> _Pending | None:
         row = self.db.execute(
             "SELECT files_json FROM manifests WHERE digest = ?", (digest,)
         ).fetchone()
         if row is None:
-            return  # between reports: never stored, nothing to prove
+            return None  # between reports: never stored, nothing to prove
         content = B.content("manifest", digest=digest, files_json=row[0])
         pred = st.runtime_evidence(
             target="", collected_unix=0.0, details={"manifest": digest, "files": None}
         )
-        self.add("manifest", digest, content, st.RUNTIME_EVIDENCE, pred)
+        return ("manifest", digest, content, st.RUNTIME_EVIDENCE, pred)
 
     def request(self, query: str, limit: int | None = None) -> int:
-        """Statements for what served QUERY (the first LIMIT records); how many there are."""
+        """Statements for what served QUERY (the first LIMIT records that fit the budget; the
+        others that did not fit in ``omitted``); how many there are."""
         found = queries.find_request(self.db, query)
-        for s in found[:limit]:
+        for s in found:
+            if limit is not None and self.shown >= limit:
+                break
             summary = {
                 "request": s.internal_id, "external_ids": s.external_ids, "runner": s.runner,
                 "manifests": s.manifests, "hooks": s.hooks, "steps": [s.first_step, s.last_step],
@@ -102,14 +147,17 @@ class _Export:
             pred = st.runtime_evidence(target=s.target, collected_unix=s.last_unix, details=summary)
             # The batches of its own target only: an id row or span another target reported
             # on the same internal id is that target's engine's, never this record's.
+            pending: list[_Pending] = []
             for table in ("bindings", "request_ids"):
                 for (ref,) in self.db.execute(
                     f"SELECT DISTINCT batch FROM {table} WHERE internal_id = ? AND target = ?",  # noqa: S608
                     (s.internal_id, s.target),
                 ).fetchall():
-                    self.batch(str(ref), pred)
-            for m in s.manifests:
-                self.manifest(m)
+                    if ("bindings", str(ref)) not in self.done:
+                        content = self._batch(str(ref))
+                        pending.append(("bindings", str(ref), content, st.RUNTIME_EVIDENCE, pred))
+            pending += [m for m in map(self._manifest, s.manifests) if m is not None]
+            self.shown += self._fits(s.target, s.internal_id, pending)
         return len(found)
 
     def file(self, query: str, limit: int) -> int:
@@ -118,21 +166,12 @@ class _Export:
         report's bytes, so the process's role, rank and container are the ledger's). How
         many sightings there are."""
         found = queries.find_file(self.db, query)
-        shown = found[:limit]
-        by_manifest: dict[str, list[dict[str, Any]]] = {}
-        for s in shown:
-            by_manifest.setdefault(s.manifest_digest, []).append(dataclasses.asdict(s))
-        for digest, sightings in by_manifest.items():
-            row = self.db.execute(
-                "SELECT files_json FROM manifests WHERE digest = ?", (digest,)
-            ).fetchone()
-            content = B.content("manifest", digest=digest, files_json=row[0])
-            pred = st.runtime_evidence(
-                target="", collected_unix=0.0,
-                details={"query": query, "manifest": digest, "sightings": sightings},
-            )  # fmt: skip
-            self.add("manifest", digest, content, st.RUNTIME_EVIDENCE, pred)
-        for s in shown:
+        # Each sighting's report first, within the budget: a sighting whose report (or
+        # manifest) would take the answer over it is left out and named.
+        shown: list[queries.Sighting] = []
+        for s in found:
+            if len(shown) >= limit:
+                break
             got = self.db.execute(
                 "SELECT agent_id, seq, target, received_unix, report, receipt_json FROM reports "
                 "WHERE target = ? AND received_unix = ? ORDER BY rowid LIMIT 1",
@@ -150,8 +189,32 @@ class _Export:
                 target=s.target, collected_unix=s.last_unix,
                 details={"query": query, "pid": s.pid, "start_ticks": s.start_ticks},
             )  # fmt: skip
-            self.add("report", chain.report_ref(agent_id, int(seq)), content,
-                     st.RUNTIME_EVIDENCE, pred)  # fmt: skip
+            pending: list[_Pending] = [("report", chain.report_ref(agent_id, int(seq)), content,
+                                        st.RUNTIME_EVIDENCE, pred)]  # fmt: skip
+            # Its manifest's statement is made below, once, with every sighting it backs: its
+            # size counts here, with the first sighting that needs it.
+            extra = None
+            if all(m.manifest_digest != s.manifest_digest for m in shown):
+                row = self.db.execute(
+                    "SELECT files_json FROM manifests WHERE digest = ?", (s.manifest_digest,)
+                ).fetchone()
+                extra = B.content("manifest", digest=s.manifest_digest, files_json=row[0])
+            if self._fits(s.target, f"pid {s.pid}", pending, extra):
+                shown.append(s)
+        self.shown = len(shown)
+        by_manifest: dict[str, list[dict[str, Any]]] = {}
+        for s in shown:
+            by_manifest.setdefault(s.manifest_digest, []).append(dataclasses.asdict(s))
+        for digest, sightings in by_manifest.items():
+            row = self.db.execute(
+                "SELECT files_json FROM manifests WHERE digest = ?", (digest,)
+            ).fetchone()
+            content = B.content("manifest", digest=digest, files_json=row[0])
+            pred = st.runtime_evidence(
+                target="", collected_unix=0.0,
+                details={"query": query, "manifest": digest, "sightings": sightings},
+            )  # fmt: skip
+            self.add("manifest", digest, content, st.RUNTIME_EVIDENCE, pred)
         return len(found)
 
     def run(self, name: str, verifier_id: str, limit: int | None = None) -> int:
@@ -241,21 +304,36 @@ def answer(
     limit: int,
     *,
     tree: merkle.Proofs | None = None,
-) -> tuple[dict[str, Any], int]:
-    """One audit query's answer as a signed bundle (``verifier audit ... --verifier``): the
-    first LIMIT records of KIND (``ANSWER_KINDS``) matching QUERY, and how many match.
-    TREE: the ledger's tree as the verifier keeps it (None: built from the whole ledger)."""
+    budget: int | None = None,
+) -> Answer:
+    """One audit query's answer (``verifier audit ... --verifier``): the first LIMIT records
+    of KIND (``ANSWER_KINDS``) matching QUERY as a signed bundle, less those whose content
+    would take it over BUDGET bytes (None: no bound; a run's answer is never cut), which are
+    named instead. TREE: the ledger's tree as the verifier keeps it (None: built from the
+    whole ledger)."""
     vid = key_id(key)
-    ex = _Export(db)
+    ex = _Export(db, budget)
     if kind == "request":
         total = ex.request(query, limit)
     elif kind == "file":
         total = ex.file(query, limit)
     elif kind == "run":
         total = ex.run(query, vid, limit)
+        ex.shown = min(total, limit)
     else:
         raise ValueError(f"unknown audit query {kind!r}")
-    return _sign(db, key, ex, vid, tree), total
+    return Answer(_sign(db, key, ex, vid, tree), total, ex.shown, ex.omitted)
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    """An audit answer: the signed BUNDLE, how many records match (TOTAL), how many the
+    bundle carries (SHOWN) and those left out for their size (OMITTED)."""
+
+    bundle: dict[str, Any]
+    total: int
+    shown: int
+    omitted: list[Omitted]
 
 
 def latest_checkpoint_size(db: Database, size: int) -> int | None:

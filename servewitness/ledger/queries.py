@@ -17,7 +17,7 @@ from typing import Any
 
 from servewitness import wire
 from servewitness.errors import CheckFailed, NotFound
-from servewitness.ledger import bindings, content_check, index_check
+from servewitness.ledger import bindings, completeness, content_check, index_check
 from servewitness.ledger.bindings import client_id
 from servewitness.ledger.interface import Database
 from servewitness.policy import Policy, PolicyError, load_policy
@@ -83,6 +83,9 @@ def find_file(
     # index row deleted or re-pointed to hide a file is then a difference, not "not found".
     named = _manifests_naming(db, query)
     _check_used(db, f"audit file {query}", {m for m, _, _ in rows} | named, whole=whole)
+    # The answer lists every process that loaded QUERY, or none: a ledgered manifest deleted,
+    # or edited to drop the file, would hide one, so every ledgered manifest is checked whole.
+    index_check.require(completeness.manifests(db), f"audit file {query}")
     if not rows:
         raise NotFound(f"no stored manifest has a file matching {query!r}")
     runs = _runs(db)
@@ -263,12 +266,13 @@ def _internal_ids(db: Database, query: str) -> dict[IdKey, list[str]]:
     engine alone (internal ids are one engine's, not global), so it resolves only to spans
     of that target. An external id's rows are found through its client id (derived from it,
     and indexed), so the external id needs no index of its own. A query too long for a
-    report is looked up as it is (stored so by an older agent) and by its digest (as an
-    agent now reports such an id: ``fields.bounded_id``)."""
-    out = _internal_ids_as(db, query)
-    short = F.bounded_id(query)
-    if short != query:
-        for key, external in _internal_ids_as(db, short).items():
+    report, or shaped like a digest, is looked up in every form an agent stores it in
+    (``fields.request_id_forms``): as it is, as a client's, external or internal id with its
+    client part bounded (what an agent sends now), and as one whole digest (what an older
+    agent sent)."""
+    out: dict[IdKey, list[str]] = {}
+    for form in F.request_id_forms(query):
+        for key, external in _internal_ids_as(db, form).items():
             have = out.setdefault(key, [])
             have.extend(e for e in external if e not in have)
     return out
@@ -308,12 +312,15 @@ def request_steps(
     id shaped like an API id (``cmpl-Z-0``) would then be covered by another request (``Z``),
     whoever sent it. An id row of target T leads to T's spans only. With LEDGERED, only rows
     that their batches' ledger entries cover count (an id row or span inserted behind the
-    ledger's back is no evidence): the caller keeps one across ids, each batch hashed once."""
+    ledger's back is no evidence): the caller keeps one across ids, each batch hashed once.
+    CLIENT is looked up as agents store it (``fields.client_id_forms``)."""
     out: list[Steps] = []
-    rows = db.execute(
-        f"SELECT {bindings.ID_COLUMNS} FROM request_ids WHERE client_id = ?",  # noqa: S608
-        (F.bounded_id(client),),
-    ).fetchall()
+    rows = []
+    for value in F.client_id_forms(client):
+        rows += db.execute(
+            f"SELECT {bindings.ID_COLUMNS} FROM request_ids WHERE client_id = ?",  # noqa: S608
+            (value,),
+        ).fetchall()
     keys = {(str(r[2]), str(r[1])) for r in rows if ledgered is None or ledgered.has_id(tuple(r))}
     if not keys:
         return out
@@ -347,8 +354,11 @@ def find_request(db: Database, query: str, whole: list[str] | None = None) -> li
     for (internal, target), external in ids.items():
         for row in db.execute(sql + " AND target = ?", (internal, target)):
             mapped.append((internal, external, tuple(row)))
+    # Spans on the query as an internal id: as it is, and as agents report one too long.
     direct = [
-        (query, ids.get((query, str(row[0])), []), tuple(row)) for row in db.execute(sql, (query,))
+        (q, ids.get((q, str(row[0])), []), tuple(row))
+        for q in dict.fromkeys((query, F.bounded_internal_id(query), F.bounded_id(query)))
+        for row in db.execute(sql, (q,))
     ]
     mapped.sort(key=lambda m: float(m[2][8]))
     direct.sort(key=lambda m: float(m[2][8]))
@@ -374,6 +384,9 @@ def find_request(db: Database, query: str, whole: list[str] | None = None) -> li
     if out:
         _check_used(db, f"audit request {query}", set(), {s.target for s in out}, whole)
     if not out:
+        # "Not found" rests on every row not found: a ledgered id row or span deleted (or a
+        # whole batch) would make a served request read as never served.
+        index_check.require(completeness.bindings(db), f"audit request {query}")
         known = sorted({i for (i, _), e in ids.items() if e})
         if known:
             raise NotFound(
@@ -395,6 +408,17 @@ def _served(
         db.execute("SELECT 1 FROM manifests WHERE digest = ?", (m,)).fetchone() is not None
         for m in manifests
     ]
+    # "Not stored" is true only of a manifest never ledgered (between reports): one with a
+    # ledger entry was stored, and its row is gone.
+    gone = [m for m, s in zip(manifests, stored, strict=True) if not s and m
+            and completeness.manifest_is_ledgered(db, m)]  # fmt: skip
+    index_check.require(
+        [
+            content_check.Difference("manifests", m, "row", None, "a ledgered manifest")
+            for m in gone
+        ],
+        f"the manifest of request {internal}",
+    )
     proc = db.execute(
         "SELECT role, rank, container_id FROM processes WHERE target = ? AND boot_id = ? "
         "AND pid = ? AND start_ticks = ? ORDER BY last_unix DESC LIMIT 1",

@@ -21,7 +21,7 @@ from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
 from servewitness.errors import CheckFailed, NotFound
 from servewitness.ledger import checkpoints, merkle, note
 from servewitness.ledger.bundle import dump
-from servewitness.ledger.export import answer
+from servewitness.ledger.export import Answer, answer
 from servewitness.ledger.interface import Database
 from servewitness.ledger.keys import Ed25519PrivateKey
 from servewitness.ledger.tiles import TileRewritten
@@ -32,6 +32,10 @@ AUDIT_ROLES = frozenset({"auditor", "operator"})
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
 MAX_ANSWER_BYTES = wire.MAX_MESSAGE_BYTES - 64 * 1024  # room for the rest of the message
+# What the records' content may take, estimated as it is added (``export.answer``): the
+# bundle's own parts (checkpoint, proofs, the statements' envelopes) are estimated too, and
+# the answer is measured again once built.
+ANSWER_BUDGET = MAX_ANSWER_BYTES - 1024 * 1024
 
 
 class Rewritten(CheckFailed):
@@ -73,27 +77,39 @@ class AuditService(pb_grpc.AuditServiceServicer):
         if not req.query:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"an audit {kind} query needs an id")
 
-        def build(db: Database, tree: merkle.Proofs) -> tuple[bytes, int, str]:
-            bundle, total = answer(db, self.key, kind, req.query, limit, tree=tree)
+        def build(db: Database, tree: merkle.Proofs) -> tuple[bytes, Answer, str]:
+            got = answer(db, self.key, kind, req.query, limit, tree=tree, budget=ANSWER_BUDGET)
             text = note.sign_checkpoint(self.key, tree.size, tree.root())
-            return dump(bundle), total, text
+            return dump(got.bundle), got, text
 
         try:
-            data, total, text = _over_kept_tree(self.store, self.key, build)
+            data, got, text = _over_kept_tree(self.store, self.key, build)
         except Rewritten as e:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except NotFound as e:
             context.abort(grpc.StatusCode.NOT_FOUND, str(e))
         except CheckFailed as e:  # the index disagrees with the ledger: never answered
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        if got.omitted and not got.shown:
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"no record of {kind} {req.query!r} fits in one answer: "
+                + "; ".join(f"{o.record} of target {o.target} rests on {o.bytes} bytes"
+                            for o in got.omitted[:3])
+                + f" (one message holds {MAX_ANSWER_BYTES}); ask with --db, or `audit export`",
+            )  # fmt: skip
         if len(data) > MAX_ANSWER_BYTES:
             context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"the answer is {len(data)} bytes, over the {MAX_ANSWER_BYTES} one message "
                 "holds: ask for fewer records (--limit)",
             )
-        shown = min(total, limit)
-        return pb.AuditAnswer(bundle=data, total=total, truncated=total > shown, note=text)
+        left = [pb.AuditOmitted(target=o.target, record=o.record, bytes=o.bytes)
+                for o in got.omitted]  # fmt: skip
+        return pb.AuditAnswer(
+            bundle=data, total=got.total, truncated=got.total > got.shown + len(left),
+            note=text, omitted=left,
+        )  # fmt: skip
 
     def _signed(self, context: grpc.ServicerContext, fn: Callable[[merkle.Proofs], T]) -> T:
         """FN of the ledger's tree, once it is shown to extend every checkpoint signed before."""

@@ -829,16 +829,28 @@ class AuditRunResponse(_message.Message):
     def __init__(self, answer: _Optional[_Union[AuditAnswer, _Mapping]] = ...) -> None: ...
 
 class AuditAnswer(_message.Message):
-    __slots__ = ("bundle", "total", "truncated", "note")
+    __slots__ = ("bundle", "total", "truncated", "note", "omitted")
     BUNDLE_FIELD_NUMBER: _ClassVar[int]
     TOTAL_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     NOTE_FIELD_NUMBER: _ClassVar[int]
+    OMITTED_FIELD_NUMBER: _ClassVar[int]
     bundle: bytes
     total: int
     truncated: bool
     note: str
-    def __init__(self, bundle: _Optional[bytes] = ..., total: _Optional[int] = ..., truncated: _Optional[bool] = ..., note: _Optional[str] = ...) -> None: ...
+    omitted: _containers.RepeatedCompositeFieldContainer[AuditOmitted]
+    def __init__(self, bundle: _Optional[bytes] = ..., total: _Optional[int] = ..., truncated: _Optional[bool] = ..., note: _Optional[str] = ..., omitted: _Optional[_Iterable[_Union[AuditOmitted, _Mapping]]] = ...) -> None: ...
+
+class AuditOmitted(_message.Message):
+    __slots__ = ("target", "record", "bytes")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    target: str
+    record: str
+    bytes: int
+    def __init__(self, target: _Optional[str] = ..., record: _Optional[str] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class AuditCheckpointRequest(_message.Message):
     __slots__ = ()
