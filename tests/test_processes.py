@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import http.client
 import json
 import os
 import re
@@ -192,7 +193,9 @@ def judged(db: str) -> set[str]:
 def _answers(port: int) -> bool:
     try:
         accepted(port)
-    except OSError:
+    # Not listening yet. A connect to a free port of the ephemeral range can meet itself
+    # (TCP simultaneous open) and read back its own request: BadStatusLine "GET /metrics".
+    except (OSError, http.client.HTTPException):
         return False
     return True
 

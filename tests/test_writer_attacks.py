@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import http.client
 import os
 import re
 import shutil
@@ -90,7 +91,7 @@ def counter(port: int, result: str) -> float:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
             text = r.read().decode()
-    except OSError:  # not serving yet
+    except (OSError, http.client.HTTPException):  # not serving yet (or met itself: a self-connect)
         return 0.0
     for line in text.splitlines():
         if line.startswith(f'verifier_reports_total{{result="{result}"}}'):
@@ -103,7 +104,7 @@ def answers(port: int) -> bool:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5):
             return True
-    except OSError:
+    except (OSError, http.client.HTTPException):  # a self-connect reads its own request back
         return False
 
 

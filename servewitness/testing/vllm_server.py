@@ -7,6 +7,7 @@ directory that ``stop()`` removes; the whole process group is terminated, then k
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import shutil
@@ -126,7 +127,9 @@ class VllmServer:
                 with urllib.request.urlopen(self.base_url + "/health", timeout=2) as r:  # noqa: S310
                     if r.status == 200:
                         return
-            except (urllib.error.URLError, OSError):
+            # not up yet; a connect to a free port of the ephemeral range can meet itself and
+            # read its own request back (http.client.BadStatusLine)
+            except (urllib.error.URLError, OSError, http.client.HTTPException):
                 pass
             time.sleep(0.5)
         raise ServerError(
