@@ -52,12 +52,14 @@ class ExitCode(IntEnum):
     BUNDLE_INVALID = (
         7,
         "an attestation bundle is corrupted or does not verify",
-        "`audit verify BUNDLE`",
+        "`audit verify BUNDLE`; `seal`, `exec`, `window`, `wait`: the verifier's answer is not "
+        "what was asked (a seal of another window, run or results; a window or verdict of "
+        "another run), or the seal's signature does not verify with `--key`",
     )
     WRONG_KEY = (
         8,
         "an attestation was signed by another key than the one given",
-        "`audit verify BUNDLE`",
+        "`audit verify BUNDLE`; `seal`, `exec`: the seal is signed by another key than `--key`",
     )
     DATABASE_UNREACHABLE = 9, "the verifier's database (PostgreSQL) cannot be reached"
     NOT_AUTHORIZED = 10, "not authorized: the verifier refused the caller's credentials or role"

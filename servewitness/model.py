@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from servewitness.ageclock import BootInstant
+
 
 class Verdict(StrEnum):
     PASS = "PASS"  # noqa: S105 - a verdict, not a password
@@ -246,6 +248,14 @@ def manifest_digest(files: Iterable[FileEntry]) -> str:
         (f.path, manifest_leaf((f.path, f.sha256, f.size, f.kind, f.module, f.at))) for f in files
     }
     return merkle_root_of_leaves([leaf for _, leaf in sorted(leaves)])
+
+
+def request_ids_sha256(ids: Iterable[str]) -> str:
+    """The digest a seal records of the request ids it judged: sha256 of the distinct ids,
+    sorted, one per line (each followed by a newline), so that the harness's own list, in any
+    order, can be checked against the seal (by the verifier, ``verify-seal`` and the gate
+    client alike)."""
+    return hashlib.sha256("".join(f"{i}\n" for i in sorted(set(ids))).encode()).hexdigest()
 
 
 def merkle_root_of_leaves(level: list[bytes]) -> str:
@@ -645,13 +655,38 @@ class TargetReport:
     # The roots of independent vLLM process trees the agent saw under this one target (two
     # servers merged; servewitness.agent.trees): empty when it saw one tree or was given --pid.
     mixed_roots: tuple[ProcessKey, ...] = ()
+    # How long before it was sent its evidence was read, measured by the agent on its host's
+    # CLOCK_BOOTTIME (``servewitness.ageclock``: no one can step it). None: not said (an agent
+    # older than this field, or one that could not measure it: evidence_age_unknown).
+    evidence_age_s: float | None = None
+    # The agent could not measure that age (the report was read before its host rebooted, or
+    # spooled by an agent older than the field): its evidence has no known age, never fresh.
+    evidence_age_unknown: bool = False
+    # The agent's own: when reading the evidence began on its age clock, from which its send
+    # measures evidence_age_s (kept in its spool, never sent). A report built without one
+    # counts as read when it was built; one decoded from the wire has none.
+    collected_at: BootInstant | None = field(
+        default_factory=BootInstant.now, compare=False, repr=False
+    )
 
     @property
-    def collect_s(self) -> float:
-        """How old the evidence already was when the report was sent."""
+    def wall_collect_s(self) -> float:
+        """``sent_unix - collected_unix``: two readings of the agent's wall clock, wrong by any
+        step of that clock between them."""
         if self.collected_unix is None:
             return 0.0
         return max(0.0, self.sent_unix - self.collected_unix)
+
+    @property
+    def collect_s(self) -> float:
+        """How old the evidence already was when the report was sent: the larger of the age
+        the agent measured on its boot clock and the wall-clock span. Each undercounts in its
+        own way (the wall clock stepped back while the report waited in the spool; a boot
+        clock that did not run while a hypervisor paused the machine), and neither may make
+        evidence fresher than the other says. Without ``evidence_age_s`` (an older agent, or
+        no age known) the wall-clock span alone: the weaker check."""
+        wall = self.wall_collect_s
+        return wall if self.evidence_age_s is None else max(wall, self.evidence_age_s)
 
 
 @dataclass(frozen=True)

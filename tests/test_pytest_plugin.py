@@ -119,6 +119,7 @@ def test_a_gated_test_passes_its_seal_verifies_and_a_failing_gate_fails_the_test
         "verifier_window": summary["window_id"],
         "verifier_held": "True",
         "verifier_seal": str(seal),
+        "verifier_seal_signature": "not checked",  # no --verifier-key
     }
 
     # test_dead: failed with the verifier's reason, no plugin traceback; the block never ran

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import pytest
 
 from servewitness.client.window import seal_content
+from servewitness.model import request_ids_sha256
 from servewitness.testing.vllm_server import VllmServer
 from tests.helpers import REPO, verifier_cli
 from tests.test_gate_e2e import Daemon
@@ -365,7 +366,6 @@ def test_seal_requires_every_request_the_harness_sent_to_be_served_by_the_window
     every hook keeps pace on the real server's steps, and only the requests check sees it.
     The variation: an id the probed server did serve, but before the window opened (an
     earlier run's, listed to cover a twin's), is not the window's either."""
-    from servewitness.policy import window as pw
 
     addr, d, server, _ = stack
     (d / "half.toml").write_text(HALF)
@@ -389,7 +389,7 @@ def test_seal_requires_every_request_the_harness_sent_to_be_served_by_the_window
     assert code == 0, text
     st = seal_content((d / "rq1.json.seal.json").read_text())
     assert st["held"] is True and st["findings"] == [], st["findings"]
-    assert st["requests"] == {"sent": 3, "served": 3, "ids_sha256": pw.ids_sha256(sent)}
+    assert st["requests"] == {"sent": 3, "served": 3, "ids_sha256": request_ids_sha256(sent)}
     assert "requests: 3 of the 3 the harness sent were served by the window's processes" in text
     key = str(d / "db.sqlite3.signing.key.pub")
     seal1 = str(d / "rq1.json.seal.json")
@@ -424,7 +424,7 @@ def test_seal_requires_every_request_the_harness_sent_to_be_served_by_the_window
     ctx = st["findings"][0]["context"]
     assert ctx == {"sent": 5, "unserved": 3, "unbound": 2, "outside": 0, "before_open": 1,
                    "ids": [*twinned, early]}, ctx  # fmt: skip
-    assert st["requests"] == {"sent": 5, "served": 2, "ids_sha256": pw.ids_sha256(listed)}
+    assert st["requests"] == {"sent": 5, "served": 2, "ids_sha256": request_ids_sha256(listed)}
     (row,) = [r for r in st["hooks"].values() if r["name"] == "logprobs"]
     assert row["fired"] == row["steps"] > 0  # liveness alone held: the twin is not in it
     check = verifier_cli("audit", "verify-seal", str(d / "rq2.json.seal.json"), "--key", key,

@@ -16,6 +16,7 @@ from servewitness import wire
 from servewitness.api.v1 import verifier_pb2 as pb
 from servewitness.client.window import read_request_ids
 from servewitness.errors import UsageError
+from servewitness.model import request_ids_sha256
 from servewitness.policy import window as pw
 from servewitness.wire import limits as L
 
@@ -33,7 +34,7 @@ def test_an_id_counts_only_when_a_window_process_served_it_after_the_open() -> N
     }
     ids = ["in", "early", "elsewhere", "both", "nowhere"]
     summary, found = pw.requests_served(ids, where, at_open)
-    assert summary == {"sent": 5, "served": 2, "ids_sha256": pw.ids_sha256(ids)}
+    assert summary == {"sent": 5, "served": 2, "ids_sha256": request_ids_sha256(ids)}
     assert found is not None and found.id == pw.WINDOW_REQUESTS_UNSERVED
     assert found.context == {
         "sent": 5, "unserved": 3, "unbound": 1, "outside": 1, "before_open": 1,
@@ -50,11 +51,11 @@ def test_all_served_is_no_finding_and_an_unrecorded_open_count_bounds_nothing() 
 
 
 def test_the_ids_digest_ignores_order_and_repeats_but_not_content() -> None:
-    assert pw.ids_sha256(["b", "a", "a"]) == pw.ids_sha256(["a", "b"])
-    assert pw.ids_sha256(["a", "b"]) != pw.ids_sha256(["a", "b", "c"])
+    assert request_ids_sha256(["b", "a", "a"]) == request_ids_sha256(["a", "b"])
+    assert request_ids_sha256(["a", "b"]) != request_ids_sha256(["a", "b", "c"])
     # what `LC_ALL=C sort -u FILE | sha256sum` prints for the harness's file (ids hold no
     # newline: the wire refuses control characters, below)
-    assert pw.ids_sha256(["b", "é", "a"]) == hashlib.sha256("a\nb\né\n".encode()).hexdigest()
+    assert request_ids_sha256(["b", "é", "a"]) == hashlib.sha256("a\nb\né\n".encode()).hexdigest()
 
 
 def test_ids_on_the_wire_are_bounded_distinct_and_printable() -> None:

@@ -500,7 +500,11 @@ def test_envelopes_round_trip() -> None:
 
 def test_every_domain_field_has_a_wire_field() -> None:
     """A field added to servewitness.model without a wire field fails here, not in production."""
-    renamed = {"files": {"files", "files_included"}, "context": {"context_json"}}
+    renamed = {
+        "files": {"files", "files_included"},
+        "context": {"context_json"},
+        "collected_at": set(),  # the agent's own age-clock reading: kept in its spool, never sent
+    }
     pairs: list[tuple[type, Any]] = [
         (ProcessKey, pb.ProcessKey),
         (RunnerEvidence, pb.RunnerEvidence),

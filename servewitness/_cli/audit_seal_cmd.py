@@ -18,14 +18,17 @@ DESCRIPTION = """\
 Check a measurement window's seal (RESULTS.seal.json from `verifier exec` or `verifier seal`)
 offline, with the verifier's public key alone: the DSSE signature by --key; the statement's
 shape (a measurement-window predicate whose gate decision, window and seal agree, whose
-subject is the sealed results file); the checkpoint note's signature; the window's and the
-seal's ledger entries (their hashes, their subjects recomputed from the statement, their
-inclusion in the signed checkpoint); with --results, that the file's bytes are the ones
-sealed; with --requests (the harness's request ids, one per line), that the seal checked
-exactly those ids; with --checkpoint (a note kept elsewhere), that the seal's checkpoint
-extends it when the seal carries the proof (else said to be not checked). It prints how many
-other windows the verifier's ledger held when this one was sealed, by outcome, on its run and
-on the whole ledger: a result chosen from several attempts says so.
+subject is the sealed results file); the seal not dated before its open, its elapsed times
+recomputed from the verifier's clocks at each end, and a held seal's evidence showing the
+same processes at both ends, each one that runs steps having stepped; the checkpoint note's
+signature; the window's and the seal's ledger entries (their hashes, their subjects
+recomputed from the statement, their inclusion in the signed checkpoint); with --results,
+that the file's bytes are the ones sealed; with --requests (the harness's request ids, one
+per line), that the seal checked exactly those ids; with --checkpoint (a note kept
+elsewhere), that the seal's checkpoint extends it when the seal carries the proof (else said
+to be not checked). It prints how many other windows the verifier's ledger held when this
+one was sealed, by outcome, on its run and on the whole ledger: a result chosen from several
+attempts says so.
 
 Exit 0: everything verifies AND the window held. 1: it verifies but the window did not hold,
 or something does not match (each named). 3: the seal, key, checkpoint, results or requests

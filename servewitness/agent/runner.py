@@ -20,6 +20,7 @@ from grpc_health.v1 import health, health_pb2
 
 from servewitness import wire
 from servewitness._stop_signals import stop_on_signals
+from servewitness.ageclock import BootInstant
 from servewitness.agent import gcpause
 from servewitness.agent.bindings import Bindings
 from servewitness.agent.config import AgentConfig
@@ -121,6 +122,7 @@ class Agent:
 
     def _collect(self, per_container: bool) -> list[TargetReport]:
         began = time.time()  # the counters below are read from here on
+        at = BootInstant.now()  # the same moment on the age clock (servewitness/ageclock.py)
         refused: list[str] = []
         found = discover(self.procfs, self.config.root_pid, self.journals, refused)
         tree = (
@@ -150,12 +152,12 @@ class Agent:
             mixed = self.trees.observe(found)
             unobservable = tuple(refused) if procs or refused else (self._nothing_visible(),)
             part = Part(self.config.target, procs, gone, unobservable, mixed, spans, request_ids)
-            return [self._build(part, began)]
+            return [self._build(part, began, at)]
         split = Split(self.config.target, self._trees, self._nothing_visible)
         parts = split.parts(found, procs, was, refused, (spans, request_ids))
-        return [self._build(part, began) for part in parts]
+        return [self._build(part, began, at) for part in parts]
 
-    def _build(self, part: Part, began: float) -> TargetReport:
+    def _build(self, part: Part, began: float, at: BootInstant) -> TargetReport:
         # one process per container is enough to describe it (its ref: runtime, source)
         one_each = {p.container_id: p.key.pid for p in part.procs if p.container_id}
         refs = [r for r in (container_of(self.procfs, pid) for pid in one_each.values()) if r]
@@ -182,6 +184,7 @@ class Agent:
             spans=part.spans,
             request_ids=part.request_ids,
             mixed_roots=part.mixed,
+            collected_at=at,
         )
 
     def _nothing_visible(self) -> str:
@@ -253,10 +256,19 @@ class Agent:
         for _ in range(3):
             if self.nonce is None:
                 self.hello()
-            # Stamped at each send: a report that waited in the spool is as old as it is
-            # (the verifier dates evidence by receipt minus sent_unix - collected_unix).
+            # Stamped at each send: a report that waited in the spool is as old as it is. The
+            # verifier dates evidence by its receipt minus this age, measured on the age clock
+            # (a wall clock stepped back while the report waited would hide the wait from
+            # sent_unix - collected_unix); a reading of another boot gives none: unknown.
             sent = max(time.time(), report.sent_unix)
-            report = dataclasses.replace(report, nonce=self.nonce or "", sent_unix=sent)
+            age = None if report.collected_at is None else report.collected_at.age_s()
+            report = dataclasses.replace(
+                report,
+                nonce=self.nonce or "",
+                sent_unix=sent,
+                evidence_age_s=age,
+                evidence_age_unknown=age is None,
+            )
             self.metrics.sent.inc()
             try:
                 resp = wire.report_response_from_pb(
@@ -303,6 +315,8 @@ class Agent:
                 kept = self.spool.set_aside(seq)
                 log.error("spooled_report_unreadable", seq=seq, reason=str(e), kept=str(kept))
                 continue
+            # when it was read, on the age clock (None: not known, sent as such)
+            report = dataclasses.replace(report, collected_at=self.spool.collected_at(seq))
             if self.fresh_spool and self.floor is not None and seq <= self.floor:
                 # Numbered before the first Hello in a fresh spool: collides with what an
                 # earlier life of this agent id delivered, so it gets a new number.
@@ -318,7 +332,7 @@ class Agent:
         reports = self.collect_all()
         self.metrics.collected(time.monotonic() - began)
         for report in reports:
-            self.spool.put(report.seq, spoolable(report))
+            self.spool.put(report.seq, spoolable(report), report.collected_at)
         self.bindings.save()  # its bindings are in the spool now
         if self.spool.dropped:
             log.warning(

@@ -2,6 +2,12 @@
 
 One file per sequence number (``<seq>.pb``, written atomically). When the spool would exceed
 its byte budget the oldest reports are dropped and counted, so the agent can say what it lost.
+
+Beside each, ``<seq>.collected``: when reading its evidence began on the agent's age clock
+(``servewitness.ageclock``: the boot id and ``CLOCK_BOOTTIME``), written before the report, so
+that the agent that sends it (this one, or the next after a restart) measures how long it
+waited on a clock no one can step. A report without one (spooled by an older agent, or its
+reading lost) is sent as of no known age: never fresh.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from pathlib import Path
 import structlog
 
 from servewitness import wire
+from servewitness.ageclock import BootInstant
 from servewitness.model import TargetReport
 
 log = structlog.get_logger("servewitness.agent")
@@ -31,7 +38,12 @@ class Spool:
             key=lambda p: int(p.stem),
         )
 
-    def put(self, seq: int, data: bytes) -> None:
+    def put(self, seq: int, data: bytes, collected_at: BootInstant | None = None) -> None:
+        """Spool report SEQ (its bytes DATA), read from COLLECTED_AT on the age clock."""
+        if collected_at is not None:  # first: a report on disk never outlives its reading
+            tmp = self.dir / f".{seq}.collected.tmp"
+            tmp.write_text(collected_at.to_json())
+            os.replace(tmp, self._collected(seq))
         tmp = self.dir / f".{seq}.tmp"
         tmp.write_bytes(data)
         os.replace(tmp, self.dir / f"{seq}.pb")
@@ -41,7 +53,18 @@ class Spool:
             oldest = files.pop(0)
             total -= oldest.stat().st_size
             oldest.unlink()
+            self._collected(int(oldest.stem)).unlink(missing_ok=True)
             self.dropped += 1
+
+    def _collected(self, seq: int) -> Path:
+        return self.dir / f"{seq}.collected"
+
+    def collected_at(self, seq: int) -> BootInstant | None:
+        """When reading report SEQ's evidence began on the age clock; None: not known."""
+        try:
+            return BootInstant.from_json(self._collected(seq).read_text())
+        except (OSError, UnicodeDecodeError):
+            return None
 
     def pending(self) -> list[tuple[int, bytes]]:
         return [(int(p.stem), p.read_bytes()) for p in self._files()]
@@ -51,10 +74,12 @@ class Spool:
         report that cannot be decoded is never delivered; its bytes stay for whoever looks)."""
         kept = self.dir / f"{seq}.pb.unreadable"
         os.replace(self.dir / f"{seq}.pb", kept)
+        self._collected(seq).unlink(missing_ok=True)
         return kept
 
     def ack(self, seq: int) -> None:
         (self.dir / f"{seq}.pb").unlink(missing_ok=True)
+        self._collected(seq).unlink(missing_ok=True)
 
     def last_seq(self) -> int:
         files = self._files()

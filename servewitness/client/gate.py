@@ -15,6 +15,13 @@ the verifier opens and seals itself (``OpenWindow``/``SealWindow``, judged from 
 reports): on leaving the block the run must still PASS on evidence received after the block
 ended, and every hook must have kept pace with the steps it is judged on during the block, or
 ``GateFailed`` is raised (after the signed seal, if any, is written).
+
+Every answer is checked against what was asked (``client/window.py``): the window opened must
+be on the run asked, the seal handed back must name that window, run, results and request
+ids (a genuine seal of another window is refused, ``GateFailed``, and never written), and the
+outcome is the seal's signed content, not the answer's flag. With ``key=`` (or
+``$VERIFIER_SEAL_KEY``), the verifier's public key, the seal's signature is checked too;
+without it ``summary["signature"]`` says it was not.
 """
 
 from __future__ import annotations
@@ -25,16 +32,29 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from servewitness import wire
 from servewitness.client.address import resolve
 from servewitness.client.api import VerifierClient
 from servewitness.client.deadline import Deadline, Outage, cut_short, retrying
-from servewitness.client.window import is_fresh, seal, seal_content
+from servewitness.client.window import (
+    SEAL_REFUSED,
+    AnswerMismatch,
+    CheckedSeal,
+    Expected,
+    is_fresh,
+    open_window,
+    seal,
+    seal_key,
+    seal_window,
+)
 from servewitness.errors import CheckFailed, Error, TimeoutError_, UnavailableError
 from servewitness.model import RunVerdict, Severity, Verdict
 from servewitness.security.tls import client_tls
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 
 class GateFailed(CheckFailed):
@@ -61,7 +81,8 @@ def wait_for(
     whatever the peer does. At the end: TimeoutError_ (exit 5) when the verifier answered
     last and the run is not decided; UnavailableError (exit 4) when it could not be reached at
     the end (saying whether it ever answered, and for how long it had not). Other errors (an
-    unknown run, a refused credential) are raised at once.
+    unknown run, a refused credential, a verdict of another run than RUN: AnswerMismatch,
+    exit 7) are raised at once.
 
     FRESH: the PASS returned rests on evidence every target read after the wait began (the
     verifier's clock at its first answer, so a client whose clock is off does not shift it):
@@ -78,11 +99,17 @@ def wait_for(
         given = client.call_timeout()
         short.clear()
         try:
-            return client.status(run)
+            got = client.status(run)
         except Error as e:
             if cut_short(e, given):
                 short.append(given)
             raise
+        if got.run != run:  # an answer for another run is no answer about RUN
+            raise AnswerMismatch(
+                f"the verifier answered with the verdict of run {got.run!r}, not of run {run!r}",
+                "GetRunStatus",
+            )
+        return got
 
     with client.within(deadline):
         while True:
@@ -157,6 +184,7 @@ def hook_counts(verdict: RunVerdict) -> dict[str, dict[str, int]]:
 class Measurement:
     run: str
     window: wire.OpenedWindow
+    # The seal's answer with the outcome of its checked, signed content (``checked.held``).
     sealed: wire.SealedWindow | None = None
     summary: dict[str, Any] = field(default_factory=dict)
     # The request ids the block sent (its X-Request-Id values): when any is added, each must
@@ -173,6 +201,7 @@ def measurement(
     address: str | None = None,
     timeout_s: float = 120.0,
     results: Path | None = None,
+    key: Path | str | None = None,
 ) -> Iterator[Measurement]:
     """Open a window on RUN (the verifier waits for a PASS on fresh evidence), run the block,
     then have the verifier seal it. RESULTS, when given, must exist by then: the signed seal
@@ -181,28 +210,32 @@ def measurement(
     from VERIFIER_TLS_CA / _CERT / _KEY / VERIFIER_TOKEN when set. Raises ``GateFailed`` when
     the window did not hold (after the seal is written). Request ids the block appends to
     ``request_ids`` are checked at the seal: each must have been served by the window's
-    processes after it opened (none appended: not checked, and the seal says so)."""
+    processes after it opened (none appended: not checked, and the seal says so).
+
+    Every answer is checked (``client/window.py``): a window opened on another run raises
+    ``GateFailed`` before the block runs; a seal that does not name this window, run, results
+    and request ids, or whose signed content and answer disagree on held, raises it after
+    the block, and is not written. ``summary["held"]`` is the checked content's. KEY (else
+    $VERIFIER_SEAL_KEY): the verifier's public key, which the seal's signature is checked
+    with (a key that cannot be read: ConfigError, before the window opens); without one it is
+    not, and ``summary["signature"]`` says so."""
+    public = seal_key(key)  # a key that cannot be read: ConfigError before anything opens
     with VerifierClient(resolve(address), tls=client_tls(None, None, None, None)) as client:
         try:
-            opened = client.open_window(run, timeout_s)
-        except CheckFailed as e:  # the run FAILs on fresh evidence: the block never runs
+            opened = open_window(client, run, timeout_s)
+        except (CheckFailed, AnswerMismatch) as e:  # a FAIL, or a window on another run:
+            # the block never runs
             raise GateFailed(e.explain()) from None
         m = Measurement(run, opened)
         yield m
         ids = wire.request_ids(m.request_ids, "Measurement.request_ids")
-        if results is not None:
-            sealed, content, path = seal(
-                client, opened.window_id, run, results, timeout_s, request_ids=ids
-            )
-            m.summary["statement"] = str(path)
-        else:
-            sealing = wire.WindowSealing(
-                opened.window_id, run, NO_RESULTS_SHA256, 0, "-", timeout_s, ids
-            )
-            sealed = client.seal_window(sealing)
-            content = seal_content(sealed.seal_json)
-            m.summary["seal_json"] = sealed.seal_json
-        m.sealed = sealed
+        expected = Expected.of(opened)
+        try:
+            checked = _seal(client, m, results, timeout_s, ids, expected, public)
+        except SEAL_REFUSED as e:
+            raise GateFailed(e.explain()) from None
+        content = checked.content
+        m.sealed = checked.sealed
         m.summary.update(
             {
                 "run": run,
@@ -211,15 +244,41 @@ def measurement(
                 "window_unix": [content["opened_unix"], content["sealed_unix"]],
                 "verdict_before": content["verdict_at_open"],
                 "verdict_after": content["verdict_at_seal"],
-                "held": sealed.held,
+                "held": checked.held,
+                "signature": checked.signature(),
+                "signature_checked": checked.key_id is not None,
+                "signature_key_id": checked.key_id,
                 "hooks_during_block": content["hooks"],
                 "requests": content.get("requests"),
                 "findings": [{"id": f["id"], "message": f["message"]} for f in content["findings"]],
             }
         )
-        if not sealed.held:
+        if not checked.held:
             found = content["findings"]
             raise GateFailed(
                 f"the window did not hold: {found[0]['message'] if found else 'no reason'}"
                 + (f" (+{len(found) - 1} more)" if len(found) > 1 else "")
             )
+
+
+def _seal(  # noqa: PLR0917 - the measurement's parts
+    client: VerifierClient,
+    m: Measurement,
+    results: Path | None,
+    timeout_s: float,
+    ids: tuple[str, ...],
+    expected: Expected,
+    key: Ed25519PublicKey | None,
+) -> CheckedSeal:
+    """Seal M's window (over RESULTS, or the empty string's digest), checked."""
+    wid = m.window.window_id
+    if results is not None:
+        checked, path = seal(
+            client, wid, m.run, results, timeout_s, request_ids=ids, expected=expected, key=key
+        )
+        m.summary["statement"] = str(path)
+        return checked
+    sealing = wire.WindowSealing(wid, m.run, NO_RESULTS_SHA256, 0, "-", timeout_s, ids)
+    checked = seal_window(client, sealing, expected, key)
+    m.summary["seal_json"] = checked.seal_json
+    return checked

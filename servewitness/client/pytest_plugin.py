@@ -20,15 +20,20 @@ A test then measures inside a window the verifier opens and seals
 
 Options: ``--verifier-address`` (else ``VERIFIER_ADDRESS``, else 127.0.0.1:50551),
 ``--verifier-run`` (the run when the test names none), ``--verifier-timeout`` (seconds the
-verifier waits for a PASS at the open and for fresh evidence at the seal; default 120). TLS
-and token come from ``VERIFIER_TLS_CA`` / ``_CERT`` / ``_KEY`` / ``VERIFIER_TOKEN``.
+verifier waits for a PASS at the open and for fresh evidence at the seal; default 120),
+``--verifier-key`` (the verifier's public key, else ``VERIFIER_SEAL_KEY``: the seal's
+signature is checked with it; without one it is not, and the record says so). TLS and token
+come from ``VERIFIER_TLS_CA`` / ``_CERT`` / ``_KEY`` / ``VERIFIER_TOKEN``.
 
 A gate that does not let the measurement count fails the test with the verifier's reason and
 no traceback: the run FAILs or does not PASS in time (the block never runs), the verifier is
-unreachable or refuses the caller, or the window did not hold (after the seal is written). An
-exception raised inside the block is the test's own and passes through unchanged. Each window
-is recorded in the test's ``user_properties`` (and so in JUnit XML): ``verifier_run``,
-``verifier_window``, ``verifier_held``, ``verifier_seal``.
+unreachable or refuses the caller, the window did not hold (after the seal is written), or
+the verifier's answer is not what was asked (a window on another run; a seal of another
+window, run or results, or one whose signature does not verify with the key: never written).
+An exception raised inside the block is the test's own and passes through unchanged. Each
+window is recorded in the test's ``user_properties`` (and so in JUnit XML): ``verifier_run``,
+``verifier_window``, ``verifier_held`` (the checked seal's), ``verifier_seal``,
+``verifier_seal_signature`` (``checked KEYID`` or ``not checked``).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from pathlib import Path
 import pytest
 
 from servewitness.client.gate import Measurement, measurement
+from servewitness.client.window import ENV_SEAL_KEY
 from servewitness.errors import Error
 
 GatedMeasurement = Callable[..., AbstractContextManager[Measurement]]
@@ -69,12 +75,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="seconds the verifier waits for PASS at the open and for fresh evidence at the "
         f"seal (default {DEFAULT_TIMEOUT_S:g})",
     )
+    group.addoption(
+        "--verifier-key",
+        metavar="PUB",
+        default=None,
+        help="the verifier's public key: each seal's signature is checked with it (else "
+        f"${ENV_SEAL_KEY}; none: not checked, and the test's record says so)",
+    )
 
 
 @pytest.fixture
 def gated_measurement(request: pytest.FixtureRequest) -> GatedMeasurement:
-    """``gated_measurement(run=None, *, results=None, timeout_s=None, address=None)``: a
-    context manager around the measured block (see the module's documentation)."""
+    """``gated_measurement(run=None, *, results=None, timeout_s=None, address=None,
+    key=None)``: a context manager around the measured block (see the module's
+    documentation)."""
     config = request.config
 
     def gate(
@@ -83,6 +97,7 @@ def gated_measurement(request: pytest.FixtureRequest) -> GatedMeasurement:
         results: Path | str | None = None,
         timeout_s: float | None = None,
         address: str | None = None,
+        key: Path | str | None = None,
     ) -> AbstractContextManager[Measurement]:
         name = run or config.getoption("verifier_run")
         if not name:
@@ -99,6 +114,7 @@ def gated_measurement(request: pytest.FixtureRequest) -> GatedMeasurement:
             address or config.getoption("verifier_address"),
             float(timeout),
             Path(results) if results is not None else None,
+            key=key or config.getoption("verifier_key"),
         )
 
     return gate
@@ -111,12 +127,14 @@ def _gated(
     address: str | None,
     timeout_s: float,
     results: Path | None,
+    *,
+    key: Path | str | None = None,
 ) -> Iterator[Measurement]:
     opened: list[Measurement] = []
     in_block = False
     why: str | None = None
     try:
-        with measurement(run, address, timeout_s, results) as m:
+        with measurement(run, address, timeout_s, results, key=key) as m:
             opened.append(m)
             in_block = True
             yield m
@@ -138,6 +156,8 @@ def _record(node: pytest.Item | pytest.Collector, m: Measurement) -> None:
     props.append(("verifier_run", m.run))
     props.append(("verifier_window", m.window.window_id))
     if m.sealed is not None:
-        props.append(("verifier_held", m.sealed.held))
+        props.append(("verifier_held", m.sealed.held))  # the checked seal's content's
+        kid = m.summary.get("signature_key_id")
+        props.append(("verifier_seal_signature", f"checked {kid}" if kid else "not checked"))
     if "statement" in m.summary:
         props.append(("verifier_seal", m.summary["statement"]))

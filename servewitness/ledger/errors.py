@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from servewitness.errors import BundleCorrupt, ConfigError, UsageError, WrongKey
 
+# a key file's errors, shared with whoever loads a public key (the gate client too)
+from servewitness.wire.dsse import KeyFileMissing, NotAKey, NotEd25519
+
 __all__ = [
     "BundleCorrupt",
     "BundleMissing",
@@ -17,18 +20,6 @@ __all__ = [
     "NotEd25519",
     "WrongKey",
 ]
-
-
-class KeyFileMissing(ConfigError):
-    """No file at the path given for a key."""
-
-
-class NotAKey(ConfigError):
-    """The file is not a PEM key (or not the half that was asked for)."""
-
-
-class NotEd25519(ConfigError):
-    """A key, but not an Ed25519 one."""
 
 
 class KeyExists(UsageError):

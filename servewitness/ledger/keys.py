@@ -9,7 +9,6 @@ a PEM key or the other half of the pair (:class:`NotAKey`), a key of another alg
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -18,9 +17,10 @@ from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from servewitness.ledger.errors import KeyExists, KeyFileMissing, KeyNotWritten, NotAKey, NotEd25519
+from servewitness.ledger.errors import KeyExists, KeyNotWritten, NotAKey, NotEd25519
+from servewitness.wire.dsse import key_id, load_public_key, public_path, raw_public, read_key_file
 
-__all__ = [
+__all__ = [  # the public half (loading, ids) is ``wire/dsse``'s, re-exported
     "Ed25519PrivateKey",
     "Ed25519PublicKey",
     "generate",
@@ -29,22 +29,13 @@ __all__ = [
     "load_private_key",
     "load_public_key",
     "public_path",
+    "raw_public",
     "save_keypair",
 ]
 
 
 def generate() -> Ed25519PrivateKey:
     return Ed25519PrivateKey.generate()
-
-
-def raw_public(key: Ed25519PublicKey) -> bytes:
-    return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-
-
-def key_id(key: Ed25519PublicKey | Ed25519PrivateKey) -> str:
-    """Hex sha256 of the raw public key (64 hex digits; the first 16 name it to a person)."""
-    pub = key.public_key() if isinstance(key, Ed25519PrivateKey) else key
-    return hashlib.sha256(raw_public(pub)).hexdigest()
 
 
 def private_pem(key: Ed25519PrivateKey) -> bytes:
@@ -59,11 +50,6 @@ def public_pem(key: Ed25519PublicKey) -> bytes:
     return key.public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     )
-
-
-def public_path(path: Path) -> Path:
-    """Where the public half of the key at PATH goes: PATH.pub."""
-    return path.with_name(path.name + ".pub")
 
 
 def _write(path: Path, data: bytes, mode: int, force: bool) -> None:
@@ -108,23 +94,8 @@ def save_keypair(key: Ed25519PrivateKey, path: Path, *, force: bool = False) -> 
     return pub
 
 
-def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise KeyFileMissing(f"{path}: no such key file") from None
-    except IsADirectoryError:
-        raise NotAKey(f"{path}: a directory, not a key file") from None
-    except OSError as e:
-        raise KeyFileMissing(f"{path}: cannot read the key file: {e.strerror}") from None
-
-
-def _is_private_pem(data: bytes) -> bool:
-    return b"PRIVATE KEY-----" in data
-
-
 def load_private_key(path: Path) -> Ed25519PrivateKey:
-    data = _read(path)
+    data = read_key_file(path)
     if b"-----BEGIN PUBLIC KEY-----" in data:
         raise NotAKey(f"{path}: a public key; signing needs the private key")
     try:
@@ -134,23 +105,6 @@ def load_private_key(path: Path) -> Ed25519PrivateKey:
     except (ValueError, UnsupportedAlgorithm):
         raise NotAKey(f"{path}: not a PEM private key") from None
     if not isinstance(key, Ed25519PrivateKey):
-        raise NotEd25519(f"{path}: a {type(key).__name__} key, not Ed25519")
-    return key
-
-
-def load_public_key(path: Path) -> Ed25519PublicKey:
-    """The public key at PATH. A private key is refused (:class:`NotAKey`): whoever verifies
-    should never hold it; its public half is PATH.pub next to it."""
-    data = _read(path)
-    if _is_private_pem(data):
-        raise NotAKey(
-            f"{path}: a private key; verify with the public key ({public_path(path).name})"
-        )
-    try:
-        key = serialization.load_pem_public_key(data)
-    except (ValueError, UnsupportedAlgorithm):
-        raise NotAKey(f"{path}: not a PEM public key") from None
-    if not isinstance(key, Ed25519PublicKey):
         raise NotEd25519(f"{path}: a {type(key).__name__} key, not Ed25519")
     return key
 

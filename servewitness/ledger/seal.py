@@ -20,9 +20,11 @@ Document (``"seal": 1``), what ``SealWindow`` returns and ``verifier exec`` writ
 
 OPEN CONTENT is the ``window`` ledger entry's content and SEAL CONTENT the ``seal`` entry's, as
 stored (``chain.canonical`` of each recomputes the entry's subject): the window id, run,
-policy digest, times, the evidence per process at each end (agent id, report seq, that
-report's ledger entry, manifest digest, authenticated_as, evidence age, the probe's own
-errors: the first ten and their count), every hook's counts,
+policy digest, times, the verifier's clock at each end (``verifier_clock``: its host's boot
+id and ``CLOCK_BOOTTIME``) and the window's length on both clocks (``elapsed``), the evidence
+per process at each end (agent id, report seq, that report's ledger entry, identity, step
+counts and whether it runs steps, manifest digest, authenticated_as, evidence age, the
+probe's own errors: the first ten and their count), every hook's counts,
 the findings, held or not, the unsafe policy flags, the results' digest, the verifier's key
 id, and every other window the ledger held just before the seal entry, counted by outcome on
 the run and on the whole ledger (``other_windows``: a result chosen from several attempts says
@@ -40,8 +42,9 @@ from servewitness.ledger import dsse
 from servewitness.ledger import statement as st
 from servewitness.ledger.bundle import LedgerEntry
 from servewitness.ledger.keys import Ed25519PrivateKey, key_id
+from servewitness.wire import seals
 
-FORMAT = 1
+FORMAT = seals.FORMAT  # what a client reads (wire/seals.py) is what this writes
 
 # What a seal's ``other_windows`` counts each other window as (``server/window_rows``): its
 # seal held, did not hold, it has no seal, or its stored rows cannot tell (a row missing or

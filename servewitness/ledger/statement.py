@@ -28,13 +28,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
-PAYLOAD_TYPE = "application/vnd.in-toto+json"
+# the types a client reads seals by (wire/seals.py), defined there once
+from servewitness.wire.seals import MEASUREMENT_WINDOW as MEASUREMENT_WINDOW  # noqa: PLC0414
+from servewitness.wire.seals import PAYLOAD_TYPE as PAYLOAD_TYPE  # noqa: PLC0414
+from servewitness.wire.seals import STATEMENT_TYPE as STATEMENT_TYPE  # noqa: PLC0414
+
 NAMESPACE = "https://verifier.dev"
 RUNTIME_EVIDENCE = f"{NAMESPACE}/runtime-evidence/v1"
 GATE_DECISION = f"{NAMESPACE}/gate-decision/v1"
 CHECKPOINT = f"{NAMESPACE}/checkpoint/v1"
-MEASUREMENT_WINDOW = f"{NAMESPACE}/measurement-window/v1"
 PREDICATE_TYPES = (RUNTIME_EVIDENCE, GATE_DECISION, CHECKPOINT, MEASUREMENT_WINDOW)
 RESULTS = ("PASS", "FAIL", "PENDING", "STALE")
 

@@ -9,7 +9,13 @@ Checked, in order (each failure is named; later checks still run where they can)
    (the key given), ``verificationResult`` PASS exactly when ``held``, the same findings, and
    the subject is the sealed results' name and sha256; the count of the other windows
    (``other_windows``) is well formed, and (with 4) taken over the ledger before the seal
-   entry;
+   entry; the seal is not dated before its open (any seal, an older one too), its
+   ``elapsed`` recomputes from the verifier's clocks recorded at each end
+   (``verifier_clock``) and the findings they call for are the seal's
+   (``policy/window_ends.elapsed``); and a held seal's own evidence shows the same processes
+   at both ends, each process that runs steps having stepped (``window_ends.same_processes``,
+   ``progress``: derived again, so a held seal that should not have held fails). What an
+   older seal lacks for these is said under ``not_checked``;
 3. the checkpoint note is signed by the same key;
 4. the open and seal ledger entries: each hash recomputes from its fields, their kinds and
    refs are ``window``/``seal`` of this window id, their subjects recompute from the
@@ -18,7 +24,7 @@ Checked, in order (each failure is named; later checks still run where they can)
    in the checkpoint's tree (RFC 9162 inclusion proofs);
 5. with ``results``: the file's bytes hash to the subject (and its size is the sealed size);
    with ``requests`` (the harness's request ids): the seal checked requests, and its
-   ``ids_sha256`` is the digest of exactly those ids (``policy.window.ids_sha256``);
+   ``ids_sha256`` is the digest of exactly those ids (``model.request_ids_sha256``);
 6. with ``old_note`` (a checkpoint kept elsewhere, signed by the same key): the seal's
    checkpoint extends it, when the seal carries a consistency proof from that size (or the
    sizes are equal); otherwise that is reported as not checked.
@@ -161,6 +167,7 @@ class _Check:
         self.r.findings = list(sl.get("findings") or [])
         self.shape(p, w, sl, s.subjects)
         self.others(sl)
+        self.ends(w, sl)
         return p, s.subjects
 
     def shape(
@@ -173,6 +180,8 @@ class _Check:
         before = len(self.r.problems)
         if w.get("window_id") != sl.get("window_id") or not w.get("window_id"):
             self.fail("the seal content names another window than the window content")
+        if w.get("opened_unix") != sl.get("opened_unix"):
+            self.fail("the seal dates the window's open otherwise than the window content")
         if w.get("run") != sl.get("run") or p.get("run") != sl.get("run"):
             self.fail("the run differs between the decision, the window and the seal")
         digest = (p.get("policy") or {}).get("digest", {}).get("sha256")
@@ -214,6 +223,16 @@ class _Check:
             self.fail("the seal's count of the other windows is malformed")
             return
         self.r.other_windows = c
+
+    def ends(self, w: Mapping[str, Any], sl: Mapping[str, Any]) -> None:
+        """The window's times, processes and steps derived again from the seal's content
+        (``policy/window_ends.recheck``)."""
+        from servewitness.policy.window_ends import recheck
+
+        got = recheck(w, sl)
+        self.r.problems += got.problems
+        self.r.checks += got.checks
+        self.r.not_checked += got.not_checked
 
     # 3 -------------------------------------------------------------------------------------
     def checkpoint(self, text: object) -> tuple[bytes, int] | None:
@@ -341,7 +360,7 @@ class _Check:
 
     def requests_of(self, p: Mapping[str, Any], ids: tuple[str, ...] | None) -> None:
         """The seal's requests check against the harness's own ids, when given."""
-        from servewitness.policy.window import ids_sha256
+        from servewitness.model import request_ids_sha256 as ids_sha256
 
         req = p["seal"].get("requests")
         self.r.requests = req if isinstance(req, dict) else None

@@ -143,7 +143,10 @@ class Policy:
         since boot, which no one can step back), and the age is measured on it alone: a
         snapshot without a receipt time on that clock (stored before the verifier started)
         has no known age (None). Without NOW_BOOT_S (a snapshot evaluated offline, built the
-        moment it is judged) the age is the wall-clock difference."""
+        moment it is judged) the age is the wall-clock difference. A snapshot whose agent could
+        not measure its age (read before its host rebooted) has none either way."""
+        if not snap.age_known:
+            return None
         if now_boot_s is None:
             return now - snap.evidence_unix
         at = snap.evidence_boot_s

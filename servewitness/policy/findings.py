@@ -34,12 +34,14 @@ from servewitness.model import (
     Severity,
 )
 from servewitness.policy.window import (
+    WINDOW_CLOCK_STEPPED,
     WINDOW_HOOK_LAGGED,
     WINDOW_NO_FRESH_EVIDENCE,
     WINDOW_NO_STEPS,
     WINDOW_NOT_PASS,
     WINDOW_PROCESS_CHANGED,
     WINDOW_REQUESTS_UNSERVED,
+    WINDOW_SEALED_BEFORE_OPEN,
 )
 
 # Finding ids. Stable: tools and people match on them.
@@ -426,8 +428,8 @@ FINDINGS: dict[str, FindingKind] = {
     WINDOW_NO_STEPS: FindingKind(
         Severity.ERROR,
         "",
-        "no step of the kind a hook is judged on ran during the window: an idle window proves "
-        "nothing",
+        "no productive step ran during the window in a process that runs steps (or none of the "
+        "kind a hook is judged on): an idle window proves nothing",
     ),
     WINDOW_HOOK_LAGGED: FindingKind(
         Severity.ERROR,
@@ -439,7 +441,7 @@ FINDINGS: dict[str, FindingKind] = {
         Severity.ERROR,
         "",
         "a process at the window's seal was not there at its open, or one at the open is gone "
-        "(same pid with another start time is another process)",
+        "(another boot id, pid or start time is another process)",
     ),
     WINDOW_NO_FRESH_EVIDENCE: FindingKind(
         Severity.ERROR,
@@ -452,5 +454,16 @@ FINDINGS: dict[str, FindingKind] = {
         "",
         "a request the harness sent during the window is bound to no step of the window's "
         "processes after its open (seal --requests)",
+    ),
+    WINDOW_SEALED_BEFORE_OPEN: FindingKind(
+        Severity.ERROR,
+        "",
+        "the seal is dated before the window's open: the verifier's wall clock was stepped back",
+    ),
+    WINDOW_CLOCK_STEPPED: FindingKind(
+        Severity.ERROR,
+        "",
+        "the window's length by the verifier's wall clock is not its length on its boot clock "
+        "(same boot): the wall clock was stepped during the window",
     ),
 }

@@ -74,7 +74,9 @@ class TargetSnapshot:
     processes: tuple[ProcessReport, ...]  # ``files`` already resolved (never None here)
     received_unix: float  # when the verifier received the report
     container_ids: tuple[str, ...] = ()  # distinct ProcessReport.container_id values
-    collect_s: float = 0.0  # how old the evidence was when the agent sent it (its own clock)
+    # How old the evidence was when the agent sent it (``TargetReport.collect_s``: its boot
+    # clock's age, or its wall-clock span where larger or the agent measured none).
+    collect_s: float = 0.0
     containers: tuple[ContainerInfo, ...] = ()  # what the agent found about those containers
     unobservable: tuple[str, ...] = ()  # what the agent could not see (TargetReport.unobservable)
     # How the report was authenticated ("agent NAME" over mTLS or a token, "unix:uid=U,pid=P":
@@ -90,6 +92,9 @@ class TargetSnapshot:
     # Roots of independent vLLM process trees the agent saw under this target
     # (``TargetReport.mixed_roots``): two servers under one name.
     mixed_roots: tuple[ProcessKey, ...] = ()
+    # False: the agent said it could not measure collect_s on its boot clock (the report was
+    # read before its host rebooted): the evidence has no known age, never fresh.
+    age_known: bool = True
 
     @functools.cached_property
     def every_container_id(self) -> tuple[str, ...]:
@@ -109,7 +114,7 @@ class TargetSnapshot:
     @property
     def evidence_boot_s(self) -> float | None:
         """When the agent read the evidence, on the verifier's age clock (None: unknown)."""
-        if self.received_boot_s is None:
+        if self.received_boot_s is None or not self.age_known:
             return None
         return self.received_boot_s - self.collect_s
 
@@ -122,8 +127,10 @@ class TargetSnapshot:
     def evidence_unix(self) -> float:
         """When the agent read the evidence, on the verifier's clock: receipt minus the agent's
         collection time. Freshness and window seals date evidence by this, not by receipt: a
-        report that spent seconds hashing files carries counters from its start."""
-        return self.received_unix - self.collect_s
+        report that spent seconds hashing files carries counters from its start. Never before
+        the epoch: an age older than that (a lie, or a wall clock years ahead) made a date no
+        client accepts, and every status answer naming the target unreadable."""
+        return max(0.0, self.received_unix - self.collect_s)
 
 
 @dataclass(frozen=True)

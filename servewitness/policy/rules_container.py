@@ -167,8 +167,8 @@ def clock_skew_finding(snap: I.TargetSnapshot, skew: float, tolerance_s: float) 
 
 def stale_finding(snap: I.TargetSnapshot, age: float | None, freshness_s: float) -> Finding:
     """``evidence.stale``: SNAP, the target's latest report, is AGE seconds old (None: of no
-    age known to this verifier: stored before it started, it is not fresh until its target
-    reports again). Says where that
+    age known to this verifier: stored before it started, or read before its agent's host
+    rebooted; it is not fresh until its target reports again). Says where that
     evidence came from (the containers, else the processes) and what the silence most likely
     means: a sidecar shares the serving container's PID namespace and dies with it, so a
     serving container that exited or restarted stops the reports."""
@@ -194,7 +194,13 @@ def stale_finding(snap: I.TargetSnapshot, age: float | None, freshness_s: float)
             "the serving container may have exited (a sidecar in its PID namespace dies with "
             "it), or the agent stopped or cannot reach the verifier"
         )
-    if age is None:
+    if age is None and not snap.age_known:
+        how_old = (
+            "was read before its agent's host last rebooted (the agent could not measure its "
+            "age on its boot clock, which restarts with the host), so its age is unknown and it "
+            f"is not fresh under freshness_s {freshness_s:g}"
+        )
+    elif age is None:
         how_old = (
             "was stored before this verifier started, so its age on the verifier's clock "
             f"(which restarts with it) is unknown and it is not fresh under freshness_s "

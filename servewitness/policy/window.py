@@ -1,24 +1,45 @@
-"""Liveness over a measurement window: did every hook keep pace with its steps between the
-window's open and its seal?
+"""Liveness over a measurement window: did the serving processes stay the same ones and keep
+working, and every hook keep pace with its steps, between the window's open and its seal?
 
-The verifier opens and seals windows itself (``servewitness.server.windows``) and judges them here,
-from the hook counts of the reports it stored at each end: every hook the run's policy requires
-must have fired at least its minimum per judged step *during the window* (fires at the seal
-minus fires at the open, over the same difference of steps), in every process, each on its
-own counts; the processes must be the same ones (same boot, pid and start time: a process
-restarted in between is a new one); steps of the judged kind must have run at all (an idle
-window proves nothing); and the run must still PASS at the seal. The finding ids are stable
-(they were the client-side window's).
+The verifier opens and seals windows itself (``servewitness.server.windows``) and judges them
+from the reports it stored at each end:
+
+- the processes must be the same ones (``window_ends.same_processes``): every process of the
+  run's targets reported at the open (API servers, engine cores, workers: every role but
+  helpers and unknown processes, which come and go) is there at the seal with the same boot
+  id, pid and start ticks, and none is there that was not (a restart, a reboot, a replaced
+  API server, an extra worker, a target that joined or left the run:
+  ``window.process_changed``);
+- the processes that run steps (every worker, or where there is none every process with a
+  live runner) ran productive steps *during the window*, each of them, whether or not the
+  policy declares hooks (``window_ends.progress``; ``window.no_steps``: an idle window proves
+  nothing);
+- every hook the run's policy requires fired at least its minimum per judged step during the
+  window (fires at the seal minus fires at the open, over the same difference of steps), in
+  every process, each on its own counts (``pace``, here);
+- the seal is not dated before the open, and where the verifier's host did not boot again in
+  between, the window's length on its wall clock agrees with its length on ``CLOCK_BOOTTIME``,
+  which cannot be stepped (``window_ends.elapsed``: ``window.sealed_before_open``,
+  ``window.clock_stepped``);
+- and the run must still PASS at the seal. The finding ids are stable (the older ones were the
+  client-side window's). ``verifier audit verify-seal`` derives the process, step and time
+  findings again from the seal's signed content, so a held seal that should not hold fails.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from servewitness.model import HookCount, ProcessKey, RunVerdict, Severity, Verdict
+from servewitness.model import (
+    HookCount,
+    ProcessKey,
+    RunVerdict,
+    Severity,
+    Verdict,
+    request_ids_sha256,
+)
 
 WINDOW_NOT_PASS = "window.verdict_not_pass"  # noqa: S105 - a finding id
 WINDOW_NO_STEPS = "window.no_steps"
@@ -31,6 +52,11 @@ WINDOW_NO_FRESH_EVIDENCE = "window.no_fresh_evidence"
 # processes that ran after it opened: something the verifier does not see served it (a twin
 # outside the reported tree, a proxy, a redirected port) or it never ran.
 WINDOW_REQUESTS_UNSERVED = "window.requests_unserved"
+# The seal is dated before the open: the verifier's wall clock was stepped back in between.
+WINDOW_SEALED_BEFORE_OPEN = "window.sealed_before_open"
+# The window's length on the verifier's wall clock is not its length on its boot clock (same
+# boot): the wall clock was stepped during the window, so its times are not the window's.
+WINDOW_CLOCK_STEPPED = "window.clock_stepped"
 WINDOW_IDS = (
     WINDOW_NOT_PASS,
     WINDOW_NO_STEPS,
@@ -38,6 +64,8 @@ WINDOW_IDS = (
     WINDOW_PROCESS_CHANGED,
     WINDOW_NO_FRESH_EVIDENCE,
     WINDOW_REQUESTS_UNSERVED,
+    WINDOW_SEALED_BEFORE_OPEN,
+    WINDOW_CLOCK_STEPPED,
 )
 
 
@@ -61,7 +89,10 @@ def judged_counts(h: HookCount) -> tuple[int, int]:
 
 
 def process_tag(key: ProcessKey | None, pid: int) -> str:
-    """A process's identity in a hook's key: pid reuse (or a restart) changes start_ticks."""
+    """A process in a hook row's key: pid reuse (or a restart) changes start_ticks. The boot id
+    is left out (the keys of windows opened by older verifiers stay comparable): a process's
+    whole identity, boot id included, is compared by ``same_processes``, and the hook rows of
+    a process it finds changed are not compared at all."""
     if key is None:
         return f"pid {pid}"
     return f"pid {pid}@{key.start_ticks}"
@@ -216,13 +247,6 @@ ProcessAt = tuple[str, str, int, int]
 UNSERVED_SHOWN = 10  # request ids a requests_unserved finding names; its counts say the rest
 
 
-def ids_sha256(ids: Iterable[str]) -> str:
-    """The digest a seal records of the request ids it judged: sha256 of the distinct ids,
-    sorted, one per line (each followed by a newline), so that the harness's own list, in
-    any order, can be checked against the seal."""
-    return hashlib.sha256("".join(f"{i}\n" for i in sorted(set(ids))).encode()).hexdigest()
-
-
 def is_served(
     rows: Iterable[tuple[str, str, int, int, int]], at_open: Mapping[ProcessAt, int | None]
 ) -> bool:
@@ -256,7 +280,7 @@ def requests_served(
             outside.append(rid)
         else:
             unbound.append(rid)
-    summary = {"sent": len(ids), "served": served, "ids_sha256": ids_sha256(ids)}
+    summary = {"sent": len(ids), "served": served, "ids_sha256": request_ids_sha256(ids)}
     missing = unbound + outside + before
     if not missing:
         return summary, None

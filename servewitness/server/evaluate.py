@@ -129,6 +129,7 @@ class Evaluator:
             received_boot_s,
             report.sent_unix,
             report.mixed_roots,
+            age_known=not report.evidence_age_unknown,
         )
 
     def _load(self) -> dict[str, Tracked]:

@@ -5,11 +5,15 @@ the verifier's age clock (``server/clock.py``: it cannot be stepped back, and no
 enters); the verifier waits up to the caller's timeout for it, refuses at once on a FAIL on
 such evidence, and otherwise refuses when the timeout passes. On PASS it records a ``window``
 ledger entry: a random id, the run, the policy digest, when, the ledger's size, the unsafe
-policy flags, and for every process of every target the report it rests on (agent id, report
-seq and that report's ledger entry) with its hook counts.
+policy flags, for every process of every target the report it rests on (agent id, report
+seq and that report's ledger entry) with its identity, step counts and hook counts, and the
+verifier's boot id and boot clock (``verifier_clock``).
 
 Seal: waits the same way for every target to report after the seal began, judges the window
-from the hook counts of the reports stored at each end (``policy/window.py``), records a
+from the reports stored at each end (the same processes, each process that runs steps
+stepped, every hook kept pace: ``policy/window.py``, ``policy/window_ends.py``) and from the
+verifier's clocks at each end (not sealed before it opened, the wall clock not stepped in
+between: ``elapsed`` in the seal), records a
 ``seal`` ledger entry (a broken window too: held false, so a failure cannot be hidden by not
 sealing), signs a checkpoint covering it and returns the signed seal document
 (``ledger/seal.py``). A window is sealed once; another run's window is refused.
@@ -27,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -35,6 +40,7 @@ from servewitness import wire
 from servewitness.model import ProcessKey, RunVerdict, Verdict
 from servewitness.policy import Policy, unsafe_flags
 from servewitness.policy import window as pw
+from servewitness.policy import window_ends as pe
 from servewitness.server import clock
 from servewitness.server.evaluate import Evaluator, Tracked
 from servewitness.server.store import RunRecord, Store, UnknownRun
@@ -165,6 +171,7 @@ class Windows:
             entry = self.store.report_entry(tr.agent_id, tr.seq)
             snap = tr.snapshot
             at = snap.evidence_boot_s
+            stepping = pe.runs_steps(snap.processes)
             for p in snap.processes:
                 out.append(
                     {
@@ -182,6 +189,10 @@ class Windows:
                         # engine steps at this report (a request bound to a later step ran
                         # after it: the seal's requests check); None where no steps are counted
                         "steps_total": None if p.steps is None else p.steps.total,
+                        # productive steps, and whether the window counts them in this process
+                        # (``window_ends.progress``: each process that runs steps must step)
+                        "steps_productive": None if p.steps is None else p.steps.productive,
+                        "runs_steps": p.key in stepping,
                         "authenticated_as": snap.authenticated_as,
                         "evidence_age_s": None if at is None else round(now_boot_s - at, 6),
                         "target_verdict": t.verdict.value,
@@ -230,6 +241,7 @@ class Windows:
             "unsafe_flags": self._unsafe(j.run),
             "evidence": self._evidence(j, clock.boot_s()),
             "hooks": pw.hook_rows(v, self._keys(j)),
+            "verifier_clock": verifier_clock(),
         }
         entry, _ = self.store.record_window(wid, j.run.name, opened, content)
         log.info("window_opened", run=j.run.name, window=wid, ledger_seq=entry.seq)
@@ -273,7 +285,13 @@ class Windows:
         served = RequestWait(self.store, req.request_ids, opened_processes(opened))
         settle = served.settled if req.request_ids else None
         j = self._wait(req.run, req.timeout_s, decided=False, active=active, settle=settle)
-        rows, found = pw.pace(opened["hooks"], pw.hook_rows(j.verdict, self._keys(j)))
+        evidence = self._evidence(j, clock.boot_s())
+        # the processes first: the hook rows of one that changed are not compared
+        changed = pe.same_processes(opened["evidence"], evidence)
+        tags = pe.changed_tags(changed)
+        ends = pe.without(pw.hook_rows(j.verdict, self._keys(j)), tags)
+        rows, found = pw.pace(pe.without(opened["hooks"], tags), ends)
+        found = [*changed, *(pe.progress(opened["evidence"], evidence, rows) or []), *found]
         requests: dict[str, Any] | None = None  # not checked: the harness named no requests
         if req.request_ids:
             requests, unserved = served.judged(j)
@@ -289,10 +307,15 @@ class Windows:
                     {"timeout_s": req.timeout_s},
                 ),
             )
+        sealed = time.time()
+        at_seal = verifier_clock()
+        span, wrong = pe.elapsed(
+            opened["opened_unix"], sealed, opened.get("verifier_clock"), at_seal
+        )
+        found[:0] = wrong
         np = pw.not_pass(req.run, j.verdict)
         if np is not None:
             found.insert(0, np)
-        sealed = time.time()
         content: dict[str, Any] = {
             "window_id": req.window_id,
             "run": req.run,
@@ -311,9 +334,13 @@ class Windows:
             "held": not found,
             "findings": pw.findings_json(found),
             "hooks": rows,
-            "evidence": self._evidence(j, clock.boot_s()),
+            "evidence": evidence,
             "unsafe_flags": self._unsafe(j.run),
             "requests": requests,
+            # the verifier's boot clock at the seal, and the window's length on both clocks
+            # (its boot clock's only when the open recorded one of the same boot)
+            "verifier_clock": at_seal,
+            "elapsed": span,
         }
         try:
             entry, _ = self.store.record_seal(req.window_id, req.run, sealed, content)
@@ -342,6 +369,21 @@ class Windows:
             ledger_seq=entry.seq,
         )
         return wire.SealedWindow(not found, sealdoc.dump(doc))
+
+
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")  # the running kernel's, in any container
+
+
+def verifier_clock() -> dict[str, Any]:
+    """This verifier's clocks now, as a window's content records them at each end: its host's
+    boot id (None where it cannot be read: not Linux) and its age clock (``server/clock.py``).
+    Two readings of one boot differ by the true time between them, whatever the wall clock
+    did; a window's seal relates them (``window_ends.elapsed``)."""
+    try:
+        boot: str | None = BOOT_ID.read_text().strip() or None
+    except OSError:
+        boot = None
+    return pe.verifier_clock(boot, clock.boot_s(), clock.NAME)
 
 
 def opened_processes(opened: dict[str, Any]) -> dict[pw.ProcessAt, int | None]:

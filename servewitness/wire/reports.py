@@ -301,6 +301,8 @@ def report_to_pb(report: TargetReport) -> pb.TargetReport:
         spans=[_span_to_pb(b) for b in report.spans],
         request_ids=[_request_id_to_pb(r) for r in report.request_ids],
         mixed_roots=[key_to_pb(k) for k in report.mixed_roots],
+        evidence_age_s=report.evidence_age_s,
+        evidence_age_unknown=report.evidence_age_unknown,
     )
 
 
@@ -369,6 +371,11 @@ def report_from_pb(
             F.fail(
                 f"{at}.collected_unix", "after sent_unix: a report cannot leave before it is read"
             )
+    age_s = None
+    if msg.HasField("evidence_age_s"):
+        age_s = F.finite_time(msg.evidence_age_s, f"{at}.evidence_age_s")  # a span, >= 0
+        if msg.evidence_age_unknown:
+            F.fail(f"{at}.evidence_age_unknown", "set beside evidence_age_s: is the age known?")
     processes: list[ProcessReport] = []
     keys: set[ProcessKey] = set()  # a set: the check stays linear in the processes
     for i, p in enumerate(msg.processes):
@@ -397,6 +404,9 @@ def report_from_pb(
         mixed_roots=tuple(
             key_from_pb(k, f"{at}.mixed_roots[{i}]") for i, k in enumerate(msg.mixed_roots)
         ),
+        evidence_age_s=age_s,
+        evidence_age_unknown=msg.evidence_age_unknown,
+        collected_at=None,  # the agent's own clock reading: never on the wire
     )
 
 
