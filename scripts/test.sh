@@ -8,12 +8,30 @@
 #      of them, took 44 min against 33.5 serial, and 9 tests timed out or raced; and phase 1
 #      niced beside phase 2, tried 2026-12-03 at 2ff305c: phase 1 took 36.6 min instead of
 #      16.6, and 4 of its tests and 5 container tests failed on timing: keep them apart).
+# The container tests' images (scripts/images.sh: 150-215 s from nothing, most of it downloads,
+# unpacking and `docker import`, not two busy cores) are built beside phase 1 when the whole
+# suite runs (no arguments) and a Docker engine answers, under the lock the tests' own
+# `docker_images` fixture takes: phase 2 then finds them built (one cached pass, ~14 s). Its
+# log is .scratch/images-beside-phase-1.log; a build that failed there fails the container
+# tests with the fixture's own run of it, which says why.
 # Both phases always run; the first nonzero exit wins (pytest's 5, "no tests", included).
 # Extra arguments go to both pytest invocations.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 rc=0
+images=
+if [ $# -eq 0 ] && docker info >/dev/null 2>&1; then
+  mkdir -p .scratch .cache
+  log=.scratch/images-beside-phase-1.log
+  flock .cache/docker-images.lock scripts/images.sh >"$log" 2>&1 &
+  images=$!
+  echo "test.sh: building the container images beside phase 1 (pid $images, log $log)"
+fi
 "$PY" -m pytest -m "not vllm and not docker" -n 2 --dist loadfile "$@" || rc=$?
+if [ -n "$images" ]; then
+  wait "$images" && echo "test.sh: images built beside phase 1" ||
+    echo "test.sh: the image build beside phase 1 failed ($log); the container tests retry it"
+fi
 "$PY" -m pytest -m "vllm or docker" "$@" || { r=$?; [ "$rc" -eq 0 ] && rc=$r; }
 exit "$rc"
