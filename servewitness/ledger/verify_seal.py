@@ -48,6 +48,7 @@ from servewitness.ledger.errors import BundleCorrupt, WrongKey
 from servewitness.ledger.keys import Ed25519PublicKey, key_id
 from servewitness.ledger.seal import FORMAT, OTHER_OUTCOMES
 from servewitness.ledger.verify_bundle import _entry, _hex_list
+from servewitness.wire import seals
 
 
 class Unreadable(Exception):
@@ -178,27 +179,10 @@ class _Check:
         subjects: list[tuple[str, str]],
     ) -> None:
         before = len(self.r.problems)
-        if w.get("window_id") != sl.get("window_id") or not w.get("window_id"):
-            self.fail("the seal content names another window than the window content")
-        if w.get("opened_unix") != sl.get("opened_unix"):
-            self.fail("the seal dates the window's open otherwise than the window content")
-        if w.get("run") != sl.get("run") or p.get("run") != sl.get("run"):
-            self.fail("the run differs between the decision, the window and the seal")
-        digest = (p.get("policy") or {}).get("digest", {}).get("sha256")
-        if not (digest == w.get("policy_digest") == sl.get("policy_digest")):
-            self.fail("the policy digest differs between the decision, the window and the seal")
-        if (
-            sl.get("verifier_key_id") != self.r.keyid
-            or (p.get("verifier") or {}).get("id") != self.r.keyid
-        ):
+        for problem in seals.agreement(p, w, sl):  # the client's reading makes these too
+            self.fail(problem)
+        if sl.get("verifier_key_id") != self.r.keyid:
             self.fail("the statement names another verifier key than the one that signed it")
-        result = p.get("verificationResult")
-        if result != ("PASS" if sl.get("held") is True else "FAIL"):
-            self.fail(f"verificationResult {result!r} does not match held={sl.get('held')!r}")
-        if p.get("findings") != sl.get("findings"):
-            self.fail("the decision's findings are not the seal's")
-        if sl.get("held") is True and sl.get("findings"):
-            self.fail("held, yet the seal lists findings")
         res = sl.get("results")
         if not isinstance(res, dict) or subjects != [(res.get("name"), res.get("sha256"))]:
             self.fail("the statement's subject is not the sealed results file")

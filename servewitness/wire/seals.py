@@ -99,12 +99,15 @@ def _subjects(st: Mapping[str, Any]) -> list[tuple[object, object]]:
     return out
 
 
-def _agree(p: Mapping[str, Any], w: Mapping[str, Any], sl: Mapping[str, Any]) -> list[str]:
-    """Where the gate decision, the window content and the seal content disagree (the checks
-    of ``verify_seal._Check.shape`` that need no key)."""
+def agreement(p: Mapping[str, Any], w: Mapping[str, Any], sl: Mapping[str, Any]) -> list[str]:
+    """Where the gate decision P, the window content W and the seal content SL of one seal's
+    statement disagree: the checks that need no key, made alike by the gate client (here) and
+    ``verify-seal`` (``ledger/verify_seal.py``, which adds those that need the key)."""
     wrong = []
-    if w.get("window_id") != sl.get("window_id"):
+    if w.get("window_id") != sl.get("window_id") or not w.get("window_id"):
         wrong.append("the seal content names another window than the window content")
+    if w.get("opened_unix") != sl.get("opened_unix"):
+        wrong.append("the seal dates the window's open otherwise than the window content")
     if not (p.get("run") == w.get("run") == sl.get("run")):
         wrong.append("the run differs between the decision, the window and the seal")
     digest = (p.get("policy") or {}).get("digest", {}).get("sha256")
@@ -134,7 +137,7 @@ def read_seal(seal_json: str) -> SealClaims:
     env, payload, st = _statement(doc)
     p = _obj(st.get("predicate"), "the predicate")
     w, sl = _obj(p.get("window"), "the window content"), _obj(p.get("seal"), "the seal content")
-    wrong = _agree(p, w, sl)
+    wrong = agreement(p, w, sl)
     if wrong:
         raise SealUnreadable("; ".join(wrong))
     held = sl.get("held")
