@@ -243,6 +243,16 @@ class _AgentMetadata(grpc.UnaryUnaryClientInterceptor):
         return continuation(details._replace(metadata=extra + md), request)
 
 
+def mtls_channel(pki: Path, who: str, addr: str) -> grpc.Channel:
+    """A channel to ADDR with WHO's certificate of the lab CA in PKI (``verifier certs``)."""
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=(pki / "ca.pem").read_bytes(),
+        private_key=(pki / f"{who}.key").read_bytes(),
+        certificate_chain=(pki / f"{who}.pem").read_bytes(),
+    )
+    return grpc.secure_channel(addr, creds, options=list(wire.GRPC_OPTIONS))
+
+
 def agent_stub(channel: grpc.Channel) -> pb_grpc.VerifierServiceStub:
     """A VerifierService stub whose Hello and Report carry the agent metadata their bodies
     claim."""

@@ -35,7 +35,7 @@ from servewitness import wire
 from servewitness.api.v1 import verifier_pb2 as pb
 from servewitness.model import ProcessKey, ProcessReport, TargetReport, manifest_digest
 from servewitness.testing.vllm_server import free_port
-from tests.helpers import Backend, agent_stub, verifier_cli
+from tests.helpers import Backend, agent_stub, mtls_channel, verifier_cli
 from tests.test_gate_e2e import Daemon
 from tests.test_policy_engine import api, engine, worker
 
@@ -54,12 +54,7 @@ class Lab:
     seqs: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def channel(self, who: str) -> grpc.Channel:
-        creds = grpc.ssl_channel_credentials(
-            root_certificates=(self.pki / "ca.pem").read_bytes(),
-            private_key=(self.pki / f"{who}.key").read_bytes(),
-            certificate_chain=(self.pki / f"{who}.pem").read_bytes(),
-        )
-        return grpc.secure_channel(self.addr, creds, options=list(wire.GRPC_OPTIONS))
+        return mtls_channel(self.pki, who, self.addr)
 
     def report(
         self,

@@ -39,7 +39,7 @@ from servewitness.model import ProcessKey, ProcessReport, TargetReport, manifest
 from servewitness.security import certs
 from servewitness.security.tls import ClientTLS
 from servewitness.testing.vllm_server import free_port
-from tests.helpers import PRISTINE_VLLM_CPU, REPO, agent_stub, verifier_cli
+from tests.helpers import PRISTINE_VLLM_CPU, REPO, agent_stub, mtls_channel, verifier_cli
 from tests.test_policy_engine import HOOK_V1, RUNNER, api, dead_v2_hook, engine, hook, steps, worker
 
 EVIDENCE = "[evidence]\nfreshness_s = 600\nmin_steps = 1\n"
@@ -142,12 +142,7 @@ class Lab:
             self.proc = None
 
     def channel(self, who: str) -> grpc.Channel:
-        creds = grpc.ssl_channel_credentials(
-            root_certificates=(self.pki / "ca.pem").read_bytes(),
-            private_key=(self.pki / f"{who}.key").read_bytes(),
-            certificate_chain=(self.pki / f"{who}.pem").read_bytes(),
-        )
-        return grpc.secure_channel(self.addr, creds, options=list(wire.GRPC_OPTIONS))
+        return mtls_channel(self.pki, who, self.addr)
 
     def tls(self, who: str) -> ClientTLS:
         return ClientTLS(self.pki / "ca.pem", self.pki / f"{who}.pem", self.pki / f"{who}.key")
