@@ -261,6 +261,36 @@ def test_an_honest_window_holds_and_verifies(lab: Lab) -> None:
     assert sealed.held and out.returncode == 0, out.stdout + out.stderr
 
 
+def test_verify_seal_pins_the_pre_registered_policy(lab: Lab) -> None:
+    """Attack (whoever registers runs, noted by the tester): the lab registers run ``r-gen``
+    with a policy of its choosing, not the one it pre-registered with the auditor; the seal
+    is genuine and held, and ``verify-seal`` took only the key and the seal, so it passed
+    whatever policy had judged the window.
+
+    Sound: ``verify-seal --policy FILE`` (or ``sha256:DIGEST``) refuses a seal judged by any
+    other policy (exit 1, naming both digests); without ``--policy`` the digest is printed as
+    not checked, never silently passed over."""
+    from servewitness.policy import policy_digest
+
+    sealed, out, _ = window(lab, "gen", procs(n=0), procs(n=40))
+    assert sealed.held and out.returncode == 0, out.stdout + out.stderr
+    seal, used = lab.dir / "gen.seal.json", lab.dir / "gen.toml"
+    registered = policy_digest(used.read_text())
+    assert f"not checked: which policy judged the window: the seal names {registered}" in out.stdout
+    promised = lab.dir / "promised.toml"  # what the auditor was promised: stricter
+    promised.write_text(used.read_text().replace("freshness_s", "# stricter\nfreshness_s", 1))
+    key = ("--key", str(lab.dir / SEAL_KEY))
+    cases = {"file": str(used), "digest": registered, "other": str(promised), "bad": "sha256:12"}
+    got = {
+        name: verifier_cli("audit", "verify-seal", str(seal), *key, "--policy", given)
+        for name, given in cases.items()
+    }
+    assert {k: v.returncode for k, v in got.items()} == {"file": 0, "digest": 0, "other": 1,
+                                                         "bad": 2}, got  # fmt: skip
+    assert f"judged by the policy given ({registered})" in got["file"].stdout
+    assert f"not by the policy given ({policy_digest(promised.read_text())})" in got["other"].stderr
+
+
 def test_a_window_on_a_runner_only_policy_needs_steps_in_the_window(lab: Lab) -> None:
     """Attack: the run's policy is strong by the loader's rules but has no ``[[hooks]]``
     (``[runner] expect_class`` + ``[provenance] pristine``: what ``verifier policy init``

@@ -1,5 +1,6 @@
-"""``verifier audit verify-seal SEAL --key PUB [--results FILE] [--checkpoint OLD.note]``:
-check a sealed measurement window offline (``servewitness/ledger/verify_seal.py``)."""
+"""``verifier audit verify-seal SEAL --key PUB [--results FILE] [--policy FILE]
+[--checkpoint OLD.note]``: check a sealed measurement window offline
+(``servewitness/ledger/verify_seal.py``)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,10 @@ same processes at both ends, each one that runs steps having stepped; the checkp
 signature; the window's and the seal's ledger entries (their hashes, their subjects
 recomputed from the statement, their inclusion in the signed checkpoint); with --results,
 that the file's bytes are the ones sealed; with --requests (the harness's request ids, one
-per line), that the seal checked exactly those ids; with --checkpoint (a note kept
+per line), that the seal checked exactly those ids; with --policy (the pre-registered policy
+file, or its sha256:DIGEST), that the window was judged by exactly that policy (without it,
+the policy's digest is printed and said to be not checked: a run name alone lets whoever
+registers runs judge a window by any policy); with --checkpoint (a note kept
 elsewhere), that the seal's checkpoint extends it when the seal carries the proof (else said
 to be not checked). It prints how many other windows the verifier's ledger held when this
 one was sealed, by outcome, on its run and on the whole ledger: a result chosen from several
@@ -48,6 +52,12 @@ def add_actions(acts: Any) -> None:
     v.add_argument("--results", metavar="FILE", help="the results file: its bytes must match")
     v.add_argument(
         "--requests", metavar="FILE", help="the harness's request ids: the seal must cover them"
+    )
+    v.add_argument(
+        "--policy",
+        metavar="FILE|sha256:DIGEST",
+        help="the pre-registered policy (its file, or its digest): the window must have been "
+        "judged by it",
     )
     v.add_argument("--checkpoint", metavar="NOTE", help="a signed checkpoint kept elsewhere")
     v.add_argument("--json", action="store_true", help="the result as JSON")
@@ -79,8 +89,9 @@ def run_verify_seal(args: argparse.Namespace) -> int:
             requests = read_request_ids(Path(args.requests))
         except UsageError as e:  # a file that is not a list of ids: as unreadable as a seal
             raise ConfigError(e.explain()) from e
+    policy = _pinned_policy(args.policy) if args.policy else None
     try:
-        r = check_seal(data, key, results, old, requests)
+        r = check_seal(data, key, results, old, requests, policy=policy)
     except Unreadable as e:
         raise ConfigError(f"{args.seal}: {e}") from e
     if args.json:
@@ -88,6 +99,20 @@ def run_verify_seal(args: argparse.Namespace) -> int:
     else:
         _print(r)
     return 0 if r.ok else 1
+
+
+def _pinned_policy(given: str) -> str:
+    """The ``sha256:`` digest --policy names: given as such, or of the file's text (the digest
+    ``verifier run register`` and ``policy check`` print)."""
+    import re
+
+    from servewitness.policy import policy_digest
+
+    if re.fullmatch(r"sha256:[0-9a-f]{64}", given):
+        return given
+    if given.startswith("sha256:"):
+        raise UsageError(f"--policy {given}: not a sha256:<64 hex digits> digest")
+    return policy_digest(_read(given, "--policy").decode("utf-8", "surrogateescape"))
 
 
 def _print(r: SealCheck) -> None:

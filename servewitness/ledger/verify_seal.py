@@ -62,6 +62,7 @@ class SealCheck:
     held: bool | None = None  # what the (verified or not) statement says
     run: str | None = None
     window_id: str | None = None
+    policy_digest: str | None = None  # the policy the window was judged by, as the seal says
     results: dict[str, Any] | None = None
     requests: dict[str, Any] | None = None  # the seal's requests summary (None: not checked)
     # the windows the ledger held beside this one at the seal (None: the seal predates them)
@@ -85,6 +86,7 @@ class SealCheck:
             "keyid": self.keyid,
             "run": self.run,
             "window_id": self.window_id,
+            "policy_digest": self.policy_digest,
             "results": self.results,
             "requests": self.requests,
             "other_windows": self.other_windows,
@@ -122,8 +124,10 @@ class _Check:
         results: Path | None,
         old_note: bytes | None,
         requests: tuple[str, ...] | None = None,
+        policy: str | None = None,
     ) -> None:
         pred, subjects = self.statement(doc.get("envelope"))
+        self.pinned(policy)
         root_size = self.checkpoint(doc.get("checkpoint"))
         if pred is not None:
             self.entries(doc, pred, root_size)
@@ -163,6 +167,8 @@ class _Check:
             self.fail("the predicate lacks the window's or the seal's content")
             return None, []
         self.r.run, self.r.window_id = sl.get("run"), sl.get("window_id")
+        digest = sl.get("policy_digest")
+        self.r.policy_digest = digest if isinstance(digest, str) else None
         self.r.held = sl.get("held") is True
         self.r.results = sl.get("results") if isinstance(sl.get("results"), dict) else None
         self.r.findings = list(sl.get("findings") or [])
@@ -170,6 +176,23 @@ class _Check:
         self.others(sl)
         self.ends(w, sl)
         return p, s.subjects
+
+    def pinned(self, policy: str | None) -> None:
+        """With POLICY (a ``sha256:`` digest the auditor holds: the pre-registered policy),
+        the window must have been judged by exactly that policy; without it, say so: a run
+        name alone lets the lab register any policy under it."""
+        if policy is None:
+            self.r.not_checked.append(
+                "which policy judged the window: the seal names "
+                f"{self.r.policy_digest or 'none'}; give --policy to pin the one registered"
+            )
+        elif self.r.policy_digest != policy:
+            self.fail(
+                f"the window was judged by policy {self.r.policy_digest}, not by the policy "
+                f"given ({policy})"
+            )
+        else:
+            self.r.checks.append(f"judged by the policy given ({policy})")
 
     def shape(
         self,
@@ -457,10 +480,13 @@ def check_seal(
     results: Path | None = None,
     old_note: bytes | None = None,
     requests: tuple[str, ...] | None = None,
+    *,
+    policy: str | None = None,
 ) -> SealCheck:
-    """Check seal document DATA with KEY (module docstring). Raises :class:`Unreadable` when
-    DATA is not a seal document or RESULTS cannot be read; every other problem is reported."""
+    """Check seal document DATA with KEY (module docstring); with POLICY (``sha256:<hex>``)
+    the window must have been judged by that policy. Raises :class:`Unreadable` when DATA is
+    not a seal document or RESULTS cannot be read; every other problem is reported."""
     doc = read(data)
     c = _Check(key)
-    c.run(doc, results, old_note, requests)
+    c.run(doc, results, old_note, requests, policy)
     return c.r
