@@ -54,6 +54,7 @@ bench: setup      ## benchmarks; results belong in BENCHMARKS.md
 	$(PY) bench/ledger_audit.py
 	$(PY) bench/seal_requests.py
 	$(PY) bench/seal_history.py
+	$(PY) bench/audit_absence.py
 	$(PY) bench/index_check.py
 	$(PY) bench/bindings_ledger.py
 	$(PY) bench/load_test.py

@@ -385,12 +385,14 @@ def test_a_target_of_many_processes_is_judged_in_linear_time_and_listed_bounded(
         rep = wire.report_from_pb(bare(n))
         procs = tuple(replace(p, files=()) for p in rep.processes)  # as the evaluator resolves
         snap = TargetSnapshot("t", procs, time.time())
-        began = time.perf_counter()
+        # this thread's CPU time, not the wall clock: a machine busy with other work (CI
+        # builds images beside these tests) stretched one wall-clock run to a ratio of 25
+        began = time.thread_time()
         v = pol.evaluate_target(snap, time.time())
-        return time.perf_counter() - began, v
+        return time.thread_time() - began, v
 
-    small, _ = min(judged(512) for _ in range(2))
-    large, verdict = min(judged(4096) for _ in range(2))
+    small, _ = min((judged(512) for _ in range(3)), key=lambda t: t[0])
+    large, verdict = min((judged(4096) for _ in range(3)), key=lambda t: t[0])
     assert large / small < 20, (small, large)  # 8-10 measured
     assert verdict.verdict != Verdict.PASS and len(verdict.findings) == MAX_FINDINGS
     note = verdict.findings[-1]
