@@ -35,7 +35,6 @@ Checked, in order (each failure is named; later checks still run where they can)
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +45,7 @@ from servewitness.ledger import statement as st
 from servewitness.ledger.bundle import Fields, LedgerEntry
 from servewitness.ledger.errors import BundleCorrupt, WrongKey
 from servewitness.ledger.keys import Ed25519PublicKey, key_id
-from servewitness.ledger.seal import FORMAT, OTHER_OUTCOMES
+from servewitness.ledger.seal import OTHER_OUTCOMES
 from servewitness.ledger.verify_bundle import _entry, _hex_list
 from servewitness.wire import seals
 
@@ -102,12 +101,9 @@ class SealCheck:
 def read(data: bytes) -> dict[str, Any]:
     """The seal document in DATA; :class:`Unreadable` when it is not one."""
     try:
-        doc = json.loads(data)
-    except (ValueError, RecursionError) as e:
-        raise Unreadable(f"not JSON ({e})") from None
-    if not isinstance(doc, dict) or doc.get("seal") != FORMAT:
-        raise Unreadable(f"not a seal document (format {FORMAT}) written by `verifier seal`")
-    return doc
+        return seals.document(data)
+    except seals.SealUnreadable as e:
+        raise Unreadable(str(e)) from None
 
 
 class _Check:

@@ -125,15 +125,22 @@ def agreement(p: Mapping[str, Any], w: Mapping[str, Any], sl: Mapping[str, Any])
     return wrong
 
 
-def read_seal(seal_json: str) -> SealClaims:
-    """What SEAL_JSON's statement claims; :class:`SealUnreadable` when it is not a seal
-    document, or its decision, window and seal contents or its subject disagree."""
+def document(seal_json: str | bytes) -> dict[str, Any]:
+    """The seal document in SEAL_JSON (``verify-seal`` reads it so too);
+    :class:`SealUnreadable` when it is not one."""
     try:
         doc = json.loads(seal_json)
     except (ValueError, RecursionError) as e:
         raise SealUnreadable(f"not JSON ({e})") from None
     if not isinstance(doc, dict) or doc.get("seal") != FORMAT:
-        raise SealUnreadable(f"not a seal document (format {FORMAT})")
+        raise SealUnreadable(f"not a seal document (format {FORMAT}) written by `verifier seal`")
+    return doc
+
+
+def read_seal(seal_json: str) -> SealClaims:
+    """What SEAL_JSON's statement claims; :class:`SealUnreadable` when it is not a seal
+    document, or its decision, window and seal contents or its subject disagree."""
+    doc = document(seal_json)
     env, payload, st = _statement(doc)
     p = _obj(st.get("predicate"), "the predicate")
     w, sl = _obj(p.get("window"), "the window content"), _obj(p.get("seal"), "the seal content")
