@@ -47,9 +47,9 @@ from tests.test_gate_time_attacks import (
     FakeVerifier,
     Lab,
     content_of,
-    make_lab,
     procs,
     serve_fake,
+    started_lab,
     window,
 )
 
@@ -60,12 +60,8 @@ pytest_plugins = ["pytester"]
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    L = make_lab(tmp_path_factory.mktemp("seal-checks"))
-    L.start()
-    try:
+    with started_lab(tmp_path_factory.mktemp("seal-checks")) as L:
         yield L
-    finally:
-        L.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -15,6 +15,7 @@ works; its docstring says what it got. A plain test is a negative control: the d
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -214,15 +215,22 @@ def make_lab(d: Path) -> Lab:
     return Lab(d, f"127.0.0.1:{free_port()}")
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    """One verifier for the attacks that do not restart it: each on a target and run of its own."""
-    L = make_lab(tmp_path_factory.mktemp("gate-time"))
+@contextlib.contextmanager
+def started_lab(d: Path) -> Iterator[Lab]:
+    """``make_lab(D)`` with its verifier serving, stopped after."""
+    L = make_lab(d)
     L.start()
     try:
         yield L
     finally:
         L.stop()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    """One verifier for the attacks that do not restart it: each on a target and run of its own."""
+    with started_lab(tmp_path_factory.mktemp("gate-time")) as L:
+        yield L
 
 
 def window(

@@ -30,7 +30,15 @@ from servewitness.model import ProcessReport
 from servewitness.policy import window as pw
 from servewitness.policy import window_ends as pe
 from tests.helpers import REPO
-from tests.test_gate_time_attacks import Lab, content_of, make_lab, moved, procs, window
+from tests.test_gate_time_attacks import (
+    Lab,
+    content_of,
+    make_lab,
+    moved,
+    procs,
+    started_lab,
+    window,
+)
 from tests.test_policy_engine import dead_v2_hook, hook, steps, worker
 
 OLD = REPO / "tests" / "data" / "seals_before_window_ends"
@@ -247,12 +255,8 @@ def test_another_boot_or_no_clock_at_the_open_says_so_and_finds_nothing() -> Non
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    L = make_lab(tmp_path_factory.mktemp("window-ends"))
-    L.start()
-    try:
+    with started_lab(tmp_path_factory.mktemp("window-ends")) as L:
         yield L
-    finally:
-        L.stop()
 
 
 def ranks(n: int = 0, **rank1: Any) -> tuple[ProcessReport, ...]:
