@@ -25,13 +25,16 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 # the types a client reads seals by (wire/seals.py), defined there once
 from servewitness.wire.seals import MEASUREMENT_WINDOW as MEASUREMENT_WINDOW  # noqa: PLC0414
 from servewitness.wire.seals import PAYLOAD_TYPE as PAYLOAD_TYPE  # noqa: PLC0414
 from servewitness.wire.seals import STATEMENT_TYPE as STATEMENT_TYPE  # noqa: PLC0414
+
+# A statement read back: one reader for the ledger's checks and the gate client's (wire/seals)
+from servewitness.wire.seals import Statement as Statement  # noqa: PLC0414
+from servewitness.wire.seals import parse_statement
 
 NAMESPACE = "https://verifier.dev"
 RUNTIME_EVIDENCE = f"{NAMESPACE}/runtime-evidence/v1"
@@ -59,41 +62,6 @@ def statement(
 def encode(st: Mapping[str, Any]) -> bytes:
     """The payload bytes of statement ST (compact, sorted keys)."""
     return json.dumps(st, sort_keys=True, separators=(",", ":")).encode()
-
-
-@dataclass(frozen=True)
-class Statement:
-    subjects: list[tuple[str, str]]  # (name, sha256)
-    predicate_type: str
-    predicate: dict[str, Any]
-
-
-def parse(payload: bytes) -> Statement:
-    """A statement from payload bytes; ValueError naming what is wrong."""
-    try:
-        st = json.loads(payload)
-    except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8, too deep
-        raise ValueError(f"the payload is not JSON: {e}") from None
-    if not isinstance(st, dict):
-        raise ValueError("the statement is not a JSON object")
-    if st.get("_type") != STATEMENT_TYPE:
-        raise ValueError(f"_type is {st.get('_type')!r}, not {STATEMENT_TYPE}")
-    subs = st.get("subject")
-    if not isinstance(subs, list) or not subs:
-        raise ValueError("the statement has no subject")
-    subjects: list[tuple[str, str]] = []
-    for s in subs:
-        digest = s.get("digest") if isinstance(s, dict) else None
-        sha = digest.get("sha256") if isinstance(digest, dict) else None
-        name = s.get("name", "") if isinstance(s, dict) else None
-        if not isinstance(name, str) or not isinstance(sha, str):
-            raise ValueError("a subject needs a name and a sha256 digest")
-        subjects.append((name, sha))
-    ptype = st.get("predicateType")
-    predicate = st.get("predicate")
-    if not isinstance(ptype, str) or not isinstance(predicate, dict):
-        raise ValueError("the statement needs a predicateType and a predicate object")
-    return Statement(subjects, ptype, predicate)
 
 
 # Predicates --------------------------------------------------------------------------------
@@ -146,3 +114,6 @@ def runtime_evidence(
     """Evidence about TARGET collected at COLLECTED_UNIX; DETAILS is free-form JSON (agent id,
     process, manifest digest, hook counts...)."""
     return {"target": target, "collected_unix": collected_unix, "details": dict(details or {})}
+
+
+parse = parse_statement  # ``parse(payload)``: the reader wire/seals.py defines for both sides

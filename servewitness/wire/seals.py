@@ -69,34 +69,55 @@ def _text(value: object, what: str) -> str:
     return value
 
 
-def _statement(doc: Mapping[str, Any]) -> tuple[dict[str, Any], bytes, dict[str, Any]]:
+@dataclass(frozen=True)
+class Statement:
+    subjects: list[tuple[str, str]]  # (name, sha256)
+    predicate_type: str
+    predicate: dict[str, Any]
+
+
+def parse_statement(payload: bytes) -> Statement:
+    """An in-toto statement from payload bytes (``ledger/statement.parse``); ValueError naming
+    what is wrong."""
+    try:
+        st = json.loads(payload)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8, too deep
+        raise ValueError(f"the payload is not JSON: {e}") from None
+    if not isinstance(st, dict):
+        raise ValueError("the statement is not a JSON object")
+    if st.get("_type") != STATEMENT_TYPE:
+        raise ValueError(f"_type is {st.get('_type')!r}, not {STATEMENT_TYPE}")
+    subs = st.get("subject")
+    if not isinstance(subs, list) or not subs:
+        raise ValueError("the statement has no subject")
+    subjects: list[tuple[str, str]] = []
+    for s in subs:
+        digest = s.get("digest") if isinstance(s, dict) else None
+        sha = digest.get("sha256") if isinstance(digest, dict) else None
+        name = s.get("name", "") if isinstance(s, dict) else None
+        if not isinstance(name, str) or not isinstance(sha, str):
+            raise ValueError("a subject needs a name and a sha256 digest")
+        subjects.append((name, sha))
+    ptype = st.get("predicateType")
+    predicate = st.get("predicate")
+    if not isinstance(ptype, str) or not isinstance(predicate, dict):
+        raise ValueError("the statement needs a predicateType and a predicate object")
+    return Statement(subjects, ptype, predicate)
+
+
+def _statement(doc: Mapping[str, Any]) -> tuple[dict[str, Any], bytes, Statement]:
     """(the envelope, its payload, the statement)."""
     env = _obj(doc.get("envelope"), "the envelope")
     if env.get("payloadType") != PAYLOAD_TYPE:
         raise SealUnreadable(f"payloadType {env.get('payloadType')!r}, not {PAYLOAD_TYPE}")
     payload = _b64decode(_text(env.get("payload"), "the envelope's payload"))
     try:
-        st = json.loads(payload)
-    except (ValueError, RecursionError) as e:
-        raise SealUnreadable(f"the payload is not JSON: {e}") from None
-    st = _obj(st, "the statement")
-    if st.get("_type") != STATEMENT_TYPE:
-        raise SealUnreadable(f"_type {st.get('_type')!r}, not {STATEMENT_TYPE}")
-    if st.get("predicateType") != MEASUREMENT_WINDOW:
-        raise SealUnreadable(f"predicateType {st.get('predicateType')!r}, not {MEASUREMENT_WINDOW}")
+        st = parse_statement(payload)
+    except ValueError as e:
+        raise SealUnreadable(str(e)) from None
+    if st.predicate_type != MEASUREMENT_WINDOW:
+        raise SealUnreadable(f"predicateType {st.predicate_type!r}, not {MEASUREMENT_WINDOW}")
     return env, payload, st
-
-
-def _subjects(st: Mapping[str, Any]) -> list[tuple[object, object]]:
-    subs = st.get("subject")
-    if not isinstance(subs, list) or not subs:
-        raise SealUnreadable("the statement has no subject")
-    out: list[tuple[object, object]] = []
-    for s in subs:
-        digest = s.get("digest") if isinstance(s, dict) else None
-        out.append((s.get("name") if isinstance(s, dict) else None,
-                    digest.get("sha256") if isinstance(digest, dict) else None))  # fmt: skip
-    return out
 
 
 def agreement(p: Mapping[str, Any], w: Mapping[str, Any], sl: Mapping[str, Any]) -> list[str]:
@@ -142,7 +163,7 @@ def read_seal(seal_json: str) -> SealClaims:
     document, or its decision, window and seal contents or its subject disagree."""
     doc = document(seal_json)
     env, payload, st = _statement(doc)
-    p = _obj(st.get("predicate"), "the predicate")
+    p = st.predicate
     w, sl = _obj(p.get("window"), "the window content"), _obj(p.get("seal"), "the seal content")
     wrong = agreement(p, w, sl)
     if wrong:
@@ -151,7 +172,7 @@ def read_seal(seal_json: str) -> SealClaims:
     if not isinstance(held, bool):
         raise SealUnreadable(f"held is {held!r}, not true or false")
     res = _obj(sl.get("results"), "the seal's results")
-    if _subjects(st) != [(res.get("name"), res.get("sha256"))]:
+    if st.subjects != [(res.get("name"), res.get("sha256"))]:
         raise SealUnreadable("the statement's subject is not the sealed results file")
     size = res.get("size")
     opened = sl.get("open_entry")
