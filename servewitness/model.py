@@ -662,6 +662,10 @@ class TargetReport:
     # The agent could not measure that age (the report was read before its host rebooted, or
     # spooled by an agent older than the field): its evidence has no known age, never fresh.
     evidence_age_unknown: bool = False
+    # How long the agent had held the nonce this report carries when it sent it, on its age
+    # clock (None: not said, an older agent). The verifier, knowing when it issued the nonce,
+    # bounds the report's time on the way by it (``server/service.py``, ``transit_s``).
+    nonce_held_s: float | None = None
     # The agent's own: when reading the evidence began on its age clock, from which its send
     # measures evidence_age_s (kept in its spool, never sent). A report built without one
     # counts as read when it was built; one decoded from the wire has none.

@@ -628,14 +628,16 @@ def test_agent_clock_an_hour_off_is_dated_by_the_verifier_clock(
     with grpc.insecure_channel(verifier) as ch:
         stub = agent_stub(ch)
         nonce = stub.Hello(pb.HelloRequest(agent_id="crafted", targets=["t"])).nonce
+        held_from = time.monotonic()  # as an agent says how long it held the nonce
         base = probe_report(worker.pid, tmp_path)
         for seq, read_before_send_s, want in ((1, 0.2, Verdict.PENDING), (2, 60.0, Verdict.STALE)):
             sent = time.time() + skew_s
             rep = TargetReport("crafted", "t", seq, nonce, sent, base.processes,
-                               collected_unix=sent - read_before_send_s)  # fmt: skip
+                               collected_unix=sent - read_before_send_s,
+                               nonce_held_s=time.monotonic() - held_from)  # fmt: skip
             resp = stub.Report(pb.ReportRequest(report=wire.report_to_pb(rep)))
             assert resp.accepted
-            nonce = resp.nonce
+            nonce, held_from = resp.nonce, time.monotonic()
             received = time.time()
             verdict, report_unix, ids = target_verdict(verifier)
             assert verdict == want and "evidence.clock_skew" in ids, ids

@@ -27,6 +27,7 @@ from servewitness.server.app import ServeConfig, VerifierServer
 from servewitness.server.bounded import LruCache
 from servewitness.server.evaluate import MANIFEST_CACHE_FILES
 from servewitness.server.memory import rss_bytes
+from servewitness.server.nonces import Nonces
 from tests.helpers import VENV_BIN, agent_stub
 from tests.test_contention import POLICY, manifest, report
 
@@ -211,7 +212,7 @@ def small_bounds(tmp_path: Path) -> Iterator[tuple[VerifierServer, pb_grpc.Verif
     sizes differ), so they are reached with a few calls."""
     addr = f"unix:{tmp_path}/v.sock"
     server = VerifierServer(ServeConfig(addr, str(tmp_path / "v.sqlite3")))
-    server.service.nonces = LruCache(4)
+    server.service.nonces = Nonces(4)
     server.service.known = LruCache(3)
     server.service.evaluator.manifests = LruCache(25, weight=len)
     server.start()

@@ -9,6 +9,7 @@ PostgreSQL with real agents, and kills one of them mid-ingest."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -27,8 +28,9 @@ from prometheus_client import generate_latest
 from servewitness import wire
 from servewitness.api.v1 import verifier_pb2 as pb
 from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
+from servewitness.ledger.keys import Ed25519PrivateKey
 from servewitness.model import ProcessKey, ProcessReport, TargetReport, manifest_digest
-from servewitness.server import clock, follow
+from servewitness.server import clock, follow, report_rows, vouch
 from servewitness.server.app import VerifierServer
 from servewitness.server.db import open_database
 from servewitness.server.evaluate import Evaluator
@@ -237,18 +239,26 @@ def events(backend: Backend) -> list[tuple[str, str]]:
 
 
 def _follow_one(
-    backend: Backend, receipt: str | None, received_unix: float
+    backend: Backend,
+    receipt: str | Callable[[StoredReport], str] | None,
+    received_unix: float,
+    key: bytes | None = None,
 ) -> tuple[float | None, str | None]:
-    """B stores one report of t with RECEIPT, received at RECEIVED_UNIX on B's clock; A
-    follows it: (its evidence time on A's age clock, who A takes it to be from)."""
+    """B stores one report of t with RECEIPT (or the one it makes of the row), received at
+    RECEIVED_UNIX on B's clock; A, holding the receipt KEY (None: none), follows it: (its
+    evidence time on A's age clock, who A takes it to be from); (None, None) if A did not
+    take it as evidence."""
     a_store, b_store = Store(backend.target), Store(backend.target)
     try:
         ev = Evaluator(a_store)
-        follower = follow.Follower(a_store, ev)
+        follower = follow.Follower(a_store, ev, receipt_key=key)
         follower.poll()  # where A starts: before B's report
-        rep = StoredReport("agent", 1, "t", received_unix, body("agent", "t", 1), receipt)
-        assert b_store.save_report(rep, {})
-        assert follower.poll() == 1
+        rep = StoredReport("agent", 1, "t", received_unix, body("agent", "t", 1))
+        made = receipt(rep) if callable(receipt) else receipt
+        assert b_store.save_report(dataclasses.replace(rep, receipt=made), {})
+        if follower.poll() == 0:
+            assert ev.targets() == []
+            return None, None
         (t,) = ev.targets()
         return t.snapshot.evidence_boot_s, t.snapshot.authenticated_as
     finally:
@@ -281,11 +291,77 @@ def test_a_report_whose_receiver_says_it_arrived_long_ago_is_as_old_as_that(
     assert at is not None and clock.boot_s() - at >= 99.0, at
 
 
+KEY = vouch.receipt_key(Ed25519PrivateKey.generate())
+OTHER_KEY = vouch.receipt_key(Ed25519PrivateKey.generate())
+
+
+def vouched_by(key: bytes | None, who: str = "ops-cert") -> Callable[[StoredReport], str]:
+    """The receipt a verifier holding KEY writes for a row (``service._ingest``)."""
+
+    def make(rep: StoredReport) -> str:
+        row = vouch.row_digest(*report_rows.identity(rep))
+        return follow.receipt_json(who, 0.0, key=key, row=row)
+
+    return make
+
+
+def test_a_report_a_verifier_vouched_for_is_followed_as_its_agents(backend: Backend) -> None:
+    at, who = _follow_one(backend, vouched_by(KEY), time.time(), key=KEY)
+    assert at is not None and who == "ops-cert", (at, who)
+
+
+@pytest.mark.parametrize(
+    "receipt",
+    [
+        # a writer of the database without the key: the receipt as a verifier writes it, bare
+        pytest.param(vouched_by(None), id="not-vouched"),
+        # a verifier with another --signing-key (or a writer who made up a key)
+        pytest.param(vouched_by(OTHER_KEY), id="another-key"),
+        # a genuine vouch, copied from another row (another seq, body and time)
+        pytest.param(
+            lambda rep: vouched_by(KEY)(StoredReport("agent", 7, "t", 1.0, b"another")),
+            id="copied-from-another-row",
+        ),
+        # a genuine vouch with the sender changed after it was made
+        pytest.param(
+            lambda rep: vouched_by(KEY)(rep).replace("ops-cert", "agent-cert"),
+            id="sender-changed",
+        ),
+    ],
+)  # fmt: skip
+def test_a_report_row_no_verifier_vouched_for_is_never_evidence(
+    backend: Backend, receipt: Callable[[StoredReport], str]
+) -> None:
+    """Attack (a writer of the database, with the store's own code: the row, its ledger entry
+    and a receipt naming an agent): the follower, holding the verifiers' receipt key, does not
+    take it as anyone's evidence (``server/vouch.py``)."""
+    assert _follow_one(backend, receipt, time.time(), key=KEY) == (None, None)
+
+
+def test_a_report_long_on_the_way_to_its_receiver_is_as_old_as_that(backend: Backend) -> None:
+    """B received it just now, but its receipt says it can have been 100 s on the way from
+    its agent (``server/nonces.py``: a delay added to the agent's traffic): A dates its
+    evidence before that, as B does, never by the receipt alone."""
+    at, _ = _follow_one(backend, follow.receipt_json("ops-cert", 0.0, 100.0), time.time())
+    assert at is not None and clock.boot_s() - at >= 100.0, at
+
+
+def test_a_receipt_older_than_transits_is_dated_by_its_receipt(backend: Backend) -> None:
+    """A receipt a verifier older than transit bounds wrote: dated as that one dated it."""
+    old = json.dumps({"authenticated_as": "ops-cert", "lag_s": 0.0})
+    at, who = _follow_one(backend, old, time.time())
+    assert at is not None and clock.boot_s() - at < 50.0 and who == "ops-cert", at
+
+
 @pytest.mark.parametrize(
     "receipt",
     [None, "", "{", '{"authenticated_as": "x"}', '{"authenticated_as": 1, "lag_s": 0}',
      '{"authenticated_as": "x", "lag_s": -5}', '{"authenticated_as": "x", "lag_s": true}',
-     '{"authenticated_as": "x", "lag_s": NaN}', '[1, 2]'],
+     '{"authenticated_as": "x", "lag_s": NaN}', '[1, 2]', '"text"',
+     '{"authenticated_as": "x", "lag_s": 0, "transit_s": -1}',
+     '{"authenticated_as": "x", "lag_s": 0, "transit_s": "5"}',
+     '{"authenticated_as": "x", "lag_s": 0, "transit_s": false}',
+     '{"authenticated_as": "x", "lag_s": 0, "transit_s": Infinity}'],
 )  # fmt: skip
 def test_a_report_without_a_readable_receipt_is_of_unknown_age_and_sender(
     backend: Backend, receipt: str | None

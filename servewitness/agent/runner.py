@@ -83,6 +83,9 @@ class Agent:
         self.floor: int | None = None
         self.seq = max(counter or 0, self.spool.last_seq())
         self.nonce: str | None = None
+        # When the agent received that nonce, on its age clock: each report says how long it
+        # held it (``nonce_held_s``), which bounds the report's time on the way
+        self.nonce_at: BootInstant | None = None
         # Whether the verifier ever accepted this agent's Hello: a refusal before then is a
         # configuration error the agent exits on (exit 10); after it, evidence stays spooled.
         self.connected = False
@@ -240,7 +243,7 @@ class Agent:
                 metadata=wire.agent_metadata(hello.agent_id, hello.targets),
             )
         )
-        self.nonce = resp.nonce
+        self._took(resp.nonce)
         self.connected = True
         if self.floor is None:
             self.floor = resp.last_seq
@@ -250,6 +253,10 @@ class Agent:
         if self.config.interval_s is None:
             self.interval = resp.report_interval_s
         log.info("connected", verifier=self.config.verifier, interval_s=self.interval)
+
+    def _took(self, nonce: str) -> None:
+        """NONCE, just received from the verifier: the one the next report carries."""
+        self.nonce, self.nonce_at = nonce, BootInstant.now()
 
     def send(self, report: TargetReport) -> bool:
         """Deliver REPORT (re-Hello on a nonce mismatch); True when acknowledged."""
@@ -268,6 +275,7 @@ class Agent:
                 sent_unix=sent,
                 evidence_age_s=age,
                 evidence_age_unknown=age is None,
+                nonce_held_s=None if self.nonce_at is None else self.nonce_at.age_s(),
             )
             self.metrics.sent.inc()
             try:
@@ -288,7 +296,7 @@ class Agent:
                     log.error("report_rejected", seq=report.seq, reason=e.details())
                     return True  # never deliverable: drop it rather than block the spool
                 raise
-            self.nonce = resp.nonce
+            self._took(resp.nonce)
             if resp.accepted:
                 # the verifier's pace while it is busy (server/pacing.py), bounded here: a
                 # verifier cannot make an agent wait longer than its longest backoff

@@ -35,6 +35,7 @@ from servewitness.model import (
 )
 from servewitness.policy.window import (
     WINDOW_CLOCK_STEPPED,
+    WINDOW_EVIDENCE_UNLEDGERED,
     WINDOW_HOOK_LAGGED,
     WINDOW_NO_FRESH_EVIDENCE,
     WINDOW_NO_STEPS,
@@ -465,5 +466,11 @@ FINDINGS: dict[str, FindingKind] = {
         "",
         "the window's length by the verifier's wall clock is not its length on its boot clock "
         "(same boot): the wall clock was stepped during the window",
+    ),
+    WINDOW_EVIDENCE_UNLEDGERED: FindingKind(
+        Severity.ERROR,
+        "",
+        "a report the window's evidence rests on has no ledger entry: a row written into the "
+        "database behind the ledger's back, not known to be an agent's",
     ),
 }

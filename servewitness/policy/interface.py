@@ -95,6 +95,10 @@ class TargetSnapshot:
     # False: the agent said it could not measure collect_s on its boot clock (the report was
     # read before its host rebooted): the evidence has no known age, never fresh.
     age_known: bool = True
+    # The longest the report can have been on the way before its receipt
+    # (``server/nonces.py``: bounded by the nonce it carried): its evidence is dated by the
+    # receipt less this and less its age, so no delay makes evidence look newer than it is.
+    transit_s: float = 0.0
 
     @functools.cached_property
     def every_container_id(self) -> tuple[str, ...]:
@@ -116,7 +120,7 @@ class TargetSnapshot:
         """When the agent read the evidence, on the verifier's age clock (None: unknown)."""
         if self.received_boot_s is None or not self.age_known:
             return None
-        return self.received_boot_s - self.collect_s
+        return self.received_boot_s - self.transit_s - self.collect_s
 
     @property
     def clock_skew_s(self) -> float | None:
@@ -126,11 +130,12 @@ class TargetSnapshot:
     @property
     def evidence_unix(self) -> float:
         """When the agent read the evidence, on the verifier's clock: receipt minus the agent's
-        collection time. Freshness and window seals date evidence by this, not by receipt: a
-        report that spent seconds hashing files carries counters from its start. Never before
-        the epoch: an age older than that (a lie, or a wall clock years ahead) made a date no
-        client accepts, and every status answer naming the target unreadable."""
-        return max(0.0, self.received_unix - self.collect_s)
+        collection time and the report's time on the way. Freshness and window seals date
+        evidence by this, not by receipt: a report that spent seconds hashing files carries
+        counters from its start. Never before the epoch: an age older than that (a lie, or a
+        wall clock years ahead) made a date no client accepts, and every status answer naming
+        the target unreadable."""
+        return max(0.0, self.received_unix - self.transit_s - self.collect_s)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,10 @@ named in the verdict and in every seal taken while it stands). By the error's ``
   ``[[forbid]]`` or ``[provenance]`` rule): ``imports``, ``loaders``, ``zipimport``,
   ``pth``, ``code``, ``sweeper``, ``first_hit``;
 - not judged: ``VERIFIER_HOOKS`` (the declaration itself; a declared hook it broke never
-  fires, which the hook rule judges) and ``vllm_log`` (log capture).
+  fires, which the hook rule judges), ``vllm_log`` (log capture) and ``trace`` (a trace or
+  profile function set after the early probe started: a debugger, vLLM's
+  ``VLLM_TRACE_FUNCTION``; said in every verdict, not judged). An audit hook added after it
+  is ``imports``: judged.
 
 A ``where`` this table does not know is judged: a new kind of probe error fails closed.
 """
@@ -34,7 +37,7 @@ from dataclasses import dataclass
 LIVENESS = frozenset({"steps", "spec", "bindings", "state", "start", "fork"})
 HOOKS = frozenset({"hooks", "hook.fire", "hook.decorate", "hook.device_counter", "device_counter"})
 FILES = frozenset({"imports", "loaders", "zipimport", "pth", "code", "sweeper", "first_hit"})
-UNJUDGED = frozenset({"VERIFIER_HOOKS", "vllm_log"})
+UNJUDGED = frozenset({"VERIFIER_HOOKS", "vllm_log", "trace"})
 
 _TAGGED = re.compile(r"\[([^\]]{1,200})\] ?(.*)", re.DOTALL)
 _HOOK_NAME = re.compile(r"""^'([^']{1,200})'""")

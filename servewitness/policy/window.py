@@ -57,6 +57,9 @@ WINDOW_SEALED_BEFORE_OPEN = "window.sealed_before_open"
 # The window's length on the verifier's wall clock is not its length on its boot clock (same
 # boot): the wall clock was stepped during the window, so its times are not the window's.
 WINDOW_CLOCK_STEPPED = "window.clock_stepped"
+# Evidence the window rests on (at the open or the seal) is a report with no ledger entry: a
+# row written into the database behind the ledger's back, which no agent sent.
+WINDOW_EVIDENCE_UNLEDGERED = "window.evidence_unledgered"
 WINDOW_IDS = (
     WINDOW_NOT_PASS,
     WINDOW_NO_STEPS,
@@ -66,6 +69,7 @@ WINDOW_IDS = (
     WINDOW_REQUESTS_UNSERVED,
     WINDOW_SEALED_BEFORE_OPEN,
     WINDOW_CLOCK_STEPPED,
+    WINDOW_EVIDENCE_UNLEDGERED,
 )
 
 

@@ -15,6 +15,7 @@ from servewitness.model import ProcessKey, ProcessReport
 from servewitness.policy.interface import IGNORED_ROLES
 from servewitness.policy.window import (
     WINDOW_CLOCK_STEPPED,
+    WINDOW_EVIDENCE_UNLEDGERED,
     WINDOW_NO_STEPS,
     WINDOW_PROCESS_CHANGED,
     WINDOW_SEALED_BEFORE_OPEN,
@@ -364,12 +365,36 @@ def _times(w: Mapping[str, Any], sl: Mapping[str, Any], out: Recheck) -> None:
     )
 
 
+def unledgered(at_open: Iterable[Row], at_seal: Iterable[Row]) -> list[WindowFinding]:
+    """``window.evidence_unledgered`` for each report the window's evidence rests on, at
+    either end, that has no ledger entry (``ledger_seq`` null): written into the database
+    behind the ledger's back, so no agent is known to have sent it."""
+    out: list[WindowFinding] = []
+    seen: set[tuple[str, Any, Any]] = set()
+    for end, rows in (("open", at_open), ("seal", at_seal)):
+        for r in rows:
+            at = (end, r.get("agent_id"), r.get("report_seq"))
+            if isinstance(r.get("ledger_seq"), int) or at in seen:
+                continue
+            seen.add(at)
+            out.append(
+                WindowFinding(
+                    WINDOW_EVIDENCE_UNLEDGERED,
+                    f"the evidence at the {end} is report {r.get('report_seq')} of agent "
+                    f"{r.get('agent_id')}, which has no ledger entry: a row written into the "
+                    "database behind the ledger's back, not known to be an agent's",
+                    {"end": end, "agent_id": r.get("agent_id"), "report_seq": r.get("report_seq")},
+                )
+            )
+    return out
+
+
 def _ends(w: Mapping[str, Any], sl: Mapping[str, Any], out: Recheck) -> None:
-    """A held seal's own evidence at both ends shows the same processes, and each process
-    that runs steps stepped."""
+    """A held seal's own evidence at both ends shows the same processes, each process that
+    runs steps stepped, and each report it rests on has its ledger entry."""
     try:
         opened, sealed = list(w["evidence"]), list(sl["evidence"])
-        due = same_processes(opened, sealed)
+        due = same_processes(opened, sealed) + unledgered(opened, sealed)
         steps = progress(opened, sealed, dict(sl.get("hooks") or {}))
     except (KeyError, TypeError, ValueError, AttributeError):
         out.problems.append("the evidence of the window or the seal is malformed")

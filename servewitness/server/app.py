@@ -271,6 +271,7 @@ class VerifierServer:
             self.service.evaluator,
             metrics=self.service.metrics,
             expiry_s=self.service.target_expiry_s,
+            receipt_key=self.service.receipt_key,
         )
         self._following = threading.Thread(
             target=follow.run,

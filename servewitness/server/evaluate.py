@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import structlog
 
 from servewitness import wire
-from servewitness.model import FileEntry, RunVerdict, TargetReport
+from servewitness.model import FileEntry, RunVerdict, TargetReport, manifest_digest
 from servewitness.policy import Policy, PolicyError, evaluate_run, load_policy, refused_run
-from servewitness.policy.engine import Judgements, selects_snapshot
+from servewitness.policy.engine import Judgements, policy_digest, selects_snapshot
 from servewitness.policy.interface import TargetSnapshot
 from servewitness.server import clock, report_rows
 from servewitness.server.bounded import LruCache
@@ -55,7 +55,9 @@ class Evaluator:
 
     def __init__(self, store: Store, manifest_cache_files: int = MANIFEST_CACHE_FILES) -> None:
         self.store = store
-        self._policies: dict[str, Policy | PolicyError] = {}
+        # (digest, text) -> the policy: keyed by the text too, so a row whose text was edited
+        # is never judged by what was cached under its digest, nor the reverse
+        self._policies: dict[tuple[str, str], Policy | PolicyError] = {}
         self.manifests: LruCache[str, tuple[FileEntry, ...]] = LruCache(
             manifest_cache_files, weight=len
         )
@@ -73,14 +75,27 @@ class Evaluator:
     def policy(self, run: RunRecord) -> Policy | PolicyError:
         """RUN's parsed policy, or why this verifier refuses it: a run stored by an earlier
         verifier (or before its rules refused weak policies) may hold one that no longer
-        loads, which is a verdict (``policy.refused``), not an internal error."""
-        pol = self._policies.get(run.policy_digest)
+        loads, which is a verdict (``policy.refused``), not an internal error. So is a stored
+        text that is not the policy its digest names (the database edited): the run was
+        registered, and its seals name, that digest, so no other text may judge it."""
+        key = (run.policy_digest, run.policy_toml)
+        pol = self._policies.get(key)
         if pol is None:
-            try:
-                pol = load_policy(run.policy_toml, run.source)
-            except PolicyError as e:
-                pol = e
-            self._policies[run.policy_digest] = pol
+            actual = policy_digest(run.policy_toml)
+            if actual != run.policy_digest:
+                log.error("stored_policy_edited", run=run.name, digest=run.policy_digest)
+                pol = PolicyError(
+                    run.source, None, None,
+                    f"the stored policy text is not the policy the run was registered with "
+                    f"({run.policy_digest}; the text stored now is {actual}): the database "
+                    "was edited, and nothing is judged on it",
+                )  # fmt: skip
+            else:
+                try:
+                    pol = load_policy(run.policy_toml, run.source)
+                except PolicyError as e:
+                    pol = e
+            self._policies[key] = pol
         return pol
 
     def _manifest(
@@ -89,7 +104,8 @@ class Evaluator:
         """The files stored under DIGEST; None where they are not known (no digest, or none
         stored under it): a process whose files are not known is judged as such (PENDING where
         a rule needs them, ``evidence.manifest_unresolved``), never as one that loaded
-        nothing."""
+        nothing. Files read from the store are that digest's only if they derive it: a row
+        edited at rest (an entry dropped or renamed) is not known files."""
         if digest is None:
             return None
         got = given.get(digest)
@@ -98,6 +114,9 @@ class Evaluator:
         if got is None:
             got = self.store.get_manifest(digest)
             if got is None:
+                return None
+            if manifest_digest(got) != digest:
+                log.error("stored_manifest_edited", digest=digest, files=len(got))
                 return None
         self.manifests.put(digest, got)
         return got
@@ -109,6 +128,8 @@ class Evaluator:
         authenticated_as: str | None,
         received_boot_s: float | None,
         given: Mapping[str, tuple[FileEntry, ...]] | None = None,
+        *,
+        transit_s: float = 0.0,
     ) -> TargetSnapshot:
         procs = tuple(
             p
@@ -130,6 +151,7 @@ class Evaluator:
             report.sent_unix,
             report.mixed_roots,
             age_known=not report.evidence_age_unknown,
+            transit_s=transit_s,
         )
 
     def _load(self) -> dict[str, Tracked]:
@@ -206,20 +228,30 @@ class Evaluator:
         stored: StoredReport,
         authenticated_as: str | None,
         received_boot_s: float | None,
+        transit_s: float = 0.0,
     ) -> bool:
         """Make REPORT, which another verifier stored as STORED, its target's latest evidence
         unless this verifier holds a newer one. RECEIVED_BOOT_S: the earliest it can have been
-        received, on this verifier's age clock (None: not known, so not fresh).
+        received, on this verifier's age clock (None: not known, so not fresh); TRANSIT_S:
+        the longest it can have been on the way before that (its receipt says).
 
         Its silence, for expiry, counts from now: the *latest* it can have been received
         (it was committed before this poll read it). Freshness takes the earliest, expiry
         the latest: each errs on its safe side, so a receiver whose clock runs ahead makes
         its reports look old here (STALE) but never makes a live target expire (which drops
         it from every run's verdict: the unsafe side)."""
-        snap = self._snapshot(report, stored.received_unix, authenticated_as, received_boot_s)
+        snap = self._snapshot(
+            report, stored.received_unix, authenticated_as, received_boot_s, transit_s=transit_s
+        )
         heard = clock.boot_s()
         with self._lock:
             if stored.rowid <= self._held(report.target):
+                return False
+            held = self._tracked().get(report.target)
+            if held is not None and held.agent_id == stored.agent_id and stored.seq <= held.seq:
+                # an agent's seqs only grow: its older report stored after a newer one is a
+                # row moved in the database (a writer replaying a genuine report), never newer
+                log.error("followed_report_older", target=report.target, seq=stored.seq)
                 return False
             self._tracked()[report.target] = Tracked(
                 snap, stored.agent_id, stored.seq, heard, False, stored.rowid
@@ -268,15 +300,19 @@ class Evaluator:
         manifests: Mapping[str, tuple[FileEntry, ...]] | None = None,
         *,
         rowid: int = 0,
+        transit_s: float = 0.0,
     ) -> None:
         """A report was stored (at ROWID in storage order; 0: not known): it is now its
         target's latest evidence (an expired or forgotten target is back, as new), unless one
         stored after it is already held (another verifier's, followed meanwhile).
         RECEIVED_BOOT_S: when it arrived on the age clock (``clock.boot_s``; None: now).
         MANIFESTS: the ones it brought (digest -> files), so they are not read back from
-        the store."""
+        the store. TRANSIT_S: the longest it can have been on the way before its receipt
+        (``nonces.Issued.transit_s``)."""
         at = clock.boot_s() if received_boot_s is None else received_boot_s
-        snap = self._snapshot(report, received_unix, authenticated_as, at, manifests)
+        snap = self._snapshot(
+            report, received_unix, authenticated_as, at, manifests, transit_s=transit_s
+        )
         with self._lock:
             latest = self._tracked()
             held = latest.get(report.target)

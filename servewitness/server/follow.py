@@ -30,6 +30,11 @@ runs ahead by as much (docs/threat-model.md, "Several verifiers on one database"
 without one (stored by a verifier older than receipts) counts as unauthenticated, as reports
 loaded at start always have.
 
+**Only a verifier's rows.** Whoever can write the database can write a report row, its ledger
+entry and a receipt naming any agent. A followed row is evidence only with its ledger entry
+(``report_rows.ledgered_body``) and a receipt its receiver vouched for under the signing key
+the verifiers share (``server/vouch.py``); any other is logged and never evidence.
+
 Runs are read from the database when asked for (``Store.get_run``, ``list_runs``); nonces stay
 each replica's own (an agent whose connection moves to another replica is told "nonce
 mismatch" and says Hello again, which reads its last stored seq from the database).
@@ -49,7 +54,7 @@ from dataclasses import dataclass
 import structlog
 
 from servewitness import wire
-from servewitness.server import clock, report_rows
+from servewitness.server import clock, report_rows, vouch
 from servewitness.server.evaluate import Evaluator
 from servewitness.server.metrics import VerifierMetrics
 from servewitness.server.store import Store, StoredReport
@@ -66,16 +71,39 @@ bounded memory."""
 
 @dataclass(frozen=True)
 class Receipt:
-    """How a verifier received a report: who its agent was authenticated as (None: nobody)
-    and how long the report waited from receipt until its row was written (its age clock)."""
+    """How a verifier received a report: who its agent was authenticated as (None: nobody),
+    how long the report waited from receipt until its row was written (its age clock), and
+    the longest it can have been on the way to it (``nonces.Issued.transit_s``; 0 in a
+    receipt written before transits were kept: dated by its receipt, as that verifier did)."""
 
     authenticated_as: str | None
     lag_s: float
+    transit_s: float = 0.0
+    vouch: str | None = None  # the receiving verifier's (``server/vouch.py``); None: none
+
+    def vouched(self, key: bytes, row: str) -> bool:
+        """Whether KEY's holder vouched for this receipt of ROW (``vouch.row_digest``)."""
+        return vouch.checks(key, row, self.authenticated_as, self.lag_s, self.transit_s, self.vouch)
 
 
-def receipt_json(authenticated_as: str | None, lag_s: float) -> str:
-    """The receipt stored with a report's row (and covered by its ledger entry)."""
-    body = {"authenticated_as": authenticated_as, "lag_s": round(max(lag_s, 0.0), 6)}
+def receipt_json(
+    authenticated_as: str | None,
+    lag_s: float,
+    transit_s: float = 0.0,
+    *,
+    key: bytes | None = None,
+    row: str = "",
+) -> str:
+    """The receipt stored with a report's row (and covered by its ledger entry); with KEY,
+    vouched for (``server/vouch.py``) as the receipt of ROW (``vouch.row_digest``)."""
+    lag, transit = round(max(lag_s, 0.0), 6), round(max(transit_s, 0.0), 6)
+    body: dict[str, object] = {
+        "authenticated_as": authenticated_as,
+        "lag_s": lag,
+        "transit_s": transit,
+    }
+    if key is not None:
+        body["vouch"] = vouch.vouch(key, row, authenticated_as, lag, transit)
     return json.dumps(body, sort_keys=True, separators=(",", ":"))
 
 
@@ -87,9 +115,15 @@ class ReceiptAt:
 
     authenticated_as: str | None
     received_boot_s: float
+    transit_s: float = 0.0
+    key: bytes | None = None  # vouched for with it (``server/vouch.py``); None: not vouched
+    row: str = ""  # the row it is the receipt of (``vouch.row_digest``)
 
     def __call__(self) -> str:
-        return receipt_json(self.authenticated_as, clock.boot_s() - self.received_boot_s)
+        lag_s = clock.boot_s() - self.received_boot_s
+        return receipt_json(
+            self.authenticated_as, lag_s, self.transit_s, key=self.key, row=self.row
+        )
 
 
 def parse_receipt(text: str | None) -> Receipt | None:
@@ -101,13 +135,19 @@ def parse_receipt(text: str | None) -> Receipt | None:
     try:
         got = json.loads(text)
         who, lag = got["authenticated_as"], got["lag_s"]
-    except (ValueError, TypeError, KeyError):
+        transit, given = got.get("transit_s", 0.0), got.get("vouch")
+    except (ValueError, TypeError, KeyError, AttributeError):
         return None
-    if not (who is None or isinstance(who, str)) or isinstance(lag, bool):
+    if not (who is None or isinstance(who, str)) or not (given is None or isinstance(given, str)):
         return None
-    if not isinstance(lag, int | float) or not math.isfinite(lag) or lag < 0:
+    if not all(_span(x) for x in (lag, transit)):
         return None
-    return Receipt(who, float(lag))
+    return Receipt(who, float(lag), float(transit), given)
+
+
+def _span(x: object) -> bool:
+    """X is a number of seconds >= 0 (a bool is not)."""
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
 
 
 def earliest_receipt(
@@ -133,8 +173,13 @@ class Follower:
         batch_rows: int = BATCH_ROWS,
         metrics: VerifierMetrics | None = None,
         expiry_s: float | None = None,
+        *,
+        receipt_key: bytes | None = None,
     ) -> None:
         self.store = store
+        # the verifiers' key for receipts (server/vouch.py): with one, a row it did not
+        # vouch for is never evidence; None (no signing key): receipts are taken as stored
+        self.receipt_key = receipt_key
         self.evaluator = evaluator
         self.metrics = metrics
         self.expiry_s = expiry_s  # this verifier's --target-expiry: another's must agree
@@ -175,9 +220,11 @@ class Follower:
             changed = self._reports(new, self._since_boot_s)
             if new:
                 reports = new[-1].rowid
-            for rowid, target, event, agent, seq in got:
-                events = rowid
-                if self.evaluator.retired(target, event, (agent, seq), self.expiry_s):
+            for ev in got:
+                events = ev.rowid
+                if not self._vouched(ev):
+                    continue
+                if self.evaluator.retired(ev.target, ev.event, ev.last, self.expiry_s):
                     changed += 1
                     self.count("event")
             self._marks = (reports, events)
@@ -187,6 +234,17 @@ class Follower:
                 self._since_boot_s = began
             return changed
 
+    def _vouched(self, ev: report_rows.TargetEvent) -> bool:
+        """Whether EV, a retirement another verifier stored, is one: its ledger entry records
+        it and (with the verifiers' key) a verifier vouched for it. A forget or an expiry a
+        writer of the database added would drop a target it hears from every run's verdict."""
+        key = self.receipt_key
+        if ev.ledgered and (key is None or ev.vouch == vouch.event_vouch(key, ev.row)):
+            return True
+        why = "no ledger entry records it" if not ev.ledgered else "no verifier vouched for it"
+        log.error("followed_event_refused", target=ev.target, retirement=ev.event, why=why)
+        return False
+
     def _reports(self, rows: list[StoredReport], since_boot_s: float) -> int:
         newest: dict[str, StoredReport] = {}
         for r in rows:  # storage order: the last one of a target is its newest
@@ -195,9 +253,26 @@ class Follower:
         for r in newest.values():
             if self.store.stored_here(r.rowid) or not self.evaluator.is_newer(r.target, r.rowid):
                 continue  # this verifier stored it (and notes it), or knows a newer one
-            body = self.store.read(functools.partial(report_rows.body, rowid=r.rowid))
+            body, ledgered = self.store.read(functools.partial(report_rows.ledgered_body, rep=r))
             if body is None:
                 continue
+            if not ledgered:  # written behind the ledger's back, or edited: never evidence
+                log.error("followed_report_unledgered", target=r.target, rowid=r.rowid)
+                continue
+            receipt = parse_receipt(r.receipt)
+            if self.receipt_key is not None:
+                row = vouch.row_digest(r.agent_id, r.seq, r.target, r.received_unix, body)
+                if receipt is None or not receipt.vouched(self.receipt_key, row):
+                    # written with the ledger by a writer of the database, not a verifier
+                    # (or by a verifier with another --signing-key: they must share one)
+                    log.error(
+                        "followed_report_not_vouched",
+                        target=r.target,
+                        rowid=r.rowid,
+                        hint="not a verifier's under this --signing-key: every verifier on "
+                        "one database must share it",
+                    )
+                    continue
             try:
                 report = wire.report_from_bytes(body)
             except wire.WireError as e:  # an edited row: never evidence
@@ -208,7 +283,6 @@ class Follower:
             if (report.agent_id, report.target, report.seq) != (r.agent_id, r.target, r.seq):
                 log.error("followed_report_mismatch", target=r.target, rowid=r.rowid)
                 continue  # a row whose body is another report's: edited, never evidence
-            receipt = parse_receipt(r.receipt)
             at = None
             who = None
             if receipt is not None:
@@ -216,7 +290,8 @@ class Follower:
                 at = earliest_receipt(
                     receipt, r.received_unix, since_boot_s, clock.boot_s(), time.time()
                 )
-            if self.evaluator.followed(report, r, who, at):
+            transit = 0.0 if receipt is None else receipt.transit_s
+            if self.evaluator.followed(report, r, who, at, transit):
                 changed += 1
                 self.count("report")
         return changed

@@ -39,6 +39,11 @@ class StoredReport:
     rowid: int = 0
 
 
+def identity(rep: StoredReport) -> tuple[str, int, str, float, bytes]:
+    """What of REP a receipt's vouch binds (``vouch.row_digest``'s arguments)."""
+    return rep.agent_id, rep.seq, rep.target, rep.received_unix, rep.report
+
+
 def from_row(row: Sequence[Any]) -> StoredReport:
     """A ``StoredReport`` from (agent_id, seq, target, received_unix, report or NULL,
     receipt_json, rowid)."""
@@ -221,12 +226,58 @@ def body(db: Database, rowid: int) -> bytes | None:
     return None if row is None else bytes(row[0])
 
 
-def events_after(db: Database, rowid: int, limit: int) -> list[tuple[int, str, str, str, int]]:
-    """Up to LIMIT target events recorded after ROWID: (rowid, target, event, last agent id,
-    last seq), in storage order."""
+def ledgered_body(db: Database, rep: StoredReport) -> tuple[bytes | None, bool]:
+    """REP's body (None: its row is gone) and whether its ledger entry records this very
+    row: its agent, seq, target, receipt time, body and receipt. A row written into the
+    database behind the ledger's back (or one edited since) has no such entry."""
+    got = body(db, rep.rowid)
+    if got is None:
+        return None, False
+    row = db.execute(
+        "SELECT subject FROM ledger WHERE kind = 'report' AND ref = ?",
+        (chain.report_ref(rep.agent_id, rep.seq),),
+    ).fetchone()
+    expected = chain.report_subject(
+        rep.agent_id, rep.seq, rep.target, rep.received_unix, got, receipt_json=rep.receipt
+    )
+    return got, row is not None and str(row[0]) == expected
+
+
+@dataclass(frozen=True)
+class TargetEvent:
+    """A stored retirement of a target (``target_events``), and whether its ledger entry
+    records this very row."""
+
+    rowid: int
+    target: str
+    at: float
+    event: str
+    by: str
+    last: tuple[str, int]
+    vouch: str | None
+    ledgered: bool
+
+    @property
+    def row(self) -> tuple[str, float, str, str, str, int]:
+        return (self.target, self.at, self.event, self.by, *self.last)
+
+
+def events_after(db: Database, rowid: int, limit: int) -> list[TargetEvent]:
+    """Up to LIMIT target events recorded after ROWID, in storage order, each checked
+    against its ledger entry (one a writer of the database added without one is not)."""
     rows = db.execute(
-        "SELECT rowid, target, event, last_agent, last_seq FROM target_events "
-        "WHERE rowid > ? ORDER BY rowid LIMIT ?",
+        "SELECT rowid, target, at_unix, event, by_whom, last_agent, last_seq, vouch "
+        "FROM target_events WHERE rowid > ? ORDER BY rowid LIMIT ?",
         (rowid, limit),
     ).fetchall()
-    return [(int(r), t, e, a, int(n)) for r, t, e, a, n in rows]
+    out = []
+    for rid, target, at, event, by, agent, seq, given in rows:
+        row = (str(target), float(at), str(event), str(by), str(agent), int(seq))
+        entry = db.execute(
+            "SELECT subject FROM ledger WHERE kind = 'target' AND ref = ?",
+            (chain.target_ref(row[0], row[1]),),
+        ).fetchone()
+        ledgered = entry is not None and str(entry[0]) == chain.target_subject(*row)
+        vouched = None if given is None else str(given)
+        out.append(TargetEvent(int(rid), *row[:4], (row[4], row[5]), vouched, ledgered))
+    return out

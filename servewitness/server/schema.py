@@ -210,6 +210,9 @@ ADDED_COLUMNS = (
     # Whether a seal held (1, 0), as its content says (the ledger walk checks they agree): what
     # a later seal counts without reading every seal's content; NULL in a seal stored before.
     ("seals", "held", "INTEGER"),
+    # The vouch of the verifier that retired a target (server/vouch.py): what another verifier
+    # on the database checks before it applies the retirement; NULL in an event stored before.
+    ("target_events", "vouch", "TEXT"),
 )
 
 

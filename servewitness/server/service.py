@@ -9,10 +9,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import secrets
 import threading
 import time
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import structlog
@@ -25,15 +24,17 @@ from servewitness.ledger import bindings
 from servewitness.model import FileEntry, TargetReport, manifest_digest
 from servewitness.policy import Policy, PolicyError, load_policy, policy_digest, unsafe_flags
 from servewitness.security.auth import READ_ROLES, Authorizer
-from servewitness.server import binding_rows, clock, follow, report_rows
+from servewitness.server import binding_rows, clock, follow, report_rows, vouch
 from servewitness.server.bounded import KeyedLocks, LruCache
 from servewitness.server.evaluate import Evaluator, Tracked
 from servewitness.server.history_detail import verdict_detail
 from servewitness.server.index import processes_seen
 from servewitness.server.metrics import VerifierMetrics
+from servewitness.server.nonces import Nonces
 from servewitness.server.pacing import Pacer, freshness_limit_s
 from servewitness.server.store import RunExists, RunRecord, Store, StoredReport, UnknownRun
-from servewitness.server.windows import MAX_WAITING, WindowError, Windows
+from servewitness.server.window_errors import WindowError
+from servewitness.server.windows import MAX_WAITING, Windows
 
 if TYPE_CHECKING:
     from servewitness.ledger.keys import Ed25519PrivateKey
@@ -44,15 +45,6 @@ REPORT_INTERVAL_S = 0.5  # keeps gate latency under 1 s (BENCHMARKS.md)
 
 OPERATOR = frozenset({"operator"})
 WINDOW_ROLES = frozenset({"operator", "harness"})  # auditors read; they do not measure
-_WINDOW_CODES = {
-    "not_found": grpc.StatusCode.NOT_FOUND,
-    "invalid": grpc.StatusCode.INVALID_ARGUMENT,
-    "exists": grpc.StatusCode.ALREADY_EXISTS,
-    "refused": grpc.StatusCode.FAILED_PRECONDITION,
-    "timeout": grpc.StatusCode.FAILED_PRECONDITION,  # the message says "timed out"
-    "busy": grpc.StatusCode.RESOURCE_EXHAUSTED,
-    "cancelled": grpc.StatusCode.CANCELLED,
-}
 # A target silent this long is expired: in no run's verdict, recorded in the ledger.
 DEFAULT_TARGET_EXPIRY_S = 3600.0
 # What the service remembers across requests, each bounded (docs/operations.md, "Contention and
@@ -95,7 +87,8 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         self.auth = auth or Authorizer(secure=False)
         self.evaluator = Evaluator(store)
         self.report_interval_s = report_interval_s
-        self.nonces: LruCache[str, str] = LruCache(max_agent_nonces)
+        # each agent's current nonce and when it was issued (a report carrying it left after)
+        self.nonces = Nonces(max_agent_nonces)
         # Nonce and seq are per agent: one agent's reports are ingested one at a time, other
         # agents' alongside (the store's one writer is the only thing they share), and a
         # target's report is stored and noted with ForgetTarget kept out (("target", name)).
@@ -116,6 +109,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         self.pacer = Pacer(report_interval_s, limit, self.metrics.registry)  # server/pacing.py
         # server/windows.py
         self.windows = Windows(store, self.evaluator, signing_key, max_waiting=max_window_waits)
+        self.receipt_key = vouch.receipt_key(signing_key)  # server/vouch.py
 
     # agents ----------------------------------------------------------------------------
     def Hello(self, request: pb.HelloRequest, context: grpc.ServicerContext) -> pb.HelloResponse:
@@ -124,11 +118,10 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         except wire.WireError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed hello: {e}")
         self.auth.require_agent(context, hello.agent_id, hello.targets)
-        nonce = secrets.token_hex(16)
         with self._locks.hold(("agent", hello.agent_id)):
             last = self.store.last_seq(hello.agent_id)
             self._last_seqs.put(hello.agent_id, last)
-            self.nonces.put(hello.agent_id, nonce)
+            nonce = self.nonces.issue(hello.agent_id)
         log.info("hello", agent=hello.agent_id, targets=list(hello.targets))
         reply = wire.HelloReply(nonce, self.report_interval_s, last)
         return wire.hello_response_to_pb(reply)
@@ -147,12 +140,13 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         )
         peer = self.auth.require_agent(context, report.agent_id, [report.target])
         with self._locks.hold(("agent", report.agent_id)):
-            expected = self.nonces.get(report.agent_id)
-            if expected is None or not secrets.compare_digest(expected, report.nonce):
+            issued = self.nonces.current(report.agent_id, report.nonce)
+            if issued is None:
                 context.abort(
                     grpc.StatusCode.FAILED_PRECONDITION,
                     "nonce mismatch: say Hello and report again with the nonce it returns",
                 )
+            expected = issued.nonce
             if report.seq <= self._last_seq(report.agent_id):
                 self.metrics.report("duplicate")
                 ack = wire.ReportAck(True, report.seq, expected, (), self.pacer.pace_s())
@@ -162,16 +156,17 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
                 self.metrics.report("need_manifests")
                 ack = wire.ReportAck(False, report.seq, expected, tuple(need))
                 return wire.report_response_to_pb(ack)
-            nonce = self._ingest(
+            self._ingest(
                 report,
                 request.report,
                 tails,
                 manifests,
                 peer=peer,
                 received=(received, received_boot_s),
+                transit_s=issued.transit_s(received_boot_s, report.nonce_held_s),
                 context=context,
             )
-            self.nonces.put(report.agent_id, nonce)
+            nonce = self.nonces.issue(report.agent_id)
             self._last_seqs.put(report.agent_id, report.seq)
         self.dirty.set()
         ack = wire.ReportAck(True, report.seq, nonce, (), self.pacer.pace_s())
@@ -201,10 +196,11 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         *,
         peer: Any,
         received: tuple[float, float],
+        transit_s: float,
         context: grpc.ServicerContext,
-    ) -> str:
+    ) -> None:
         """Store REPORT (converted from MSG, its bindings as TAILS) with its new MANIFESTS and
-        make it its target's latest evidence; the agent's next nonce. Everything that needs no
+        make it its target's latest evidence. Everything that needs no
         database (the stored body, the manifests' JSON, ledger subjects and index rows) is
         built first: the store's lock, which every agent shares, is held only for the
         writes."""
@@ -223,7 +219,9 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
                 f"report {report.seq} not storable alike in every database: {unstorable}",
             )
         who = self.auth.authenticated_as(peer)
-        receipt = follow.ReceiptAt(who, received[1])  # made as its row is written
+        key = self.receipt_key  # vouched for, so a follower knows a verifier wrote it
+        row = "" if key is None else vouch.row_digest(*report_rows.identity(stored))
+        receipt = follow.ReceiptAt(who, received[1], transit_s, key, row)  # as its row is written
 
         with self._locks.hold(("target", report.target)):  # ForgetTarget waits
             try:
@@ -243,16 +241,21 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
                 # between them mid-retry): what is stored is that report, not this one.
                 self.metrics.report("duplicate")
                 log.info("report_stored_elsewhere", agent=report.agent_id, seq=report.seq)
-                return secrets.token_hex(16)
+                return
             ingest_s = time.monotonic() - received[0]
             self.metrics.stored(
                 report, stored.received_unix, ingest_s, (len(tails.spans), len(tails.ids))
             )
             log.debug("report_stored", ingest_s=round(ingest_s, 6), processes=len(report.processes))
             self.evaluator.note(
-                stripped, stored.received_unix, who, received[1], manifests, rowid=rowid
+                stripped,
+                stored.received_unix,
+                who,
+                received[1],
+                manifests,
+                rowid=rowid,
+                transit_s=transit_s,
             )
-        return secrets.token_hex(16)
 
     def _manifests(
         self, report: TargetReport, context: grpc.ServicerContext
@@ -414,7 +417,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
             status = self._status(gone, self._freshness_s(), clock.boot_s())
             try:  # recorded first: a forget the ledger does not hold did not happen
                 _, _, rowid = self.store.retire_target(
-                    name, "forgotten", by, (gone.agent_id, gone.seq)
+                    name, "forgotten", by, (gone.agent_id, gone.seq), key=self.receipt_key
                 )
             except self.store.errors as e:
                 log.error("forget_not_stored", target=name, error=str(e))
@@ -433,7 +436,8 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         """Expire every target silent past the target expiry, each recorded in the ledger."""
         for t in self.evaluator.due_to_expire(self.target_expiry_s):
             target, last = t.snapshot.target, (t.agent_id, t.seq)
-            self.store.retire_target(target, "expired", "verifier", last)  # first: see above
+            key = self.receipt_key  # vouched for: the other verifiers apply it (server/vouch.py)
+            self.store.retire_target(target, "expired", "verifier", last, key=key)  # first
             self.evaluator.retired(target, "expired", last)
             self.metrics.forget_target(target)
             log.info("target_expired", target=target, expiry_s=self.target_expiry_s)
@@ -464,11 +468,6 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
                 log.info("verdict", run=run.name, verdict=verdict.verdict.value)
 
     # measurement windows (server/windows.py) -----------------------------------------------
-    @staticmethod
-    def _window_abort(context: grpc.ServicerContext, e: WindowError) -> NoReturn:
-        context.abort(_WINDOW_CODES[e.kind], e.message)
-        raise AssertionError("unreachable")  # context.abort raises
-
     def OpenWindow(
         self, request: pb.OpenWindowRequest, context: grpc.ServicerContext
     ) -> pb.OpenWindowResponse:
@@ -479,7 +478,7 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         except wire.WireError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed window request: {e}")
         except WindowError as e:
-            self._window_abort(context, e)
+            context.abort(e.code, e.message)
         self.dirty.set()
         return wire.open_window_response_to_pb(opened)
 
@@ -493,6 +492,6 @@ class VerifierService(pb_grpc.VerifierServiceServicer):
         except wire.WireError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed seal request: {e}")
         except WindowError as e:
-            self._window_abort(context, e)
+            context.abort(e.code, e.message)
         self.dirty.set()
         return wire.seal_window_response_to_pb(sealed)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from servewitness.errors import ConfigError, DatabaseCorrupt, UsageError
 from servewitness.ledger import bindings, chain
 from servewitness.model import FileEntry, RequestId, RequestSpan
-from servewitness.server import manifest_rows, report_rows, schema
+from servewitness.server import manifest_rows, report_rows, schema, vouch
 from servewitness.server.bounded import LruCache
 from servewitness.server.db import Database, is_corruption, open_database
 from servewitness.server.group_commit import GroupCommit, Take
@@ -536,7 +536,7 @@ class Store:
 
     # targets ---------------------------------------------------------------------------
     def retire_target(
-        self, target: str, event: str, by: str, last: tuple[str, int]
+        self, target: str, event: str, by: str, last: tuple[str, int], *, key: bytes | None = None
     ) -> tuple[float, tuple[str, int], int]:
         """Record that TARGET expired or was forgotten (EVENT) by BY, retiring its latest
         report LAST (agent id, seq): no verdict counts it after this, and a restarted verifier
@@ -550,7 +550,8 @@ class Store:
 
         Once per retirement: when the target's latest event already retires that report the
         same way (another verifier expired it first), nothing is written and that event's
-        time is returned."""
+        time is returned. KEY: the verifiers' key (``server/vouch.py``): the row is vouched for,
+        so that the others apply it."""
         if event not in TARGET_EVENTS:
             raise ValueError(f"target event {event!r} is not one of {TARGET_EVENTS}")
         out: list[tuple[float, tuple[str, int], int]] = [(time.time(), last, 0)]
@@ -571,10 +572,11 @@ class Store:
                 out[0] = (float(prior[0]), retired, rowid)
                 return
             row = (target, at, event, by, retired[0], retired[1])
+            vouched = None if key is None else vouch.event_vouch(key, row)
             db.execute(
                 "INSERT INTO target_events (target, at_unix, event, by_whom, last_agent, "
-                "last_seq) VALUES (?, ?, ?, ?, ?, ?)",
-                row,
+                "last_seq, vouch) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (*row, vouched),
             )
             chain.append(db, at, "target", chain.target_ref(target, at), chain.target_subject(*row))
             out[0] = (at, retired, rowid)

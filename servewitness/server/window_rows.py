@@ -94,6 +94,9 @@ class StoredWindow:
     content_json: str
     entry: LedgerEntry
     sealed: bool
+    # its content is not what its ledger entry records (the database edited since the open):
+    # a seal would rest on an opening nobody made
+    edited: bool = False
 
 
 def get_window(db: Database, wid: str) -> StoredWindow | None:
@@ -106,8 +109,15 @@ def get_window(db: Database, wid: str) -> StoredWindow | None:
     ).fetchone()
     if entry is None:
         return None  # content outside the ledger: `audit verify` names it; never sealed
-    sealed = db.execute("SELECT 1 FROM seals WHERE window_id = ?", (wid,)).fetchone()
-    return StoredWindow(wid, str(row[0]), str(row[1]), LedgerEntry.from_row(entry), bool(sealed))
+    # Sealed if either says so: a seal's row deleted (or moved to another id) leaves its
+    # ledger entry, and a window has one seal (a broken one is never replaced by a better)
+    sealed = db.execute("SELECT 1 FROM seals WHERE window_id = ?", (wid,)).fetchone() or (
+        db.execute("SELECT 1 FROM ledger WHERE kind = 'seal' AND ref = ?", (wid,)).fetchone()
+    )
+    content = str(row[1])
+    opened = LedgerEntry.from_row(entry)
+    edited = opened.subject != chain.window_subject(content)
+    return StoredWindow(wid, str(row[0]), content, opened, bool(sealed), edited)
 
 
 def report_entry(db: Database, agent_id: str, seq: int) -> tuple[int, str] | None:

@@ -41,9 +41,11 @@ from servewitness.model import ProcessKey, RunVerdict, Verdict
 from servewitness.policy import Policy, unsafe_flags
 from servewitness.policy import window as pw
 from servewitness.policy import window_ends as pe
+from servewitness.policy.findings import POLICY_REFUSED
 from servewitness.server import clock
 from servewitness.server.evaluate import Evaluator, Tracked
 from servewitness.server.store import RunRecord, Store, UnknownRun
+from servewitness.server.window_errors import WindowError
 
 if TYPE_CHECKING:
     from servewitness.ledger.keys import Ed25519PrivateKey
@@ -69,23 +71,20 @@ def _always() -> bool:
     return True
 
 
-class WindowError(Exception):
-    """A refused window call: KIND is ``not_found``, ``invalid``, ``exists``, ``refused``
-    (the run does not PASS), ``timeout`` (no PASS on fresh evidence in time), ``busy`` (too
-    many calls waiting already) or ``cancelled`` (the caller went away while it waited)."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
-
-
 @dataclass(frozen=True)
 class Judged:
     run: RunRecord
     verdict: RunVerdict
     tracked: dict[str, Tracked]
     fresh: bool  # every judged target reported after the call arrived
+
+    @property
+    def unjudged(self) -> bool:
+        """The run's policy is refused (``policy.refused``: it does not load, or its stored
+        text is not the one registered): FAIL, and no evidence can change that."""
+        return self.verdict.verdict == Verdict.FAIL and any(
+            f.id == POLICY_REFUSED for f in self.verdict.findings
+        )
 
 
 class Windows:
@@ -152,6 +151,8 @@ class Windows:
                 j = self._judge(name, since)
                 final = j.verdict.verdict in (Verdict.PASS, Verdict.FAIL)
                 if j.fresh and (final or not decided) and (settle is None or settle(j, since)):
+                    return j
+                if j.unjudged:  # no evidence can change it: said now, not at the timeout
                     return j
                 if time.monotonic() >= deadline:
                     return j
@@ -222,7 +223,7 @@ class Windows:
         v = j.verdict
         if v.verdict != Verdict.PASS or not j.fresh:
             why = f"run {req.run} is {v.verdict.value}: {pw.top_finding(v)}"
-            if v.verdict == Verdict.FAIL and j.fresh:
+            if v.verdict == Verdict.FAIL and (j.fresh or j.unjudged):
                 raise WindowError("refused", f"window refused: {why}")
             raise WindowError(
                 "timeout",
@@ -261,6 +262,13 @@ class Windows:
             raise WindowError(
                 "invalid", f"window {req.window_id} is a window on run {w.run}, not {req.run}"
             )
+        if w.edited:
+            raise WindowError(
+                "refused",
+                f"window {req.window_id}'s stored opening is not what its ledger entry "
+                f"{w.entry.seq} records (the database was edited): it cannot be sealed; "
+                "open another window",
+            )
         with self._lock:
             if w.sealed or req.window_id in self._sealing:
                 raise WindowError("exists", f"window {req.window_id} is already sealed")
@@ -291,7 +299,12 @@ class Windows:
         tags = pe.changed_tags(changed)
         ends = pe.without(pw.hook_rows(j.verdict, self._keys(j)), tags)
         rows, found = pw.pace(pe.without(opened["hooks"], tags), ends)
-        found = [*changed, *(pe.progress(opened["evidence"], evidence, rows) or []), *found]
+        found = [
+            *changed,
+            *pe.unledgered(opened["evidence"], evidence),
+            *(pe.progress(opened["evidence"], evidence, rows) or []),
+            *found,
+        ]
         requests: dict[str, Any] | None = None  # not checked: the harness named no requests
         if req.request_ids:
             requests, unserved = served.judged(j)

@@ -303,6 +303,7 @@ def report_to_pb(report: TargetReport) -> pb.TargetReport:
         mixed_roots=[key_to_pb(k) for k in report.mixed_roots],
         evidence_age_s=report.evidence_age_s,
         evidence_age_unknown=report.evidence_age_unknown,
+        nonce_held_s=report.nonce_held_s,
     )
 
 
@@ -376,6 +377,9 @@ def report_from_pb(
         age_s = F.finite_time(msg.evidence_age_s, f"{at}.evidence_age_s")  # a span, >= 0
         if msg.evidence_age_unknown:
             F.fail(f"{at}.evidence_age_unknown", "set beside evidence_age_s: is the age known?")
+    held_s = None
+    if msg.HasField("nonce_held_s"):
+        held_s = F.finite_time(msg.nonce_held_s, f"{at}.nonce_held_s")  # a span, >= 0
     processes: list[ProcessReport] = []
     keys: set[ProcessKey] = set()  # a set: the check stays linear in the processes
     for i, p in enumerate(msg.processes):
@@ -406,6 +410,7 @@ def report_from_pb(
         ),
         evidence_age_s=age_s,
         evidence_age_unknown=msg.evidence_age_unknown,
+        nonce_held_s=held_s,
         collected_at=None,  # the agent's own clock reading: never on the wire
     )
 

@@ -445,7 +445,7 @@ class FileDisagreement(_message.Message):
     def __init__(self, path: _Optional[str] = ..., sha256_in_process: _Optional[str] = ..., sha256_agent: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class TargetReport(_message.Message):
-    __slots__ = ("agent_id", "target", "seq", "nonce", "sent_unix", "processes", "gone", "collected_unix", "containers", "unobservable", "spans", "request_ids", "mixed_roots", "evidence_age_s", "evidence_age_unknown")
+    __slots__ = ("agent_id", "target", "seq", "nonce", "sent_unix", "processes", "gone", "collected_unix", "containers", "unobservable", "spans", "request_ids", "mixed_roots", "evidence_age_s", "evidence_age_unknown", "nonce_held_s")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -461,6 +461,7 @@ class TargetReport(_message.Message):
     MIXED_ROOTS_FIELD_NUMBER: _ClassVar[int]
     EVIDENCE_AGE_S_FIELD_NUMBER: _ClassVar[int]
     EVIDENCE_AGE_UNKNOWN_FIELD_NUMBER: _ClassVar[int]
+    NONCE_HELD_S_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     target: str
     seq: int
@@ -476,7 +477,8 @@ class TargetReport(_message.Message):
     mixed_roots: _containers.RepeatedCompositeFieldContainer[ProcessKey]
     evidence_age_s: float
     evidence_age_unknown: bool
-    def __init__(self, agent_id: _Optional[str] = ..., target: _Optional[str] = ..., seq: _Optional[int] = ..., nonce: _Optional[str] = ..., sent_unix: _Optional[float] = ..., processes: _Optional[_Iterable[_Union[ProcessReport, _Mapping]]] = ..., gone: _Optional[_Iterable[_Union[ProcessKey, _Mapping]]] = ..., collected_unix: _Optional[float] = ..., containers: _Optional[_Iterable[_Union[ContainerInfo, _Mapping]]] = ..., unobservable: _Optional[_Iterable[str]] = ..., spans: _Optional[_Iterable[_Union[RequestSpan, _Mapping]]] = ..., request_ids: _Optional[_Iterable[_Union[RequestId, _Mapping]]] = ..., mixed_roots: _Optional[_Iterable[_Union[ProcessKey, _Mapping]]] = ..., evidence_age_s: _Optional[float] = ..., evidence_age_unknown: _Optional[bool] = ...) -> None: ...
+    nonce_held_s: float
+    def __init__(self, agent_id: _Optional[str] = ..., target: _Optional[str] = ..., seq: _Optional[int] = ..., nonce: _Optional[str] = ..., sent_unix: _Optional[float] = ..., processes: _Optional[_Iterable[_Union[ProcessReport, _Mapping]]] = ..., gone: _Optional[_Iterable[_Union[ProcessKey, _Mapping]]] = ..., collected_unix: _Optional[float] = ..., containers: _Optional[_Iterable[_Union[ContainerInfo, _Mapping]]] = ..., unobservable: _Optional[_Iterable[str]] = ..., spans: _Optional[_Iterable[_Union[RequestSpan, _Mapping]]] = ..., request_ids: _Optional[_Iterable[_Union[RequestId, _Mapping]]] = ..., mixed_roots: _Optional[_Iterable[_Union[ProcessKey, _Mapping]]] = ..., evidence_age_s: _Optional[float] = ..., evidence_age_unknown: _Optional[bool] = ..., nonce_held_s: _Optional[float] = ...) -> None: ...
 
 class RequestSpan(_message.Message):
     __slots__ = ("process", "internal_id", "first_step", "last_step", "steps", "tokens", "first_unix", "last_unix", "manifest_first", "manifest_last", "runner", "hooks", "finished", "spec")
