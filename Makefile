@@ -37,6 +37,7 @@ bench: setup      ## benchmarks; results belong in BENCHMARKS.md
 	$(PY) bench/hook_fire.py
 	$(PY) bench/bindings_record.py
 	$(PY) bench/identity_cost.py
+	$(PY) bench/import_check.py
 	$(PY) bench/step_cost.py
 	$(PY) bench/server_throughput.py
 	$(PY) bench/server_throughput.py --speculative

@@ -102,6 +102,7 @@ EXPECT: dict[str, tuple[str, ...]] = {
         r"cross-check: [+-]\d+\.\d+ ms per call",
         FLOOR,
     ),
+    "import_check.py": (r"pyc: the check adds [+-]\d+ ns per import", FLOOR),
     "index_check.py": (
         r"index_check.compare \(all\) / chain.verify \(medians\): \d+\.\d+",
         r"check_processes \(1 target\) / chain.verify \(medians\): \d+\.\d+",

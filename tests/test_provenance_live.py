@@ -59,7 +59,15 @@ SITE = SITE / "site-packages"
 # What an honest vLLM process runs through custom loaders (a warning, never an error): torch
 # generates a module from a template in its own pristine file, setuptools' distutils shim
 # returns its own copy (docs/threat-model.md).
-HONEST_CUSTOM_LOADERS = {"_remote_module_non_scriptable", "distutils", "setuptools._distutils"}
+# torch's _StringLoader, setuptools' distutils shim, and vLLM's env_override, which sets its
+# own exec_module on torch._inductor.pattern_matcher's SourceFileLoader instance (a pristine
+# vllm file defines it: provenance.module.custom_loader, a WARNING)
+HONEST_CUSTOM_LOADERS = {
+    "_remote_module_non_scriptable",
+    "distutils",
+    "setuptools._distutils",
+    "torch._inductor.pattern_matcher",
+}
 DECLARED = "vllm/v1/worker/gpu_model_runner.py"  # patched, and the policy declares it
 UNDECLARED = "vllm/envs.py"  # patched, and no policy declares it
 NOT_APPLIED = "vllm/v1/worker/worker_base.py"  # declared by a policy, but loaded as published

@@ -488,7 +488,15 @@ def test_zip_imported_before_the_probe_and_replaced_after(tmp_path: Path) -> Non
 
 # What an honest vLLM process runs through custom loaders (warnings, never errors): torch makes
 # a module from a template in its own pristine file, setuptools' distutils shim returns its copy.
-HONEST_CUSTOM_LOADERS = {"_remote_module_non_scriptable", "distutils", "setuptools._distutils"}
+# torch's _StringLoader, setuptools' distutils shim, and vLLM's env_override, which sets its
+# own exec_module on torch._inductor.pattern_matcher's SourceFileLoader instance (a pristine
+# vllm file defines it: provenance.module.custom_loader, a WARNING)
+HONEST_CUSTOM_LOADERS = {
+    "_remote_module_non_scriptable",
+    "distutils",
+    "setuptools._distutils",
+    "torch._inductor.pattern_matcher",
+}
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "policies"
 
 

@@ -43,7 +43,17 @@ from importlib.machinery import ExtensionFileLoader, SourceFileLoader
 from types import CodeType
 from typing import Any
 
-from servewitness_probe import _code, _core, _device, _files, _loaders, _postimport, _startup, _zips
+from servewitness_probe import (
+    _code,
+    _core,
+    _device,
+    _files,
+    _integrity,
+    _loaders,
+    _postimport,
+    _startup,
+    _zips,
+)
 
 SWEEP_INTERVAL_S = 1.0
 
@@ -153,6 +163,9 @@ def install() -> None:
         data: bytes = orig_get_data(self, path)
         try:
             _on_read(getattr(self, "name", None), getattr(self, "path", None), path, data)
+            # what compiles these bytes, as they leave: a change made while they were read
+            # (an audit hook on the open, undone by the patch itself) is in place now
+            _integrity.intact()
         except Exception as e:  # noqa: BLE001 - a probe never raises into an import
             _core.report_error("imports", f"get_data({path!r}): {type(e).__name__}: {e}")
         return data
@@ -276,6 +289,7 @@ def sweep() -> None:
     _startup.scan_pth(st)
     _sweep_modules(st)
     _code.recheck()  # what runs the watched methods: journaled again if it changed
+    _integrity.changed()  # the import system itself (``_integrity``)
 
 
 def _sweep_modules(st: Any) -> None:

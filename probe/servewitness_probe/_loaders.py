@@ -49,7 +49,7 @@ from importlib.machinery import (
 )
 from typing import Any
 
-from servewitness_probe import _core, _files
+from servewitness_probe import _core, _files, _integrity, _postimport
 
 # Loaders whose bytes the probe records, or that run no bytes of a file.
 _READERS: tuple[type, ...] = (
@@ -59,6 +59,8 @@ _READERS: tuple[type, ...] = (
     zipimport.zipimporter,
 )
 _NO_FILE: tuple[Any, ...] = (BuiltinImporter, FrozenImporter, NamespaceLoader)
+# Readers whose every import reads its bytes through the wrapped ``get_data``.
+_FILE_READERS = frozenset({SourceFileLoader, SourcelessFileLoader})
 # The methods that make or run a module's code (get_data: the one the probe wraps).
 _CODE_PATH = (
     "exec_module",
@@ -100,7 +102,25 @@ def is_custom(loader: Any) -> bool:
         except Exception:  # noqa: BLE001 - a hostile class: custom
             custom = True
         _custom_types[t] = custom
-    return custom
+    if custom:
+        return True
+    # A reader's own instance with a method on the code path set on it (``loader.get_data =
+    # ...``) runs that instead of its class's, as an overriding subclass would: custom too,
+    # unless it is the probe's own post-import wrapper (``_postimport``).
+    return _instance_override(loader) is not None
+
+
+def _instance_override(loader: Any) -> Any:
+    """The function set on LOADER itself for a method on the code path (not the probe's own
+    post-import wrapper), or None."""
+    own = getattr(loader, "__dict__", None)
+    if not isinstance(own, dict):
+        return None
+    for m in _CODE_PATH:
+        fn = own.get(m)
+        if fn is not None and fn not in _postimport.WRAPPERS:
+            return fn
+    return None
 
 
 def _defining_file(cls: type) -> str | None:
@@ -135,12 +155,13 @@ def _source(loader: Any, name: str) -> tuple[str, int] | None:
     return hashlib.sha256(data).hexdigest(), len(data)
 
 
-def record(st: Any, name: str, module: Any, spec: Any, at: str) -> None:
-    """Journal module NAME (MODULE, SPEC) if a custom loader executed it (once per name)."""
+def record(st: Any, name: str, module: Any, spec: Any, at: str, *, custom: bool = False) -> None:
+    """Journal module NAME (MODULE, SPEC) if a custom loader executed it (once per name);
+    CUSTOM: it was seen custom as it was imported (whatever its loader looks like now)."""
     if name in _done:
         return
     loader = getattr(spec, "loader", None)
-    if not is_custom(loader):
+    if not (custom or is_custom(loader)):
         return
     _done.add(name)
     cls = loader if isinstance(loader, type) else type(loader)
@@ -149,13 +170,21 @@ def record(st: Any, name: str, module: Any, spec: Any, at: str) -> None:
     except TypeError:
         file = None
     src = _source(loader, name)
+    what = f"{getattr(cls, '__module__', '?')}.{getattr(cls, '__qualname__', '?')}"
+    defined_in = _defining_file(cls)
+    override = None if isinstance(loader, type) else _instance_override(loader)
+    if override is not None:  # judged by where that function was compiled, not the class
+        code = getattr(getattr(override, "__func__", override), "__code__", None)
+        named = getattr(override, "__qualname__", "?")
+        what = f"{what} with {named} set on the instance"
+        defined_in = getattr(code, "co_filename", None)
     st.remember(
         {
             "k": "unfiled",
             "how": "loader",
             "module": name,
-            "loader": f"{getattr(cls, '__module__', '?')}.{getattr(cls, '__qualname__', '?')}",
-            "loader_file": _defining_file(cls),
+            "loader": what,
+            "loader_file": defined_in if isinstance(defined_in, str) else None,
             "file": file if isinstance(file, str) else None,
             "source_sha256": src[0] if src else None,
             "source_size": src[1] if src else None,
@@ -221,9 +250,20 @@ def install() -> None:
         return
 
     def _load_unlocked(spec: Any) -> Any:
+        try:
+            # custom as it begins: a loader that makes itself look like a reader while it
+            # runs (its own method deleted, its __class__ or the spec's loader swapped) was not
+            custom = is_custom(spec.loader)
+            if custom or type(spec.loader) not in _FILE_READERS:
+                # a change that makes this import is in place as it begins (a file reader's
+                # import is checked as its bytes leave ``get_data``: ``_imports``)
+                _integrity.intact()
+        except Exception as e:  # noqa: BLE001 - a probe never raises into an import
+            _core.report_error("imports", f"integrity: {type(e).__name__}: {e}")
+            custom = True
         module = orig(spec)
         try:
-            if is_custom(spec.loader):
+            if custom or is_custom(spec.loader):
                 _pending.append((spec.name, module, spec))
         except Exception as e:  # noqa: BLE001 - a probe never raises into an import
             _core.report_error("loaders", f"{type(e).__name__}: {e}")
@@ -237,4 +277,4 @@ def sweep(st: Any) -> None:
     """Journal the modules custom loaders executed since the last sweep (import statements)."""
     while _pending:
         name, module, spec = _pending.pop(0)
-        record(st, name, module, spec, "load")
+        record(st, name, module, spec, "load", custom=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from servewitness_probe import _core, _hooks, _imports, _loaders, _startup, _vllm, _zips
+from servewitness_probe import _core, _hooks, _imports, _integrity, _loaders, _startup, _vllm, _zips
 from servewitness_probe import layout as L
 
 _started_pid = 0
@@ -30,6 +30,7 @@ def start(mode: str = "api") -> bool:
         _zips.install()
         _loaders.install()
         _startup.install()
+        _integrity.take(watch_hooks=mode == "early")  # the import system, wrappers and all
         _startup.record_main(early=mode == "early")
         _imports.start_sweeper()
         _core.on_fork(_imports.start_sweeper)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from importlib.machinery import ModuleSpec
 from types import ModuleType
@@ -79,6 +80,7 @@ class _Finder:
 
             try:
                 loader.exec_module = exec_module
+                WRAPPERS.add(exec_module)
             except (AttributeError, TypeError):
                 _report("postimport", f"cannot watch {fullname}: loader {type(loader).__name__}")
             return spec
@@ -87,6 +89,9 @@ class _Finder:
 
 
 _finder = _Finder()
+# The exec_module wrappers set on loader instances above: the probe's own, which a loader
+# may carry without being custom (``_loaders.is_custom``); held weakly, by identity.
+WRAPPERS: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def install(error_sink: ErrorSink) -> None:
