@@ -31,6 +31,20 @@ def interleaved_ns(
     return {k: summary(v) for k, v in results.items()}
 
 
+def interleaved(
+    arms: Mapping[str, Callable[[], float]], rounds: int
+) -> dict[str, dict[str, float]]:
+    """Each arm run once to warm (the page cache, directory caches), then every arm in turn
+    in each of ROUNDS rounds: the summary of what each returned (its own measure)."""
+    for fn in arms.values():
+        fn()
+    results: dict[str, list[float]] = {k: [] for k in arms}
+    for _ in range(rounds):
+        for name, fn in arms.items():
+            results[name].append(fn())
+    return {k: summary(v) for k, v in results.items()}
+
+
 def print_rows(stats: dict[str, dict[str, float]], fmt: str = "7.1f") -> None:
     """One line per arm: median, min, max and the noise floor (spread); ``parse_rows`` reads
     them back."""

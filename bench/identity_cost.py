@@ -26,9 +26,7 @@ ms per call.
 
 from __future__ import annotations
 
-import importlib
 import os
-import py_compile
 import subprocess
 import sys
 import tempfile
@@ -38,39 +36,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _smoke
-from _stats import print_rows, summary
+from _imports import import_all, modules
+from _stats import interleaved, print_rows, summary
 
 N = 200  # modules per round
 ROUNDS = 31
 AGENT_ROUNDS = 21
-BODY = "".join(f"def f{i}(x):\n    return x * {i} + len(str(x))\n\n" for i in range(40))
-
-
-def _modules(root: Path, name: str, compiled: bool) -> list[str]:
-    d = root / name
-    d.mkdir()
-    names = []
-    for i in range(N):
-        mod = f"{name}_{i}"
-        (d / f"{mod}.py").write_text(BODY)
-        if compiled:
-            py_compile.compile(str(d / f"{mod}.py"), doraise=True)
-        names.append(mod)
-    sys.path.insert(0, str(d))
-    return names
-
-
-def _import_all(names: list[str]) -> Callable[[], float]:
-    def run() -> float:
-        for n in names:
-            sys.modules.pop(n, None)
-        importlib.invalidate_caches()
-        t0 = time.perf_counter_ns()
-        for n in names:
-            importlib.import_module(n)
-        return (time.perf_counter_ns() - t0) / len(names)
-
-    return run
 
 
 def probe_arms(tmp: Path) -> None:
@@ -81,8 +52,8 @@ def probe_arms(tmp: Path) -> None:
     _core.state("bench")
     _imports.install()  # the wrapped loader; no sweeper thread (no concurrent hashing)
     real_stat = _files.identity
-    pyc = _modules(tmp, "pycmod", compiled=True)
-    src = _modules(tmp, "srcmod", compiled=False)
+    pyc = modules(tmp, "pycmod", True, N)
+    src = modules(tmp, "srcmod", False, N)
     one = str(tmp / "srcmod" / "srcmod_0.py")
 
     def without(run: Callable[[], float]) -> Callable[[], float]:
@@ -110,21 +81,15 @@ def probe_arms(tmp: Path) -> None:
         return (time.perf_counter_ns() - t0) / N
 
     arms: dict[str, Callable[[], float]] = {
-        "pyc, no identity": without(_import_all(pyc)),
-        "pyc, identity": _import_all(pyc),
-        "source, no identity": without(_import_all(src)),
-        "source, identity": _import_all(src),
+        "pyc, no identity": without(import_all(pyc)),
+        "pyc, identity": import_all(pyc),
+        "source, no identity": without(import_all(src)),
+        "source, identity": import_all(src),
         "record, no identity": without(record_ns),
         "record, identity": record_ns,
         "stat": stat_ns,
     }
-    for arm in arms.values():
-        arm()  # warm: the page cache, the finders' directory caches
-    results: dict[str, list[float]] = {k: [] for k in arms}
-    for _ in range(ROUNDS):
-        for name, arm in arms.items():
-            results[name].append(arm())
-    s = {k: summary(v) for k, v in results.items()}
+    s = interleaved(arms, ROUNDS)
     print(f"probe: {ROUNDS} interleaved rounds x {N} imports, ns per import")
     print_rows(s)
     for kind in ("pyc", "source", "record"):

@@ -17,9 +17,7 @@ the arms (the noise floor). A vLLM process imports about 5,000 modules at start.
 
 from __future__ import annotations
 
-import importlib
 import os
-import py_compile
 import sys
 import tempfile
 import time
@@ -28,38 +26,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _smoke
-from _stats import print_rows, summary
+from _imports import import_all, modules
+from _stats import interleaved, print_rows
 
 N = 200  # modules per round
 ROUNDS = 31
-BODY = "".join(f"def f{i}(x):\n    return x * {i} + len(str(x))\n\n" for i in range(40))
-
-
-def _modules(root: Path, name: str, compiled: bool) -> list[str]:
-    d = root / name
-    d.mkdir()
-    names = []
-    for i in range(N):
-        mod = f"{name}_{i}"
-        (d / f"{mod}.py").write_text(BODY)
-        if compiled:
-            py_compile.compile(str(d / f"{mod}.py"), doraise=True)
-        names.append(mod)
-    sys.path.insert(0, str(d))
-    return names
-
-
-def _import_all(names: list[str]) -> Callable[[], float]:
-    def run() -> float:
-        for n in names:
-            sys.modules.pop(n, None)
-        importlib.invalidate_caches()
-        t0 = time.perf_counter_ns()
-        for n in names:
-            importlib.import_module(n)
-        return (time.perf_counter_ns() - t0) / len(names)
-
-    return run
 
 
 def main() -> None:
@@ -74,8 +45,8 @@ def main() -> None:
         _loaders.install()
         _integrity.take()
         real = _integrity.intact
-        pyc = _modules(tmp, "pycmod", compiled=True)
-        src = _modules(tmp, "srcmod", compiled=False)
+        pyc = modules(tmp, "pycmod", True, N)
+        src = modules(tmp, "srcmod", False, N)
 
         def without(run: Callable[[], float]) -> Callable[[], float]:
             def arm() -> float:
@@ -95,19 +66,13 @@ def main() -> None:
 
         assert real(), "the import system changed under the bench: its numbers would be wrong"
         arms: dict[str, Callable[[], float]] = {
-            "pyc, no check": without(_import_all(pyc)),
-            "pyc, check": _import_all(pyc),
-            "source, no check": without(_import_all(src)),
-            "source, check": _import_all(src),
+            "pyc, no check": without(import_all(pyc)),
+            "pyc, check": import_all(pyc),
+            "source, no check": without(import_all(src)),
+            "source, check": import_all(src),
             "check alone": alone,
         }
-        for arm in arms.values():
-            arm()  # warm: the page cache, the finders' directory caches
-        results: dict[str, list[float]] = {k: [] for k in arms}
-        for _ in range(ROUNDS):
-            for name, arm in arms.items():
-                results[name].append(arm())
-        s = {k: summary(v) for k, v in results.items()}
+        s = interleaved(arms, ROUNDS)
         watched = f"{len(_integrity._refs)} names, {len(_integrity._funcs)} functions watched"
         print(f"{ROUNDS} interleaved rounds x {N} imports, ns per import ({watched})")
         print_rows(s)

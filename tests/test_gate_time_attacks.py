@@ -24,10 +24,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent import futures
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, overload
 
 import grpc
 import pytest
@@ -84,12 +84,12 @@ def moved(p: ProcessReport, pid: int, ticks: int) -> ProcessReport:
     return dataclasses.replace(p, key=ProcessKey(p.key.boot_id, pid, ticks), ns_pid=pid)
 
 
-def lab_pki(d: Path) -> None:
+def lab_pki(d: Path, targets: Iterable[str] = RUNS) -> None:
     d.mkdir()
     certs.init_ca(d)
     certs.issue(d, "verifier", dns=["localhost"], ips=["127.0.0.1"])
     certs.issue(d, "ci", roles=["harness"])
-    for t in RUNS:
+    for t in targets:
         certs.issue(d, f"agent-{t}", targets=[t])
 
 
@@ -101,6 +101,7 @@ class Lab:
     addr: str
     proc: subprocess.Popen[bytes] | None = None
     seqs: dict[str, int] = dataclasses.field(default_factory=dict)
+    runs: tuple[str, ...] = tuple(RUNS)  # its targets, each with its run r-<t>
 
     @property
     def pki(self) -> Path:
@@ -115,7 +116,7 @@ class Lab:
         (``tests/skewed_clock.py``: a host whose clock was stepped)."""
         log = self.dir / "serve.log"
         before = log.read_text() if log.exists() else ""
-        runs = [f"--run=r-{t}={self.dir / f'{t}.toml'}" for t in RUNS]
+        runs = [f"--run=r-{t}={self.dir / f'{t}.toml'}" for t in self.runs]
         args = [
             "serve", "--listen", self.addr, "--db", str(self.db), "--report-interval", "0.2",
             "--tls-cert", str(self.pki / "verifier.pem"),
@@ -207,12 +208,20 @@ class Lab:
         return verifier_cli("audit", "verify-seal", str(path), "--key", str(self.dir / SEAL_KEY))
 
 
-def make_lab(d: Path) -> Lab:
+LabT = TypeVar("LabT", bound="Lab")
+
+
+@overload
+def make_lab(d: Path, runs: Mapping[str, str] = ...) -> Lab: ...
+@overload
+def make_lab(d: Path, runs: Mapping[str, str], lab: type[LabT]) -> LabT: ...
+def make_lab(d: Path, runs: Mapping[str, str] = RUNS, lab: type[Lab] = Lab) -> Lab:
+    """A LAB in D (not started) whose runs are RUNS (target -> policy)."""
     d.mkdir(parents=True, exist_ok=True)
-    lab_pki(d / "pki")
-    for t, body in RUNS.items():
+    lab_pki(d / "pki", runs)
+    for t, body in runs.items():
         (d / f"{t}.toml").write_text(named(body, t))
-    return Lab(d, f"127.0.0.1:{free_port()}")
+    return lab(d, f"127.0.0.1:{free_port()}", runs=tuple(runs))
 
 
 @contextlib.contextmanager

@@ -225,6 +225,35 @@ INSTANCE_OVERRIDES = {
 }
 
 
+def served_by(tmp: Path, loader_lines: str) -> ProcessReport:
+    """The agent's report of a probed interpreter whose ``sitecustomize`` (the attacker's) puts
+    a meta-path finder first that answers ``fakedist.core`` with a spec whose loader
+    LOADER_LINES make as ``ld`` (given ``name``, the published ``path`` and ``EVIL``), once the
+    import ran the attacker's code (asserted)."""
+    body = "\n".join(" " * 16 + ln for ln in textwrap.dedent(loader_lines).splitlines())
+    sitecustomize = f"""\
+        import importlib.machinery, importlib.util, os, sys
+        EVIL = {EVIL!r}
+
+        class Finder:
+            def find_spec(self, name, p=None, t=None):
+                if name != "fakedist.core":
+                    return None
+                import fakedist
+                path = os.path.join(os.path.dirname(fakedist.__file__), "core.py")
+{body}
+                return importlib.util.spec_from_file_location(name, path, loader=ld)
+
+        sys.meta_path.insert(0, Finder())
+        """
+    site = tmp / "site"
+    install(site)
+    result, report = _run(tmp, site, sitecustomize,
+                          "importlib.import_module('fakedist.core').VALUE")  # fmt: skip
+    assert result == repr("evil!!!!!")  # the attacker's code is what ran
+    return report
+
+
 @pytest.mark.parametrize("method", sorted(INSTANCE_OVERRIDES))
 def test_a_plain_file_loader_instance_running_other_code_is_unfiled(
     tmp_path: Path, method: str
@@ -241,27 +270,8 @@ def test_a_plain_file_loader_instance_running_other_code_is_unfiled(
     ``provenance.file.hashed_after`` and ``provenance.origins`` (INFO).
     Sound: the module is ``provenance.module.unfiled`` (a loader whose code path is not the
     wrapped reader's), FAIL -- as for a SourceFileLoader subclass overriding that method."""
-    sitecustomize = f"""\
-        import importlib.machinery, importlib.util, os, sys
-        EVIL = {EVIL!r}
-
-        class Finder:
-            def find_spec(self, name, p=None, t=None):
-                if name != "fakedist.core":
-                    return None
-                import fakedist
-                path = os.path.join(os.path.dirname(fakedist.__file__), "core.py")
-                ld = importlib.machinery.SourceFileLoader(name, path)
-                {INSTANCE_OVERRIDES[method]}
-                return importlib.util.spec_from_file_location(name, path, loader=ld)
-
-        sys.meta_path.insert(0, Finder())
-        """
-    site = tmp_path / "site"
-    install(site)
-    result, report = _run(tmp_path, site, sitecustomize,
-                          "importlib.import_module('fakedist.core').VALUE")  # fmt: skip
-    assert result == repr("evil!!!!!")
+    ld = "ld = importlib.machinery.SourceFileLoader(name, path)\n" + INSTANCE_OVERRIDES[method]
+    report = served_by(tmp_path, ld)
     verdict, found = judged(report)
     ids = {fid for fid, _, _ in found}
     assert "provenance.module.unfiled" in ids and verdict == Verdict.FAIL, (

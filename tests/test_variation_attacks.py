@@ -18,9 +18,10 @@ Each test asserts the sound outcome; its docstring says what the attack got befo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,7 @@ from servewitness.server.db import open_database
 from servewitness.server.evaluate import Evaluator
 from servewitness.server.store import Store, StoredReport
 from tests.test_bytecode_attacks import install, judged
-from tests.test_import_system_attacks import EVIL, _findings, _run
+from tests.test_import_system_attacks import EVIL, _findings, _run, served_by
 
 KEY = vouch.receipt_key(Ed25519PrivateKey.generate())
 EMPTY = manifest_digest(())
@@ -55,6 +56,21 @@ def _save(store: Store, agent: str, target: str, seq: int, pid: int) -> None:
     row = vouch.row_digest(*report_rows.identity(rep))
     receipt = follow.receipt_json(f"agent {agent}", 0.0, 0.0, key=KEY, row=row)
     assert store.save_report(dataclasses.replace(rep, receipt=receipt), {})
+
+
+@contextlib.contextmanager
+def following(db: str) -> Iterator[tuple[Evaluator, follow.Follower, Store]]:
+    """A verifier holding KEY following DB from now (its evaluator and follower), and the
+    store another verifier on DB writes with."""
+    here, there = Store(db), Store(db)
+    try:
+        ev = Evaluator(here)
+        follower = follow.Follower(here, ev, receipt_key=KEY)
+        follower.poll()
+        yield ev, follower, there
+    finally:
+        here.close()
+        there.close()
 
 
 def _sql(db_path: str, sql: str, args: tuple[object, ...] = ()) -> None:
@@ -87,11 +103,7 @@ def test_a_genuine_older_report_moved_to_a_later_rowid_never_replaces_the_newest
     Sound: a followed report older (lower seq of the same agent) than the one held is never
     taken as the target's latest evidence."""
     db = str(tmp_path / "db.sqlite3")
-    here, there = Store(db), Store(db)
-    try:
-        ev = Evaluator(here)
-        follower = follow.Follower(here, ev, receipt_key=KEY)
-        follower.poll()
+    with following(db) as (ev, follower, there):
         _save(there, "agent-t", "t", 1, pid=10)
         _save(there, "agent-t", "t", 2, pid=11)
         follower.poll()
@@ -110,9 +122,6 @@ def test_a_genuine_older_report_moved_to_a_later_rowid_never_replaces_the_newest
             f"{clock.boot_s() - (t.snapshot.evidence_boot_s or 0.0):.2f} s"
         )
         assert t.seq == 2, got
-    finally:
-        here.close()
-        there.close()
 
 
 # -- 2b. a target_events row makes every verifier forget a target it hears from ----------------
@@ -135,11 +144,7 @@ def test_a_forget_written_into_the_store_never_retires_a_target(
     Sound: a retirement no verifier vouched for (or at least with no ledger entry) is not
     applied; 'bad' stays tracked."""
     db = str(tmp_path / "db.sqlite3")
-    here, there = Store(db), Store(db)
-    try:
-        ev = Evaluator(here)
-        follower = follow.Follower(here, ev, receipt_key=KEY)
-        follower.poll()
+    with following(db) as (ev, follower, there):
         _save(there, "agent-bad", "bad", 1, pid=10)
         _save(there, "agent-good", "good", 1, pid=20)
         follower.poll()
@@ -162,9 +167,6 @@ def test_a_forget_written_into_the_store_never_retires_a_target(
         follower.poll()
         got = sorted(t.snapshot.target for t in ev.targets())
         assert "bad" in got, f"tracked after the inserted row: {got}"
-    finally:
-        here.close()
-        there.close()
 
 
 # -- 3. a custom loader that looks like a reader again once the import is done -----------------
@@ -215,27 +217,7 @@ def test_a_custom_loader_disguised_as_a_reader_after_it_ran_is_unfiled(
     Gets: ``'evil!!!!!'`` runs; no unfiled record; the sweeper hashes the published core.py
     (``late``) and ``pristine = ["fakedist"]`` PASSes.
     Sound: ``provenance.module.unfiled`` (FAIL): the loader that ran the module was custom."""
-    body = "\n".join("                " + ln for ln in textwrap.dedent(DISGUISES[how]).splitlines())
-    sitecustomize = f"""\
-        import importlib.machinery, importlib.util, os, sys
-        EVIL = {EVIL!r}
-
-        class Finder:
-            def find_spec(self, name, p=None, t=None):
-                if name != "fakedist.core":
-                    return None
-                import fakedist
-                path = os.path.join(os.path.dirname(fakedist.__file__), "core.py")
-{body}
-                return importlib.util.spec_from_file_location(name, path, loader=ld)
-
-        sys.meta_path.insert(0, Finder())
-        """
-    site = tmp_path / "site"
-    install(site)
-    result, report = _run(tmp_path, site, sitecustomize,
-                          "importlib.import_module('fakedist.core').VALUE")  # fmt: skip
-    assert result == repr("evil!!!!!")  # the attacker's code is what ran
+    report = served_by(tmp_path, DISGUISES[how])
     verdict, found = judged(report)
     ids = {fid for fid, _, _ in found}
     assert "provenance.module.unfiled" in ids or verdict == Verdict.FAIL, (
