@@ -255,9 +255,9 @@ def test_an_expiry_the_store_refused_is_not_applied_and_is_tried_again(
         ev, store = server.service.evaluator, server.store
         retire, failed = store.retire_target, []
 
-        def watched(*args: Any) -> Any:  # the real retire_target, its failures counted
+        def watched(*args: Any, **kwargs: Any) -> Any:  # the real one, its failures counted
             try:
-                return retire(*args)
+                return retire(*args, **kwargs)
             except WriterLockTimeout:
                 failed.append(args)
                 raise
