@@ -124,6 +124,19 @@ IMPORT_SYSTEM_PATCHES = {
         """,
         False,
     ),
+    # A name added to the module: its own ``compile`` shadows the builtin that source_to_code
+    # calls (found while fixing the others: the fingerprint watched the names it had seen)
+    "shadowing_compile": (
+        """\
+        import builtins, importlib._bootstrap_external as be
+        def compile(source, filename, *args, **kwargs):
+            if str(filename).endswith("fakedist/core.py"):
+                source = "VALUE = 'evil!!!!!'\\n"
+            return builtins.compile(source, filename, *args, **kwargs)
+        be.compile = compile
+        """,
+        True,
+    ),
     # The same through the module's own reference to marshal.
     "marshal_loads": (
         """\

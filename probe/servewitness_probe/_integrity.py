@@ -13,17 +13,19 @@ So the probe takes a fingerprint of the import system once its own wrappers are 
 every callable, class and module in the namespaces of the frozen import modules
 (``importlib._bootstrap``, ``importlib._bootstrap_external``, ``zipimport``), every function of
 their classes with its code, the functions of ``marshal`` and ``_imp``, ``_io.open_code`` and
-the builtins they call (``compile``, ``exec``, ``eval``, ``__import__``). Each import compares
-it as it begins (the ``_load_unlocked`` wrapper: a patch that changes an import is in place
-when the import begins, whatever it does after), and each sweep compares it and the rest of
-each function (its globals, defaults and closure). A difference is a probe error in the
-``imports`` area naming what changed, once per name: judged under any provenance rule, so
-never a PASS (``servewitness/policy/probe_errors.py``).
+the builtins they call (``compile``, ``exec``, ``eval``, ``__import__``), and every name in
+those namespaces (a name added, ``compile`` set on ``importlib._bootstrap_external``, shadows
+the builtin there). Each import compares the names (as a file reader's bytes leave
+``get_data``, and as any other import begins, in the ``_load_unlocked`` wrapper), and each
+sweep compares everything, each function's code, globals, defaults and closure too. A
+difference is a probe error in the ``imports`` area naming what changed, once per name:
+judged under any provenance rule, so never a PASS (``servewitness/policy/probe_errors.py``).
 
 What it cannot see: a change made before the probe took its fingerprint (the probe started as
-vLLM's plugin starts after sitecustomize and ``.pth`` files ran: use the early probe); a patch
-made and undone by another thread between two imports; code that edits the probe's own
-fingerprint (the process's memory is its own: docs/threat-model.md).
+vLLM's plugin starts after sitecustomize and ``.pth`` files ran: use the early probe); a
+function's ``__code__`` swapped and swapped back within one import (compared by the sweeper
+only); a patch made and undone by another thread between two imports; code that edits the
+probe's own fingerprint (the process's memory is its own: docs/threat-model.md).
 """
 
 from __future__ import annotations
@@ -48,6 +50,10 @@ _funcs: list[tuple[types.FunctionType, str]] = []  # every watched function, its
 _codes: list[Any] = []
 _rest: list[Any] = []  # each function's globals, defaults and closure, as at the fingerprint
 _bases: list[tuple[type, tuple[type, ...]]] = []
+# namespaces whose every key is watched, with their keys at the fingerprint: a name added to
+# one (``compile`` set on ``importlib._bootstrap_external`` shadows the builtin there; a
+# ``get_code`` set on ``SourceFileLoader`` overrides its base's) is a change too
+_spaces: list[tuple[Any, str, frozenset[str]]] = []
 _said: set[str] = set()
 _taken = False
 
@@ -127,6 +133,7 @@ def take(watch_hooks: bool = False) -> None:
     for modname in _BUILTIN_MODULES:
         mod = sys.modules.get(modname)
         if mod is not None:
+            _space(vars(mod), modname)
             for key, value in list(vars(mod).items()):
                 if callable(value):
                     _watch(vars(mod), key, f"{modname}.{key}")
@@ -135,11 +142,17 @@ def take(watch_hooks: bool = False) -> None:
         _watch(vars(io), "open_code", "_io.open_code")
     for key in _BUILTINS:
         _watch(vars(builtins), key, f"builtins.{key}")
+    _group()
+
+
+def _space(ns: Any, name: str) -> None:
+    _spaces.append((ns, name, frozenset(ns)))
 
 
 def _watch_import_module(mod: types.ModuleType, modname: str) -> None:
     """Every callable, class and module in MOD's namespace, and its classes' functions."""
     ns = vars(mod)
+    _space(ns, modname)
     _watch(ns, "__builtins__", f"{modname}.__builtins__")
     for key, value in list(ns.items()):
         if not (callable(value) or isinstance(value, types.ModuleType)):
@@ -147,17 +160,28 @@ def _watch_import_module(mod: types.ModuleType, modname: str) -> None:
         _watch(ns, key, f"{modname}.{key}")
         if isinstance(value, type) and value.__module__ in _NAMES:
             _bases.append((value, value.__bases__))
+            _space(vars(value), f"{modname}.{key}")
             for attr, member in list(vars(value).items()):
                 if _function(member) is not None:
                     _watch(vars(value), attr, f"{modname}.{key}.{attr}")
 
 
+def _group() -> None:
+    """The sizes ``intact`` compares: each whole namespace's count of names."""
+    _sizes[:] = [(ns, len(keys)) for ns, _, keys in _spaces]
+
+
+_sizes: list[tuple[Any, int]] = []
+
+
 def intact() -> bool:
-    """Whether every watched name and function code is as fingerprinted (fast: on every
-    import, a few tens of microseconds); a difference is reported (``changed``)."""
-    if [ns.get(k, _MISSING) for ns, k, _ in _refs] == _expected and [
-        f.__code__ for f, _ in _funcs
-    ] == _codes:
+    """Whether every watched name is as fingerprinted and no name was added (on every import,
+    ~20 microseconds); a difference is reported (``changed``). A function's code is compared
+    by the sweeper's full look only: reading ``__code__`` raises an audit event, which the
+    early probe's own audit hook makes cost ~0.2 microseconds each."""
+    if [ns.get(k, _MISSING) for ns, k, _ in _refs] == _expected and all(
+        len(ns) == n for ns, n in _sizes
+    ):
         return True
     changed()
     return False
@@ -175,6 +199,8 @@ def changed() -> list[str]:
         if f.__code__ is not code or not _same(_state(f), rest):
             now.append(name)
     now += [f"{c.__module__}.{c.__qualname__}.__bases__" for c, b in _bases if c.__bases__ != b]
+    for ns, name, keys in _spaces:
+        now += [f"{name}.{k} (added)" for k in sorted(set(ns) - keys)]
     for name in now:
         if name not in _said:
             _said.add(name)
