@@ -423,7 +423,7 @@ DRIFT_CODE_UNVERIFIED = "provenance.code.unverified"
 # that changed after the process started: the bytes recorded may not be the bytes that run
 DRIFT_CHANGED_AFTER_START = "provenance.file.changed_after_start"
 # the same for a file under the process's compile caches or temporary directories that no RECORD
-# row claims (``origins.GeneratedFiles``): written there by the process itself, as a rule, so
+# row claims (``places.GeneratedFiles``): written there by the process itself, as a rule, so
 # not an error; said (INFO), since the process names those directories, and a ``[[files]]``
 # pin on such a file cannot be checked (``provenance.file.unverifiable``)
 DRIFT_CHANGED_IN_CACHE = "provenance.file.changed_in_cache"

@@ -336,7 +336,7 @@ def test_files_under_the_process_temporary_directory_are_left_out(
     written by the process itself after it started (torch inductor's generated code), and no
     RECORD pins its bytes, so its ctime is not judged: the change is said as INFO
     (``provenance.file.changed_in_cache``), not an error. It is still listed as hashed after
-    the fact, and classed ``generated``."""
+    the fact, and classed ``unknown``: the process imported it by name from the import path."""
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     victim = scratch / "victim.py"
@@ -355,7 +355,9 @@ def test_files_under_the_process_temporary_directory_are_left_out(
     assert "cache    1 files hashed after the fact changed" in text and str(victim) in text
     assert "DRIFT" not in text, text
     assert report.provenance is not None
-    assert str(victim) in {f.path for f in report.provenance.files if f.origin == "generated"}
+    # imported by name from a directory on its import path, so not a compile cache's output:
+    # unknown (``all_code_claimed`` judges it; see tests/test_code_claims.py)
+    assert str(victim) in {f.path for f in report.provenance.files if f.origin == "unknown"}
 
 
 def _site_with(site: Path, files: dict[str, bytes]) -> None:
@@ -417,15 +419,17 @@ def test_a_pinned_file_the_process_puts_under_its_temporary_directory_is_never_p
 ) -> None:
     """The variation no RECORD covers: the file is the workload's own (no distribution), the
     policy pins it with ``[[files]]``, and the process is started with ``TMPDIR=/``, so the
-    file is ``generated`` and its ctime is not judged: the snapshot attack leaves no drift.
-    The pin cannot be checked then, and says so (PENDING, never PASS)."""
+    file lies in its temporary directory and its ctime is not judged: the snapshot attack
+    leaves no drift. The pin cannot be checked then, and says so (PENDING, never PASS)."""
     c, victim = _snapshot_attack(tmp_path, children, TMPDIR="/")
     c.wait_for(victim)
     report = c.report()
     assert changed(report) == []  # generated: no error, but said
     assert [d.path for d in report.drift if d.id == DRIFT_CHANGED_IN_CACHE] == [str(victim)]
     assert report.provenance is not None
-    assert str(victim) in {f.path for f in report.provenance.files if f.origin == "generated"}
+    # imported by name from a directory on its import path, so not a compile cache's output:
+    # unknown (``all_code_claimed`` judges it; see tests/test_code_claims.py)
+    assert str(victim) in {f.path for f in report.provenance.files if f.origin == "unknown"}
     got, ids = verdict(report, pinned(victim, PUBLISHED))
     assert "provenance.file.hash_mismatch" not in ids  # the recorded hash is the published one
     assert got == Verdict.PENDING and "provenance.file.unverifiable" in ids, (got, ids)
@@ -497,7 +501,7 @@ def test_a_distribution_s_library_rewritten_in_place_under_a_named_cache_is_chan
     such a library is generated (Triton's launchers: ``same``); a distribution's is
     ``changed``. The control: an unclaimed library written beside it stays ``same``."""
     from servewitness.evidence.native import native_mappings
-    from servewitness.evidence.origins import GeneratedFiles
+    from servewitness.evidence.places import GeneratedFiles
     from tests.test_native import LIBZ
 
     if not LIBZ.exists():

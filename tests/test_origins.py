@@ -18,7 +18,8 @@ import pytest
 
 from servewitness.evidence.distindex import DistIndex
 from servewitness.evidence.judge import record_faults
-from servewitness.evidence.origins import Context, classify, generated_dirs, source_of_bytecode
+from servewitness.evidence.origins import Context, classify, source_of_bytecode
+from servewitness.evidence.places import generated_dirs
 from servewitness.model import (
     DRIFT_MODULE_SHADOWED,
     DRIFT_RECORD_UNREADABLE,

@@ -134,7 +134,7 @@ def test_compile_caches_of_a_retitled_process_come_from_the_environment_it_inher
     import shutil
     import uuid
 
-    from servewitness.evidence import origins
+    from servewitness.evidence import places
     from servewitness.evidence.hashing import Hasher
     from servewitness.evidence.judge import generated_dirs
     from servewitness.evidence.native import native_mappings
@@ -164,7 +164,7 @@ def test_compile_caches_of_a_retitled_process_come_from_the_environment_it_inher
             procfs = ProcFS()
             # The retitled block holds no environment: read as it is, $HOME's caches are unknown.
             assert "HOME" not in procfs.environ(kid)
-            assert str(cache) not in origins.generated_dirs(procfs.environ(kid))
+            assert str(cache) not in places.generated_dirs(procfs.environ(kid))
             gen = generated_dirs(procfs, kid)
             assert str(home / ".cache" / "vllm") in gen and str(cache) in gen
             assert str(top / "tmp") in gen and "/tmp" not in gen  # its TMPDIR, not the default

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servewitness.errors import UnavailableError
-from servewitness.evidence import bytecode, inputs, origins, recheck, statickey, unfiled
+from servewitness.evidence import bytecode, inputs, origins, places, recheck, statickey, unfiled
 from servewitness.evidence.distindex import DistIndex, Sites
 from servewitness.evidence.hashing import Hasher
 from servewitness.evidence.native import native_mappings
@@ -93,7 +93,7 @@ def cross_check(
     *,
     start_time: float,
     hashed_at: Mapping[str, float] | None = None,
-    generated: Sequence[str] | origins.GeneratedFiles = (),
+    generated: Sequence[str] | places.GeneratedFiles = (),
     vouched: set[tuple[str, str]] | None = None,
 ) -> tuple[list[FileDisagreement], list[Drift]]:
     """Re-hash every manifest file the probe hashed, as the process sees it. A file with other
@@ -105,7 +105,7 @@ def cross_check(
     A pyc its loader read and rejected never ran: the loader compiled the source (which is
     checked) and, where the directory is writable, replaced that pyc with a fresh one, so its
     bytes now say nothing about what runs. GENERATED: the process's compile-cache and
-    temporary directories (``origins.generated_dirs``), see ``changed_after``.
+    temporary directories (``places.generated_dirs``), see ``changed_after``.
 
     VOUCHED: what an agent that looks again and again remembers, read and added to: the
     (path, sha256) of each file hashed after the fact that it saw, itself, with the recorded
@@ -206,7 +206,7 @@ def changed_after(
     return why
 
 
-def waived(f: FileEntry, generated: Sequence[str] | origins.GeneratedFiles) -> bool:
+def waived(f: FileEntry, generated: Sequence[str] | places.GeneratedFiles) -> bool:
     """Whether a change after the start of F (``changed_after``) is no error: F lies under
     the process's compile caches and temporary directories (GENERATED) and no RECORD row
     claims it, so the process itself wrote it there after it started, as a rule (torch
@@ -217,7 +217,7 @@ def waived(f: FileEntry, generated: Sequence[str] | origins.GeneratedFiles) -> b
     return (
         bool(generated)
         and not unfiled.ran_before_hashed(f)
-        and origins.is_generated(f.path, generated)
+        and places.is_generated(f.path, generated)
     )
 
 
@@ -242,17 +242,19 @@ def context(
     listed = probe.interp.get("path")  # written by the process: a list of strings, or anything
     path = [p for p in listed if isinstance(p, str) and p] if isinstance(listed, list) else []
     environ = started_environment(procfs, pid) if environ is None else environ
+    pythonpath = [d for d in environ.get("PYTHONPATH", "").split(":") if d]
     return origins.Context(
         stdlib_dirs=stdlib_dirs(procfs, pid, probe, environ)[0] if stdlib is None else stdlib,
-        generated_dirs=origins.generated_dirs(environ),
+        generated_dirs=places.generated_dirs(environ),
         site_dirs=tuple(path),
+        import_dirs=tuple(dict.fromkeys([*path, *pythonpath])),
     )
 
 
 def generated_dirs(procfs: ProcFS, pid: int) -> tuple[str, ...]:
     """The process's compile-cache and temporary directories, from the environment it was
-    started with (``origins.generated_dirs``; the defaults when none can be read)."""
-    return origins.generated_dirs(started_environment(procfs, pid))
+    started with (``places.generated_dirs``; the defaults when none can be read)."""
+    return places.generated_dirs(started_environment(procfs, pid))
 
 
 def started_environment(procfs: ProcFS, pid: int) -> dict[str, str]:
@@ -354,7 +356,7 @@ def judge(
     hashed_at = probe.hashed_at
     ctx = context(procfs, pid, probe, stdlib, environ)
     index = index or DistIndex(_to_host(procfs, pid))
-    generated = origins.GeneratedFiles(ctx.generated_dirs, index, ctx.stdlib_dirs)
+    generated = places.GeneratedFiles(ctx.generated_dirs, index, ctx.stdlib_dirs)
     vouched = set(reuse.vouched) if reuse is not None else set()
     disagreements, drift = cross_check(
         procfs,

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from servewitness.errors import UnavailableError
 from servewitness.evidence.hashing import Hashed, Hasher
-from servewitness.evidence.origins import GeneratedFiles, is_generated
+from servewitness.evidence.places import GeneratedFiles, is_generated
 from servewitness.evidence.procfs import CHANGED_SLACK_S, ProcFS
 from servewitness.model import NativeMapping, ProcessKey
 
@@ -99,7 +99,7 @@ def native_mappings(
     START_TIME (the process's start, unix seconds): a ``same`` mapping whose inode changed
     (ctime) after it is ``changed`` (``detail`` says when), unless it is a generated file:
     under one of GENERATED's directories (the process's compile caches and temporary
-    directories) and, with ``origins.GeneratedFiles``, claimed by no distribution."""
+    directories) and, with ``places.GeneratedFiles``, claimed by no distribution."""
     try:
         execs = executable_files(procfs, pid)
     except (UnavailableError, OSError) as err:

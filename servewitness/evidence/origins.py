@@ -26,10 +26,11 @@ from __future__ import annotations
 import dataclasses
 import posixpath
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from servewitness.evidence.distindex import Claim, DistIndex, is_under, norm_path, record_abspath
+from servewitness.evidence.distindex import Claim, DistIndex, norm_path, record_abspath
+from servewitness.evidence.places import in_stdlib, innermost
 from servewitness.model import (
     DRIFT_MODULE_SHADOWED,
     Drift,
@@ -41,7 +42,6 @@ from servewitness.model import (
 )
 
 _PYC = re.compile(r"([^.]+)\.[^.]+(?:\.opt-\d+)?\.pyc")  # <name>.<tag>[.opt-N].pyc
-_NON_STDLIB_DIRS = frozenset({"site-packages", "dist-packages"})
 _SHADOW_AT = frozenset({"load", "snapshot", "late"})  # not "deferred": its bytecode is judged
 
 
@@ -52,6 +52,10 @@ class Context:
     stdlib_dirs: tuple[str, ...]  # e.g. ("/usr/local/lib/python3.11",) incl. lib-dynload
     generated_dirs: tuple[str, ...]  # compile caches and temporary dirs (generated_dirs())
     site_dirs: tuple[str, ...] = ()  # indexed up front (e.g. the process's sys.path entries)
+    # The directories the process imports modules from by name: its sys.path as its probe
+    # recorded it and the PYTHONPATH it was started with (the kernel's copy of its
+    # environment). A generated file under one of them is no compile cache (``_judge``).
+    import_dirs: tuple[str, ...] = ()
 
 
 @dataclass
@@ -77,32 +81,6 @@ def source_of_bytecode(path: str) -> str | None:
     return posixpath.join(pkg, m.group(1) + ".py")
 
 
-def generated_dirs(environ: Mapping[str, str]) -> tuple[str, ...]:
-    """Directories whose files are generated at run time (compile caches, temporary files),
-    computed from the PROCESS's environment the way vLLM, torch inductor and triton compute
-    them. Relative paths (relative to an unknown cwd) and unset ``$HOME`` defaults are left
-    out; the rest is normalized and deduplicated."""
-    home = environ.get("HOME", "")
-    tmp = environ.get("TMPDIR") or environ.get("TEMP") or environ.get("TMP") or "/tmp"  # noqa: S108
-    xdg = environ.get("XDG_CACHE_HOME") or (home and f"{home}/.cache")
-    user = next(
-        (environ[k] for k in ("LOGNAME", "USER", "LNAME", "USERNAME") if environ.get(k)), "root"
-    )
-    candidates = (
-        tmp,
-        environ.get("VLLM_CACHE_ROOT") or (xdg and f"{xdg}/vllm"),
-        environ.get("TORCHINDUCTOR_CACHE_DIR") or f"{tmp}/torchinductor_{user}",
-        environ.get("TRITON_CACHE_DIR") or (home and f"{home}/.triton/cache"),
-        xdg,
-    )
-    out: list[str] = []
-    for c in candidates:
-        expanded = home + c[1:] if c.startswith("~") and home else c
-        if expanded.startswith("/") and norm_path(expanded) not in out:
-            out.append(norm_path(expanded))
-    return tuple(out)
-
-
 # -- classification --------------------------------------------------------------------------
 
 
@@ -116,6 +94,7 @@ class _Classifier:
     compiled_from: Mapping[str, str] = field(default_factory=dict)
     sources: dict[str, FileEntry] = field(default_factory=dict)  # first non-bytecode entry
     memo: dict[tuple[str, str | None, bool], _Judged] = field(default_factory=dict)
+    caches_on_path: list[str] | None = None  # _import_dirs_in_caches, once
 
     def entry(self, f: FileEntry) -> _Judged:
         """One manifest file's class (bytecode in ``__pycache__`` takes its source's, but is
@@ -186,10 +165,34 @@ class _Classifier:
             return _Judged(Origin.ADDED, reason, name, version, folder.record_path)
         if in_stdlib(norm_path(path), self.ctx.stdlib_dirs):
             return _Judged(Origin.STDLIB, "in the standard library")
-        gen = _innermost(norm_path(path), self.ctx.generated_dirs)
-        if gen is not None:
-            return _Judged(Origin.GENERATED, f"under {gen} (a compile cache or temporary dir)")
-        return _Judged(Origin.UNKNOWN, "no distribution claims it")
+        return self._unclaimed(norm_path(path))
+
+    def _unclaimed(self, path: str) -> _Judged:
+        """A path nothing installed claims: generated (under a compile cache or temporary dir
+        the process does not import modules from by name) or unknown."""
+        gen = innermost(path, self.ctx.generated_dirs)
+        if gen is None:
+            return _Judged(Origin.UNKNOWN, "no distribution claims it")
+        entry = innermost(path, self._import_dirs_in_caches())
+        if entry is not None:
+            return _Judged(
+                Origin.UNKNOWN,
+                f"under {gen} (a compile cache or temporary dir), which the process imports "
+                f"modules from by name through {entry}: a file planted there runs as any "
+                "module, so it is not taken as generated",
+            )
+        return _Judged(Origin.GENERATED, f"under {gen} (a compile cache or temporary dir)")
+
+    def _import_dirs_in_caches(self) -> list[str]:
+        """The import path's directories that lie in a compile cache or temporary dir."""
+        if self.caches_on_path is None:
+            gen = self.ctx.generated_dirs
+            self.caches_on_path = [
+                norm_path(d)
+                for d in self.ctx.import_dirs
+                if d.startswith("/") and innermost(norm_path(d), gen) is not None
+            ]
+        return self.caches_on_path
 
     def _claimed(self, claims: list[Claim], sha256: str | None, derived: bool) -> _Judged:
         """Class of a file RECORD lists: its hash against RECORD's, local installs aside."""
@@ -213,77 +216,6 @@ class _Classifier:
         if c.sha256 is None:
             return judged(Origin.UNKNOWN, f"RECORD of {c.distribution} lists it without a hash")
         return judged(Origin.PRISTINE, f"sha256 matches RECORD of {who}")
-
-
-def in_stdlib(path: str, stdlib_dirs: Iterable[str]) -> bool:
-    """Whether normalized PATH is under a standard library directory and not in a
-    site-packages/dist-packages directory below it (relative directories match nothing)."""
-    for d in map(norm_path, stdlib_dirs):
-        if d.startswith("/") and is_under(path, d):
-            rest = path[len(d) :].split("/")
-            if _NON_STDLIB_DIRS.isdisjoint(rest):
-                return True
-    return False
-
-
-def stdlib_test(stdlib_dirs: Iterable[str]) -> Callable[[str], bool]:
-    """``in_stdlib`` with STDLIB_DIRS normalized once: for judging many paths."""
-    dirs = tuple(d for d in map(norm_path, stdlib_dirs) if d.startswith("/"))
-
-    def test(path: str) -> bool:
-        for d in dirs:
-            if is_under(path, d) and _NON_STDLIB_DIRS.isdisjoint(path[len(d) :].split("/")):
-                return True
-        return False
-
-    return test
-
-
-@dataclass(frozen=True)
-class GeneratedFiles:
-    """Which of a process's files were generated at run time (compile caches, temporary
-    files): under one of DIRS (``generated_dirs``), listed in no distribution's RECORD and
-    not in the standard library. Such a file is left out of the
-    changed-after-start checks (``judge.changed_after``, ``native.native_mappings``), so which
-    files qualify must not be the process's to say: DIRS come from its environment, and a
-    ``TMPDIR=/`` or a ``TRITON_CACHE_DIR`` inside site-packages would otherwise exempt vLLM's
-    own files from the check that catches a module swapped back after its import. Without an
-    INDEX (no probe, or a test) only DIRS and STDLIB_DIRS decide."""
-
-    dirs: tuple[str, ...]
-    index: DistIndex | None = None
-    stdlib_dirs: tuple[str, ...] = ()
-
-    def __bool__(self) -> bool:
-        return bool(self.dirs)
-
-    def covers(self, path: str) -> bool:
-        p = norm_path(path)
-        if _innermost(p, self.dirs) is None or in_stdlib(p, self.stdlib_dirs):
-            return False
-        index = self.index
-        # A local install's root (a checkout: caches often lie inside) and a package folder's
-        # unlisted files pin no bytes; only a RECORD row does.
-        return index is None or not index.claims(p)
-
-
-def is_generated(path: str, generated: Sequence[str] | GeneratedFiles) -> bool:
-    """Whether PATH is a generated file: GENERATED's ``covers``, or under one of the
-    directories GENERATED lists."""
-    if isinstance(generated, GeneratedFiles):
-        return generated.covers(path)
-    return under_any(path, generated)
-
-
-def under_any(path: str, dirs: Iterable[str]) -> bool:
-    """Whether PATH (as the process names it) is under one of DIRS (absolute directories)."""
-    return _innermost(norm_path(path), dirs) is not None
-
-
-def _innermost(path: str, dirs: Iterable[str]) -> str | None:
-    """The longest of DIRS that normalized PATH is under, if any."""
-    hits = [d for d in map(norm_path, dirs) if d.startswith("/") and is_under(path, d)]
-    return max(hits, key=len) if hits else None
 
 
 def _file_origin(f: FileEntry, j: _Judged) -> FileOrigin:

@@ -17,7 +17,7 @@ from servewitness.evidence.judge import (
     started_environment,
 )
 from servewitness.evidence.native import NativeMemory, native_mappings
-from servewitness.evidence.origins import GeneratedFiles, generated_dirs, stdlib_test
+from servewitness.evidence.places import GeneratedFiles, generated_dirs, stdlib_test
 from servewitness.evidence.process import ProcessEvidence
 from servewitness.evidence.procfs import ProcFS
 from servewitness.evidence.stdlib import stdlib_dirs

@@ -46,7 +46,7 @@ from servewitness_probe import layout as L
 
 from servewitness.errors import UnavailableError
 from servewitness.evidence.distindex import norm_path
-from servewitness.evidence.origins import in_stdlib
+from servewitness.evidence.places import in_stdlib
 from servewitness.evidence.probe_reader import UnfiledModule
 from servewitness.evidence.procfs import ProcFS
 from servewitness.evidence.regular import open_file

@@ -100,6 +100,9 @@ PROVENANCE_NOT_LOADED = "provenance.distribution.not_loaded"
 PATCH_DECLARED = "provenance.patch.declared"
 PATCH_UNDECLARED = "provenance.patch.undeclared"
 PATCH_NOT_APPLIED = "provenance.patch.not_applied"
+CODE_UNCLAIMED = "provenance.code.unclaimed"
+CODE_CLAIMED = "provenance.code.claimed"
+DISTRIBUTION_UNLISTED = "provenance.distribution.unlisted"
 # Always WARNING, so never in [provenance] allow
 _UNCONFIRMED_DRIFT = (
     DRIFT_BYTECODE_UNVERIFIED,
@@ -420,6 +423,15 @@ FINDINGS: dict[str, FindingKind] = {
     ),
     PATCH_NOT_APPLIED: FindingKind(
         Severity.ERROR, "", "a [[patches]] file was loaded with its published bytes"
+    ),
+    CODE_UNCLAIMED: FindingKind(
+        Severity.ERROR, "", "a judged process ran code nobody claims (all_code_claimed)"
+    ),
+    CODE_CLAIMED: FindingKind(
+        Severity.INFO, "", "code accepted beyond pristine and stdlib files (all_code_claimed)"
+    ),
+    DISTRIBUTION_UNLISTED: FindingKind(
+        Severity.ERROR, "", "a judged process loaded a distribution only_distributions omits"
     ),
     # Produced when the verifier seals a measurement window (policy/window.py, judged over the
     # window from its stored reports); each makes the window not hold (held false, signed).

@@ -34,6 +34,7 @@ from servewitness.policy.rules import (
     RunnerWitnessed,
     ViewsAgree,
 )
+from servewitness.policy.rules_claims import AllCodeClaimed, Claim, OnlyDistributions
 from servewitness.policy.rules_container import spec_error
 from servewitness.policy.rules_provenance import (
     DriftFree,
@@ -60,6 +61,7 @@ KEYS: dict[str, tuple[str, ...]] = {
         "forbid",
         "provenance",
         "patches",
+        "claims",
     ),
     "targets": ("names", "replicas_of", "container_ids", "min_targets", "containers"),
     "evidence": (
@@ -75,8 +77,15 @@ KEYS: dict[str, tuple[str, ...]] = {
     "hooks": ("name", "target", "role", "min_fires_per_productive_step", "on", "count"),
     "files": ("path", "module", "role", "sha256"),
     "forbid": ("path", "module", "role"),
-    "provenance": ("pristine", "allow", "unsafe_allow_unpinned_serving_package"),
+    "provenance": (
+        "pristine",
+        "allow",
+        "unsafe_allow_unpinned_serving_package",
+        "all_code_claimed",
+        "only_distributions",
+    ),
     "patches": ("distribution", "path", "sha256", "note"),
+    "claims": ("path", "sha256", "note"),
 }
 _TOP = KEYS[""]
 _DISTRIBUTION = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
@@ -405,31 +414,36 @@ def _forbid(doc: _Doc, data: dict[str, Any]) -> list[I.Rule]:
 
 
 def _provenance(doc: _Doc, data: dict[str, Any]) -> tuple[list[I.Rule], I.ProvenanceSettings]:
-    """``[provenance]`` and ``[[patches]]``: the Pristine rule (if any), the allowed drift and
-    the unsafe key."""
+    """``[provenance]``, ``[[patches]]`` and ``[[claims]]``: the Pristine rule (if any), the
+    claims rules (if asked for), the allowed drift and the unsafe key."""
     p = _section(doc, data, "provenance", KEYS["provenance"])
     pristine: tuple[str, ...] = ()
     allow: tuple[str, ...] = ()
-    unpinned = False
+    unpinned = claimed = False
+    only: tuple[str, ...] | None = None
     if p is not None:
         unpinned = p.boolean("unsafe_allow_unpinned_serving_package", default=False)
-        names = p.strings("pristine", pattern=_DISTRIBUTION, form="a distribution name") or ()
-        canon = [canonical(n) for n in names]
-        for i, c in enumerate(canon):
-            if c in canon[:i]:
-                raise doc.error(("provenance", "pristine", i), f"{names[i]!r} is listed twice")
-        pristine = tuple(canon)
+        claimed = p.boolean("all_code_claimed", default=False)
+        pristine = _distributions(doc, p, "pristine") or ()
+        only = _distributions(doc, p, "only_distributions")
         allow = p.strings("allow", choices=F.ALLOWABLE_DRIFT) or ()
+    for i, name in enumerate(pristine if only is not None else ()):
+        if name not in (only or ()):
+            raise doc.error(
+                ("provenance", "pristine", i),
+                f"{name!r} is required pristine but not in provenance.only_distributions",
+            )
     patches = []
     seen: set[tuple[str, str]] = set()
     for t in _entries(doc, data, "patches", KEYS["patches"]):
         dist = canonical(
             str(t.string("distribution", required=True, pattern=_DISTRIBUTION, form="a name"))
         )
-        if dist not in pristine:
+        if dist not in pristine and not claimed:
             raise t.error(
                 "distribution",
-                f"{dist!r} is not in provenance.pristine, so a patch of it would allow nothing",
+                f"{dist!r} is not in provenance.pristine (and provenance.all_code_claimed is "
+                "not set), so a patch of it would allow nothing",
             )
         path = str(t.string("path", required=True))
         if path.startswith("/") or ".." in path.split("/"):
@@ -439,8 +453,48 @@ def _provenance(doc: _Doc, data: dict[str, Any]) -> tuple[list[I.Rule], I.Proven
             raise t.error("path", f"{path!r} of {dist} is declared twice")
         seen.add((dist, path))
         patches.append(Patch(dist, path, sha, t.string("note") or ""))
-    rules: list[I.Rule] = [Pristine(pristine, tuple(patches))] if pristine else []
+    claims = _claims(doc, data, claimed)
+    own = tuple(x for x in patches if x.distribution in pristine)  # the rest: claims only
+    rules: list[I.Rule] = [Pristine(pristine, own)] if pristine else []
+    if claimed:
+        rules.append(AllCodeClaimed(pristine, tuple(patches), claims))
+    if only is not None:
+        rules.append(OnlyDistributions(only))
     return rules, I.ProvenanceSettings(allow, unpinned)
+
+
+def _distributions(doc: _Doc, p: _Table, key: str) -> tuple[str, ...] | None:
+    """A list of distribution names, canonical (PEP 503), none twice; None when absent."""
+    names = p.strings(key, pattern=_DISTRIBUTION, form="a distribution name")
+    if names is None:
+        return None
+    canon = [canonical(n) for n in names]
+    for i, c in enumerate(canon):
+        if c in canon[:i]:
+            raise doc.error(("provenance", key, i), f"{names[i]!r} is listed twice")
+    return tuple(canon)
+
+
+def _claims(doc: _Doc, data: dict[str, Any], claimed: bool) -> tuple[Claim, ...]:
+    """``[[claims]]``: each a path (absolute, a suffix at a '/' boundary, or "-c") and the
+    sha256 of the bytes vouched for there; only with ``provenance.all_code_claimed``."""
+    out: list[Claim] = []
+    seen: set[tuple[str, str]] = set()
+    for t in _entries(doc, data, "claims", KEYS["claims"]):
+        if not claimed:
+            raise t.error(
+                "path", "[[claims]] needs provenance.all_code_claimed = true, or it claims nothing"
+            )
+        path = str(t.string("path", required=True))
+        parts = path.split("/")
+        if not path.strip("/") or ".." in parts or "" in parts[1:] or "." in parts:
+            raise t.error("path", f"{path!r} must be an absolute path or a suffix like a/b.py")
+        sha = str(t.string("sha256", required=True, pattern=_SHA256, form="64 lowercase hex"))
+        if (path, sha) in seen:
+            raise t.error("path", f"{path!r} is claimed twice with the same sha256")
+        seen.add((path, sha))
+        out.append(Claim(path, sha, t.string("note") or ""))
+    return tuple(out)
 
 
 def load_policy(text: str, source: str = "<policy>") -> Policy:

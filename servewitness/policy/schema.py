@@ -226,6 +226,16 @@ def _provenance() -> Schema:
                 "default": False,
                 "description": "UNSAFE: accept pristine without vLLM's distribution",
             },
+            "all_code_claimed": {
+                "type": "boolean",
+                "default": False,
+                "description": "every code file a judged process ran must be claimed: pristine "
+                "in any RECORD, stdlib, a [[patches]] or [[claims]] entry, or generated",
+            },
+            "only_distributions": _strings(
+                "the only distributions whose files a judged process may load",
+                {"pattern": _ecma(L._DISTRIBUTION)},
+            ),
         },
         "which distributions must be as published",
     )
@@ -251,6 +261,23 @@ def _patches() -> Schema:
     return _entries(patch, "files allowed to differ from their RECORD")
 
 
+def _claims() -> Schema:
+    claim = _table(
+        "claims",
+        {
+            "path": {
+                **_string('an absolute path, a suffix at a "/" boundary, or "-c"'),
+                "not": {"pattern": r"^/*$|//|(^|/)\.\.?(/|$)"},
+            },
+            "sha256": _SHA256,
+            "note": {"type": "string", "description": "who vouches for these bytes"},
+        },
+        "bytes vouched for at a path no distribution pins (with all_code_claimed)",
+        required=["path", "sha256"],
+    )
+    return _entries(claim, "code files claimed by their bytes")
+
+
 def build() -> Schema:
     """The schema, as shipped in ``policy.schema.json``."""
     liveness = [{"required": [k]} for k in ("runner", "hooks", "files", "forbid")]
@@ -274,6 +301,7 @@ def build() -> Schema:
             "forbid": _files("forbid", "files that must not be loaded"),
             "provenance": _provenance(),
             "patches": _patches(),
+            "claims": _claims(),
         },
         "A verifier policy (docs/policy.md); `verifier policy check` is the authority.",
         required=["version"],
