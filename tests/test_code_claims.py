@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -39,6 +40,7 @@ from typing import Any
 import pytest
 
 from servewitness._cli._local import read_local
+from servewitness.api.v1 import verifier_pb2 as pb
 from servewitness.evidence.process import read_process
 from servewitness.evidence.procfs import ProcFS
 from servewitness.evidence.report import to_report
@@ -47,8 +49,9 @@ from servewitness.policy import TargetSnapshot, load_policy
 from servewitness.policy import findings as F
 from servewitness.policy.interface import PolicyError
 from servewitness.policy.rules_claims import spawn_stub
-from tests.helpers import REPO, probe_env, wait_ready, weak_policy
+from tests.helpers import REPO, probe_env, verifier_cli, wait_ready, weak_policy
 from tests.test_bytecode_attacks import install, record_row
+from tests.test_gate_time_attacks import make_lab
 
 PATCHER = "import fakedist.core\nfakedist.core.VALUE = 'evil!!!!!'\n"
 EVIL = repr("evil!!!!!")
@@ -365,9 +368,13 @@ def test_command_line_code_hidden_by_a_title_needs_a_judged_parent(tmp_path: Pat
     assert unclaimed_paths(found) == {"-c"}, [(f.id, f.message) for f in found]
 
 
-def test_a_real_spawned_child_is_accepted_as_the_start_stub(tmp_path: Path) -> None:
+def test_a_real_spawned_child_is_accepted_as_the_start_stub_of_its_judged_parent(
+    tmp_path: Path,
+) -> None:
     """multiprocessing's spawn starts the child with ``-c`` code (how a spawned vLLM worker
-    starts): that stub is accepted; the parent's own script is not."""
+    starts): that stub is accepted when its parent is a judged process of the target (whose
+    own code is judged); the child alone is not (``spawn_main`` unpickles what its pipe
+    carries, chosen by whoever holds the other end: an outside tester's finding)."""
     pidfile = tmp_path / "child.pid"
     extra = (
         "import multiprocessing as mp, os\n"
@@ -390,6 +397,7 @@ def test_a_real_spawned_child_is_accepted_as_the_start_stub(tmp_path: Path) -> N
         child = int(pidfile.read_text())
         time.sleep(2.0)
         procfs = ProcFS()
+        parent = to_report(procfs, read_process(procfs, proc.pid))
         report = to_report(procfs, read_process(procfs, child))
         argv = procfs.argv(child)
     finally:
@@ -398,12 +406,24 @@ def test_a_real_spawned_child_is_accepted_as_the_start_stub(tmp_path: Path) -> N
         if pidfile.exists():
             with contextlib.suppress(OSError):
                 os.kill(int(pidfile.read_text()), signal.SIGKILL)
-    assert any(e.kind == "inline" for e in report.files or ())
     assert argv[argv.index(b"-c") + 1].startswith(b"from multiprocessing.spawn import spawn_main")
+    claims = [*own_claims(), ("-c", sha(script.encode()))]  # the parent's own script
+    text = policy(claims=claims)
+    procs = (
+        dataclasses.replace(parent, role="api_server"),
+        dataclasses.replace(report, role="worker"),
+    )
+    snap = TargetSnapshot("t", procs, time.time())
+    v = load_policy(text).evaluate_target(snap, now=snap.received_unix)
+    assert v.verdict == Verdict.PASS, [(f.id, f.message) for f in v.findings]
+    said = next(
+        f for f in v.findings if f.id == F.CODE_CLAIMED and f.context["pid"] == report.key.pid
+    )
+    how = f"spawn stub, started by api_server (pid {parent.key.pid})"
+    assert {"path": "-c", "how": how, "note": ""} in said.context["entries"]
+    # the child alone (its parent not judged): the stub is not enough
     verdict, found = judge(report, policy(pristine=False, claims=own_claims()))
-    assert verdict == Verdict.PASS, [(f.id, f.message) for f in found]
-    said = next(f for f in found if f.id == F.CODE_CLAIMED)
-    assert {"path": "-c", "how": "spawn stub", "note": ""} in said.context["entries"]
+    assert verdict == Verdict.FAIL and unclaimed_paths(found) == {"-c"}
 
 
 @pytest.mark.parametrize(
@@ -420,8 +440,8 @@ def test_a_real_spawned_child_is_accepted_as_the_start_stub(tmp_path: Path) -> N
         "from multiprocessing.spawn import _main; _main(7)",
         "from evil.spawn import spawn_main; spawn_main(pipe_handle=7)",
         "from .spawn import spawn_main; spawn_main(pipe_handle=7)",
-        # the forkserver's literal arguments, with a comprehension hidden in the dict
-        "from multiprocessing.forkserver import main; main(5, 6, [], **{'a': [x for x in ()]})",
+        # a comprehension hidden in a keyword's dict
+        "from multiprocessing.spawn import spawn_main; spawn_main(**{'a': [x for x in ()]})",
         "from multiprocessing.spawn import spawn_main; spawn_main(*[7])",
         "",
         "x" * 10_000,
@@ -438,9 +458,10 @@ def test_the_stubs_multiprocessing_writes_are_stubs() -> None:
     code = argv[argv.index("-c") + 1]
     assert spawn_stub(tuple(argv), sha(code.encode()))
     assert not spawn_stub(tuple(argv), sha(b"other"))  # the probe's hash is of other code
-    data = {"sys_path": ["/a", "/b"], "main_path": None}
+    # the forkserver's is not a stub: its literal main_path names a script it runs by path
+    data = {"sys_path": ["/a", "/b"], "main_path": "/tmp/evil.py"}
     fs = f"from multiprocessing.forkserver import main; main(5, 6, {['__main__']!r}, **{data!r})"
-    assert forkserver.__name__ and spawn_stub(("python", "-c", fs), sha(fs.encode()))
+    assert forkserver.__name__ and not spawn_stub(("python", "-c", fs), sha(fs.encode()))
 
 
 # the rule fails closed -----------------------------------------------------------------------
@@ -456,9 +477,11 @@ def test_a_report_that_lists_fewer_files_than_it_counts_is_unclaimed(tmp_path: P
     assert verdict == Verdict.FAIL
     whys = [e["why"] for f in found if f.id == F.CODE_UNCLAIMED for e in f.context["entries"]]
     assert any("the rest cannot be judged" in w for w in whys)
-    no_manifest = dataclasses.replace(r.report, files=None)
+    # the verifier judges reports without their manifest (files None): the same verdicts
+    bare = dataclasses.replace(r.report, files=None)
     claims = [*honest(r), (custom, sha(PATCHER.encode()))]
-    assert judge(no_manifest, policy(claims=claims))[0] != Verdict.PASS
+    assert judge(bare, policy(claims=honest(r)))[0] == Verdict.FAIL
+    assert judge(bare, policy(claims=claims))[0] == Verdict.PASS
 
 
 # the policy's keys ---------------------------------------------------------------------------
@@ -550,3 +573,76 @@ def project_claims() -> list[tuple[str, str]]:
     ]
     files += Path(sysconfig.get_paths()["purelib"]).glob("*servewitness*.pth")
     return [(str(p), sha(p.read_bytes())) for p in sorted(files)]
+
+
+# the live verifier: the rule judges what an agent reports over gRPC ----------------------------
+
+
+def test_the_live_verifier_and_a_sealed_window_judge_the_claims(tmp_path: Path) -> None:
+    """The attack's real report sent by a target's agent credential to a real ``verifier
+    serve`` over mTLS (which keeps no manifest in the report it judges): the run whose policy
+    claims the operator's code only FAILs naming the sitecustomize; the run that also claims
+    the sitecustomize's bytes PASSes, and a window on it holds and ``verify-seal`` passes."""
+    r = run(tmp_path / "proc", sitecustomize=PATCHER)
+    assert r.result == EVIL
+    custom = str(tmp_path / "proc" / "attack" / "sitecustomize.py")
+    vouched = [*honest(r), (custom, sha(PATCHER.encode()))]
+    runs = {"attack": policy(claims=honest(r)), "claimed": policy(claims=vouched)}
+    L = make_lab(tmp_path / "lab", runs)
+    L.start()
+    try:
+        proc = (dataclasses.replace(r.report, role="api_server"),)
+        for target in runs:
+            L.report(target, proc)
+        got = {t: status_of(L, f"r-{t}") for t in runs}
+        assert got["attack"][0] == "VERDICT_FAIL" and got["claimed"][0] == "VERDICT_PASS", got
+        assert (F.CODE_UNCLAIMED, custom) in got["attack"][1]
+        opened = L.open("claimed", lambda: L.report("claimed", proc))
+        assert isinstance(opened, pb.OpenWindowResponse), opened
+        sealed = L.seal("claimed", opened.window_id, lambda: L.report("claimed", proc))
+        out = L.verify_seal(sealed.seal_json, "claimed")
+        # no steps ran (a plain interpreter): the window does not hold for that reason alone
+        text = out.stdout + out.stderr
+        assert F.CODE_UNCLAIMED not in text and "window.no_steps" in text, text
+    finally:
+        L.stop()
+
+
+def status_of(L: Any, run: str) -> tuple[str, set[tuple[str, str | None]]]:
+    """RUN's verdict and its findings as (id, first path named), from GetRunStatus."""
+    from servewitness.api.v1 import verifier_pb2_grpc as pb_grpc
+
+    with L.channel("ci") as ch:
+        got = pb_grpc.VerifierServiceStub(ch).GetRunStatus(pb.GetRunStatusRequest(name=run))
+    found: set[tuple[str, str | None]] = set()
+    for t in got.verdict.targets:
+        for f in t.findings:
+            ctx = json.loads(f.context_json) if f.context_json else {}
+            entries = ctx.get("entries") or [{}]
+            found.add((f.id, entries[0].get("path")))
+    return str(pb.Verdict.Name(got.verdict.verdict)), found
+
+
+@pytest.mark.vllm
+def test_policy_init_claims_what_the_boot_ran(vllm_server: Any, tmp_path: Path) -> None:
+    """``verifier policy init --claim-all-code`` on the real server: the policy it writes
+    claims this checkout's editable files by their bytes and lists the boot's distributions;
+    judged on the same boot, nothing is unclaimed and no distribution unlisted. Without the
+    flag no claim is written (the key is opt-in)."""
+    out = tmp_path / "policy.toml"
+    got = verifier_cli(
+        "policy", "init", "--from-pid", str(vllm_server.pid), "--claim-all-code", "-o", str(out)
+    )
+    assert got.returncode == 0, got.stderr
+    text = out.read_text()
+    assert "all_code_claimed = true" in text and "only_distributions = [" in text
+    assert f'path = "{REPO / "probe" / "servewitness_probe" / "_core.py"}"' in text
+    reports = [r for _, r in read_local(ProcFS(), vllm_server.pid, tree=True)]
+    judged = tuple(r for r in reports if r.probe_present)
+    snap = TargetSnapshot("live", judged, time.time())
+    v = load_policy(text).evaluate_target(snap, now=snap.received_unix)
+    ids = {f.id for f in v.findings}
+    assert F.CODE_UNCLAIMED not in ids and F.DISTRIBUTION_UNLISTED not in ids, ids
+    assert F.CODE_CLAIMED in ids
+    plain = verifier_cli("policy", "init", "--from-pid", str(vllm_server.pid))
+    assert plain.returncode == 0 and "all_code_claimed" not in plain.stdout, plain.stderr

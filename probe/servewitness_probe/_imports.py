@@ -245,14 +245,21 @@ def _interp_record() -> dict[str, Any] | None:
     }
 
 
+def record_interp() -> None:
+    """Journal the interpreter's layout now if sys.path changed since last recorded: at the
+    probe's start, before ``sitecustomize`` or any main code runs (an entry the workload
+    removes later is then on record), and at each sweep."""
+    interp = _interp_record()
+    if interp is not None:
+        _core.state().remember(interp)
+
+
 def sweep() -> None:
     """One pass: pending post-import callbacks, extension hashes, unseen modules, and the
     code that runs each watched method (``_code``)."""
     _postimport.flush()
     st = _core.state()
-    interp = _interp_record()
-    if interp is not None:
-        st.remember(interp)
+    record_interp()
     if _device._counters:
         _device.read_all(cpu_only=True)  # processes that run no steps; CUDA: the step reads
     while _pending_ext:

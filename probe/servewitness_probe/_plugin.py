@@ -32,6 +32,7 @@ def start(mode: str = "api") -> bool:
         _startup.install()
         _integrity.take(watch_hooks=mode == "early")  # the import system, wrappers and all
         _startup.record_main(early=mode == "early")
+        _imports.record_interp()
         _imports.start_sweeper()
         _core.on_fork(_imports.start_sweeper)
         _vllm.install()

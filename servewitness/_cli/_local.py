@@ -86,17 +86,24 @@ def pick(reports: list[ProcessReport], role: str | None, source: str) -> Process
 def load_side(spec: str, role: str | None, procfs: ProcFS) -> tuple[str, ProcessReport]:
     """SPEC is a pid (a live process tree, read now) or a file written by
     ``verifier inspect --json``. Returns a label for it and the process that stands for it."""
+    label, reports = load_tree(spec, procfs)
+    chosen = pick(reports, role, label)
+    where = "" if label.startswith("pid ") else f"{label} "
+    return f"{where}pid {chosen.key.pid} ({chosen.role})", chosen
+
+
+def load_tree(spec: str, procfs: ProcFS) -> tuple[str, list[ProcessReport]]:
+    """Every process SPEC names (``load_side``'s SPEC), with a label for where they came
+    from: "pid N" or the file's path."""
     if spec.isascii() and spec.isdigit():
         pid = int(spec)
         if pid <= 0:
             raise UsageError(f"pid must be a positive integer, got {spec}")
-        reports = [r for _, r in read_local(procfs, pid, tree=True)]
-        chosen = pick(reports, role, f"pid {pid}")
-        return f"pid {chosen.key.pid} ({chosen.role})", chosen
-    return load_stored(Path(spec), role)
+        return f"pid {pid}", [r for _, r in read_local(procfs, pid, tree=True)]
+    return str(spec), load_stored(Path(spec))
 
 
-def load_stored(path: Path, role: str | None) -> tuple[str, ProcessReport]:
+def load_stored(path: Path) -> list[ProcessReport]:
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError as e:
@@ -122,5 +129,4 @@ def load_stored(path: Path, role: str | None) -> tuple[str, ProcessReport]:
             reports.append(wire.process_from_json(p["report"], f"processes[{i}].report"))
         except wire.WireError as e:
             raise ConfigError(f"{path}: {e}") from e
-    chosen = pick(reports, role, str(path))
-    return f"{path} pid {chosen.key.pid} ({chosen.role})", chosen
+    return reports

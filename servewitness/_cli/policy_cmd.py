@@ -8,17 +8,19 @@ import json
 import math
 import sys
 import time
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from servewitness._cli._local import load_side
+from servewitness._cli._local import load_tree, pick
 from servewitness._cli.fmt import add_json, result
 from servewitness.errors import ConfigError, UsageError
 from servewitness.evidence.procfs import ProcFS
 from servewitness.model import Origin, ProcessReport, Provenance
 from servewitness.policy import PolicyError, load_policy, policy_digest, weakest_point
 from servewitness.policy import schema as policy_schema
+from servewitness.policy.rules_claims import AllCodeClaimed
 from servewitness.policy.strength import NO_LIVENESS, SERVING_DISTRIBUTIONS, UNPINNED_SERVING
 from servewitness.policy.unsafe import shown, unsafe_flags
 
@@ -32,8 +34,11 @@ comment); the runner's step file with its sha256; every distribution that claims
 file and whose files were all pristine or patched, required pristine, with each patched file
 declared with its hash; every editable (local) file and every file no distribution claims
 (unknown origin: a module on PYTHONPATH) pinned by path and hash. Each hook line gives its
-fired counts beside the step counts. The policy is checked by loading it before it is
-written.
+fired counts beside the step counts. With --claim-all-code, every process of the boot also
+gives [provenance] all_code_claimed, only_distributions (every distribution they loaded) and
+a claim of each code file no RECORD vouches for (-c code, editable and unknown files, by path
+and sha256; a patched file of any distribution as a [[patches]] entry). The policy is checked
+by loading it before it is written.
 
 check: load a policy and print its digest, its rules, its unsafe keys and its weakest point in
 one line (what a PASS under it rests on at its thinnest); or the error (exit code 3). A policy
@@ -76,6 +81,13 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="when the boot shows no liveness or vLLM not pristine, write the unsafe keys that "
         "accept it (each with a comment saying what it accepts) instead of failing",
+    )
+    init.add_argument(
+        "--claim-all-code",
+        action="store_true",
+        help="also require every code file the boot's processes ran to be claimed "
+        "([provenance] all_code_claimed, only_distributions), and claim by its sha256 each "
+        "file no RECORD vouches for (-c code, editable and unknown files), for you to review",
     )
     init.add_argument("--proc", default="/proc", help=argparse.SUPPRESS)
     init.set_defaults(handler=run_init, product_on_stdout=True)  # the policy, without -o
@@ -159,10 +171,18 @@ def _hook_lines(r: ProcessReport) -> tuple[list[str], int]:
     return out, pinned_hooks
 
 
-def render_policy(label: str, r: ProcessReport, *, allow_unsafe: bool = False) -> str:
+def render_policy(
+    label: str,
+    r: ProcessReport,
+    *,
+    allow_unsafe: bool = False,
+    claim_all: Sequence[ProcessReport] | None = None,
+) -> str:
     """The TOML text pinning R's boot. With ALLOW_UNSAFE, the unsafe keys its weakenings need
     (no runner and no hook firing on steps; vLLM's distribution not pristine) are written
-    with a comment each; without, such a policy does not load (``strength.py``)."""
+    with a comment each; without, such a policy does not load (``strength.py``). With
+    CLAIM_ALL (every process of the boot), ``all_code_claimed`` and ``only_distributions``
+    too, and a claim of every code file of theirs that the rule would leave unclaimed."""
     prov = r.provenance
     out = [
         f"# Written by `verifier policy init` from {label}",
@@ -203,12 +223,15 @@ def render_policy(label: str, r: ProcessReport, *, allow_unsafe: bool = False) -
         why = "vLLM's distribution was not loaded, or not all pristine or patched"
         unsafe.append((UNPINNED_SERVING, why + ": its files are not pinned"))
     out += _unsafe_tables([u for u in unsafe if u[0] != UNPINNED_SERVING])
-    if pristine or any(u[0] == UNPINNED_SERVING for u in unsafe):
+    claims = _claims(claim_all, pristine) if claim_all is not None else ([], [])
+    if pristine or claim_all is not None or any(u[0] == UNPINNED_SERVING for u in unsafe):
         out.append("[provenance]")
         if pristine:
             out.append(f"pristine = [{', '.join(_q(n) for n in pristine)}]")
+        out += claims[0]
         out += _unsafe_tables([u for u in unsafe if u[0] == UNPINNED_SERVING])[1:-1]
         out.append("")
+    out += claims[1]
     for f in prov.files:
         if f.origin == Origin.PATCHED and f.distribution in pristine and f.sha256:
             out += [
@@ -221,6 +244,39 @@ def render_policy(label: str, r: ProcessReport, *, allow_unsafe: bool = False) -
             ]
     out += _pinned_files(prov, r.runner.file if r.runner is not None else None)
     return "\n".join(out) + "\n"
+
+
+def _claims(reports: Sequence[ProcessReport], pristine: list[str]) -> tuple[list[str], list[str]]:
+    """``[provenance]`` lines (``all_code_claimed``, ``only_distributions``: every
+    distribution a judged process of REPORTS loaded) and the tables that claim what the rule
+    would leave unclaimed in them: a ``[[patches]]`` entry for a patched file of a
+    distribution, a ``[[claims]]`` entry (path and sha256) for any other file and for ``-c``
+    code; a file not hashed when loaded cannot be claimed and is listed in a comment."""
+    judged = [r for r in reports if r.probe_present and r.provenance is not None]
+    names = sorted({d for r in judged for d, _, _ in r.provenance.distributions} | {*pristine})  # type: ignore[union-attr]
+    head = ["all_code_claimed = true"]
+    if names:
+        head.append(f"only_distributions = [{', '.join(_q(n) for n in names)}]")
+    tables: list[str] = []
+    seen: set[tuple[str, str]] = set()
+    for e in AllCodeClaimed(tuple(pristine)).unclaimed(judged):
+        path, sha, dist, rel = e["path"], e["sha256"], e.get("distribution"), e.get("record_path")
+        where = f"{e['role']} pid {e['pid']}"
+        if path is None or not sha:
+            tables.append(f"# {where}: {path or 'files'}: {e['why']}: cannot be claimed")
+            continue
+        if (path, sha) in seen:
+            continue
+        seen.add((path, sha))
+        if e["origin"] == Origin.PATCHED and dist and rel:
+            tables += ["[[patches]]", f"distribution = {_q(dist)}", f"path = {_q(rel)}"]
+        else:
+            tables += ["[[claims]]", f"path = {_q(path)}"]
+        note = f"{where}: {e['why']}"
+        tables += [f"sha256 = {_q(sha)}", f"note = {_q(note)}", ""]
+    if tables:
+        tables.insert(0, "# code no RECORD vouches for, claimed by its bytes: review each one")
+    return head, tables
 
 
 def _pinned_files(prov: Provenance, runner_file: str | None) -> list[str]:
@@ -237,7 +293,7 @@ def _pinned_files(prov: Provenance, runner_file: str | None) -> list[str]:
     ):
         pins = []
         for f in prov.files:
-            if f.origin != want or f.path.endswith(".pyc") or f.path == runner_file:
+            if f.origin != want or f.path.endswith(".pyc") or f.path in (runner_file, "-c"):
                 continue
             if not f.sha256:
                 unhashed.append(f.path)
@@ -257,8 +313,11 @@ def run_init(args: argparse.Namespace) -> int:
     if args.from_pid is not None and args.from_pid <= 0:
         raise UsageError(f"--from-pid must be a positive integer, got {args.from_pid}")
     spec = str(args.from_pid) if args.from_pid is not None else args.from_file
-    label, report = load_side(spec, args.role, ProcFS(args.proc))
-    text = render_policy(label, report, allow_unsafe=args.allow_unsafe)
+    where, reports = load_tree(spec, ProcFS(args.proc))
+    report = pick(reports, args.role, where)
+    label = f"{'' if where.startswith('pid ') else where + ' '}pid {report.key.pid} ({report.role})"
+    claim_all = reports if args.claim_all_code else None
+    text = render_policy(label, report, allow_unsafe=args.allow_unsafe, claim_all=claim_all)
     try:
         policy = load_policy(text, "<generated policy>")  # never write one that does not load
     except PolicyError as e:

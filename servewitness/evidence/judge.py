@@ -242,13 +242,23 @@ def context(
     listed = probe.interp.get("path")  # written by the process: a list of strings, or anything
     path = [p for p in listed if isinstance(p, str) and p] if isinstance(listed, list) else []
     environ = started_environment(procfs, pid) if environ is None else environ
-    pythonpath = [d for d in environ.get("PYTHONPATH", "").split(":") if d]
     return origins.Context(
         stdlib_dirs=stdlib_dirs(procfs, pid, probe, environ)[0] if stdlib is None else stdlib,
         generated_dirs=places.generated_dirs(environ),
         site_dirs=tuple(path),
-        import_dirs=tuple(dict.fromkeys([*path, *pythonpath])),
+        import_dirs=import_dirs(probe, environ),
     )
+
+
+def import_dirs(probe: ProbeState, environ: Mapping[str, str]) -> tuple[str, ...]:
+    """The directories the process imports modules from by name: every ``sys.path`` its
+    probe recorded (``ProbeState.import_path``: an entry removed since still counts) and the
+    ``PYTHONPATH`` it was started with, an empty or relative entry taken against the working
+    directory of the probe's first record (``""`` means that directory)."""
+    started = (
+        places.import_entry(e, probe.start_cwd) for e in environ.get("PYTHONPATH", "").split(":")
+    )
+    return tuple(dict.fromkeys([*probe.import_path, *filter(None, started)]))
 
 
 def generated_dirs(procfs: ProcFS, pid: int) -> tuple[str, ...]:
@@ -463,7 +473,8 @@ def _static(
     version = probe.interp.get("version")  # written by the process: a string, or anything
     python = version if isinstance(version, str) else None
     code = bytecode.judge_bytecode(ran, to_host, python=python, verdicts=verdicts)
-    provenance, drift = origins.classify(ran, index, ctx, native, code.compiled_from)
+    inline = [f for f in files if f.kind == unfiled.INLINE]
+    provenance, drift = origins.classify(ran, index, ctx, native, code.compiled_from, inline=inline)
     drift += code.drift
     drift += record_faults(index)
     drift += unfiled.unfiled_drift(probe.unfiled, ran, provenance, ctx.stdlib_dirs)

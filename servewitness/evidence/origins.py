@@ -41,6 +41,7 @@ from servewitness.model import (
     Provenance,
 )
 
+_MAIN_MODULES = frozenset({"__main__", "__mp_main__"})
 _PYC = re.compile(r"([^.]+)\.[^.]+(?:\.opt-\d+)?\.pyc")  # <name>.<tag>[.opt-N].pyc
 _SHADOW_AT = frozenset({"load", "snapshot", "late"})  # not "deferred": its bytecode is judged
 
@@ -101,7 +102,11 @@ class _Classifier:
         pristine only when shown to be compiled from the published source)."""
         source = source_of_bytecode(f.path) if f.kind == "bytecode" else None
         if source is None:
-            return self.path(f.path, f.sha256, derived=False)
+            judged = self.path(f.path, f.sha256, derived=False)
+            if judged.origin is Origin.GENERATED and f.module in _MAIN_MODULES:
+                why = f"a main script run by path, {judged.reason}: no compile cache runs one"
+                return _Judged(Origin.UNKNOWN, why)
+            return judged
         src = self.sources.get(norm_path(source))
         judged = (
             self.path(src.path, src.sha256, derived=False)
@@ -238,6 +243,8 @@ def classify(
     ctx: Context,
     native: Sequence[NativeMapping] = (),
     compiled_from: Mapping[str, str] | None = None,
+    *,
+    inline: Sequence[FileEntry] = (),
 ) -> tuple[Provenance, list[Drift]]:
     """Each loaded file's provenance class, and the modules loaded from somewhere other than
     where their distribution (or the standard library) puts them. ``distributions`` counts
@@ -252,6 +259,10 @@ def classify(
     COMPILED_FROM: ``judge_bytecode``'s pycs shown to be compiled from their source (pyc path
     -> the source's sha256); a pyc of a pristine source that is not in it is ``unknown``
     (None: no pyc was shown, so none is pristine).
+
+    INLINE: the ``-c`` code the process ran (manifest entries of kind ``inline``, path
+    ``-c``): no file, so nothing installed claims it; each is ``unknown``, counted and
+    listed, so a rule that asks who vouches for every piece of code sees it too.
 
     Every site on the way to any manifest file or native mapping, and every
     ``ctx.site_dirs`` entry, is indexed before anything is judged, so the answer does not
@@ -288,6 +299,10 @@ def classify(
             j = dataclasses.replace(j, reason=f"mapped native code: {j.reason}")
             entry = FileEntry(m.path, m.sha256, m.size, "native", None, "mapped")
             reported.append(_file_origin(entry, j))
+    for f in inline:
+        counts[Origin.UNKNOWN] += 1
+        reason = "code given on the command line (python -c): no file, nothing installed claims it"
+        reported.append(_file_origin(f, _Judged(Origin.UNKNOWN, reason)))
     reported.sort(key=lambda fo: fo.path)
     prov = Provenance(
         counts=tuple((o.value, n) for o, n in counts.items()),

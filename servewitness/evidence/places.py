@@ -109,3 +109,13 @@ def innermost(path: str, dirs: Iterable[str]) -> str | None:
     """The longest of DIRS that normalized PATH is under, if any."""
     hits = [d for d in map(norm_path, dirs) if d.startswith("/") and is_under(path, d)]
     return max(hits, key=len) if hits else None
+
+
+def import_entry(entry: str, cwd: str | None) -> str | None:
+    """An import path entry as an absolute, normalized directory: a relative one (``""``
+    is the directory itself) taken against CWD; None when it is relative and CWD unknown."""
+    if not entry.startswith("/"):
+        if cwd is None or not cwd.startswith("/"):
+            return None
+        entry = f"{cwd}/{entry}" if entry else cwd
+    return norm_path(entry)

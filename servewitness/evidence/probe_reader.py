@@ -14,6 +14,7 @@ import dataclasses
 import os
 import stat
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from servewitness.evidence.journal import (
     parse_text,
     read_file,
 )
+from servewitness.evidence.places import import_entry
 from servewitness.model import (
     CodeChain,
     FileEntry,
@@ -81,6 +83,10 @@ class ProbeState:
     # The interpreter's layout as the probe last recorded it: stdlib, prefix, base_prefix,
     # path (sys.path), cwd, version. Empty until the sweeper's first pass.
     interp: dict[str, Any] = field(default_factory=dict)
+    # Every directory sys.path named whenever the probe recorded it (at its start, and at each
+    # sweep that found it changed), absolute: an entry removed since still counts.
+    import_path: tuple[str, ...] = ()
+    start_cwd: str | None = None  # the working directory of the first interp record
     # Modules that claim a file (__file__ or spec.origin) where there is none: module, claimed.
     fileless: tuple[tuple[str, str], ...] = ()
     # Modules that ran code no file record holds (custom loaders, exec, standard input).
@@ -372,6 +378,8 @@ def read_probe_dir(
         error_count=slots[L.S_PROBE_ERRORS],
         manifest_digest=digest,
         interp=next((r for r in reversed(records) if r.get("k") == "interp"), {}),
+        import_path=import_path(r for r in records if r.get("k") == "interp"),
+        start_cwd=_start_cwd(records),
         graph=graph,
         runner_worker=_opt_str(runner_rec.get("worker")),
         runner_methods=methods if isinstance(methods, dict) else {},
@@ -419,3 +427,24 @@ def _bindings_file(directory: Path, holder: Holder, hint: object) -> frozenset[F
         raise symlink(L.BINDINGS_FILE)
     holder.check_bindings((st.st_dev, st.st_ino), hint)
     return frozenset({(st.st_dev, st.st_ino)})
+
+
+def import_path(records: Iterable[dict[str, Any]]) -> tuple[str, ...]:
+    """The union of the ``sys.path`` entries of RECORDS (the probe's ``interp`` records), each
+    made absolute against the working directory its record names (``""`` is that directory),
+    in the order first seen; entries that are not strings, and relative ones of a record
+    without a working directory, are left out."""
+    out: dict[str, None] = {}
+    for r in records:
+        path, cwd = r.get("path"), r.get("cwd")
+        if isinstance(path, list):
+            cwd = cwd if isinstance(cwd, str) else None
+            got = (import_entry(e, cwd) for e in path if isinstance(e, str))
+            out.update(dict.fromkeys(g for g in got if g is not None))
+    return tuple(out)
+
+
+def _start_cwd(records: list[dict[str, Any]]) -> str | None:
+    first = next((r for r in records if r.get("k") == "interp"), {})
+    cwd = first.get("cwd")
+    return cwd if isinstance(cwd, str) and cwd.startswith("/") else None

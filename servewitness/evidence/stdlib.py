@@ -33,9 +33,18 @@ def stdlib_dirs(
     if not isinstance(claimed, str):
         return (), None
     version = probe.interp.get("version")
-    found = interpreter_stdlib(
-        procfs, pid, version if isinstance(version, str) else "", environ.get("PYTHONHOME")
-    )
+    version = version if isinstance(version, str) else ""
+    home = environ.get("PYTHONHOME")
+    found = interpreter_stdlib(procfs, pid, version, home)
+    if home and found is None:
+        own = interpreter_stdlib(procfs, pid, version)
+        why = (
+            f"PYTHONHOME names {home.split(':')[0]!r}, which is not the installation of the "
+            "interpreter the kernel runs (/proc/<pid>/exe, its pyvenv.cfg): a prefix anyone "
+            "could fill is not taken for the standard library"
+            + (f"; {own} stands" if own else "; none is")
+        )
+        return ((own, f"{own}/lib-dynload") if own else ()), why
     if found is not None and norm_path(claimed) == found:
         return (found, f"{found}/lib-dynload"), None
     if found is not None:
@@ -56,10 +65,12 @@ def interpreter_stdlib(
     procfs: ProcFS, pid: int, version: str, home: str | None = None
 ) -> str | None:
     """The standard library directory of the interpreter PID runs, as CPython finds it on
-    POSIX: ``<prefix>/lib/python<X.Y>``, the prefix being HOME (``PYTHONHOME`` as the process
-    was started: ``judge.started_environment``), else the ``home`` of a ``pyvenv.cfg`` beside
-    the executable's directory (a virtualenv made with copies), else the executable's
-    directory's parent; the one whose
+    POSIX: ``<prefix>/lib/python<X.Y>``, the prefix being the ``home`` of a ``pyvenv.cfg``
+    beside the executable's directory (a virtualenv made with copies), else the executable's
+    directory's parent; with HOME (``PYTHONHOME`` as the process was started:
+    ``judge.started_environment``), only the one of those it names (a PYTHONHOME elsewhere, a
+    directory anyone could fill with the standard library's files and one of their own, finds
+    none); the one whose
     ``os.py`` exists (CPython's landmark). X.Y: the probe's version (digits only, so a forged
     one can only pick a directory that does not exist, or another real interpreter's)."""
     m = _VERSION.match(version)
@@ -70,11 +81,12 @@ def interpreter_stdlib(
     except OSError:
         return None
     bindir = os.path.dirname(exe)
-    prefixes = [home.split(":")[0]] if home else []
-    if not home:
-        cfg = _pyvenv_home(procfs.in_root(pid, f"{os.path.dirname(bindir)}/pyvenv.cfg"))
-        prefixes += [os.path.dirname(cfg)] if cfg else []
-        prefixes.append(os.path.dirname(bindir))
+    cfg = _pyvenv_home(procfs.in_root(pid, f"{os.path.dirname(bindir)}/pyvenv.cfg"))
+    prefixes = [os.path.dirname(cfg)] if cfg else []
+    prefixes.append(os.path.dirname(bindir))
+    if home:  # only where it names the interpreter's own installation
+        wanted = norm_path(home.split(":")[0])
+        prefixes = [p for p in prefixes if norm_path(p) == wanted]
     for prefix in prefixes:
         found = norm_path(f"{prefix}/lib/python{m.group(1)}.{m.group(2)}")
         if found.startswith("/") and procfs.in_root(pid, f"{found}/os.py").is_file():

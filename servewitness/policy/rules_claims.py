@@ -19,9 +19,10 @@ import spawn_main; spawn_main(...)'`` with numbers only). A pyc counts as its so
 source is claimed and no drift finding names the pyc (the agent compares every pyc with its
 source). Files of a ``pristine`` distribution are ``Pristine``'s to judge and are skipped.
 
-Both rules read what the agent judged from outside (``ProcessReport.provenance``) and the
-probe's manifest for ``-c`` code; a process whose provenance is not judged yet is the
-``provenance.unjudged`` (PENDING) of ``ViewsAgree``, never a pass here.
+Both rules read only what the agent judged from outside (``ProcessReport.provenance``, where
+``-c`` code is listed as an ``unknown`` file of path ``-c``, and the command line it read):
+the verifier keeps no manifest in a report it judges. A process whose provenance is not
+judged yet is the ``provenance.unjudged`` (PENDING) of ``ViewsAgree``, never a pass here.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,16 +40,15 @@ from servewitness.policy import findings as F
 from servewitness.policy import interface as I
 from servewitness.policy.rules_provenance import Patch
 
-INLINE = "inline"  # a manifest entry of ``-c`` code (path "-c")
+INLINE_PATH = "-c"  # the path of ``-c`` code (a manifest entry of kind inline)
 _PYC = re.compile(r"(?P<dir>.*)/__pycache__/(?P<name>[^./]+)\.[^./]+(?:\.opt-\d+)?\.pyc")
-# multiprocessing's spawn and forkserver start methods run ``-c`` code of two statements: an
-# import of their entry function and one call of it with literal arguments (get_command_line).
-_STUBS = frozenset(
-    {("multiprocessing.spawn", "spawn_main"), ("multiprocessing.forkserver", "main")}
-)
+# multiprocessing's spawn start method runs ``-c`` code of two statements: an import of its
+# entry function and one call of it with literal arguments (``spawn.get_command_line``). The
+# forkserver's is not taken: its literal arguments name a main script to run by path.
+_STUBS = frozenset({("multiprocessing.spawn", "spawn_main")})
 _MAX_STUB = 4096
 # The order unclaimed files are listed in: code from nowhere first, an editable checkout last.
-_FIRST = {"inline": 0, Origin.UNKNOWN: 1, Origin.PATCHED: 2, Origin.ADDED: 3, Origin.EDITABLE: 5}
+_FIRST: dict[str, int] = {"unknown": 1, "patched": 2, "added": 3, "editable": 5}
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ def _is_stub(code: str) -> bool:
 
 @dataclass(frozen=True)
 class _Accepted:
-    how: str  # generated | claimed | patch | spawn stub
+    how: str  # generated | claimed | patch | [spawn stub, ]started by <parent>
     path: str
     note: str = ""
 
@@ -160,7 +161,7 @@ class AllCodeClaimed:
             if accepted:
                 kinds: dict[str, int] = {}
                 for a in accepted:
-                    kind = "started by its parent" if a.how.startswith("started by") else a.how
+                    kind = "started by its parent" if "started by" in a.how else a.how
                     kinds[kind] = kinds.get(kind, 0) + 1
                 out.append(
                     E.finding(
@@ -177,6 +178,19 @@ class AllCodeClaimed:
                         ],
                     )
                 )
+        return out
+
+    def unclaimed(self, processes: Sequence[ProcessReport]) -> list[dict[str, Any]]:
+        """Every file this rule leaves unclaimed in PROCESSES' judged ones (``verifier policy
+        init --claim-all-code`` writes a claim for each), each with its process's pid."""
+        judged = [p for p in processes if p.probe_present and p.role not in I.IGNORED_ROLES]
+        by_key = {(q.key.boot_id, q.key.pid): q for q in judged}
+        out: list[dict[str, Any]] = []
+        for p in judged:
+            if p.provenance is not None:
+                left, _ = self._judge(p, p.provenance)
+                left, _ = _started_by(p, by_key.get((p.key.boot_id, p.ppid)), left)
+                out += [{**e, "pid": p.key.pid, "role": p.role} for e in left]
         return out
 
     def _judge(
@@ -198,35 +212,37 @@ class AllCodeClaimed:
         for f in prov.files:
             if f.distribution in self.pristine:
                 continue
-            how, why = self._file(f, by_path, flagged)
+            if f.path == INLINE_PATH:
+                how, why = self._inline(p, f)
+            else:
+                how, why = self._file(f, by_path, flagged)
             if why is None:
                 accepted.append(_Accepted(how, f.path))
             else:
                 unclaimed.append(
-                    {"path": f.path, "origin": f.origin, "sha256": f.sha256, "why": why}
-                )
-        if p.files is None:
-            unclaimed.append({"path": None, "why": "the process's manifest is not in the report"})
-        for e in p.files or ():
-            if e.kind != INLINE:
-                continue
-            claim = next((c for c in self.claims if c.covers("-c")), None)
-            if claim is not None and claim.sha256 == (e.sha256 or "").lower():
-                accepted.append(_Accepted("claimed", "-c", claim.note))
-            elif spawn_stub(p.cmdline, e.sha256):
-                accepted.append(_Accepted("spawn stub", "-c"))
-            else:
-                unclaimed.append(
                     {
-                        "path": "-c",
-                        "origin": "inline",
-                        "sha256": e.sha256,
-                        "why": "code given on the command line (python -c) that no [[claims]] "
-                        "entry vouches for",
+                        "path": f.path,
+                        "origin": f.origin,
+                        "sha256": f.sha256,
+                        "distribution": f.distribution,
+                        "record_path": f.record_path,
+                        "why": why,
                     }
                 )
-        unclaimed.sort(key=lambda e: _FIRST.get(e.get("origin") or "", len(_FIRST)))
+        unclaimed.sort(
+            key=lambda e: (e["path"] != INLINE_PATH, _FIRST.get(e.get("origin") or "", 9))
+        )
         return unclaimed, accepted
+
+    def _inline(self, p: ProcessReport, f: FileOrigin) -> tuple[str, str | None]:
+        """``-c`` code: claimed by its bytes here; multiprocessing's start stub only with the
+        judged parent that started it (``_started_by``)."""
+        claim = next((c for c in self.claims if c.covers(INLINE_PATH)), None)
+        if claim is not None and claim.sha256 == (f.sha256 or "").lower():
+            return "claimed", None
+        return "", (
+            "code given on the command line (python -c) that no [[claims]] entry vouches for"
+        )
 
     def _file(
         self, f: FileOrigin, by_path: dict[str, FileOrigin], flagged: set[str]
@@ -267,16 +283,23 @@ class AllCodeClaimed:
 def _started_by(
     p: ProcessReport, parent: ProcessReport | None, unclaimed: list[dict[str, Any]]
 ) -> tuple[list[dict[str, Any]], list[_Accepted]]:
-    """``-c`` code the agent could not read (the process rewrote its command line, as vLLM's
-    engine and workers do with their titles) of a process a judged process of the target
-    started: that parent's code, judged here too, chose it (multiprocessing's spawn). Then
-    accepted as started by it; otherwise left unclaimed."""
-    rewritten = "-c" not in p.cmdline
-    if parent is None or not rewritten or parent.start_time > p.start_time:
+    """``-c`` code of a process that a judged process of the target started, and that is
+    multiprocessing's start stub as the agent read it from ``/proc/<pid>/cmdline``, or that
+    the agent could not read because the process wrote its title over its command line (as
+    vLLM's engine and workers do): the parent's code, judged here too, chose it. The stub
+    alone is not enough: ``spawn_main`` unpickles what the pipe it names carries, code that
+    only the process on the other end chose. Otherwise the code stays unclaimed."""
+    if parent is None or parent.start_time > p.start_time:
         return unclaimed, []
-    keep = [e for e in unclaimed if e.get("origin") != INLINE]
-    how = f"started by {E.name(parent)}"
-    return keep, [_Accepted(how, "-c") for e in unclaimed if e.get("origin") == INLINE]
+    inline = [e for e in unclaimed if e["path"] == INLINE_PATH]
+    if not inline:
+        return unclaimed, []
+    rewritten = "-c" not in p.cmdline
+    if not rewritten and not spawn_stub(p.cmdline, inline[0].get("sha256")):
+        return unclaimed, []
+    how = f"{'' if rewritten else 'spawn stub, '}started by {E.name(parent)}"
+    keep = [e for e in unclaimed if e["path"] != INLINE_PATH]
+    return keep, [_Accepted(how, INLINE_PATH) for _ in inline]
 
 
 @dataclass(frozen=True)
