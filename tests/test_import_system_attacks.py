@@ -235,6 +235,19 @@ INSTANCE_OVERRIDES = {
     "exec_module": "ld.exec_module = lambda mod: exec(compile(EVIL, path, 'exec'), mod.__dict__)",
     # get_code on the instance
     "get_code": "ld.get_code = lambda name: compile(EVIL, path, 'exec', dont_inherit=True)",
+    # a functools.partial, as virtualenv's _virtualenv.py sets one on distutils.dist's loader
+    # (found on the GPU image: shown as "?" before the probe looked through partials)
+    "partial": (
+        "import functools\n"
+        "def _run(old, mod): exec(compile(EVIL, path, 'exec'), mod.__dict__)\n"
+        "ld.exec_module = functools.partial(_run, ld.exec_module)"
+    ),
+    # a callable object
+    "callable_object": (
+        "class _Run:\n"
+        "    def __call__(self, mod): exec(compile(EVIL, path, 'exec'), mod.__dict__)\n"
+        "ld.exec_module = _Run()"
+    ),
 }
 
 
@@ -291,3 +304,10 @@ def test_a_plain_file_loader_instance_running_other_code_is_unfiled(
         verdict,
         _findings(found),
     )
+    if method in ("partial", "callable_object"):  # named, and by the file that defines it
+        detail = next(d.detail for d in report.drift if d.id == "provenance.module.unfiled")
+        named = (
+            "partial(Finder.find_spec.<locals>._run)" if method == "partial" else "_Run.__call__"
+        )
+        assert f"{named} set on the instance" in detail, detail
+        assert "sitecustomize.py" in detail, detail

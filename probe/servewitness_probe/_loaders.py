@@ -34,6 +34,7 @@ inductor's generated modules set ``__file__`` to the file they compiled: hashed 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import sys
@@ -123,6 +124,39 @@ def _instance_override(loader: Any) -> Any:
     return None
 
 
+def _code_of(fn: Any) -> tuple[str, Any]:
+    """What FN, a callable set on a loader, runs: its name as shown and the code object of
+    the Python function it comes down to, through ``functools.partial`` objects (virtualenv's
+    ``_virtualenv.py`` sets ``partial(_Finder.exec_module, old)`` on the loaders of
+    ``distutils.dist`` and ``setuptools.dist``), bound methods and callable objects (their
+    class's ``__call__``); None where no Python code is found (never raises)."""
+    shown: list[str] = []
+    try:
+        for _ in range(8):  # a chain of partials of partials: bounded
+            if isinstance(fn, functools.partial):
+                shown.append("partial")
+                fn = fn.func
+                continue
+            inner = getattr(fn, "__func__", None)  # a bound method
+            if inner is not None:
+                fn = inner
+                continue
+            break
+        code = getattr(fn, "__code__", None)
+        name = getattr(fn, "__qualname__", None)
+        if not isinstance(code, types.CodeType) and not isinstance(fn, type):
+            owner = next((k for k in type(fn).__mro__ if "__call__" in vars(k)), None)
+            call = vars(owner).get("__call__") if owner is not None else None  # an object
+            code = getattr(call, "__code__", None)
+            name = f"{getattr(type(fn), '__qualname__', '?')}.__call__"
+    except Exception:  # noqa: BLE001 - a hostile object: nothing found
+        return "?", None
+    label = name if isinstance(name, str) else "?"
+    for wrapper in shown:
+        label = f"{wrapper}({label})"
+    return label, code if isinstance(code, types.CodeType) else None
+
+
 def _defining_file(cls: type) -> str | None:
     """The file that defines the loader class CLS: where the first of its own methods was
     compiled from, else its module's file (a class that only inherits, ``class L(Base):
@@ -174,8 +208,7 @@ def record(st: Any, name: str, module: Any, spec: Any, at: str, *, custom: bool 
     defined_in = _defining_file(cls)
     override = None if isinstance(loader, type) else _instance_override(loader)
     if override is not None:  # judged by where that function was compiled, not the class
-        code = getattr(getattr(override, "__func__", override), "__code__", None)
-        named = getattr(override, "__qualname__", "?")
+        named, code = _code_of(override)
         what = f"{what} with {named} set on the instance"
         defined_in = getattr(code, "co_filename", None)
     st.remember(
