@@ -28,6 +28,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -97,6 +98,7 @@ def run(
     extra: str = "",
     attack: str = "attack",
     parent_shell: bool = False,
+    env: dict[str, str] | None = None,
 ) -> Run:
     """A probed interpreter with fakedist installed in ``tmp/site`` (on PYTHONPATH), the
     attacker's SITECUSTOMIZE (if any) in ``tmp/attack`` before it, and EXTRA lines in its
@@ -114,17 +116,18 @@ def run(
     (tmp / "scratch").mkdir(exist_ok=True)
     out = tmp / f"out-{time.monotonic_ns()}"
     script = SCRIPT.replace("EXTRA", extra)
-    env = probe_env(
+    environ = probe_env(
         tmp / "probe",
         VERIFIER_PROBE_EARLY="1",
         PYTHONPATH=os.pathsep.join(path),
         PYTHONDONTWRITEBYTECODE="1",
         TMPDIR=str(tmp / "scratch"),
+        **(env or {}),
     )
     argv = [sys.executable, "-c", script, str(out)]
     if parent_shell:  # the shell's own environment names the probe's directory to the agent
         argv = ["bash", "-c", '"$@"; true', "bash", *argv]
-    proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(argv, env=environ, stderr=subprocess.PIPE)
     pid = proc.pid
     try:
         wait_ready(proc, out, 120)
@@ -462,6 +465,47 @@ def test_the_stubs_multiprocessing_writes_are_stubs() -> None:
     data = {"sys_path": ["/a", "/b"], "main_path": "/tmp/evil.py"}
     fs = f"from multiprocessing.forkserver import main; main(5, 6, {['__main__']!r}, **{data!r})"
     assert forkserver.__name__ and not spawn_stub(("python", "-c", fs), sha(fs.encode()))
+
+
+# native code nobody claims -----------------------------------------------------------------------
+
+
+def _a_library() -> Path:
+    """A shared library of this machine's (zlib's: no compiler needed), to copy where an
+    attacker would put their own: native code is native code, whoever wrote it."""
+    import ctypes.util
+
+    name = ctypes.util.find_library("z")
+    assert name, "no libz on this machine"
+    for d in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/usr/lib", "/lib"):
+        if (Path(d) / name).exists():
+            return Path(d) / name
+    raise AssertionError(f"{name} not found")
+
+
+@pytest.mark.parametrize("how", ["ld_preload", "ctypes"])
+def test_native_code_nobody_claims_is_unclaimed(tmp_path: Path, how: str) -> None:
+    """Attack: native code loaded from outside every distribution and the system's library
+    directories: an ``LD_PRELOAD`` of a library under the working tree (whatever its
+    constructor does runs before Python does), or ``ctypes.CDLL`` of one from the
+    ``-c`` code. No module file is involved, so the manifest has nothing to judge.
+    Gets (before): PASS, the mapping only checked against its path on disk.
+    Sound: the mapping is listed (``mapped native code``, unknown) and unclaimed; claimed by
+    its path and sha256, it passes."""
+    lib = tmp_path / "lib" / "libevil.so"
+    lib.parent.mkdir()
+    shutil.copy2(_a_library(), lib)
+    if how == "ld_preload":
+        r = run(tmp_path, env={"LD_PRELOAD": str(lib)})
+    else:
+        r = run(tmp_path, extra=f"import ctypes; ctypes.CDLL({str(lib)!r})")
+    assert str(lib) in {m.path for m in r.report.native_mappings}
+    verdict, found = judge(r.report, policy(claims=honest(r)))
+    assert verdict == Verdict.FAIL
+    assert unclaimed_paths(found) == {str(lib)}
+    claim = (str(lib), sha(lib.read_bytes()))
+    verdict, found = judge(r.report, policy(claims=[*honest(r), claim]))
+    assert verdict == Verdict.PASS, [(f.id, f.message) for f in found]
 
 
 # the rule fails closed -----------------------------------------------------------------------

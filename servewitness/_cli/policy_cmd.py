@@ -295,6 +295,8 @@ def _pinned_files(prov: Provenance, runner_file: str | None) -> list[str]:
         for f in prov.files:
             if f.origin != want or f.path.endswith(".pyc") or f.path in (runner_file, "-c"):
                 continue
+            if f.reason.startswith("mapped native code"):  # no module file: [[files]] cannot pin
+                continue
             if not f.sha256:
                 unhashed.append(f.path)
                 continue

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from servewitness.evidence.distindex import Claim, DistIndex, norm_path, record_abspath
-from servewitness.evidence.places import in_stdlib, innermost
+from servewitness.evidence.places import in_stdlib, innermost, system_code
 from servewitness.model import (
     DRIFT_MODULE_SHADOWED,
     Drift,
@@ -253,8 +253,11 @@ def classify(
 
     NATIVE: the process's executable mappings (``native.native_mappings``). Each one hashed
     as mapped, not in FILES, that belongs to a distribution is judged and counted like a
-    loaded file, with the mapped inode's sha256; the rest (the interpreter, system libraries)
-    have no RECORD to compare with and are left to the native mapping checks.
+    loaded file, with the mapped inode's sha256; of the rest, those in the system's
+    directories (the interpreter, system libraries: ``places.system_code``) have no RECORD to
+    compare with and are left to the native mapping checks, and any other (an
+    ``LD_PRELOAD``, a library loaded with ``ctypes``, a compile cache's) is counted and
+    listed ``unknown`` or ``generated``, hashed or not.
 
     COMPILED_FROM: ``judge_bytecode``'s pycs shown to be compiled from their source (pyc path
     -> the source's sha256); a pyc of a pristine source that is not in it is ``unknown``
@@ -288,17 +291,18 @@ def classify(
             per_dist[key] = per_dist.get(key, 0) + 1
         if j.origin not in (Origin.PRISTINE, Origin.STDLIB):
             reported.append(_file_origin(f, j))
-    for m in mapped:
-        j = c.path(m.path, m.sha256, derived=False)
-        if j.distribution is None:
+    unread = [m for m in native if m.sha256 is None and norm_path(m.path) not in listed]
+    for m in [*mapped, *unread]:
+        judged = _native(c, m, ctx.stdlib_dirs)
+        if judged is None:
             continue
-        counts[j.origin] += 1
-        key = (j.distribution, j.version or "")
-        per_dist[key] = per_dist.get(key, 0) + 1
-        if j.origin is not Origin.PRISTINE:
-            j = dataclasses.replace(j, reason=f"mapped native code: {j.reason}")
+        counts[judged.origin] += 1
+        if judged.distribution is not None:
+            key = (judged.distribution, judged.version or "")
+            per_dist[key] = per_dist.get(key, 0) + 1
+        if judged.origin is not Origin.PRISTINE:
             entry = FileEntry(m.path, m.sha256, m.size, "native", None, "mapped")
-            reported.append(_file_origin(entry, j))
+            reported.append(_file_origin(entry, judged))
     for f in inline:
         counts[Origin.UNKNOWN] += 1
         reason = "code given on the command line (python -c): no file, nothing installed claims it"
@@ -310,6 +314,24 @@ def classify(
         distributions=tuple((d, v, n) for (d, v), n in sorted(per_dist.items())),
     )
     return prov, shadowing(files, index, ctx)
+
+
+def _native(c: _Classifier, m: NativeMapping, stdlib_dirs: Sequence[str]) -> _Judged | None:
+    """A mapping's class, to be counted (and listed unless pristine), or None: a
+    distribution's that could not be read (the native mapping checks say so), or one in
+    the system's directories or the interpreter's installation (``places.system_code``).
+    Any other that no distribution claims (an ``LD_PRELOAD``, a library loaded with ctypes,
+    a compile cache's) is ``unknown`` or ``generated``, read or not."""
+    j = c.path(m.path, m.sha256, derived=False)
+    if j.distribution is None:
+        nobodys = j.origin in (Origin.UNKNOWN, Origin.GENERATED)
+        if not nobodys or system_code(m.path, stdlib_dirs):
+            return None
+    elif m.sha256 is None:
+        return None
+    if j.origin is Origin.PRISTINE:
+        return j
+    return dataclasses.replace(j, reason=f"mapped native code: {j.reason}")
 
 
 def shadowing(files: Sequence[FileEntry], index: DistIndex, ctx: Context) -> list[Drift]:

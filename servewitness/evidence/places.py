@@ -6,6 +6,7 @@ with these; the changed-after-start checks (``judge.py``, ``native.py``) waive g
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -119,3 +120,25 @@ def import_entry(entry: str, cwd: str | None) -> str | None:
             return None
         entry = f"{cwd}/{entry}" if entry else cwd
     return norm_path(entry)
+
+
+# Where an image's system installs its native code: the interpreter and the libraries it and
+# the dynamic loader map from there are the image's (no RECORD speaks for them).
+SYSTEM_DIRS = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin")
+
+
+def system_code(path: str, stdlib_dirs: Iterable[str] = ()) -> bool:
+    """Whether PATH (as the process names it) is in the system's directories
+    (``SYSTEM_DIRS``) or in the installation of the interpreter whose standard library is
+    STDLIB_DIRS (``<prefix>/lib/pythonX.Y``: its ``<prefix>``, where the executable and
+    libpython are, for an interpreter outside ``/usr``), and not in a site directory below
+    them (where distributions install and anyone with pip can write)."""
+    p = norm_path(path)
+    prefixes = [
+        posixpath.dirname(posixpath.dirname(norm_path(d)))
+        for d in stdlib_dirs
+        if d.startswith("/") and not d.endswith("/lib-dynload")
+    ]
+    if not any(is_under(p, d) for d in (*SYSTEM_DIRS, *prefixes) if d.startswith("/")):
+        return False
+    return _NON_STDLIB_DIRS.isdisjoint(p.split("/"))
