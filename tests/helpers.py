@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import json
 import os
 import subprocess
@@ -409,3 +411,19 @@ def threads_started(monkeypatch: Any) -> list[threading.Thread]:
 
     monkeypatch.setattr(threading.Thread, "start", start)
     return started
+
+
+def install_dist(site: Path, name: str, files: Mapping[str, bytes], extra_rows: str = "") -> None:
+    """Distribution NAME 1.0 in SITE: FILES (path relative to SITE -> bytes) written and each
+    listed in its RECORD with its sha256 (pristine as installed), then EXTRA_ROWS verbatim."""
+    info = site / f"{name}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    rows = []
+    for rel, data in files.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_bytes(data)
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).decode().rstrip("=")
+        rows.append(f"{rel},sha256={digest},{len(data)}")
+    rows.append(f"{name}-1.0.dist-info/RECORD,,")
+    (info / "RECORD").write_text("\n".join(rows) + "\n" + extra_rows)

@@ -50,8 +50,16 @@ from servewitness.policy import TargetSnapshot, load_policy
 from servewitness.policy import findings as F
 from servewitness.policy.interface import PolicyError
 from servewitness.policy.rules_claims import spawn_stub
-from tests.helpers import REPO, probe_env, verifier_cli, wait_ready, weak_policy
-from tests.test_bytecode_attacks import install, record_row
+from tests.helpers import (
+    REPO,
+    install_dist,
+    probe_env,
+    system_libz,
+    verifier_cli,
+    wait_ready,
+    weak_policy,
+)
+from tests.test_bytecode_attacks import install
 from tests.test_gate_time_attacks import make_lab
 
 PATCHER = "import fakedist.core\nfakedist.core.VALUE = 'evil!!!!!'\n"
@@ -67,21 +75,6 @@ SCRIPT = (
 
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def install_dist(site: Path, name: str, files: dict[str, bytes]) -> None:
-    """Distribution NAME 1.0 in SITE with FILES (relative path -> bytes), every one listed in
-    its RECORD with its hash: pristine as installed."""
-    info = site / f"{name}-1.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
-    rows = []
-    for rel, data in files.items():
-        (site / rel).parent.mkdir(parents=True, exist_ok=True)
-        (site / rel).write_bytes(data)
-        rows.append(record_row(rel, data))
-    rows.append(f"{name}-1.0.dist-info/RECORD,,")
-    (info / "RECORD").write_text("\n".join(rows) + "\n")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -470,19 +463,6 @@ def test_the_stubs_multiprocessing_writes_are_stubs() -> None:
 # native code nobody claims -----------------------------------------------------------------------
 
 
-def _a_library() -> Path:
-    """A shared library of this machine's (zlib's: no compiler needed), to copy where an
-    attacker would put their own: native code is native code, whoever wrote it."""
-    import ctypes.util
-
-    name = ctypes.util.find_library("z")
-    assert name, "no libz on this machine"
-    for d in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/usr/lib", "/lib"):
-        if (Path(d) / name).exists():
-            return Path(d) / name
-    raise AssertionError(f"{name} not found")
-
-
 @pytest.mark.parametrize("how", ["ld_preload", "ctypes"])
 def test_native_code_nobody_claims_is_unclaimed(tmp_path: Path, how: str) -> None:
     """Attack: native code loaded from outside every distribution and the system's library
@@ -494,7 +474,7 @@ def test_native_code_nobody_claims_is_unclaimed(tmp_path: Path, how: str) -> Non
     its path and sha256, it passes."""
     lib = tmp_path / "lib" / "libevil.so"
     lib.parent.mkdir()
-    shutil.copy2(_a_library(), lib)
+    shutil.copy2(system_libz(), lib)  # any library: native code is native code
     if how == "ld_preload":
         r = run(tmp_path, env={"LD_PRELOAD": str(lib)})
     else:

@@ -10,9 +10,7 @@
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import hashlib
 import posixpath
 import sys
 import time
@@ -41,35 +39,18 @@ from servewitness.model import (
     ProcessReport,
 )
 from tests import test_bytecode as tb
-from tests.helpers import spawn_probed
+from tests.helpers import install_dist, spawn_probed
 
 CODE = "import fakedist.core, fakedist.extra, brokendist, structlog"
-
-
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).decode().rstrip("=")
-
-
-def _dist(site: Path, name: str, files: dict[str, bytes], extra_rows: str = "") -> None:
-    info = site / f"{name}-1.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
-    rows = []
-    for rel, data in files.items():
-        (site / rel).parent.mkdir(parents=True, exist_ok=True)
-        (site / rel).write_bytes(data)
-        rows.append(f"{rel},sha256={_b64(data)},{len(data)}")
-    rows.append(f"{name}-1.0.dist-info/RECORD,,")
-    (info / "RECORD").write_text("\n".join(rows) + "\n" + extra_rows)
 
 
 def make_site(site: Path) -> None:
     """fakedist: core.py patched after install, extra.py added (no RECORD row); brokendist:
     a RECORD with a malformed row."""
-    _dist(site, "fakedist", {"fakedist/__init__.py": b"", "fakedist/core.py": b"X = 1\n"})
+    install_dist(site, "fakedist", {"fakedist/__init__.py": b"", "fakedist/core.py": b"X = 1\n"})
     (site / "fakedist" / "core.py").write_bytes(b"X = 2  # patched\n")
     (site / "fakedist" / "extra.py").write_bytes(b"Y = 1\n")
-    _dist(site, "brokendist", {"brokendist.py": b"Z = 1\n"}, "not,a,valid,row\n")
+    install_dist(site, "brokendist", {"brokendist.py": b"Z = 1\n"}, "not,a,valid,row\n")
 
 
 def probed(root: Path, site: Path, n: int) -> contextlib.AbstractContextManager[int]:

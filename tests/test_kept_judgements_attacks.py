@@ -32,8 +32,8 @@ from servewitness.model import (
     Origin,
     ProcessReport,
 )
-from tests.helpers import probe_env, stop, wait_ready
-from tests.test_cold_manifest import _dist, make_site
+from tests.helpers import install_dist, probe_env, stop, wait_ready
+from tests.test_cold_manifest import make_site
 from tests.test_kept_judgements import Classified, collect
 
 SETTLE_S = 1.5  # one sweeper pass of the probe (SWEEP_INTERVAL_S 1.0): what was loaded is recorded
@@ -147,7 +147,9 @@ def patched_native(site: Path) -> tuple[Path, Path]:
     donor = Path(importlib.util.find_spec("_json").origin or "")  # type: ignore[union-attr]
     other = Path(importlib.util.find_spec("_bisect").origin or "")  # type: ignore[union-attr]
     assert donor.suffix == ".so" and other.suffix == ".so"
-    _dist(site, "natdist", {"natdist/__init__.py": b"", "natdist/_lib.so": donor.read_bytes()})
+    install_dist(
+        site, "natdist", {"natdist/__init__.py": b"", "natdist/_lib.so": donor.read_bytes()}
+    )
     lib = site / "natdist" / "_lib.so"
     lib.write_bytes(other.read_bytes())  # patched after install
     return lib, donor
@@ -163,7 +165,7 @@ def test_a_module_loaded_after_the_first_judgement_is_judged(
     Its (path, sha256) enters the manifest digest: the key differs, the restarted agent
     judges afresh and calls it patched, as an agent without the store does."""
     site = tmp_path / "site"
-    _dist(site, "lated", {"lated/__init__.py": b"", "lated/mod.py": b"A = 1\n"})
+    install_dist(site, "lated", {"lated/__init__.py": b"", "lated/mod.py": b"A = 1\n"})
     (site / "lated" / "mod.py").write_bytes(b"A = 666  # patched after install\n")
     state = tmp_path / "state"
     with workload(tmp_path, "import lated", site) as w:
@@ -194,7 +196,7 @@ def test_a_rejected_pyc_run_later_with_the_same_bytes_is_judged(
     the same one.)"""
     site = tmp_path / "site"
     good = b"X = 1\n"
-    _dist(site, "pycdist", {"pycdist/__init__.py": b"", "pycdist/mod.py": good})
+    install_dist(site, "pycdist", {"pycdist/__init__.py": b"", "pycdist/mod.py": good})
     source = site / "pycdist" / "mod.py"
     tag = sys.implementation.cache_tag
     pyc = site / "pycdist" / "__pycache__" / f"mod.{tag}.pyc"
@@ -303,7 +305,7 @@ def test_a_distribution_hidden_for_the_first_judgement_then_restored_shows_the_s
 
     UNSAFE when this fails: a shadowing hidden once stays hidden across restarts."""
     site = tmp_path / "site"
-    _dist(site, "victim", {"victim.py": b"V = 1\n", "other_victim.py": b"W = 1\n"})
+    install_dist(site, "victim", {"victim.py": b"V = 1\n", "other_victim.py": b"W = 1\n"})
     front = tmp_path / "front"
     front.mkdir()
     shadow = front / "victim.py"
@@ -375,7 +377,7 @@ def test_a_process_that_execs_another_program_under_its_pid_is_judged_afresh(
     does not match and the patched module is found, as an agent without the store finds it."""
     site = tmp_path / "site"
     make_site(site)
-    _dist(site, "lated", {"lated/__init__.py": b"", "lated/mod.py": b"A = 1\n"})
+    install_dist(site, "lated", {"lated/__init__.py": b"", "lated/mod.py": b"A = 1\n"})
     patched = site / "lated" / "mod.py"
     patched.write_bytes(b"A = 666  # patched after install\n")
     ready = tmp_path / "ready-exec"
@@ -415,7 +417,7 @@ def test_a_file_read_under_another_module_name_then_imported_shows_the_shadowing
 
     UNSAFE when this fails (a running agent shares it: the same static key)."""
     site = tmp_path / "site"
-    _dist(site, "victim", {"victim.py": b"V = 1\n"})
+    install_dist(site, "victim", {"victim.py": b"V = 1\n"})
     front = tmp_path / "front"
     front.mkdir()
     shadow = front / "victim.py"

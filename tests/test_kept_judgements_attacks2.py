@@ -39,7 +39,8 @@ from servewitness.model import (
     DRIFT_RECORD_CHANGED_AFTER_START,
     Origin,
 )
-from tests.test_cold_manifest import _dist, make_site
+from tests.helpers import install_dist
+from tests.test_cold_manifest import make_site
 from tests.test_kept_judgements import collect
 from tests.test_kept_judgements_attacks import (
     _b64,
@@ -201,7 +202,7 @@ def test_a_dangling_dist_info_link_pointed_after_the_first_judgement_shows_the_s
     make_site(site)
     (site / "victim.py").write_bytes(b"V = 1\n")
     staging = tmp_path / "staging"
-    _dist(staging, "victim", {"victim.py": b"V = 1\n"})
+    install_dist(staging, "victim", {"victim.py": b"V = 1\n"})
     ready = staging / "victim-1.0.dist-info"
     target = tmp_path / "elsewhere" / "victim-info"
     target.parent.mkdir()
