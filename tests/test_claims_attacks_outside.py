@@ -454,7 +454,7 @@ def test_caught_variants(box: Box, variant: str) -> None:
     if variant == "extension-module" and not any(
         (Path(d) / "gcc").exists() for d in os.environ.get("PATH", "").split(os.pathsep)
     ):
-        pytest.skip("no gcc")
+        pytest.skip("no gcc on this machine to build the C extension module this variant loads")
     extra = _caught_setup(box, variant)
     result, report = run_honest_script(box, more=extra)
     assert result == EVIL

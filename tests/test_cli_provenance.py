@@ -5,7 +5,6 @@ other native libraries; and stored ``inspect --json`` reports of them."""
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import hashlib
 import json
@@ -34,7 +33,14 @@ from servewitness.model import (
 )
 from servewitness.policy import TargetSnapshot, load_policy
 from servewitness.policy import findings as F
-from tests.helpers import probe_env, spawn_probed, system_libz, verifier_cli, wait_ready
+from tests.helpers import (
+    install_dist,
+    probe_env,
+    spawn_probed,
+    system_libz,
+    verifier_cli,
+    wait_ready,
+)
 
 SCRIPT = "import sys, time, mod_a{extra}; open(sys.argv[1], 'w').write('ok'); time.sleep(600)"
 
@@ -154,18 +160,7 @@ def sha(data: bytes) -> str:
 def fake_dist(site: Path, core: bytes) -> Path:
     """An installed distribution ``fakedist`` 1.0 in SITE: its package, METADATA and a RECORD
     with the real hashes of its files (core.py holds CORE). Returns core.py's path."""
-    files = {"fakedist/__init__.py": b"", "fakedist/core.py": core}
-    info = site / "fakedist-1.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fakedist\nVersion: 1.0\n")
-    rows = []
-    for rel, data in files.items():
-        (site / rel).parent.mkdir(parents=True, exist_ok=True)
-        (site / rel).write_bytes(data)
-        b64 = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).decode().rstrip("=")
-        rows.append(f"{rel},sha256={b64},{len(data)}")
-    rows.append("fakedist-1.0.dist-info/RECORD,,")
-    (info / "RECORD").write_text("\n".join(rows) + "\n")
+    install_dist(site, "fakedist", {"fakedist/__init__.py": b"", "fakedist/core.py": core})
     return site / "fakedist" / "core.py"
 
 
