@@ -86,10 +86,16 @@ def pick(reports: list[ProcessReport], role: str | None, source: str) -> Process
 def load_side(spec: str, role: str | None, procfs: ProcFS) -> tuple[str, ProcessReport]:
     """SPEC is a pid (a live process tree, read now) or a file written by
     ``verifier inspect --json``. Returns a label for it and the process that stands for it."""
-    label, reports = load_tree(spec, procfs)
-    chosen = pick(reports, role, label)
-    where = "" if label.startswith("pid ") else f"{label} "
-    return f"{where}pid {chosen.key.pid} ({chosen.role})", chosen
+    where, reports = load_tree(spec, procfs)
+    chosen = pick(reports, role, where)
+    return side_label(where, chosen), chosen
+
+
+def side_label(where: str, chosen: ProcessReport) -> str:
+    """How CHOSEN, picked from what ``load_tree`` labelled WHERE, is named in output:
+    ``pid 42 (worker)``, or ``boot-a.json pid 42 (worker)`` for a stored file."""
+    prefix = "" if where.startswith("pid ") else f"{where} "
+    return f"{prefix}pid {chosen.key.pid} ({chosen.role})"
 
 
 def load_tree(spec: str, procfs: ProcFS) -> tuple[str, list[ProcessReport]]:

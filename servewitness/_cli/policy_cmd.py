@@ -13,7 +13,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from servewitness._cli._local import load_tree, pick
+from servewitness._cli._local import load_tree, pick, side_label
 from servewitness._cli.fmt import add_json, result
 from servewitness.errors import ConfigError, UsageError
 from servewitness.evidence.procfs import ProcFS
@@ -317,7 +317,7 @@ def run_init(args: argparse.Namespace) -> int:
     spec = str(args.from_pid) if args.from_pid is not None else args.from_file
     where, reports = load_tree(spec, ProcFS(args.proc))
     report = pick(reports, args.role, where)
-    label = f"{'' if where.startswith('pid ') else where + ' '}pid {report.key.pid} ({report.role})"
+    label = side_label(where, report)
     claim_all = reports if args.claim_all_code else None
     text = render_policy(label, report, allow_unsafe=args.allow_unsafe, claim_all=claim_all)
     try:
