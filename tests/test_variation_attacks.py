@@ -266,3 +266,7 @@ def test_an_import_system_patch_made_and_undone_inside_one_import_is_seen(
     loaded = {f.path: f.at for f in report.files or () if f.path.startswith(str(core.parent))}
     verdict, found = judged(report)
     assert verdict == Verdict.FAIL, (verdict, _findings(found), loaded, report.probe_errors)
+    # the early probe's own audit hook says where the hook was added (the session-28 GPU run
+    # showed only that one was): the attacker's sitecustomize, line and function
+    added = [e for e in report.probe_errors if "an audit hook was added" in e]
+    assert added and "sitecustomize.py:" in added[0] and "(<module>)" in added[0], added

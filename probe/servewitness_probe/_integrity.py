@@ -100,9 +100,20 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
         where, what = _HOOK_EVENTS[event]
         _core.report_error(
             where,
-            f"{what} after the probe started: code that runs inside every import, between "
-            "the reading of a module's file and its compiling, can make it run other code",
+            f"{what} after the probe started{_caller()}: code that runs inside every import, "
+            "between the reading of a module's file and its compiling, can make it run other "
+            "code",
         )
+
+
+def _caller() -> str:
+    """`` by <file>:<line>``: the Python code that raised the audit event, as its frame says
+    (what a reader needs to find who added a hook; the process's word); '' when none."""
+    try:
+        f = sys._getframe(2)  # 0: here, 1: _audit, 2: the caller of sys.addaudithook & co.
+        return f" by {f.f_code.co_filename}:{f.f_lineno} ({f.f_code.co_name})"
+    except Exception:  # noqa: BLE001 - no Python frame (a C caller): nothing to name
+        return ""
 
 
 # audit event -> (probe error area, what was done): an audit hook is judged (nothing in an

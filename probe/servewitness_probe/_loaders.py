@@ -12,9 +12,14 @@ an ``unfiled`` journal record::
      "source_size": int|null, "at": "load"|"snapshot"|"late"}
 
 ``loader_file`` is the file that defines the loader's class (where its own methods were
-compiled from), so the agent can judge it against its distribution's RECORD;
-``source_sha256`` is the sha256 of what the loader's ``get_source`` returns, when it has one
-(the probe's word only: no file holds it).
+compiled from), so the agent can judge it against its distribution's RECORD. Where methods on
+the code path are set on the loader instance, it is the file the first of them was compiled
+from, and ``also`` (present only then) lists the file of every other piece of code those
+methods carry: the others, each callable a ``functools.partial`` binds (virtualenv's
+``partial(_Finder.exec_module, old)``: ``old``, the loader's own method, is the loader's and
+not listed), each as ``null`` when no file holds its code (a C callable, an object that is
+not plain data); ``source_sha256`` is the sha256 of what the loader's ``get_source``
+returns, when it has one (the probe's word only: no file holds it).
 
 A subclass of a wrapped file loader or of zipimport's that overrides none of the methods on
 the code path leaves the reading to its base: not custom. Modules are seen two ways: the
@@ -112,8 +117,8 @@ def is_custom(loader: Any) -> bool:
 
 
 def _instance_override(loader: Any) -> Any:
-    """The function set on LOADER itself for a method on the code path (not the probe's own
-    post-import wrapper), or None."""
+    """The first function set on LOADER itself for a method on the code path (not the
+    probe's own post-import wrapper), or None (on every import: no list is built)."""
     own = getattr(loader, "__dict__", None)
     if not isinstance(own, dict):
         return None
@@ -124,17 +129,72 @@ def _instance_override(loader: Any) -> Any:
     return None
 
 
-def _code_of(fn: Any) -> tuple[str, Any]:
-    """What FN, a callable set on a loader, runs: its name as shown and the code object of
+def _instance_overrides(loader: Any) -> list[Any]:
+    """Every function set on LOADER itself for a method on the code path (not the probe's own
+    post-import wrapper)."""
+    own = getattr(loader, "__dict__", None)
+    if not isinstance(own, dict):
+        return []
+    out = []
+    for m in _CODE_PATH:
+        fn = own.get(m)
+        if fn is not None and fn not in _postimport.WRAPPERS:
+            out.append(fn)
+    return out
+
+
+# Values a partial may bind that run no code of their own.
+_PLAIN: tuple[type, ...] = (str, bytes, int, float, bool, type(None))
+_MAX_CARRIED = 16  # pieces of code followed per loader: more are one unknown
+
+
+def _own_method(value: Any, loader: Any) -> bool:
+    """Whether VALUE is a method of LOADER's own class bound to LOADER (virtualenv's ``old``:
+    what the loader would have run anyway, judged with its class)."""
+    try:
+        fn = getattr(value, "__func__", None)
+        name = getattr(fn, "__name__", None)
+        return (
+            getattr(value, "__self__", None) is loader
+            and isinstance(name, str)
+            and getattr(type(loader), name, None) is fn
+        )
+    except Exception:  # noqa: BLE001 - a hostile object: not the loader's
+        return False
+
+
+def _carried(overrides: list[Any], loader: Any) -> list[Any]:
+    """The code objects (None: no Python code found) of what OVERRIDES run: each override,
+    and, through ``functools.partial`` objects, each value they bind that is not plain data,
+    the loader or one of its own methods (followed in turn; never raises)."""
+    todo = list(overrides)
+    codes: list[Any] = []
+    while todo and len(codes) < _MAX_CARRIED:
+        _, code, bound = _code_of(todo.pop(0))
+        codes.append(code)
+        for value in bound:
+            if isinstance(value, _PLAIN) or value is loader or _own_method(value, loader):
+                continue
+            todo.append(value)
+    if todo:
+        codes.append(None)  # more than followed: unknown
+    return codes
+
+
+def _code_of(fn: Any) -> tuple[str, Any, list[Any]]:
+    """What FN, a callable set on a loader, runs: its name as shown, the code object of
     the Python function it comes down to, through ``functools.partial`` objects (virtualenv's
     ``_virtualenv.py`` sets ``partial(_Finder.exec_module, old)`` on the loaders of
     ``distutils.dist`` and ``setuptools.dist``), bound methods and callable objects (their
-    class's ``__call__``); None where no Python code is found (never raises)."""
+    class's ``__call__``); None where no Python code is found; and the values the partials
+    bind (never raises)."""
     shown: list[str] = []
+    bound: list[Any] = []
     try:
         for _ in range(8):  # a chain of partials of partials: bounded
             if isinstance(fn, functools.partial):
                 shown.append("partial")
+                bound += [*fn.args, *fn.keywords.values()]
                 fn = fn.func
                 continue
             inner = getattr(fn, "__func__", None)  # a bound method
@@ -150,11 +210,11 @@ def _code_of(fn: Any) -> tuple[str, Any]:
             code = getattr(call, "__code__", None)
             name = f"{getattr(type(fn), '__qualname__', '?')}.__call__"
     except Exception:  # noqa: BLE001 - a hostile object: nothing found
-        return "?", None
+        return "?", None, [object()]  # what it binds is unknown too
     label = name if isinstance(name, str) else "?"
     for wrapper in shown:
         label = f"{wrapper}({label})"
-    return label, code if isinstance(code, types.CodeType) else None
+    return label, code if isinstance(code, types.CodeType) else None, bound
 
 
 def _defining_file(cls: type) -> str | None:
@@ -206,11 +266,13 @@ def record(st: Any, name: str, module: Any, spec: Any, at: str, *, custom: bool 
     src = _source(loader, name)
     what = f"{getattr(cls, '__module__', '?')}.{getattr(cls, '__qualname__', '?')}"
     defined_in = _defining_file(cls)
-    override = None if isinstance(loader, type) else _instance_override(loader)
-    if override is not None:  # judged by where that function was compiled, not the class
-        named, code = _code_of(override)
-        what = f"{what} with {named} set on the instance"
-        defined_in = getattr(code, "co_filename", None)
+    overrides = [] if isinstance(loader, type) else _instance_overrides(loader)
+    extra: dict[str, Any] = {}
+    if overrides:  # judged by where what they run was compiled, not by the class
+        what = f"{what} with {_code_of(overrides[0])[0]} set on the instance"
+        files = [_filename(c) for c in _carried(overrides, loader)]
+        defined_in = files[0]
+        extra["also"] = files[1:]
     st.remember(
         {
             "k": "unfiled",
@@ -222,8 +284,14 @@ def record(st: Any, name: str, module: Any, spec: Any, at: str, *, custom: bool 
             "source_sha256": src[0] if src else None,
             "source_size": src[1] if src else None,
             "at": at,
+            **extra,
         }
     )
+
+
+def _filename(code: Any) -> str | None:
+    name = getattr(code, "co_filename", None)
+    return name if isinstance(name, str) else None
 
 
 def _code_filename(name: str, module: types.ModuleType) -> str | None:

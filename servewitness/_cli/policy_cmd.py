@@ -17,7 +17,7 @@ from servewitness._cli._local import load_tree, pick, side_label
 from servewitness._cli.fmt import add_json, result
 from servewitness.errors import ConfigError, UsageError
 from servewitness.evidence.procfs import ProcFS
-from servewitness.model import Origin, ProcessReport, Provenance
+from servewitness.model import DRIFT_PTH_UNCLAIMED, Origin, ProcessReport, Provenance
 from servewitness.policy import PolicyError, load_policy, policy_digest, weakest_point
 from servewitness.policy import schema as policy_schema
 from servewitness.policy.rules_claims import AllCodeClaimed
@@ -37,8 +37,10 @@ declared with its hash; every editable (local) file and every file no distributi
 fired counts beside the step counts. With --claim-all-code, every process of the boot also
 gives [provenance] all_code_claimed, only_distributions (every distribution they loaded) and
 a claim of each code file no RECORD vouches for (-c code, editable and unknown files, by path
-and sha256; a patched file of any distribution as a [[patches]] entry). The policy is checked
-by loading it before it is written.
+and sha256; a patched file of any distribution as a [[patches]] entry). Every process of the
+boot gives a [[claims]] entry for each file whose bytes account for drift it showed: a .pth
+that executes code, the file defining code set on a loader instance (virtualenv's
+_virtualenv.py). The policy is checked by loading it before it is written.
 
 check: load a policy and print its digest, its rules, its unsafe keys and its weakest point in
 one line (what a PASS under it rests on at its thinnest); or the error (exit code 3). A policy
@@ -177,12 +179,16 @@ def render_policy(
     *,
     allow_unsafe: bool = False,
     claim_all: Sequence[ProcessReport] | None = None,
+    tree: Sequence[ProcessReport] = (),
 ) -> str:
     """The TOML text pinning R's boot. With ALLOW_UNSAFE, the unsafe keys its weakenings need
     (no runner and no hook firing on steps; vLLM's distribution not pristine) are written
     with a comment each; without, such a policy does not load (``strength.py``). With
     CLAIM_ALL (every process of the boot), ``all_code_claimed`` and ``only_distributions``
-    too, and a claim of every code file of theirs that the rule would leave unclaimed."""
+    too, and a claim of every code file of theirs that the rule would leave unclaimed. TREE
+    (every process of the boot; R alone when empty): a claim of each file whose bytes would
+    account for a drift of theirs (``DriftFree``: a ``.pth`` that executes code, the code of
+    a loader set on a loader instance, as virtualenv's ``_virtualenv.py`` sets one)."""
     prov = r.provenance
     out = [
         f"# Written by `verifier policy init` from {label}",
@@ -223,7 +229,9 @@ def render_policy(
         why = "vLLM's distribution was not loaded, or not all pristine or patched"
         unsafe.append((UNPINNED_SERVING, why + ": its files are not pinned"))
     out += _unsafe_tables([u for u in unsafe if u[0] != UNPINNED_SERVING])
-    claims = _claims(claim_all, pristine) if claim_all is not None else ([], [])
+    seen: set[tuple[str, str]] = set()
+    claims = _claims(claim_all, pristine, seen) if claim_all is not None else ([], [])
+    claims[1].extend(_drift_claims(tree or (r,), seen))
     if pristine or claim_all is not None or any(u[0] == UNPINNED_SERVING for u in unsafe):
         out.append("[provenance]")
         if pristine:
@@ -246,19 +254,50 @@ def render_policy(
     return "\n".join(out) + "\n"
 
 
-def _claims(reports: Sequence[ProcessReport], pristine: list[str]) -> tuple[list[str], list[str]]:
+def _drift_claims(reports: Sequence[ProcessReport], seen: set[tuple[str, str]]) -> list[str]:
+    """A ``[[claims]]`` table for each file of REPORTS' drift whose bytes would account for
+    it (not already in SEEN, which gets them): the ``.pth`` of ``provenance.pth.unclaimed``,
+    the files of ``provenance.module.unfiled``'s ``defined_in``."""
+    tables: list[str] = []
+    for r in reports:
+        if not r.probe_present or r.provenance is None:
+            continue
+        files = {f.path: f for f in r.provenance.files}
+        for d in r.drift:
+            paths = (d.path,) if d.id == DRIFT_PTH_UNCLAIMED else d.defined_in
+            for path in paths:
+                f = files.get(path)
+                if f is None or not f.sha256 or (path, f.sha256) in seen:
+                    continue
+                seen.add((path, f.sha256))
+                what = (
+                    "executes code at interpreter start"
+                    if d.id == DRIFT_PTH_UNCLAIMED
+                    else (f"defines the code a loader set on an instance ran for module {d.module}")
+                )
+                note = f"{r.role} pid {r.key.pid}: {what} ({d.id})"
+                tables += ["[[claims]]", f"path = {_q(path)}", f"sha256 = {_q(f.sha256)}"]
+                tables += [f"note = {_q(note)}", ""]
+    if tables:
+        tables.insert(0, "# files whose bytes account for drift the boot showed: review each one")
+    return tables
+
+
+def _claims(
+    reports: Sequence[ProcessReport], pristine: list[str], seen: set[tuple[str, str]]
+) -> tuple[list[str], list[str]]:
     """``[provenance]`` lines (``all_code_claimed``, ``only_distributions``: every
     distribution a judged process of REPORTS loaded) and the tables that claim what the rule
     would leave unclaimed in them: a ``[[patches]]`` entry for a patched file of a
     distribution, a ``[[claims]]`` entry (path and sha256) for any other file and for ``-c``
-    code; a file not hashed when loaded cannot be claimed and is listed in a comment."""
+    code; a file not hashed when loaded cannot be claimed and is listed in a comment. SEEN
+    gets each (path, sha256) claimed."""
     judged = [r for r in reports if r.probe_present and r.provenance is not None]
     names = sorted({d for r in judged for d, _, _ in r.provenance.distributions} | {*pristine})  # type: ignore[union-attr]
     head = ["all_code_claimed = true"]
     if names:
         head.append(f"only_distributions = [{', '.join(_q(n) for n in names)}]")
     tables: list[str] = []
-    seen: set[tuple[str, str]] = set()
     for e in AllCodeClaimed(tuple(pristine)).unclaimed(judged):
         path, sha, dist, rel = e["path"], e["sha256"], e.get("distribution"), e.get("record_path")
         where = f"{e['role']} pid {e['pid']}"
@@ -319,7 +358,9 @@ def run_init(args: argparse.Namespace) -> int:
     report = pick(reports, args.role, where)
     label = side_label(where, report)
     claim_all = reports if args.claim_all_code else None
-    text = render_policy(label, report, allow_unsafe=args.allow_unsafe, claim_all=claim_all)
+    text = render_policy(
+        label, report, allow_unsafe=args.allow_unsafe, claim_all=claim_all, tree=reports
+    )
     try:
         policy = load_policy(text, "<generated policy>")  # never write one that does not load
     except PolicyError as e:

@@ -47,7 +47,7 @@ from servewitness.model import Drift, FileOrigin, Provenance
 log = structlog.get_logger(__name__)
 
 _FAMILY = "verifier-judgements/"
-FORMAT = _FAMILY + "2"
+FORMAT = _FAMILY + "3"  # 3: a drift row carries defined_in
 FILENAME = "judgements.json"
 LIMIT = 1024  # processes: a store holds the last collect's, a vLLM tree is a few
 
@@ -151,7 +151,7 @@ def _encode(j: Judgement) -> dict[str, Any]:
             "files": [_origin_row(f) for f in p.files],
             "distributions": [list(d) for d in p.distributions],
         },
-        "drift": [[d.id, d.path, d.module, d.detail] for d in j.static_drift],
+        "drift": [[d.id, d.path, d.module, d.detail, list(d.defined_in)] for d in j.static_drift],
         "owners": [list(o) for o in j.owners],
         "disk": [[path, kind, list(ident), digest] for path, kind, ident, digest in j.disk],
     }
@@ -227,10 +227,17 @@ def _decode(entry: object) -> Judgement:
             ),
             distributions=tuple(_row(d, (str, str, int)) for d in _list(p.get("distributions"))),
         )
-    drift = tuple(Drift(*_row(d, (str, str, _OPT, str))) for d in _list(entry.get("drift")))
+    drift = tuple(_drift(d) for d in _list(entry.get("drift")))
     owners = tuple(_row(o, (str, _OPT)) for o in _list(entry.get("owners")))
     disk = tuple(_input(d) for d in _list(entry.get("disk")))
     return Judgement((), provenance, (), key, drift, owners=owners, disk=disk)
+
+
+def _drift(value: object) -> Drift:
+    fid, path, module, detail, defined_in = _row(value, (str, str, _OPT, str, list))
+    if not all(isinstance(p, str) for p in defined_in):
+        raise ValueError("a malformed judgement")
+    return Drift(fid, path, module, detail, tuple(defined_in))
 
 
 def _input(value: object) -> Input:

@@ -57,6 +57,9 @@ class UnfiledModule:
     how: str
     loader: str | None = None  # the loader's class, "module.Qualname"
     loader_file: str | None = None  # the file defining that class, as its code says
+    # the files of the other code that methods set on the loader instance carry (a partial's
+    # bound callables, a second override; None: code no file holds): ``_loaders._carried``
+    also: tuple[str | None, ...] = ()
     file: str | None = None  # the module's __file__ (how: exec, the filename its code names)
     source_sha256: str | None = None  # of what the loader's get_source gave
     source_size: int | None = None
@@ -409,10 +412,24 @@ def _unfiled(rec: dict[str, Any]) -> UnfiledModule:
         how=str(rec.get("how")),
         loader=_opt_str(rec.get("loader")),
         loader_file=_opt_str(rec.get("loader_file")),
+        also=_also(rec.get("also")),
         file=_opt_str(rec.get("file")),
         source_sha256=_opt_str(rec.get("source_sha256")),
         source_size=_opt_count(rec.get("source_size")),
     )
+
+
+_MAX_ALSO = 32
+
+
+def _also(v: object) -> tuple[str | None, ...]:
+    """An ``unfiled`` record's ``also``: absent is none; anything but a list of at most
+    _MAX_ALSO entries reads as one piece of code no file holds (never as nothing)."""
+    if v is None:
+        return ()
+    if not isinstance(v, list) or len(v) > _MAX_ALSO:
+        return (None,)
+    return tuple(_opt_str(x) for x in v)
 
 
 def _bindings_file(directory: Path, holder: Holder, hint: object) -> frozenset[FileId]:

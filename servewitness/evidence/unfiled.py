@@ -18,9 +18,12 @@ each record is checked against what the agent can read itself through ``/proc/<p
   ``provenance.pth.unclaimed``.
 * **unfiled modules** (``unfiled`` records): a module a custom loader executed is
   ``provenance.module.custom_loader`` (WARNING) when the loader's class is defined in a file
-  this process loaded that is pristine against its distribution's RECORD, and
+  this process loaded that is pristine against its distribution's RECORD (for methods set on
+  a loader instance: every piece of code they carry, ``_loaders._carried``), and
   ``provenance.module.unfiled`` (ERROR) otherwise; so is source executed into a module
-  without a spec, and a main module read from standard input or a prompt.
+  without a spec, and a main module read from standard input or a prompt. When all that code
+  is in loaded files with known bytes, the drift names them (``Drift.defined_in``): a policy's
+  ``[[claims]]`` entries may vouch for those bytes (``policy/rules_provenance.DriftFree``).
 
 Why a pristine loader class is only a WARNING: torch (``_StringLoader``, a module generated
 from a template in its own pristine file) and setuptools (``DistutilsLoader``, which returns
@@ -281,19 +284,20 @@ def _pristine(
     loaded: Mapping[str, FileEntry],
     origins: Mapping[str, tuple[str, str | None]],
     stdlib_dirs: Sequence[str],
-) -> str | None:
-    """None when PATH is a loaded file pristine against its RECORD; else why it is not."""
+) -> tuple[str | None, bool]:
+    """(None, _) when PATH is a loaded file pristine against its RECORD; else (why it is
+    not, whether it is a loaded file with known bytes that a claim could vouch for)."""
     if path is None:
-        return "defined in no file"
+        return "defined in no file", False
     p = norm_path(path)
     f = loaded.get(p)
     if f is None or f.sha256 is None:
-        return f"defined in {path}, which no file record of the process holds"
+        return f"defined in {path}, which no file record of the process holds", False
     if p in origins:
-        return f"defined in {path}, which is {origins[p][0]}"
+        return f"defined in {path}, which is {origins[p][0]}", True
     if in_stdlib(p, stdlib_dirs):
-        return f"defined in {path}, in the standard library (no RECORD to judge it against)"
-    return None
+        return f"defined in {path}, in the standard library (no RECORD to judge it against)", False
+    return None, False
 
 
 def unfiled_drift(
@@ -304,6 +308,8 @@ def unfiled_drift(
 ) -> list[Drift]:
     """One drift per module the probe saw run code that no file record holds."""
     origins = _origins(provenance)
+    # each such file as the provenance names it (what a policy's claims are matched with)
+    named = {norm_path(f.path): f.path for f in provenance.files} if provenance else {}
     loaded = {norm_path(f.path): f for f in files if on_disk(f)}
     out: list[Drift] = []
     for u in unfiled:
@@ -335,7 +341,8 @@ def unfiled_drift(
             if u.source_sha256
             else "its loader gives no source"
         )
-        why = _pristine(u.loader_file, loaded, origins, stdlib_dirs)
+        judged = [_pristine(x, loaded, origins, stdlib_dirs) for x in (u.loader_file, *u.also)]
+        why = next((w for w, _ in judged if w is not None), None)
         if why is None:
             out.append(
                 Drift(
@@ -347,13 +354,26 @@ def unfiled_drift(
                 )
             )
             continue
+        others = sum(w is not None for w, _ in judged) - 1
+        claimable = all(w is None or c for w, c in judged)
+        defs = (u.loader_file, *u.also)
         out.append(
             Drift(
                 DRIFT_MODULE_UNFILED,
                 u.loader_file or u.file or "<unknown>",
                 u.module,
-                f"module {u.module} was executed by loader {u.loader}, {why}; {source}, which "
-                "no file holds",
+                f"module {u.module} was executed by loader {u.loader}, {why}"
+                + (f" (and {others} more piece{'s' * (others > 1)} of code)" if others else "")
+                + f"; {source}, which no file holds",
+                defined_in=tuple(
+                    dict.fromkeys(
+                        named[norm_path(x)]
+                        for x, (w, _) in zip(defs, judged, strict=True)
+                        if x and w is not None
+                    )
+                )
+                if claimable
+                else (),
             )
         )
     return out

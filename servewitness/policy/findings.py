@@ -102,6 +102,7 @@ PATCH_UNDECLARED = "provenance.patch.undeclared"
 PATCH_NOT_APPLIED = "provenance.patch.not_applied"
 CODE_UNCLAIMED = "provenance.code.unclaimed"
 CODE_CLAIMED = "provenance.code.claimed"
+DRIFT_VOUCHED = "provenance.drift.vouched"
 DISTRIBUTION_UNLISTED = "provenance.distribution.unlisted"
 # Always WARNING, so never in [provenance] allow
 _UNCONFIRMED_DRIFT = (
@@ -432,6 +433,9 @@ FINDINGS: dict[str, FindingKind] = {
     ),
     DISTRIBUTION_UNLISTED: FindingKind(
         Severity.ERROR, "", "a judged process loaded a distribution only_distributions omits"
+    ),
+    DRIFT_VOUCHED: FindingKind(
+        Severity.INFO, "", "drift accounted for by bytes [[claims]] or [[patches]] vouch for"
     ),
     # Produced when the verifier seals a measurement window (policy/window.py, judged over the
     # window from its stored reports); each makes the window not hold (held false, signed).

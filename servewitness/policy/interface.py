@@ -14,6 +14,7 @@ from typing import Protocol, runtime_checkable
 
 from servewitness.errors import ConfigError
 from servewitness.model import ContainerInfo, Finding, HookCount, ProcessKey, ProcessReport
+from servewitness.policy.vouch import Claim, Patch
 
 # Roles a process can have (``ProcessReport.role``). Helpers and unknown processes are ignored
 # unless a rule names their role. ``offline``: the front end of vllm.LLM in a script (no API
@@ -184,6 +185,9 @@ class ProvenanceSettings:
     # Accept a policy whose [provenance] pristine names no vLLM distribution: the serving
     # code's files are then never compared with what was published (``strength.py``).
     unsafe_allow_unpinned_serving_package: bool = False
+    # [[claims]] and [[patches]]: the bytes that account for drift (``DriftFree``)
+    claims: tuple[Claim, ...] = ()
+    patches: tuple[Patch, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -34,18 +34,18 @@ from servewitness.policy.rules import (
     RunnerWitnessed,
     ViewsAgree,
 )
-from servewitness.policy.rules_claims import AllCodeClaimed, Claim, OnlyDistributions
+from servewitness.policy.rules_claims import AllCodeClaimed, OnlyDistributions
 from servewitness.policy.rules_container import spec_error
 from servewitness.policy.rules_provenance import (
     DriftFree,
     HashedAfterReported,
     OriginsReported,
-    Patch,
     Pristine,
     canonical,
 )
 from servewitness.policy.strength import refusal, weakenings
 from servewitness.policy.unsafe import unsafe_flags
+from servewitness.policy.vouch import Claim, Patch
 
 VERSION = 1
 # The keys of each table, by its path (``[[hooks]]`` entries: "hooks"); the JSON Schema of
@@ -453,14 +453,14 @@ def _provenance(doc: _Doc, data: dict[str, Any]) -> tuple[list[I.Rule], I.Proven
             raise t.error("path", f"{path!r} of {dist} is declared twice")
         seen.add((dist, path))
         patches.append(Patch(dist, path, sha, t.string("note") or ""))
-    claims = _claims(doc, data, claimed)
+    claims = _claims(doc, data)
     own = tuple(x for x in patches if x.distribution in pristine)  # the rest: claims only
     rules: list[I.Rule] = [Pristine(pristine, own)] if pristine else []
     if claimed:
         rules.append(AllCodeClaimed(pristine, tuple(patches), claims))
     if only is not None:
         rules.append(OnlyDistributions(only))
-    return rules, I.ProvenanceSettings(allow, unpinned)
+    return rules, I.ProvenanceSettings(allow, unpinned, claims, tuple(patches))
 
 
 def _distributions(doc: _Doc, p: _Table, key: str) -> tuple[str, ...] | None:
@@ -475,16 +475,13 @@ def _distributions(doc: _Doc, p: _Table, key: str) -> tuple[str, ...] | None:
     return tuple(canon)
 
 
-def _claims(doc: _Doc, data: dict[str, Any], claimed: bool) -> tuple[Claim, ...]:
+def _claims(doc: _Doc, data: dict[str, Any]) -> tuple[Claim, ...]:
     """``[[claims]]``: each a path (absolute, a suffix at a '/' boundary, or "-c") and the
-    sha256 of the bytes vouched for there; only with ``provenance.all_code_claimed``."""
+    sha256 of the bytes vouched for there: code files under ``provenance.all_code_claimed``,
+    and always a ``.pth`` or a loader's code that drift names (``DriftFree``)."""
     out: list[Claim] = []
     seen: set[tuple[str, str]] = set()
     for t in _entries(doc, data, "claims", KEYS["claims"]):
-        if not claimed:
-            raise t.error(
-                "path", "[[claims]] needs provenance.all_code_claimed = true, or it claims nothing"
-            )
         path = str(t.string("path", required=True))
         parts = path.split("/")
         if not path.strip("/") or ".." in parts or "" in parts[1:] or "." in parts:
@@ -555,7 +552,7 @@ def load_policy(text: str, source: str = "<policy>") -> Policy:
             ViewsAgree(),
             NativeIntact(),
             EvidenceIntact(),
-            DriftFree(frozenset(prov.allow)),
+            DriftFree(frozenset(prov.allow), prov.claims, prov.patches),
             *rules,
             HashedAfterReported(),
             OriginsReported(),  # last: the record of origins closes each target's findings

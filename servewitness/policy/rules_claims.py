@@ -38,7 +38,7 @@ from servewitness.model import FileOrigin, Finding, Origin, ProcessReport, Prove
 from servewitness.policy import _evidence as E
 from servewitness.policy import findings as F
 from servewitness.policy import interface as I
-from servewitness.policy.rules_provenance import Patch
+from servewitness.policy.vouch import Claim, Patch, vouched
 
 INLINE_PATH = "-c"  # the path of ``-c`` code (a manifest entry of kind inline)
 _PYC = re.compile(r"(?P<dir>.*)/__pycache__/(?P<name>[^./]+)\.[^./]+(?:\.opt-\d+)?\.pyc")
@@ -49,20 +49,6 @@ _STUBS = frozenset({("multiprocessing.spawn", "spawn_main")})
 _MAX_STUB = 4096
 # The order unclaimed files are listed in: code from nowhere first, an editable checkout last.
 _FIRST: dict[str, int] = {"unknown": 1, "patched": 2, "added": 3, "editable": 5}
-
-
-@dataclass(frozen=True)
-class Claim:
-    """``[[claims]]``: bytes the user vouches for at a path no distribution pins."""
-
-    path: str  # absolute, or a suffix at a '/' boundary; "-c" for a command line's code
-    sha256: str
-    note: str = ""
-
-    def covers(self, path: str) -> bool:
-        if self.path.startswith("/") or self.path == "-c":
-            return path == self.path
-        return path.endswith("/" + self.path)
 
 
 def source_of(pyc: str) -> str | None:
@@ -248,10 +234,10 @@ class AllCodeClaimed:
         self, f: FileOrigin, by_path: dict[str, FileOrigin], flagged: set[str]
     ) -> tuple[str, str | None]:
         """(how it was accepted, None) or ("", why it is not claimed)."""
-        sha = (f.sha256 or "").lower()
         claims = [c for c in self.claims if c.covers(f.path)]
-        if any(c.sha256 == sha for c in claims):
-            return "claimed", None
+        how = vouched(f, self.claims, self.patches)
+        if how is not None:
+            return how, None
         if claims:
             return (
                 "",
@@ -265,17 +251,6 @@ class AllCodeClaimed:
             src = by_path.get(source)
             if src is not None and self._file(src, by_path, flagged)[1] is None:
                 return "claimed", None  # its source claimed, and the agent saw no drift in it
-        if f.distribution is not None and f.record_path is not None:
-            patch = next(
-                (
-                    x
-                    for x in self.patches
-                    if (x.distribution, x.path) == (f.distribution, f.record_path)
-                ),
-                None,
-            )
-            if patch is not None and patch.sha256 == sha:
-                return "patch", None
         owner = f" of {f.distribution}" if f.distribution else ""
         return "", f"{f.origin}{owner}: {f.reason}"
 

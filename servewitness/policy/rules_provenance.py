@@ -14,7 +14,10 @@ from servewitness.model import (
     DRIFT_BYTECODE_UNVERIFIED,
     DRIFT_CODE_UNVERIFIED,
     DRIFT_MODULE_CUSTOM_LOADER,
+    DRIFT_MODULE_UNFILED,
+    DRIFT_PTH_UNCLAIMED,
     DRIFT_RECORD_UNREADABLE,
+    Drift,
     Finding,
     Origin,
     ProcessReport,
@@ -24,6 +27,7 @@ from servewitness.model import (
 from servewitness.policy import _evidence as E
 from servewitness.policy import findings as F
 from servewitness.policy import interface as I
+from servewitness.policy.vouch import Claim, Patch, vouched
 
 
 def canonical(name: str) -> str:
@@ -64,9 +68,19 @@ class DriftFree:
     files those speak for as not pristine, so ``Pristine`` makes them an error for the
     distributions it requires pristine; or for what is accounted for (a module a custom loader
     executed whose class a pristine file defines). INFO for a change the agent waived
-    (``provenance.file.changed_in_cache``: said for the record and for ``[[files]]`` pins)."""
+    (``provenance.file.changed_in_cache``: said for the record and for ``[[files]]`` pins).
+
+    CLAIMS and PATCHES (``[[claims]]``, ``[[patches]]``) account for two kinds of drift when
+    they vouch for the bytes of the files it names (``vouch.vouched``, against the agent's
+    provenance): a ``.pth`` that executes code (``provenance.pth.unclaimed``: then no finding
+    of its own), and a module executed by a loader whose code is in loaded files that are not
+    pristine (``provenance.module.unfiled`` with ``defined_in``: then the WARNING
+    ``provenance.module.custom_loader``, as for a loader a pristine file defines). Each is
+    listed in one INFO ``provenance.drift.vouched`` per process."""
 
     allow: frozenset[str] = frozenset()
+    claims: tuple[Claim, ...] = ()
+    patches: tuple[Patch, ...] = ()
 
     def describe(self) -> str:
         allowed = f" (allowed as warnings: {', '.join(sorted(self.allow))})" if self.allow else ""
@@ -77,15 +91,16 @@ class DriftFree:
         for p in E.ordered(snapshot.processes):
             if not _judged(p):
                 continue
+            drift, accounted = self._vouched(p)
             by_id: dict[str, list[str]] = {}
-            for d in p.drift:
+            for d in drift:
                 by_id.setdefault(d.id, []).append(d.detail)
             for fid, details in by_id.items():
                 lenient = fid in self.allow or fid in _UNCONFIRMED
                 severity = Severity.WARNING if lenient else Severity.ERROR
                 if fid in F.INFORMATIONAL_DRIFT:
                     severity = Severity.INFO
-                hits = [d for d in p.drift if d.id == fid]
+                hits = [d for d in drift if d.id == fid]
                 out.append(
                     E.finding(
                         fid,
@@ -102,7 +117,49 @@ class DriftFree:
                         ],
                     )
                 )
+            if accounted:
+                out.append(
+                    E.finding(
+                        F.DRIFT_VOUCHED,
+                        Severity.INFO,
+                        f"{E.name(p)}: {len(accounted)} drift finding"
+                        f"{'' if len(accounted) == 1 else 's'} accounted for by the bytes "
+                        f"[[claims]] or [[patches]] vouch for, e.g. {accounted[0]['detail']}",
+                        snapshot,
+                        **E.base(p),
+                        count=len(accounted),
+                        entries=accounted[: E.SHOWN],
+                    )
+                )
         return out
+
+    def _vouched(self, p: ProcessReport) -> tuple[list[Drift], list[dict[str, object]]]:
+        """P's drift with what CLAIMS and PATCHES account for taken out (a ``.pth``) or
+        downgraded (a loader's code), and the entries of what they accounted for."""
+        if not (self.claims or self.patches) or p.provenance is None:
+            return list(p.drift), []
+        files = {f.path: f for f in p.provenance.files}
+
+        def how(path: str) -> str | None:
+            f = files.get(path)
+            return None if f is None else vouched(f, self.claims, self.patches)
+
+        kept: list[Drift] = []
+        accounted: list[dict[str, object]] = []
+        for d in p.drift:
+            by_pth = how(d.path) if d.id == DRIFT_PTH_UNCLAIMED else None
+            if by_pth is not None:
+                accounted.append({"id": d.id, "path": d.path, "by": by_pth, "detail": d.detail})
+                continue
+            hows = [how(x) for x in d.defined_in] if d.id == DRIFT_MODULE_UNFILED else []
+            if hows and all(hows):
+                by = ", ".join(f"{x} ({h})" for x, h in zip(d.defined_in, hows, strict=True))
+                detail = f"{d.detail}; the code is in {by}, bytes the policy vouches for"
+                kept.append(Drift(DRIFT_MODULE_CUSTOM_LOADER, d.path, d.module, detail))
+                accounted.append({"id": d.id, "path": d.path, "by": by, "detail": detail})
+                continue
+            kept.append(d)
+        return kept, accounted
 
 
 @dataclass(frozen=True)
@@ -179,16 +236,6 @@ class HashedAfterReported:
                 )
             )
         return out
-
-
-@dataclass(frozen=True)
-class Patch:
-    """``[[patches]]``: a file of a pristine-required distribution allowed to differ."""
-
-    distribution: str  # canonical
-    path: str  # as the distribution's RECORD writes it
-    sha256: str
-    note: str = ""
 
 
 @dataclass(frozen=True)

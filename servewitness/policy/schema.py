@@ -272,7 +272,8 @@ def _claims() -> Schema:
             "sha256": _SHA256,
             "note": {"type": "string", "description": "who vouches for these bytes"},
         },
-        "bytes vouched for at a path no distribution pins (with all_code_claimed)",
+        "bytes vouched for at a path no distribution pins: a code file (with "
+        "all_code_claimed), a .pth that executes code, the code set on a loader instance",
         required=["path", "sha256"],
     )
     return _entries(claim, "code files claimed by their bytes")

@@ -7,6 +7,7 @@ from __future__ import annotations
 from servewitness.api.v1 import verifier_pb2 as pb
 from servewitness.model import (
     DRIFT_IDS,
+    DRIFT_MODULE_UNFILED,
     Drift,
     FileDisagreement,
     FileEntry,
@@ -139,7 +140,12 @@ def provenance_from_pb(msg: pb.Provenance, at: str) -> Provenance:
 
 
 def drift_to_pb(d: Drift) -> pb.Drift:
-    return pb.Drift(id=d.id, path=d.path, module=d.module, detail=d.detail)
+    return pb.Drift(
+        id=d.id, path=d.path, module=d.module, detail=d.detail, defined_in=list(d.defined_in)
+    )
+
+
+MAX_DEFINED_IN = 32  # the probe follows at most 16 pieces of code per loader
 
 
 def drift_from_pb(msg: pb.Drift, at: str) -> Drift:
@@ -150,7 +156,16 @@ def drift_from_pb(msg: pb.Drift, at: str) -> Drift:
         path=path(msg.path, f"{at}.path"),
         module=msg.module if msg.HasField("module") else None,
         detail=msg.detail,
+        defined_in=_defined_in(msg, at),
     )
+
+
+def _defined_in(msg: pb.Drift, at: str) -> tuple[str, ...]:
+    if len(msg.defined_in) > MAX_DEFINED_IN:
+        F.fail(f"{at}.defined_in", f"more than {MAX_DEFINED_IN} files")
+    if msg.defined_in and msg.id != DRIFT_MODULE_UNFILED:
+        F.fail(f"{at}.defined_in", f"only provenance.module.unfiled names them, not {msg.id}")
+    return tuple(path(p, f"{at}.defined_in[{i}]") for i, p in enumerate(msg.defined_in))
 
 
 def native_to_pb(n: NativeMapping) -> pb.NativeMapping:

@@ -401,16 +401,18 @@ class FileOrigin(_message.Message):
     def __init__(self, path: _Optional[str] = ..., origin: _Optional[str] = ..., reason: _Optional[str] = ..., distribution: _Optional[str] = ..., version: _Optional[str] = ..., record_path: _Optional[str] = ..., sha256: _Optional[str] = ..., expected_sha256: _Optional[str] = ...) -> None: ...
 
 class Drift(_message.Message):
-    __slots__ = ("id", "path", "module", "detail")
+    __slots__ = ("id", "path", "module", "detail", "defined_in")
     ID_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     MODULE_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    DEFINED_IN_FIELD_NUMBER: _ClassVar[int]
     id: str
     path: str
     module: str
     detail: str
-    def __init__(self, id: _Optional[str] = ..., path: _Optional[str] = ..., module: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+    defined_in: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., path: _Optional[str] = ..., module: _Optional[str] = ..., detail: _Optional[str] = ..., defined_in: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NativeMapping(_message.Message):
     __slots__ = ("path", "sha256", "size", "state", "error", "device", "inode", "detail")
