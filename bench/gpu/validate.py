@@ -50,7 +50,24 @@ def policy(hook: str, runner: str | None = None, count: str = "python") -> str:
     # ALLOW_DRIFT (comma-separated drift ids, e.g. provenance.pth.unclaimed for the device
     # image's own sandbox .pth files): reported as WARNING instead of ERROR, in the policy text
     allow = [d for d in os.environ.get("ALLOW_DRIFT", "").split(",") if d]
-    return text + (f"allow = {json.dumps(allow)}\n" if allow else "")
+    text += f"allow = {json.dumps(allow)}\n" if allow else ""
+    return text + claims()
+
+
+def claims() -> str:
+    """A ``[[claims]]`` entry for each file CLAIM_FILES names (comma-separated globs, e.g. the
+    device image's virtualenv ``_virtualenv.py`` and its sandbox ``.pth`` files), with the
+    sha256 of its bytes now: what an operator vouches for (docs/policy.md, "Drift your claims
+    account for"), narrower than ALLOW_DRIFT."""
+    import glob
+    import hashlib
+
+    out = ""
+    for pattern in filter(None, os.environ.get("CLAIM_FILES", "").split(",")):
+        for path in sorted(glob.glob(pattern)):
+            digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+            out += f'[[claims]]\npath = "{path}"\nsha256 = "{digest}"\n'
+    return out
 
 
 RUNS = {
