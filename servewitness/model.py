@@ -561,6 +561,9 @@ class ProcessReport:
     # shared by every process that loaded the same bytes, however each one hashed them.
     hashed_after: tuple[str, ...] = ()
     hashed_after_count: int = 0
+    # When the probe started, in the ticks since boot that key.start_ticks counts (rounded
+    # down): a process this one's code started began later (``rules_claims._started_by``)
+    probe_started_ticks: int | None = None
 
     @property
     def all_roles(self) -> frozenset[str]:

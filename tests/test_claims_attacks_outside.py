@@ -25,8 +25,8 @@ attacks PASSed when written (2026-12-07); six are closed:
 * a ``PYTHONHOME`` that is not the interpreter's own installation: not taken for the
   standard library (``stdlib.interpreter_stdlib``; ``evidence.stdlib.unconfirmed``).
 
-One is open (``xfail(strict=True)``): a child forked before its parent execs the judged
-server (docs/threat-model.md).
+* a child forked before its parent execs the judged server in its own pid: "started by"
+  needs a start after the parent's probe started (``ProcessReport.probe_started_ticks``).
 """
 
 from __future__ import annotations
@@ -320,17 +320,14 @@ def test_start_environment_rewritten_in_memory_hides_pythonpath(box: Box) -> Non
 # 3. -c hidden by a title, "started by its parent" ----------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: the child's fork predates its parent's exec into the judged server, and "
-    "the report has no time the parent's probe started to compare the child's start with",
-)
 def test_child_forked_before_its_parent_execs_the_judged_server(box: Box) -> None:
     """A shell forks ``python -c <patcher>`` into the background and then ``exec``s the honest,
     judged server in its own pid. The child writes a title over its argv (as vLLM's workers
     do), so its ``-c`` cannot be read; its parent pid is now the judged server's, which also
     started earlier (the shell's fork). The server's own code never chose the child.
-    Gets: PASS (child's '-c' 'started by api_server'), child's VALUE == 'evil!!!!!'."""
+    Gets: PASS (child's '-c' 'started by api_server'), child's VALUE == 'evil!!!!!'.
+    Sound (closed in session 29): "started by" needs a start after the parent's *probe*
+    started (``probe_started_ticks``), which the exec'd server's probe did after the fork."""
     pout, cout = box.tmp / "pout", box.tmp / "cout"
     env = box.env()
     env["EVIL_CODE"] = REWRITE_TITLE + evil_main(cout)
@@ -355,6 +352,9 @@ def test_child_forked_before_its_parent_execs_the_judged_server(box: Box) -> Non
         proc.communicate()
     assert pout.read_text() == repr("published") and cout.read_text() == EVIL
     assert "-c" not in child_report.cmdline  # hidden by the title
+    started = parent_report.probe_started_ticks
+    assert started is not None and child_report.key.start_ticks <= started
+    assert child_report.key.start_ticks >= parent_report.key.start_ticks  # the shell's fork
     v, _ = verdict(parent_report, child_report)
     assert v != Verdict.PASS, "PASS with a child the judged parent never started"
 

@@ -420,6 +420,14 @@ def test_a_real_spawned_child_is_accepted_as_the_start_stub_of_its_judged_parent
     # the child alone (its parent not judged): the stub is not enough
     verdict, found = judge(report, policy(pristine=False, claims=own_claims()))
     assert verdict == Verdict.FAIL and unclaimed_paths(found) == {"-c"}
+    # the parent's probe started before the child (on the ticks /proc counts), and a parent
+    # whose probe start is unknown (an agent before session 29) starts nothing: fail closed
+    assert parent.probe_started_ticks is not None
+    assert parent.key.start_ticks <= parent.probe_started_ticks < report.key.start_ticks
+    unknown = (dataclasses.replace(procs[0], probe_started_ticks=None), procs[1])
+    snap = TargetSnapshot("t", unknown, time.time())
+    v = load_policy(text).evaluate_target(snap, now=snap.received_unix)
+    assert v.verdict == Verdict.FAIL and unclaimed_paths(list(v.findings)) == {"-c"}
 
 
 @pytest.mark.parametrize(

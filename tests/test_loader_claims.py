@@ -382,6 +382,24 @@ def test_defined_in_crosses_the_wire_and_hostile_values_are_refused() -> None:
         wire_files.drift_from_pb(many, "d")
 
 
+def test_a_probe_start_before_its_process_is_refused_on_the_wire() -> None:
+    """``probe_started_ticks`` earlier than the process's own start is no start a probe can
+    have (the checked and the fast converter agree); absent is None."""
+    from servewitness.wire.process import process_from_pb
+    from servewitness.wire.process_fast import process_fast
+
+    msg = pb.ProcessReport(
+        key=pb.ProcessKey(boot_id="b", pid=7, start_ticks=500), role="worker", start_time=1.0
+    )
+    assert process_from_pb(msg, "p").probe_started_ticks is None
+    msg.probe_started_ticks = 501
+    assert process_from_pb(msg, "p").probe_started_ticks == 501
+    msg.probe_started_ticks = 499
+    with pytest.raises(WireError, match="before the process started"):
+        process_from_pb(msg, "p")
+    assert process_fast(msg, "p") is None  # steps aside: the checked converter refuses it
+
+
 def test_kept_judgements_keep_defined_in() -> None:
     d = Drift(DRIFT_MODULE_UNFILED, "/s/_virtualenv.py", "distutils.dist", "x", ("/s/a.py",))
     j = Judgement((), None, (), ("k", "v"), (d,))

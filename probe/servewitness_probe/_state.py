@@ -135,6 +135,9 @@ class ProbeState:
                 "k": "start",
                 "pid": self.pid,
                 "start_ticks": self.start_ticks,
+                # when this probe started, on the clock /proc/<pid>/stat's start ticks count
+                # (CLOCK_BOOTTIME): a child this process started began after it
+                "boottime": time.clock_gettime(time.CLOCK_BOOTTIME),
                 "boot_id": self.boot_id,
                 "pid_ns": self.pid_ns,
                 "argv": list(sys.argv),

@@ -90,6 +90,8 @@ class ProbeState:
     # sweep that found it changed), absolute: an entry removed since still counts.
     import_path: tuple[str, ...] = ()
     start_cwd: str | None = None  # the working directory of the first interp record
+    # the start record's CLOCK_BOOTTIME, in seconds (the process's word; checked in report)
+    started_boottime: float | None = None
     # Modules that claim a file (__file__ or spec.origin) where there is none: module, claimed.
     fileless: tuple[tuple[str, str], ...] = ()
     # Modules that ran code no file record holds (custom loaders, exec, standard input).
@@ -137,6 +139,13 @@ def _opt_count(v: object) -> int | None:
 
 def _opt_str(v: object) -> str | None:
     return v if isinstance(v, str) else None
+
+
+def _seconds(v: object) -> float | None:
+    """A finite, non-negative number of seconds written by the probed process, or None."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    return float(v) if 0 <= v < 1e12 else None  # NaN fails both comparisons
 
 
 def _int(v: object) -> int:
@@ -383,6 +392,7 @@ def read_probe_dir(
         interp=next((r for r in reversed(records) if r.get("k") == "interp"), {}),
         import_path=import_path(r for r in records if r.get("k") == "interp"),
         start_cwd=_start_cwd(records),
+        started_boottime=_seconds(start.get("boottime")),
         graph=graph,
         runner_worker=_opt_str(runner_rec.get("worker")),
         runner_methods=methods if isinstance(methods, dict) else {},

@@ -5,6 +5,8 @@ and the local commands (``inspect``, ``diff``, ``policy init``) build reports he
 from __future__ import annotations
 
 import dataclasses
+import os
+import time
 
 from servewitness.evidence.codecheck import check_chains
 from servewitness.evidence.container import container_of
@@ -148,8 +150,23 @@ def report_with_judgement(
         code=code,
         hashed_after=tuple(after[:HASHED_AFTER_SHOWN]),
         hashed_after_count=len(after),
+        probe_started_ticks=started_ticks(probe.started_boottime, ident.start_ticks),
     )
     return report, judged
+
+
+def started_ticks(boottime: float | None, start_ticks: int) -> int | None:
+    """The probe's start (BOOTTIME, seconds since boot, the process's word) in the clock
+    ticks /proc counts a process's start in, rounded down; None when it is absent or not
+    possible: before the process started (a probe cannot start before its process), or
+    after now."""
+    if boottime is None:
+        return None
+    hz = os.sysconf("SC_CLK_TCK")
+    ticks = int(boottime * hz)
+    if ticks < start_ticks or boottime > time.clock_gettime(time.CLOCK_BOOTTIME):
+        return None
+    return ticks
 
 
 def hashed_after(files: tuple[FileEntry, ...], stdlib: tuple[str, ...] = ()) -> list[str]:

@@ -263,8 +263,16 @@ def _started_by(
     the agent could not read because the process wrote its title over its command line (as
     vLLM's engine and workers do): the parent's code, judged here too, chose it. The stub
     alone is not enough: ``spawn_main`` unpickles what the pipe it names carries, code that
-    only the process on the other end chose. Otherwise the code stays unclaimed."""
-    if parent is None or parent.start_time > p.start_time:
+    only the process on the other end chose. Otherwise the code stays unclaimed.
+
+    "Started by" is a start after the parent's *probe* started, in the ticks /proc counts
+    (``ProcessReport.probe_started_ticks``), not after the parent's own start: a process
+    keeps its pid and start time across ``exec``, so a child a shell forked just before it
+    ``exec``ed the judged server in its own pid is the server's child, started after it, and
+    no code of the server's chose it. A parent whose probe start is not known starts none."""
+    if parent is None or parent.probe_started_ticks is None:
+        return unclaimed, []
+    if p.key.start_ticks <= parent.probe_started_ticks:
         return unclaimed, []
     inline = [e for e in unclaimed if e["path"] == INLINE_PATH]
     if not inline:

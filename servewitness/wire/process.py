@@ -248,6 +248,7 @@ def process_to_pb(p: ProcessReport) -> pb.ProcessReport:
         code=[chain_to_pb(c) for c in p.code],
         hashed_after=list(p.hashed_after),
         hashed_after_count=p.hashed_after_count,
+        probe_started_ticks=p.probe_started_ticks,
     )
 
 
@@ -370,7 +371,17 @@ def _process_checked(msg: pb.ProcessReport, at: str) -> ProcessReport:
         code=tuple(chain_from_pb(c, f"{at}.code[{i}]") for i, c in enumerate(msg.code)),
         hashed_after=_hashed_after_from_pb(msg, at),
         hashed_after_count=msg.hashed_after_count,
+        probe_started_ticks=probe_started_from_pb(msg, at),
     )
+
+
+def probe_started_from_pb(msg: pb.ProcessReport, at: str) -> int | None:
+    """``probe_started_ticks``: absent, or at or after the process's own start."""
+    if not msg.HasField("probe_started_ticks"):
+        return None
+    if msg.probe_started_ticks < msg.key.start_ticks:
+        F.fail(f"{at}.probe_started_ticks", "before the process started")
+    return msg.probe_started_ticks
 
 
 def _hashed_after_from_pb(msg: pb.ProcessReport, at: str) -> tuple[str, ...]:

@@ -118,6 +118,9 @@ def process_fast(msg: pb.ProcessReport, at: str) -> ProcessReport | None:  # noq
         if not F.is_sha256_hex(now):
             return None
     after, after_count = msg.hashed_after, msg.hashed_after_count
+    started = msg.probe_started_ticks if msg.HasField("probe_started_ticks") else None
+    if started is not None and started < ticks:
+        return None
     if after_count < 0 or len(after) > min(after_count, HASHED_AFTER_SHOWN) or not all(after):
         return None
     if msg.HasField("stack_witness") and len(msg.stack_witness.top_files) > lists:
@@ -158,6 +161,7 @@ def process_fast(msg: pb.ProcessReport, at: str) -> ProcessReport | None:  # noq
         code=code,
         hashed_after=tuple(after),
         hashed_after_count=after_count,
+        probe_started_ticks=started,
     )
 
 
