@@ -331,6 +331,9 @@ class Provenance:
     files: tuple[FileOrigin, ...]  # the files whose origin is not pristine or stdlib
     # (canonical name, version, loaded files) of every distribution that claims a loaded file
     distributions: tuple[tuple[str, str, int], ...] = ()
+    # (canonical name, version, content digest: ``evidence/content.py``) of each install of
+    # those, as its RECORD says (two installs of one name and version: both)
+    contents: tuple[tuple[str, str, str], ...] = ()
 
     def count(self, origin: str) -> int:
         return dict(self.counts).get(origin, 0)

@@ -16,11 +16,13 @@ from typing import Any
 from servewitness._cli._local import load_tree, pick, side_label
 from servewitness._cli.fmt import add_json, result
 from servewitness.errors import ConfigError, UsageError
+from servewitness.evidence.content import wheel_content
 from servewitness.evidence.procfs import ProcFS
 from servewitness.model import DRIFT_PTH_UNCLAIMED, Origin, ProcessReport, Provenance
 from servewitness.policy import PolicyError, load_policy, policy_digest, weakest_point
 from servewitness.policy import schema as policy_schema
 from servewitness.policy.rules_claims import AllCodeClaimed
+from servewitness.policy.rules_provenance import canonical
 from servewitness.policy.strength import NO_LIVENESS, SERVING_DISTRIBUTIONS, UNPINNED_SERVING
 from servewitness.policy.unsafe import shown, unsafe_flags
 
@@ -32,8 +34,10 @@ the live runner class; every hook seen firing on steps, with the fire rate it sh
 target it wraps (one that fired only outside steps, at start-up or warm-up, is listed in a
 comment); the runner's step file with its sha256; every distribution that claims a loaded
 file and whose files were all pristine or patched, required pristine, with each patched file
-declared with its hash; every editable (local) file and every file no distribution claims
-(unknown origin: a module on PYTHONPATH) pinned by path and hash. Each hook line gives its
+declared with its hash, and each pinned ([[distributions]]) to the version and content digest
+its RECORD gives (what pin-wheel computes from the published wheel: compare); every editable
+(local) file and every file no distribution claims (unknown origin: a module on PYTHONPATH)
+pinned by path and hash. Each hook line gives its
 fired counts beside the step counts. With --claim-all-code, every process of the boot also
 gives [provenance] all_code_claimed, only_distributions (every distribution they loaded) and
 a claim of each code file no RECORD vouches for (-c code, editable and unknown files, by path
@@ -51,6 +55,10 @@ no fire on a productive step ([evidence] unsafe_allow_zero_fires), vLLM's distri
 same way, rather than writing such a policy, when the boot it pins shows no runner and no
 hook firing on steps, or vLLM's files were not all pristine or patched; --allow-unsafe writes
 the unsafe keys instead, each with a comment saying what it accepts, for you to review.
+
+pin-wheel: print a [[distributions]] pin for each wheel file: its name, version and content
+digest (one sha256 over its RECORD's rows of what it ships, as an install of it gives), and
+the wheel file's own sha256 (compare it with the index's) in a comment.
 
 schema: print the JSON Schema of policy files (draft-07; shipped in the package as
 servewitness/policy/policy.schema.json), for editors and check-jsonschema, which reads TOML:
@@ -101,6 +109,13 @@ def add_parser(sub: Any) -> None:
     check.set_defaults(handler=run_check)
     schema = psub.add_parser("schema", help="print the JSON Schema of policy files")
     schema.set_defaults(handler=run_schema)
+    pin = psub.add_parser(
+        "pin-wheel",
+        help="print a [[distributions]] pin (version, content digest) for each wheel file",
+    )
+    pin.add_argument("wheels", nargs="+", metavar="WHEEL", help="a wheel file (.whl)")
+    add_json(pin, '{"pins": [{"wheel", "name", "version", "content_sha256", "wheel_sha256"}]}')
+    pin.set_defaults(handler=run_pin_wheel)
 
 
 def _q(s: str) -> str:
@@ -240,6 +255,7 @@ def render_policy(
         out += _unsafe_tables([u for u in unsafe if u[0] == UNPINNED_SERVING])[1:-1]
         out.append("")
     out += claims[1]
+    out += _pins(prov, pristine)
     for f in prov.files:
         if f.origin == Origin.PATCHED and f.distribution in pristine and f.sha256:
             out += [
@@ -252,6 +268,49 @@ def render_policy(
             ]
     out += _pinned_files(prov, r.runner.file if r.runner is not None else None)
     return "\n".join(out) + "\n"
+
+
+def _pins(prov: Provenance, pristine: list[str]) -> list[str]:
+    """A ``[[distributions]]`` pin (version and content digest, as the boot's RECORDs say) of
+    each PRISTINE distribution installed once under its name; one installed twice is left to
+    a comment (a pin takes one version and content)."""
+    installs: dict[str, list[tuple[str, str]]] = {}
+    for name, version, content in prov.contents:
+        installs.setdefault(name, []).append((version, content))
+    out: list[str] = []
+    for name in pristine:
+        got = installs.get(name, [])
+        if len(got) != 1:
+            out.append(f"# {name}: {len(got)} installs reported: not pinned")
+            continue
+        version, content = got[0]
+        out += ["[[distributions]]", f"name = {_q(name)}", f"version = {_q(version)}"]
+        out += [f"content_sha256 = {_q(content)}", ""]
+    if out:
+        out.insert(0, "# what each pristine distribution's RECORD says was installed: compare")
+        out.insert(1, "# with the published wheels (verifier policy pin-wheel WHEEL)")
+    return out
+
+
+def run_pin_wheel(args: argparse.Namespace) -> int:
+    """``policy pin-wheel``: each wheel's pin, computed as an install of it would give."""
+    pins: list[dict[str, str]] = []
+    lines: list[str] = []
+    for w in args.wheels:
+        try:
+            c = wheel_content(Path(w))
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
+        name = canonical(c.name)
+        pins.append(
+            {"wheel": w, "name": name, "version": c.version, "content_sha256": c.sha256}
+            | {"wheel_sha256": c.wheel_sha256}
+        )
+        lines += [f"# {Path(w).name}: the wheel's sha256 is {c.wheel_sha256}", "[[distributions]]"]
+        lines += [f"name = {_q(name)}", f"version = {_q(c.version)}"]
+        lines += [f"content_sha256 = {_q(c.sha256)}", ""]
+    result(args, {"pins": pins}, lines)
+    return 0
 
 
 def _drift_claims(reports: Sequence[ProcessReport], seen: set[tuple[str, str]]) -> list[str]:

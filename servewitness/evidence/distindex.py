@@ -28,12 +28,13 @@ import json
 import os
 import posixpath
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from servewitness.evidence import inputs as I
+from servewitness.evidence.content import content_digest
 from servewitness.evidence.regular import NotRegular, open_file
 
 _DIST_INFO = ".dist-info"
@@ -110,6 +111,9 @@ class _Dist:
     version: str
     site: str
     local: LocalInstall | None = None
+    dir_name: str = ""  # the .dist-info directory's name
+    fields: list[_Fields] = field(default_factory=list)  # its RECORD's well-formed rows
+    content: str | None = None  # content.content_digest of them, once asked (``contents``)
 
 
 _Fields = tuple[str, str, str]  # a well-formed RECORD row: path, hash field, size
@@ -121,6 +125,8 @@ class _Site:
     """One indexed site directory: its distributions and their RECORD rows."""
 
     dists: dict[str, _Dist] = field(default_factory=dict)  # canonical name -> dist
+    # every .dist-info indexed, a second of one name too (whose rows are indexed all the same)
+    every: list[_Dist] = field(default_factory=list)
     # Rows naming a file inside the site, by the path RECORD writes (no "..", not absolute):
     # keeping them unjoined makes indexing a dict insert per row.
     rows: dict[str, list[_Row]] = field(default_factory=dict)
@@ -489,6 +495,7 @@ class DistIndex:
             faults.append(Fault(site, fault))
         for name in names:
             dist = self._add_dist(site, entry, name, elsewhere, faults, inputs=inputs)
+            entry.every.append(dist)
             if dist.local is not None and dist.local.root is not None:
                 roots.append((dist.local.root, dist.local))
             if entry.dists.setdefault(dist.name, dist) is not dist:
@@ -517,6 +524,7 @@ class DistIndex:
         base = f"{site.rstrip('/')}/{dir_name}"
         rows = entry.rows
         fields, clean = self._read_record(base, dist.name, faults, inputs)
+        dist.dir_name, dist.fields = dir_name, fields
         if clean:  # every path relative and normalized
             for row in fields:
                 rows.setdefault(row[0], []).append((dist, row))
@@ -690,6 +698,20 @@ class DistIndex:
                     )
                 directory = posixpath.dirname(directory)
         return None
+
+    def contents(self, keys: Iterable[tuple[str, str]]) -> tuple[tuple[str, str, str], ...]:
+        """(name, version, content digest: ``content.content_digest``) of every indexed
+        distribution whose (canonical name, version) is in KEYS, sorted: one per install, so
+        two installs of one name and version with other contents are both there."""
+        wanted = set(keys)
+        out: set[tuple[str, str, str]] = set()
+        for entry in self._sites.values():
+            for dist in entry.every:
+                if (dist.name, dist.version) in wanted:
+                    if dist.content is None:
+                        dist.content = content_digest(dist.dir_name, dist.fields)
+                    out.add((dist.name, dist.version, dist.content))
+        return tuple(sorted(out))
 
     def local_install(self, distribution: str, site: str) -> LocalInstall | None:
         """The local install (``file://`` direct_url.json) of DISTRIBUTION in SITE, if any."""

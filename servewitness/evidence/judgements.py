@@ -47,7 +47,7 @@ from servewitness.model import Drift, FileOrigin, Provenance
 log = structlog.get_logger(__name__)
 
 _FAMILY = "verifier-judgements/"
-FORMAT = _FAMILY + "3"  # 3: a drift row carries defined_in
+FORMAT = _FAMILY + "4"  # 3: a drift row carries defined_in; 4: provenance contents
 FILENAME = "judgements.json"
 LIMIT = 1024  # processes: a store holds the last collect's, a vLLM tree is a few
 
@@ -150,6 +150,7 @@ def _encode(j: Judgement) -> dict[str, Any]:
             "counts": [list(c) for c in p.counts],
             "files": [_origin_row(f) for f in p.files],
             "distributions": [list(d) for d in p.distributions],
+            "contents": [list(c) for c in p.contents],
         },
         "drift": [[d.id, d.path, d.module, d.detail, list(d.defined_in)] for d in j.static_drift],
         "owners": [list(o) for o in j.owners],
@@ -226,6 +227,7 @@ def _decode(entry: object) -> Judgement:
                 for f in _list(p.get("files"))
             ),
             distributions=tuple(_row(d, (str, str, int)) for d in _list(p.get("distributions"))),
+            contents=tuple(_row(c, (str, str, str)) for c in _list(p.get("contents"))),
         )
     drift = tuple(_drift(d) for d in _list(entry.get("drift")))
     owners = tuple(_row(o, (str, _OPT)) for o in _list(entry.get("owners")))

@@ -312,6 +312,7 @@ def classify(
         counts=tuple((o.value, n) for o, n in counts.items()),
         files=tuple(reported),
         distributions=tuple((d, v, n) for (d, v), n in sorted(per_dist.items())),
+        contents=index.contents(per_dist),
     )
     return prov, shadowing(files, index, ctx)
 

@@ -103,6 +103,7 @@ PATCH_NOT_APPLIED = "provenance.patch.not_applied"
 CODE_UNCLAIMED = "provenance.code.unclaimed"
 CODE_CLAIMED = "provenance.code.claimed"
 DRIFT_VOUCHED = "provenance.drift.vouched"
+DISTRIBUTION_MISMATCH = "provenance.distribution.mismatch"
 DISTRIBUTION_UNLISTED = "provenance.distribution.unlisted"
 # Always WARNING, so never in [provenance] allow
 _UNCONFIRMED_DRIFT = (
@@ -433,6 +434,9 @@ FINDINGS: dict[str, FindingKind] = {
     ),
     DISTRIBUTION_UNLISTED: FindingKind(
         Severity.ERROR, "", "a judged process loaded a distribution only_distributions omits"
+    ),
+    DISTRIBUTION_MISMATCH: FindingKind(
+        Severity.ERROR, "", "a pinned distribution has another version or content"
     ),
     DRIFT_VOUCHED: FindingKind(
         Severity.INFO, "", "drift accounted for by bytes [[claims]] or [[patches]] vouch for"

@@ -36,6 +36,7 @@ from servewitness.policy.rules import (
 )
 from servewitness.policy.rules_claims import AllCodeClaimed, OnlyDistributions
 from servewitness.policy.rules_container import spec_error
+from servewitness.policy.rules_pins import DistributionsPinned, Pin
 from servewitness.policy.rules_provenance import (
     DriftFree,
     HashedAfterReported,
@@ -62,6 +63,7 @@ KEYS: dict[str, tuple[str, ...]] = {
         "provenance",
         "patches",
         "claims",
+        "distributions",
     ),
     "targets": ("names", "replicas_of", "container_ids", "min_targets", "containers"),
     "evidence": (
@@ -86,6 +88,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     ),
     "patches": ("distribution", "path", "sha256", "note"),
     "claims": ("path", "sha256", "note"),
+    "distributions": ("name", "version", "content_sha256", "note"),
 }
 _TOP = KEYS[""]
 _DISTRIBUTION = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
@@ -460,6 +463,9 @@ def _provenance(doc: _Doc, data: dict[str, Any]) -> tuple[list[I.Rule], I.Proven
         rules.append(AllCodeClaimed(pristine, tuple(patches), claims))
     if only is not None:
         rules.append(OnlyDistributions(only))
+    pins = _pins(doc, data, pristine)
+    if pins:
+        rules.append(DistributionsPinned(pins))
     return rules, I.ProvenanceSettings(allow, unpinned, claims, tuple(patches))
 
 
@@ -473,6 +479,26 @@ def _distributions(doc: _Doc, p: _Table, key: str) -> tuple[str, ...] | None:
         if c in canon[:i]:
             raise doc.error(("provenance", key, i), f"{names[i]!r} is listed twice")
     return tuple(canon)
+
+
+def _pins(doc: _Doc, data: dict[str, Any], pristine: tuple[str, ...]) -> tuple[Pin, ...]:
+    """``[[distributions]]``: a version and, optionally, a content digest per distribution,
+    each one required pristine (a pin of files that may differ from their RECORD would pin
+    nothing), none twice."""
+    out: dict[str, Pin] = {}
+    for t in _entries(doc, data, "distributions", KEYS["distributions"]):
+        raw = str(t.string("name", required=True, pattern=_DISTRIBUTION, form="a name"))
+        name = canonical(raw)
+        if name not in pristine:
+            raise t.error("name", f"{raw!r} is pinned but not in provenance.pristine")
+        if name in out:
+            raise t.error("name", f"{raw!r} is pinned twice")
+        version = str(t.string("version", required=True))
+        if not version.strip() or version != version.strip():
+            raise t.error("version", f"{version!r} must be a version as METADATA writes it")
+        digest = t.string("content_sha256", pattern=_SHA256, form="64 lowercase hex")
+        out[name] = Pin(name, version, digest, t.string("note") or "")
+    return tuple(out.values())
 
 
 def _claims(doc: _Doc, data: dict[str, Any]) -> tuple[Claim, ...]:

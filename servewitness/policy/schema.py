@@ -279,6 +279,27 @@ def _claims() -> Schema:
     return _entries(claim, "code files claimed by their bytes")
 
 
+def _distributions() -> Schema:
+    pin = _table(
+        "distributions",
+        {
+            "name": _string("a distribution listed in provenance.pristine", _ecma(L._DISTRIBUTION)),
+            "version": {
+                **_string("its version, as its METADATA writes it"),
+                "pattern": r"^\S(.*\S)?$",
+            },
+            "content_sha256": {
+                **_SHA256,
+                "description": "its content digest (verifier policy pin-wheel, policy init)",
+            },
+            "note": {"type": "string", "description": "where the pin comes from"},
+        },
+        "the version and content a pristine distribution must have",
+        required=["name", "version"],
+    )
+    return _entries(pin, "pristine distributions pinned to what was published")
+
+
 def build() -> Schema:
     """The schema, as shipped in ``policy.schema.json``."""
     liveness = [{"required": [k]} for k in ("runner", "hooks", "files", "forbid")]
@@ -303,6 +324,7 @@ def build() -> Schema:
             "provenance": _provenance(),
             "patches": _patches(),
             "claims": _claims(),
+            "distributions": _distributions(),
         },
         "A verifier policy (docs/policy.md); `verifier policy check` is the authority.",
         required=["version"],

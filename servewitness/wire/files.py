@@ -92,6 +92,10 @@ def provenance_to_pb(v: Provenance) -> pb.Provenance:
         distributions=[
             pb.DistributionFiles(name=n, version=ver, files=k) for n, ver, k in v.distributions
         ],
+        contents=[
+            pb.DistributionContent(name=n, version=ver, content_sha256=c)
+            for n, ver, c in v.contents
+        ],
     )
 
 
@@ -136,7 +140,15 @@ def provenance_from_pb(msg: pb.Provenance, at: str) -> Provenance:
         )
         for i, d in enumerate(msg.distributions)
     )
-    return Provenance(counts=counts, files=tuple(files), distributions=dists)
+    contents = tuple(
+        (
+            F.required(c.name, f"{at}.contents[{i}].name"),
+            c.version,
+            F.sha256_hex(c.content_sha256, f"{at}.contents[{i}].content_sha256"),
+        )
+        for i, c in enumerate(msg.contents)
+    )
+    return Provenance(counts=counts, files=tuple(files), distributions=dists, contents=contents)
 
 
 def drift_to_pb(d: Drift) -> pb.Drift:

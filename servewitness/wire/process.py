@@ -284,6 +284,8 @@ def _check_sizes(msg: pb.ProcessReport, at: str) -> None:
         L.at_most(L.LIST_ENTRIES, len(msg.provenance.files), f"{at}.provenance.files")
         dists = len(msg.provenance.distributions)
         L.at_most(L.LIST_ENTRIES, dists, f"{at}.provenance.distributions")
+        contents = len(msg.provenance.contents)
+        L.at_most(L.LIST_ENTRIES, contents, f"{at}.provenance.contents")
     if msg.HasField("stack_witness"):
         L.at_most(L.LIST_ENTRIES, len(msg.stack_witness.top_files), f"{at}.stack_witness")
     if msg.HasField("runner"):

@@ -127,7 +127,7 @@ def process_fast(msg: pb.ProcessReport, at: str) -> ProcessReport | None:  # noq
         return None
     if msg.HasField("provenance"):
         prov = msg.provenance
-        if len(prov.files) > lists or len(prov.distributions) > lists:
+        if len(prov.files) > lists or max(len(prov.distributions), len(prov.contents)) > lists:
             return None
     natives, disagreements, provenance, drift, witness, problems, code = nested(msg, at)
     return ProcessReport(

@@ -356,7 +356,7 @@ class StackWitness(_message.Message):
     def __init__(self, samples: _Optional[int] = ..., runner_file_hits: _Optional[int] = ..., runner_file: _Optional[str] = ..., top_files: _Optional[_Iterable[str]] = ..., error: _Optional[str] = ...) -> None: ...
 
 class Provenance(_message.Message):
-    __slots__ = ("counts", "files", "distributions")
+    __slots__ = ("counts", "files", "distributions", "contents")
     class CountsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -367,10 +367,22 @@ class Provenance(_message.Message):
     COUNTS_FIELD_NUMBER: _ClassVar[int]
     FILES_FIELD_NUMBER: _ClassVar[int]
     DISTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
+    CONTENTS_FIELD_NUMBER: _ClassVar[int]
     counts: _containers.ScalarMap[str, int]
     files: _containers.RepeatedCompositeFieldContainer[FileOrigin]
     distributions: _containers.RepeatedCompositeFieldContainer[DistributionFiles]
-    def __init__(self, counts: _Optional[_Mapping[str, int]] = ..., files: _Optional[_Iterable[_Union[FileOrigin, _Mapping]]] = ..., distributions: _Optional[_Iterable[_Union[DistributionFiles, _Mapping]]] = ...) -> None: ...
+    contents: _containers.RepeatedCompositeFieldContainer[DistributionContent]
+    def __init__(self, counts: _Optional[_Mapping[str, int]] = ..., files: _Optional[_Iterable[_Union[FileOrigin, _Mapping]]] = ..., distributions: _Optional[_Iterable[_Union[DistributionFiles, _Mapping]]] = ..., contents: _Optional[_Iterable[_Union[DistributionContent, _Mapping]]] = ...) -> None: ...
+
+class DistributionContent(_message.Message):
+    __slots__ = ("name", "version", "content_sha256")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_SHA256_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    content_sha256: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., content_sha256: _Optional[str] = ...) -> None: ...
 
 class DistributionFiles(_message.Message):
     __slots__ = ("name", "version", "files")
