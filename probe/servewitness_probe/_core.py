@@ -36,9 +36,10 @@ def disabled() -> bool:
     return os.environ.get(L.ENV_PROBE_DISABLE, "") not in ("", "0")
 
 
-def report_error(where: str, msg: str) -> None:
+def report_error(where: str, msg: str, by: str | None = None) -> None:
+    """Record a probe error; BY: the file of the code that caused it, when known."""
     if STATE is not None:
-        STATE.error(where, msg)
+        STATE.error(where, msg, by)
 
 
 def state(mode: str = "lazy") -> ProbeState:

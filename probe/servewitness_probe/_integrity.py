@@ -98,22 +98,26 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
     probe's checks (``take``)."""
     if event in _HOOK_EVENTS:
         where, what = _HOOK_EVENTS[event]
+        said, file = _caller()
         _core.report_error(
             where,
-            f"{what} after the probe started{_caller()}: code that runs inside every import, "
+            f"{what} after the probe started{said}: code that runs inside every import, "
             "between the reading of a module's file and its compiling, can make it run other "
             "code",
+            by=file,
         )
 
 
-def _caller() -> str:
-    """`` by <file>:<line>``: the Python code that raised the audit event, as its frame says
-    (what a reader needs to find who added a hook; the process's word); '' when none."""
+def _caller() -> tuple[str, str | None]:
+    """(`` by <file>:<line> (<function>)``, the file): the Python code that raised the audit
+    event, as its frame says (who added a hook: the agent judges that file; the process's
+    word); ('', None) when there is none."""
     try:
         f = sys._getframe(2)  # 0: here, 1: _audit, 2: the caller of sys.addaudithook & co.
-        return f" by {f.f_code.co_filename}:{f.f_lineno} ({f.f_code.co_name})"
+        file = f.f_code.co_filename
+        return f" by {file}:{f.f_lineno} ({f.f_code.co_name})", file
     except Exception:  # noqa: BLE001 - no Python frame (a C caller): nothing to name
-        return ""
+        return "", None
 
 
 # audit event -> (probe error area, what was done): an audit hook is judged (nothing in an

@@ -183,7 +183,7 @@ class ProbeState:
         self.emit(record)
         self.replay.append(record)
 
-    def error(self, where: str, msg: str) -> None:
+    def error(self, where: str, msg: str, by: str | None = None) -> None:
         """Record a probe error: counted in shared memory, and journaled while fewer than
         ``ERRORS_JOURNALED_PER_WHERE`` came from WHERE. An error that recurs on every step
         (the H200's V2 speculation path: 3,270 in 12 s) would otherwise add a journal line per
@@ -201,7 +201,7 @@ class ProbeState:
         self._journaled_errors[where] = n + 1
         if n == ERRORS_JOURNALED_PER_WHERE:
             msg = "more errors here: counted in the probe's error slot, not journaled"
-        self.emit({"k": "error", "where": where, "msg": msg})
+        self.emit({"k": "error", "where": where, "msg": msg, **({"by": by} if by else {})})
 
     def hook_index(self, name: str, target: str, source: str) -> int:
         """Slot base for hook NAME, allocating it (and journaling it) on first use."""

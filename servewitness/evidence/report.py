@@ -7,10 +7,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from servewitness.evidence.codecheck import check_chains
 from servewitness.evidence.container import container_of
-from servewitness.evidence.distindex import DistIndex
+from servewitness.evidence.distindex import DistIndex, norm_path
 from servewitness.evidence.hashing import Hasher
 from servewitness.evidence.judge import (
     Judgement,
@@ -33,6 +35,7 @@ from servewitness.model import (
     FileEntry,
     ProcessKey,
     ProcessReport,
+    Provenance,
 )
 
 # What ``ProcessReport.hashed_after`` lists: the files whose only hash was taken after the
@@ -134,7 +137,7 @@ def report_with_judgement(
     after = hashed_after(probe.files, stdlib)
     report = dataclasses.replace(
         base,
-        probe_errors=tuple(f"[{e.get('where')}] {e.get('msg')}" for e in probe.errors),
+        probe_errors=probe_errors(probe.errors, probe.files, judged.provenance, stdlib),
         runner=runner,
         steps=probe.steps,
         hooks=probe.hooks,
@@ -153,6 +156,45 @@ def report_with_judgement(
         probe_started_ticks=started_ticks(probe.started_boottime, ident.start_ticks),
     )
     return report, judged
+
+
+# What an audit hook added by a distribution's published code is reported as: said in every
+# verdict, not judged (``policy/probe_errors.py``)
+AUDIT_HOOK_PRISTINE = "audit_hook"
+
+
+def probe_errors(
+    errors: Sequence[Mapping[str, Any]],
+    files: Sequence[FileEntry],
+    provenance: Provenance | None,
+    stdlib: Sequence[str],
+) -> tuple[str, ...]:
+    """The probe's error records as ``[where] message``. An ``imports`` error whose cause
+    the probe names by file (``by``: the code that added an audit hook after it started, as
+    filelock does at import to guard its locks across ``fork``) is ``audit_hook`` instead
+    when that file is one the process loaded and the agent judged pristine against its
+    distribution's RECORD: the hook is that distribution's published code. Any other file
+    (unknown, patched, the standard library, none) leaves it ``imports``: judged."""
+    pristine: Callable[[str], bool] = lambda _path: False  # noqa: E731 - no provenance
+    if provenance is not None:
+        not_pristine = {norm_path(f.path) for f in provenance.files}
+        hashed = {norm_path(f.path) for f in files if f.sha256 and f.kind != "bytecode"}
+        in_stdlib = stdlib_test(stdlib)
+
+        def pristine(path: str) -> bool:
+            p = norm_path(path)
+            return p in hashed and p not in not_pristine and not in_stdlib(p)
+
+    out = []
+    for e in errors:
+        where, msg, by = e.get("where"), e.get("msg"), e.get("by")
+        if where == AUDIT_HOOK_PRISTINE:  # the agent's to say, never the process's
+            where = "imports"
+        if where == "imports" and isinstance(by, str) and pristine(by):
+            where = AUDIT_HOOK_PRISTINE
+            msg = f"{msg} ({by} is pristine: its distribution's published code)"
+        out.append(f"[{where}] {msg}")
+    return tuple(out)
 
 
 def started_ticks(boottime: float | None, start_ticks: int) -> int | None:

@@ -23,7 +23,9 @@ named in the verdict and in every seal taken while it stands). By the error's ``
   fires, which the hook rule judges), ``vllm_log`` (log capture) and ``trace`` (a trace or
   profile function set after the early probe started: a debugger, vLLM's
   ``VLLM_TRACE_FUNCTION``; said in every verdict, not judged). An audit hook added after it
-  is ``imports``: judged.
+  is ``imports``: judged; except ``audit_hook``, one the agent found added by code in a file
+  pristine against its distribution's RECORD (filelock adds one at import, to guard its
+  locks across ``fork``): said in every verdict, not judged.
 
 A ``where`` this table does not know is judged: a new kind of probe error fails closed.
 """
@@ -37,7 +39,7 @@ from dataclasses import dataclass
 LIVENESS = frozenset({"steps", "spec", "bindings", "state", "start", "fork"})
 HOOKS = frozenset({"hooks", "hook.fire", "hook.decorate", "hook.device_counter", "device_counter"})
 FILES = frozenset({"imports", "loaders", "zipimport", "pth", "code", "sweeper", "first_hit"})
-UNJUDGED = frozenset({"VERIFIER_HOOKS", "vllm_log", "trace"})
+UNJUDGED = frozenset({"VERIFIER_HOOKS", "vllm_log", "trace", "audit_hook"})
 
 _TAGGED = re.compile(r"\[([^\]]{1,200})\] ?(.*)", re.DOTALL)
 _HOOK_NAME = re.compile(r"""^'([^']{1,200})'""")
