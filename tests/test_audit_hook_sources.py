@@ -13,7 +13,10 @@ installed, stay judged (FAIL).
 
 from __future__ import annotations
 
+import py_compile
 from pathlib import Path
+
+import pytest
 
 from servewitness.evidence.report import probe_errors
 from servewitness.model import Verdict
@@ -27,8 +30,15 @@ def hook_errors(errors: tuple[str, ...]) -> list[str]:
     return [e for e in errors if "an audit hook was added" in e]
 
 
-def test_a_pristine_distribution_adding_an_audit_hook_is_said_not_judged(tmp_path: Path) -> None:
+@pytest.mark.parametrize("pyc", [False, True])
+def test_a_pristine_distribution_adding_an_audit_hook_is_said_not_judged(
+    tmp_path: Path, pyc: bool
+) -> None:
+    """PYC: its bytecode compiled, as pip does at install (the source is then hashed after
+    the pyc ran, ``deferred``: the GPU image's filelock)."""
     install_dist(tmp_path / "site", "hookdist", {"hookdist/__init__.py": HOOKING})
+    if pyc:
+        py_compile.compile(str(tmp_path / "site" / "hookdist" / "__init__.py"), doraise=True)
     r = run(tmp_path, extra="import hookdist")
     (said,) = hook_errors(r.report.probe_errors)
     path = str(tmp_path / "site" / "hookdist" / "__init__.py")
