@@ -77,6 +77,10 @@ _CODE_PATH = (
     "get_data",
 )
 
+# What a subclass of a reader may not override and stay a reader: the code path, and the
+# lookups that can hand back any function for a code-path method's name.
+_OVERRIDES = (*_CODE_PATH, "__getattribute__", "__getattr__")
+
 _custom_types: dict[type, bool] = {}
 _pending: list[tuple[str, Any, Any]] = []  # (name, module, spec) seen by _load_unlocked
 _done: set[str] = set()
@@ -90,7 +94,7 @@ def _custom_type(t: type) -> bool:
     if base is None:
         return True
     below = t.__mro__[: t.__mro__.index(base)]
-    return any(m in vars(k) for k in below for m in _CODE_PATH)
+    return any(m in vars(k) for k in below for m in _OVERRIDES)
 
 
 def is_custom(loader: Any) -> bool:
@@ -165,14 +169,14 @@ def _own_method(value: Any, loader: Any) -> bool:
 
 def _carried(overrides: list[Any], loader: Any) -> list[Any]:
     """The code objects (None: no Python code found) of what OVERRIDES run: each override,
-    and, through ``functools.partial`` objects, each value they bind that is not plain data,
-    the loader or one of its own methods (followed in turn; never raises)."""
+    and each value it carries (``_code_of``) that is not plain data, the loader or one of its
+    own methods (followed in turn; never raises)."""
     todo = list(overrides)
     codes: list[Any] = []
     while todo and len(codes) < _MAX_CARRIED:
-        _, code, bound = _code_of(todo.pop(0))
+        _, code, carried = _code_of(todo.pop(0))
         codes.append(code)
-        for value in bound:
+        for value in carried:
             if isinstance(value, _PLAIN) or value is loader or _own_method(value, loader):
                 continue
             todo.append(value)
@@ -183,38 +187,91 @@ def _carried(overrides: list[Any], loader: Any) -> list[Any]:
 
 def _code_of(fn: Any) -> tuple[str, Any, list[Any]]:
     """What FN, a callable set on a loader, runs: its name as shown, the code object of
-    the Python function it comes down to, through ``functools.partial`` objects (virtualenv's
-    ``_virtualenv.py`` sets ``partial(_Finder.exec_module, old)`` on the loaders of
-    ``distutils.dist`` and ``setuptools.dist``), bound methods and callable objects (their
-    class's ``__call__``); None where no Python code is found; and the values the partials
-    bind (never raises)."""
+    the Python function it comes down to (None where none is found, or where the function is
+    not what its code's file defines: its ``__globals__`` no module's namespace), and the
+    values it carries, each of which it may call: what a ``functools.partial`` binds
+    (virtualenv's ``_virtualenv.py`` sets ``partial(_Finder.exec_module, old)`` on the
+    loaders of ``distutils.dist`` and ``setuptools.dist``; a partial *subclass* is a callable
+    object), a bound method's ``__self__``, and the callables in a function's closure cells,
+    defaults and keyword defaults. A callable object is its class's ``__call__``; a class,
+    its first own method's code (never raises)."""
     shown: list[str] = []
-    bound: list[Any] = []
+    carried: list[Any] = []
     try:
         for _ in range(8):  # a chain of partials of partials: bounded
-            if isinstance(fn, functools.partial):
+            if type(fn) is functools.partial:
                 shown.append("partial")
-                bound += [*fn.args, *fn.keywords.values()]
+                carried += [*fn.args, *fn.keywords.values()]
                 fn = fn.func
                 continue
-            inner = getattr(fn, "__func__", None)  # a bound method
-            if inner is not None:
-                fn = inner
+            if isinstance(fn, types.MethodType):
+                carried.append(fn.__self__)
+                fn = fn.__func__
+                continue
+            if isinstance(fn, staticmethod | classmethod):
+                fn = fn.__func__
                 continue
             break
-        code = getattr(fn, "__code__", None)
+        code: Any = None
         name = getattr(fn, "__qualname__", None)
-        if not isinstance(code, types.CodeType) and not isinstance(fn, type):
+        if not isinstance(fn, types.FunctionType | type):  # an object: its class's __call__
             owner = next((k for k in type(fn).__mro__ if "__call__" in vars(k)), None)
-            call = vars(owner).get("__call__") if owner is not None else None  # an object
-            code = getattr(call, "__code__", None)
+            call = vars(owner).get("__call__") if owner is not None else None
             name = f"{getattr(type(fn), '__qualname__', '?')}.__call__"
+            carried += _callables(getattr(fn, "__dict__", {}).values())  # what self holds
+            fn = call  # a C __call__ (no Python code): unknown
+        if isinstance(fn, types.FunctionType):
+            if _own_namespace(fn.__globals__):
+                code = fn.__code__
+            carried += _callables(c.cell_contents for c in fn.__closure__ or () if _filled(c))
+            carried += _callables([*(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values()])
+        elif isinstance(fn, type):
+            code = next(
+                (
+                    f.__code__
+                    for f in (getattr(v, "__func__", v) for v in vars(fn).values())
+                    if isinstance(f, types.FunctionType)
+                ),
+                None,
+            )
     except Exception:  # noqa: BLE001 - a hostile object: nothing found
-        return "?", None, [object()]  # what it binds is unknown too
+        return "?", None, [object()]  # what it carries is unknown too
+    return _label(name, shown), code if isinstance(code, types.CodeType) else None, carried
+
+
+def _label(name: object, shown: list[str]) -> str:
     label = name if isinstance(name, str) else "?"
     for wrapper in shown:
         label = f"{wrapper}({label})"
-    return label, code if isinstance(code, types.CodeType) else None, bound
+    return label
+
+
+def _own_namespace(g: Any) -> bool:
+    """Whether G, a function's globals, is the namespace of the module its ``__name__``
+    names (a function made from another's code with other globals is not that code's)."""
+    try:
+        mod = sys.modules.get(g.get("__name__"))
+        return mod is not None and vars(mod) is g
+    except Exception:  # noqa: BLE001 - odd objects: not a module's
+        return False
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
+
+
+def _callables(values: Any) -> list[Any]:
+    """The callables among VALUES and in the lists, tuples and dicts among them (one level):
+    what a function may call through its closure or defaults."""
+    out: list[Any] = []
+    for v in values:
+        items = v.values() if isinstance(v, dict) else v if isinstance(v, list | tuple) else (v,)
+        out += [x for x in items if callable(x) and not isinstance(x, types.ModuleType)]
+    return out
 
 
 def _defining_file(cls: type) -> str | None:

@@ -33,7 +33,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servewitness.errors import UnavailableError
-from servewitness.evidence import bytecode, inputs, origins, places, recheck, statickey, unfiled
+from servewitness.evidence import (
+    bytecode,
+    inputs,
+    origins,
+    pathchange,
+    places,
+    recheck,
+    statickey,
+    unfiled,
+)
 from servewitness.evidence.distindex import DistIndex, Sites
 from servewitness.evidence.hashing import Hasher
 from servewitness.evidence.native import native_mappings
@@ -125,11 +134,15 @@ def cross_check(
     hashed_at = hashed_at or {}
     disagreements: list[FileDisagreement] = []
     drift: list[Drift] = []
+    walked: pathchange.Cache = {}
     for f, h in zip(recorded, seen, strict=True):
         if h.sha256 == f.sha256:
             if vouched is not None and (f.path, f.sha256) in vouched:
                 continue
-            why = changed_after(f, h.key, start_time)
+            path_ns = None
+            if f.at in AFTER_THE_FACT or unfiled.ran_before_hashed(f):
+                path_ns = pathchange.changed_ns(procfs, pid, f.path, walked)
+            why = changed_after(f, h.key, start_time, path_ns)
             if why is not None and waived(f, generated):
                 why += "; it lies under the process's compile caches or temporary directories"
                 drift.append(Drift(DRIFT_CHANGED_IN_CACHE, f.path, f.module, why))
@@ -169,7 +182,10 @@ def _key(i: FileIdentity) -> tuple[int, int, int, int, int]:
 
 
 def changed_after(
-    f: FileEntry, now: tuple[int, int, int, int, int] | None, start_time: float
+    f: FileEntry,
+    now: tuple[int, int, int, int, int] | None,
+    start_time: float,
+    path_ns: int | None = None,
 ) -> str | None:
     """Why the bytes F records (the agent found the same bytes on disk: NOW is the file's
     identity as it hashed them) may not be the bytes the process ran; None when nothing says
@@ -179,7 +195,9 @@ def changed_after(
       the probe hashed it. If its ctime (the agent's, now, or the probe's, when it hashed it)
       is before the process started, it held those bytes all along; later, it may have held
       others when it was imported (a file rewritten between the import and the probe's hash,
-      with its size and mtime put back or not, has a ctime after the start).
+      with its size and mtime put back or not, has a ctime after the start). PATH_NS: the
+      latest ctime of a symbolic link on the way to it (``pathchange``: a link flipped to an
+      older file), likewise.
     * An extension module is hashed by the sweeper after it was loaded: an identity then
       (``identity``) other than at load (``loaded``) means other bytes may have been hashed.
     * A file read at load (``load``: the bytes the import system read, hashed) proves what
@@ -190,11 +208,19 @@ def changed_after(
     if f.at in AFTER_THE_FACT or unfiled.ran_before_hashed(f):
         ctimes = [c for c in (now[4] if now else None, _ctime(f.identity)) if c is not None]
         after = max(ctimes) / 1e9 - start_time if ctimes else 0.0
+        moved = path_ns / 1e9 - start_time if path_ns is not None else 0.0
         if after > CHANGED_SLACK_S:
             why = (
                 f"{f.path} was hashed after the fact ({f.at}: from disk, after the process had "
                 f"read it) and changed (ctime) {after:.3f} s after the process started: the "
                 "bytes recorded may not be the bytes it ran"
+            )
+        elif moved > CHANGED_SLACK_S:
+            why = (
+                f"{f.path} was hashed after the fact ({f.at}: from disk, after the process had "
+                f"read it) and a symbolic link on the way to it was made or replaced {moved:.3f} "
+                "s after the process started: the path may lead to another file than the one "
+                "it ran"
             )
     elif f.kind == "extension" and f.loaded and f.identity and f.loaded != f.identity:
         why = (
