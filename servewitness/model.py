@@ -181,6 +181,9 @@ class FileIdentity:
 # the process started).
 AFTER_THE_FACT = frozenset({"snapshot", "late", "deferred"})
 HASHED_AFTER_SHOWN = 50  # paths listed in ProcessReport.hashed_after (the count is exact)
+# The children a process reports at most: what its probe journals at most
+# (``servewitness_probe._children.MAX_RECORDED``)
+MAX_CHILDREN = 1024
 
 
 @dataclass(frozen=True)
@@ -567,6 +570,9 @@ class ProcessReport:
     # When the probe started, in the ticks since boot that key.start_ticks counts (rounded
     # down): a process this one's code started began later (``rules_claims._started_by``)
     probe_started_ticks: int | None = None
+    # (pid in this process's namespace, start ticks) of each process its code started, as its
+    # probe journaled them; None: not known (no probe, an older agent)
+    children: tuple[tuple[int, int], ...] | None = None
 
     @property
     def all_roles(self) -> frozenset[str]:

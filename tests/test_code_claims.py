@@ -424,10 +424,15 @@ def test_a_real_spawned_child_is_accepted_as_the_start_stub_of_its_judged_parent
     # whose probe start is unknown (an agent before session 29) starts nothing: fail closed
     assert parent.probe_started_ticks is not None
     assert parent.key.start_ticks <= parent.probe_started_ticks < report.key.start_ticks
-    unknown = (dataclasses.replace(procs[0], probe_started_ticks=None), procs[1])
-    snap = TargetSnapshot("t", unknown, time.time())
-    v = load_policy(text).evaluate_target(snap, now=snap.received_unix)
-    assert v.verdict == Verdict.FAIL and unclaimed_paths(list(v.findings)) == {"-c"}
+    # and journaled the child as one its code started (multiprocessing's fork_exec)
+    assert parent.children is not None and (report.ns_pid, report.key.start_ticks) in set(
+        parent.children
+    )
+    for unknown in ({"probe_started_ticks": None}, {"children": None}, {"children": ()}):
+        procs_u = (dataclasses.replace(procs[0], **unknown), procs[1])
+        snap = TargetSnapshot("t", procs_u, time.time())
+        v = load_policy(text).evaluate_target(snap, now=snap.received_unix)
+        assert v.verdict == Verdict.FAIL and unclaimed_paths(list(v.findings)) == {"-c"}
 
 
 @pytest.mark.parametrize(

@@ -31,7 +31,8 @@ What worked when written (2026-12-07), each a PASS (WARNING only) with the attac
    the ``.pth`` before the probe) and ``_virtualenv.pth`` itself; the agent reads the target's
    ctime, which is old. Under ``all_code_claimed`` too. (Control: the same swap by rename is
    caught, ``provenance.file.changed_after_start``.)
-4. ``-c`` code behind a rewritten title "started by" the judged server: a process forked
+4. (Closed the same session: ``servewitness_probe/_children.py``.) ``-c`` code behind a
+   rewritten title "started by" the judged server: a process forked
    before the server's ``exec`` (no longer accepted since session 29) waits for the server's
    probe, then ``clone(CLONE_PARENT)``s: the new child's parent is the server and it started
    after the probe did, though the server's code never chose it. (Control: a plain fork.)
@@ -487,18 +488,8 @@ CLONE_PARENT = 0x8000
 @pytest.mark.parametrize(
     "flags",
     [
-        pytest.param(
-            CLONE_PARENT,
-            id="clone_parent",
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=AssertionError,
-                reason="'started by' reads the child's ppid and start time only: a process "
-                "that is already the judged server's child (forked before its exec) can give "
-                "it any number of children started after its probe, with clone(CLONE_PARENT), "
-                "unprivileged; their -c behind a title is accepted",
-            ),
-        ),
+        # closed in session 29: the parent's probe journals the children its code starts
+        pytest.param(CLONE_PARENT, id="clone_parent"),
         pytest.param(0, id="plain_fork"),  # control: the payload's parent is stage one
     ],
 )

@@ -10,7 +10,17 @@ from __future__ import annotations
 
 import os
 
-from servewitness_probe import _core, _hooks, _imports, _integrity, _loaders, _startup, _vllm, _zips
+from servewitness_probe import (
+    _children,
+    _core,
+    _hooks,
+    _imports,
+    _integrity,
+    _loaders,
+    _startup,
+    _vllm,
+    _zips,
+)
 from servewitness_probe import layout as L
 
 _started_pid = 0
@@ -26,6 +36,7 @@ def start(mode: str = "api") -> bool:
             return True
         _started_pid = os.getpid()
         _core.state(mode)
+        _children.install()
         _imports.install()
         _zips.install()
         _loaders.install()

@@ -34,6 +34,7 @@ from servewitness.evidence.journal import (
 )
 from servewitness.evidence.places import import_entry
 from servewitness.model import (
+    MAX_CHILDREN,
     CodeChain,
     FileEntry,
     HookEvidence,
@@ -92,6 +93,9 @@ class ProbeState:
     start_cwd: str | None = None  # the working directory of the first interp record
     # the start record's CLOCK_BOOTTIME, in seconds (the process's word; checked in report)
     started_boottime: float | None = None
+    # (pid in its namespace, start ticks) of each process its code started (``child``
+    # records, ``_children``), in order, at most MAX_CHILDREN
+    children: tuple[tuple[int, int], ...] = ()
     # Modules that claim a file (__file__ or spec.origin) where there is none: module, claimed.
     fileless: tuple[tuple[str, str], ...] = ()
     # Modules that ran code no file record holds (custom loaders, exec, standard input).
@@ -139,6 +143,25 @@ def _opt_count(v: object) -> int | None:
 
 def _opt_str(v: object) -> str | None:
     return v if isinstance(v, str) else None
+
+
+def _children(records: list[dict[str, Any]]) -> tuple[tuple[int, int], ...]:
+    """The (pid, start ticks) of each ``child`` record with both as numbers, first seen
+    first, at most MAX_CHILDREN (what the probe journals at most)."""
+    out: dict[tuple[int, int], None] = {}
+    for r in records:
+        if r.get("k") != "child":
+            continue
+        pid, ticks = r.get("pid"), r.get("start_ticks")
+        if _is_count(pid) and _is_count(ticks):
+            out.setdefault((pid, ticks), None)  # type: ignore[arg-type]
+            if len(out) >= MAX_CHILDREN:
+                break
+    return tuple(out)
+
+
+def _is_count(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
 def _seconds(v: object) -> float | None:
@@ -393,6 +416,7 @@ def read_probe_dir(
         import_path=import_path(r for r in records if r.get("k") == "interp"),
         start_cwd=_start_cwd(records),
         started_boottime=_seconds(start.get("boottime")),
+        children=_children(records),
         graph=graph,
         runner_worker=_opt_str(runner_rec.get("worker")),
         runner_methods=methods if isinstance(methods, dict) else {},

@@ -154,6 +154,7 @@ def report_with_judgement(
         hashed_after=tuple(after[:HASHED_AFTER_SHOWN]),
         hashed_after_count=len(after),
         probe_started_ticks=started_ticks(probe.started_boottime, ident.start_ticks),
+        children=probe.children,
     )
     return report, judged
 

@@ -25,7 +25,10 @@ named in the verdict and in every seal taken while it stands). By the error's ``
   ``VLLM_TRACE_FUNCTION``; said in every verdict, not judged). An audit hook added after it
   is ``imports``: judged; except ``audit_hook``, one the agent found added by code in a file
   pristine against its distribution's RECORD (filelock adds one at import, to guard its
-  locks across ``fork``): said in every verdict, not judged.
+  locks across ``fork``): said in every verdict, not judged. ``children`` (past the probe's
+  bound of journaled children, more were started): said, not judged; a child not journaled
+  is not taken as its parent's choice anyway (``rules_claims._started_by``), which fails
+  closed.
 
 A ``where`` this table does not know is judged: a new kind of probe error fails closed.
 """
@@ -39,7 +42,7 @@ from dataclasses import dataclass
 LIVENESS = frozenset({"steps", "spec", "bindings", "state", "start", "fork"})
 HOOKS = frozenset({"hooks", "hook.fire", "hook.decorate", "hook.device_counter", "device_counter"})
 FILES = frozenset({"imports", "loaders", "zipimport", "pth", "code", "sweeper", "first_hit"})
-UNJUDGED = frozenset({"VERIFIER_HOOKS", "vllm_log", "trace", "audit_hook"})
+UNJUDGED = frozenset({"VERIFIER_HOOKS", "vllm_log", "trace", "audit_hook", "children"})
 
 _TAGGED = re.compile(r"\[([^\]]{1,200})\] ?(.*)", re.DOTALL)
 _HOOK_NAME = re.compile(r"""^'([^']{1,200})'""")

@@ -265,14 +265,18 @@ def _started_by(
     alone is not enough: ``spawn_main`` unpickles what the pipe it names carries, code that
     only the process on the other end chose. Otherwise the code stays unclaimed.
 
-    "Started by" is a start after the parent's *probe* started, in the ticks /proc counts
-    (``ProcessReport.probe_started_ticks``), not after the parent's own start: a process
-    keeps its pid and start time across ``exec``, so a child a shell forked just before it
-    ``exec``ed the judged server in its own pid is the server's child, started after it, and
-    no code of the server's chose it. A parent whose probe start is not known starts none."""
-    if parent is None or parent.probe_started_ticks is None:
+    "Started by" is not the kernel's parent pid, which says nothing of who made the child: a
+    process keeps its pid and start time across ``exec`` (a child a shell forked just before
+    it ``exec``ed the judged server is the server's child), and a sibling's
+    ``clone(CLONE_PARENT)`` makes the server a child's parent. It is the parent's probe
+    having journaled the child as started by its code (``ProcessReport.children``: the
+    child's pid in that namespace and its start ticks), after the probe started
+    (``probe_started_ticks``). A parent whose children are not known starts none."""
+    if parent is None or parent.probe_started_ticks is None or parent.children is None:
         return unclaimed, []
     if p.key.start_ticks <= parent.probe_started_ticks:
+        return unclaimed, []
+    if (p.ns_pid, p.key.start_ticks) not in set(parent.children):
         return unclaimed, []
     inline = [e for e in unclaimed if e["path"] == INLINE_PATH]
     if not inline:

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from servewitness.api.v1 import verifier_pb2 as pb
 from servewitness.model import (
     HASHED_AFTER_SHOWN,
+    MAX_CHILDREN,
     FileEntry,
     HookEvidence,
     LogLine,
@@ -249,6 +250,9 @@ def process_to_pb(p: ProcessReport) -> pb.ProcessReport:
         hashed_after=list(p.hashed_after),
         hashed_after_count=p.hashed_after_count,
         probe_started_ticks=p.probe_started_ticks,
+        children=None
+        if p.children is None
+        else pb.ChildStarts(starts=[pb.ChildStart(pid=c, start_ticks=t) for c, t in p.children]),
     )
 
 
@@ -374,7 +378,21 @@ def _process_checked(msg: pb.ProcessReport, at: str) -> ProcessReport:
         hashed_after=_hashed_after_from_pb(msg, at),
         hashed_after_count=msg.hashed_after_count,
         probe_started_ticks=probe_started_from_pb(msg, at),
+        children=children_from_pb(msg, at),
     )
+
+
+def children_from_pb(msg: pb.ProcessReport, at: str) -> tuple[tuple[int, int], ...] | None:
+    """``children``: absent is not known; each pid positive, each start tick a count."""
+    if not msg.HasField("children"):
+        return None
+    starts = msg.children.starts
+    if len(starts) > MAX_CHILDREN:
+        F.fail(f"{at}.children", f"{len(starts)} entries, more than a probe journals")
+    for i, c in enumerate(starts):
+        if c.pid < 1 or c.start_ticks < 0:
+            F.fail(f"{at}.children[{i}]", "a pid below 1 or a negative start")
+    return tuple((c.pid, c.start_ticks) for c in starts)
 
 
 def probe_started_from_pb(msg: pb.ProcessReport, at: str) -> int | None:

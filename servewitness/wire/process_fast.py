@@ -14,6 +14,7 @@ from servewitness.api.v1 import verifier_pb2 as pb
 from servewitness.model import (
     EVIDENCE_PROBLEM_IDS,
     HASHED_AFTER_SHOWN,
+    MAX_CHILDREN,
     CodeChain,
     Drift,
     EvidenceProblem,
@@ -121,6 +122,9 @@ def process_fast(msg: pb.ProcessReport, at: str) -> ProcessReport | None:  # noq
     started = msg.probe_started_ticks if msg.HasField("probe_started_ticks") else None
     if started is not None and started < ticks:
         return None
+    children = _children(msg)
+    if isinstance(children, bool):
+        return None  # the checked converter says why
     if after_count < 0 or len(after) > min(after_count, HASHED_AFTER_SHOWN) or not all(after):
         return None
     if msg.HasField("stack_witness") and len(msg.stack_witness.top_files) > lists:
@@ -162,7 +166,18 @@ def process_fast(msg: pb.ProcessReport, at: str) -> ProcessReport | None:  # noq
         hashed_after=tuple(after),
         hashed_after_count=after_count,
         probe_started_ticks=started,
+        children=children,
     )
+
+
+def _children(msg: pb.ProcessReport) -> tuple[tuple[int, int], ...] | bool | None:
+    """``children`` (None: absent), or False when the checked converter must say why."""
+    if not msg.HasField("children"):
+        return None
+    starts = msg.children.starts
+    if len(starts) > MAX_CHILDREN or any(c.pid < 1 or c.start_ticks < 0 for c in starts):
+        return False
+    return tuple((c.pid, c.start_ticks) for c in starts)
 
 
 _Nested = tuple[

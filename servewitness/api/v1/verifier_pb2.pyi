@@ -206,7 +206,7 @@ class FileIdentity(_message.Message):
     def __init__(self, dev: _Optional[int] = ..., ino: _Optional[int] = ..., size: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., ctime_ns: _Optional[int] = ...) -> None: ...
 
 class ProcessReport(_message.Message):
-    __slots__ = ("key", "ns_pid", "ppid", "start_time", "role", "rank", "container_id", "cmdline", "exe", "probe_present", "probe_errors", "runner", "steps", "hooks", "manifest_digest", "files_included", "files", "runner_file_sha256_now", "disagreements", "native_mappings", "provenance", "drift", "stack_witness", "runner_log", "roles", "evidence_problems", "code", "hashed_after", "hashed_after_count", "probe_started_ticks")
+    __slots__ = ("key", "ns_pid", "ppid", "start_time", "role", "rank", "container_id", "cmdline", "exe", "probe_present", "probe_errors", "runner", "steps", "hooks", "manifest_digest", "files_included", "files", "runner_file_sha256_now", "disagreements", "native_mappings", "provenance", "drift", "stack_witness", "runner_log", "roles", "evidence_problems", "code", "hashed_after", "hashed_after_count", "probe_started_ticks", "children")
     KEY_FIELD_NUMBER: _ClassVar[int]
     NS_PID_FIELD_NUMBER: _ClassVar[int]
     PPID_FIELD_NUMBER: _ClassVar[int]
@@ -237,6 +237,7 @@ class ProcessReport(_message.Message):
     HASHED_AFTER_FIELD_NUMBER: _ClassVar[int]
     HASHED_AFTER_COUNT_FIELD_NUMBER: _ClassVar[int]
     PROBE_STARTED_TICKS_FIELD_NUMBER: _ClassVar[int]
+    CHILDREN_FIELD_NUMBER: _ClassVar[int]
     key: ProcessKey
     ns_pid: int
     ppid: int
@@ -267,7 +268,8 @@ class ProcessReport(_message.Message):
     hashed_after: _containers.RepeatedScalarFieldContainer[str]
     hashed_after_count: int
     probe_started_ticks: int
-    def __init__(self, key: _Optional[_Union[ProcessKey, _Mapping]] = ..., ns_pid: _Optional[int] = ..., ppid: _Optional[int] = ..., start_time: _Optional[float] = ..., role: _Optional[str] = ..., rank: _Optional[int] = ..., container_id: _Optional[str] = ..., cmdline: _Optional[_Iterable[str]] = ..., exe: _Optional[str] = ..., probe_present: _Optional[bool] = ..., probe_errors: _Optional[_Iterable[str]] = ..., runner: _Optional[_Union[RunnerEvidence, _Mapping]] = ..., steps: _Optional[_Union[StepEvidence, _Mapping]] = ..., hooks: _Optional[_Iterable[_Union[HookEvidence, _Mapping]]] = ..., manifest_digest: _Optional[str] = ..., files_included: _Optional[bool] = ..., files: _Optional[_Iterable[_Union[FileEntry, _Mapping]]] = ..., runner_file_sha256_now: _Optional[str] = ..., disagreements: _Optional[_Iterable[_Union[FileDisagreement, _Mapping]]] = ..., native_mappings: _Optional[_Iterable[_Union[NativeMapping, _Mapping]]] = ..., provenance: _Optional[_Union[Provenance, _Mapping]] = ..., drift: _Optional[_Iterable[_Union[Drift, _Mapping]]] = ..., stack_witness: _Optional[_Union[StackWitness, _Mapping]] = ..., runner_log: _Optional[_Iterable[_Union[LogLine, _Mapping]]] = ..., roles: _Optional[_Iterable[str]] = ..., evidence_problems: _Optional[_Iterable[_Union[EvidenceProblem, _Mapping]]] = ..., code: _Optional[_Iterable[_Union[CodeChain, _Mapping]]] = ..., hashed_after: _Optional[_Iterable[str]] = ..., hashed_after_count: _Optional[int] = ..., probe_started_ticks: _Optional[int] = ...) -> None: ...
+    children: ChildStarts
+    def __init__(self, key: _Optional[_Union[ProcessKey, _Mapping]] = ..., ns_pid: _Optional[int] = ..., ppid: _Optional[int] = ..., start_time: _Optional[float] = ..., role: _Optional[str] = ..., rank: _Optional[int] = ..., container_id: _Optional[str] = ..., cmdline: _Optional[_Iterable[str]] = ..., exe: _Optional[str] = ..., probe_present: _Optional[bool] = ..., probe_errors: _Optional[_Iterable[str]] = ..., runner: _Optional[_Union[RunnerEvidence, _Mapping]] = ..., steps: _Optional[_Union[StepEvidence, _Mapping]] = ..., hooks: _Optional[_Iterable[_Union[HookEvidence, _Mapping]]] = ..., manifest_digest: _Optional[str] = ..., files_included: _Optional[bool] = ..., files: _Optional[_Iterable[_Union[FileEntry, _Mapping]]] = ..., runner_file_sha256_now: _Optional[str] = ..., disagreements: _Optional[_Iterable[_Union[FileDisagreement, _Mapping]]] = ..., native_mappings: _Optional[_Iterable[_Union[NativeMapping, _Mapping]]] = ..., provenance: _Optional[_Union[Provenance, _Mapping]] = ..., drift: _Optional[_Iterable[_Union[Drift, _Mapping]]] = ..., stack_witness: _Optional[_Union[StackWitness, _Mapping]] = ..., runner_log: _Optional[_Iterable[_Union[LogLine, _Mapping]]] = ..., roles: _Optional[_Iterable[str]] = ..., evidence_problems: _Optional[_Iterable[_Union[EvidenceProblem, _Mapping]]] = ..., code: _Optional[_Iterable[_Union[CodeChain, _Mapping]]] = ..., hashed_after: _Optional[_Iterable[str]] = ..., hashed_after_count: _Optional[int] = ..., probe_started_ticks: _Optional[int] = ..., children: _Optional[_Union[ChildStarts, _Mapping]] = ...) -> None: ...
 
 class EvidenceProblem(_message.Message):
     __slots__ = ("id", "detail")
@@ -373,6 +375,20 @@ class Provenance(_message.Message):
     distributions: _containers.RepeatedCompositeFieldContainer[DistributionFiles]
     contents: _containers.RepeatedCompositeFieldContainer[DistributionContent]
     def __init__(self, counts: _Optional[_Mapping[str, int]] = ..., files: _Optional[_Iterable[_Union[FileOrigin, _Mapping]]] = ..., distributions: _Optional[_Iterable[_Union[DistributionFiles, _Mapping]]] = ..., contents: _Optional[_Iterable[_Union[DistributionContent, _Mapping]]] = ...) -> None: ...
+
+class ChildStarts(_message.Message):
+    __slots__ = ("starts",)
+    STARTS_FIELD_NUMBER: _ClassVar[int]
+    starts: _containers.RepeatedCompositeFieldContainer[ChildStart]
+    def __init__(self, starts: _Optional[_Iterable[_Union[ChildStart, _Mapping]]] = ...) -> None: ...
+
+class ChildStart(_message.Message):
+    __slots__ = ("pid", "start_ticks")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    START_TICKS_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    start_ticks: int
+    def __init__(self, pid: _Optional[int] = ..., start_ticks: _Optional[int] = ...) -> None: ...
 
 class DistributionContent(_message.Message):
     __slots__ = ("name", "version", "content_sha256")
