@@ -211,6 +211,28 @@ def wait_ready(proc: subprocess.Popen[Any], ready: Path, timeout: float = 60) ->
         time.sleep(0.1)
 
 
+def probed_report(
+    argv: Sequence[str], env: Mapping[str, str], out: Path, timeout: float = 120
+) -> tuple[str, Any]:
+    """Start ARGV (a probed interpreter that writes OUT when it is ready, then sleeps), wait
+    for OUT, let the probe's sweeper pass, and return what it wrote and the agent's report
+    of it (``to_report`` over ``/proc``); the process is killed after."""
+    from servewitness.evidence.process import read_process
+    from servewitness.evidence.procfs import ProcFS
+    from servewitness.evidence.report import to_report
+
+    proc = subprocess.Popen(list(argv), env=dict(env), stderr=subprocess.PIPE)
+    try:
+        wait_ready(proc, out, timeout)
+        time.sleep(2.0)  # a sweep or two
+        procfs = ProcFS()
+        return out.read_text(), to_report(procfs, read_process(procfs, proc.pid))
+    finally:
+        with contextlib.suppress(OSError):
+            proc.send_signal(9)
+        proc.communicate()
+
+
 def rechain(db: Any) -> None:
     """The consistent rewrite: every ledger entry's subject and hash recomputed from the rows
     as they are now (after a test edited one), so the chain verifies on its own and only a

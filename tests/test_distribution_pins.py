@@ -15,11 +15,9 @@ same content digest and PASSes.
 from __future__ import annotations
 
 import base64
-import contextlib
 import dataclasses
 import hashlib
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -33,16 +31,14 @@ from servewitness._cli.policy_cmd import render_policy
 from servewitness.api.v1 import verifier_pb2 as pb
 from servewitness.evidence.content import wheel_content
 from servewitness.evidence.distindex import DistIndex
-from servewitness.evidence.process import read_process
-from servewitness.evidence.procfs import ProcFS
-from servewitness.evidence.report import to_report
 from servewitness.model import ProcessReport, Severity, Verdict
-from servewitness.policy import TargetSnapshot, load_policy
 from servewitness.policy import findings as F
+from servewitness.policy import load_policy
 from servewitness.policy.interface import PolicyError
 from servewitness.wire import files as wire_files
-from tests.helpers import probe_env, verifier_cli, wait_ready, weak_policy
+from tests.helpers import probe_env, probed_report, verifier_cli, weak_policy
 from tests.test_gate_time_attacks import make_lab
+from tests.test_loader_claims import judge
 
 PUBLISHED = "VALUE = 'published'\n"
 EVIL = "VALUE = 'evil!!!!!'\n"
@@ -107,16 +103,7 @@ def run(tmp: Path, site: Path) -> tuple[str, ProcessReport]:
         "open(sys.argv[1], 'w').write(repr(fakedist.core.VALUE))\n"
         "time.sleep(600)\n"
     )
-    proc = subprocess.Popen([sys.executable, "-c", script, str(out)], env=env)
-    try:
-        wait_ready(proc, out, 120)
-        time.sleep(2.0)
-        procfs = ProcFS()
-        return out.read_text(), to_report(procfs, read_process(procfs, proc.pid))
-    finally:
-        with contextlib.suppress(OSError):
-            proc.send_signal(signal.SIGKILL)
-        proc.communicate()
+    return probed_report([sys.executable, "-c", script, str(out)], env, out)
 
 
 def policy(pin: str = "") -> str:
@@ -128,15 +115,6 @@ def pin_of(wheel: Path) -> str:
     res = verifier_cli("policy", "pin-wheel", str(wheel))
     assert res.returncode == 0, res.stderr
     return res.stdout
-
-
-def judge(report: ProcessReport, text: str) -> tuple[Verdict, dict[str, Any]]:
-    snap = TargetSnapshot("t", (dataclasses.replace(report, role="api_server"),), time.time())
-    v = load_policy(text).evaluate_target(snap, now=snap.received_unix)
-    found: dict[str, Any] = {}
-    for f in v.findings:
-        found.setdefault(f.id, f)
-    return v.verdict, found
 
 
 @pytest.fixture(scope="module")

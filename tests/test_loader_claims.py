@@ -25,11 +25,9 @@ only for Python < 3.10, while venvs made earlier (the device image's, Python 3.1
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -42,9 +40,6 @@ from servewitness._cli.policy_cmd import render_policy
 from servewitness.api.v1 import verifier_pb2 as pb
 from servewitness.evidence import judgements
 from servewitness.evidence.judge import Judgement
-from servewitness.evidence.process import read_process
-from servewitness.evidence.procfs import ProcFS
-from servewitness.evidence.report import to_report
 from servewitness.model import (
     DRIFT_MODULE_CUSTOM_LOADER,
     DRIFT_MODULE_UNFILED,
@@ -58,7 +53,7 @@ from servewitness.policy import TargetSnapshot, load_policy
 from servewitness.policy import findings as F
 from servewitness.wire import files as wire_files
 from servewitness.wire.fields import WireError
-from tests.helpers import REPO, probe_env, wait_ready, weak_policy
+from tests.helpers import REPO, probe_env, probed_report, weak_policy
 from tests.test_bytecode_attacks import install
 from tests.test_code_claims import sha
 from tests.test_gate_time_attacks import make_lab
@@ -179,20 +174,7 @@ def run(tmp: Path, venv: Venv, sitecustomize: str | None = None) -> tuple[str, P
         PYTHONPATH=":".join(path),
         PYTHONDONTWRITEBYTECODE="1",
     )
-    proc = subprocess.Popen(
-        [str(venv.root / "bin" / "python"), "-c", SCRIPT, str(out)],
-        env=env,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        wait_ready(proc, out, 120)
-        time.sleep(2.0)  # a sweep or two
-        procfs = ProcFS()
-        return out.read_text(), to_report(procfs, read_process(procfs, proc.pid))
-    finally:
-        with contextlib.suppress(OSError):
-            proc.send_signal(signal.SIGKILL)
-        proc.communicate()
+    return probed_report([str(venv.root / "bin" / "python"), "-c", SCRIPT, str(out)], env, out)
 
 
 def policy(venv: Venv, claims: list[tuple[str, str]] | None = None) -> str:

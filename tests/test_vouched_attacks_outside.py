@@ -67,7 +67,7 @@ from servewitness.model import (
     Severity,
     Verdict,
 )
-from tests.helpers import probe_env, wait_ready
+from tests.helpers import probe_env, probed_report, wait_ready
 from tests.test_bytecode_attacks import install
 from tests.test_claims_attacks_outside import (
     HONEST_SCRIPT,
@@ -114,20 +114,7 @@ def probed(tmp: Path, venv: Venv, sitecustomize: str | None = None) -> tuple[str
         PYTHONDONTWRITEBYTECODE="1",
         TMPDIR=str(tmp / "scratch"),
     )
-    proc = subprocess.Popen(
-        [str(venv.root / "bin" / "python"), "-c", SCRIPT, str(out)],
-        env=env,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        wait_ready(proc, out, 120)
-        time.sleep(2.0)  # a sweep or two
-        procfs = ProcFS()
-        return out.read_text(), to_report(procfs, read_process(procfs, proc.pid))
-    finally:
-        with contextlib.suppress(OSError):
-            proc.send_signal(signal.SIGKILL)
-        proc.communicate()
+    return probed_report([str(venv.root / "bin" / "python"), "-c", SCRIPT, str(out)], env, out)
 
 
 def honest_claims(venv: Venv, claimed: tuple[tuple[str, str], ...]) -> str:

@@ -65,7 +65,7 @@ def _function(value: Any) -> types.FunctionType | None:
 
 def _state(f: types.FunctionType) -> tuple[Any, ...]:
     """F's globals, defaults and closure's contents: compared by identity, one by one."""
-    cells = tuple(c.cell_contents if _filled(c) else _MISSING for c in f.__closure__ or ())
+    cells = tuple(c.cell_contents if filled(c) else _MISSING for c in f.__closure__ or ())
     return (f.__globals__, f.__defaults__, f.__kwdefaults__, *cells)
 
 
@@ -73,7 +73,7 @@ def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
     return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
-def _filled(cell: Any) -> bool:
+def filled(cell: Any) -> bool:
     try:
         cell.cell_contents  # noqa: B018 - an empty cell raises
     except ValueError:

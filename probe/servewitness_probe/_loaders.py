@@ -223,7 +223,8 @@ def _code_of(fn: Any) -> tuple[str, Any, list[Any]]:
         if isinstance(fn, types.FunctionType):
             if _own_namespace(fn.__globals__):
                 code = fn.__code__
-            carried += _callables(c.cell_contents for c in fn.__closure__ or () if _filled(c))
+            filled = _integrity.filled
+            carried += _callables(c.cell_contents for c in fn.__closure__ or () if filled(c))
             carried += _callables([*(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values()])
         elif isinstance(fn, type):
             code = next(
@@ -254,14 +255,6 @@ def _own_namespace(g: Any) -> bool:
         return mod is not None and vars(mod) is g
     except Exception:  # noqa: BLE001 - odd objects: not a module's
         return False
-
-
-def _filled(cell: Any) -> bool:
-    try:
-        cell.cell_contents  # noqa: B018 - an empty cell raises
-    except ValueError:
-        return False
-    return True
 
 
 def _callables(values: Any) -> list[Any]:
