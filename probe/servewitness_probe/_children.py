@@ -20,6 +20,7 @@ these calls is not recorded: its ``-c`` is then not taken as the parent's (fails
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -45,7 +46,14 @@ def install() -> None:
         import _posixsubprocess
     except ImportError:
         return
+    original = getattr(_posixsubprocess, "fork_exec", None)
     _wrap(_posixsubprocess, "fork_exec", lambda r: r)
+    # subprocess binds fork_exec at its import (``from _posixsubprocess import fork_exec as
+    # _fork_exec``): imported before the probe started (the plugin probe, always), it keeps
+    # the original unless its own name is rebound too
+    sub = sys.modules.get("subprocess")
+    if sub is not None and original is not None and getattr(sub, "_fork_exec", None) is original:
+        setattr(sub, "_fork_exec", _posixsubprocess.fork_exec)  # noqa: B010 - not typed
 
 
 def _wrap(module: Any, name: str, pid_of: Callable[[Any], Any]) -> None:
