@@ -33,19 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servewitness.errors import UnavailableError
-from servewitness.evidence import (
-    bytecode,
-    inputs,
-    origins,
-    pathchange,
-    places,
-    recheck,
-    statickey,
-    unfiled,
-)
+from servewitness.evidence import bytecode, inputs, origins, places, recheck, statickey, unfiled
 from servewitness.evidence.distindex import DistIndex, Sites
 from servewitness.evidence.hashing import Hasher
 from servewitness.evidence.native import native_mappings
+from servewitness.evidence.pathchange import Cache, changed_ns
 from servewitness.evidence.probe_reader import ProbeState
 from servewitness.evidence.procfs import CHANGED_SLACK_S, ProcFS
 from servewitness.evidence.stdlib import stdlib_dirs
@@ -134,14 +126,14 @@ def cross_check(
     hashed_at = hashed_at or {}
     disagreements: list[FileDisagreement] = []
     drift: list[Drift] = []
-    walked: pathchange.Cache = {}
+    walked: Cache = {}
     for f, h in zip(recorded, seen, strict=True):
         if h.sha256 == f.sha256:
             if vouched is not None and (f.path, f.sha256) in vouched:
                 continue
             path_ns = None
             if f.at in AFTER_THE_FACT or unfiled.ran_before_hashed(f):
-                path_ns = pathchange.changed_ns(procfs, pid, f.path, walked)
+                path_ns = changed_ns(procfs, pid, f.path, walked)
             why = changed_after(f, h.key, start_time, path_ns)
             if why is not None and waived(f, generated):
                 why += "; it lies under the process's compile caches or temporary directories"

@@ -153,15 +153,11 @@ def _children(records: list[dict[str, Any]]) -> tuple[tuple[int, int], ...]:
         if r.get("k") != "child":
             continue
         pid, ticks = r.get("pid"), r.get("start_ticks")
-        if _is_count(pid) and _is_count(ticks):
-            out.setdefault((pid, ticks), None)  # type: ignore[arg-type]
+        if isinstance(pid, int) and isinstance(ticks, int) and min(pid, ticks) >= 0:
+            out.setdefault((int(pid), int(ticks)), None)  # int(): a bool is an int
             if len(out) >= MAX_CHILDREN:
                 break
     return tuple(out)
-
-
-def _is_count(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
 def _seconds(v: object) -> float | None:
