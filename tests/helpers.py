@@ -216,12 +216,16 @@ def probed_report(
 ) -> tuple[str, Any]:
     """Start ARGV (a probed interpreter that writes OUT when it is ready, then sleeps), wait
     for OUT, let the probe's sweeper pass, and return what it wrote and the agent's report
-    of it (``to_report`` over ``/proc``); the process is killed after."""
+    of it (``to_report`` over ``/proc``); the process and everything it started (its own
+    process group: a child holding its stderr would keep ``communicate`` waiting) are killed
+    after."""
     from servewitness.evidence.process import read_process
     from servewitness.evidence.procfs import ProcFS
     from servewitness.evidence.report import to_report
 
-    proc = subprocess.Popen(list(argv), env=dict(env), stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        list(argv), env=dict(env), stderr=subprocess.PIPE, start_new_session=True
+    )
     try:
         wait_ready(proc, out, timeout)
         time.sleep(2.0)  # a sweep or two
@@ -229,7 +233,7 @@ def probed_report(
         return out.read_text(), to_report(procfs, read_process(procfs, proc.pid))
     finally:
         with contextlib.suppress(OSError):
-            proc.send_signal(9)
+            os.killpg(proc.pid, 9)
         proc.communicate()
 
 

@@ -9,7 +9,6 @@ start (its sibling's) is not.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -38,20 +37,15 @@ def test_each_way_of_starting_a_child_is_journaled(tmp_path: Path, how: str, ear
         "import os, subprocess, sys, time\n"  # subprocess first, as in vLLM
         + start
         + STARTS[how]
-        + f"\nopen({str(pidfile)!r}, 'w').write(str(pid))\n"
+        + "\nticks = open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[19]\n"
+        + f"open({str(pidfile)!r}, 'w').write(f'{{pid}} {{ticks}}')\n"
         + "open(sys.argv[1], 'w').write('ready')\n"
         + "time.sleep(600)\n"
     )
     extra = {"VERIFIER_PROBE_EARLY": "1"} if early else {}
     env = probe_env(tmp_path / "probe", PYTHONDONTWRITEBYTECODE="1", **extra)
-    child = None
-    try:
-        _, report = probed_report([sys.executable, "-c", script, str(out)], env, out)
-        child = int(pidfile.read_text())
-        ticks = int(Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    finally:
-        if child is not None:
-            os.kill(child, 9)
+    _, report = probed_report([sys.executable, "-c", script, str(out)], env, out)
+    child, ticks = map(int, pidfile.read_text().split())  # the child was killed with its group
     assert report.children is not None
     assert (child, ticks) in report.children, (child, ticks, report.children)
 
