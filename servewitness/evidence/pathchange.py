@@ -30,16 +30,53 @@ from servewitness.evidence.procfs import ProcFS
 
 MAX_LINKS = 40  # what the kernel follows (ELOOP past it)
 
-Cache = dict[str, tuple[str, int | None]]  # prefix -> (resolved, latest redirecting ctime)
+Cache = dict[str, tuple[str | None, int | None]]  # directory as given -> (resolved, latest)
 
 
 def changed_ns(procfs: ProcFS, pid: int, path: str, cache: Cache | None = None) -> int | None:
     """The latest ctime (ns) of a symbolic link on the way to PATH (PATH itself included) as
     process PID sees it; None when there is none or the path cannot be walked (the
-    cross-check says why it cannot read the file)."""
+    cross-check says why it cannot read the file). CACHE keeps each directory's answer, so
+    the files of one directory cost one ``lstat`` each."""
     cache = {} if cache is None else cache
-    resolved, latest = "/", None
-    todo = [c for c in path.split("/") if c][::-1]
+    parent, _, name = path.rpartition("/")
+    resolved, latest = _directory(procfs, pid, parent, cache)
+    if resolved is None:
+        return latest
+    try:  # the file itself, as a rule no link: one lstat
+        mode = os.lstat(procfs.in_root_str(pid, f"{resolved.rstrip('/')}/{name}")).st_mode
+    except (OSError, ValueError):
+        return latest
+    if not stat.S_ISLNK(mode):
+        return latest
+    _, last = _walk(procfs, pid, resolved, [name])
+    return _later(latest, last)
+
+
+def _directory(procfs: ProcFS, pid: int, d: str, cache: Cache) -> tuple[str | None, int | None]:
+    """Directory D (as given) resolved, and the latest link ctime on the way: from its
+    parent's answer (each directory walked once per CACHE)."""
+    hit = cache.get(d)
+    if hit is None:
+        if d in ("", "/"):
+            hit = ("/", None)
+        else:
+            up, _, name = d.rpartition("/")
+            resolved, latest = _directory(procfs, pid, up, cache)
+            if resolved is not None:
+                resolved, more = _walk(procfs, pid, resolved, [name])
+                latest = _later(latest, more)
+            hit = (resolved, latest)
+        cache[d] = hit
+    return hit
+
+
+def _walk(procfs: ProcFS, pid: int, at: str, parts: list[str]) -> tuple[str | None, int | None]:
+    """PARTS resolved from the directory AT, each link read and followed (at most
+    MAX_LINKS): (where they lead, None when they cannot be walked; the latest ctime of a
+    link on the way)."""
+    resolved, latest = at, None
+    todo = [c for c in parts if c][::-1]
     hops = 0
     while todo:
         part = todo.pop()
@@ -49,33 +86,25 @@ def changed_ns(procfs: ProcFS, pid: int, path: str, cache: Cache | None = None) 
             resolved = posixpath.dirname(resolved)
             continue
         here = posixpath.join(resolved, part)
-        hit = cache.get(here)
-        if hit is not None and not todo:  # the last component: its own answer is not kept
-            hit = None
-        if hit is not None:
-            resolved, kept = hit
-            latest = _later(latest, kept)
-            continue
         try:
-            st = os.lstat(procfs.in_root(pid, here))
+            st = os.lstat(procfs.in_root_str(pid, here))
         except (OSError, ValueError):
-            return latest
-        if stat.S_ISLNK(st.st_mode):
-            hops += 1
-            try:
-                target = os.readlink(procfs.in_root(pid, here))
-            except (OSError, ValueError):
-                return _later(latest, st.st_ctime_ns)
-            if hops > MAX_LINKS:
-                return _later(latest, st.st_ctime_ns)
-            todo += [c for c in target.split("/") if c][::-1]
-            if target.startswith("/"):
-                resolved = "/"
-            latest = _later(latest, st.st_ctime_ns)
-            continue  # a link's answer depends on what follows it: not kept
-        cache[here] = (here, None)
-        resolved = here
-    return latest
+            return None, latest
+        if not stat.S_ISLNK(st.st_mode):
+            resolved = here
+            continue
+        latest = _later(latest, st.st_ctime_ns)
+        hops += 1
+        try:
+            target = os.readlink(procfs.in_root_str(pid, here))
+        except (OSError, ValueError):
+            return None, latest
+        if hops > MAX_LINKS:
+            return None, latest
+        todo += [c for c in target.split("/") if c][::-1]
+        if target.startswith("/"):
+            resolved = "/"
+    return resolved, latest
 
 
 def _later(a: int | None, b: int | None) -> int | None:
