@@ -321,18 +321,31 @@ def test_unhashed_claimed_file_is_unknown(world: World) -> None:
     assert prov.count(Origin.PRISTINE) == 0
 
 
-def test_file_listed_by_two_dists_matches_either(world: World) -> None:
-    """Two RECORDs list one path (an overwritten file): the row whose hash matches wins."""
+def test_file_listed_by_two_dists_that_disagree_is_patched(world: World) -> None:
+    """Two RECORDs list one path with other hashes (an overwritten file, or another
+    distribution's row vouching for an edit: an outside tester's attack on pins, 2026-12-07):
+    the file is patched against the row it differs from, never pristine against the one it
+    matches; bytes no row lists are patched against the first row."""
     world.dist(world.site, "first", "1", {"shared.py": b"first\n"})
     world.dist(world.site, "second", "1", {"shared.py": b"second\n"})
     path = world.p("lib/python3.11/site-packages/shared.py")
     world.load(path, module="shared")  # holds "second\n": written last
     world.load(path, b"third\n", module="shared", at="late")
     prov, _, index = world.run()
-    assert prov.count(Origin.PRISTINE) == 1
-    f = only(prov, path)
-    assert f.origin == Origin.PATCHED and f.distribution == "first"  # no match: the first row
+    assert prov.count(Origin.PRISTINE) == 0 and prov.count(Origin.PATCHED) == 2
+    assert {(f.origin, f.distribution) for f in prov.files} == {(Origin.PATCHED, "first")}
+    assert any("rows disagree" in f.reason for f in prov.files), prov.files
     assert [c.distribution for c in index.claims(path)] == ["first", "second"]
+
+
+def test_file_listed_by_two_dists_that_agree_is_pristine(world: World) -> None:
+    """Control: two RECORDs listing one path with the same hash (a file both ship alike)."""
+    world.dist(world.site, "first", "1", {"shared.py": b"same\n"})
+    world.dist(world.site, "second", "1", {"shared.py": b"same\n"})
+    path = world.p("lib/python3.11/site-packages/shared.py")
+    world.load(path, module="shared")
+    prov, _, _ = world.run()
+    assert prov.count(Origin.PRISTINE) == 1 and not prov.files
 
 
 def test_record_row_without_hash_is_unknown(world: World) -> None:

