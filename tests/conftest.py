@@ -19,6 +19,7 @@ import pytest
 
 from servewitness.testing.postgres import PostgresServer, PostgresUnavailable
 from servewitness.testing.vllm_server import VllmServer
+from tests import boot_ahead
 from tests.helpers import REPO, Backend
 
 V2_STEP = "vllm.v1.worker.gpu.model_runner:GPUModelRunner.execute_model"
@@ -74,6 +75,21 @@ def tiny_model() -> Path:
             [sys.executable, "-m", "servewitness.testing.tiny_model", str(path)], check=True
         )
     return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def boot_pool(request: pytest.FixtureRequest) -> Iterator[boot_ahead.BootPool]:
+    """The servers this session's modules registered (tests/boot_ahead.py), booted ahead of
+    them on idle CPU from the session's start; inert where none is collected (phase 1)."""
+    modules = [m.__name__ for m in (getattr(i, "module", None) for i in request.session.items) if m]
+    order = boot_ahead.needed(modules)
+    model = request.getfixturevalue("tiny_model") if order else None
+    pool = boot_ahead.BootPool(model, order if boot_ahead.enabled() else ())
+    pool.start()
+    try:
+        yield pool
+    finally:
+        pool.close()
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,7 @@ from servewitness import wire
 from servewitness.model import DRIFT_CODE_PATCHED, DRIFT_CODE_UNVERIFIED
 from servewitness.policy import TargetSnapshot, load_policy
 from servewitness.testing.vllm_server import VllmServer
+from tests import boot_ahead
 from tests.conftest import SERVER_HOOKS
 from tests.helpers import REPO, inspect_json
 
@@ -29,10 +30,11 @@ PLUGIN = REPO / "tests" / "data" / "patch_plugin"
 USER_HOOKS = REPO / "tests" / "data" / "user_hooks"
 
 
-def test_plugin_patching_execute_model_in_the_worker_is_flagged(tiny_model: Path) -> None:
+def _patched_server(model: Path) -> VllmServer:
+    """The shared server's hooks, with a vLLM plugin that patches the runner's execute_model."""
     hooks = ",".join(f"{k}={v}" for k, v in SERVER_HOOKS.items())
-    server = VllmServer(
-        tiny_model,
+    return VllmServer(
+        model,
         env={
             "VERIFIER_HOOKS": hooks,
             "PYTHONPATH": os.pathsep.join(
@@ -42,7 +44,15 @@ def test_plugin_patching_execute_model_in_the_worker_is_flagged(tiny_model: Path
         extra_args=("--no-enable-prefix-caching",),
         scratch_parent=REPO / ".scratch",
     )
-    server.start()
+
+
+PATCHED_SERVER = boot_ahead.register("patched server", __name__, _patched_server)
+
+
+def test_plugin_patching_execute_model_in_the_worker_is_flagged(
+    boot_pool: boot_ahead.BootPool,
+) -> None:
+    server = boot_pool.take(PATCHED_SERVER)
     try:
         out = server.complete("patched in memory", max_tokens=4)
         assert out["choices"][0]["text"]  # the patched runner still serves

