@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from servewitness_probe import layout as L
 
 from servewitness import wire
 from servewitness.api.v1 import verifier_pb2 as pb
@@ -134,6 +135,30 @@ def state_dir(probe_dir: Path, pid: int) -> Path:
     return probe_dir / state_name(pid)
 
 
+def swept(probe_dir: Path, *pids: int, timeout: float = 60) -> None:
+    """Wait until the probe's sweeper in each of PIDS (under PROBE_DIR) has ended a pass it
+    began after this call: what each PID loaded, ran or changed before the call is then in
+    its journal (the files it hashes late, the loaders' code, the code chains). A pass begins
+    once a second; a process without a probe's counters fails here, saying so."""
+    from servewitness.evidence.counters import read_counters
+
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        path = state_dir(probe_dir, pid) / L.COUNTERS_FILE
+        begun = None
+        while True:
+            slots = read_counters(path)
+            if slots is not None:
+                begun = slots[L.S_SWEEPS_BEGUN] if begun is None else begun
+                if slots[L.S_SWEEPS_ENDED] > begun:
+                    break
+            assert time.monotonic() < deadline, (
+                f"pid {pid}: no sweep ended within {timeout:g} s "
+                + (f"(counters {path} unreadable)" if slots is None else f"(began {begun})")
+            )
+            time.sleep(0.05)
+
+
 def probe_env(probe_dir: Path, **extra: str) -> dict[str, str]:
     """The environment of a probed child. This checkout's sources are on its PYTHONPATH, after
     any in EXTRA, so the child runs the probe under test (not another copy the interpreter
@@ -228,7 +253,7 @@ def probed_report(
     )
     try:
         wait_ready(proc, out, timeout)
-        time.sleep(2.0)  # a sweep or two
+        swept(Path(env["VERIFIER_PROBE_DIR"]), proc.pid)
         procfs = ProcFS()
         return out.read_text(), to_report(procfs, read_process(procfs, proc.pid))
     finally:
@@ -325,11 +350,11 @@ def fresh_probe(monkeypatch: Any) -> Iterator[None]:
 
 @contextlib.contextmanager
 def spawn_probed(
-    root: Path, code: str, *paths: Path, probe_dir: str = "probe", settle_s: float = 1.5
+    root: Path, code: str, *paths: Path, probe_dir: str = "probe", settle: bool = True
 ) -> Iterator[int]:
     """A probed interpreter that runs CODE with PATHS on PYTHONPATH (no bytecode written, so
     every boot loads the sources), its probe files in ROOT/PROBE_DIR; yields its pid once CODE
-    has run and, after SETTLE_S, the probe's sweeper has recorded the interpreter layout. Its
+    has run and (SETTLE) a pass of the probe's sweeper after it has ended (``swept``). Its
     temporary directory is ROOT/scratch, so that files under ROOT (itself under /tmp) are not
     judged generated. Stopped (SIGTERM, then SIGKILL) on exit."""
 
@@ -346,7 +371,8 @@ def spawn_probed(
     proc = subprocess.Popen([sys.executable, "-c", script, str(ready)], env=env)
     try:
         wait_ready(proc, ready, 60)
-        time.sleep(settle_s)
+        if settle:
+            swept(root / probe_dir, proc.pid)
         yield proc.pid
     finally:
         stop(proc)

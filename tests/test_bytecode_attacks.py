@@ -39,7 +39,7 @@ from servewitness.model import (
 )
 from servewitness.policy import TargetSnapshot, load_policy
 from servewitness.policy import findings as F
-from tests.helpers import SOURCE_PATH, probe_env, wait_ready, weak_policy
+from tests.helpers import SOURCE_PATH, probe_env, swept, wait_ready, weak_policy
 
 Mode = py_compile.PycInvalidationMode
 PUBLISHED = "VALUE = 'published'\n"
@@ -133,7 +133,7 @@ def run(tmp: Path, site: Path, expr: str = "m.VALUE", *flags: str, after: str = 
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE)
     try:
         wait_ready(proc, out)
-        time.sleep(1.5)  # the sweeper hashes the sources of modules run from bytecode
+        swept(tmp / "probe", proc.pid)  # it hashes the sources of modules run from bytecode
         procfs = ProcFS()
         report = to_report(procfs, read_process(procfs, proc.pid))
         return Run(out.read_text(), report)

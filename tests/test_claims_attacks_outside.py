@@ -52,7 +52,7 @@ from servewitness.evidence.procfs import ProcFS
 from servewitness.evidence.report import to_report
 from servewitness.model import ProcessReport, Verdict
 from servewitness.policy import TargetSnapshot, load_policy
-from tests.helpers import probe_env, wait_ready
+from tests.helpers import probe_env, swept, wait_ready
 from tests.test_bytecode_attacks import install
 from tests.test_code_claims import EVIL, PATCHER, SCRIPT, own_claims, policy, sha
 
@@ -157,7 +157,7 @@ def observe(
         if feed is not None:
             os.write(*feed)
         wait_ready(proc, out, 60)
-        time.sleep(2.0)  # a sweep or two
+        swept(Path(env["VERIFIER_PROBE_DIR"]), proc.pid)
         procfs = ProcFS()
         return to_report(procfs, read_process(procfs, proc.pid))
     finally:
@@ -340,7 +340,7 @@ def test_child_forked_before_its_parent_execs_the_judged_server(box: Box) -> Non
         wait_ready(proc, pout, 60)
         wait_ready(proc, cout, 60)
         child = int(Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0])
-        time.sleep(2.0)
+        swept(box.tmp / "probe", proc.pid, child)
         procfs = ProcFS()
         parent_report = to_report(procfs, read_process(procfs, proc.pid))
         child_report = to_report(procfs, read_process(procfs, child))

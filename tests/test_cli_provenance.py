@@ -37,6 +37,7 @@ from tests.helpers import (
     install_dist,
     probe_env,
     spawn_probed,
+    swept,
     system_libz,
     verifier_cli,
     wait_ready,
@@ -54,7 +55,7 @@ def boot(pkg: Path, probe: Path, extra: str = "") -> Iterator[int]:
     proc = subprocess.Popen([sys.executable, "-c", code, str(ready)], env=env)
     try:
         wait_ready(proc, ready, 60)
-        time.sleep(1.5)  # one sweeper pass: the interpreter layout is recorded
+        swept(probe, proc.pid)  # the interpreter layout is recorded
         yield proc.pid
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -54,6 +54,7 @@ from tests.helpers import (
     REPO,
     install_dist,
     probe_env,
+    swept,
     system_libz,
     verifier_cli,
     wait_ready,
@@ -126,7 +127,7 @@ def run(
         wait_ready(proc, out, 120)
         if parent_shell:
             pid = int(Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0])
-        time.sleep(2.0)  # a sweep or two
+        swept(tmp / "probe", pid)
         procfs = ProcFS()
         return Run(out.read_text(), to_report(procfs, read_process(procfs, pid)), script)
     finally:
@@ -268,7 +269,7 @@ def test_a_main_script_in_the_temporary_dir_is_not_generated_code(tmp_path: Path
     proc = subprocess.Popen([sys.executable, str(script), str(out)], env=env)
     try:
         wait_ready(proc, out, 120)
-        time.sleep(2.0)
+        swept(tmp_path / "probe", proc.pid)
         procfs = ProcFS()
         report = to_report(procfs, read_process(procfs, proc.pid))
     finally:
@@ -391,7 +392,7 @@ def test_a_real_spawned_child_is_accepted_as_the_start_stub_of_its_judged_parent
     try:
         wait_ready(proc, out, 120)
         child = int(pidfile.read_text())
-        time.sleep(2.0)
+        swept(tmp_path / "probe", proc.pid, child)
         procfs = ProcFS()
         parent = to_report(procfs, read_process(procfs, proc.pid))
         report = to_report(procfs, read_process(procfs, child))

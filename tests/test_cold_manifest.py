@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import posixpath
 import sys
-import time
 from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
@@ -39,7 +38,7 @@ from servewitness.model import (
     ProcessReport,
 )
 from tests import test_bytecode as tb
-from tests.helpers import install_dist, spawn_probed
+from tests.helpers import install_dist, spawn_probed, swept
 
 CODE = "import fakedist.core, fakedist.extra, brokendist, structlog"
 
@@ -53,9 +52,12 @@ def make_site(site: Path) -> None:
     install_dist(site, "brokendist", {"brokendist.py": b"Z = 1\n"}, "not,a,valid,row\n")
 
 
-def probed(root: Path, site: Path, n: int) -> contextlib.AbstractContextManager[int]:
-    """A probed interpreter importing CODE with SITE on its path; its pid once loaded."""
-    return spawn_probed(root, CODE, site, probe_dir=f"probe-{n}", settle_s=0)
+def probed(
+    root: Path, site: Path, n: int, settle: bool = False
+) -> contextlib.AbstractContextManager[int]:
+    """A probed interpreter importing CODE with SITE on its path; its pid once loaded (and
+    SETTLE: once a sweep after that has ended)."""
+    return spawn_probed(root, CODE, site, probe_dir=f"probe-{n}", settle=settle)
 
 
 def _judged(r: ProcessReport) -> tuple[object, ...]:
@@ -68,7 +70,8 @@ def test_shared_sites_judge_every_process_as_its_own_index_does(tmp_path: Path) 
     procfs = ProcFS()
     with ExitStack() as stack:
         pids = [stack.enter_context(probed(tmp_path, site, n)) for n in range(2)]
-        time.sleep(1.5)  # one sweeper pass: the interpreter layout is recorded
+        for n, pid in enumerate(pids):  # the interpreter layout is recorded
+            swept(tmp_path / f"probe-{n}", pid)
         evidence = [read_process(procfs, pid) for pid in pids]
         shared = Sites()
         optimized, indexes = [], []
@@ -127,7 +130,7 @@ def test_inspect_of_a_tree_parses_each_site_once_and_judges_as_a_fresh_index_doe
         return real_parse(self, where)
 
     procfs = ProcFS()
-    with spawn_probed(tmp_path, TREE, site, settle_s=1.5) as pid:
+    with spawn_probed(tmp_path, TREE, site) as pid:
         monkeypatch.setattr(DistIndex, "_parse_site", counting)
         got = read_local(procfs, pid, tree=True)
         monkeypatch.undo()

@@ -48,7 +48,7 @@ from servewitness.evidence.procfs import ProcFS
 from servewitness.evidence.report import to_report
 from servewitness.model import ProcessReport, Verdict
 from servewitness.policy import TargetSnapshot, load_policy
-from tests.helpers import SOURCE_PATH, probe_env, wait_ready, weak_policy
+from tests.helpers import SOURCE_PATH, probe_env, swept, wait_ready, weak_policy
 from tests.test_bytecode_attacks import install, judged
 
 EVIL = "VALUE = 'evil!!!!!'\n"
@@ -81,7 +81,7 @@ def _run(tmp: Path, site: Path | None, sitecustomize: str, expr: str) -> tuple[s
                             stderr=subprocess.PIPE)  # fmt: skip
     try:
         wait_ready(proc, out, 120)
-        time.sleep(2.0)  # a sweep or two
+        swept(tmp / "probe", proc.pid)
         procfs = ProcFS()
         return out.read_text(), to_report(procfs, read_process(procfs, proc.pid))
     finally:

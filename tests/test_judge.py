@@ -21,7 +21,7 @@ from servewitness.evidence.judge import cross_check
 from servewitness.evidence.process import read_process
 from servewitness.evidence.procfs import ProcFS
 from servewitness.model import FileEntry
-from tests.helpers import probe_env, system_libz, wait_ready
+from tests.helpers import probe_env, swept, system_libz, wait_ready
 
 NOBODY = 65534
 
@@ -73,7 +73,7 @@ def test_process_exiting_mid_scan_is_reported_gone_not_as_disagreements(tmp_path
     proc = subprocess.Popen([sys.executable, "-c", code, str(ready)], env=env)
     try:
         wait_ready(proc, ready)
-        time.sleep(1.5)
+        swept(tmp_path / "probe", proc.pid)
         procfs = ProcFS()
         ev = read_process(procfs, proc.pid)  # discovered while it ran ...
         assert ev.probe is not None and ev.probe.files

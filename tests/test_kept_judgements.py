@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,7 +38,6 @@ from servewitness.model import (
 from tests.test_cold_manifest import make_site, probed
 
 KEY = ("boot", 1234, 5678)
-SETTLE_S = 1.5  # one sweeper pass: the probe has recorded every file loaded (a stable manifest)
 
 
 def _judged(r: ProcessReport) -> tuple[object, ...]:
@@ -78,8 +76,7 @@ class Classified:
 def live(tmp_path: Path) -> Iterator[tuple[int, Path]]:
     site = tmp_path / "site"
     make_site(site)
-    with probed(tmp_path, site, 0) as pid:
-        time.sleep(SETTLE_S)
+    with probed(tmp_path, site, 0, settle=True) as pid:
         yield pid, site
 
 
@@ -194,14 +191,12 @@ def test_a_process_started_later_is_judged_afresh(
     site = tmp_path / "site"
     make_site(site)
     state = tmp_path / "state"
-    with probed(tmp_path, site, 0) as pid:
-        time.sleep(SETTLE_S)
+    with probed(tmp_path, site, 0, settle=True) as pid:
         collect(pid, state)
     kept = JudgementStore(state / FILENAME)
     assert [k[1] for k in kept._kept] == [pid]
     classified = Classified(monkeypatch)
-    with probed(tmp_path, site, 1) as pid2:
-        time.sleep(SETTLE_S)
+    with probed(tmp_path, site, 1, settle=True) as pid2:
         collect(pid2, state)
     assert classified.calls == 1
     assert [k[1] for k in JudgementStore(state / FILENAME)._kept] == [pid2]

@@ -32,11 +32,10 @@ from servewitness.model import (
     Origin,
     ProcessReport,
 )
-from tests.helpers import install_dist, probe_env, stop, wait_ready
+from tests.helpers import install_dist, probe_env, stop, swept, wait_ready
 from tests.test_cold_manifest import make_site
 from tests.test_kept_judgements import Classified, collect
 
-SETTLE_S = 1.5  # one sweeper pass of the probe (SWEEP_INTERVAL_S 1.0): what was loaded is recorded
 CMD_TIMEOUT_S = 30.0
 
 # The workload: imports CODE, says it is ready, then runs each command file <n>.py of its
@@ -64,10 +63,15 @@ while True:
 class Workload:
     """A probed interpreter (its pid) that runs the Python code it is sent."""
 
-    def __init__(self, pid: int, cmds: Path) -> None:
+    def __init__(self, pid: int, cmds: Path, probe: Path) -> None:
         self.pid = pid
         self.cmds = cmds
+        self.probe = probe
         self.sent = 0
+
+    def settle(self) -> None:
+        """Until a pass of its probe's sweeper that began now has ended (``swept``)."""
+        swept(self.probe, self.pid)
 
     def run(self, code: str) -> None:
         """Run CODE in the workload and wait until it has run (raises with its traceback)."""
@@ -93,8 +97,9 @@ def workload(root: Path, code: str, *paths: Path, name: str = "w") -> Iterator[W
     cmds.mkdir()
     ready = root / f"ready-{name}"
     (root / "scratch").mkdir(exist_ok=True)
+    probe = root / f"probe-{name}"
     env = probe_env(
-        root / f"probe-{name}",
+        probe,
         VERIFIER_PROBE_EARLY="1",
         PYTHONPATH=":".join(map(str, paths)),
         PYTHONDONTWRITEBYTECODE="1",
@@ -104,8 +109,8 @@ def workload(root: Path, code: str, *paths: Path, name: str = "w") -> Iterator[W
     proc = subprocess.Popen([sys.executable, "-c", script, str(ready), str(cmds)], env=env)
     try:
         wait_ready(proc, ready, 60)
-        time.sleep(SETTLE_S)
-        yield Workload(proc.pid, cmds)
+        swept(probe, proc.pid)
+        yield Workload(proc.pid, cmds, probe)
     finally:
         stop(proc)
 
@@ -172,7 +177,7 @@ def test_a_module_loaded_after_the_first_judgement_is_judged(
         first = collect(w.pid, state)
         assert origin_of(first, site / "lated" / "mod.py") == Origin.PRISTINE  # not loaded yet
         w.run("import lated.mod")
-        time.sleep(SETTLE_S)
+        w.settle()
         again, fresh, reused = restarted_and_fresh(w.pid, state, tmp_path / "o", monkeypatch)
     assert origin_of(fresh, site / "lated" / "mod.py") == Origin.PATCHED
     assert reused == 1  # judged afresh: the manifest changed
@@ -217,7 +222,7 @@ def test_a_rejected_pyc_run_later_with_the_same_bytes_is_judged(
             f"import os, importlib, pycdist.mod\nos.utime({str(source)!r}, ({mtime}, {mtime}))\n"
             "importlib.reload(pycdist.mod)\nassert pycdist.mod.X == 666, pycdist.mod.X"
         )
-        time.sleep(SETTLE_S)
+        w.settle()
         again, fresh, reused = restarted_and_fresh(w.pid, state, tmp_path / "o", monkeypatch)
     assert drift_at(fresh, pyc), "control: an agent without the store flags the pyc"
     assert drift_at(again, pyc) == drift_at(fresh, pyc), (reused, again.drift)
@@ -248,7 +253,7 @@ def test_a_fileless_module_whose_file_is_staged_for_the_first_judgement_is_flagg
     state = tmp_path / "state"
     with workload(tmp_path, "import fakedist.core", site) as w:
         w.run(code)
-        time.sleep(SETTLE_S)  # the sweeper journals the fileless module
+        w.settle()  # the sweeper journals the fileless module
         claimed.parent.mkdir()
         claimed.write_bytes(b"")  # staged for the first judgement
         first = collect(w.pid, state)
@@ -339,7 +344,7 @@ def test_a_library_mapped_after_the_first_judgement_is_judged(
         first = collect(w.pid, state)
         assert origin_of(first, lib) == Origin.PRISTINE  # not mapped yet
         w.run(f"import ctypes\nLIB = ctypes.CDLL({str(lib)!r})")
-        time.sleep(SETTLE_S)  # ctypes' own modules journaled: both agents see one manifest
+        w.settle()  # ctypes' own modules journaled: both agents see one manifest
         again, fresh, reused = restarted_and_fresh(w.pid, state, tmp_path / "o", monkeypatch)
     assert origin_of(fresh, lib) == Origin.PATCHED, "control"
     assert reused == 1
@@ -397,7 +402,7 @@ def test_a_process_that_execs_another_program_under_its_pid_is_judged_afresh(
         while not ready.exists():
             assert time.monotonic() < deadline, "the exec'd image never got ready"
             time.sleep(0.05)
-        time.sleep(SETTLE_S)
+        w.settle()
         again, fresh, reused = restarted_and_fresh(w.pid, state, tmp_path / "o", monkeypatch)
     assert origin_of(fresh, patched) == Origin.PATCHED, "control"
     assert origin_of(again, patched) == Origin.PATCHED, reused
@@ -431,7 +436,7 @@ def test_a_file_read_under_another_module_name_then_imported_shows_the_shadowing
         first = collect(w.pid, state)
         assert DRIFT_MODULE_SHADOWED not in drift_at(first, shadow)
         w.run("import victim\nassert victim.V == 666")
-        time.sleep(SETTLE_S)
+        w.settle()
         again, fresh, reused = restarted_and_fresh(w.pid, state, tmp_path / "o", monkeypatch)
     assert drift_at(fresh, shadow) == [DRIFT_MODULE_SHADOWED], "control"
     assert drift_at(again, shadow) == drift_at(fresh, shadow), reused

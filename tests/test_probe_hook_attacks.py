@@ -38,7 +38,15 @@ from servewitness_probe._hooks import parse_hooks
 
 from servewitness.model import ProcessReport
 from servewitness.policy import TargetSnapshot, load_policy
-from tests.helpers import SOURCE_PATH, collect_once, not_vllm_policy, probe_env, stand_in, state_dir
+from tests.helpers import (
+    SOURCE_PATH,
+    collect_once,
+    not_vllm_policy,
+    probe_env,
+    stand_in,
+    state_dir,
+    swept,
+)
 
 USERMOD = (
     "class Runner:\n    def __init__(self):\n        pass\n\n"
@@ -119,7 +127,7 @@ def _probed(tmp_path: Path, body: str, hooks: str) -> ProcessReport:
     script = textwrap.dedent(body) + '\nprint("up", flush=True)\nimport sys; sys.stdin.read()\n'
     env = probe_env(tmp_path / "probe", PYTHONPATH=str(_mods(tmp_path)), VERIFIER_HOOKS=hooks)
     with stand_in([sys.executable, "-c", script], env=env) as pid:
-        time.sleep(1.5)  # a sweep: CPU device counters are read by the sweeper
+        swept(tmp_path / "probe", pid)  # CPU device counters are read by the sweeper
         report = collect_once(pid, tmp_path / "spool")
     (proc,) = [p for p in report.processes if p.key.pid == pid]
     assert isinstance(proc, ProcessReport)

@@ -54,6 +54,7 @@ from servewitness_probe import (
     _startup,
     _zips,
 )
+from servewitness_probe import layout as L
 
 SWEEP_INTERVAL_S = 1.0
 
@@ -361,7 +362,10 @@ def sweep_once() -> None:
 
 def _loop() -> None:
     while True:
+        counters = _core.state().counters
+        counters[L.S_SWEEPS_BEGUN] += 1
         sweep_once()
+        counters[L.S_SWEEPS_ENDED] += 1
         time.sleep(SWEEP_INTERVAL_S)
 
 
