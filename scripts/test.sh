@@ -8,6 +8,8 @@
 #      of them, took 44 min against 33.5 serial, and 9 tests timed out or raced; and phase 1
 #      niced beside phase 2, tried 2026-12-03 at 2ff305c: phase 1 took 36.6 min instead of
 #      16.6, and 4 of its tests and 5 container tests failed on timing: keep them apart).
+#      A module's own server boots beside the next such module's (tests/boot_ahead.py): two
+#      boots take about 1.25 times one, and no test runs beside a boot.
 # The container tests' images (scripts/images.sh: 150-215 s from nothing, most of it downloads,
 # unpacking and `docker import`, not two busy cores) are built beside phase 1 when the whole
 # suite runs (no arguments) and a Docker engine answers, under the lock the tests' own

@@ -1,38 +1,38 @@
-"""Servers booted ahead of the test module that needs them, on the CPU the tests before it
-leave idle.
+"""Servers booted ahead of the test module that needs them, beside the boot of the one before.
 
-Phase 2 of the suite (scripts/test.sh) runs one module at a time. Profiled at d85c007 (per
-test, busy cores from /proc/stat), its two cores were 1.1 to 1.4 busy on average: a test
-waits on a server, an agent's interval, a container. Meanwhile each module that needs a
-server of its own booted it when its turn came, a chain of single-threaded imports of about
-45 s of one core, on the critical path: about 330 s of the phase's 1,270.
+Phase 2 of the suite (scripts/test.sh) runs one module at a time, and each module with a
+server of its own booted it when its turn came: a chain of mostly single-threaded imports,
+about 45 s, seven of them on the critical path. Two boots side by side take about 1.25 times
+one on this machine's two cores (tests/test_compare_live.py measured 66.6 s against 53.6), so
+a module that boots its server boots the next registered one with it, and the later module
+finds its server up.
 
-A module registers what it boots (``register``, at import); the session's pool
-(``BootPool``, conftest's ``boot_pool``) learns from the collected items which of those
-will run, in order, and boots them one after another in a thread of its own at nice 19. The
-scheduler gives such a boot only what the running tests leave (a nice-0 task weighs 68
-times one at 19), so it never competes with them. At most ``AHEAD`` are booted and not yet
-taken (a server's tree holds about 2 GB).
+Tried first and measured (phase 2 profiled per test, busy cores from /proc/stat, at
+d85c007 and 79f46c5): booting the servers to come in the background at nice 19, on the CPU
+the running tests left (the cores were 1.1 to 1.4 busy on average). The phase took 1,322 s
+against 1,356: the tests beside a boot slowed although they had the priority (the gate's
++51 s, the stack sampler's +40 s), as if the second core gave little more than half a core.
+Boots side by side only ever overlap other boots, so no test runs beside one.
 
-``take(name)`` returns the booted instance with every thread of its process group reniced
-to 0 first, so the module's tests meet the server it would have started itself. One still
-booting is reniced at once and finishes at full speed; one the thread has not reached is
-booted there and then, at the caller's priority; a boot that failed raises its error in the
-module that needed it. A server is still each module's own: nothing sends it a request
-before its module takes it.
+A module registers what it boots (``register``, at import); the session's pool (conftest's
+``boot_pool``) learns from the collected items which of those will run, in order.
+``take(boot)`` boots BOOT's instance and, beside it, the next registered one not yet booted
+(at most ``TOGETHER`` at once), waits for both, and returns BOOT's; a later ``take`` of the
+other finds it up. A boot that failed raises its error in the module that takes it. An
+instance is still each module's own: nothing sends it a request before its module takes it.
+What was booted and never taken is stopped when the session ends.
 
-Off (each ``take`` boots then and there, as before) unless this runs as root (only root
-may lower a nice value back to 0), outside a pytest-xdist worker, and without
+Off (each ``take`` boots its own, alone) under a pytest-xdist worker or with
 ``VERIFIER_TESTS_BOOT_AHEAD=0``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,14 +40,12 @@ from typing import Any, Generic, Protocol, Self, TypeVar, cast
 
 log = logging.getLogger(__name__)
 
-AHEAD = 3  # booted and not yet taken, at most
-NICE = 19
-JOIN_S = 600.0  # a boot in progress when the session ends (each has its own 300 s limit)
+TOGETHER = 2  # boots side by side, at most (a server's tree holds about 2 GB)
 
 
 class Bootable(Protocol):
     """What the pool boots: ``start()`` launches a process group (``proc``) and returns once
-    it is ready (raising if it never is, having stopped it); ``stop()`` ends it."""
+    it is ready (raising if it never is); ``stop()`` ends it."""
 
     proc: subprocess.Popen[bytes] | None
 
@@ -94,29 +92,9 @@ def needed(modules: Iterable[str]) -> list[Boot[Any]]:
 
 def enabled() -> bool:
     return (
-        os.geteuid() == 0
-        and "PYTEST_XDIST_WORKER" not in os.environ
+        "PYTEST_XDIST_WORKER" not in os.environ
         and os.environ.get("VERIFIER_TESTS_BOOT_AHEAD", "1") != "0"
     )
-
-
-@dataclass
-class _Slot:
-    boot: Boot[Any]
-    state: str = "pending"  # -> booting -> ready | failed; taken from any of them
-    thing: Bootable | None = None
-    error: BaseException | None = None
-    done: threading.Event = field(default_factory=threading.Event)
-
-
-def renice(thing: Bootable, nice: int) -> None:
-    """Every thread of THING's process group at NICE (setpriority on a process group sets
-    each of its threads); nothing if it has none or it is gone."""
-    proc = thing.proc
-    if proc is None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.setpriority(os.PRIO_PGRP, proc.pid, nice)
 
 
 def started(thing: T) -> T:
@@ -129,88 +107,73 @@ def started(thing: T) -> T:
     return thing
 
 
-class BootPool:
-    """Boots ORDER's instances ahead, one at a time at nice 19 (``start``), and hands each to
-    the module that takes it. Inert (every ``take`` boots on the spot) unless started."""
+@dataclass
+class _Slot:
+    boot: Boot[Any]
+    state: str = "pending"  # -> up | failed (booted by an earlier take) | taken
+    thing: Bootable | None = None
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
 
-    def __init__(self, model: Path | None, order: Sequence[Boot[Any]], ahead: int = AHEAD) -> None:
+
+class BootPool:
+    """Boots ORDER's instances two at a time, each group when its first is taken."""
+
+    def __init__(
+        self, model: Path | None, order: Sequence[Boot[Any]], together: int = TOGETHER
+    ) -> None:
         self.model = model
-        self.ahead = ahead
+        self.together = together
         self._slots = {b.name: _Slot(b) for b in order}
         self._order = [self._slots[b.name] for b in order]
-        self._cond = threading.Condition()
-        self._closed = False
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> BootPool:
-        if self._order and self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="boot-ahead", daemon=True)
-            self._thread.start()
-        return self
-
-    def _held(self) -> int:
-        return sum(s.state in ("booting", "ready") for s in self._order)
-
-    def _run(self) -> None:
-        # Nice is per thread on Linux, and what this thread starts inherits it.
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
-        for slot in self._order:
-            with self._cond:
-                while not self._closed and slot.state == "pending" and self._held() >= self.ahead:
-                    self._cond.wait()
-                if self._closed:
-                    return
-                if slot.state != "pending":  # taken (and booted) by its module already
-                    continue
-                slot.state = "booting"
-                slot.thing = slot.boot.make(self._model())
-            log.info("boot_ahead.booting %s", slot.boot.name)
-            try:
-                started(slot.thing)
-            except BaseException as e:  # noqa: BLE001 - raised in the module that takes it
-                e.add_note(f"(booted ahead of its module by tests/boot_ahead.py: {slot.boot.name})")
-                slot.error = e
-            with self._cond:
-                if slot.state == "booting":
-                    slot.state = "failed" if slot.error is not None else "ready"
-                self._cond.notify_all()
-            slot.done.set()
+        self._lock = threading.Lock()
 
     def _model(self) -> Path:
         if self.model is None:
             raise RuntimeError("no model: the session collected no module that registered a boot")
         return self.model
 
+    def _boot(self, slot: _Slot) -> None:
+        t0 = time.monotonic()
+        try:
+            slot.thing = started(slot.boot.make(self._model()))
+        except BaseException as e:  # noqa: BLE001 - raised in the module that takes it
+            e.add_note(f"(booted by tests/boot_ahead.py: {slot.boot.name})")
+            slot.error = e
+        log.info("boot_ahead.booted %s in %.1f s", slot.boot.name, time.monotonic() - t0)
+        slot.done.set()
+
     def take(self, boot: Boot[T]) -> T:
-        """BOOT's instance, started and at nice 0 (see the module's docstring); the caller
-        stops it."""
+        """BOOT's instance, started, booted beside the next registered one not yet booted
+        where BOOT was not booted already; the caller stops it."""
         slot = self._slots.get(boot.name)
-        if slot is None:  # not ahead (the pool is off, or its module was not collected)
+        if slot is None:  # not in the pool (it is off, or its module was not collected)
             return started(boot.make(self._model()))
-        with self._cond:
+        with self._lock:
             if slot.state == "taken":
                 raise RuntimeError(f"boot {boot.name!r} taken twice")
-            reached = slot.state != "pending"
+            group: list[_Slot] = []
+            if slot.state == "pending":
+                at = self._order.index(slot)
+                later = [s for s in self._order[at + 1 :] if s.state == "pending"]
+                group = [slot, *later[: self.together - 1]]
+                for s in group[1:]:
+                    s.state = "up"  # booted here, taken later
             slot.state = "taken"
-            self._cond.notify_all()
-        if not reached:
-            return started(boot.make(self._model()))
-        thing = slot.thing
-        assert thing is not None
-        while not slot.done.wait(0.5):
-            renice(thing, 0)  # its group grows while it boots: again until it is up
+        beside = [threading.Thread(target=self._boot, args=(s,), daemon=True) for s in group[1:]]
+        for t in beside:
+            t.start()
+        if group:
+            self._boot(slot)
+        for t in beside:
+            t.join()
+        slot.done.wait()
         if slot.error is not None:
             raise slot.error
-        renice(thing, 0)
-        return cast(T, thing)  # the slot holds what BOOT made
+        return cast(T, slot.thing)  # the slot holds what BOOT made
 
     def close(self) -> None:
-        """Stop what was booted and never taken, after the boot in progress ends."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(JOIN_S)
+        """Stop what was booted and never taken."""
         for slot in self._order:
-            if slot.state == "ready" and slot.thing is not None:
+            if slot.state == "up" and slot.thing is not None:
                 slot.thing.stop()

@@ -77,15 +77,14 @@ def tiny_model() -> Path:
     return path
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def boot_pool(request: pytest.FixtureRequest) -> Iterator[boot_ahead.BootPool]:
-    """The servers this session's modules registered (tests/boot_ahead.py), booted ahead of
-    them on idle CPU from the session's start; inert where none is collected (phase 1)."""
+    """The servers this session's modules registered (tests/boot_ahead.py), each booted
+    beside the one before it (off: each alone)."""
     modules = [m.__name__ for m in (getattr(i, "module", None) for i in request.session.items) if m]
     order = boot_ahead.needed(modules)
     model = request.getfixturevalue("tiny_model") if order else None
     pool = boot_ahead.BootPool(model, order if boot_ahead.enabled() else ())
-    pool.start()
     try:
         yield pool
     finally:
