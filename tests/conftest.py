@@ -77,11 +77,37 @@ def tiny_model() -> Path:
     return path
 
 
+def _shared_server(model: Path) -> VllmServer:
+    hooks = ",".join(f"{k}={v}" for k, v in SERVER_HOOKS.items()) + "," + MALFORMED_ENTRY
+    user_hooks = REPO / "tests" / "data" / "user_hooks"
+    env = {
+        "VERIFIER_HOOKS": hooks,
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(user_hooks), os.environ.get("PYTHONPATH")])
+        ),
+    }
+    return VllmServer(
+        model,
+        env=env,
+        # Chat requests bring their own template (the tiny model has none).
+        extra_args=("--no-enable-prefix-caching", "--trust-request-chat-template"),
+        scratch_parent=REPO / ".scratch",
+    )
+
+
+SHARED_SERVER = boot_ahead.register("shared server", __name__, _shared_server)
+
+
 @pytest.fixture(scope="session")
 def boot_pool(request: pytest.FixtureRequest) -> Iterator[boot_ahead.BootPool]:
     """The servers this session's modules registered (tests/boot_ahead.py), each booted
-    beside the one before it (off: each alone)."""
-    modules = [m.__name__ for m in (getattr(i, "module", None) for i in request.session.items) if m]
+    beside the one before it (off: each alone); the shared server where its first user runs."""
+    modules = []
+    for item in request.session.items:
+        if "vllm_server" in getattr(item, "fixturenames", ()):
+            modules.append(__name__)
+        if (module := getattr(item, "module", None)) is not None:
+            modules.append(module.__name__)
     order = boot_ahead.needed(modules)
     model = request.getfixturevalue("tiny_model") if order else None
     pool = boot_ahead.BootPool(model, order if boot_ahead.enabled() else ())
@@ -116,24 +142,9 @@ def docker_images() -> None:
 
 
 @pytest.fixture(scope="session")
-def vllm_server(tiny_model: Path) -> Iterator[VllmServer]:
-    hooks = ",".join(f"{k}={v}" for k, v in SERVER_HOOKS.items()) + "," + MALFORMED_ENTRY
-    user_hooks = REPO / "tests" / "data" / "user_hooks"
-    env = {
-        "VERIFIER_HOOKS": hooks,
-        "PYTHONPATH": os.pathsep.join(
-            filter(None, [str(user_hooks), os.environ.get("PYTHONPATH")])
-        ),
-    }
-    server = VllmServer(
-        tiny_model,
-        env=env,
-        # Chat requests bring their own template (the tiny model has none).
-        extra_args=("--no-enable-prefix-caching", "--trust-request-chat-template"),
-        scratch_parent=REPO / ".scratch",
-    )
+def vllm_server(boot_pool: boot_ahead.BootPool) -> Iterator[VllmServer]:
     started_ns = time.time_ns()
-    server.start()
+    server = boot_pool.take(SHARED_SERVER)
     try:
         yield server
     finally:

@@ -115,11 +115,17 @@ def test_start_up_hook_fires_only_outside_steps(
     assert (load["fired_on_decode_steps"], load["fired_on_prefill_steps"]) == (0, 0)
 
 
-def judged(server: VllmServer, policy: str) -> list[tuple[str, dict[str, Any]]]:
-    reports: list[ProcessReport] = [
-        wire.process_from_json(p["report"]) for p in inspect_json(server.pid, tree=True)
-    ]
-    snap = TargetSnapshot("cpu", tuple(reports), time.time())
+@pytest.fixture(scope="module")
+def tree(
+    vllm_server: VllmServer, around: tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]
+) -> tuple[ProcessReport, ...]:
+    """The server's reports (``inspect --tree``, one full read: about 6 s) once ``around``'s
+    requests ran; the tests below judge them under policies of their own."""
+    return tuple(wire.process_from_json(p["report"]) for p in inspect_json(vllm_server.pid, True))
+
+
+def judged(tree: tuple[ProcessReport, ...], policy: str) -> list[tuple[str, dict[str, Any]]]:
+    snap = TargetSnapshot("cpu", tree, time.time())
     v = load_policy(policy).evaluate_target(snap, now=snap.received_unix)
     return [(f.id, dict(f.context)) for f in v.findings]
 
@@ -128,20 +134,19 @@ def hook_policy(name: str, on: str) -> str:
     return f'version = 1\n[[hooks]]\nname = "{name}"\non = "{on}"\n{PRISTINE_VLLM_CPU}'
 
 
-def test_hook_that_fires_only_at_start_up_fails_on_decode(vllm_server: VllmServer) -> None:
-    found = judged(vllm_server, hook_policy("v1_load", "decode"))
+def test_hook_that_fires_only_at_start_up_fails_on_decode(tree: tuple[ProcessReport, ...]) -> None:
+    found = judged(tree, hook_policy("v1_load", "decode"))
     (hit,) = [c for i, c in found if i == F.HOOK_OUTSIDE_STEPS_ONLY]
     assert hit["fired_outside_steps"] == hit["fired"] >= 1 and hit["decode_steps"] > 0
 
 
 def test_hook_that_fires_only_during_warm_up_fails_on_decode(
-    vllm_server: VllmServer,
-    around: tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]],
+    tree: tuple[ProcessReport, ...],
 ) -> None:
     """A hook on the worker's warm-up method (compile_or_warm_up_model: once, after the KV
     cache exists and before the first step) fired, yet never on a decode step: FAIL, with its
     fired count and the step counts beside it."""
-    found = judged(vllm_server, hook_policy("warm", "decode"))
+    found = judged(tree, hook_policy("warm", "decode"))
     (hit,) = [c for i, c in found if i == F.HOOK_OUTSIDE_STEPS_ONLY]
     assert hit["hook"] == "warm" and hit["target"].endswith("CPUWorker.compile_or_warm_up_model")
     assert hit["fired"] == hit["fired_outside_steps"] == 1
@@ -152,23 +157,25 @@ def test_hook_that_fires_only_during_warm_up_fails_on_decode(
 
 
 def test_step_hook_passes_on_decode_with_fires_equal_to_decode_steps(
-    vllm_server: VllmServer,
+    tree: tuple[ProcessReport, ...],
 ) -> None:
-    found = judged(vllm_server, hook_policy("v1_step", "decode"))
+    found = judged(tree, hook_policy("v1_step", "decode"))
     assert [i for i, _ in found if i.startswith("liveness.")] == [F.HOOK_FIRING]
     (c,) = [c for i, c in found if i == F.HOOK_FIRING]
     assert c["fired_decode"] == c["decode_steps"] > 0
 
 
-def test_hook_on_a_class_never_instantiated_fails_on_decode(vllm_server: VllmServer) -> None:
-    found = judged(vllm_server, hook_policy("v2_step", "decode"))
+def test_hook_on_a_class_never_instantiated_fails_on_decode(
+    tree: tuple[ProcessReport, ...],
+) -> None:
+    found = judged(tree, hook_policy("v2_step", "decode"))
     assert F.HOOK_NOT_INSTANTIATED in [i for i, _ in found]
 
 
-def test_copy_of_a_report_with_decode_fires_removed_fails(vllm_server: VllmServer) -> None:
+def test_copy_of_a_report_with_decode_fires_removed_fails(tree: tuple[ProcessReport, ...]) -> None:
     """The negative control for the PASS above: the same real evidence with the decode fires
     taken away is a FAIL (fire_ratio_low), not a pass."""
-    reports = [wire.process_from_json(p["report"]) for p in inspect_json(vllm_server.pid, True)]
+    reports = list(tree)
     w = next(r for r in reports if r.role == "worker")
     hooks = tuple(
         dataclasses.replace(h, fired_decode=h.fired_decode // 2) if h.name == "v1_step" else h
@@ -198,11 +205,11 @@ def test_device_counter_on_the_model_forward_keeps_pace_with_its_fires(
 
 
 def test_first_hit_hook_fired_once_inside_a_step_and_passes(
-    vllm_server: VllmServer,
     around: tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]],
+    tree: tuple[ProcessReport, ...],
 ) -> None:
     first = hook_by_name(around[1], "v1_first")
     assert first["fired"] == 1  # however many steps ran since
     assert first["fired_outside_steps"] == 0 and first["first_step"] >= 1  # inside a step
-    found = judged(vllm_server, 'version = 1\n[[hooks]]\nname = "v1_first"\n' + PRISTINE_VLLM_CPU)
+    found = judged(tree, 'version = 1\n[[hooks]]\nname = "v1_first"\n' + PRISTINE_VLLM_CPU)
     assert [i for i, _ in found if i.startswith("liveness.")] == [F.HOOK_FIRING]

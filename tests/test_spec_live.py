@@ -283,11 +283,19 @@ def test_drafter_and_rejection_sampler_fire_on_decode_steps(
 # -- negative control: the shared session server runs without speculation ---------------------
 
 
-def test_without_speculation_the_evidence_says_off_and_counts_nothing(
-    vllm_server: VllmServer,
-) -> None:
+@pytest.fixture(scope="module")
+def unspeculated(vllm_server: VllmServer) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The shared server (no speculation), once it served a repetitive prompt (what the ngram
+    drafter would have matched) and another: its worker's inspect document, and the tree's."""
     vllm_server.complete("one two three one two three one two three", max_tokens=12)
-    w, _ = the_worker(vllm_server)
+    vllm_server.complete("negative control for the speculative hooks", max_tokens=6)
+    return the_worker(vllm_server)
+
+
+def test_without_speculation_the_evidence_says_off_and_counts_nothing(
+    vllm_server: VllmServer, unspeculated: tuple[dict[str, Any], list[dict[str, Any]]]
+) -> None:
+    w, _ = unspeculated
     sp = w["steps"]["speculation"]
     assert sp is not None and sp["on"] is False, sp
     assert (sp["drafts"], sp["draft_tokens"], sp["accepted_tokens"], sp["steps"]) == (0, 0, 0, 0)
@@ -296,12 +304,13 @@ def test_without_speculation_the_evidence_says_off_and_counts_nothing(
     assert (theirs["drafts"], theirs["draft_tokens"]) == (0, 0), theirs
 
 
-def test_speculative_hooks_fail_without_speculation(vllm_server: VllmServer) -> None:
+def test_speculative_hooks_fail_without_speculation(
+    unspeculated: tuple[dict[str, Any], list[dict[str, Any]]],
+) -> None:
     """The drafter's and the rejection sampler's hooks in a server without speculation: never
     PASS. The rejection sampler's module is imported by the V1 runner but the class is never
     instantiated; the ngram drafter's module may never be imported at all."""
-    vllm_server.complete("negative control for the speculative hooks", max_tokens=6)
-    w, procs = the_worker(vllm_server)
+    w, procs = unspeculated
     reject, propose = hook_by_name(w, "spec_reject"), hook_by_name(w, "spec_propose")
     assert (reject["fired"], propose["fired"]) == (0, 0)
     assert reject["status"] == "not_instantiated", reject
