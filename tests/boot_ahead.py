@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -46,10 +45,8 @@ TOGETHER = 2  # boots side by side, at most (a server's tree holds about 2 GB)
 
 
 class Bootable(Protocol):
-    """What the pool boots: ``start()`` launches a process group (``proc``) and returns once
-    it is ready (raising if it never is); ``stop()`` ends it."""
-
-    proc: subprocess.Popen[bytes] | None
+    """What the pool boots: ``start()`` returns once it is ready (raising if it never is);
+    ``stop()`` ends it."""
 
     def start(self) -> Self: ...
 
@@ -112,7 +109,7 @@ def started(thing: T) -> T:
 @dataclass
 class _Slot:
     boot: Boot[Any]
-    state: str = "pending"  # -> up | failed (booted by an earlier take) | taken
+    state: str = "pending"  # -> up (booted beside an earlier take) -> taken; or -> taken
     thing: Bootable | None = None
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
